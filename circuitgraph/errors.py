@@ -1,0 +1,85 @@
+"""One exception hierarchy for circuitgraph.
+
+Every error a user can trigger with bad input derives from :class:`CircuitGraphError`
+and carries a one-line message that names the rule, the value received and the fix.
+The CLI prints ``str(error)`` and exits non-zero; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CircuitGraphError",
+    "SpecError",
+    "LoadError",
+    "ShapeMismatchError",
+    "TokenError",
+    "AttributionError",
+    "NumericalError",
+    "QueryError",
+    "ValidationRunError",
+    "ExportError",
+    "RenderError",
+    "ResourceError",
+]
+
+
+class CircuitGraphError(Exception):
+    """Base class of every error circuitgraph raises on bad input."""
+
+
+class SpecError(CircuitGraphError):
+    """The spec is malformed: unknown keys, wrong types, bad values.
+
+    ``errors`` holds every problem found, each as ``(location, message)``.
+    """
+
+    def __init__(self, errors: list[tuple[str, str]] | str):
+        if isinstance(errors, str):
+            errors = [("", errors)]
+        self.errors = list(errors)
+        lines = [f"{loc}: {msg}" if loc else msg for loc, msg in self.errors]
+        if len(lines) == 1:
+            text = f"invalid spec: {lines[0]}"
+        else:
+            text = f"invalid spec ({len(lines)} problems): " + "; ".join(lines)
+        super().__init__(text)
+
+
+class LoadError(CircuitGraphError):
+    """A model, tokenizer or transcoder could not be loaded (missing file, offline hub...)."""
+
+
+class ShapeMismatchError(LoadError):
+    """A transcoder does not fit the model (d_in/d_out, hook layer)."""
+
+
+class TokenError(CircuitGraphError):
+    """A prompt or target token is not usable (empty, too long, not one token, out of vocab)."""
+
+
+class AttributionError(CircuitGraphError):
+    """The graph cannot be built as asked (layer or position out of range, ...)."""
+
+
+class NumericalError(AttributionError):
+    """NaN or inf found in weights or activations."""
+
+
+class QueryError(CircuitGraphError):
+    """A query got bad arguments (unknown node, empty filter, k <= 0, threshold range)."""
+
+
+class ValidationRunError(CircuitGraphError):
+    """A validation check got bad arguments (mismatched prompts, empty node set, ...)."""
+
+
+class ExportError(CircuitGraphError):
+    """A graph cannot be exported as asked (too large for JSON, bad path...)."""
+
+
+class RenderError(ExportError):
+    """Rendering a diagram failed (e.g. the Graphviz ``dot`` binary is missing)."""
+
+
+class ResourceError(CircuitGraphError):
+    """A run would not fit in the memory available."""
