@@ -1,0 +1,1 @@
+"""circuitgraph.attribution."""

@@ -1,0 +1,101 @@
+"""The edge computation: one backward sweep of the frozen linear model per batch of readers.
+
+For a batch of readers we keep ``G (batch, pos, d_model)``, the gradient of each reader's
+pre-activation with respect to the residual stream at the current location, and walk the
+residual locations from the top down:
+
+1. readers that read this location inject their direction ``g`` at their position;
+2. every writer at this location gets the edge ``G[:, s] . out_w`` (its output vector is
+   already scaled by its activation), and the constant writers add ``G . c`` to the readers'
+   constants;
+3. ``G`` is propagated to the location below through the transpose of the frozen model
+   (:class:`~circuitgraph.attribution.frozen_model.FrozenLinearModel`).
+
+No autograd, no per-edge work: the cost is one transposed pass per batch, and edges are
+stored sparsely (exact zeros dropped), never as a dense N x N matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from circuitgraph.attribution.nodes_builder import Collected
+
+__all__ = ["EdgeResult", "compute_edges"]
+
+
+@dataclass
+class EdgeResult:
+    target: np.ndarray
+    source: np.ndarray
+    weight: np.ndarray
+    constants: dict[int, float]  # reader row -> constant
+
+
+def _batches(order: list[int], size: int) -> list[list[int]]:
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+@torch.no_grad()
+def compute_edges(
+    col: Collected,
+    *,
+    batch_size: int = 256,
+    reader_subset: list[int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> EdgeResult:
+    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``)."""
+    fm = col.frozen
+    rd = col.readers
+    idx = list(range(len(rd.rows))) if reader_subset is None else list(reader_subset)
+    # top-down, then by position: batches share a starting location and a short prefix
+    idx.sort(key=lambda i: (-rd.locs[i], rd.positions[i]))
+    targets, sources, weights = [], [], []
+    constants: dict[int, float] = {}
+    dtype, device = fm.dtype, fm.device
+    D = fm.adapter.facts.d_model
+    batches = _batches(idx, max(1, batch_size))
+    for n_done, batch in enumerate(batches):
+        B = len(batch)
+        T = max(rd.positions[i] for i in batch) + 1
+        top = max(rd.locs[i] for i in batch)
+        G = torch.zeros(B, T, D, dtype=dtype, device=device)
+        const = torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device)
+        by_loc: dict[int, list[int]] = {}
+        for j, i in enumerate(batch):
+            by_loc.setdefault(rd.locs[i], []).append(j)
+        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.long)
+        for loc in range(top, -1, -1):
+            for j in by_loc.get(loc, ()):
+                i = batch[j]
+                G[j, rd.positions[i]] += rd.directions[i].to(dtype)
+            for pos, rows, vecs in col.writers.groups.get(loc, ()):
+                if pos >= T:
+                    break
+                E = G[:, pos, :] @ vecs.T  # (B, n_writers)
+                nz = E.nonzero(as_tuple=True)
+                if nz[0].numel():
+                    targets.append(batch_rows[nz[0].cpu()])
+                    sources.append(rows[nz[1].cpu()])
+                    weights.append(E[nz].cpu())
+            c = col.constants.get(loc)
+            if c is not None:
+                const += (G * c[:T].unsqueeze(0)).sum((1, 2)).to(torch.float64)
+            if loc > 0:
+                G = fm.step_down(loc, G)
+        for j, i in enumerate(batch):
+            constants[rd.rows[i]] = float(const[j])
+        if progress is not None:
+            progress(n_done + 1, len(batches))
+    if targets:
+        t = torch.cat(targets).numpy()
+        s = torch.cat(sources).numpy()
+        w = torch.cat(weights).numpy()
+    else:
+        t = s = np.zeros(0, dtype=np.int64)
+        w = np.zeros(0, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    return EdgeResult(t, s, w, constants)

@@ -1,0 +1,157 @@
+"""The frozen (linear) model: its transpose, applied to reader directions.
+
+With every sigma, attention pattern and node nonlinearity frozen, the residual stream is an
+affine function of the writers.  A reader ``pre = g . x(loc, t) + c`` at residual location
+``loc`` sees a writer ``u`` at an earlier location ``loc'`` and position ``s`` through the
+gradient ``G(loc', s) = d pre / d x(loc', s)``, propagated backwards by the transposes of:
+
+* the residual stream (identity);
+* frozen attention (when attention is passed through): for destination ``t`` and source ``s``,
+  ``G_pre(s) += P(gamma1 * sum_h sum_t A[h, t, s] W_V^h W_O^h G'(t)) / sigma1(s)`` with
+  ``G'(t) = P(gamma1_post * G(t)) / sigma1_post(t)`` when the block has post-norms;
+* the linear skip path of skip transcoders.
+
+MLPs are replaced by their nodes (features + error, neurons + remainder, or one vector), so
+no gradient flows through them otherwise: every path between two nodes passes through no
+other node, which is exactly the direct effect (DESIGN.md section 2).
+
+Residual locations: ``0`` = resid_pre(0); ``2l+1`` = resid_mid(l); ``2l+2`` = resid_post(l).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
+from circuitgraph.attribution.linearisation import Linearisation
+
+__all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
+
+
+def loc_resid_pre(layer: int) -> int:
+    return 2 * layer
+
+
+def loc_resid_mid(layer: int) -> int:
+    return 2 * layer + 1
+
+
+def loc_resid_post(layer: int) -> int:
+    return 2 * layer + 2
+
+
+@dataclass
+class _Norm:
+    """A norm site with frozen sigma: forward linear part ``v -> gamma * P(v) / sigma``."""
+
+    gamma: torch.Tensor | None
+    beta: torch.Tensor | None
+    center: bool
+    sigma: torch.Tensor  # (pos,)
+
+    def transpose(self, g: torch.Tensor, positions: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        """``P(gamma * g) / sigma`` for ``g (..., pos, d_model)``."""
+        out = g * self.gamma if self.gamma is not None else g
+        if self.center:
+            out = out - out.mean(-1, keepdim=True)
+        return out / self.sigma[positions].unsqueeze(-1)
+
+    def forward_linear(self, v: torch.Tensor, positions: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """``gamma * P(v) / sigma`` for ``v (..., pos, d_model)`` (same as transpose: diagonal and P commute here up to gamma order)."""
+        if self.center:
+            v = v - v.mean(-1, keepdim=True)
+        v = v / self.sigma[positions].unsqueeze(-1)
+        return v * self.gamma if self.gamma is not None else v
+
+
+class FrozenLinearModel:
+    """Weights and frozen values needed to propagate reader gradients, in the compute dtype."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        lin: Linearisation,
+        *,
+        attention_modes: dict[int, str],
+        skip_layers: dict[int, tuple[torch.Tensor, str]],
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.adapter = adapter
+        self.lin = lin
+        self.dtype = dtype
+        self.device = torch.device(device)
+        f = adapter.facts
+        self.n_layers = f.n_layers
+        self.n_pos = lin.n_pos
+        self.attention_modes = attention_modes
+        cast = lambda t: None if t is None else t.to(device=self.device, dtype=dtype)  # noqa: E731
+
+        def norm(site: str, layer: int | None) -> _Norm:
+            w: NormWeights = adapter.norm(site, layer)
+            return _Norm(cast(w.gamma), cast(w.beta), w.center, cast(lin.sigma[(site, layer)]))
+
+        self.ln1 = [norm("ln1", l) for l in range(f.n_layers)]
+        self.ln2 = [norm("ln2", l) for l in range(f.n_layers)]
+        self.ln1_post = [norm("ln1_post", l) for l in range(f.n_layers)] if f.post_norms else None
+        self.ln2_post = [norm("ln2_post", l) for l in range(f.n_layers)] if f.post_norms else None
+        self.ln_final = norm("ln_final", None)
+        self.patterns = [cast(p) for p in lin.patterns]
+        self.attn = []
+        for l in range(f.n_layers):
+            w = adapter.attn_weights(l)
+            self.attn.append({k: cast(v) for k, v in w.items()})
+        # skip transcoders: layer -> (W_skip (d_out, d_in), input_site)
+        self.skip = {l: (cast(W), site) for l, (W, site) in skip_layers.items()}
+
+    # ------------------------------------------------------------------ transposes
+    def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+        """Gradient at resid_pre(layer) coming through frozen attention, for ``G (B, T, d_model)``
+        at resid_mid(layer).  Excludes the residual identity term."""
+        T = G.shape[1]
+        if self.ln1_post is not None:
+            G = self.ln1_post[layer].transpose(G, slice(0, T))
+        w = self.attn[layer]
+        u = torch.einsum("btd,hkd->bhtk", G, w["W_O"])  # W_O^h G(t)
+        A = self.patterns[layer][:, :T, :T]  # (H, t, s)
+        v = torch.matmul(A.transpose(1, 2).unsqueeze(0), u)  # (B, H, s, k) = sum_t A[h,t,s] u[b,h,t,k]
+        out = torch.einsum("bhsk,hdk->bsd", v, w["W_V"])
+        return self.ln1[layer].transpose(out, slice(0, T))
+
+    def attention_transpose_per_head(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+        """As :meth:`attention_transpose` but kept per head: ``(B, H, T, d_model)``."""
+        T = G.shape[1]
+        if self.ln1_post is not None:
+            G = self.ln1_post[layer].transpose(G, slice(0, T))
+        w = self.attn[layer]
+        u = torch.einsum("btd,hkd->bhtk", G, w["W_O"])
+        A = self.patterns[layer][:, :T, :T]
+        v = torch.matmul(A.transpose(1, 2).unsqueeze(0), u)
+        out = torch.einsum("bhsk,hdk->bhsd", v, w["W_V"])
+        return self.ln1[layer].transpose(out, slice(0, T))
+
+    def mlp_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor | None:
+        """Gradient at resid_mid(layer) through the MLP side: only skip-transcoder paths are
+        linear and stay in the frozen model; everything else is a node."""
+        if layer not in self.skip:
+            return None
+        W_skip, site = self.skip[layer]
+        out = G @ W_skip  # (B, T, d_in) = W_skip^T G
+        if site == "normalized":
+            T = G.shape[1]
+            norm = self.ln2[layer]
+            out = _Norm(None, None, norm.center, norm.sigma).transpose(out, slice(0, T))
+        return out
+
+    def step_down(self, loc: int, G: torch.Tensor) -> torch.Tensor:
+        """Propagate ``G`` from residual location ``loc`` to ``loc - 1``."""
+        if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
+            layer = (loc - 1) // 2
+            if self.attention_modes[layer] == "frozen":
+                return G + self.attention_transpose(layer, G)
+            return G
+        layer = loc // 2 - 1  # resid_post(l) -> resid_mid(l), through the MLP side
+        extra = self.mlp_transpose(layer, G)
+        return G if extra is None else G + extra

@@ -1,0 +1,187 @@
+"""The linearisation: everything frozen at its value on one prompt.
+
+:func:`linearise` runs the real model once and records, per site and position, every norm's
+sigma (ln1, ln2, ln_final and the post-norms where the architecture has them), every
+attention pattern, the residual stream, the MLP hooks and the transcoder inputs.  With these
+values frozen the model is affine in the residual stream (DESIGN.md section 2).
+
+:func:`frozen` is the scoped intervention that makes the *real* TransformerLens model
+compute with those frozen values (hooks on ``hook_scale`` and ``hook_pattern``, plus any
+extra hooks, e.g. fixed MLP outputs); the hooks are always removed on exit.  It is used by
+validation and by the tests as an independent check of the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.errors import NumericalError
+
+__all__ = ["Linearisation", "linearise", "frozen", "norm_sites"]
+
+
+def norm_sites(adapter: ModelAdapter) -> list[tuple[str, int | None]]:
+    """All (site, layer) norm sites of the model, ln_final last."""
+    sites: list[tuple[str, int | None]] = []
+    for layer in range(adapter.facts.n_layers):
+        sites += [("ln1", layer), ("ln2", layer)]
+        if adapter.facts.post_norms:
+            sites += [("ln1_post", layer), ("ln2_post", layer)]
+    sites.append(("ln_final", None))
+    return sites
+
+
+@dataclass
+class Linearisation:
+    """Values of one forward pass, frozen.  Shapes drop the batch dimension.
+
+    Attributes:
+        tokens: ``(pos,)`` prompt token ids.
+        sigma: ``{(site, layer): (pos,)}`` norm scales (``hook_scale``).
+        patterns: per layer ``(n_heads, pos, pos)`` attention patterns.
+        resid_pre, resid_mid: per layer ``(pos, d_model)``; ``resid_final`` = last resid_post.
+        attn_out, mlp_out: per layer ``(pos, d_model)`` (after post-norms).
+        z: per layer ``(pos, n_heads, d_head)``.
+        mlp_pre, mlp_post: per layer ``(pos, d_mlp)``; ``mlp_pre_linear`` for gated MLPs.
+        tc_input: per transcoder layer, the transcoder's input ``(pos, d_in)``.
+        logits: ``(pos, d_vocab)`` real logits (after any soft-cap).
+    """
+
+    tokens: torch.Tensor
+    sigma: dict[tuple[str, int | None], torch.Tensor]
+    patterns: list[torch.Tensor]
+    resid_pre: list[torch.Tensor]
+    resid_mid: list[torch.Tensor]
+    resid_final: torch.Tensor
+    attn_out: list[torch.Tensor]
+    mlp_out: list[torch.Tensor]
+    z: list[torch.Tensor]
+    mlp_pre: list[torch.Tensor]
+    mlp_post: list[torch.Tensor]
+    mlp_pre_linear: list[torch.Tensor | None]
+    tc_input: dict[int, torch.Tensor]
+    logits: torch.Tensor
+    embed: torch.Tensor
+    pos_embed: torch.Tensor | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _check_finite(name: str, t: torch.Tensor) -> None:
+    if not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise NumericalError(f"NaN or inf in {name} on this prompt (first at index {bad}); "
+                             "check the model weights and dtype")
+
+
+def _check_weights(adapter: ModelAdapter) -> None:
+    for name, p in adapter.model.named_parameters():
+        if not torch.isfinite(p).all():
+            bad = (~torch.isfinite(p)).nonzero()[0].tolist()
+            raise NumericalError(f"model weight {name} holds NaN or inf (first at index {bad})")
+
+
+@torch.no_grad()
+def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = None) -> Linearisation:
+    """Run the model on ``tokens (pos,)`` and record every value the engine freezes."""
+    _check_weights(adapter)
+    a = adapter
+    L = a.facts.n_layers
+    names = {a.hook_embed()}
+    if a.facts.positional == "learned":
+        names.add(a.hook_pos_embed())
+    for site, layer in norm_sites(a):
+        names.add(a.hook_norm_scale(site, layer))
+    names.add(a.hook_norm_normalized("ln_final"))
+    for layer in range(L):
+        names |= {
+            a.hook_resid_pre(layer), a.hook_resid_mid(layer), a.hook_resid_post(layer),
+            a.hook_pattern(layer), a.hook_z(layer), a.hook_attn_out(layer), a.hook_mlp_out(layer),
+            a.hook_mlp_pre(layer), a.hook_mlp_post(layer),
+            a.hook_norm_normalized("ln2", layer),
+        }
+        if a.facts.gated_mlp:
+            names.add(a.hook_mlp_pre_linear(layer))
+    toks = tokens.to(a.device).unsqueeze(0)
+    logits, cache = a.model.run_with_cache(toks, names_filter=lambda n: n in names)
+    c = {k: v[0].detach() for k, v in cache.items()}
+    logits = logits[0].detach()
+    _check_finite("logits", logits)
+    sigma = {(site, layer): c[a.hook_norm_scale(site, layer)][..., 0] for site, layer in norm_sites(a)}
+    lin = Linearisation(
+        tokens=tokens.detach().cpu(),
+        sigma=sigma,
+        patterns=[c[a.hook_pattern(l)] for l in range(L)],
+        resid_pre=[c[a.hook_resid_pre(l)] for l in range(L)],
+        resid_mid=[c[a.hook_resid_mid(l)] for l in range(L)],
+        resid_final=c[a.hook_resid_post(L - 1)],
+        attn_out=[c[a.hook_attn_out(l)] for l in range(L)],
+        mlp_out=[c[a.hook_mlp_out(l)] for l in range(L)],
+        z=[c[a.hook_z(l)] for l in range(L)],
+        mlp_pre=[c[a.hook_mlp_pre(l)] for l in range(L)],
+        mlp_post=[c[a.hook_mlp_post(l)] for l in range(L)],
+        mlp_pre_linear=[c.get(a.hook_mlp_pre_linear(l)) for l in range(L)],
+        tc_input={},
+        logits=logits,
+        embed=c[a.hook_embed()],
+        pos_embed=c.get(a.hook_pos_embed()),
+        extra={"ln_final_normalized": c[a.hook_norm_normalized("ln_final")],
+               "ln2_normalized": [c[a.hook_norm_normalized("ln2", l)] for l in range(L)]},
+    )
+    for layer in range(L):
+        _check_finite(f"blocks.{layer}.hook_resid_post", c[a.hook_resid_post(layer)])
+    if transcoders is not None:
+        for layer, tc in transcoders.layers.items():
+            lin.tc_input[layer] = (
+                lin.extra["ln2_normalized"][layer] if tc.input_site == "normalized" else lin.resid_mid[layer]
+            )
+    return lin
+
+
+@contextlib.contextmanager
+def frozen(
+    adapter: ModelAdapter,
+    lin: Linearisation,
+    extra_hooks: list[tuple[str, Callable]] | None = None,
+    *,
+    freeze_norms: bool = True,
+    freeze_patterns: bool = True,
+) -> Iterator[Any]:
+    """Scoped: the real model computes with frozen sigmas and attention patterns.
+
+    Usage::
+
+        with frozen(adapter, lin, extra_hooks=[("blocks.0.hook_mlp_out", fn)]) as model:
+            logits = model(tokens[None])
+
+    All hooks are removed on exit, even on error.
+    """
+    a = adapter
+    hooks: list[tuple[str, Callable]] = []
+    if freeze_norms:
+        for site, layer in norm_sites(a):
+            value = lin.sigma[(site, layer)]
+
+            def fix_scale(scale, hook, value=value):  # noqa: ANN001
+                return value.to(scale.dtype)[None, :, None].expand_as(scale).clone()
+
+            hooks.append((a.hook_norm_scale(site, layer), fix_scale))
+    if freeze_patterns:
+        for layer in range(a.facts.n_layers):
+            value = lin.patterns[layer]
+
+            def fix_pattern(pattern, hook, value=value):  # noqa: ANN001
+                return value.to(pattern.dtype)[None].expand_as(pattern).clone()
+
+            hooks.append((a.hook_pattern(layer), fix_pattern))
+    hooks += list(extra_hooks or [])
+    with a.model.hooks(fwd_hooks=hooks):
+        yield a.model

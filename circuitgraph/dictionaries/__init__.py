@@ -1,0 +1,5 @@
+"""Dictionaries (transcoders) behind one small interface."""
+
+from circuitgraph.dictionaries.transcoders import TranscoderLayer, TranscoderSet
+
+__all__ = ["TranscoderLayer", "TranscoderSet"]

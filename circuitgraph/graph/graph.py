@@ -1,0 +1,268 @@
+"""The attribution graph: a node table plus sparse, exact edges.
+
+Edges are stored as three parallel arrays in coordinate form (``target``, ``source``,
+``weight``: rows = targets, columns = sources, as in circuit-tracer's adjacency), indexed
+by node row.  Rows are an implementation detail: every public accessor takes and returns
+:class:`NodeId` values.  A dense matrix is only built on request, together with the index
+that maps its rows to nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+import numpy as np
+
+from circuitgraph.errors import QueryError
+from circuitgraph.graph.nodes import Node, NodeId
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
+
+__all__ = ["AttributionGraph", "CompletenessReport"]
+
+
+@dataclass(frozen=True)
+class CompletenessReport:
+    """Result of :meth:`AttributionGraph.check_completeness`.
+
+    ``max_violation`` is the largest ``|pre - (sum of edges + constant)|`` divided by the
+    node's scale ``max(|pre|, sum |edges|, |constant|, 1e-12)``; ``worst`` names that node.
+    """
+
+    max_violation: float
+    max_abs_violation: float
+    worst: NodeId | None
+    n_readers: int
+
+    def ok(self, tol: float = 1e-5) -> bool:
+        return self.max_violation <= tol
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_relative_violation": self.max_violation,
+            "max_abs_violation": self.max_abs_violation,
+            "worst_node": str(self.worst) if self.worst is not None else None,
+            "n_readers": self.n_readers,
+        }
+
+
+@dataclass
+class AttributionGraph:
+    """Nodes keyed by value, with sparse exact edges.
+
+    Attributes:
+        nodes: node records in a stable order (row ``i`` of the edge arrays is ``nodes[i]``).
+        edge_target, edge_source: int64 row indices of each edge.
+        edge_weight: the edge weights (float32 or float64).
+        targets: the target (output) nodes of the analysis with their weights
+            (used by influence and pruning; weights default to 1).
+        metadata: spec, model, transcoders, prompt, versions, exactness checks.
+        context: the live linearisation that produced the graph (not serialised); some
+            queries and validation checks need it, and say so when it is missing.
+    """
+
+    nodes: list[Node]
+    edge_target: np.ndarray
+    edge_source: np.ndarray
+    edge_weight: np.ndarray
+    targets: list[tuple[NodeId, float]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    context: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.edge_target = np.asarray(self.edge_target, dtype=np.int64)
+        self.edge_source = np.asarray(self.edge_source, dtype=np.int64)
+        self.edge_weight = np.asarray(self.edge_weight)
+        if not (self.edge_target.shape == self.edge_source.shape == self.edge_weight.shape):
+            raise ValueError("edge arrays must have the same length")
+        self._index: dict[NodeId, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.id in self._index:
+                raise ValueError(f"duplicate node id {node.id}")
+            self._index[node.id] = i
+        self._csr_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._csc_cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    # ----------------------------------------------------------------- basics
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.edge_weight.shape[0])
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._index
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def node_ids(self) -> list[NodeId]:
+        return [n.id for n in self.nodes]
+
+    def index_of(self, node_id: NodeId | str) -> int:
+        """Row of a node; raises :class:`QueryError` naming the id if it is not in the graph."""
+        if isinstance(node_id, str):
+            try:
+                node_id = NodeId.parse(node_id)
+            except ValueError as exc:
+                raise QueryError(str(exc)) from None
+        try:
+            return self._index[node_id]
+        except KeyError:
+            raise QueryError(f"node {node_id} is not in the graph ({self.n_nodes} nodes)") from None
+
+    def node(self, node_id: NodeId | str) -> Node:
+        return self.nodes[self.index_of(node_id)]
+
+    def nodes_of_kind(self, *kinds: str) -> list[Node]:
+        return [n for n in self.nodes if n.kind in kinds]
+
+    @property
+    def target_ids(self) -> list[NodeId]:
+        return [t for t, _ in self.targets]
+
+    # ----------------------------------------------------------------- sparse views
+    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(order, indptr): edges sorted by target row."""
+        if self._csr_cache is None:
+            order = np.argsort(self.edge_target, kind="stable")
+            indptr = np.zeros(self.n_nodes + 1, dtype=np.int64)
+            np.add.at(indptr, self.edge_target + 1, 1)
+            self._csr_cache = (order, np.cumsum(indptr))
+        return self._csr_cache
+
+    def _csc(self) -> tuple[np.ndarray, np.ndarray]:
+        """(order, indptr): edges sorted by source row."""
+        if self._csc_cache is None:
+            order = np.argsort(self.edge_source, kind="stable")
+            indptr = np.zeros(self.n_nodes + 1, dtype=np.int64)
+            np.add.at(indptr, self.edge_source + 1, 1)
+            self._csc_cache = (order, np.cumsum(indptr))
+        return self._csc_cache
+
+    def in_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
+        """Incoming edges of a node as ``(source id, weight)``, strongest first."""
+        row = self.index_of(node_id)
+        order, indptr = self._csr()
+        sel = order[indptr[row] : indptr[row + 1]]
+        sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
+        return [(self.nodes[s].id, float(w)) for s, w in zip(self.edge_source[sel], self.edge_weight[sel])]
+
+    def out_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
+        """Outgoing edges of a node as ``(target id, weight)``, strongest first."""
+        col = self.index_of(node_id)
+        order, indptr = self._csc()
+        sel = order[indptr[col] : indptr[col + 1]]
+        sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
+        return [(self.nodes[t].id, float(w)) for t, w in zip(self.edge_target[sel], self.edge_weight[sel])]
+
+    def edge_weight_between(self, source: NodeId | str, target: NodeId | str) -> float:
+        """The weight of the edge ``source -> target`` (0.0 if absent)."""
+        s, t = self.index_of(source), self.index_of(target)
+        order, indptr = self._csr()
+        sel = order[indptr[t] : indptr[t + 1]]
+        hit = sel[self.edge_source[sel] == s]
+        return float(self.edge_weight[hit].sum()) if hit.size else 0.0
+
+    def dense_adjacency(self, max_nodes: int = 20_000, dtype: Any = np.float64) -> np.ndarray:
+        """Dense ``(n, n)`` adjacency, rows = targets, in the order of :attr:`nodes`.
+
+        Refuses above ``max_nodes`` so a large graph is never densified by accident.
+        """
+        if self.n_nodes > max_nodes:
+            raise QueryError(
+                f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
+                "use the sparse accessors or raise max_nodes"
+            )
+        a = np.zeros((self.n_nodes, self.n_nodes), dtype=dtype)
+        np.add.at(a, (self.edge_target, self.edge_source), self.edge_weight.astype(dtype))
+        return a
+
+    def incoming_sums(self) -> np.ndarray:
+        """Sum of incoming edge weights per node (float64)."""
+        out = np.zeros(self.n_nodes, dtype=np.float64)
+        np.add.at(out, self.edge_target, self.edge_weight.astype(np.float64))
+        return out
+
+    # ----------------------------------------------------------------- checks
+    def check_completeness(self) -> CompletenessReport:
+        """Check ``pre_activation == sum(incoming edges) + constant`` for every reader node."""
+        sums = self.incoming_sums()
+        abs_sums = np.zeros(self.n_nodes, dtype=np.float64)
+        np.add.at(abs_sums, self.edge_target, np.abs(self.edge_weight.astype(np.float64)))
+        worst, worst_rel, worst_abs, n = None, 0.0, 0.0, 0
+        for i, node in enumerate(self.nodes):
+            if node.pre_activation is None or node.constant is None:
+                continue
+            n += 1
+            err = abs(node.pre_activation - (sums[i] + node.constant))
+            scale = max(abs(node.pre_activation), abs_sums[i], abs(node.constant), 1e-12)
+            rel = err / scale
+            if rel > worst_rel or worst is None:
+                worst, worst_rel = node.id, rel
+            worst_abs = max(worst_abs, err)
+        return CompletenessReport(float(worst_rel), float(worst_abs), worst, n)
+
+    # ----------------------------------------------------------------- conversions
+    def to_networkx(self) -> "nx.DiGraph":
+        """A networkx DiGraph keyed by :class:`NodeId`, with node records and ``weight`` on edges."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for node in self.nodes:
+            g.add_node(node.id, record=node, kind=node.kind, layer=node.layer, position=node.position,
+                       index=node.index, activation=node.activation)
+        ids = [n.id for n in self.nodes]
+        g.add_weighted_edges_from(
+            (ids[s], ids[t], float(w)) for s, t, w in zip(self.edge_source, self.edge_target, self.edge_weight)
+        )
+        return g
+
+    def subgraph(self, keep: Iterable[NodeId]) -> "AttributionGraph":
+        """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""
+        keep_rows = sorted({self.index_of(k) for k in keep})
+        remap = -np.ones(self.n_nodes, dtype=np.int64)
+        remap[keep_rows] = np.arange(len(keep_rows))
+        mask = (remap[self.edge_source] >= 0) & (remap[self.edge_target] >= 0)
+        keep_set = {self.nodes[r].id for r in keep_rows}
+        return AttributionGraph(
+            nodes=[self.nodes[r] for r in keep_rows],
+            edge_target=remap[self.edge_target[mask]],
+            edge_source=remap[self.edge_source[mask]],
+            edge_weight=self.edge_weight[mask],
+            targets=[(t, w) for t, w in self.targets if t in keep_set],
+            metadata=dict(self.metadata),
+            context=self.context,
+        )
+
+    def to_json(self, path: str | None = None, **kwargs: Any) -> str:
+        """Serialise to our JSON schema (schemas/graph.schema.json); write to ``path`` if given."""
+        from circuitgraph.export.json_graph import graph_to_json
+
+        return graph_to_json(self, path, **kwargs)
+
+    @classmethod
+    def from_json(cls, source: str) -> "AttributionGraph":
+        """Load a graph written by :meth:`to_json` (a path or a JSON string)."""
+        from circuitgraph.export.json_graph import graph_from_json
+
+        return graph_from_json(source)
+
+    def to_dot(self, **kwargs: Any) -> str:
+        """Graphviz DOT text (no binary needed)."""
+        from circuitgraph.export.dot import graph_to_dot
+
+        return graph_to_dot(self, **kwargs)
+
+    def render(self, path: str, **kwargs: Any) -> str:
+        """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written."""
+        from circuitgraph.export.render import render_graph
+
+        return render_graph(self, path, **kwargs)
