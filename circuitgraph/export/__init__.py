@@ -1,0 +1,42 @@
+"""Export an attribution graph: our JSON schema, a binary .npz, Neuronpedia JSON, DOT text, images.
+
+Every writer is atomic (a failure leaves no partial file); formats are documented in
+docs/export.md.
+"""
+
+from circuitgraph.export.dot import graph_to_dot
+from circuitgraph.export.json_graph import (
+    GraphDocument,
+    graph_from_json,
+    graph_to_json,
+    load_graph_binary,
+    read_graph_binary,
+    read_graph_json,
+    save_graph_binary,
+)
+from circuitgraph.export.neuronpedia import graph_to_neuronpedia
+from circuitgraph.export.render import render_dot_text, render_graph
+
+__all__ = [
+    "GraphDocument",
+    "graph_to_json",
+    "graph_from_json",
+    "read_graph_json",
+    "save_graph_binary",
+    "load_graph_binary",
+    "read_graph_binary",
+    "graph_json_schema",
+    "graph_to_neuronpedia",
+    "graph_to_dot",
+    "render_graph",
+    "render_dot_text",
+]
+
+
+def __getattr__(name: str):
+    # imported lazily so that `python -m circuitgraph.export.schema` runs the module once
+    if name == "graph_json_schema":
+        from circuitgraph.export.schema import graph_json_schema
+
+        return graph_json_schema
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,347 @@
+"""Graphviz DOT text for an attribution graph, generated in pure Python (no binary needed).
+
+Conventions (docs/export.md, "Diagrams"):
+
+* layout bottom to top by layer (``rankdir=BT``): one rank per layer, embeddings at the
+  bottom, logits on top; attention heads (and attention biases) get their own rank just
+  below the MLP-side nodes of their layer, since they write before the MLP reads;
+* left to right by position: nodes of a rank are ordered by (position, kind, index)
+  with invisible ordering edges, and nodes of one position share a Graphviz ``group``
+  so a position tends to stay in one column;
+* fill colour by node kind (:data:`KIND_COLORS`, shown in a legend); target nodes have
+  a double border, error and remainder nodes a dashed one;
+* edge colour by sign (:data:`POSITIVE_COLOR` excites, :data:`NEGATIVE_COLOR` inhibits)
+  and pen width proportional to ``|weight|`` relative to the largest edge shown; the
+  exact weight is the edge's tooltip in SVG;
+* labels: ``F17 L1 @4`` (feature 17 of layer 1 at position 4), ``N`` for neurons,
+  ``L1H3`` for head 3 of layer 1, token strings in quotes for embeddings and logits,
+  plus the node's label on a second line when it says more than the id;
+* above ``max_nodes`` the strongest nodes are kept (targets always; the others ranked
+  by ``attrs["influence"]`` when every one has it, else by their largest ``|edge|``), and
+  the title says how many nodes and edges were left out.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Iterable
+
+import numpy as np
+
+from circuitgraph.errors import ExportError
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node
+
+__all__ = [
+    "graph_to_dot",
+    "KIND_COLORS",
+    "POSITIVE_COLOR",
+    "NEGATIVE_COLOR",
+    "dot_quote",
+    "node_caption",
+    "is_structural_label",
+]
+
+#: fill colour of each node kind
+KIND_COLORS: dict[str, str] = {
+    "embedding": "#b8e0b0",
+    "positional": "#dcefd6",
+    "feature": "#fdd49e",
+    "error": "#d9d9d9",
+    "neuron": "#fdbb84",
+    "attention_head": "#c6dbef",
+    "mlp": "#fcbba1",
+    "bias": "#f0f0f0",
+    "remainder": "#ffffff",
+    "logit": "#d4c9e8",
+    "target": "#bcbddc",
+}
+#: edge colours by sign of the weight
+POSITIVE_COLOR = "#2166ac"
+NEGATIVE_COLOR = "#b2182b"
+
+_KIND_ORDER = {kind: i for i, kind in enumerate(NODE_KINDS)}
+_BIAS_NAMES = {v: k for k, v in BIAS_INDEX.items()}
+_REMAINDER_NAMES = {v: k for k, v in REMAINDER_INDEX.items()}
+_MAX_TOKEN_CHARS = 24
+_MAX_LABEL_CHARS = 32
+_MIN_PEN, _MAX_PEN = 0.4, 5.0
+
+
+def graph_to_dot(
+    graph: AttributionGraph,
+    *,
+    max_nodes: int | None = 100,
+    min_edge_fraction: float = 0.0,
+    title: str | None = None,
+) -> str:
+    """DOT text of ``graph`` (see the module docstring for the diagram's conventions).
+
+    Args:
+        graph: the graph to draw.
+        max_nodes: draw at most this many nodes (targets are always drawn, even beyond
+            it); ``None`` draws all.
+        min_edge_fraction: leave out edges whose ``|weight|`` is below this fraction of
+            the largest ``|weight|`` among the drawn nodes' edges (0 keeps all).
+        title: the diagram's title; default: the prompt from ``graph.metadata``.
+
+    Returns:
+        DOT source; render it with :func:`circuitgraph.export.render.render_dot_text`.
+
+    >>> import numpy as np
+    >>> from circuitgraph.graph.nodes import Node, NodeId
+    >>> g = AttributionGraph([Node(NodeId("embedding", -1, 0, 7), 1.0, attrs={"token_str": "<bos>"})],
+    ...                      [], [], np.zeros(0))
+    >>> "rankdir=BT" in graph_to_dot(g)
+    True
+    """
+    if max_nodes is not None and max_nodes < 1:
+        raise ExportError(f"max_nodes must be at least 1, got {max_nodes}")
+    if not (0.0 <= min_edge_fraction <= 1.0):
+        raise ExportError(f"min_edge_fraction must be between 0 and 1, got {min_edge_fraction}")
+
+    rows, score_name = _select_rows(graph, max_nodes)
+    kept = np.zeros(graph.n_nodes, dtype=bool)
+    kept[rows] = True
+    edge_sel = np.flatnonzero(kept[graph.edge_source] & kept[graph.edge_target])
+    weights = graph.edge_weight[edge_sel].astype(np.float64)
+    max_abs = float(np.abs(weights).max()) if weights.size else 0.0
+    if min_edge_fraction > 0 and weights.size:
+        strong = np.abs(weights) >= min_edge_fraction * max_abs
+        edge_sel, weights = edge_sel[strong], weights[strong]
+    # strongest edges drawn last, so they lie on top
+    order = np.argsort(np.abs(weights), kind="stable")
+    edge_sel, weights = edge_sel[order], weights[order]
+
+    target_ids = set(graph.target_ids)
+    ids = [graph.nodes[r].id for r in range(graph.n_nodes)]
+    lines = ["digraph circuitgraph {"]
+    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name)
+    lines.append(
+        "  graph [rankdir=BT, newrank=true, ranksep=0.8, nodesep=0.15, splines=true, "
+        f'fontname="Helvetica", fontsize=12, labelloc=t, label={_label(title_lines)}];'
+    )
+    lines.append(
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, '
+        'margin="0.06,0.03", height=0.28, penwidth=0.8, color="#555555"];'
+    )
+    lines.append('  edge [arrowsize=0.45, color="#999999"];')
+
+    ranks: dict[tuple[int, int], list[int]] = {}
+    for r in rows:
+        ranks.setdefault(_rank_key(graph.nodes[r]), []).append(r)
+    rank_keys = sorted(ranks)
+    for key in rank_keys:
+        members = sorted(ranks[key], key=lambda r: _order_key(graph.nodes[r]))
+        layer, sub = key
+        name = f"layer {layer}" + (" attention" if sub == 0 else "")
+        lines.append(f"  subgraph {dot_quote('rank ' + name)} {{")
+        lines.append("    rank=same;")
+        for r in members:
+            lines.append(f"    {_node_statement(graph.nodes[r], ids[r] in target_ids)}")
+        if len(members) > 1:
+            chain = " -> ".join(dot_quote(str(ids[r])) for r in members)
+            lines.append(f"    {chain} [style=invis];")
+        lines.append("  }")
+    # invisible edges between consecutive ranks keep the layers in order even where no
+    # real edge joins them
+    for lower, upper in zip(rank_keys, rank_keys[1:]):
+        a = min(ranks[lower], key=lambda r: _order_key(graph.nodes[r]))
+        b = min(ranks[upper], key=lambda r: _order_key(graph.nodes[r]))
+        lines.append(f"  {dot_quote(str(ids[a]))} -> {dot_quote(str(ids[b]))} [style=invis, weight=0];")
+
+    for k, w in zip(edge_sel.tolist(), weights.tolist()):
+        s, t = int(graph.edge_source[k]), int(graph.edge_target[k])
+        width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(w) / max_abs if max_abs > 0 else 0.0)
+        color = NEGATIVE_COLOR if w < 0 else POSITIVE_COLOR
+        lines.append(
+            f"  {dot_quote(str(ids[s]))} -> {dot_quote(str(ids[t]))} "
+            f'[color="{color}", penwidth={width:.2f}, tooltip={dot_quote(f"{ids[s]} -> {ids[t]}: {w:+.6g}")}];'
+        )
+
+    lines.extend(_legend({graph.nodes[r].kind for r in rows}))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- node selection
+def _select_rows(graph: AttributionGraph, max_nodes: int | None) -> tuple[list[int], str | None]:
+    """Rows to draw, and the score used to choose them (None when all are drawn)."""
+    n = graph.n_nodes
+    if max_nodes is None or n <= max_nodes:
+        return list(range(n)), None
+    target_rows = {graph.index_of(t) for t in graph.target_ids}
+    others = [r for r in range(n) if r not in target_rows]
+    influence = [graph.nodes[r].attrs.get("influence") for r in others]
+    if others and all(_is_number(v) for v in influence):
+        scores = dict(zip(others, (float(v) for v in influence)))
+        score_name = "influence"
+    else:
+        strength = np.zeros(n, dtype=np.float64)
+        magnitude = np.abs(graph.edge_weight.astype(np.float64))
+        np.maximum.at(strength, graph.edge_source, magnitude)
+        np.maximum.at(strength, graph.edge_target, magnitude)
+        scores = {r: float(strength[r]) for r in others}
+        score_name = "largest |edge|"
+    budget = max(max_nodes - len(target_rows), 0)
+    best = sorted(others, key=lambda r: (-scores[r], r))[:budget]
+    return sorted(target_rows | set(best)), score_name
+
+
+def _rank_key(node: Node) -> tuple[int, int]:
+    attention_side = node.kind == "attention_head" or (node.kind == "bias" and node.index == BIAS_INDEX["attention"])
+    return (node.layer, 0 if attention_side else 1)
+
+
+def _order_key(node: Node) -> tuple[int, int, int]:
+    return (node.position, _KIND_ORDER[node.kind], node.index)
+
+
+# --------------------------------------------------------------------------- text
+def _node_statement(node: Node, is_target: bool) -> str:
+    style = "rounded,filled,dashed" if node.kind in ("error", "remainder") else "rounded,filled"
+    attrs = [
+        f"label={_label(_node_lines(node))}",
+        f'fillcolor="{KIND_COLORS[node.kind]}"',
+        f'style="{style}"',
+        f'group="p{node.position}"',
+        f"tooltip={dot_quote(_tooltip(node))}",
+    ]
+    if is_target:
+        attrs += ["peripheries=2", "penwidth=1.4"]
+    return f"{dot_quote(str(node.id))} [{', '.join(attrs)}];"
+
+
+def _node_lines(node: Node) -> list[str]:
+    kind, t, i = node.kind, node.position, node.index
+    token = node.attrs.get("token_str")
+    token = token if isinstance(token, str) else None
+    label = _shorten(_show_text(node.label), _MAX_LABEL_CHARS) if node.label else ""
+    text = token if token is not None else (node.label or None)
+    quoted = f'"{_shorten(_show_text(text), _MAX_TOKEN_CHARS)}"' if text is not None else f"token {i}"
+    if kind == "embedding":
+        return [quoted, f"emb @{t}"]
+    if kind == "logit":
+        return [f"logit {quoted}", f"@{t}"]
+    head = node_caption(node)
+    return [head] + ([label] if label and not is_structural_label(node) else [])
+
+
+def node_caption(node: Node) -> str:
+    """The id-derived caption of a non-token node: ``F17 L1 @4``, ``L1H3 @4``, ``Err L1 @4`` ..."""
+    kind, layer, t, i = node.kind, node.layer, node.position, node.index
+    captions = {
+        "positional": f"pos @{t}",
+        "feature": f"F{i} L{layer} @{t}",
+        "error": f"Err L{layer} @{t}",
+        "neuron": f"N{i} L{layer} @{t}",
+        "attention_head": f"L{layer}H{i} @{t}",
+        "mlp": f"MLP L{layer} @{t}",
+        "bias": f"{_BIAS_NAMES.get(i, str(i))} bias L{layer} @{t}",
+        "remainder": f"rest ({_REMAINDER_NAMES.get(i, str(i))}) L{layer} @{t}",
+        "target": f"target {i} @{t}",
+        "embedding": f"emb {i} @{t}",
+        "logit": f"logit {i} @{t}",
+    }
+    return captions[kind]
+
+
+def is_structural_label(node: Node) -> bool:
+    """True when the node's label only restates its id (e.g. ``"F17 L1@4"``), so adds nothing.
+
+    Compared with :func:`node_caption` ignoring case, spaces and punctuation.
+    """
+    def norm(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    return not node.label or norm(node.label) == norm(node_caption(node))
+
+
+def _tooltip(node: Node) -> str:
+    parts = [str(node.id), f"activation {node.activation:.6g}"]
+    if node.pre_activation is not None:
+        parts.append(f"pre-activation {node.pre_activation:.6g}")
+    influence = node.attrs.get("influence")
+    if _is_number(influence):
+        parts.append(f"influence {float(influence):.4g}")
+    if not is_structural_label(node):
+        parts.append(_show_text(node.label))
+    return "; ".join(parts)
+
+
+def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edges: int,
+                 score_name: str | None) -> list[str]:
+    if title is None:
+        prompt = graph.metadata.get("prompt")
+        title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if isinstance(prompt, str) else \
+            "Attribution graph"
+    lines = [_show_text(title)]
+    left_nodes, left_edges = graph.n_nodes - n_nodes, graph.n_edges - n_edges
+    if left_nodes or left_edges:
+        note = f"showing {n_nodes} of {graph.n_nodes} nodes and {n_edges} of {graph.n_edges} edges"
+        reasons = []
+        if left_nodes:
+            reasons.append(f"{left_nodes} weaker nodes left out (ranked by {score_name})")
+        if left_edges:
+            reasons.append(f"{left_edges} edges left out")
+        lines.append(f"{note}; " + ", ".join(reasons))
+    return lines
+
+
+def _legend(kinds: Iterable[str]) -> list[str]:
+    present = sorted(set(kinds), key=_KIND_ORDER.__getitem__)
+    names = [f"legend {kind}" for kind in present] + ["legend positive", "legend negative"]
+    lines = [
+        "  subgraph cluster_legend {",
+        '    label="legend"; fontsize=10; style="rounded"; color="#bbbbbb";',
+        "    rank=same;",
+    ]
+    for kind in present:
+        lines.append(f'    {dot_quote("legend " + kind)} [label={dot_quote(kind)}, fillcolor="{KIND_COLORS[kind]}"];')
+    for sign, color in (("positive", POSITIVE_COLOR), ("negative", NEGATIVE_COLOR)):
+        lines.append(f'    "legend {sign}" [shape=plaintext, style="", label="→ {sign}", fontcolor="{color}"];')
+    lines.append("    " + " -> ".join(dot_quote(n) for n in names) + " [style=invis];")
+    lines.append("  }")
+    return lines
+
+
+def dot_quote(text: str) -> str:
+    r"""``text`` as a DOT double-quoted string: backslashes and quotes escaped, newlines as ``\n``.
+
+    >>> print(dot_quote('say "hi" \\ bye'))
+    "say \"hi\" \\ bye"
+    """
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = escaped.replace("\r", "").replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _label(lines: list[str]) -> str:
+    """A multi-line DOT label: each line escaped, joined by DOT's centred line break."""
+    return '"' + "\\n".join(dot_quote(line)[1:-1] for line in lines) + '"'
+
+
+def _show_text(text: Any) -> str:
+    """Make whitespace and control characters in a token visible: ``\\n``, ``\\t``, ``\\x00``."""
+    out = []
+    for ch in str(text):
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))

@@ -1,0 +1,196 @@
+"""Random models and transcoders built natively (no download), for tests, examples and benchmarks.
+
+``tiny_model`` builds a TransformerLens ``HookedTransformer`` from a config in milliseconds with
+non-trivial norm weights and biases (so constants and the P / gamma / beta bookkeeping are
+exercised); ``random_transcoders`` builds sae-lens transcoders (ReLU, JumpReLU, skip) whose
+encoder bias is set so that about ``active_frac`` of the features fire; ``save_bundle`` writes
+both in the local directory format that ``model: {path: DIR}`` and ``transcoders: {path: DIR}``
+read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["tiny_config", "tiny_model", "random_transcoders", "save_bundle"]
+
+
+def tiny_config(
+    *,
+    norm: Literal["LN", "RMS", "LNPre", "RMSPre"] = "LN",
+    mlp: Literal["gelu", "relu", "gated"] = "gelu",
+    positional: Literal["learned", "rotary"] = "learned",
+    n_layers: int = 2,
+    d_model: int = 16,
+    n_heads: int = 4,
+    d_head: int | None = None,
+    n_kv_heads: int | None = None,
+    d_mlp: int = 32,
+    d_vocab: int = 23,
+    n_ctx: int = 12,
+    post_norms: bool = False,
+    attn_soft_cap: float | None = None,
+    logit_soft_cap: float | None = None,
+    seed: int = 0,
+) -> Any:
+    """A HookedTransformerConfig for a tiny causal decoder of the given architecture."""
+    from transformer_lens import HookedTransformerConfig
+
+    kwargs: dict[str, Any] = dict(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_head=d_head or d_model // n_heads,
+        d_mlp=d_mlp,
+        d_vocab=d_vocab,
+        n_ctx=n_ctx,
+        act_fn={"gelu": "gelu_new", "relu": "relu", "gated": "silu"}[mlp],
+        normalization_type=norm,
+        gated_mlp=mlp == "gated",
+        positional_embedding_type="standard" if positional == "learned" else "rotary",
+        seed=seed,
+        dtype=torch.float32,
+        device="cpu",
+        model_name=f"tiny-{norm}-{mlp}-{positional}",
+        original_architecture="LlamaForCausalLM" if mlp == "gated" else "GPT2LMHeadModel",
+    )
+    if positional == "rotary":
+        kwargs["rotary_dim"] = kwargs["d_head"]
+    if n_kv_heads is not None:
+        kwargs["n_key_value_heads"] = n_kv_heads
+    if norm in ("RMS", "RMSPre"):
+        kwargs["final_rms"] = True
+    if post_norms:
+        kwargs["use_normalization_before_and_after"] = True
+    if attn_soft_cap is not None:
+        kwargs["attn_scores_soft_cap"] = attn_soft_cap
+    if logit_soft_cap is not None:
+        kwargs["output_logits_soft_cap"] = logit_soft_cap
+    return HookedTransformerConfig(**kwargs)
+
+
+@torch.no_grad()
+def tiny_model(cfg: Any = None, *, seed: int = 0, bias_scale: float = 0.1, **cfg_kwargs: Any) -> Any:
+    """A HookedTransformer with random weights, random norm gammas/betas and random biases."""
+    from transformer_lens import HookedTransformer
+
+    cfg = cfg if cfg is not None else tiny_config(seed=seed, **cfg_kwargs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = HookedTransformer(cfg, move_to_device=False)
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith(".w") and p.ndim == 1:  # norm gamma
+            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+        elif name.endswith(".b") and p.ndim == 1:  # norm beta
+            p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+        elif "b_" in name.split(".")[-1] or name.split(".")[-1].startswith("_b_"):
+            p.copy_(bias_scale * torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) / max(p.shape[-2] if p.ndim >= 2 else 1, 1) ** 0.5)
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def random_transcoders(
+    model: Any,
+    *,
+    d_sae: int = 48,
+    kind: Literal["relu", "jumprelu", "skip", "jumprelu_skip"] = "relu",
+    input_site: Literal["normalized", "raw"] = "normalized",
+    active_frac: float = 0.15,
+    layers: list[int] | None = None,
+    seed: int = 0,
+    n_fit_tokens: int = 256,
+) -> dict[int, Any]:
+    """sae-lens transcoders for every layer of ``model``; the encoder bias is set per feature so
+    that about ``active_frac`` of features are active on random tokens."""
+    from sae_lens import JumpReLUTranscoder, SkipTranscoder, Transcoder
+    from sae_lens.saes.transcoder import (
+        JumpReLUSkipTranscoder,
+        JumpReLUSkipTranscoderConfig,
+        JumpReLUTranscoderConfig,
+        SkipTranscoderConfig,
+        TranscoderConfig,
+    )
+
+    classes = {
+        "relu": (Transcoder, TranscoderConfig),
+        "jumprelu": (JumpReLUTranscoder, JumpReLUTranscoderConfig),
+        "skip": (SkipTranscoder, SkipTranscoderConfig),
+        "jumprelu_skip": (JumpReLUSkipTranscoder, JumpReLUSkipTranscoderConfig),
+    }
+    cls, cfg_cls = classes[kind]
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed + 1000)
+    tokens = torch.randint(0, cfg.d_vocab, (max(1, n_fit_tokens // cfg.n_ctx), cfg.n_ctx), generator=gen)
+    out = {}
+    layers = list(range(cfg.n_layers)) if layers is None else layers
+    for layer in layers:
+        hook_in = f"blocks.{layer}.ln2.hook_normalized" if input_site == "normalized" else f"blocks.{layer}.hook_resid_mid"
+        hook_out = f"blocks.{layer}.hook_mlp_out"
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == hook_in)
+        x = cache[hook_in].reshape(-1, cfg.d_model)
+        tc_cfg = cfg_cls.from_dict(
+            {
+                "d_in": cfg.d_model,
+                "d_sae": d_sae,
+                "d_out": cfg.d_model,
+                "dtype": "float32",
+                "device": "cpu",
+                "apply_b_dec_to_input": False,
+                "metadata": {"hook_name": hook_in, "hook_name_out": hook_out, "model_name": cfg.model_name},
+            }
+        )
+        tc = cls(tc_cfg)
+        W_enc = torch.randn(cfg.d_model, d_sae, generator=gen) / cfg.d_model**0.5
+        pre = x @ W_enc
+        q = torch.quantile(pre, 1 - active_frac, dim=0)
+        tc.W_enc.copy_(W_enc)
+        tc.b_enc.copy_(-q)
+        tc.W_dec.copy_(torch.randn(d_sae, cfg.d_model, generator=gen) / d_sae**0.5)
+        tc.b_dec.copy_(0.1 * torch.randn(cfg.d_model, generator=gen))
+        if hasattr(tc, "threshold"):
+            tc.threshold.copy_(0.05 * torch.rand(d_sae, generator=gen))
+        if hasattr(tc, "W_skip"):
+            tc.W_skip.copy_(0.1 * torch.randn(cfg.d_model, cfg.d_model, generator=gen) / cfg.d_model**0.5)
+        tc.eval()
+        out[layer] = tc
+    return out
+
+
+def save_bundle(directory: str | Path, model: Any, transcoders: dict[int, Any] | None = None,
+                prompt_tokens: list[int] | None = None) -> Path:
+    """Write ``DIR/model/{config.json, model.safetensors}``, ``DIR/transcoders/layer_<i>/`` and
+    ``DIR/prompt.json`` in the local format circuitgraph reads."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    (directory / "model").mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else dict(vars(model.cfg))
+    clean = {}
+    for k, v in cfg.items():
+        if isinstance(v, torch.dtype):
+            v = str(v).replace("torch.", "")
+        elif isinstance(v, torch.device):
+            v = str(v)
+        try:
+            json.dumps(v)
+        except TypeError:
+            continue
+        clean[k] = v
+    (directory / "model" / "config.json").write_text(json.dumps(clean, indent=2, sort_keys=True))
+    buffers = {name for name, _ in model.named_buffers()}
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in buffers}
+    save_file(state, str(directory / "model" / "model.safetensors"))
+    for layer, tc in (transcoders or {}).items():
+        tc.save_model(str(directory / "transcoders" / f"layer_{layer}"))
+    if prompt_tokens is not None:
+        (directory / "prompt.json").write_text(json.dumps({"tokens": list(prompt_tokens)}))
+    return directory

@@ -1,0 +1,177 @@
+"""Interventions in the *frozen* real model: an independent check of every edge.
+
+The frozen model is the real TransformerLens model with every sigma and attention pattern
+frozen (:func:`~circuitgraph.attribution.linearisation.frozen`) and every node frozen at its
+recorded output: MLP outputs are fixed (plus the linear skip path of skip transcoders), and in
+layers analysed as heads the attention output is fixed too.  Removing one writer and running
+the model forward changes each reader by exactly the graph's edge (for readers reached only
+through frozen paths), with no autograd and no use of the engine's transposes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from circuitgraph.attribution.linearisation import frozen
+from circuitgraph.errors import ValidationRunError
+from circuitgraph.graph.nodes import NodeId
+
+__all__ = ["frozen_reader_values", "frozen_ablation_effects"]
+
+
+def _writer_vectors(context: Any) -> dict[NodeId, tuple[int, int, torch.Tensor]]:
+    """node id -> (location, position, output vector in the residual) for every writer."""
+    col = context.collected
+    out = {}
+    for loc, groups in col.writers.groups.items():
+        for pos, rows, vecs in groups:
+            for r, v in zip(rows.tolist(), vecs):
+                out[col.nodes[r].id] = (loc, pos, v)
+    return out
+
+
+@torch.no_grad()
+def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
+    """Every reader's pre-activation in the frozen real model, with the writers in ``ablate``
+    scaled by ``scale`` (0 = removed)."""
+    a, lin, tcs = context.adapter, context.linearisation, context.transcoders
+    opts = context.options
+    L = a.facts.n_layers
+    writers = _writer_vectors(context)
+    # removal vectors per hook: {(kind, layer): (T, D) tensor to subtract}
+    T, D = lin.n_pos, a.facts.d_model
+    delta: dict[tuple[str, int], torch.Tensor] = {}
+    for node_id in ablate:
+        if node_id not in writers:
+            raise ValidationRunError(f"node {node_id} is not a writer of this graph")
+        loc, pos, vec = writers[node_id]
+        if node_id.kind == "embedding":
+            key = ("embed", 0)
+        elif node_id.kind == "positional":
+            key = ("pos_embed", 0)
+        elif loc % 2 == 1:
+            key = ("attn", (loc - 1) // 2)
+        else:
+            key = ("mlp", loc // 2 - 1)
+        if key[0] == "attn" and opts.attention[key[1]] != "heads":
+            raise ValidationRunError(f"node {node_id}: attention writers can be removed only in heads mode")
+        d = delta.setdefault(key, torch.zeros(T, D, dtype=vec.dtype))
+        d[pos] += (1.0 - scale) * vec.cpu()
+
+    captured: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def sub(key):
+        def fn(value, hook):
+            return value - delta[key].to(value.dtype)[None, : value.shape[1]]
+        return fn
+
+    if ("embed", 0) in delta:
+        hooks.append((a.hook_embed(), sub(("embed", 0))))
+    if ("pos_embed", 0) in delta:
+        hooks.append((a.hook_pos_embed(), sub(("pos_embed", 0))))
+    for layer in range(L):
+        if opts.attention[layer] == "heads":
+            rec = lin.attn_out[layer]
+            d = delta.get(("attn", layer))
+
+            def fix_attn(value, hook, rec=rec, d=d):
+                out = rec.to(value.dtype)[None].clone()
+                return out - d.to(value.dtype)[None] if d is not None else out
+
+            hooks.append((a.hook_attn_out(layer), fix_attn))
+        tc = tcs[layer] if (tcs is not None and layer in tcs and opts.mlp[layer] == "transcoders") else None
+        if tc is not None and tc.W_skip is not None:
+            in_hook = tc.hook_in if tc.input_site == "normalized" else a.hook_resid_mid(layer)
+
+            def grab(value, hook, key=f"skip{layer}"):
+                captured[key] = value.detach()
+                return value
+
+            hooks.append((in_hook, grab))
+        rec_mlp = lin.mlp_out[layer]
+        d = delta.get(("mlp", layer))
+
+        def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer):
+            out = rec.to(value.dtype)[None].clone()
+            if tc is not None and tc.W_skip is not None:
+                change = captured[f"skip{layer}"] - lin.tc_input[layer].to(value.dtype)[None]
+                out = out + change @ tc.W_skip.to(value.dtype).T
+            return out - d.to(value.dtype)[None] if d is not None else out
+
+        hooks.append((a.hook_mlp_out(layer), fix_mlp))
+    names = {a.hook_norm_normalized("ln_final")}
+    for layer in range(L):
+        names |= {a.hook_mlp_pre(layer), a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
+                  a.hook_resid_pre(layer), a.hook_resid_post(layer)}
+        if a.facts.gated_mlp:
+            names.add(a.hook_mlp_pre_linear(layer))
+
+    def keep(value, hook):
+        captured[hook.name] = value.detach()[0]
+        return value
+
+    hooks += [(n, keep) for n in sorted(names)]
+    with frozen(a, lin, extra_hooks=hooks) as model:
+        model(lin.tokens.to(a.device)[None])
+    return _read_values(context, captured)
+
+
+def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
+    a, lin, tcs = context.adapter, context.linearisation, context.transcoders
+    col = context.collected
+    out: dict[NodeId, float] = {}
+    L = a.facts.n_layers
+    for row in col.readers.rows:
+        node = col.nodes[row]
+        nid = node.id
+        t = nid.position
+        if nid.kind == "feature":
+            tc = tcs[nid.layer]
+            x = c[tc.hook_in] if tc.input_site == "normalized" else c[a.hook_resid_mid(nid.layer)]
+            out[nid] = float(x[t].to(tc.W_enc.dtype) @ tc.W_enc[:, nid.index] + tc.b_enc[nid.index])
+        elif nid.kind == "neuron":
+            if a.facts.gated_mlp:
+                w = a.mlp_weights(nid.layer)
+                gate = a.mlp_act_fn(nid.layer)(lin.mlp_pre[nid.layer][t, nid.index])
+                out[nid] = float(gate * c[a.hook_mlp_pre_linear(nid.layer)][t, nid.index] + w["b_in"][nid.index])
+            else:
+                out[nid] = float(c[a.hook_mlp_pre(nid.layer)][t, nid.index])
+        elif nid.kind in ("logit", "target") and node.attrs.get("target_kind") in ("logit", "logit_diff"):
+            norm = a.norm("ln_final")
+            n = c[a.hook_norm_normalized("ln_final")][t]
+            x = n * norm.gamma if norm.gamma is not None else n
+            if norm.beta is not None:
+                x = x + norm.beta
+            toks = node.attrs["tokens"]
+            W_U, b_U = a.W_U, a.b_U
+            if len(toks) == 2:
+                w, b = W_U[:, toks[0]] - W_U[:, toks[1]], b_U[toks[0]] - b_U[toks[1]]
+            else:
+                w, b = W_U[:, toks[0]], b_U[toks[0]]
+                if node.attrs.get("relative_to_mean"):
+                    w, b = w - W_U.mean(-1), b - b_U.mean()
+            out[nid] = float(x @ w + b)
+        elif nid.kind == "target":
+            site, layer = node.attrs["site"], nid.layer
+            if site == "resid_pre":
+                x = c[a.hook_resid_pre(layer)]
+            elif site == "resid_mid":
+                x = c[a.hook_resid_mid(layer)]
+            else:
+                x = c[a.hook_resid_post(layer)]
+            idx = col.readers.rows.index(row)
+            out[nid] = float(x[t] @ col.readers.directions[idx].to(x.dtype))
+    return out
+
+
+def frozen_ablation_effects(context: Any, writers: Iterable[NodeId]) -> dict[NodeId, dict[NodeId, float]]:
+    """For each writer: ``{reader: base - ablated}`` in the frozen model (should equal the edges)."""
+    base = frozen_reader_values(context)
+    effects = {}
+    for w in writers:
+        ablated = frozen_reader_values(context, [w])
+        effects[w] = {r: base[r] - ablated[r] for r in base}
+    return effects
