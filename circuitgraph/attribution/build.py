@@ -15,7 +15,7 @@ from circuitgraph.attribution.nodes_builder import Collected, GraphOptions, coll
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.graph.graph import AttributionGraph
 
-__all__ = ["AttributionContext", "build_graph"]
+__all__ = ["AttributionContext", "build_graph", "attribute"]
 
 
 @dataclass
@@ -59,3 +59,52 @@ def build_graph(
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
     return graph
+
+
+def attribute(
+    adapter: ModelAdapter,
+    tokens: torch.Tensor | list[int],
+    transcoders: Any = None,
+    targets: list[ResolvedTarget] | None = None,
+    *,
+    mlp: str | dict[int, str] | None = None,
+    attention: str | dict[int, str] = "frozen",
+    dtype: torch.dtype = torch.float32,
+    progress: Callable[[int, int], None] | None = None,
+    metadata: dict[str, Any] | None = None,
+    **options: Any,
+) -> AttributionGraph:
+    """Python entry point below the spec: linearise ``tokens`` and build the graph.
+
+    ``mlp`` defaults to transcoders where a transcoder is loaded for the layer, else neurons;
+    ``targets`` defaults to circuit-tracer's top logits (max 10, cumulative probability 0.95,
+    relative to the mean logit).  Other keyword arguments are :class:`GraphOptions` fields.
+
+    Example::
+
+        >>> from circuitgraph.synthetic import tiny_model
+        >>> from circuitgraph.adapters import ModelAdapter
+        >>> g = attribute(ModelAdapter(tiny_model()), [1, 5, 7, 2])
+        >>> g.check_completeness().ok()
+        True
+    """
+    from circuitgraph.attribution.linearisation import linearise
+    from circuitgraph.attribution.targets import top_logit_targets
+
+    L = adapter.facts.n_layers
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    if adapter.dtype != dtype and dtype == torch.float64:
+        adapter.model.to(torch.float64)
+        if transcoders is not None:
+            transcoders = transcoders.to(torch.float64)
+    if mlp is None:
+        mlp = {l: ("transcoders" if transcoders is not None and l in transcoders else "neurons") for l in range(L)}
+    elif isinstance(mlp, str):
+        mlp = {l: mlp for l in range(L)}
+    if isinstance(attention, str):
+        attention = {l: attention for l in range(L)}
+    lin = linearise(adapter, tokens, transcoders)
+    if targets is None:
+        targets = top_logit_targets(lin.logits, position=len(tokens) - 1, max_n=10, cumulative_probability=0.95)
+    opts = GraphOptions(mlp=dict(mlp), attention=dict(attention), dtype=dtype, **options)
+    return build_graph(adapter, lin, transcoders, targets, opts, progress=progress, metadata=metadata)

@@ -120,50 +120,51 @@ def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: flo
 
 
 def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
+    """Reader pre-activations from the captured hooks of a frozen run (vectorised per kind)."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
     col = context.collected
     out: dict[NodeId, float] = {}
-    L = a.facts.n_layers
-    for row in col.readers.rows:
+    norm = a.norm("ln_final")
+    n = c[a.hook_norm_normalized("ln_final")]
+    final_in = n * norm.gamma if norm.gamma is not None else n
+    if norm.beta is not None:
+        final_in = final_in + norm.beta
+    W_U, b_U = a.W_U, a.b_U
+    feature_pre: dict[int, torch.Tensor] = {}
+    neuron_val: dict[int, torch.Tensor] = {}
+    for k, row in enumerate(col.readers.rows):
         node = col.nodes[row]
         nid = node.id
         t = nid.position
         if nid.kind == "feature":
-            tc = tcs[nid.layer]
-            x = c[tc.hook_in] if tc.input_site == "normalized" else c[a.hook_resid_mid(nid.layer)]
-            out[nid] = float(x[t].to(tc.W_enc.dtype) @ tc.W_enc[:, nid.index] + tc.b_enc[nid.index])
+            if nid.layer not in feature_pre:
+                tc = tcs[nid.layer]
+                x = c[tc.hook_in] if tc.input_site == "normalized" else c[a.hook_resid_mid(nid.layer)]
+                feature_pre[nid.layer] = x.to(tc.W_enc.dtype) @ tc.W_enc + tc.b_enc
+            out[nid] = float(feature_pre[nid.layer][t, nid.index])
         elif nid.kind == "neuron":
-            if a.facts.gated_mlp:
-                w = a.mlp_weights(nid.layer)
-                gate = a.mlp_act_fn(nid.layer)(lin.mlp_pre[nid.layer][t, nid.index])
-                out[nid] = float(gate * c[a.hook_mlp_pre_linear(nid.layer)][t, nid.index] + w["b_in"][nid.index])
-            else:
-                out[nid] = float(c[a.hook_mlp_pre(nid.layer)][t, nid.index])
-        elif nid.kind in ("logit", "target") and node.attrs.get("target_kind") in ("logit", "logit_diff"):
-            norm = a.norm("ln_final")
-            n = c[a.hook_norm_normalized("ln_final")][t]
-            x = n * norm.gamma if norm.gamma is not None else n
-            if norm.beta is not None:
-                x = x + norm.beta
+            if nid.layer not in neuron_val:
+                if a.facts.gated_mlp:
+                    gate = a.mlp_act_fn(nid.layer)(lin.mlp_pre[nid.layer])
+                    b_in = a.mlp_weights(nid.layer)["b_in"]
+                    neuron_val[nid.layer] = gate * c[a.hook_mlp_pre_linear(nid.layer)] + b_in
+                else:
+                    neuron_val[nid.layer] = c[a.hook_mlp_pre(nid.layer)]
+            out[nid] = float(neuron_val[nid.layer][t, nid.index])
+        elif node.attrs.get("target_kind") in ("logit", "logit_diff"):
             toks = node.attrs["tokens"]
-            W_U, b_U = a.W_U, a.b_U
             if len(toks) == 2:
                 w, b = W_U[:, toks[0]] - W_U[:, toks[1]], b_U[toks[0]] - b_U[toks[1]]
             else:
                 w, b = W_U[:, toks[0]], b_U[toks[0]]
                 if node.attrs.get("relative_to_mean"):
                     w, b = w - W_U.mean(-1), b - b_U.mean()
-            out[nid] = float(x @ w + b)
-        elif nid.kind == "target":
+            out[nid] = float(final_in[t] @ w + b)
+        elif node.attrs.get("target_kind") == "direction":
             site, layer = node.attrs["site"], nid.layer
-            if site == "resid_pre":
-                x = c[a.hook_resid_pre(layer)]
-            elif site == "resid_mid":
-                x = c[a.hook_resid_mid(layer)]
-            else:
-                x = c[a.hook_resid_post(layer)]
-            idx = col.readers.rows.index(row)
-            out[nid] = float(x[t] @ col.readers.directions[idx].to(x.dtype))
+            hook = {"resid_pre": a.hook_resid_pre, "resid_mid": a.hook_resid_mid}.get(site, a.hook_resid_post)
+            x = c[hook(layer)]
+            out[nid] = float(x[t] @ col.readers.directions[k].to(x.dtype))
     return out
 
 

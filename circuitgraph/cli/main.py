@@ -1,0 +1,168 @@
+"""The ``circuitgraph`` command: a thin layer over the spec and the API.
+
+::
+
+    circuitgraph run SPEC [--dry-run] [--quiet] [--debug]
+    circuitgraph validate SPEC
+    circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
+    circuitgraph schema [--graph]
+
+Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
+YAML) prints one line ``error: <message>`` to stderr and exits with status 2; ``--debug``
+shows the traceback instead.  ``validate`` and ``schema`` never import torch: the API
+and the graph are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from circuitgraph.errors import CircuitGraphError, LoadError, SpecError
+
+__all__ = ["app", "main", "EXIT_BAD_INPUT"]
+
+#: exit status for bad input (the same status click uses for usage errors)
+EXIT_BAD_INPUT = 2
+
+app = typer.Typer(
+    name="circuitgraph",
+    help="Declarative, exact attribution graphs for transformer language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_DEBUG = typer.Option("--debug", help="Show the full traceback on errors.")
+_SPEC = typer.Argument(help="A spec file (.yaml, .yml or .json).", show_default=False)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    import yaml
+
+    return (CircuitGraphError, OSError, yaml.YAMLError)
+
+
+@contextmanager
+def _reported(debug: bool) -> Iterator[None]:
+    """Turn bad-input errors into one line on stderr and exit status 2."""
+    try:
+        yield
+    except _user_errors() as exc:
+        if debug:
+            raise
+        message = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
+        typer.echo(f"error: {' '.join(message.split())}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def _echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        typer.echo(line)
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, _SPEC],
+    debug: Annotated[bool, _DEBUG] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or log messages.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be done (sizes, outputs) without running the model.")
+    ] = False,
+) -> None:
+    """Run a spec: build the graph, run its queries and checks, write its exports."""
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO, format="%(message)s"
+    )
+    with _reported(debug):
+        from circuitgraph.spec import load_spec
+
+        loaded = load_spec(spec)
+        from circuitgraph import api  # imports torch: only here
+
+        if dry_run:
+            _echo_lines(list(api.dry_run(loaded)))
+        else:
+            result = api.run(loaded, progress=not quiet)
+            _echo_lines(list(result.summary_lines()))
+
+
+@app.command()
+def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False) -> None:
+    """Check a spec (keys, values, input files) without loading a model."""
+    with _reported(debug):
+        from circuitgraph.spec import check_inputs, load_spec
+
+        loaded = load_spec(spec)
+        problems = check_inputs(loaded)
+        if problems:
+            raise SpecError(problems)
+        typer.echo(f"spec OK: {loaded.summary()}")
+
+
+@app.command()
+def render(
+    graph: Annotated[Path, typer.Argument(help="A graph JSON file written by circuitgraph.", show_default=False)],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The diagram file (.svg, .png, .pdf...).", show_default=False)
+    ],
+    max_nodes: Annotated[
+        Optional[int], typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")
+    ] = None,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Draw a saved graph with Graphviz."""
+    with _reported(debug):
+        from circuitgraph.graph.graph import AttributionGraph
+
+        loaded = AttributionGraph.from_json(graph)
+        if max_nodes is None:
+            loaded.render(output)
+        else:
+            loaded.render(output, max_nodes=max_nodes)
+        typer.echo(f"wrote {output}")
+
+
+def _graph_schema_path() -> Path:
+    here = Path(__file__).resolve()
+    candidates = [here.parents[2] / "schemas" / "graph.schema.json", here.parents[1] / "schemas" / "graph.schema.json"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise LoadError(f"graph schema not found; looked in {', '.join(str(p) for p in candidates)}")
+
+
+@app.command()
+def schema(
+    graph: Annotated[bool, typer.Option("--graph", help="The graph JSON schema instead of the spec schema.")] = False,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Print the JSON Schema of spec files (or, with --graph, of graph JSON files)."""
+    with _reported(debug):
+        if graph:
+            path = _graph_schema_path()
+            text = path.read_text(encoding="utf-8")
+            try:
+                json.loads(text)  # refuse to print a broken file
+            except ValueError as exc:
+                raise LoadError(f"{path} is not valid JSON: {exc}") from None
+            typer.echo(text, nl=not text.endswith("\n"))
+        else:
+            from circuitgraph.spec import spec_schema_text
+
+            typer.echo(spec_schema_text(), nl=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

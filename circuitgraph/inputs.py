@@ -1,0 +1,173 @@
+"""From spec to live inputs: the model adapter, transcoders, prompt tokens and targets.
+
+Every check on user input that needs the model (token ids in the vocabulary, layers and
+positions in range, prompt length against n_ctx) happens here, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
+from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
+from circuitgraph.dictionaries import TranscoderSet
+from circuitgraph.errors import AttributionError, LoadError, TokenError
+
+__all__ = ["load_inputs", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
+
+
+def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
+    """Load the model and transcoders a spec names, in the dtype the graph needs."""
+    m = spec.model
+    compute = torch_dtype(spec.graph.dtype)
+    weights = torch_dtype(m.dtype)
+    # float64 accumulation runs the whole forward in float64 so measured values are exact too
+    load_dtype = "float64" if compute == torch.float64 else m.dtype
+    builtin_dir: Path | None = None
+    if m.source == "path":
+        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device)
+    elif m.source == "name":
+        adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
+                                  center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed)
+    else:
+        adapter, builtin_dir = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
+    adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
+    tcs = None
+    t = spec.transcoders
+    tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
+    if t is not None:
+        if t.source == "path":
+            tcs = TranscoderSet.from_dir(t.path, adapter, layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
+        elif t.source == "release":
+            ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
+            tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)
+        else:
+            if builtin_dir is None or m.builtin != t.builtin:
+                from circuitgraph.builtin import BUILTIN_MODELS
+
+                if t.builtin not in BUILTIN_MODELS:
+                    raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
+                builtin_dir = Path(BUILTIN_MODELS[t.builtin]())
+            tcs = TranscoderSet.from_dir(builtin_dir / "transcoders", adapter,
+                                         layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
+            tcs.source = {"builtin": t.builtin}
+    return adapter, tcs
+
+
+def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt") -> list[int]:
+    """A spec prompt (TextPrompt / TokensPrompt, or a plain str / list) -> checked token ids."""
+    f = adapter.facts
+    text = getattr(prompt, "text", prompt if isinstance(prompt, str) else None)
+    if text is not None:
+        tok = adapter.tokenizer
+        if tok is None:
+            raise TokenError(f"{where}: a text prompt needs a tokenizer and this model has none; "
+                             "give token ids as {tokens: [...]}")
+        if not text.strip():
+            raise TokenError(f"{where}: the prompt is empty; give some text")
+        ids = tok.encode(text)
+        if getattr(prompt, "prepend_bos", True):
+            if tok.bos_id is None:
+                raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
+                                 "set prepend_bos: false")
+            ids = [tok.bos_id] + ids
+    else:
+        ids = list(getattr(prompt, "tokens", prompt))
+    if not ids:
+        raise TokenError(f"{where}: the prompt has no tokens")
+    bad = [i for i in ids if not (0 <= int(i) < f.d_vocab)]
+    if bad:
+        raise TokenError(f"{where}: token ids {bad[:5]} are outside the vocabulary (0..{f.d_vocab - 1})")
+    if len(ids) > f.n_ctx:
+        raise TokenError(f"{where}: the prompt has {len(ids)} tokens, more than the model's context of "
+                         f"{f.n_ctx}; shorten it")
+    return [int(i) for i in ids]
+
+
+def resolve_prompt(spec: Any, adapter: ModelAdapter) -> list[int]:
+    return resolve_prompt_like(spec.prompt, adapter)
+
+
+def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
+    if d.vector is not None:
+        v = torch.tensor(d.vector, dtype=torch.float64)
+    else:
+        path = Path(d.file)
+        if not path.is_file():
+            raise LoadError(f"{where}.file: {path} does not exist")
+        suffix = path.suffix
+        if suffix == ".npy":
+            import numpy as np
+
+            v = torch.from_numpy(np.load(path))
+        elif suffix == ".pt":
+            v = torch.load(path, map_location="cpu", weights_only=True)
+        elif suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+            if len(tensors) != 1:
+                raise LoadError(f"{where}.file: {path} holds {len(tensors)} tensors; expected exactly one")
+            v = next(iter(tensors.values()))
+        else:
+            v = torch.tensor(json.loads(path.read_text()))
+        v = v.to(torch.float64).flatten()
+    if v.shape[0] != d_model:
+        raise AttributionError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}")
+    if not torch.isfinite(v).all():
+        raise AttributionError(f"{where}: the direction holds NaN or inf")
+    return v
+
+
+def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet | None,
+                    logits: torch.Tensor, n_pos: int) -> list[ResolvedTarget]:
+    """Spec targets -> ResolvedTarget values (tokens resolved, positions and layers checked)."""
+    f = adapter.facts
+    tok = adapter.tokenizer
+    out: list[ResolvedTarget] = []
+    for i, t in enumerate(spec.targets):
+        where = f"targets[{i}].{t.kind}"
+        weight = 1.0 if getattr(t, "weight", None) is None else float(t.weight)
+        if t.kind == "logit":
+            pos = normalise_position(t.position, n_pos, f"targets[{i}].position")
+            v = resolve_token(t.logit, tok, f.d_vocab, where)
+            out.append(ResolvedTarget("logit", pos, weight, (v,), t.relative_to_mean))
+        elif t.kind == "logit_diff":
+            pos = normalise_position(t.position, n_pos, f"targets[{i}].position")
+            a, b = (resolve_token(x, tok, f.d_vocab, f"{where}[{j}]") for j, x in enumerate(t.logit_diff))
+            out.append(ResolvedTarget("logit_diff", pos, weight, (a, b)))
+        elif t.kind == "top_logits":
+            pos = normalise_position(t.position, n_pos, f"targets[{i}].position")
+            p = t.top_logits
+            out += top_logit_targets(logits, position=pos, max_n=p.max_n,
+                                     cumulative_probability=p.cumulative_probability,
+                                     relative_to_mean=p.relative_to_mean)
+        elif t.kind in ("feature", "neuron"):
+            loc = getattr(t, t.kind)
+            adapter.check_layer(loc.layer, what=f"{where}.layer")
+            pos = normalise_position(loc.position, n_pos, f"{where}.position")
+            if t.kind == "feature":
+                if transcoders is None or loc.layer not in transcoders:
+                    raise AttributionError(f"{where}: no transcoder is loaded for layer {loc.layer}")
+                size = transcoders[loc.layer].d_sae
+            else:
+                size = f.d_mlp
+            if loc.index >= size:
+                raise AttributionError(f"{where}.index: {t.kind} {loc.index} requested, layer {loc.layer} has "
+                                       f"{size} {t.kind}s (0-{size - 1})")
+            out.append(ResolvedTarget(t.kind, pos, weight, layer=loc.layer, index=loc.index))
+        elif t.kind == "direction":
+            d = t.direction
+            adapter.check_layer(d.layer, what=f"{where}.layer")
+            pos = normalise_position(d.position, n_pos, f"{where}.position")
+            vec = _direction_vector(d, f.d_model, where)
+            out.append(ResolvedTarget("direction", pos, weight, layer=d.layer, site=d.site, vector=vec,
+                                      name=d.name or ""))
+        else:  # pragma: no cover - the spec's union is closed
+            raise AttributionError(f"{where}: unknown target kind")
+    return out

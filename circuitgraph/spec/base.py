@@ -1,0 +1,315 @@
+"""The strict base model, shared field types and the tagged-union helpers of the spec.
+
+Every spec model derives from :class:`StrictModel`: unknown keys are errors
+(``extra="forbid"``), instances are frozen, and constructing one in Python with bad
+values raises :class:`~circuitgraph.errors.SpecError` listing every problem.
+
+Scalars are strict where YAML already gives the right type (``k: true`` is not the
+integer 1, ``position: "3"`` is not 3); floats accept integers.  Layer numbers used as
+mapping keys are the exception: YAML gives ints, JSON gives strings, both are accepted.
+
+Unions are *tagged*: a callable :class:`~pydantic.Discriminator` picks the variant from
+the key that is present (``{logit: ...}`` vs ``{logit_diff: ...}``) or from the shape of
+the value (a string vs a mapping), so an error inside one variant is reported for that
+variant only.  Tags are written ``<name>``; the error formatter drops them from locations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+)
+from pydantic_core import PydanticCustomError
+
+from circuitgraph.errors import SpecError
+from circuitgraph.spec.kinds import NODE_KINDS
+
+__all__ = [
+    "StrictModel",
+    "KeyedModel",
+    "keyed_union",
+    "shaped_union",
+    "tagged",
+    "rule_error",
+    "Params",
+    "Int",
+    "PositiveInt",
+    "NonNegativeInt",
+    "Float",
+    "Fraction",
+    "Bool",
+    "Name",
+    "Token",
+    "TokenPair",
+    "NodeIdStr",
+    "InputPath",
+    "OutputPath",
+    "LayerKey",
+]
+
+#: error type of the rule violations raised by validators in this package
+RULE_ERROR = "spec_rule"
+#: error type of a value that matches no variant of a tagged union
+VARIANT_ERROR = "spec_variant"
+#: what each tagged union expects, by name: ``(expected, keys, hint)`` (see :func:`_discriminator`)
+VARIANTS: dict[str, tuple[str, tuple[str, ...], str]] = {}
+
+
+def rule_error(*problems: tuple[str, str]) -> PydanticCustomError:
+    """An error for one or more broken rules, each ``(field, message)``.
+
+    ``field`` is a location relative to the model being validated (``"scale"``,
+    ``"queries[2].direct_logit_attribution.target"``, or ``""`` for the model itself);
+    the formatter appends it to the model's location.
+    """
+    text = "; ".join(f"{f}: {m}" if f else m for f, m in problems)
+    return PydanticCustomError(RULE_ERROR, "{text}", {"text": text, "problems": list(problems)})
+
+
+class _SpecModelMeta(type(BaseModel)):
+    """Makes ``Model(**data)`` raise :class:`SpecError` instead of pydantic's error.
+
+    Done on the metaclass rather than in ``__init__``: pydantic calls an overridden
+    ``__init__`` for every nested model, which would stop at the first bad sub-model
+    instead of reporting every problem at once.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            from circuitgraph.spec.messages import format_validation_error
+
+            raise SpecError(format_validation_error(exc, cls, kwargs)) from None
+
+
+class StrictModel(BaseModel, metaclass=_SpecModelMeta):
+    """Base of every spec model: unknown keys are errors, instances are frozen.
+
+    ``Model(**data)`` raises :class:`~circuitgraph.errors.SpecError` listing every
+    problem; ``Model.model_validate(data)`` raises pydantic's ``ValidationError``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeyedModel(StrictModel):
+    """One item of a list whose kind is named by the key present, e.g. ``{logit: " an"}``.
+
+    ``kind`` is that key; ``params`` is the value stored under it.
+    """
+
+    key: ClassVar[str]
+
+    @staticmethod
+    def _key_is_required(schema: dict[str, Any], cls: type) -> None:
+        # the naming key may have a default in Python (``TopLogitsTarget()``) but must
+        # be written in a spec file: it is what tells the variants apart
+        required = schema.setdefault("required", [])
+        if cls.key not in required:  # type: ignore[attr-defined]
+            required.insert(0, cls.key)  # type: ignore[attr-defined]
+
+    model_config = ConfigDict(json_schema_extra=_key_is_required)
+
+    @property
+    def kind(self) -> str:
+        return self.key
+
+    @property
+    def params(self) -> Any:
+        return getattr(self, self.key)
+
+
+def _tag_name(name: str) -> str:
+    return f"<{name}>"
+
+
+def tagged(tp: Any, name: str) -> Any:
+    """``Annotated[tp, Tag("<name>")]``: one variant of a tagged union."""
+    return Annotated[tp, Tag(_tag_name(name))]
+
+
+def _discriminator(
+    what: str,
+    expected: str,
+    *,
+    keys: dict[str, str] | None = None,
+    by_type: dict[type, str] | None = None,
+    models: dict[type, str] | None = None,
+    hint: str = "",
+) -> Discriminator:
+    keys = keys or {}
+    by_type = by_type or {}
+    models = models or {}
+
+    def pick(value: Any) -> str | None:
+        if isinstance(value, BaseModel):
+            name = models.get(type(value))
+            return _tag_name(name) if name else None
+        if isinstance(value, dict) and keys:
+            present = [k for k in keys if k in value]
+            if len(present) == 1:
+                return _tag_name(keys[present[0]])
+            if present or dict not in by_type:
+                return None
+        for typ, name in by_type.items():
+            if isinstance(value, typ) and not (isinstance(value, bool) and typ is int):
+                return _tag_name(name)
+        return None
+
+    info = (expected, tuple(keys), hint)
+    if VARIANTS.setdefault(what, info) != info:
+        raise ValueError(f"two different unions are both called {what!r}")
+    # the context travels in VARIANTS: a dict in the Discriminator would make the
+    # annotated type unhashable (and so unusable in ``X | None``)
+    return Discriminator(pick, custom_error_type=f"{VARIANT_ERROR}:{what}", custom_error_message=f"expected {expected}")
+
+
+def keyed_union(what: str, *variants: type[KeyedModel], list_item: bool = False) -> Any:
+    """A union of :class:`KeyedModel` classes told apart by which of their keys is present.
+
+    ``list_item``: the union is the item type of a list (``targets``, ``queries``...), so
+    an item with two kind keys can be fixed by splitting it in two.
+    """
+    names = ", ".join(v.key for v in variants)
+    members = tuple(tagged(v, v.key) for v in variants)
+    disc = _discriminator(
+        what,
+        f"a mapping with exactly one of the keys {names}",
+        keys={v.key: v.key for v in variants},
+        models={v: v.key for v in variants},
+        hint=" (write each as its own list item)" if list_item else "",
+    )
+    return Annotated[Union[members], disc]
+
+
+def shaped_union(
+    what: str,
+    expected: str,
+    variants: dict[str, Any],
+    *,
+    keys: dict[str, str] | None = None,
+    by_type: dict[type, str] | None = None,
+) -> Any:
+    """A union told apart by the shape of the value (``str`` vs ``dict``) or by its keys.
+
+    ``variants`` maps tag names to types; ``keys`` maps a key of a mapping input to a
+    tag name; ``by_type`` maps a Python type of the input to a tag name.
+    """
+    models = {}
+    for name, tp in variants.items():
+        inner = get_args(tp)[0] if get_origin(tp) is Annotated else tp
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            models[inner] = name
+    members = tuple(tagged(tp, name) for name, tp in variants.items())
+    disc = _discriminator(what, expected, keys=keys, by_type=by_type, models=models)
+    return Annotated[Union[members], disc]
+
+
+class Params:
+    """``Params[M]``: a parameter block that may be written as ``null`` (meaning ``{}``)."""
+
+    def __class_getitem__(cls, model: type[BaseModel]) -> Any:
+        return Annotated[
+            model,
+            BeforeValidator(lambda v: {} if v is None else v, json_schema_input_type=Union[model, None]),
+        ]
+
+
+# --- scalars -------------------------------------------------------------------------
+
+Int = Annotated[int, Strict()]
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+#: a share or threshold in (0, 1]
+Fraction = Annotated[float, Strict(), Field(gt=0, le=1)]
+Bool = Annotated[bool, Strict()]
+Name = Annotated[str, Strict(), Field(min_length=1)]
+#: a layer number used as a mapping key: an int (YAML) or a string of digits (JSON)
+LayerKey = Annotated[int, Field(ge=0)]
+
+
+def _check_token(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise PydanticCustomError(
+            RULE_ERROR,
+            "expected a token: a string such as ' an' or an integer token id, got {got}"
+            + (" (YAML reads yes/no/true/false/on/off as booleans: quote the token)" if isinstance(value, bool) else ""),
+            {"got": _short(value)},
+        )
+    if isinstance(value, str) and value == "":
+        raise PydanticCustomError(RULE_ERROR, "empty token ''; give a non-empty string or an integer token id", {})
+    if isinstance(value, int) and value < 0:
+        raise PydanticCustomError(RULE_ERROR, "token id must be >= 0, got {got}", {"got": value})
+    return value
+
+
+#: a token: a string that must encode to one token, or an integer token id
+Token = Annotated[
+    Union[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=0)]],
+    BeforeValidator(_check_token),
+]
+
+
+def _check_token_pair(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and len(value) != 2:
+        raise PydanticCustomError(
+            RULE_ERROR,
+            "expected two tokens [a, b] (the logit of a minus the logit of b), got {n}: {got}",
+            {"n": len(value), "got": _short(list(value))},
+        )
+    return value
+
+
+#: exactly two tokens ``[a, b]``
+TokenPair = Annotated[tuple[Token, Token], BeforeValidator(_check_token_pair)]
+
+
+def _check_node_id(value: str) -> str:
+    parts = value.split("/")
+    if len(parts) != 4:
+        reason = f"node id {value!r} is not of the form kind/layer/position/index"
+    elif parts[0] not in NODE_KINDS:
+        reason = f"node id {value!r}: unknown node kind {parts[0]!r}; expected one of {', '.join(NODE_KINDS)}"
+    else:
+        try:
+            return "/".join([parts[0], *(str(int(p)) for p in parts[1:])])
+        except ValueError:
+            reason = f"node id {value!r}: layer, position and index must be integers"
+    raise PydanticCustomError(RULE_ERROR, "{reason} (e.g. 'feature/1/4/17')", {"reason": reason})
+
+
+#: a node id string ``kind/layer/position/index`` (see :class:`circuitgraph.graph.nodes.NodeId`)
+NodeIdStr = Annotated[str, Strict(), AfterValidator(_check_node_id)]
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    value = value.expanduser()
+    base = (info.context or {}).get("base_dir")
+    if base is not None and not value.is_absolute():
+        value = Path(base) / value
+    return value
+
+
+#: a path read by the run; relative paths in a spec file are relative to the file's folder
+InputPath = Annotated[Path, AfterValidator(_resolve_path)]
+#: a path written by the run; resolved like :data:`InputPath`
+OutputPath = Annotated[Path, AfterValidator(_resolve_path)]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

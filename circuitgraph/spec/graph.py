@@ -1,0 +1,112 @@
+"""How the graph is built (``graph:``) and pruned (``prune:``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import BeforeValidator, Field
+
+from circuitgraph.spec.base import Bool, Fraction, LayerKey, PositiveInt, StrictModel, shaped_union
+
+__all__ = ["MlpMode", "AttentionMode", "GraphSpec", "PruneSpec", "Prune"]
+
+MlpMode = Literal["transcoders", "neurons", "mlp"]
+AttentionMode = Literal["frozen", "heads"]
+
+if TYPE_CHECKING:
+    _MlpSetting = Union[MlpMode, dict[int, MlpMode]]
+    _AttentionSetting = Union[AttentionMode, dict[int, AttentionMode]]
+else:
+    _MlpSetting = shaped_union(
+        "mlp setting",
+        "'transcoders', 'neurons', 'mlp' or a mapping {layer: mode}",
+        {"all": MlpMode, "per_layer": dict[LayerKey, MlpMode]},
+        by_type={str: "all", dict: "per_layer"},
+    )
+    _AttentionSetting = shaped_union(
+        "attention setting",
+        "'frozen', 'heads' or a mapping {layer: mode}",
+        {"all": AttentionMode, "per_layer": dict[LayerKey, AttentionMode]},
+        by_type={str: "all", dict: "per_layer"},
+    )
+
+
+class GraphSpec(StrictModel):
+    """What the nodes are and how edges are computed.
+
+    ``mlp`` and ``attention`` take one mode for every layer or a mapping
+    ``{layer: mode}``; layers missing from a mapping get the default.  Use
+    :meth:`mlp_for` and :meth:`attention_for` rather than reading the fields.
+    """
+
+    mlp: _MlpSetting | None = Field(
+        None,
+        description="MLP nodes: transcoders (features + error nodes), neurons, or mlp (one node per MLP "
+        "output); default: transcoders if transcoders are given, else neurons.",
+    )
+    attention: _AttentionSetting = Field(
+        "frozen", description="Attention: frozen (patterns fixed, no nodes) or heads (one node per head)."
+    )
+    positional_nodes: Bool = Field(False, description="Add nodes for positional embeddings.")
+    bias_nodes: Bool = Field(False, description="Add nodes for bias terms.")
+    bos_nodes: Bool = Field(False, description="Keep nodes at the BOS position.")
+    neuron_top_k: PositiveInt | None = Field(None, description="Keep the top k neurons per position (null = all).")
+    max_feature_nodes: PositiveInt | None = Field(None, description="Keep at most this many feature nodes.")
+    dtype: Literal["float32", "float64"] = Field("float32", description="Dtype in which edges are accumulated.")
+    batch_size: PositiveInt = Field(256, description="Readers per backward batch.")
+    max_dense_nodes: PositiveInt = Field(20000, description="Never build a dense N x N matrix above this N.")
+
+    def mlp_for(self, layer: int, *, has_transcoders: bool) -> MlpMode:
+        """The MLP mode of ``layer``."""
+        default: MlpMode = "transcoders" if has_transcoders else "neurons"
+        if self.mlp is None:
+            return default
+        if isinstance(self.mlp, str):
+            return self.mlp
+        return self.mlp.get(layer, default)
+
+    def attention_for(self, layer: int) -> AttentionMode:
+        """The attention mode of ``layer``."""
+        if isinstance(self.attention, str):
+            return self.attention
+        return self.attention.get(layer, "frozen")
+
+    def transcoder_layers_named(self) -> tuple[int, ...] | Literal["all"] | None:
+        """Layers that ``mlp`` explicitly sets to transcoders (``"all"``: every layer)."""
+        if self.mlp == "transcoders":
+            return "all"
+        if isinstance(self.mlp, dict):
+            return tuple(sorted(layer for layer, mode in self.mlp.items() if mode == "transcoders"))
+        return None
+
+
+def _none_is_none(value: Any) -> Any:
+    return "none" if value is None else value
+
+
+class PruneSpec(StrictModel):
+    """Pruning as in circuit-tracer: keep the nodes (edges) that carry this share of the
+    influence on the targets; optional hard caps by count."""
+
+    node_threshold: Fraction = Field(0.8, description="Keep nodes carrying this share of the influence.")
+    edge_threshold: Fraction = Field(0.98, description="Keep edges carrying this share of the influence.")
+    top_k_nodes: PositiveInt | None = Field(None, description="Keep at most this many nodes.")
+    top_k_edges: PositiveInt | None = Field(None, description="Keep at most this many edges.")
+    target_share: Fraction | None = Field(
+        None, description="Keep nodes until they explain this share of each target (null = off)."
+    )
+
+
+if TYPE_CHECKING:
+    Prune = Union[Literal["none"], PruneSpec]
+else:
+    Prune = Annotated[
+        shaped_union(
+            "prune setting",
+            "'none' or a mapping {node_threshold: ..., edge_threshold: ...}",
+            {"none": Literal["none"], "thresholds": PruneSpec},
+            by_type={str: "none", dict: "thresholds"},
+        ),
+        BeforeValidator(_none_is_none),
+    ]
+"""``prune: none`` (keep everything) or a :class:`PruneSpec`."""

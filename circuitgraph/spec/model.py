@@ -1,0 +1,124 @@
+"""Where the model and the transcoders come from."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from circuitgraph.spec.base import Bool, InputPath, LayerKey, Name, NonNegativeInt, StrictModel, rule_error
+
+__all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
+
+ModelSource = Literal["path", "name", "builtin"]
+TranscoderSource = Literal["path", "release", "builtin"]
+
+
+class ModelSpec(StrictModel):
+    """The model: exactly one of ``path``, ``name`` or ``builtin``.
+
+    ``source`` says which one is set.  ``fold_ln``, ``center_writing_weights`` and
+    ``center_unembed`` are TransformerLens weight processing applied to pretrained
+    models loaded by ``name``; models built from a config (``path``, ``builtin``) use
+    their weights as stored.
+    """
+
+    path: InputPath | None = Field(
+        None,
+        description="A folder with config.json (HookedTransformerConfig fields), model.safetensors "
+        "and optionally tokenizer/.",
+    )
+    name: Name | None = Field(None, description="A TransformerLens pretrained model name, e.g. gpt2.")
+    builtin: Literal["demo"] | None = Field(None, description="A model shipped with circuitgraph.")
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype of the model weights."
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where to run the model.")
+    fold_ln: Bool = Field(False, description="Fold LayerNorm weights (pretrained models loaded by name only).")
+    center_writing_weights: Bool = Field(False, description="Center weights writing to the residual (name only).")
+    center_unembed: Bool = Field(False, description="Center the unembedding (name only).")
+
+    @property
+    def source(self) -> ModelSource:
+        """Which of ``path``, ``name``, ``builtin`` is set."""
+        if self.path is not None:
+            return "path"
+        if self.name is not None:
+            return "name"
+        return "builtin"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        problems: list[tuple[str, str]] = []
+        given = [k for k in ("path", "name", "builtin") if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = " and ".join(given) if given else "none of them"
+            problems.append(("", f"give exactly one of path, name or builtin, got {got}"))
+        elif self.name is None:
+            for key in ("fold_ln", "center_writing_weights", "center_unembed"):
+                if getattr(self, key):
+                    problems.append(
+                        (key, f"{key} is only applied to pretrained models loaded by name, this model uses "
+                         f"{given[0]}; remove it")
+                    )
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+
+class TranscodersSpec(StrictModel):
+    """Per-layer transcoders: exactly one of ``path``, ``release`` (with ``ids``) or ``builtin``.
+
+    ``source`` says which one is set.  ``layers`` restricts loading to a subset.
+    """
+
+    path: InputPath | None = Field(
+        None, description="A folder with layer_<i>/cfg.json and layer_<i>/sae_weights.safetensors."
+    )
+    release: Name | None = Field(None, description="An sae-lens pretrained release.")
+    builtin: Literal["demo"] | None = Field(None, description="The transcoders shipped with a built-in model.")
+    ids: dict[LayerKey, Name] | None = Field(
+        None, description="With release: the sae-lens id of each layer's transcoder, {layer: id}."
+    )
+    layers: tuple[NonNegativeInt, ...] | None = Field(
+        None, min_length=1, description="Load only these layers (default: all available)."
+    )
+
+    @property
+    def source(self) -> TranscoderSource:
+        """Which of ``path``, ``release``, ``builtin`` is set."""
+        if self.builtin is not None:
+            return "builtin"
+        return "path" if self.path is not None else "release"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TranscodersSpec":
+        problems: list[tuple[str, str]] = []
+        given = [k for k in ("path", "release", "builtin") if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = " and ".join(given) if given else "none"
+            problems.append(("", f"give exactly one of path, release or builtin, got {got}"))
+        elif self.release is not None and not self.ids:
+            problems.append(("ids", "release needs ids, the sae-lens id of each layer: {0: '...', 1: '...'}"))
+        elif self.path is not None and self.ids is not None:
+            problems.append(("ids", "ids are only used with release; with path, layers are found in the folder"))
+        if self.layers is not None:
+            if len(set(self.layers)) != len(self.layers):
+                problems.append(("layers", f"layers are repeated: {list(self.layers)}"))
+            if self.release is not None and self.ids:
+                missing = [layer for layer in self.layers if layer not in self.ids]
+                if missing:
+                    problems.append(
+                        ("layers", f"layers {missing} have no id in ids (ids has layers {sorted(self.ids)})")
+                    )
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+    def available_layers(self) -> tuple[int, ...] | None:
+        """The layers this spec can load, when the spec alone says (``None``: look in the folder)."""
+        if self.layers is not None:
+            return tuple(self.layers)
+        if self.ids:
+            return tuple(sorted(self.ids))
+        return None

@@ -1,0 +1,298 @@
+"""Queries run on the finished graph.
+
+Each list item has exactly one key naming the query; ``query.kind`` is that key and
+``query.params`` the parameter block under it (``null`` means all defaults)::
+
+    queries:
+      - top_paths: {source: {kind: embedding}, k: 5}
+      - influence: {top_k: 10}
+      - scores:
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
+
+from pydantic import BeforeValidator, Field
+
+from circuitgraph.spec.base import (
+    Bool,
+    Int,
+    KeyedModel,
+    Name,
+    NodeIdStr,
+    NonNegativeInt,
+    Params,
+    PositiveInt,
+    StrictModel,
+    Token,
+    keyed_union,
+    rule_error,
+    shaped_union,
+)
+from circuitgraph.spec.filters import NodeFilter, TargetSet
+from circuitgraph.spec.kinds import NodeKind
+
+__all__ = [
+    "TopPaths",
+    "TopPathsQuery",
+    "Influence",
+    "InfluenceQuery",
+    "DirectLogitAttribution",
+    "DirectLogitAttributionQuery",
+    "LogitLens",
+    "LogitLensQuery",
+    "Congruence",
+    "CongruenceQuery",
+    "Neighbours",
+    "NeighboursQuery",
+    "Subgraph",
+    "SubgraphQuery",
+    "Supernodes",
+    "SupernodesQuery",
+    "Scores",
+    "ScoresQuery",
+    "HeadSplit",
+    "HeadSplitQuery",
+    "VirtualWeights",
+    "VirtualWeightsQuery",
+    "UnitRef",
+    "HeadRef",
+    "DeEmbedding",
+    "DeEmbeddingQuery",
+    "Query",
+]
+
+_TOP_K = "How many results to report."
+
+
+class TopPaths(StrictModel):
+    """The k strongest paths from ``source`` nodes to ``target`` nodes.
+
+    ``rank: exact`` ranks by the product of edge weights; ``normalized`` by the product
+    of edge weights normalised by each target's total incoming weight.  ``method: auto``
+    enumerates exactly when the graph is small and uses beam search otherwise.
+    """
+
+    source: NodeFilter = Field(description="Where paths start.")
+    target: TargetSet = Field("targets", description="Where paths end: 'targets' or a node filter.")
+    k: PositiveInt = Field(10, description="How many paths.")
+    rank: Literal["exact", "normalized"] = Field("exact", description="Path score.")
+    method: Literal["auto", "exact", "beam"] = Field("auto", description="Search method.")
+    beam_width: PositiveInt = Field(100, description="Beam width of the beam search.")
+    max_length: PositiveInt | None = Field(None, description="At most this many edges per path (null = any).")
+    through: tuple[NodeFilter, ...] = Field((), description="Paths must pass through a node of each filter.")
+    avoid: tuple[NodeFilter, ...] = Field((), description="Paths must avoid the nodes of every filter.")
+    expand_heads: Bool = Field(False, description="Split edges through frozen attention into per-head edges.")
+
+
+class TopPathsQuery(KeyedModel):
+    key: ClassVar[str] = "top_paths"
+    top_paths: Params[TopPaths]
+
+
+class Influence(StrictModel):
+    """Total (direct + indirect) influence of every node on the targets."""
+
+    top_k: PositiveInt = Field(20, description=_TOP_K)
+    signed: Bool = Field(False, description="Signed influence instead of absolute.")
+
+
+class InfluenceQuery(KeyedModel):
+    key: ClassVar[str] = "influence"
+    influence: Params[Influence] = Field(default_factory=Influence)
+
+
+class DirectLogitAttribution(StrictModel):
+    """Direct edges into one target, by node."""
+
+    target: NonNegativeInt = Field(0, description="Which target (index into targets).")
+    top_k: PositiveInt = Field(20, description=_TOP_K)
+    kinds: tuple[NodeKind, ...] | None = Field(None, min_length=1, description="Only these node kinds (null = all).")
+
+
+class DirectLogitAttributionQuery(KeyedModel):
+    key: ClassVar[str] = "direct_logit_attribution"
+    direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
+
+
+class LogitLens(StrictModel):
+    """The residual stream after each layer read through the unembedding."""
+
+    tokens: tuple[Token, ...] | None = Field(
+        None, min_length=1, description="Report these tokens (null = the top_k tokens)."
+    )
+    position: Int = Field(-1, description="Token position; negative counts from the end.")
+    top_k: PositiveInt = Field(5, description=_TOP_K)
+
+
+class LogitLensQuery(KeyedModel):
+    key: ClassVar[str] = "logit_lens"
+    logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
+
+
+def _check_one_or_two(value: object) -> object:
+    if isinstance(value, (list, tuple)) and len(value) not in (1, 2):
+        raise rule_error(
+            ("", f"expected one token or two tokens [a, b] (the direction a - b), got {len(value)}: {list(value)!r}")
+        )
+    return value
+
+
+class Congruence(StrictModel):
+    """How well each neuron's or feature's output aligns with a token's unembedding."""
+
+    tokens: Annotated[tuple[Token, ...], BeforeValidator(_check_one_or_two)] = Field(
+        min_length=1, max_length=2, description="One token, or [a, b] for the direction a - b."
+    )
+    kind: Literal["neuron", "feature"] = Field("feature", description="Score neurons or features.")
+    layer: NonNegativeInt | None = Field(None, description="Only this layer (null = all).")
+    mode: Literal["dot", "cosine", "input_scaled"] = Field("dot", description="Score.")
+    top_k: PositiveInt = Field(20, description=_TOP_K)
+
+
+class CongruenceQuery(KeyedModel):
+    key: ClassVar[str] = "congruence"
+    congruence: Params[Congruence]
+
+
+class Neighbours(StrictModel):
+    """The strongest edges into and/or out of one node."""
+
+    node: NodeIdStr = Field(description="Node id 'kind/layer/position/index'.")
+    direction: Literal["in", "out", "both"] = Field("both", description="Incoming, outgoing or both.")
+    top_k: PositiveInt = Field(10, description=_TOP_K)
+
+
+class NeighboursQuery(KeyedModel):
+    key: ClassVar[str] = "neighbours"
+    neighbours: Params[Neighbours]
+
+
+class Subgraph(StrictModel):
+    """The subgraph induced by the nodes a filter selects."""
+
+    filter: NodeFilter
+
+
+class SubgraphQuery(KeyedModel):
+    key: ClassVar[str] = "subgraph"
+    subgraph: Params[Subgraph]
+
+
+class Supernodes(StrictModel):
+    """Merge groups of nodes into supernodes and report the edges between groups."""
+
+    groups: dict[Name, NodeFilter] = Field(min_length=1, description="{group name: node filter}.")
+
+
+class SupernodesQuery(KeyedModel):
+    key: ClassVar[str] = "supernodes"
+    supernodes: Params[Supernodes]
+
+
+class Scores(StrictModel):
+    """Replacement and completeness scores and the error nodes' share."""
+
+
+class ScoresQuery(KeyedModel):
+    key: ClassVar[str] = "scores"
+    scores: Params[Scores] = Field(default_factory=Scores)
+
+
+class HeadSplit(StrictModel):
+    """Split one edge through frozen attention into its per-head parts."""
+
+    source: NodeIdStr = Field(description="Source node id.")
+    target: NodeIdStr = Field(description="Target node id.")
+
+
+class HeadSplitQuery(KeyedModel):
+    key: ClassVar[str] = "head_split"
+    head_split: Params[HeadSplit]
+
+
+class VirtualWeights(StrictModel):
+    """Prompt-independent virtual weights between two sets of nodes."""
+
+    source: NodeFilter
+    target: NodeFilter
+    top_k: PositiveInt = Field(20, description=_TOP_K)
+
+
+class VirtualWeightsQuery(KeyedModel):
+    key: ClassVar[str] = "virtual_weights"
+    virtual_weights: Params[VirtualWeights]
+
+
+class UnitRef(StrictModel):
+    """A feature or neuron independent of position: ``{kind, layer, index}``."""
+
+    kind: Literal["feature", "neuron"] = Field("feature", description="Feature or neuron.")
+    layer: NonNegativeInt
+    index: NonNegativeInt
+
+
+class HeadRef(StrictModel):
+    """An attention head: ``{layer, head}``."""
+
+    layer: NonNegativeInt
+    head: NonNegativeInt
+
+
+if TYPE_CHECKING:
+    _UnitOrId = Union[str, UnitRef]
+else:
+    _UnitOrId = shaped_union(
+        "unit",
+        "a node id 'kind/layer/position/index' or {kind, layer, index}",
+        {"id": NodeIdStr, "unit": UnitRef},
+        by_type={str: "id", dict: "unit"},
+    )
+
+
+class DeEmbedding(StrictModel):
+    """The tokens whose embeddings drive a feature or neuron most (optionally through one head's OV)."""
+
+    node: _UnitOrId = Field(description="A node id, or {kind, layer, index}.")
+    top_k: PositiveInt = Field(10, description=_TOP_K)
+    head: HeadRef | None = Field(None, description="Read the embeddings through this head's OV circuit.")
+
+
+class DeEmbeddingQuery(KeyedModel):
+    key: ClassVar[str] = "de_embedding"
+    de_embedding: Params[DeEmbedding]
+
+
+QUERY_TYPES: tuple[type[KeyedModel], ...] = (
+    TopPathsQuery,
+    InfluenceQuery,
+    DirectLogitAttributionQuery,
+    LogitLensQuery,
+    CongruenceQuery,
+    NeighboursQuery,
+    SubgraphQuery,
+    SupernodesQuery,
+    ScoresQuery,
+    HeadSplitQuery,
+    VirtualWeightsQuery,
+    DeEmbeddingQuery,
+)
+
+if TYPE_CHECKING:
+    Query = Union[
+        TopPathsQuery,
+        InfluenceQuery,
+        DirectLogitAttributionQuery,
+        LogitLensQuery,
+        CongruenceQuery,
+        NeighboursQuery,
+        SubgraphQuery,
+        SupernodesQuery,
+        ScoresQuery,
+        HeadSplitQuery,
+        VirtualWeightsQuery,
+        DeEmbeddingQuery,
+    ]
+else:
+    Query = keyed_union("query", *QUERY_TYPES, list_item=True)

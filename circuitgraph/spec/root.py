@@ -1,0 +1,127 @@
+"""The whole spec: one model, versioned, that says what to run."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from circuitgraph.spec.base import Int, StrictModel, rule_error
+from circuitgraph.spec.export import ExportSpec
+from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
+from circuitgraph.spec.model import ModelSpec, TranscodersSpec
+from circuitgraph.spec.prompts import Prompt, TextPrompt
+from circuitgraph.spec.queries import Query
+from circuitgraph.spec.targets import Target, TopLogitsTarget
+from circuitgraph.spec.validation import Check
+
+__all__ = ["Spec", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+
+def _default_targets() -> tuple[Target, ...]:
+    return (TopLogitsTarget(),)
+
+
+with warnings.catch_warnings():
+    # ``validate`` shadows the deprecated ``BaseModel.validate`` classmethod; the spec key wins
+    warnings.filterwarnings("ignore", message='Field name "validate"', category=UserWarning)
+
+    class Spec(StrictModel):
+        """A circuitgraph run: model, dictionaries, prompt, targets, graph options,
+        pruning, queries, validation checks and exports.
+
+        Load one with :func:`circuitgraph.spec.load_spec` (YAML, JSON, a dict) or build
+        it in Python; bad input raises :class:`~circuitgraph.errors.SpecError` listing
+        every problem with its location.
+        """
+
+        format_version: Literal[1] = Field(description="Version of the spec format; this is version 1.")
+        seed: Int = Field(0, description="Random seed (control sets, sampling).")
+        model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
+        transcoders: TranscodersSpec | None = Field(None, description="Transcoders: exactly one of path, release.")
+        prompt: Prompt = Field(description="The prompt: a string, {text, prepend_bos} or {tokens: [...]}.")
+        targets: tuple[Target, ...] = Field(
+            default_factory=_default_targets, min_length=1, description="What the graph explains."
+        )
+        graph: GraphSpec = Field(default_factory=GraphSpec, description="How the graph is built.")
+        prune: Prune = Field("none", description="'none' or pruning thresholds.")
+        queries: tuple[Query, ...] = Field((), description="Queries run on the graph.")
+        validate: tuple[Check, ...] = Field((), description="Checks against the real model.")
+        export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
+
+        @property
+        def pruning(self) -> PruneSpec | None:
+            """The pruning settings, or ``None`` for ``prune: none``."""
+            return self.prune if isinstance(self.prune, PruneSpec) else None
+
+        @model_validator(mode="after")
+        def _cross_checks(self) -> "Spec":
+            problems: list[tuple[str, str]] = []
+            has_tc = self.transcoders is not None
+            available = self.transcoders.available_layers() if self.transcoders is not None else None
+            named = self.graph.transcoder_layers_named()
+            if named and not has_tc:
+                problems.append(
+                    ("graph.mlp", "mlp: transcoders needs a transcoders section; add transcoders: {path: ...} "
+                     "or use mlp: neurons")
+                )
+            elif isinstance(named, tuple) and available is not None:
+                missing = [layer for layer in named if layer not in available]
+                if missing:
+                    problems.append(
+                        ("graph.mlp", f"layers {missing} use transcoders but transcoders has only layers "
+                         f"{list(available)}")
+                    )
+            for i, target in enumerate(self.targets):
+                if target.kind != "feature":
+                    continue
+                layer = target.params.layer
+                if self.graph.mlp_for(layer, has_transcoders=has_tc) != "transcoders" or not has_tc:
+                    problems.append(
+                        (f"targets[{i}].feature", f"a feature target needs transcoders at layer {layer}; add a "
+                         "transcoders section (and mlp: transcoders for that layer)")
+                    )
+                elif available is not None and layer not in available:
+                    problems.append(
+                        (f"targets[{i}].feature.layer", f"layer {layer} has no transcoder; transcoders has layers "
+                         f"{list(available)}")
+                    )
+            for i, query in enumerate(self.queries):
+                if query.kind == "direct_logit_attribution" and query.params.target >= len(self.targets):
+                    problems.append(
+                        (f"queries[{i}].direct_logit_attribution.target",
+                         f"target {query.params.target} requested, the spec has {len(self.targets)} target(s) "
+                         f"(0-{len(self.targets) - 1})")
+                    )
+                if query.kind == "congruence" and query.params.kind == "feature" and not has_tc:
+                    problems.append(
+                        (f"queries[{i}].congruence.kind", "kind: feature needs transcoders; add a transcoders "
+                         "section or use kind: neuron")
+                    )
+            if problems:
+                raise rule_error(*problems)
+            return self
+
+        def summary(self) -> str:
+            """One line: model, prompt, targets, graph, queries, checks, exports."""
+            m = self.model
+            model = {"path": f"path {m.path}", "name": f"name {m.name}", "builtin": f"builtin {m.builtin}"}[m.source]
+            if isinstance(self.prompt, TextPrompt):
+                text = self.prompt.text if len(self.prompt.text) <= 40 else self.prompt.text[:37] + "..."
+                prompt = repr(text)
+            else:
+                prompt = f"{len(self.prompt.tokens)} tokens"
+            parts = [
+                f"model {model}",
+                f"transcoders {self.transcoders.source}" if self.transcoders else "no transcoders",
+                f"prompt {prompt}",
+                f"graph mlp {self.graph.mlp or 'default'}, attention {self.graph.attention}",
+                f"targets {', '.join(t.kind for t in self.targets)}",
+                f"queries {', '.join(q.kind for q in self.queries) or 'none'}",
+                f"checks {', '.join(c.kind for c in self.validate) or 'none'}",
+                f"exports {', '.join(self.export.outputs()) or 'none'}",
+            ]
+            return "; ".join(parts)

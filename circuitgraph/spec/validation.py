@@ -1,0 +1,268 @@
+"""Validation checks: test the graph against the real model.
+
+Each list item has exactly one key naming the check; ``check.kind`` is that key and
+``check.params`` the parameter block under it::
+
+    validate:
+      - ablate: {nodes: top_nodes, k: 5, controls: [matched_magnitude]}
+      - patching: {corrupted: "The dog sat on the"}
+      - faithfulness:
+
+Rules that depend on ``mode`` are checked here: ``mode: scale`` needs ``scale``,
+``set`` needs ``value``, ``patch`` needs ``patch_prompt``, ``mean`` needs
+``reference_prompts`` (for ``ablate`` and ``predicted_vs_actual``); a parameter that
+the chosen mode does not use is an error rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from circuitgraph.spec.base import (
+    Float,
+    Fraction,
+    Int,
+    KeyedModel,
+    NonNegativeInt,
+    OutputPath,
+    Params,
+    PositiveInt,
+    StrictModel,
+    TokenPair,
+    Token,
+    keyed_union,
+    rule_error,
+)
+from circuitgraph.spec.filters import TopNodes
+from circuitgraph.spec.prompts import Prompt
+
+__all__ = [
+    "Ablate",
+    "AblateCheck",
+    "PredictedVsActual",
+    "PredictedVsActualCheck",
+    "LogitMetric",
+    "LogitDiffMetric",
+    "Metric",
+    "Patching",
+    "PatchingCheck",
+    "Faithfulness",
+    "FaithfulnessCheck",
+    "SignRegimes",
+    "SignRegimesCheck",
+    "ReplacementFidelity",
+    "ReplacementFidelityCheck",
+    "Check",
+]
+
+_REFERENCE = "Prompts whose mean activations are used by mode: mean."
+
+
+def _one_or_many(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _unique(name: str, values: tuple[Any, ...] | None) -> list[tuple[str, str]]:
+    if values is not None and len(set(values)) != len(values):
+        return [(name, f"{name} has repeated values: {list(values)}")]
+    return []
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value == ()
+
+
+def _mode_rules(model: Any, needs: dict[str, str], uses: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """``needs``: mode -> field it requires; ``uses``: field -> modes that use it."""
+    problems: list[tuple[str, str]] = []
+    mode = model.mode
+    field = needs.get(mode)
+    if field is not None and _unset(getattr(model, field)):
+        problems.append((field, f"mode: {mode} needs {field}; add it or choose another mode"))
+    for field, modes in uses.items():
+        if not _unset(getattr(model, field)) and mode not in modes:
+            which = " or ".join(modes)
+            problems.append((field, f"{field} is only used with mode: {which}, mode is {mode}; remove it"))
+    return problems
+
+
+class Ablate(StrictModel):
+    """Intervene on a set of nodes in the real model and compare the change in the targets
+    with the graph's prediction, against random control sets.
+
+    ``mode``: ``zero`` sets the nodes' activations to 0; ``mean`` to their mean over
+    ``reference_prompts``; ``scale`` multiplies them by ``scale``; ``set`` sets them to
+    ``value``; ``patch`` copies them from a run on ``patch_prompt``.
+    """
+
+    nodes: TopNodes = Field("top_nodes", description="'top_nodes' (the k most influential) or a node filter.")
+    k: PositiveInt = Field(10, description="How many top nodes.")
+    mode: Literal["zero", "mean", "scale", "set", "patch"] = Field("zero", description="The intervention.")
+    value: Float | None = Field(None, description="With mode: set, the new activation.")
+    scale: Float | None = Field(None, description="With mode: scale, the factor.")
+    reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
+    patch_prompt: Prompt | None = Field(None, description="With mode: patch, the prompt to copy activations from.")
+    positions: tuple[Int, ...] | None = Field(None, min_length=1, description="Only at these positions (null = all).")
+    controls: Annotated[
+        tuple[Literal["matched_magnitude", "count_matched"], ...],
+        BeforeValidator(_one_or_many, json_schema_input_type=Union[
+            Literal["matched_magnitude", "count_matched"], list[Literal["matched_magnitude", "count_matched"]]
+        ]),
+    ] = Field(("matched_magnitude", "count_matched"), description="Kinds of random control sets ([] = none).")
+    n_controls: PositiveInt = Field(10, description="Control sets per kind.")
+    tolerance: Annotated[float, Field(ge=0, strict=True, allow_inf_nan=False)] = Field(
+        0.1, description="Relative tolerance of predicted vs actual change."
+    )
+    max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
+
+    @model_validator(mode="after")
+    def _modes(self) -> "Ablate":
+        problems = _mode_rules(
+            self,
+            needs={"scale": "scale", "set": "value", "patch": "patch_prompt", "mean": "reference_prompts"},
+            uses={"scale": ("scale",), "value": ("set",), "patch_prompt": ("patch",), "reference_prompts": ("mean",)},
+        )
+        problems += _unique("controls", self.controls)
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+
+class AblateCheck(KeyedModel):
+    key: ClassVar[str] = "ablate"
+    ablate: Params[Ablate] = Field(default_factory=Ablate)
+
+
+class PredictedVsActual(StrictModel):
+    """For each of the top k nodes, the graph's predicted effect of ablating it vs the real one."""
+
+    k: PositiveInt = Field(10, description="How many top nodes.")
+    mode: Literal["zero", "mean"] = Field("zero", description="The intervention.")
+    reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
+
+    @model_validator(mode="after")
+    def _modes(self) -> "PredictedVsActual":
+        problems = _mode_rules(self, needs={"mean": "reference_prompts"}, uses={"reference_prompts": ("mean",)})
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+
+class PredictedVsActualCheck(KeyedModel):
+    key: ClassVar[str] = "predicted_vs_actual"
+    predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
+
+
+class LogitMetric(KeyedModel):
+    """The logit of one token at the last position."""
+
+    key: ClassVar[str] = "logit"
+    logit: Token
+
+
+class LogitDiffMetric(KeyedModel):
+    """logit(a) - logit(b) at the last position."""
+
+    key: ClassVar[str] = "logit_diff"
+    logit_diff: TokenPair
+
+
+if TYPE_CHECKING:
+    Metric = Union[LogitMetric, LogitDiffMetric]
+else:
+    Metric = keyed_union("metric", LogitMetric, LogitDiffMetric)
+
+Granularity = Literal["layer", "head", "neuron", "feature", "position"]
+
+
+class Patching(StrictModel):
+    """Activation patching from ``corrupted`` into ``clean`` (the main prompt by default),
+    at each granularity, measured by ``metric`` (default: the first target)."""
+
+    clean: Prompt | None = Field(None, description="The clean prompt (null = the main prompt).")
+    corrupted: Prompt = Field(description="The corrupted prompt; same number of tokens as clean.")
+    metric: Metric | None = Field(None, description="{logit_diff: [a, b]} or {logit: a} (null = the first target).")
+    granularity: Annotated[
+        tuple[Granularity, ...],
+        BeforeValidator(_one_or_many, json_schema_input_type=Union[Granularity, list[Granularity]]),
+    ] = Field(("layer", "head"), min_length=1, description="What to patch, one sweep each.")
+    heatmap: OutputPath | None = Field(None, description="Write a heatmap image here.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Patching":
+        problems = _unique("granularity", self.granularity)
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+
+class PatchingCheck(KeyedModel):
+    key: ClassVar[str] = "patching"
+    patching: Params[Patching]
+
+
+class Faithfulness(StrictModel):
+    """How much of the targets the graph's nodes recover when everything else is ablated.
+
+    With ``mode: mean`` and no ``reference_prompts`` the engine decides the reference
+    (see the engine's documentation).
+    """
+
+    mode: Literal["zero", "mean"] = Field("mean", description="How nodes outside the graph are ablated.")
+    reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
+
+    @model_validator(mode="after")
+    def _modes(self) -> "Faithfulness":
+        problems = _mode_rules(self, needs={}, uses={"reference_prompts": ("mean",)})
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+
+class FaithfulnessCheck(KeyedModel):
+    key: ClassVar[str] = "faithfulness"
+    faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
+
+
+class SignRegimes(StrictModel):
+    """Whether the top units keep their sign of contribution across prompts."""
+
+    layers: tuple[NonNegativeInt, ...] | None = Field(None, min_length=1, description="Only these layers (null = all).")
+    top_k: PositiveInt = Field(20, description="Units per layer.")
+    prompts: tuple[Prompt, ...] = Field((), description="Extra prompts to compare with the main prompt.")
+    echo_threshold: Fraction = Field(0.5, description="Share above which a unit counts as echoing the input.")
+
+
+class SignRegimesCheck(KeyedModel):
+    key: ClassVar[str] = "sign_regimes"
+    sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
+
+
+class ReplacementFidelity(StrictModel):
+    """How well the replacement model (transcoders instead of MLPs) reproduces the real logits."""
+
+    prompts: tuple[Prompt, ...] = Field((), description="Extra prompts besides the main prompt.")
+
+
+class ReplacementFidelityCheck(KeyedModel):
+    key: ClassVar[str] = "replacement_fidelity"
+    replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
+
+
+CHECK_TYPES: tuple[type[KeyedModel], ...] = (
+    AblateCheck,
+    PredictedVsActualCheck,
+    PatchingCheck,
+    FaithfulnessCheck,
+    SignRegimesCheck,
+    ReplacementFidelityCheck,
+)
+
+if TYPE_CHECKING:
+    Check = Union[
+        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck
+    ]
+else:
+    Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)

@@ -1,0 +1,177 @@
+"""The exactness identities of the attribution engine, on every tiny architecture.
+
+* completeness: every reader's measured pre-activation = sum of incoming edges + constant;
+* every edge equals the change in the reader when that one writer is removed in the frozen
+  real model (forward passes with hooks: an independent computation, no autograd);
+* the frozen model is exactly linear (superposition);
+* gated-neuron attribution sums to hook_post;
+* neuron + head granularity agrees with TransformerLens's get_full_resid_decomposition
+  projected on the reader direction with the right norm scale (ln2 / ln_final).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from circuitgraph.attribution import ResolvedTarget, attribute
+from circuitgraph.graph.nodes import NodeId
+from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
+from tests.conftest import VARIANTS, load_bundle, make_bundle
+
+MIXED = dict(mlp={0: "transcoders", 1: "neurons"}, attention={0: "frozen", 1: "heads"})
+
+
+def _targets(n_pos: int, d_model: int) -> list[ResolvedTarget]:
+    gen = torch.Generator().manual_seed(3)
+    return [
+        ResolvedTarget(kind="logit", position=n_pos - 1, tokens=(4,), relative_to_mean=True),
+        ResolvedTarget(kind="logit", position=n_pos - 1, tokens=(7,)),
+        ResolvedTarget(kind="logit_diff", position=n_pos - 3, tokens=(5, 6)),
+        ResolvedTarget(kind="direction", position=n_pos - 2, site="resid_mid", layer=1,
+                       vector=torch.randn(d_model, generator=gen, dtype=torch.float64)),
+    ]
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float64", 1e-10)])
+@pytest.mark.parametrize("granularity", ["default", "mixed", "mlp-heads"])
+def test_completeness_every_node(tmp_path, variant, dtype, tol, granularity):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, variant), dtype=dtype)
+    kwargs = {"default": {}, "mixed": MIXED, "mlp-heads": dict(mlp="mlp", attention="heads")}[granularity]
+    targets = _targets(len(tokens), adapter.facts.d_model)
+    for t in targets:
+        if t.vector is not None:
+            t.vector = t.vector.to(getattr(torch, dtype))
+    g = attribute(adapter, tokens, tcs, targets, dtype=getattr(torch, dtype), positional_nodes=True,
+                  bias_nodes=granularity == "mixed", **kwargs)
+    report = g.check_completeness()
+    assert report.n_readers >= len(targets)
+    assert report.max_violation < tol, report
+    assert g.metadata["completeness"]["max_relative_violation"] == report.max_violation
+
+
+@pytest.mark.parametrize("kind,site", [("relu", "normalized"), ("jumprelu", "raw"), ("skip", "normalized"),
+                                       ("jumprelu_skip", "raw")])
+def test_edges_equal_removal_in_frozen_model(tmp_path, variant, kind, site):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, variant, kind=kind, input_site=site), "float64")
+    for kwargs in (MIXED, dict(mlp={0: "neurons", 1: "transcoders"}, attention={0: "heads", 1: "frozen"})):
+        g = attribute(adapter, tokens, tcs, _targets(len(tokens), adapter.facts.d_model), dtype=torch.float64,
+                      positional_nodes=True, neuron_top_k=4, **kwargs)
+        base = frozen_reader_values(g.context)
+        for node in g.nodes:  # the unablated frozen model reproduces the measured values
+            if node.id in base:
+                assert base[node.id] == pytest.approx(node.pre_activation, abs=1e-10)
+        writers = [n.id for n in g.nodes if n.kind not in ("logit", "target", "bias")]
+        # every kind of writer, a random sample of each (every writer costs one forward pass)
+        rng = np.random.default_rng(0)
+        by_kind: dict[str, list] = {}
+        for w in writers:
+            by_kind.setdefault(w.kind, []).append(w)
+        sample = [w for ws in by_kind.values() for w in rng.permutation(np.array(ws, dtype=object))[:6]]
+        effects = frozen_ablation_effects(g.context, sample)
+        dense = g.dense_adjacency()
+        scale = np.abs(dense).max()
+        worst = max(
+            abs(v - dense[g.index_of(r), g.index_of(w)]) for w, row in effects.items() for r, v in row.items()
+        )
+        assert worst < 1e-10 * scale
+
+
+def test_frozen_model_is_linear(tmp_path):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "rms-gated-rotary-gqa"), "float64")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64, **MIXED)
+    features = [n.id for n in g.nodes if n.kind == "feature" and n.layer == 0][:2]
+    emb = NodeId("embedding", -1, 2, tokens[2])
+    base = frozen_reader_values(g.context)
+    u = frozen_reader_values(g.context, [features[0]])
+    v = frozen_reader_values(g.context, [emb])
+    uv = frozen_reader_values(g.context, [features[0], emb])
+    half = frozen_reader_values(g.context, [features[0]], scale=0.5)
+    for r in base:
+        assert uv[r] - base[r] == pytest.approx((u[r] - base[r]) + (v[r] - base[r]), abs=1e-11)
+        assert half[r] == pytest.approx((base[r] + u[r]) / 2, abs=1e-11)
+
+
+def test_gated_neuron_attribution_sums_to_hook_post(tmp_path):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "rms-gated-rotary-gqa"), "float64")
+    g = attribute(adapter, tokens, None, dtype=torch.float64, mlp="neurons")
+    lin = g.context.linearisation
+    sums = g.incoming_sums()
+    neurons = [n for n in g.nodes if n.kind == "neuron"]
+    assert neurons
+    for n in neurons:
+        post = float(lin.mlp_post[n.layer][n.position, n.index])
+        assert n.pre_activation == post == n.activation
+        assert sums[g.index_of(n.id)] + n.constant == pytest.approx(post, abs=1e-11)
+        assert {"gate", "linear"} <= set(n.attrs)
+
+
+@pytest.mark.parametrize("variant_name", ["ln-gelu-learned", "rms-gated-rotary-gqa", "lnpre-relu-rotary"])
+def test_agrees_with_transformerlens_decomposition(tmp_path, variant_name):
+    """Neuron + head granularity = get_full_resid_decomposition projected with the right sigma."""
+    adapter, _, tokens = load_bundle(make_bundle(tmp_path, variant_name), "float64")
+    t = len(tokens) - 1
+    target = ResolvedTarget(kind="logit", position=t, tokens=(5,))
+    g = attribute(adapter, tokens, None, [target], dtype=torch.float64, mlp="neurons", attention="heads",
+                  positional_nodes=True, bias_nodes=True, bos_nodes=True)
+    model = adapter.model
+    _, cache = model.run_with_cache(torch.tensor([tokens]))
+
+    def check(reader: NodeId, stack, labels, w, norm_site, layer):
+        norm = adapter.norm(norm_site, layer)
+        direction = norm.reader_direction(w) / g.context.linearisation.sigma[(norm_site, layer)][t]
+        projected = stack[:, 0, t, :] @ direction
+        edges = dict(g.in_edges(reader))
+        bias_total = sum(w for s, w in edges.items() if s.kind == "bias")
+        for label, value in zip(labels, projected.tolist()):
+            if label == "bias":  # TransformerLens accumulates its bias term in float32
+                assert bias_total == pytest.approx(value, rel=1e-6, abs=1e-7)
+                continue
+            if label == "embed":
+                src = NodeId("embedding", -1, t, tokens[t])
+            elif label == "pos_embed":
+                src = NodeId("positional", -1, t, 0)
+            elif "H" in label:
+                lyr, head = label[1:].split("H")
+                src = NodeId("attention_head", int(lyr), t, int(head))
+            else:
+                lyr, neuron = label[1:].split("N")
+                src = NodeId("neuron", int(lyr), t, int(neuron))
+            assert edges.get(src, 0.0) == pytest.approx(value, abs=1e-10), label
+
+    # the logit, through ln_final
+    stack, labels = cache.get_full_resid_decomposition(expand_neurons=True, apply_ln=False, return_labels=True)
+    check(NodeId("logit", adapter.facts.n_layers, t, 5), stack, labels, adapter.W_U[:, 5], "ln_final", None)
+    # a layer-1 neuron, through ln2 of layer 1 (MLP-input reader: decomposition of resid_mid)
+    if not adapter.facts.gated_mlp:
+        stack, labels = cache.get_full_resid_decomposition(layer=1, mlp_input=True, expand_neurons=True,
+                                                           apply_ln=False, return_labels=True)
+        reader = next(n.id for n in g.nodes if n.kind == "neuron" and n.layer == 1 and n.position == t)
+        check(reader, stack, labels, adapter.mlp_weights(1)["W_in"][:, reader.index], "ln2", 1)
+
+
+def test_default_follows_circuit_tracer_conventions(tmp_path):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned"))
+    g = attribute(adapter, tokens, tcs)
+    kinds = {n.kind for n in g.nodes}
+    assert kinds == {"embedding", "feature", "error", "logit"}
+    assert sorted(n.position for n in g.nodes if n.kind == "embedding") == list(range(len(tokens)))
+    assert all(n.position > 0 for n in g.nodes if n.kind in ("feature", "error"))
+    errors = {(n.layer, n.position) for n in g.nodes if n.kind == "error"}
+    assert errors == {(l, p) for l in range(2) for p in range(1, len(tokens))}
+    weights = [w for _, w in g.targets]
+    assert all(0 < w <= 1 for w in weights) and sum(weights) <= 1 + 1e-9
+
+
+def test_shared_fixtures_complete():
+    """The two shipped fixture bundles (GPT-2 and Llama style) pass the completeness check."""
+    from tests.conftest import SHARED_FIXTURES
+
+    if not SHARED_FIXTURES.is_dir():
+        pytest.skip("shared fixtures not present")
+    for name in ("example-gpt2", "example-llama"):
+        adapter, tcs, tokens = load_bundle(SHARED_FIXTURES / name)
+        g = attribute(adapter, tokens, tcs)
+        assert g.check_completeness().max_violation < 1e-5
+        assert any(n.kind == "feature" for n in g.nodes)
