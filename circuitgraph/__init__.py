@@ -1,5 +1,76 @@
-"""circuitgraph: declarative, exact circuit-graph analysis for transformer language models."""
+"""circuitgraph: declarative, exact circuit-graph analysis for transformer language models.
+
+    >>> import circuitgraph
+    >>> spec = circuitgraph.load_spec("examples/demo.yaml")    # doctest: +SKIP
+    >>> result = circuitgraph.run(spec)                         # doctest: +SKIP
+    >>> result.graph.check_completeness().ok()                  # doctest: +SKIP
+    True
+
+Heavy modules (torch, TransformerLens) are imported on first use, so ``import circuitgraph``
+and the spec tools stay fast and side-effect free.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AttributionGraph",
+    "CircuitGraphError",
+    "CompletenessReport",
+    "Node",
+    "NodeId",
+    "RunResult",
+    "Spec",
+    "attribute",
+    "build",
+    "dry_run",
+    "errors",
+    "load_graph",
+    "load_spec",
+    "run",
+]
+
+_LAZY = {
+    "AttributionGraph": ("circuitgraph.graph.graph", "AttributionGraph"),
+    "CompletenessReport": ("circuitgraph.graph.graph", "CompletenessReport"),
+    "Node": ("circuitgraph.graph.nodes", "Node"),
+    "NodeId": ("circuitgraph.graph.nodes", "NodeId"),
+    "CircuitGraphError": ("circuitgraph.errors", "CircuitGraphError"),
+    "RunResult": ("circuitgraph.api", "RunResult"),
+    "run": ("circuitgraph.api", "run"),
+    "build": ("circuitgraph.api", "build"),
+    "dry_run": ("circuitgraph.api", "dry_run"),
+    "attribute": ("circuitgraph.attribution.build", "attribute"),
+    "Spec": ("circuitgraph.spec", "Spec"),
+    "load_spec": ("circuitgraph.spec", "load_spec"),
+    "errors": ("circuitgraph.errors", None),
+}
+
+
+def load_graph(path: str) -> Any:
+    """Load a graph written by ``export: {json: ...}`` (``.json``) or ``export: {graph: ...}`` (``.npz``)."""
+    if str(path).endswith(".npz"):
+        from circuitgraph.export import load_graph_binary
+
+        return load_graph_binary(path)
+    from circuitgraph.graph.graph import AttributionGraph
+
+    return AttributionGraph.from_json(path)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'circuitgraph' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

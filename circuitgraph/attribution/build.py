@@ -42,6 +42,11 @@ def build_graph(
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
     col = collect_nodes(adapter, lin, transcoders, targets, options)
+    from circuitgraph.estimate import check_edge_memory, edge_upper_bound
+
+    upper = edge_upper_bound(col.readers.locs, col.readers.positions, col.writers.groups,
+                             2 * adapter.facts.n_layers + 1, lin.n_pos)
+    check_edge_memory(upper, limit=options.memory_limit)
     edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
     for row, c in edges.constants.items():
         col.nodes[row].constant = c

@@ -42,6 +42,7 @@ class GraphOptions:
     max_feature_nodes: int | None = None
     dtype: torch.dtype = torch.float32
     batch_size: int = 256
+    memory_limit: int | None = None  # bytes; None = the memory available
 
 
 @dataclass

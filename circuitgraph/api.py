@@ -1,0 +1,281 @@
+"""The Python API: run a spec end to end.
+
+``run(spec)`` loads the model and transcoders, linearises the prompt, builds the exact graph,
+prunes it if asked, runs the declared queries and validation checks, and writes the exports.
+The CLI is a thin layer over this module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitgraph.errors import RenderError
+from circuitgraph.graph.graph import AttributionGraph
+
+__all__ = ["RunResult", "run", "dry_run", "build"]
+
+
+@dataclass
+class RunResult:
+    """What a run produced.
+
+    Attributes:
+        spec: the validated spec.
+        graph: the exported graph (pruned when the spec asks for pruning).
+        full_graph: the unpruned graph.
+        queries: one entry per declared query: ``{"kind", "params", "result"}`` (result objects).
+        validation: one entry per declared check, same shape.
+        exports: ``{kind: path}`` of every file written.
+        timings: seconds per stage.
+    """
+
+    spec: Any
+    graph: AttributionGraph
+    full_graph: AttributionGraph
+    queries: list[dict[str, Any]] = field(default_factory=list)
+    validation: list[dict[str, Any]] = field(default_factory=list)
+    exports: dict[str, Path] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def queries_json(self) -> list[dict[str, Any]]:
+        return [{"kind": q["kind"], "params": q["params"], "result": q["result"].to_dict()} for q in self.queries]
+
+    def validation_json(self) -> list[dict[str, Any]]:
+        return [{"kind": v["kind"], "params": v["params"], "result": v["result"].to_dict()} for v in self.validation]
+
+    def summary_lines(self) -> list[str]:
+        g, full = self.graph, self.full_graph
+        kinds: dict[str, int] = {}
+        for n in g.nodes:
+            kinds[n.kind] = kinds.get(n.kind, 0) + 1
+        comp = full.metadata.get("completeness", {})
+        lines = [
+            f"model: {full.metadata.get('model', {}).get('name', '?')}; prompt: {len(full.metadata.get('prompt_tokens', []))} tokens",
+            f"graph: {g.n_nodes} nodes ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}), {g.n_edges} edges"
+            + (f" (pruned from {full.n_nodes} nodes, {full.n_edges} edges)" if g is not full else ""),
+            "targets: " + ", ".join(f"{g.node(t).label or t} (w={w:.3g})" for t, w in g.targets),
+            f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}",
+        ]
+        for key in ("replacement_score", "completeness_score"):
+            if key in full.metadata:
+                lines.append(f"{key}: {full.metadata[key]:.4f}")
+        for q in self.queries:
+            lines.append(f"query {q['kind']}:")
+            lines += ["  " + line for line in q["result"].table().splitlines()]
+        for v in self.validation:
+            lines.append(f"validation {v['kind']}:")
+            lines += ["  " + line for line in v["result"].table().splitlines()]
+        for kind, path in self.exports.items():
+            lines.append(f"wrote {kind}: {path}")
+        lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        return lines
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("circuitgraph", "torch", "transformer-lens", "sae-lens"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:  # pragma: no cover
+            out[pkg] = "unknown"
+    return out
+
+
+def _progress_bar(enabled: bool, desc: str):
+    if not enabled:
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc=desc, file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return bar, update
+
+
+def _check_outputs(spec: Any) -> None:
+    """Fail before any work when an output cannot be produced (no file is half-written)."""
+    ex = spec.export
+    if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
+        raise RenderError(
+            "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
+            "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz`, or export dot text instead"
+        )
+
+
+def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
+    """Load inputs and build the unpruned graph of a spec (no queries, no exports)."""
+    from circuitgraph.adapters.loading import torch_dtype
+    from circuitgraph.attribution.build import build_graph
+    from circuitgraph.attribution.linearisation import linearise
+    from circuitgraph.attribution.nodes_builder import GraphOptions
+    from circuitgraph.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.spec import load_spec
+
+    spec = load_spec(spec)
+    torch.manual_seed(spec.seed)
+    adapter, tcs = load_inputs(spec)
+    tokens = resolve_prompt(spec, adapter)
+    lin = linearise(adapter, torch.tensor(tokens), tcs)
+    targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
+    L = adapter.facts.n_layers
+    g = spec.graph
+    options = GraphOptions(
+        mlp={l: g.mlp_for(l, has_transcoders=tcs is not None and l in tcs) for l in range(L)},
+        attention={l: g.attention_for(l) for l in range(L)},
+        positional_nodes=g.positional_nodes,
+        bias_nodes=g.bias_nodes,
+        bos_nodes=g.bos_nodes,
+        neuron_top_k=g.neuron_top_k,
+        max_feature_nodes=g.max_feature_nodes,
+        dtype=torch_dtype(g.dtype),
+        batch_size=g.batch_size,
+    )
+    tok = adapter.tokenizer
+    strs = [tok.token_str(t) if tok is not None else f"<{t}>" for t in tokens]
+    metadata = {
+        "spec": spec.model_dump(mode="json"),
+        "model": {"name": adapter.name, "n_layers": L, "source": adapter.source,
+                  "architecture": adapter.facts.to_dict()},
+        "n_layers": L,
+        "transcoders": tcs.describe() if tcs is not None else None,
+        "prompt_tokens": tokens,
+        "prompt_token_strs": strs,
+        "prompt": "".join(strs),
+        "graph_options": {
+            "mlp": {str(k): v for k, v in options.mlp.items()},
+            "attention": {str(k): v for k, v in options.attention.items()},
+            "positional_nodes": options.positional_nodes,
+            "bias_nodes": options.bias_nodes,
+            "bos_nodes": options.bos_nodes,
+            "neuron_top_k": options.neuron_top_k,
+            "max_feature_nodes": options.max_feature_nodes,
+        },
+        "versions": _versions(),
+    }
+    bar, update = _progress_bar(progress, "attribution")
+    try:
+        graph = build_graph(adapter, lin, tcs, targets, options, progress=update, metadata=metadata)
+    finally:
+        if bar is not None:
+            bar.close()
+    return graph
+
+
+def run(spec: Any, *, progress: bool = False) -> RunResult:
+    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end."""
+    from circuitgraph.spec import load_spec
+
+    spec = load_spec(spec)
+    _check_outputs(spec)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    full = build(spec, progress=progress)
+    timings["graph"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _attach_scores(full)
+    graph = full
+    if spec.pruning is not None:
+        from circuitgraph.queries import prune_graph
+
+        p = spec.pruning
+        graph = prune_graph(full, node_threshold=p.node_threshold, edge_threshold=p.edge_threshold,
+                            top_k_nodes=p.top_k_nodes, top_k_edges=p.top_k_edges,
+                            target_share=p.target_share).graph
+        timings["prune"] = time.perf_counter() - t0
+
+    queries = []
+    if spec.queries:
+        from circuitgraph.queries import run_query
+
+        t0 = time.perf_counter()
+        for q in spec.queries:
+            queries.append({"kind": q.kind, "params": _params(q), "result": run_query(full, q)})
+        timings["queries"] = time.perf_counter() - t0
+    validation = []
+    if spec.validate:
+        from circuitgraph.validation import run_check
+
+        t0 = time.perf_counter()
+        for c in spec.validate:
+            validation.append({"kind": c.kind, "params": _params(c), "result": run_check(graph, c)})
+        timings["validation"] = time.perf_counter() - t0
+    result = RunResult(spec, graph, full, queries, validation, {}, timings)
+    t0 = time.perf_counter()
+    result.exports = _write_exports(result)
+    timings["export"] = time.perf_counter() - t0
+    return result
+
+
+def _params(item: Any) -> Any:
+    params = item.params
+    return params.model_dump(mode="json") if hasattr(params, "model_dump") else params
+
+
+def _attach_scores(graph: AttributionGraph) -> None:
+    """circuit-tracer's replacement and completeness scores of the unpruned graph."""
+    try:
+        from circuitgraph.queries import graph_scores
+    except ImportError:  # pragma: no cover - queries not installed
+        return
+    scores = graph_scores(graph)
+    graph.metadata["replacement_score"] = scores.replacement_score
+    graph.metadata["completeness_score"] = scores.completeness_score
+
+
+def _write_exports(result: RunResult) -> dict[str, Path]:
+    from circuitgraph.export import (
+        graph_to_json,
+        graph_to_neuronpedia,
+        render_graph,
+        save_graph_binary,
+    )
+    from circuitgraph._io import atomic_write_text
+
+    ex = result.spec.export
+    g = result.graph
+    for key in ("replacement_score", "completeness_score"):
+        if key in result.full_graph.metadata:
+            g.metadata[key] = result.full_graph.metadata[key]
+    written: dict[str, Path] = {}
+    queries, validation = result.queries_json(), result.validation_json()
+    if ex.json is not None:
+        graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
+        written["json"] = Path(ex.json)
+    if ex.graph is not None:
+        save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
+        written["graph"] = Path(ex.graph)
+    if ex.neuronpedia is not None:
+        graph_to_neuronpedia(g, str(ex.neuronpedia))
+        written["neuronpedia"] = Path(ex.neuronpedia)
+    if ex.dot is not None:
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
+        written["dot"] = Path(ex.dot)
+    for fmt in ("svg", "png"):
+        path = getattr(ex, fmt)
+        if path is not None:
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes)
+            written[fmt] = Path(path)
+    return written
+
+
+def dry_run(spec: Any) -> list[str]:
+    """Validate a spec and estimate what a run needs, without building the graph."""
+    from circuitgraph.estimate import estimate_run
+    from circuitgraph.spec import load_spec
+
+    spec = load_spec(spec)
+    return estimate_run(spec).lines()
