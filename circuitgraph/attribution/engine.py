@@ -36,10 +36,6 @@ class EdgeResult:
     constants: dict[int, float]  # reader row -> constant
 
 
-def _batches(order: list[int], size: int) -> list[list[int]]:
-    return [order[i : i + size] for i in range(0, len(order), size)]
-
-
 @torch.no_grad()
 def compute_edges(
     col: Collected,
@@ -52,13 +48,19 @@ def compute_edges(
     fm = col.frozen
     rd = col.readers
     idx = list(range(len(rd.rows))) if reader_subset is None else list(reader_subset)
-    # top-down, then by position: batches share a starting location and a short prefix
+    # top-down, then by position; a batch never mixes locations, so no reader rides along
+    # (as zeros) through layers above the one it reads, and its prefix of positions is short
     idx.sort(key=lambda i: (-rd.locs[i], rd.positions[i]))
     targets, sources, weights = [], [], []
     constants: dict[int, float] = {}
     dtype, device = fm.dtype, fm.device
     D = fm.adapter.facts.d_model
-    batches = _batches(idx, max(1, batch_size))
+    batches: list[list[int]] = []
+    start = 0
+    for end in range(1, len(idx) + 1):
+        if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size:
+            batches.append(idx[start:end])
+            start = end
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -73,18 +75,21 @@ def compute_edges(
             for j in by_loc.get(loc, ()):
                 i = batch[j]
                 G[j, rd.positions[i]] += rd.directions[i].to(dtype)
-            for pos, rows, vecs in col.writers.groups.get(loc, ()):
-                if pos >= T:
-                    break
-                E = G[:, pos, :] @ vecs.T  # (B, n_writers)
-                nz = E.nonzero(as_tuple=True)
-                if nz[0].numel():
-                    targets.append(batch_rows[nz[0].cpu()])
-                    sources.append(rows[nz[1].cpu()])
-                    weights.append(E[nz].cpu())
+            block = col.writers.padded.get(loc)
+            if block is not None:
+                positions, rows, vecs = block
+                k = int(torch.searchsorted(positions, T))  # writer groups at positions < T
+                if k:
+                    # (k, B, max_n): every reader against every writer, one batched GEMM per location
+                    E = torch.bmm(G[:, positions[:k], :].transpose(0, 1), vecs[:k].transpose(1, 2))
+                    g_i, b_i, w_i = E.nonzero(as_tuple=True)
+                    if g_i.numel():
+                        targets.append(batch_rows[b_i.cpu()])
+                        sources.append(rows[g_i.cpu(), w_i.cpu()])
+                        weights.append(E[g_i, b_i, w_i].cpu())
             c = col.constants.get(loc)
             if c is not None:
-                const += (G * c[:T].unsqueeze(0)).sum((1, 2)).to(torch.float64)
+                const += (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
             if loc > 0:
                 G = fm.step_down(loc, G)
         for j, i in enumerate(batch):

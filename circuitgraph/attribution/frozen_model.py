@@ -59,7 +59,7 @@ class _Norm:
         return out / self.sigma[positions].unsqueeze(-1)
 
     def forward_linear(self, v: torch.Tensor, positions: torch.Tensor | slice = slice(None)) -> torch.Tensor:
-        """``gamma * P(v) / sigma`` for ``v (..., pos, d_model)`` (same as transpose: diagonal and P commute here up to gamma order)."""
+        """``gamma * P(v) / sigma`` for ``v (..., pos, d_model)``: a writer through a frozen post-norm."""
         if self.center:
             v = v - v.mean(-1, keepdim=True)
         v = v / self.sigma[positions].unsqueeze(-1)
@@ -107,29 +107,34 @@ class FrozenLinearModel:
         self.skip = {l: (cast(W), site) for l, (W, site) in skip_layers.items()}
 
     # ------------------------------------------------------------------ transposes
+    def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+        """``v[b, h, s] = sum_t A[h, t, s] W_O^h G'(t)``: ``(B, H, T, d_head)``, as single GEMMs."""
+        B, T, D = G.shape
+        if self.ln1_post is not None:
+            G = self.ln1_post[layer].transpose(G, slice(0, T))
+        W_O = self.attn[layer]["W_O"]  # (H, d_head, D)
+        H, dh = W_O.shape[0], W_O.shape[1]
+        u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh).transpose(1, 2)
+        A = self.patterns[layer][:, :T, :T]  # (H, t, s)
+        return torch.matmul(A.transpose(1, 2), u)  # (B, H, s, d_head)
+
     def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
         """Gradient at resid_pre(layer) coming through frozen attention, for ``G (B, T, d_model)``
         at resid_mid(layer).  Excludes the residual identity term."""
-        T = G.shape[1]
-        if self.ln1_post is not None:
-            G = self.ln1_post[layer].transpose(G, slice(0, T))
-        w = self.attn[layer]
-        u = torch.einsum("btd,hkd->bhtk", G, w["W_O"])  # W_O^h G(t)
-        A = self.patterns[layer][:, :T, :T]  # (H, t, s)
-        v = torch.matmul(A.transpose(1, 2).unsqueeze(0), u)  # (B, H, s, k) = sum_t A[h,t,s] u[b,h,t,k]
-        out = torch.einsum("bhsk,hdk->bsd", v, w["W_V"])
-        return self.ln1[layer].transpose(out, slice(0, T))
+        B, T, D = G.shape
+        v = self._attention_values(layer, G)
+        W_V = self.attn[layer]["W_V"]  # (H, D, d_head)
+        H, dh = W_V.shape[0], W_V.shape[2]
+        if "W_V_flat" not in self.attn[layer]:
+            self.attn[layer]["W_V_flat"] = W_V.permute(0, 2, 1).reshape(H * dh, D).contiguous()
+        out = v.transpose(1, 2).reshape(B * T, H * dh) @ self.attn[layer]["W_V_flat"]
+        return self.ln1[layer].transpose(out.view(B, T, D), slice(0, T))
 
     def attention_transpose_per_head(self, layer: int, G: torch.Tensor) -> torch.Tensor:
         """As :meth:`attention_transpose` but kept per head: ``(B, H, T, d_model)``."""
         T = G.shape[1]
-        if self.ln1_post is not None:
-            G = self.ln1_post[layer].transpose(G, slice(0, T))
-        w = self.attn[layer]
-        u = torch.einsum("btd,hkd->bhtk", G, w["W_O"])
-        A = self.patterns[layer][:, :T, :T]
-        v = torch.matmul(A.transpose(1, 2).unsqueeze(0), u)
-        out = torch.einsum("bhsk,hdk->bhsd", v, w["W_V"])
+        v = self._attention_values(layer, G)
+        out = torch.einsum("bhsk,hdk->bhsd", v, self.attn[layer]["W_V"])
         return self.ln1[layer].transpose(out, slice(0, T))
 
     def mlp_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor | None:

@@ -57,8 +57,11 @@ class WriterTable:
             return
         self.groups.setdefault(loc, []).append((position, torch.tensor(rows, dtype=torch.long), vectors))
 
+    # loc -> (positions (k,), rows (k, max_n) padded with -1, vectors (k, max_n, d_model) padded with 0)
+    padded: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
     def finalise(self) -> None:
-        """Merge groups that share (loc, position)."""
+        """Merge groups that share (loc, position) and build the padded per-location blocks."""
         for loc, items in self.groups.items():
             merged: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
             for pos, rows, vecs in items:
@@ -68,6 +71,15 @@ class WriterTable:
             self.groups[loc] = sorted(
                 ((pos, torch.cat(r), torch.cat(v)) for pos, (r, v) in merged.items()), key=lambda x: x[0]
             )
+            groups = self.groups[loc]
+            k, max_n = len(groups), max(len(r) for _, r, _ in groups)
+            ref = groups[0][2]
+            rows = torch.full((k, max_n), -1, dtype=torch.long)
+            vecs = torch.zeros(k, max_n, ref.shape[-1], dtype=ref.dtype, device=ref.device)
+            for g, (_, r, v) in enumerate(groups):
+                rows[g, : len(r)] = r
+                vecs[g, : len(r)] = v
+            self.padded[loc] = (torch.tensor([p for p, _, _ in groups], dtype=torch.long), rows, vecs)
 
 
 @dataclass

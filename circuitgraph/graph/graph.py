@@ -133,18 +133,16 @@ class AttributionGraph:
         """(order, indptr): edges sorted by target row."""
         if self._csr_cache is None:
             order = np.argsort(self.edge_target, kind="stable")
-            indptr = np.zeros(self.n_nodes + 1, dtype=np.int64)
-            np.add.at(indptr, self.edge_target + 1, 1)
-            self._csr_cache = (order, np.cumsum(indptr))
+            counts = np.bincount(self.edge_target, minlength=self.n_nodes)
+            self._csr_cache = (order, np.concatenate([[0], np.cumsum(counts)]))
         return self._csr_cache
 
     def _csc(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by source row."""
         if self._csc_cache is None:
             order = np.argsort(self.edge_source, kind="stable")
-            indptr = np.zeros(self.n_nodes + 1, dtype=np.int64)
-            np.add.at(indptr, self.edge_source + 1, 1)
-            self._csc_cache = (order, np.cumsum(indptr))
+            counts = np.bincount(self.edge_source, minlength=self.n_nodes)
+            self._csc_cache = (order, np.concatenate([[0], np.cumsum(counts)]))
         return self._csc_cache
 
     def in_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
@@ -187,16 +185,14 @@ class AttributionGraph:
 
     def incoming_sums(self) -> np.ndarray:
         """Sum of incoming edge weights per node (float64)."""
-        out = np.zeros(self.n_nodes, dtype=np.float64)
-        np.add.at(out, self.edge_target, self.edge_weight.astype(np.float64))
-        return out
+        return np.bincount(self.edge_target, weights=self.edge_weight.astype(np.float64), minlength=self.n_nodes)
 
     # ----------------------------------------------------------------- checks
     def check_completeness(self) -> CompletenessReport:
         """Check ``pre_activation == sum(incoming edges) + constant`` for every reader node."""
         sums = self.incoming_sums()
-        abs_sums = np.zeros(self.n_nodes, dtype=np.float64)
-        np.add.at(abs_sums, self.edge_target, np.abs(self.edge_weight.astype(np.float64)))
+        abs_sums = np.bincount(self.edge_target, weights=np.abs(self.edge_weight.astype(np.float64)),
+                               minlength=self.n_nodes)
         worst, worst_rel, worst_abs, n = None, 0.0, 0.0, 0
         for i, node in enumerate(self.nodes):
             if node.pre_activation is None or node.constant is None:
