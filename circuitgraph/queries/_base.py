@@ -1,0 +1,122 @@
+"""What every query result shares: ``kind``, ``to_dict()``, ``table()``; argument checks.
+
+Results are frozen dataclasses.  ``to_dict()`` is JSON-serialisable (node ids as strings,
+floats as Python floats); ``table(max_rows)`` is a short plain-text table for the CLI.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Iterable, Sequence
+
+import numpy as np
+
+from circuitgraph.errors import QueryError
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import NodeId
+
+__all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt"]
+
+
+class QueryResult:
+    """Base of every query result (each subclass is a frozen dataclass).
+
+    ``kind`` names the query (the spec key, e.g. ``"top_paths"``).
+    """
+
+    kind: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    def table(self, max_rows: int = 10) -> str:  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def fmt(value: Any) -> str:
+    """A compact cell: 4 significant digits for floats, ``-`` for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if v == 0.0:
+            return "0"
+        if math.isfinite(v) and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.3e}"
+        return f"{v:.4g}"
+    return str(value)
+
+
+def format_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    max_rows: int = 10,
+    title: str | None = None,
+    footer: str | None = None,
+) -> str:
+    """Plain-text table: left-aligned text, right-aligned numbers, ``... n more`` when cut."""
+    rows = [list(r) for r in rows]
+    shown = rows[: max(0, max_rows)]
+    cells = [[fmt(c) for c in r] for r in shown]
+    numeric = [
+        all(isinstance(r[j], (int, float, np.integer, np.floating)) or r[j] is None for r in shown) if shown else False
+        for j in range(len(headers))
+    ]
+    widths = [max([len(h)] + [len(c[j]) for c in cells]) for j, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(values, widths)))
+
+    out = []
+    if title:
+        out.append(title)
+    out.append(line(list(headers)).rstrip())
+    out.append("  ".join("-" * w for w in widths))
+    out += [line(c).rstrip() for c in cells]
+    if len(rows) > len(shown):
+        out.append(f"... {len(rows) - len(shown)} more")
+    if not rows:
+        out.append("(none)")
+    if footer:
+        out.append(footer)
+    return "\n".join(out)
+
+
+def check_k(k: Any, name: str = "k") -> int:
+    """``k`` must be a positive integer (booleans are not integers here)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
+        raise QueryError(f"{name} must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def check_optional_k(k: Any, name: str) -> int | None:
+    return None if k is None else check_k(k, name)
+
+
+def check_fraction(x: Any, name: str) -> float:
+    """A share or threshold must lie in (0, 1]."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not (0.0 < float(x) <= 1.0):
+        raise QueryError(f"{name} must be in (0, 1], got {x!r}")
+    return float(x)
+
+
+def require_context(graph: AttributionGraph, what: str) -> Any:
+    """The live attribution context of ``graph``, or a :class:`QueryError` saying why it is needed."""
+    if graph.context is None:
+        raise QueryError(f"{what} needs the live model: run the spec, not a loaded JSON")
+    return graph.context
+
+
+def node_str(node: NodeId) -> str:
+    return str(node)
+
+
+def share(value: float, whole: float | None) -> float | None:
+    """``value / whole``, or None when ``whole`` is missing or zero."""
+    if whole is None or whole == 0.0 or not math.isfinite(whole):
+        return None
+    return float(value) / float(whole)

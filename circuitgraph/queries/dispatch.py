@@ -1,0 +1,141 @@
+"""One entry point for the spec's ``queries:`` list: :func:`run_query`.
+
+``run_query(graph, query)`` takes one item of the list (a ``TopPathsQuery`` etc., its
+parameter block ``TopPaths`` etc., or a plain mapping ``{"top_paths": {...}}``) and returns
+the typed result; the API writes ``{"kind": query.kind, "params": ..., "result":
+result.to_dict()}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from circuitgraph.errors import QueryError
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.queries._base import QueryResult
+from circuitgraph.spec import queries as q
+from circuitgraph.spec.base import KeyedModel
+
+__all__ = ["run_query", "QUERY_FUNCTIONS"]
+
+
+def _top_paths(g: AttributionGraph, p: q.TopPaths) -> QueryResult:
+    from circuitgraph.queries.paths import top_paths
+
+    return top_paths(g, p.source, p.target, p.k, rank=p.rank, method=p.method, beam_width=p.beam_width,
+                     max_length=p.max_length, through=p.through, avoid=p.avoid, expand_heads=p.expand_heads)
+
+
+def _influence(g: AttributionGraph, p: q.Influence) -> QueryResult:
+    from circuitgraph.queries.influence import influence
+
+    return influence(g, top_k=p.top_k, signed=p.signed)
+
+
+def _dla(g: AttributionGraph, p: q.DirectLogitAttribution) -> QueryResult:
+    from circuitgraph.queries.tables import direct_logit_attribution
+
+    return direct_logit_attribution(g, p.target, top_k=p.top_k, kinds=p.kinds)
+
+
+def _logit_lens(g: AttributionGraph, p: q.LogitLens) -> QueryResult:
+    from circuitgraph.queries.tables import logit_lens
+
+    return logit_lens(g, tokens=p.tokens, position=p.position, top_k=p.top_k)
+
+
+def _congruence(g: AttributionGraph, p: q.Congruence) -> QueryResult:
+    from circuitgraph.queries.tables import congruence
+
+    return congruence(g, p.tokens, kind=p.kind, layer=p.layer, mode=p.mode, top_k=p.top_k)
+
+
+def _neighbours(g: AttributionGraph, p: q.Neighbours) -> QueryResult:
+    from circuitgraph.queries.neighbours import neighbours
+
+    return neighbours(g, p.node, direction=p.direction, top_k=p.top_k)
+
+
+def _subgraph(g: AttributionGraph, p: q.Subgraph) -> QueryResult:
+    from circuitgraph.queries.neighbours import subgraph
+
+    return subgraph(g, p.filter)
+
+
+def _supernodes(g: AttributionGraph, p: q.Supernodes) -> QueryResult:
+    from circuitgraph.queries.neighbours import supernodes
+
+    return supernodes(g, dict(p.groups))
+
+
+def _scores(g: AttributionGraph, p: q.Scores) -> QueryResult:
+    from circuitgraph.queries.scores import compute_scores
+
+    return compute_scores(g)
+
+
+def _head_split(g: AttributionGraph, p: q.HeadSplit) -> QueryResult:
+    from circuitgraph.queries.head_split import head_split
+
+    return head_split(g, p.source, p.target)
+
+
+def _virtual_weights(g: AttributionGraph, p: q.VirtualWeights) -> QueryResult:
+    from circuitgraph.queries.weights import virtual_weights
+
+    return virtual_weights(g, p.source, p.target, top_k=p.top_k)
+
+
+def _de_embedding(g: AttributionGraph, p: q.DeEmbedding) -> QueryResult:
+    from circuitgraph.queries.weights import de_embedding
+
+    return de_embedding(g, p.node, top_k=p.top_k, head=p.head)
+
+
+#: parameter-block class -> the function that runs it
+QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {
+    q.TopPaths: _top_paths,
+    q.Influence: _influence,
+    q.DirectLogitAttribution: _dla,
+    q.LogitLens: _logit_lens,
+    q.Congruence: _congruence,
+    q.Neighbours: _neighbours,
+    q.Subgraph: _subgraph,
+    q.Supernodes: _supernodes,
+    q.Scores: _scores,
+    q.HeadSplit: _head_split,
+    q.VirtualWeights: _virtual_weights,
+    q.DeEmbedding: _de_embedding,
+}
+
+
+def _parse(query: Mapping) -> Any:
+    """A query item from a mapping ``{key: params}``; bad params raise :class:`SpecError`."""
+    types = {t.key: t for t in q.QUERY_TYPES}
+    if len(query) != 1 or next(iter(query)) not in types:
+        raise QueryError(f"a query is a mapping with exactly one of the keys {', '.join(types)}; "
+                         f"got keys {list(query)}")
+    return types[next(iter(query))](**dict(query))
+
+
+def run_query(graph: AttributionGraph, query: Any) -> QueryResult:
+    """Run one spec query on ``graph`` and return its typed result.
+
+    ``query`` is an item of ``spec.queries`` (e.g. ``TopPathsQuery``), its parameter block
+    (``TopPaths``), or a mapping ``{"top_paths": {...}}`` (validated like the spec).
+
+    Example::
+
+        from circuitgraph.spec.queries import InfluenceQuery
+        res = run_query(graph, InfluenceQuery(influence={"top_k": 5}))
+        {"kind": res.kind, "result": res.to_dict()}
+    """
+    if isinstance(query, Mapping):
+        query = _parse(query)
+    params = query.params if isinstance(query, KeyedModel) else query
+    fn = QUERY_FUNCTIONS.get(type(params))
+    if fn is None:
+        known = ", ".join(sorted(c.__name__ for c in QUERY_FUNCTIONS))
+        raise QueryError(f"unknown query {type(query).__name__}; expected a spec query item or one of {known}")
+    return fn(graph, params)

@@ -1,0 +1,328 @@
+"""Pruning: keep the nodes and edges that carry most of the influence on the targets.
+
+The algorithm is circuit-tracer's ``prune_graph`` (same defaults, same kept node set on
+the same adjacency), written over sparse edges:
+
+1. **Node influence.**  ``A`` = the absolute adjacency, row-normalised; ``w`` = target
+   weights; ``influence = w (A + A^2 + ...)`` (:func:`~circuitgraph.queries.influence.node_influence`).
+2. **Node threshold.**  Sort the influences in decreasing order; the cut is the first score at
+   which the cumulative sum reaches ``node_threshold`` of the total (``find_threshold``);
+   keep every node whose influence is at least that score.  Embedding nodes and targets are
+   always kept (circuit-tracer: tokens and logits), and so are the remainder nodes of an
+   earlier pruning.  Optional: ``top_k_nodes`` keeps at most
+   that many of the other nodes (the most influential); ``target_share`` replaces step 2 by,
+   for each target separately, the smallest set of nodes (by influence on that target alone)
+   whose influence reaches that share of the target's total, united over the targets.
+3. **Edge scores.**  Zero the rows and columns of the dropped nodes, row-normalise again,
+   recompute the influence on that pruned matrix and add ``w``; an edge ``s -> t`` scores
+   ``A'[t, s] * (influence'[t] + w[t])``.
+4. **Edge threshold.**  Same cumulative cut on the (non-zero) edge scores with
+   ``edge_threshold``; optional ``top_k_edges`` keeps at most that many edges.
+5. **Connectivity.**  Repeat until nothing changes: drop edges touching dropped nodes; drop
+   every node (other than embeddings and targets) without a kept outgoing edge, and every
+   feature/neuron without a kept incoming edge.
+
+**Remainder nodes.**  Every edge into a kept node that was pruned (its source was dropped, or
+the edge itself was) is summed into an explicit remainder node
+``remainder/<layer>/<position>/1`` (``REMAINDER_INDEX["pruned"]``) keyed by the *source's*
+layer and position: one remainder per (layer, position) of the pruned writers, whatever their
+kind.  So for every kept reader, ``pre_activation == sum of kept incoming edges + remainder
+edges + constant`` still holds, to the storage precision of the edge weights.
+
+Differences from circuit-tracer, all in degenerate cases: the node cut sorts all N
+influences like circuit-tracer, but the edge cut sorts only the non-zero edge scores (there
+are ``O(edges)`` of them, not ``N^2``): with ``edge_threshold = 1.0`` circuit-tracer's cut
+can fall on a zero score and mark every *absent* edge as kept too; here every non-zero edge
+is kept.  With ``node_threshold = 1.0`` both may keep zero-influence nodes when rounding
+leaves the cumulative share just below 1 (the connectivity step then drops them unless they
+are embeddings or targets).  Computations are in float64 (circuit-tracer: the adjacency's
+dtype).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
+from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
+from circuitgraph.queries._sparse import (
+    coalesced_edges,
+    csr,
+    power_series,
+    row_normalised_abs,
+    target_weight_vector,
+)
+
+__all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]
+
+#: kinds never pruned (circuit-tracer keeps tokens and logits); targets are always kept too
+ALWAYS_KEPT_KINDS = frozenset({"embedding"})
+#: kinds that are dropped when none of their incoming edges is kept (circuit-tracer: features)
+NEEDS_INPUT_KINDS = frozenset({"feature", "neuron"})
+
+_PRUNED = REMAINDER_INDEX["pruned"]
+
+
+def find_threshold(scores: np.ndarray, threshold: float) -> float:
+    """circuit-tracer's cut: the score at which the cumulative share (largest first) first
+    reaches ``threshold``.  Returns ``inf`` for an empty or all-zero score vector."""
+    if scores.size == 0:
+        return float("inf")
+    s = np.sort(scores)[::-1]
+    total = s.sum()
+    if total <= 0:
+        return float("inf")
+    cum = np.cumsum(s) / total
+    idx = int(np.searchsorted(cum, threshold, side="left"))
+    return float(s[min(idx, s.size - 1)])
+
+
+def _cumulative_scores(influence: np.ndarray) -> np.ndarray:
+    """Per node: the cumulative influence share of all nodes ranked at or above it."""
+    order = np.argsort(-influence, kind="stable")
+    total = influence.sum()
+    cum = np.cumsum(influence[order]) / total if total > 0 else np.zeros(influence.size)
+    out = np.empty_like(influence)
+    out[order] = cum
+    return out
+
+
+def _top_k(mask: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
+    """Restrict ``mask`` to its ``k`` highest-scoring entries (ties broken by position)."""
+    idx = np.flatnonzero(mask)
+    if idx.size <= k:
+        return mask
+    order = np.argsort(-score[idx], kind="stable")[:k]
+    out = np.zeros_like(mask)
+    out[idx[order]] = True
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class PruneResult(QueryResult):
+    """The pruned graph and the decisions that produced it.
+
+    Attributes:
+        graph: the pruned :class:`AttributionGraph` (kept nodes in the original order, then the
+            remainder nodes); completeness holds on it.
+        node_mask: per node of the input graph, whether it was kept.
+        edge_mask: per edge of the input graph, whether it was kept as an edge.
+        node_influence: circuit-tracer's node influence on the input graph.
+        cumulative_scores: per node, the cumulative influence share of the nodes ranked at or
+            above it (circuit-tracer's third output).
+        node_score_threshold, edge_score_threshold: the score cuts (None when not used).
+        remainder_nodes: the remainder nodes added.
+        params: the arguments.
+    """
+
+    kind = "prune"
+    graph: AttributionGraph
+    node_mask: np.ndarray
+    edge_mask: np.ndarray
+    node_influence: np.ndarray
+    cumulative_scores: np.ndarray
+    node_score_threshold: float | None
+    edge_score_threshold: float | None
+    remainder_nodes: tuple[NodeId, ...]
+    n_nodes_before: int
+    n_edges_before: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kept_nodes(self) -> list[NodeId]:
+        """Ids of the kept nodes of the input graph (they come first in :attr:`graph`)."""
+        return self.graph.node_ids()[: int(self.node_mask.sum())]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.params,
+            "n_nodes_before": self.n_nodes_before,
+            "n_edges_before": self.n_edges_before,
+            "n_nodes_kept": int(self.node_mask.sum()),
+            "n_edges_kept": int(self.edge_mask.sum()),
+            "n_remainder_nodes": len(self.remainder_nodes),
+            "n_nodes": self.graph.n_nodes,
+            "n_edges": self.graph.n_edges,
+            "node_score_threshold": self.node_score_threshold,
+            "edge_score_threshold": self.edge_score_threshold,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.summary(),
+            "kept_nodes": [str(n) for n in self.kept_nodes],
+            "remainder_nodes": [str(n) for n in self.remainder_nodes],
+            "completeness": self.graph.check_completeness().to_dict(),
+        }
+
+    def table(self, max_rows: int = 10) -> str:
+        rows = [(k, v) for k, v in self.summary().items()]
+        return format_table(["pruning", "value"], rows, max_rows=max(max_rows, len(rows)))
+
+
+def prune_graph(
+    graph: AttributionGraph,
+    node_threshold: float = 0.8,
+    edge_threshold: float = 0.98,
+    top_k_nodes: int | None = None,
+    top_k_edges: int | None = None,
+    target_share: float | None = None,
+) -> PruneResult:
+    """Prune ``graph`` as circuit-tracer does, keeping the pruned part in remainder nodes.
+
+    Example::
+
+        res = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+        res.graph.check_completeness().ok()
+        True
+    """
+    node_threshold = check_fraction(node_threshold, "node_threshold")
+    edge_threshold = check_fraction(edge_threshold, "edge_threshold")
+    top_k_nodes = check_optional_k(top_k_nodes, "top_k_nodes")
+    top_k_edges = check_optional_k(top_k_edges, "top_k_edges")
+    if target_share is not None:
+        target_share = check_fraction(target_share, "target_share")
+    params = {"node_threshold": node_threshold, "edge_threshold": edge_threshold, "top_k_nodes": top_k_nodes,
+              "top_k_edges": top_k_edges, "target_share": target_share}
+
+    n = graph.n_nodes
+    e = coalesced_edges(graph)
+    w = target_weight_vector(graph)
+    A = csr(e.target, e.source, row_normalised_abs(e.target, e.weight, n), n)
+    influence = power_series(A, w)
+
+    kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)
+    always = np.isin(kinds, list(ALWAYS_KEPT_KINDS))
+    for t in graph.target_ids:
+        always[graph.index_of(t)] = True
+    always |= np.array([nd.kind == "remainder" and nd.index == _PRUNED for nd in graph.nodes], dtype=bool)
+
+    # ---- step 2: nodes
+    node_cut: float | None
+    if target_share is None:
+        node_cut = find_threshold(influence, node_threshold)
+        node_mask = influence >= node_cut
+    else:
+        node_cut = None
+        node_mask = np.zeros(n, dtype=bool)
+        starts = np.zeros((n, len(graph.targets)), dtype=np.float64)
+        for j, t in enumerate(graph.target_ids):
+            starts[graph.index_of(t), j] = 1.0
+        per_target = power_series(A, starts)
+        for j in range(per_target.shape[1]):
+            col = per_target[:, j]
+            cut = find_threshold(col, target_share)
+            node_mask |= (col >= cut) & (col > 0)
+    if top_k_nodes is not None:
+        node_mask = _top_k(node_mask & ~always, influence, top_k_nodes)
+    node_mask = node_mask | always
+
+    # ---- step 3: edge scores on the node-pruned matrix
+    inside = node_mask[e.target] & node_mask[e.source]
+    a2 = row_normalised_abs(e.target[inside], e.weight[inside], n)
+    influence2 = power_series(csr(e.target[inside], e.source[inside], a2, n), w) + w
+    scores = np.zeros(len(e), dtype=np.float64)
+    scores[inside] = a2 * influence2[e.target[inside]]
+
+    # ---- step 4: edges
+    nonzero = scores > 0
+    edge_cut = find_threshold(scores[nonzero], edge_threshold)
+    edge_mask = nonzero & (scores >= edge_cut)
+    if top_k_edges is not None:
+        edge_mask = _top_k(edge_mask, scores, top_k_edges)
+
+    # ---- step 5: connectivity, to a fixed point
+    needs_out = ~always
+    needs_in = np.isin(kinds, list(NEEDS_INPUT_KINDS)) & ~always
+    while True:
+        edge_mask &= node_mask[e.target] & node_mask[e.source]
+        has_out = np.bincount(e.source[edge_mask], minlength=n) > 0
+        has_in = np.bincount(e.target[edge_mask], minlength=n) > 0
+        new_mask = node_mask & (~needs_out | has_out) & (~needs_in | has_in)
+        if np.array_equal(new_mask, node_mask):
+            break
+        node_mask = new_mask
+
+    pruned, remainders = _build_pruned_graph(graph, e, node_mask, edge_mask, params)
+    return PruneResult(
+        graph=pruned,
+        node_mask=node_mask,
+        edge_mask=edge_mask[e.inverse],
+        node_influence=influence,
+        cumulative_scores=_cumulative_scores(influence),
+        node_score_threshold=node_cut,
+        edge_score_threshold=edge_cut if np.isfinite(edge_cut) else None,
+        remainder_nodes=tuple(remainders),
+        n_nodes_before=n,
+        n_edges_before=graph.n_edges,
+        params=params,
+    )
+
+
+def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, edge_mask: np.ndarray,
+                        params: dict[str, Any]) -> tuple[AttributionGraph, list[NodeId]]:
+    """Kept nodes and edges, plus one remainder node per (layer, position) of pruned sources."""
+    n = graph.n_nodes
+    kept_rows = np.flatnonzero(node_mask)
+    remap = -np.ones(n, dtype=np.int64)
+    remap[kept_rows] = np.arange(kept_rows.size)
+    nodes: list[Node] = [graph.nodes[r] for r in kept_rows]
+
+    # pruned contributions into kept nodes, grouped by (target, source layer, source position)
+    lost = node_mask[e.target] & ~edge_mask
+    lost_t, lost_s, lost_w = e.target[lost], e.source[lost], e.weight[lost]
+    layers = np.array([nd.layer for nd in graph.nodes], dtype=np.int64)
+    positions = np.array([nd.position for nd in graph.nodes], dtype=np.int64)
+    groups: dict[tuple[int, int], int] = {}
+    counts: dict[tuple[int, int], dict[str, int]] = {}
+    group_of = np.empty(lost_s.size, dtype=np.int64)
+    for i, s in enumerate(lost_s):
+        key = (int(layers[s]), int(positions[s]))
+        group_of[i] = groups.setdefault(key, len(groups))
+        kinds = counts.setdefault(key, {})
+        kinds[graph.nodes[s].kind] = kinds.get(graph.nodes[s].kind, 0) + 1
+    dropped_by_group: dict[tuple[int, int], int] = {}
+    for r in np.flatnonzero(~node_mask):
+        key = (graph.nodes[r].layer, graph.nodes[r].position)
+        dropped_by_group[key] = dropped_by_group.get(key, 0) + 1
+
+    remainder_rows: dict[tuple[int, int], int] = {}
+    remainders: list[NodeId] = []
+    for key in sorted(groups):
+        rid = NodeId("remainder", key[0], key[1], _PRUNED)
+        if rid in graph and node_mask[graph.index_of(rid)]:
+            remainder_rows[key] = int(remap[graph.index_of(rid)])
+            continue
+        remainder_rows[key] = len(nodes)
+        remainders.append(rid)
+        nodes.append(Node(rid, activation=1.0, label=f"pruned L{key[0]}@{key[1]}",
+                          attrs={"pruned_edges_by_source_kind": counts[key],
+                                 "n_pruned_nodes": dropped_by_group.get(key, 0)}))
+    group_row = np.array([remainder_rows[k] for k in sorted(groups, key=groups.get)], dtype=np.int64)
+
+    kt = np.concatenate([remap[e.target[edge_mask]], remap[lost_t]])
+    ks = np.concatenate([remap[e.source[edge_mask]], group_row[group_of] if lost_s.size else lost_s])
+    kw = np.concatenate([e.weight[edge_mask], lost_w])
+    # sum duplicates (several pruned edges into one target from one remainder)
+    key = kt * np.int64(len(nodes)) + ks
+    uniq, inv = np.unique(key, return_inverse=True)
+    summed = np.bincount(inv, weights=kw, minlength=uniq.size)
+    keep = summed != 0
+    meta = dict(graph.metadata)
+    pruned = AttributionGraph(
+        nodes=nodes,
+        edge_target=(uniq // len(nodes))[keep],
+        edge_source=(uniq % len(nodes))[keep],
+        edge_weight=summed[keep].astype(graph.edge_weight.dtype, copy=False),
+        targets=list(graph.targets),
+        metadata=meta,
+        context=graph.context,
+    )
+    meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,
+                       "n_remainder_nodes": len(remainders)}
+    meta["completeness"] = pruned.check_completeness().to_dict()
+    return pruned, remainders

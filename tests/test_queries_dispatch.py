@@ -1,0 +1,119 @@
+"""run_query over every spec query kind; JSON-serialisable results; errors; the public API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import circuitgraph.queries as queries
+from circuitgraph.errors import QueryError, SpecError
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.queries import QueryResult, run_query
+from circuitgraph.spec import queries as sq
+from tests.test_queries_graphs import attributed, chain_graph
+
+
+def spec_items(g: AttributionGraph) -> list:
+    """One item of every query kind, valid for the ln-gelu transcoder graph."""
+    feature = next(n.id for n in g.nodes if n.kind == "feature" and n.layer == 1)
+    edge = max(zip(g.edge_source, g.edge_target, g.edge_weight), key=lambda x: abs(x[2]))
+    return [
+        sq.TopPathsQuery(top_paths={"source": {"kind": "embedding"}, "k": 3, "expand_heads": True}),
+        sq.TopPathsQuery(top_paths={"source": {"kind": "embedding"}, "target": {"kind": "feature", "layer": 1},
+                                    "rank": "normalized", "method": "beam", "beam_width": 5, "max_length": 3,
+                                    "through": [{"kind": "feature", "layer": 0}], "avoid": [{"position": 0}]}),
+        sq.InfluenceQuery(influence={"top_k": 5, "signed": True}),
+        sq.DirectLogitAttributionQuery(direct_logit_attribution={"target": 1, "kinds": ["feature", "error"]}),
+        sq.LogitLensQuery(logit_lens={"tokens": [3, 4], "position": -2}),
+        sq.CongruenceQuery(congruence={"tokens": [3, 4], "kind": "feature", "mode": "cosine"}),
+        sq.NeighboursQuery(neighbours={"node": str(feature), "direction": "both", "top_k": 3}),
+        sq.SubgraphQuery(subgraph={"filter": {"kind": "feature", "layer": 0}}),
+        sq.SupernodesQuery(supernodes={"groups": {"early": {"layer": 0}, "late": {"layer": 1}}}),
+        sq.ScoresQuery(scores=None),
+        sq.HeadSplitQuery(head_split={"source": str(g.nodes[edge[0]].id), "target": str(g.nodes[edge[1]].id)}),
+        sq.VirtualWeightsQuery(virtual_weights={"source": {"kind": "feature", "layer": 0},
+                                                "target": {"kind": "logit"}, "top_k": 4}),
+        sq.DeEmbeddingQuery(de_embedding={"node": {"kind": "feature", "layer": 1, "index": feature.index},
+                                          "head": {"layer": 0, "head": 1}}),
+        sq.DeEmbeddingQuery(de_embedding={"node": str(feature), "top_k": 3}),
+    ]
+
+
+def test_every_spec_query_runs_and_serialises():
+    g = attributed("ln-gelu", "transcoders")
+    items = spec_items(g)
+    assert {type(i) for i in items} == set(sq.QUERY_TYPES)
+    for item in items:
+        res = run_query(g, item)
+        assert isinstance(res, QueryResult)
+        assert res.kind == item.kind
+        record = {"kind": item.kind, "params": item.params.model_dump(mode="json"), "result": res.to_dict()}
+        json.loads(json.dumps(record))
+        text = res.table(max_rows=3)
+        assert isinstance(text, str) and text
+        # the parameter block alone dispatches the same way
+        assert type(run_query(g, item.params)) is type(res)
+
+
+def test_mapping_queries_are_validated_like_the_spec():
+    g = chain_graph()
+    res = run_query(g, {"influence": {"top_k": 1}})
+    assert res.kind == "influence" and len(res.to_dict()["top"]) == 1
+    assert run_query(g, {"scores": None}).kind == "scores"
+    with pytest.raises(SpecError, match="top_k"):
+        run_query(g, {"influence": {"top_k": 0}})
+    with pytest.raises(QueryError, match="exactly one of the keys"):
+        run_query(g, {"centrality": {}})
+    with pytest.raises(QueryError, match="unknown query"):
+        run_query(g, object())
+
+
+@pytest.mark.parametrize("item", [
+    {"logit_lens": None},
+    {"congruence": {"tokens": [1]}},
+    {"head_split": {"source": "embedding/-1/0/1", "target": "feature/0/0/7"}},
+    {"virtual_weights": {"source": {"kind": "embedding"}, "target": {"kind": "feature"}}},
+    {"de_embedding": {"node": "feature/0/0/7"}},
+])
+def test_weight_queries_on_a_loaded_graph_say_they_need_the_model(item):
+    with pytest.raises(QueryError, match="needs the live model: run the spec, not a loaded JSON"):
+        run_query(chain_graph(), item)
+
+
+def test_graph_queries_work_without_the_model():
+    g = chain_graph()
+    for item in ({"top_paths": {"source": {"kind": "embedding"}}}, {"influence": None},
+                 {"direct_logit_attribution": None}, {"neighbours": {"node": "feature/0/0/7"}},
+                 {"subgraph": {"filter": {"layer": [0, 1]}}}, {"supernodes": {"groups": {"f": {"kind": "feature"}}}},
+                 {"scores": None}):
+        json.dumps(run_query(g, item).to_dict())
+
+
+def test_filter_errors_name_the_filter_and_ids():
+    g = chain_graph()
+    with pytest.raises(QueryError, match=r"top_paths source \{kind: neuron, layer: \[0, 2\]\} matches no node"):
+        run_query(g, {"top_paths": {"source": {"kind": "neuron", "layer": [0, 2]}}})
+    with pytest.raises(QueryError, match="node ids feature/0/0/1, feature/0/0/2 are not in the graph"):
+        run_query(g, {"subgraph": {"filter": {"id": ["feature/0/0/1", "feature/0/0/2"]}}})
+    with pytest.raises(QueryError, match="neighbours node feature/3/0/7 is not in the graph"):
+        run_query(g, {"neighbours": {"node": "feature/3/0/7"}})
+
+
+def test_public_api_is_pinned():
+    assert sorted(queries.__all__) == sorted([
+        "QueryResult", "run_query",
+        "as_filter", "filter_mask", "match_nodes", "resolve_node",
+        "InfluenceResult", "influence", "node_influence", "total_effects",
+        "PruneResult", "prune_graph", "find_threshold",
+        "ScoresResult", "TargetErrorShare", "compute_scores", "graph_scores", "record_scores",
+        "AttributionPath", "HeadResolvedPath", "PathsResult", "top_paths", "path_contribution",
+        "HeadPart", "HeadSplitResult", "head_split",
+        "Neighbour", "NeighboursResult", "SubgraphResult", "SupernodesResult",
+        "neighbours", "parents", "children", "subgraph", "supernodes", "logit_difference",
+        "DLAResult", "LensRow", "LogitLensResult", "CongruenceResult",
+        "direct_logit_attribution", "logit_lens", "congruence",
+        "Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding",
+    ])
+    for name in queries.__all__:
+        assert hasattr(queries, name), name

@@ -1,0 +1,183 @@
+"""Graphs shared by the query tests (cached per session) and checks of the helpers themselves.
+
+* hand-built DAGs with features, error nodes, embeddings and logit targets whose
+  pre-activations satisfy completeness (so identities can be checked exactly);
+* graphs built by ``attribute`` from tiny models (LayerNorm/GELU and RMSNorm/gated), in
+  float64, with neurons, or with small ReLU transcoders given as plain tensors (no sae-lens
+  import: the engine's own tests cover sae-lens loading);
+* circuit-tracer's graphs on the shared fixtures, when /work/ct-out holds them.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import Node, NodeId
+
+CT_OUT = Path("/work/ct-out")
+CT_GRAPHS = ("example-gpt2", "example-llama", "tiny-gpt2-skip", "tiny-llama-skip-jr")
+PROMPT = [1, 5, 7, 2, 9, 3, 11]
+
+
+# ------------------------------------------------------------------ hand-built graphs
+def random_dag(seed: int = 0, *, n_layers: int = 3, n_pos: int = 3, feats_per_site: int = 2, n_targets: int = 2,
+               density: float = 0.5, with_errors: bool = True) -> AttributionGraph:
+    """A random layered DAG shaped like an attribution graph; completeness holds exactly.
+
+    Features read from every earlier writer at an earlier or equal position; logits read
+    from everything at the last position.  ``pre = sum(incoming) + constant``; a feature's
+    activation is its pre-activation (an active ReLU).
+    """
+    rng = np.random.default_rng(seed)
+    nodes: list[Node] = []
+    writers: list[int] = []
+    edges: dict[tuple[int, int], float] = {}
+    for p in range(n_pos):
+        nodes.append(Node(NodeId("embedding", -1, p, 10 + p), activation=1.0))
+        writers.append(len(nodes) - 1)
+
+    def add_reader(nid: NodeId, cands: list[int]) -> int:
+        row = len(nodes)
+        total = 0.0
+        for s in cands:
+            if rng.random() < density:
+                w = float(rng.normal())
+                edges[(row, s)] = w
+                total += w
+        const = float(rng.normal() * 0.1)
+        pre = total + const
+        nodes.append(Node(nid, activation=pre, pre_activation=pre, constant=const))
+        return row
+
+    for layer in range(n_layers):
+        new = []
+        for p in range(n_pos):
+            cands = [w for w in writers if nodes[w].position <= p]
+            for i in range(feats_per_site):
+                new.append(add_reader(NodeId("feature", layer, p, i), cands))
+            if with_errors:
+                nodes.append(Node(NodeId("error", layer, p, 0), activation=1.0))
+                new.append(len(nodes) - 1)
+        writers += new
+    targets = []
+    for j in range(n_targets):
+        row = add_reader(NodeId("logit", n_layers, n_pos - 1, 20 + j), list(writers))
+        targets.append((nodes[row].id, float(0.6 if j == 0 else 0.4 / max(1, n_targets - 1))))
+    keys = list(edges)
+    return AttributionGraph(nodes, [k[0] for k in keys], [k[1] for k in keys], [edges[k] for k in keys],
+                            targets=targets)
+
+
+def chain_graph() -> AttributionGraph:
+    """e -> f (2), f -> T (3), e -> T (1); pre_f = 4 (constant 2), pre_T = 4.5 (constant 0.5)."""
+    e = Node(NodeId("embedding", -1, 0, 1), 1.0)
+    f = Node(NodeId("feature", 0, 0, 7), 4.0, pre_activation=4.0, constant=2.0)
+    t = Node(NodeId("logit", 1, 0, 3), 4.5, pre_activation=4.5, constant=0.5)
+    return AttributionGraph([e, f, t], [1, 2, 2], [0, 1, 0], [2.0, 3.0, 1.0], targets=[(t.id, 1.0)])
+
+
+# ------------------------------------------------------------------ circuit-tracer graphs
+def load_ct_graph(name: str) -> tuple[AttributionGraph, dict]:
+    """A circuit-tracer graph (run_ct.py output) as an AttributionGraph, nodes in its order:
+    features, error[layer][position], tokens, logits."""
+    z = np.load(CT_OUT / name / "graph.npz")
+    adj = z["adjacency_matrix"]
+    L, T = int(z["n_layers"]), int(z["n_pos"])
+    feats = z["active_features"][z["selected_features"]]
+    nodes = [Node(NodeId("feature", int(lyr), int(p), int(i)), float(a))
+             for (lyr, p, i), a in zip(feats, z["activation_values"])]
+    nodes += [Node(NodeId("error", lyr, p, 0), 1.0) for lyr in range(L) for p in range(T)]
+    nodes += [Node(NodeId("embedding", -1, p, int(tok)), 1.0) for p, tok in enumerate(z["input_tokens"])]
+    logits = [Node(NodeId("logit", L, T - 1, int(v)), 0.0) for v in z["logit_tokens"]]
+    nodes += logits
+    t, s = np.nonzero(adj)
+    g = AttributionGraph(nodes, t, s, adj[t, s],
+                         targets=[(n.id, float(p)) for n, p in zip(logits, z["logit_probabilities"])])
+    return g, dict(z)
+
+
+def ct_available(name: str) -> bool:
+    return (CT_OUT / name / "graph.npz").is_file() and (CT_OUT / name / "prune" / "prune.npz").is_file()
+
+
+# ------------------------------------------------------------------ attributed graphs
+class _ReluEncoder:
+    """Stands in for the sae-lens object: ``encode(x) = relu(x W_enc + b_enc)``."""
+
+    def __init__(self, W_enc, b_enc):  # noqa: ANN001
+        self.W_enc, self.b_enc = W_enc, b_enc
+
+    def encode(self, x):  # noqa: ANN001, ANN201
+        import torch
+
+        return torch.relu(x @ self.W_enc + self.b_enc)
+
+    def to(self, dtype=None, **_):  # noqa: ANN001, ANN201
+        return _ReluEncoder(self.W_enc.to(dtype), self.b_enc.to(dtype))
+
+
+def stub_transcoders(model, tokens, *, d_sae: int = 24, active_frac: float = 0.3,  # noqa: ANN001, ANN201
+                     seed: int = 0):
+    """ReLU transcoders reading ``ln2.hook_normalized``, as plain tensors (float64)."""
+    import torch
+
+    from circuitgraph.dictionaries import TranscoderLayer, TranscoderSet
+
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed + 7)
+    hooks = [f"blocks.{layer}.ln2.hook_normalized" for layer in range(cfg.n_layers)]
+    _, cache = model.run_with_cache(torch.tensor([tokens]), names_filter=lambda n: n in hooks)
+    layers = {}
+    for layer in range(cfg.n_layers):
+        x = cache[hooks[layer]][0].double()
+        W_enc = torch.randn(cfg.d_model, d_sae, generator=gen, dtype=torch.float64) / cfg.d_model**0.5
+        b_enc = -torch.quantile(x @ W_enc, 1 - active_frac, dim=0)
+        W_dec = torch.randn(d_sae, cfg.d_model, generator=gen, dtype=torch.float64) / d_sae**0.5
+        b_dec = 0.1 * torch.randn(cfg.d_model, generator=gen, dtype=torch.float64)
+        layers[layer] = TranscoderLayer(layer, W_enc, b_enc, W_dec, b_dec, None, None, "normalized", hooks[layer],
+                                        f"blocks.{layer}.hook_mlp_out", "transcoder", "test stub",
+                                        _ReluEncoder(W_enc, b_enc))
+    return TranscoderSet(layers, {"path": "test stub"})
+
+
+ARCHS = {"ln-gelu": dict(norm="LN", mlp="gelu", positional="learned"),
+         "rms-gated": dict(norm="RMS", mlp="gated", positional="rotary")}
+
+
+@functools.lru_cache(maxsize=None)
+def attributed(arch: str, granularity: str = "neurons") -> AttributionGraph:
+    """A float64 graph of a tiny model on :data:`PROMPT` (cached): ``neurons`` (top 4 per
+    position, rest in a remainder), ``transcoders`` (stub ReLU transcoders), or ``heads``
+    (neurons + attention heads as nodes in layer 1)."""
+    import torch
+
+    from circuitgraph.adapters import ModelAdapter
+    from circuitgraph.attribution import attribute
+    from circuitgraph.synthetic import tiny_model
+
+    model = tiny_model(seed=1, **ARCHS[arch]).to(torch.float64)
+    adapter = ModelAdapter(model)
+    if granularity == "transcoders":
+        return attribute(adapter, PROMPT, stub_transcoders(model, PROMPT), dtype=torch.float64)
+    if granularity == "heads":
+        return attribute(adapter, PROMPT, dtype=torch.float64, neuron_top_k=4, attention={0: "frozen", 1: "heads"})
+    return attribute(adapter, PROMPT, dtype=torch.float64, neuron_top_k=4)
+
+
+# ------------------------------------------------------------------ checks of the helpers
+def test_hand_built_graphs_are_complete():
+    for seed in range(3):
+        assert random_dag(seed).check_completeness().max_violation < 1e-12
+    assert chain_graph().check_completeness().max_violation == 0.0
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_stub_transcoder_graph_is_complete(arch):
+    g = attributed(arch, "transcoders")
+    assert {n.kind for n in g.nodes} >= {"feature", "error", "embedding", "logit"}
+    assert g.check_completeness().max_violation < 1e-10
