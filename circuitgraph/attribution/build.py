@@ -46,13 +46,25 @@ def build_graph(
 
     upper = edge_upper_bound(col.readers.locs, col.readers.positions, col.writers.groups,
                              2 * adapter.facts.n_layers + 1, lin.n_pos)
-    check_edge_memory(upper, limit=options.memory_limit)
-    edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
+    n_features = sum(1 for r in col.readers.rows if col.nodes[r].kind == "feature")
+    nodes = col.nodes
+    if options.max_feature_nodes is not None and options.max_feature_nodes < n_features:
+        from circuitgraph.attribution.selection import fold_unselected, select_and_compute
+
+        # rows of only max_feature_nodes features: bound the memory by that share
+        check_edge_memory(upper * (options.max_feature_nodes + len(col.targets)) // max(n_features, 1),
+                          limit=options.memory_limit)
+        edges, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
+                                             progress=progress)
+        nodes, edges, _ = fold_unselected(col, edges, selected)
+    else:
+        check_edge_memory(upper, limit=options.memory_limit)
+        edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
     for row, c in edges.constants.items():
-        col.nodes[row].constant = c
+        nodes[row].constant = c
     np_dtype = np.float32 if options.dtype == torch.float32 else np.float64
     graph = AttributionGraph(
-        nodes=col.nodes,
+        nodes=nodes,
         edge_target=edges.target,
         edge_source=edges.source,
         edge_weight=edges.weight.astype(np_dtype, copy=False),
