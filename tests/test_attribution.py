@@ -175,3 +175,20 @@ def test_shared_fixtures_complete():
         g = attribute(adapter, tokens, tcs)
         assert g.check_completeness().max_violation < 1e-5
         assert any(n.kind == "feature" for n in g.nodes)
+
+
+def test_max_feature_nodes_keeps_completeness(tmp_path):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned"), "float64")
+    full = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    n_features = sum(1 for n in full.nodes if n.kind == "feature")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64, max_feature_nodes=10, batch_size=4)
+    features = [n for n in g.nodes if n.kind == "feature"]
+    remainders = [n for n in g.nodes if n.kind == "remainder"]
+    assert len(features) == 10 < n_features
+    assert sum(n.attrs["n_features"] for n in remainders) == n_features - 10
+    assert g.check_completeness().max_violation < 1e-10
+    # the kept rows are the same edges as in the full graph, for sources that stayed nodes
+    for f in features[:3]:
+        kept = {s: w for s, w in g.in_edges(f.id) if s.kind != "remainder"}
+        for s, w in kept.items():
+            assert w == pytest.approx(full.edge_weight_between(s, f.id), abs=1e-12)
