@@ -74,6 +74,7 @@ def graph_to_dot(
     *,
     max_nodes: int | None = 100,
     min_edge_fraction: float = 0.0,
+    max_edges: int | None = -1,
     title: str | None = None,
 ) -> str:
     """DOT text of ``graph`` (see the module docstring for the diagram's conventions).
@@ -84,6 +85,9 @@ def graph_to_dot(
             it); ``None`` draws all.
         min_edge_fraction: leave out edges whose ``|weight|`` is below this fraction of
             the largest ``|weight|`` among the drawn nodes' edges (0 keeps all).
+        max_edges: draw at most this many edges: the strongest, plus each drawn node's
+            strongest edge so no node is left unconnected; ``-1`` (default) means three per
+            drawn node, ``None`` draws all.
         title: the diagram's title; default: the prompt from ``graph.metadata``.
 
     Returns:
@@ -110,6 +114,10 @@ def graph_to_dot(
     if min_edge_fraction > 0 and weights.size:
         strong = np.abs(weights) >= min_edge_fraction * max_abs
         edge_sel, weights = edge_sel[strong], weights[strong]
+    if max_edges == -1:
+        max_edges = 3 * len(rows)
+    if max_edges is not None and weights.size > max_edges:
+        edge_sel, weights = _strongest_edges(graph, edge_sel, weights, max_edges)
     # strongest edges drawn last, so they lie on top
     order = np.argsort(np.abs(weights), kind="stable")
     edge_sel, weights = edge_sel[order], weights[order]
@@ -163,6 +171,20 @@ def graph_to_dot(
     lines.extend(_legend({graph.nodes[r].kind for r in rows}))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _strongest_edges(graph: AttributionGraph, edge_sel: np.ndarray, weights: np.ndarray,
+                     max_edges: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``max_edges`` strongest edges plus every node's strongest incident edge."""
+    mag = np.abs(weights)
+    keep = np.zeros(mag.size, dtype=bool)
+    keep[np.argpartition(-mag, max_edges - 1)[:max_edges]] = True
+    for ends in (graph.edge_source[edge_sel], graph.edge_target[edge_sel]):
+        order = np.lexsort((-mag, ends))  # by node, strongest first
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = ends[order][1:] != ends[order][:-1]
+        keep[order[first]] = True
+    return edge_sel[keep], weights[keep]
 
 
 # --------------------------------------------------------------------------- node selection

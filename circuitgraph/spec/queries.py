@@ -69,7 +69,7 @@ _TOP_K = "How many results to report."
 class TopPaths(StrictModel):
     """The k strongest paths from ``source`` nodes to ``target`` nodes.
 
-    ``rank: exact`` ranks by the product of edge weights; ``normalized`` by the product
+    ``rank: exact`` ranks by the exact contribution (edge weights, each intermediate node divided by its pre-activation); ``normalized`` by the product
     of edge weights normalised by each target's total incoming weight.  ``method: auto``
     enumerates exactly when the graph is small and uses beam search otherwise.
     """
