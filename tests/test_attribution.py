@@ -192,3 +192,29 @@ def test_max_feature_nodes_keeps_completeness(tmp_path):
         kept = {s: w for s, w in g.in_edges(f.id) if s.kind != "remainder"}
         for s, w in kept.items():
             assert w == pytest.approx(full.edge_weight_between(s, f.id), abs=1e-12)
+
+
+def test_nan_in_weights_is_named(tmp_path):
+    from circuitgraph.errors import NumericalError
+
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned"))
+    with torch.no_grad():
+        adapter.model.blocks[1].mlp.W_out[3, 2] = float("nan")
+    with pytest.raises(NumericalError, match=r"blocks\.1\.mlp\.W_out"):
+        attribute(adapter, tokens, tcs)
+
+
+def test_nan_in_transcoder_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from circuitgraph.adapters.loading import load_model_dir
+    from circuitgraph.dictionaries import TranscoderSet
+    from circuitgraph.errors import NumericalError
+
+    bundle = make_bundle(tmp_path, "ln-gelu-learned")
+    f = bundle / "transcoders" / "layer_1" / "sae_weights.safetensors"
+    w = load_file(str(f))
+    w["W_dec"][0, 0] = float("inf")
+    save_file(w, str(f))
+    with pytest.raises(NumericalError, match="layer_1.*W_dec"):
+        TranscoderSet.from_dir(bundle / "transcoders", load_model_dir(bundle / "model"))
