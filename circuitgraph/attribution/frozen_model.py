@@ -52,11 +52,12 @@ class _Norm:
     sigma: torch.Tensor  # (pos,)
 
     def transpose(self, g: torch.Tensor, positions: slice | torch.Tensor = slice(None)) -> torch.Tensor:
-        """``P(gamma * g) / sigma`` for ``g (..., pos, d_model)``."""
-        out = g * self.gamma if self.gamma is not None else g
+        """``P(gamma * g) / sigma`` for ``g (..., pos, d_model)`` (``g`` is not modified)."""
+        out = g * self.gamma if self.gamma is not None else g.clone()
         if self.center:
-            out = out - out.mean(-1, keepdim=True)
-        return out / self.sigma[positions].unsqueeze(-1)
+            out -= out.mean(-1, keepdim=True)
+        out /= self.sigma[positions].unsqueeze(-1)
+        return out
 
     def forward_linear(self, v: torch.Tensor, positions: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """``gamma * P(v) / sigma`` for ``v (..., pos, d_model)``: a writer through a frozen post-norm."""
@@ -155,8 +156,8 @@ class FrozenLinearModel:
         if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
             layer = (loc - 1) // 2
             if self.attention_modes[layer] == "frozen":
-                return G + self.attention_transpose(layer, G)
+                return self.attention_transpose(layer, G).add_(G)
             return G
         layer = loc // 2 - 1  # resid_post(l) -> resid_mid(l), through the MLP side
         extra = self.mlp_transpose(layer, G)
-        return G if extra is None else G + extra
+        return G if extra is None else extra.add_(G)
