@@ -255,7 +255,10 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
 def _feature_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: torch.Tensor):
     """Reader directions, own constants and measured pre-activations of features ``idx`` at (layer, t)."""
     tc = b.tc[layer]
-    W = b.c(tc.W_enc[:, idx]).T  # (n, d_model)
+    cache = b.__dict__.setdefault("_enc_rows", {})
+    if layer not in cache:  # encoder rows, contiguous, in the compute dtype
+        cache[layer] = b.c(tc.W_enc.T.contiguous())
+    W = cache[layer][idx]  # (n, d_model)
     if tc.input_site == "normalized":
         norm = fm.ln2[layer]
         g = W - W.mean(-1, keepdim=True) if norm.center else W
@@ -295,11 +298,12 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
         if active.numel():
             g, own, pre = _feature_reader(b, fm, layer, t, active)
             rows = []
-            for j, (i, a) in enumerate(zip(active.tolist(), acts[t, active].tolist())):
-                row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, label=f"F{i} L{layer}@{t}"))
+            for j, (i, a, o, p) in enumerate(zip(active.tolist(), acts[t, active].tolist(), own.tolist(),
+                                                 pre.tolist())):
+                row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
+                                      label=f"F{i} L{layer}@{t}"))
                 rows.append(row)
-                b.readers.add(row, loc_resid_mid(layer), t, g[j], float(own[j]))
-                b.nodes[row].pre_activation = float(pre[j])
+                b.readers.add(row, loc_resid_mid(layer), t, g[j], o)
             b.writers.add(loc, t, rows, acts[t, active].unsqueeze(-1) * W_dec[active])
         row = b.add_node(Node(NodeId("error", layer, t, 0), activation=1.0, label=f"err L{layer}@{t}"))
         b.writers.add(loc, t, [row], error[t : t + 1])
