@@ -1,0 +1,157 @@
+"""Small helpers shared by the validation checks: JSON conversion, tables, prompts, statistics.
+
+Nothing here knows TransformerLens hook names; that is the adapter's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from circuitgraph.errors import ValidationRunError
+from circuitgraph.graph.nodes import NodeId
+
+__all__ = [
+    "jsonable",
+    "markdown_table",
+    "fmt",
+    "resolve_prompt",
+    "graph_context",
+    "pearson",
+    "PromptResolver",
+]
+
+#: turns one spec prompt (a string, ``{text: ...}``, ``{tokens: [...]}`` or a parsed prompt
+#: model) into token ids
+PromptResolver = Callable[[Any], list[int]]
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-serialisable copy of ``value``: node ids become strings, tensors and arrays lists,
+    non-finite floats ``None`` (JSON has no NaN), dataclasses and pydantic models dicts."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, NodeId):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if isinstance(value, torch.Tensor):
+        return jsonable(value.detach().cpu().tolist())
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump(mode="json"))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A compact cell: floats to ``digits`` significant digits, ``None`` as an en dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if not math.isfinite(v):
+            return str(v)
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e4 or abs(v) < 1e-3:
+            return f"{v:.{digits - 1}e}"
+        return f"{v:.{digits}g}"
+    return str(value)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = 10) -> str:
+    """A GitHub-markdown table; more than ``max_rows`` rows end in a ``... n more`` line."""
+    rows = list(rows)
+    shown = rows if max_rows is None else rows[:max_rows]
+    cells = [[fmt(c) for c in r] for r in shown]
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in cells]
+    if max_rows is not None and len(rows) > max_rows:
+        lines.append(f"... {len(rows) - max_rows} more rows")
+    return "\n".join(lines)
+
+
+def graph_context(graph: Any, check: str) -> Any:
+    """The live :class:`~circuitgraph.attribution.AttributionContext` of a graph, or a clear error."""
+    ctx = getattr(graph, "context", None)
+    if ctx is None:
+        raise ValidationRunError(
+            f"{check} needs the model behind the graph, and this graph has none (it was loaded from a "
+            "file); rebuild it with circuitgraph.attribution.attribute or run the spec again"
+        )
+    return ctx
+
+
+def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt") -> list[int]:
+    """Token ids of one prompt.
+
+    Accepts a list of ids, a string (tokenized with a BOS token prepended when the tokenizer
+    has one), ``{"text": ..., "prepend_bos": ...}``, ``{"tokens": [...]}`` or the spec's
+    ``TextPrompt``/``TokensPrompt`` models.
+    """
+    if isinstance(prompt, torch.Tensor):
+        return [int(t) for t in prompt.flatten().tolist()]
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
+        if not prompt:
+            raise ValidationRunError(f"{where}: an empty token list; give at least one token id")
+        return [int(t) for t in prompt]
+    text, bos, tokens = None, True, None
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, dict):
+        text, bos, tokens = prompt.get("text"), prompt.get("prepend_bos", True), prompt.get("tokens")
+    elif hasattr(prompt, "tokens") or hasattr(prompt, "text"):
+        text, bos, tokens = getattr(prompt, "text", None), getattr(prompt, "prepend_bos", True), getattr(
+            prompt, "tokens", None)
+    if tokens is not None:
+        return resolve_prompt(list(tokens), tokenizer, where=where)
+    if text is None:
+        raise ValidationRunError(
+            f"{where}: {prompt!r} is not a prompt; give a string, {{text: ...}} or {{tokens: [ids]}}"
+        )
+    if tokenizer is None:
+        raise ValidationRunError(
+            f"{where}: the text prompt {text!r} needs a tokenizer and none was given; "
+            "pass tokenizer=... or give the prompt as {tokens: [ids]}"
+        )
+    ids = list(tokenizer.encode(text))
+    bos_id = getattr(tokenizer, "bos_id", None)
+    if bos and bos_id is not None:
+        ids = [int(bos_id)] + ids
+    if not ids:
+        raise ValidationRunError(f"{where}: {text!r} encodes to no token at all")
+    return [int(t) for t in ids]
+
+
+def pearson(x: Sequence[float | None], y: Sequence[float | None]) -> float | None:
+    """Pearson correlation over the pairs where both values are known; ``None`` when it is
+    undefined (fewer than two pairs or a constant side)."""
+    pairs = [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
+    if len(pairs) < 2:
+        return None
+    a = np.array([p[0] for p in pairs], dtype=np.float64)
+    b = np.array([p[1] for p in pairs], dtype=np.float64)
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])

@@ -1,0 +1,359 @@
+"""Ablation checks: intervene on graph nodes in the real model, compare with the graph.
+
+:func:`ablate` intervenes on a node set at once and compares the change in the target
+metric with the graph's prediction and with random control sets (matched on removed
+magnitude and on count).  :func:`predicted_vs_actual` does it node by node: for each of
+the top-k nodes the graph's prediction (direct edge and total effect), the change in the
+*frozen* real model (:mod:`circuitgraph.validation.frozen`; it must equal the direct edge
+to float precision: a built-in self-test of the graph) and the change in the real,
+unfrozen model (reported, with correlations, never asserted).
+
+Sign convention everywhere: an *effect* is ``metric(after) - metric(before)``; removing a
+node whose edge into the target is ``+2`` has a predicted effect of ``-2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+
+from circuitgraph.graph.nodes import NodeId
+from circuitgraph.validation._common import fmt, graph_context, markdown_table, pearson, resolve_prompt
+from circuitgraph.validation.controls import (
+    ControlKind,
+    ControlSummary,
+    draw_controls,
+    summarise_controls,
+    unit_magnitudes,
+)
+from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Mode, Unit, run_rows
+from circuitgraph.validation.metrics import Metric
+from circuitgraph.validation.selection import direct_effects, select_nodes, total_effects
+
+__all__ = [
+    "AblationResult",
+    "PredictionRow",
+    "PredictedVsActualResult",
+    "ablate",
+    "predicted_vs_actual",
+    "frozen_tolerance",
+]
+
+
+def frozen_tolerance(adapter: Any) -> float:
+    """Relative tolerance of the frozen-model self-test for the model's dtype."""
+    return 1e-9 if adapter.dtype == torch.float64 else 2e-4
+
+
+@dataclass
+class _Setup:
+    ctx: Any
+    adapter: Any
+    tokens: list[int]
+    transcoders: Any
+    metric: Metric
+
+
+def _setup(graph: Any, check: str, metric: Metric | None) -> _Setup:
+    ctx = graph_context(graph, check)
+    tcs = ctx.transcoders
+    return _Setup(ctx, ctx.adapter, ctx.linearisation.tokens.tolist(), tcs,
+                  metric if metric is not None else Metric.from_graph(graph))
+
+
+def _template(units: Sequence[Unit], mode: Mode, scale: float | None, value: float | None, reference: Sequence[Any],
+              patch_prompt: Any, tokenizer: Any) -> Intervention:
+    refs = tuple(tuple(resolve_prompt(p, tokenizer, where=f"reference_prompts[{i}]")) for i, p in enumerate(reference))
+    patch = None if patch_prompt is None else tuple(resolve_prompt(patch_prompt, tokenizer, where="patch_prompt"))
+    return Intervention(tuple(units), mode, scale, value, refs, patch)
+
+
+def _scale_factors(units: Sequence[Unit], mode: str, scale: float | None, value: float | None,
+                   mags: dict) -> list[float | None]:
+    """Per unit: the factor ``c`` with ``output' = c * output`` (``None`` where the intervention is
+    not a rescaling of the node's output: mean/patch of a vector node, gates and values)."""
+    out: list[float | None] = []
+    for unit in units:
+        _, old, new = mags[(unit.site, unit.layer)]
+        if unit.site in ("gate", "value"):
+            out.append(None)
+        elif unit.site in VECTOR_SITES:
+            out.append(_vector_factor(mode, scale, value))
+        else:
+            a, a2 = float(old[unit.position, unit.index, 0]), float(new[unit.position, unit.index, 0])
+            out.append(a2 / a if a != 0 else None)
+    return out
+
+
+def _vector_factor(mode: str, scale: float | None, value: float | None) -> float | None:
+    return {"zero": 0.0, "scale": scale, "set": value}.get(mode)
+
+
+def _frozen_metric(ctx: Any, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
+    from circuitgraph.validation.frozen import frozen_reader_values
+
+    vals = frozen_reader_values(ctx, list(ablate), scale=scale)
+    return float(sum(w * vals[t] for t, w in graph.targets))
+
+
+# ---------------------------------------------------------------------------- ablate
+@dataclass
+class AblationResult:
+    """One intervention on a node set, with predictions and controls (effects = after - before)."""
+
+    nodes: list[str]
+    mode: str
+    metric: str
+    before: float
+    after: float
+    predicted: float | None
+    predicted_total: float | None
+    frozen_change: float | None
+    tolerance: float
+    removed_magnitude: float
+    controls: list[ControlSummary] = field(default_factory=list)
+    seed: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def change(self) -> float:
+        return self.after - self.before
+
+    @property
+    def agrees(self) -> bool | None:
+        """``|change - predicted_total| <= tolerance * |predicted_total|`` (``None`` without a prediction)."""
+        if self.predicted_total is None:
+            return None
+        return abs(self.change - self.predicted_total) <= self.tolerance * abs(self.predicted_total)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "mode": self.mode,
+            "params": self.params,
+            "metric": self.metric,
+            "before": self.before,
+            "after": self.after,
+            "change": self.change,
+            "predicted": self.predicted,
+            "predicted_total": self.predicted_total,
+            "frozen_change": self.frozen_change,
+            "tolerance": self.tolerance,
+            "agrees": self.agrees,
+            "removed_magnitude": self.removed_magnitude,
+            "seed": self.seed,
+            "controls": [c.to_dict() for c in self.controls],
+        }
+
+    def table(self, max_rows: int = 10) -> str:
+        head = markdown_table(
+            ["nodes", "mode", "before", "after", "change", "predicted (direct)", "predicted (total)", "frozen change",
+             "agrees", "removed magnitude"],
+            [[len(self.nodes), self.mode, self.before, self.after, self.change, self.predicted, self.predicted_total,
+              self.frozen_change, self.agrees, self.removed_magnitude]], max_rows)
+        if not self.controls:
+            return head
+        ctrl = markdown_table(ControlSummary.HEADERS, [c.row() for c in self.controls], max_rows)
+        return f"{head}\n\nControls (seed {self.seed}, selected effect {fmt(self.change)}):\n\n{ctrl}"
+
+
+def ablate(
+    graph: Any,
+    nodes: Any = "top_nodes",
+    *,
+    k: int = 10,
+    mode: Mode = "zero",
+    value: float | None = None,
+    scale: float | None = None,
+    reference_prompts: Sequence[Any] = (),
+    patch_prompt: Any = None,
+    positions: Sequence[int] | None = None,
+    controls: Sequence[ControlKind] = ("matched_magnitude", "count_matched"),
+    n_controls: int = 10,
+    tolerance: float = 0.1,
+    control_tolerance: float = 0.05,
+    max_draws: int = 1000,
+    seed: int = 0,
+    rank_by: Literal["edge", "total", "influence"] = "edge",
+    part: Literal["post", "gate", "value"] = "post",
+    match_positions: bool = False,
+    metric: Metric | None = None,
+    tokenizer: Any = None,
+    batch_size: int = 32,
+) -> AblationResult:
+    """Intervene on ``nodes`` (see :func:`~circuitgraph.validation.selection.select_nodes`) in the
+    real model and compare with the graph and with random controls.
+
+    ``tolerance``: relative agreement asked of the real change with the graph's total-effect
+    prediction (``agrees``); ``control_tolerance``: how closely matched-magnitude controls
+    match the selected set's removed magnitude.  ``part`` picks the gate or value of gated
+    neurons.  Prompts may be token lists or text (tokenized with ``tokenizer`` or the model's).
+    """
+    s = _setup(graph, "ablate", metric)
+    tokenizer = tokenizer if tokenizer is not None else s.adapter.tokenizer
+    chosen = select_nodes(graph, nodes, k=k, positions=positions, rank_by=rank_by)
+    units = [Unit.from_node(n, part=part) for n in chosen]
+    template = _template(units, mode, scale, value, reference_prompts, patch_prompt, tokenizer)
+    sls = sorted({(u.site, u.layer) for u in units})
+    mags = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)
+    selected_mag = float(sum(mags[(u.site, u.layer)][0][u.position, u.index] for u in units))
+
+    control_sets: dict[str, list[tuple[list[Unit], float]]] = {}
+    for kind in controls:
+        control_sets[kind] = draw_controls(units, mags, kind, n_controls, seed=seed, tolerance=control_tolerance,
+                                           max_draws=max_draws, match_positions=match_positions)
+    rows: list[list[Intervention]] = [[], [template]]
+    for kind in controls:
+        rows += [[replace(template, units=tuple(u))] if u else [] for u, _ in control_sets[kind]]
+    out = run_rows(s.adapter, s.tokens, rows, s.metric, transcoders=s.transcoders, batch_size=batch_size)
+    before, after = float(out.metric[0]), float(out.metric[1])
+    summaries, i = [], 2
+    for kind in controls:
+        sets = control_sets[kind]
+        effects = (out.metric[i:i + len(sets)] - before).tolist()
+        i += len(sets)
+        summaries.append(summarise_controls(kind, seed, control_tolerance, after - before, selected_mag, sets, effects))
+
+    factors = _scale_factors(units, mode, scale, value, mags)
+    D, V = direct_effects(graph), total_effects(graph)
+    predicted = predicted_total = frozen_change = None
+    if all(c is not None for c in factors):
+        rows_idx = [graph.index_of(n) for n in chosen]
+        predicted = float(sum(-(1 - c) * D[r] for c, r in zip(factors, rows_idx)))
+        predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx)))
+        if len(set(factors)) == 1 and part == "post":
+            frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
+    params = {"k": k, "rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
+              "part": part, "metric": s.metric.to_dict()}
+    if mode == "mean":
+        params["pooling"] = template.resolved_pooling(len(s.tokens))
+    return AblationResult([str(n) for n in chosen], mode, s.metric.describe(tokenizer), before, after, predicted,
+                          predicted_total, frozen_change, tolerance, selected_mag, summaries, seed, params)
+
+
+# ---------------------------------------------------------------------------- predicted vs actual
+@dataclass
+class PredictionRow:
+    """One node: the graph's predictions and the measured effects of removing it."""
+
+    node: str
+    activation: float
+    factor: float | None
+    predicted: float | None
+    predicted_total: float | None
+    actual_frozen: float | None
+    actual: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PredictedVsActualResult:
+    """Node-by-node predictions vs interventions; ``frozen_ok`` is the exactness self-test."""
+
+    mode: str
+    metric: str
+    metric_before: float
+    rows: list[PredictionRow]
+    frozen_max_deviation: float | None
+    frozen_tolerance: float
+    correlation: float | None
+    correlation_total: float | None
+    sign_agreement: float | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def frozen_ok(self) -> bool | None:
+        if self.frozen_max_deviation is None:
+            return None
+        return bool(self.frozen_max_deviation <= self.frozen_tolerance)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "metric": self.metric,
+            "metric_before": self.metric_before,
+            "frozen_max_relative_deviation": self.frozen_max_deviation,
+            "frozen_tolerance": self.frozen_tolerance,
+            "frozen_ok": self.frozen_ok,
+            "correlation": self.correlation,
+            "correlation_total": self.correlation_total,
+            "sign_agreement": self.sign_agreement,
+            "notes": self.notes,
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+    def table(self, max_rows: int = 10) -> str:
+        t = markdown_table(["node", "activation", "predicted (edge)", "predicted (total)", "actual (frozen)",
+                            "actual (real)"],
+                           [[r.node, r.activation, r.predicted, r.predicted_total, r.actual_frozen, r.actual]
+                            for r in self.rows], max_rows)
+        status = {True: "passed", False: "FAILED", None: "not run"}[self.frozen_ok]
+        return (f"{t}\n\nfrozen self-test {status} (max relative deviation {fmt(self.frozen_max_deviation)}, "
+                f"tolerance {fmt(self.frozen_tolerance)}); correlation with the real model: edge "
+                f"{fmt(self.correlation)}, total {fmt(self.correlation_total)}; sign agreement "
+                f"{fmt(self.sign_agreement)}")
+
+
+def predicted_vs_actual(
+    graph: Any,
+    *,
+    k: int = 10,
+    mode: Literal["zero", "mean"] = "zero",
+    reference_prompts: Sequence[Any] = (),
+    nodes: Any = "top_nodes",
+    rank_by: Literal["edge", "total", "influence"] = "edge",
+    metric: Metric | None = None,
+    tokenizer: Any = None,
+    frozen_check: bool = True,
+    batch_size: int = 32,
+) -> PredictedVsActualResult:
+    """For each selected node: the predicted effect of removing it (``predicted = -(1 - c) x edge``
+    into the targets, ``predicted_total`` along every path; ``c = 0`` for zero ablation,
+    ``mean / activation`` for mean ablation), the effect in the frozen real model
+    (``actual_frozen``; equal to ``predicted`` to float precision) and in the real model
+    (``actual``).  Mean ablation of a vector node is not a rescaling: its predictions are
+    ``None``."""
+    s = _setup(graph, "predicted_vs_actual", metric)
+    tokenizer = tokenizer if tokenizer is not None else s.adapter.tokenizer
+    chosen = select_nodes(graph, nodes, k=k, rank_by=rank_by)
+    units = [Unit.from_node(n) for n in chosen]
+    template = _template(units, mode, None, None, reference_prompts, None, tokenizer)
+    sls = sorted({(u.site, u.layer) for u in units})
+    mags = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)
+    factors = _scale_factors(units, mode, None, None, mags)
+    notes = []
+    if mode == "mean":
+        notes.append(f"mean over the reference prompts, pooled {template.resolved_pooling(len(s.tokens))!r} "
+                     "('position': per position; 'all': over every position but the first)")
+    if mode == "mean" and any(u.site in VECTOR_SITES for u in units):
+        notes.append("mean ablation of a vector node (error, head, MLP, embedding) is not a rescaling of its "
+                     "output: no prediction or frozen value for those rows")
+    rows_iv = [[]] + [[replace(template, units=(u,))] for u in units]
+    out = run_rows(s.adapter, s.tokens, rows_iv, s.metric, transcoders=s.transcoders, batch_size=batch_size)
+    before = float(out.metric[0])
+    D, V = direct_effects(graph), total_effects(graph)
+    frozen_base = _frozen_metric(s.ctx, graph) if frozen_check else None
+    rows, devs = [], []
+    scale_ref = max([abs(frozen_base or 0.0)] + [abs(D[graph.index_of(n)]) for n in chosen] + [1e-12])
+    for j, (node, c) in enumerate(zip(chosen, factors)):
+        r = graph.index_of(node)
+        pred = None if c is None else float(-(1 - c) * D[r])
+        pred_total = None if c is None else float(-(1 - c) * V[r])
+        frozen_val = None
+        if frozen_check and c is not None:
+            frozen_val = _frozen_metric(s.ctx, graph, [node], c) - frozen_base
+            devs.append(abs(frozen_val - pred) / scale_ref)
+        rows.append(PredictionRow(str(node), float(graph.nodes[r].activation), c, pred, pred_total, frozen_val,
+                                  float(out.metric[j + 1]) - before))
+    actual = [r.actual for r in rows]
+    signs = [np.sign(r.predicted) == np.sign(r.actual) for r in rows if r.predicted is not None and r.predicted != 0]
+    return PredictedVsActualResult(
+        mode, s.metric.describe(tokenizer), before, rows, float(max(devs)) if devs else None,
+        frozen_tolerance(s.adapter),
+        pearson([r.predicted for r in rows], actual), pearson([r.predicted_total for r in rows], actual),
+        float(np.mean(signs)) if signs else None, notes)

@@ -1,0 +1,615 @@
+"""Interventions on the real model: visible objects, applied by a scoped context manager.
+
+A :class:`Unit` is one thing that can be edited in the real TransformerLens model, at one
+position (or every position) and one index (or every index):
+
+==============  ==========================================  ==============================
+site            where (adapter hook)                        value edited
+==============  ==========================================  ==============================
+``embed``       ``hook_embed``                              token embedding vector
+``pos_embed``   ``hook_pos_embed``                          learned positional vector
+``resid_pre``   ``hook_resid_pre(l)`` (``l = n_layers``:    the residual stream
+                ``hook_resid_post(n_layers - 1)``)
+``attn``        ``hook_attn_out(l)``                        a whole attention layer's output
+``head``        ``hook_z(l)``, head ``index``               one head's ``z`` vector
+``mlp``         ``hook_mlp_out(l)``                         a whole MLP's output
+``neuron``      ``hook_mlp_post(l)``                        neuron activation
+``pre``         ``hook_mlp_pre(l)``                         GELU/ReLU pre-activation
+``gate``        ``hook_mlp_pre(l)`` (gated MLPs)            gate pre-activation
+``value``       ``hook_mlp_pre_linear(l)`` (gated MLPs)     value (linear branch)
+``feature``     spliced into ``hook_mlp_out(l)``            transcoder feature activation
+``error``       spliced into ``hook_mlp_out(l)``            transcoder error vector
+==============  ==========================================  ==============================
+
+Features are *spliced*: the real MLP output is kept and only the feature's contribution
+changes, ``mlp_out' = mlp_out + (a_j' - a_j) W_dec[j]``, with ``a_j`` the transcoder's
+activation on the live input of that forward pass (the same as the transcoder
+reconstruction plus the error, with the feature changed).  The error is
+``e = mlp_out - reconstruction`` and is spliced the same way.
+
+An :class:`Intervention` applies one mode to a set of units (minus ``exclude``):
+
+* ``zero``: the value becomes 0;
+* ``scale``: multiplied by ``scale``;
+* ``set``: set to ``value`` (for vector units, which have activation 1 in the graph, the
+  vector is scaled by ``value``);
+* ``mean``: its mean over ``reference`` prompts (per position when every reference prompt
+  has the run's length, else over every position but the first; see ``pooling``);
+* ``patch``: its value on ``patch`` (a prompt of the same length).
+
+:func:`intervene` installs the edits as TransformerLens hooks for the duration of a ``with``
+block, and always removes them::
+
+    iv = Intervention.zero([Unit("neuron", 0, 3, 5)])
+    with intervene(adapter, iv, n_pos=len(tokens)) as model:
+        logits = model(torch.tensor([tokens]))
+
+Masks are boolean and edits are ``torch.where(mask, new, old)``: no arithmetic with
+infinities anywhere (``0 * inf`` is NaN).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal, Sequence
+
+import torch
+
+from circuitgraph.errors import ValidationRunError
+from circuitgraph.graph.nodes import NodeId
+from circuitgraph.validation.metrics import Metric, next_token_loss
+
+__all__ = [
+    "Site",
+    "SITES",
+    "Mode",
+    "Unit",
+    "Intervention",
+    "InterventionResult",
+    "RowsOutput",
+    "intervene",
+    "run_rows",
+    "measure_intervention",
+    "site_values",
+    "site_width",
+]
+
+Site = Literal["embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron", "pre", "gate", "value",
+               "feature", "error"]
+SITES: tuple[str, ...] = ("embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron", "pre", "gate",
+                          "value", "feature", "error")
+Mode = Literal["zero", "mean", "scale", "set", "patch"]
+MODES: tuple[str, ...] = ("zero", "mean", "scale", "set", "patch")
+
+#: sites whose units are vectors (activation 1 in the graph); the others are scalars
+VECTOR_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "error"})
+#: sites with one unit per position (index is always 0)
+POSITION_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "mlp", "error"})
+#: graph node kind -> intervention site
+NODE_SITES = {"embedding": "embed", "positional": "pos_embed", "feature": "feature", "error": "error",
+              "neuron": "neuron", "attention_head": "head", "mlp": "mlp"}
+
+
+@dataclass(frozen=True, order=True)
+class Unit:
+    """One editable unit: ``site``, ``layer`` (-1 for embeddings), ``position`` (``None`` = every
+    position) and ``index`` (feature/neuron/head index; ``None`` = every index; 0 for sites with
+    one unit per position)."""
+
+    site: str
+    layer: int
+    position: int | None = None
+    index: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.site not in SITES:
+            raise ValidationRunError(f"unknown intervention site {self.site!r}; expected one of {', '.join(SITES)}")
+
+    def __str__(self) -> str:
+        pos = "*" if self.position is None else self.position
+        idx = "*" if self.index is None else self.index
+        return f"{self.site}/{self.layer}/{pos}/{idx}"
+
+    @classmethod
+    def from_node(cls, node_id: NodeId | str, *, part: Literal["post", "gate", "value"] = "post") -> "Unit":
+        """The unit of a graph node.  ``part`` picks the gate (``hook_pre``) or the value
+        (``hook_pre_linear``) of a gated neuron instead of its activation."""
+        if isinstance(node_id, str):
+            node_id = NodeId.parse(node_id)
+        site = NODE_SITES.get(node_id.kind)
+        if site is None:
+            raise ValidationRunError(
+                f"node {node_id}: {node_id.kind} nodes cannot be intervened on (they are constants or "
+                f"readouts); interventions take {', '.join(sorted(NODE_SITES))} nodes"
+            )
+        if part != "post":
+            if site != "neuron":
+                raise ValidationRunError(f"node {node_id}: part={part!r} applies only to gated neurons")
+            site = part
+        index = 0 if site in POSITION_SITES else node_id.index
+        return cls(site, node_id.layer, node_id.position, index)
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One mode applied to ``units`` minus ``exclude`` (see the module docstring).
+
+    ``reference``: token lists for ``mean``; ``patch``: the token list for ``patch``;
+    ``pooling`` (mean only): ``position`` (mean per position; every reference prompt must have
+    the run's length), ``all`` (mean over every position but the first) or ``auto`` (per
+    position when the lengths allow it).
+    """
+
+    units: tuple[Unit, ...]
+    mode: Mode = "zero"
+    scale: float | None = None
+    value: float | None = None
+    reference: tuple[tuple[int, ...], ...] = ()
+    patch: tuple[int, ...] | None = None
+    exclude: tuple[Unit, ...] = ()
+    pooling: Literal["auto", "position", "all"] = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "units", tuple(self.units))
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        object.__setattr__(self, "reference", tuple(tuple(int(t) for t in r) for r in self.reference))
+        if self.patch is not None:
+            object.__setattr__(self, "patch", tuple(int(t) for t in self.patch))
+        if self.mode not in MODES:
+            raise ValidationRunError(f"unknown intervention mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        need = {"scale": ("scale", self.scale), "set": ("value", self.value), "patch": ("patch", self.patch)}
+        if self.mode in need and need[self.mode][1] is None:
+            raise ValidationRunError(f"mode {self.mode} needs {need[self.mode][0]}=...; give it or choose another mode")
+        if self.mode == "mean" and not self.reference:
+            raise ValidationRunError("mode mean needs reference prompts (token lists) to average over")
+
+    # convenience constructors ---------------------------------------------------------
+    @classmethod
+    def zero(cls, units: Sequence[Unit], **kw: Any) -> "Intervention":
+        return cls(tuple(units), "zero", **kw)
+
+    @classmethod
+    def scaled(cls, units: Sequence[Unit], scale: float, **kw: Any) -> "Intervention":
+        return cls(tuple(units), "scale", scale=float(scale), **kw)
+
+    @classmethod
+    def set_to(cls, units: Sequence[Unit], value: float, **kw: Any) -> "Intervention":
+        return cls(tuple(units), "set", value=float(value), **kw)
+
+    @classmethod
+    def mean(cls, units: Sequence[Unit], reference: Sequence[Sequence[int]], **kw: Any) -> "Intervention":
+        return cls(tuple(units), "mean", reference=tuple(tuple(r) for r in reference), **kw)
+
+    @classmethod
+    def patched(cls, units: Sequence[Unit], source: Sequence[int], **kw: Any) -> "Intervention":
+        return cls(tuple(units), "patch", patch=tuple(source), **kw)
+
+    def resolved_pooling(self, n_pos: int) -> str | None:
+        """The pooling a mean intervention uses on an ``n_pos``-token prompt (``None`` for other modes)."""
+        if self.mode != "mean":
+            return None
+        if self.pooling != "auto":
+            return self.pooling
+        return "position" if all(len(r) == n_pos for r in self.reference) else "all"
+
+    @property
+    def _key(self) -> tuple:
+        """Interventions with equal keys share one replacement rule (their masks are merged)."""
+        return (self.mode, self.scale, self.value, self.reference, self.patch, self.pooling)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode, "units": [str(u) for u in self.units]}
+        if self.exclude:
+            out["exclude"] = [str(u) for u in self.exclude]
+        if self.scale is not None:
+            out["scale"] = self.scale
+        if self.value is not None:
+            out["value"] = self.value
+        if self.reference:
+            out["n_reference_prompts"] = len(self.reference)
+            out["pooling"] = self.pooling
+        if self.patch is not None:
+            out["patch_tokens"] = list(self.patch)
+        return out
+
+
+# ---------------------------------------------------------------------------- sites
+def _site_hook(adapter: Any, site: str, layer: int) -> str:
+    a = adapter
+    if site == "embed":
+        return a.hook_embed()
+    if site == "pos_embed":
+        return a.hook_pos_embed()
+    if site == "resid_pre":
+        return a.hook_resid_pre(layer) if layer < a.facts.n_layers else a.hook_resid_post(layer - 1)
+    if site == "attn":
+        return a.hook_attn_out(layer)
+    if site == "head":
+        return a.hook_z(layer)
+    if site in ("mlp", "feature", "error"):
+        return a.hook_mlp_out(layer)
+    if site == "neuron":
+        return a.hook_mlp_post(layer)
+    if site in ("pre", "gate"):
+        return a.hook_mlp_pre(layer)
+    return a.hook_mlp_pre_linear(layer)
+
+
+def site_width(adapter: Any, site: str, layer: int, transcoders: Any = None) -> int:
+    """Number of indices of a site (1 for one-unit-per-position sites)."""
+    f = adapter.facts
+    if site == "head":
+        return f.n_heads
+    if site in ("neuron", "pre", "gate", "value"):
+        return f.d_mlp
+    if site == "feature":
+        return transcoders[layer].d_sae
+    return 1
+
+
+def _check_unit(adapter: Any, unit: Unit, n_pos: int, transcoders: Any) -> None:
+    f = adapter.facts
+    where = f"unit {unit}"
+    if unit.site in ("embed", "pos_embed"):
+        if unit.layer != -1:
+            raise ValidationRunError(f"{where}: embeddings live at layer -1, got layer {unit.layer}")
+        if unit.site == "pos_embed" and f.positional != "learned":
+            raise ValidationRunError(f"{where}: this model has {f.positional} positions, no positional embedding")
+    else:
+        top = f.n_layers if unit.site == "resid_pre" else f.n_layers - 1
+        if not 0 <= unit.layer <= top:
+            extra = f", or {f.n_layers} for the final residual" if top > f.n_layers - 1 else ""
+            raise ValidationRunError(f"{where}: layer {unit.layer} requested, the model has {f.n_layers} layers "
+                                     f"(0-{f.n_layers - 1}{extra})")
+    if unit.site in ("gate", "value") and not f.gated_mlp:
+        raise ValidationRunError(f"{where}: gates and values exist only in gated MLPs; this model's MLP is "
+                                 f"{f.act_fn}; use site 'pre' (hook_pre) or 'neuron' (hook_post)")
+    if unit.site == "pre" and f.gated_mlp:
+        raise ValidationRunError(f"{where}: in a gated MLP hook_pre is the gate; use site 'gate' or 'value'")
+    if unit.site in ("feature", "error") and (transcoders is None or unit.layer not in transcoders):
+        raise ValidationRunError(f"{where}: features and errors need layer {unit.layer}'s transcoder; none is loaded")
+    if unit.position is not None and not 0 <= unit.position < n_pos:
+        raise ValidationRunError(f"{where}: position {unit.position} is outside a {n_pos}-token prompt (0-{n_pos - 1})")
+    width = site_width(adapter, unit.site, unit.layer, transcoders)
+    if unit.index is not None and not 0 <= unit.index < width:
+        raise ValidationRunError(f"{where}: index {unit.index} is out of range for {unit.site} (0-{width - 1})")
+
+
+def _view(site: str, x: torch.Tensor) -> torch.Tensor:
+    """Hook tensor -> ``(batch, pos, n, e)``."""
+    if site == "head":
+        return x
+    if site in VECTOR_SITES:
+        return x.unsqueeze(2)
+    return x.unsqueeze(-1)
+
+
+def _unview(site: str, v: torch.Tensor) -> torch.Tensor:
+    if site == "head":
+        return v
+    if site in VECTOR_SITES:
+        return v.squeeze(2)
+    return v.squeeze(-1)
+
+
+def _needed_hooks(adapter: Any, site: str, layer: int, transcoders: Any) -> set[str]:
+    if site == "feature":
+        return {transcoders[layer].hook_in}
+    if site == "error":
+        return {transcoders[layer].hook_in, adapter.hook_mlp_out(layer)}
+    return {_site_hook(adapter, site, layer)}
+
+
+def site_values(adapter: Any, site: str, layer: int, cache: dict[str, torch.Tensor], transcoders: Any = None,
+                ) -> torch.Tensor:
+    """The values of every unit of a site, ``(batch, pos, n, e)``, from hook values in ``cache``
+    (each ``(batch, pos, ...)``)."""
+    if site in ("feature", "error"):
+        tc = transcoders[layer]
+        x = cache[tc.hook_in]
+        acts = tc.activation(x)
+        if site == "feature":
+            return _view("feature", acts.to(x.dtype))
+        out = cache[adapter.hook_mlp_out(layer)]
+        return _view("error", out - tc.reconstruction(acts, x).to(out.dtype))
+    return _view(site, cache[_site_hook(adapter, site, layer)])
+
+
+@torch.no_grad()
+def _cache_run(adapter: Any, tokens: Sequence[int], names: set[str]) -> dict[str, torch.Tensor]:
+    toks = torch.tensor([list(tokens)], dtype=torch.long, device=adapter.device)
+    _, cache = adapter.model.run_with_cache(toks, names_filter=lambda n: n in names)
+    return {k: v.detach() for k, v in cache.items()}
+
+
+# ---------------------------------------------------------------------------- compiled plans
+@dataclass
+class _Edit:
+    mode: str
+    scale: float | None
+    value: float | None
+    vector: bool
+    mask: torch.Tensor  # (B, pos, n, 1) bool
+    ref: torch.Tensor | None = None  # (1, pos or 1, n, e)
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        if self.mode == "zero":
+            new = torch.zeros((), dtype=v.dtype, device=v.device)
+        elif self.mode == "scale":
+            new = v * self.scale
+        elif self.mode == "set":
+            new = v * self.value if self.vector else torch.full((), self.value, dtype=v.dtype, device=v.device)
+        else:
+            new = self.ref.to(device=v.device, dtype=v.dtype)
+        return torch.where(self.mask, new, v)
+
+
+@dataclass
+class _Plan:
+    edits: dict[tuple[str, int], list[_Edit]] = field(default_factory=dict)
+
+
+def _unit_index(unit: Unit, n_pos: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ts = torch.arange(n_pos) if unit.position is None else torch.tensor([unit.position])
+    ns = torch.arange(width) if unit.index is None else torch.tensor([unit.index])
+    tt, nn = torch.meshgrid(ts, ns, indexing="ij")
+    return tt.flatten(), nn.flatten()
+
+
+def _compile(adapter: Any, rows: Sequence[Sequence[Intervention]], n_pos: int, transcoders: Any,
+             broadcast: bool = False, ref_cache: dict | None = None) -> _Plan:
+    """Masks per (intervention key, site, layer) for every row, and the reference values
+    (memoised in ``ref_cache`` across the batches of one run)."""
+    plan = _Plan()
+    B = 1 if broadcast else len(rows)
+    device = adapter.device
+    groups: dict[tuple, dict[tuple[str, int], torch.Tensor]] = {}
+    order: list[tuple] = []
+    ivs_by_key: dict[tuple, Intervention] = {}
+    for b, row in enumerate(rows):
+        for iv in row:
+            if not iv.units:
+                raise ValidationRunError("an intervention with no units; select at least one unit")
+            for u in iv.units + iv.exclude:
+                _check_unit(adapter, u, n_pos, transcoders)
+            key = iv._key
+            if key not in groups:
+                groups[key] = {}
+                order.append(key)
+                ivs_by_key[key] = iv
+            masks = groups[key]
+            local: dict[tuple[str, int], torch.Tensor] = {}
+            for u in iv.units:
+                sl = (u.site, u.layer)
+                width = site_width(adapter, u.site, u.layer, transcoders)
+                if sl not in local:
+                    local[sl] = torch.zeros(n_pos, width, dtype=torch.bool)
+                t_idx, n_idx = _unit_index(u, n_pos, width)
+                local[sl][t_idx, n_idx] = True
+            for u in iv.exclude:
+                sl = (u.site, u.layer)
+                if sl in local:
+                    t_idx, n_idx = _unit_index(u, n_pos, site_width(adapter, u.site, u.layer, transcoders))
+                    local[sl][t_idx, n_idx] = False
+            for sl, m in local.items():
+                if sl not in masks:
+                    masks[sl] = torch.zeros(B, n_pos, m.shape[1], 1, dtype=torch.bool)
+                masks[sl][0 if broadcast else b, :, :, 0] |= m
+    for key in order:
+        iv = ivs_by_key[key]
+        ref_cache = {} if ref_cache is None else ref_cache
+        missing = [sl for sl in groups[key] if (key, sl) not in ref_cache]
+        for sl, ref in _references(adapter, iv, missing, n_pos, transcoders).items():
+            ref_cache[(key, sl)] = ref
+        refs = {sl: ref_cache[(key, sl)] for sl in groups[key] if (key, sl) in ref_cache}
+        for sl, mask in groups[key].items():
+            edit = _Edit(iv.mode, iv.scale, iv.value, sl[0] in VECTOR_SITES, mask.to(device), refs.get(sl))
+            plan.edits.setdefault(sl, []).append(edit)
+    return plan
+
+
+def _references(adapter: Any, iv: Intervention, sites: list[tuple[str, int]], n_pos: int,
+                transcoders: Any) -> dict[tuple[str, int], torch.Tensor]:
+    if iv.mode not in ("mean", "patch") or not sites:
+        return {}
+    names: set[str] = set()
+    for site, layer in sites:
+        names |= _needed_hooks(adapter, site, layer, transcoders)
+    if iv.mode == "patch":
+        if len(iv.patch) != n_pos:
+            raise ValidationRunError(
+                f"the patch prompt has {len(iv.patch)} tokens and the prompt it is patched into has {n_pos}; "
+                "positions must line up, so give two prompts of the same token length (check how each "
+                "word tokenizes, e.g. swap a noun for another single-token noun)"
+            )
+        cache = _cache_run(adapter, iv.patch, names)
+        return {sl: site_values(adapter, sl[0], sl[1], cache, transcoders) for sl in sites}
+    pooling = iv.resolved_pooling(n_pos)
+    if pooling == "position" and not all(len(r) == n_pos for r in iv.reference):
+        lengths = sorted({len(r) for r in iv.reference})
+        raise ValidationRunError(
+            f"mean pooling per position needs reference prompts of the prompt's length {n_pos}; got lengths "
+            f"{lengths}; use pooling='all' or reference prompts of that length"
+        )
+    sums: dict[tuple[str, int], torch.Tensor] = {}
+    count = 0
+    for ref in iv.reference:
+        cache = _cache_run(adapter, ref, names)
+        for sl in sites:
+            v = site_values(adapter, sl[0], sl[1], cache, transcoders).double()  # (1, T, n, e)
+            if pooling == "all":
+                v = v[:, 1:] if v.shape[1] > 1 else v
+                v = v.sum(1, keepdim=True)
+            sums[sl] = v if sl not in sums else sums[sl] + v
+        count += (max(len(ref) - 1, 1) if pooling == "all" else 1)
+    return {sl: (s / count) for sl, s in sums.items()}
+
+
+@contextlib.contextmanager
+def _install(adapter: Any, plan: _Plan, transcoders: Any, capture: set[str],
+             captured: dict[str, torch.Tensor]) -> Iterator[Any]:
+    """Install the plan's edits (then the capture hooks) and remove them all on exit."""
+    hooks: list[tuple[str, Any]] = []
+    mlp_layers = sorted({layer for (site, layer) in plan.edits if site in ("feature", "error")})
+    inner: dict[str, torch.Tensor] = {}
+    for layer in mlp_layers:
+        def grab(value, hook, layer=layer):  # noqa: ANN001
+            inner[f"tc_in{layer}"] = value
+            return value
+        hooks.append((transcoders[layer].hook_in, grab))
+    by_hook: dict[str, list[tuple[str, int]]] = {}
+    for site, layer in plan.edits:
+        by_hook.setdefault(_site_hook(adapter, site, layer), []).append((site, layer))
+    for name, sls in by_hook.items():
+        # splices first (relative to the real output), then whole-vector edits
+        sls = sorted(sls, key=lambda sl: sl[0] not in ("feature", "error"))
+
+        def edit(value, hook, sls=sls):  # noqa: ANN001
+            for site, layer in sls:
+                edits = plan.edits[(site, layer)]
+                if site in ("feature", "error"):
+                    continue
+                v = _view(site, value)
+                for e in edits:
+                    v = e.apply(v)
+                value = _unview(site, v)
+            return value
+
+        splice = [sl for sl in sls if sl[0] in ("feature", "error")]
+        if splice:
+            layer = splice[0][1]
+            tc = transcoders[layer]
+
+            def edit_mlp(value, hook, layer=layer, tc=tc, splice=splice, rest=edit):  # noqa: ANN001
+                x = inner[f"tc_in{layer}"]
+                acts = tc.activation(x).to(value.dtype)
+                delta = torch.zeros_like(value)
+                for site, _ in splice:
+                    if site == "feature":
+                        v0 = _view("feature", acts)
+                        v = v0
+                        for e in plan.edits[(site, layer)]:
+                            v = e.apply(v)
+                        delta = delta + (_unview("feature", v) - acts) @ tc.W_dec.to(value.dtype)
+                    else:
+                        err = value - tc.reconstruction(acts, x).to(value.dtype)
+                        v = _view("error", err)
+                        for e in plan.edits[(site, layer)]:
+                            v = e.apply(v)
+                        delta = delta + (_unview("error", v) - err)
+                return rest(value + delta, hook)
+
+            hooks.append((name, edit_mlp))
+        else:
+            hooks.append((name, edit))
+
+    def keep(value, hook):  # noqa: ANN001
+        captured[hook.name] = value.detach()
+        return value
+
+    hooks += [(n, keep) for n in sorted(capture)]
+    with adapter.model.hooks(fwd_hooks=hooks):
+        yield adapter.model
+
+
+@contextlib.contextmanager
+def intervene(adapter: Any, interventions: Intervention | Sequence[Intervention], *, n_pos: int,
+              transcoders: Any = None) -> Iterator[Any]:
+    """Scoped: the real model runs with ``interventions`` applied to every batch row of an
+    ``n_pos``-token input.  Yields the model; every hook is removed on exit, even on error.
+
+    Mean and patch values are computed (clean runs) on entry.
+    """
+    ivs = [interventions] if isinstance(interventions, Intervention) else list(interventions)
+    plan = _compile(adapter, [ivs], n_pos, transcoders, broadcast=True)
+    with _install(adapter, plan, transcoders, set(), {}) as model:
+        yield model
+
+
+# ---------------------------------------------------------------------------- measuring
+@dataclass
+class RowsOutput:
+    """Per-row results of :func:`run_rows`: ``metric (rows,)``, ``readouts (rows, n_readouts)``,
+    ``loss (rows,)`` (next-token loss, when asked), all float64 on the CPU."""
+
+    metric: torch.Tensor
+    readouts: torch.Tensor
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def run_rows(adapter: Any, tokens: Sequence[int], rows: Sequence[Sequence[Intervention]], metric: Metric, *,
+             transcoders: Any = None, batch_size: int = 32, with_loss: bool = False,
+             keep_logits: bool = False) -> RowsOutput:
+    """Run ``tokens`` once per row, each row with its own interventions (an empty row is the
+    clean run), batched, and read ``metric`` off each run."""
+    toks = torch.as_tensor(list(tokens), dtype=torch.long, device=adapter.device)
+    T = int(toks.shape[0])
+    need = metric.hook_names(adapter, transcoders)
+    metrics, reads, losses, logit_list = [], [], [], []
+    rows = list(rows)
+    ref_cache: dict = {}
+    for start in range(0, max(len(rows), 1), batch_size):
+        chunk = rows[start:start + batch_size]
+        if not chunk:
+            break
+        plan = _compile(adapter, chunk, T, transcoders, ref_cache=ref_cache)
+        captured: dict[str, torch.Tensor] = {}
+        with _install(adapter, plan, transcoders, need, captured) as model:
+            logits = model(toks.unsqueeze(0).expand(len(chunk), -1))
+        vals = metric.values(logits, captured, adapter, transcoders)
+        reads.append(vals.cpu())
+        metrics.append(metric.combine(vals).cpu())
+        if with_loss:
+            losses.append(next_token_loss(logits, toks).cpu())
+        if keep_logits:
+            logit_list.append(logits.detach().cpu())
+    return RowsOutput(
+        torch.cat(metrics), torch.cat(reads),
+        torch.cat(losses) if with_loss else None,
+        torch.cat(logit_list) if keep_logits else None,
+    )
+
+
+@dataclass
+class InterventionResult:
+    """The target metric before and after one intervention on the real model."""
+
+    intervention: Intervention
+    metric: Metric
+    before: float
+    after: float
+    readouts_before: list[float]
+    readouts_after: list[float]
+
+    @property
+    def change(self) -> float:
+        return self.after - self.before
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "intervention": self.intervention.to_dict(),
+            "metric": self.metric.to_dict(),
+            "before": self.before,
+            "after": self.after,
+            "change": self.change,
+            "readouts_before": self.readouts_before,
+            "readouts_after": self.readouts_after,
+        }
+
+    def table(self, max_rows: int = 10) -> str:
+        from circuitgraph.validation._common import markdown_table
+
+        return markdown_table(["mode", "units", "before", "after", "change"],
+                              [[self.intervention.mode, len(self.intervention.units), self.before, self.after,
+                                self.change]], max_rows)
+
+
+def measure_intervention(adapter: Any, tokens: Sequence[int], intervention: Intervention, metric: Metric, *,
+                         transcoders: Any = None) -> InterventionResult:
+    """The metric on ``tokens`` without and with ``intervention`` (real model)."""
+    out = run_rows(adapter, tokens, [[], [intervention]], metric, transcoders=transcoders)
+    return InterventionResult(intervention, metric, float(out.metric[0]), float(out.metric[1]),
+                              out.readouts[0].tolist(), out.readouts[1].tolist())
