@@ -207,11 +207,16 @@ def run(spec: Any, *, progress: bool = False) -> RunResult:
         timings["queries"] = time.perf_counter() - t0
     validation = []
     if spec.validate:
+        from circuitgraph.inputs import resolve_prompt_like
         from circuitgraph.validation import run_check
 
+        adapter = full.context.adapter
         t0 = time.perf_counter()
-        for c in spec.validate:
-            validation.append({"kind": c.kind, "params": _params(c), "result": run_check(graph, c)})
+        for i, c in enumerate(spec.validate):
+            resolver = lambda p, i=i: resolve_prompt_like(p, adapter, where=f"validate[{i}]")  # noqa: E731
+            # checks run on the full graph's live model; pruned-circuit checks read the pruned graph
+            result = run_check(graph if graph.context is not None else full, c, prompt_resolver=resolver)
+            validation.append({"kind": c.kind, "params": _params(c), "result": result.result})
         timings["validation"] = time.perf_counter() - t0
     result = RunResult(spec, graph, full, queries, validation, {}, timings)
     t0 = time.perf_counter()

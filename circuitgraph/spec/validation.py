@@ -113,8 +113,13 @@ class Ablate(StrictModel):
     ] = Field(("matched_magnitude", "count_matched"), description="Kinds of random control sets ([] = none).")
     n_controls: PositiveInt = Field(10, description="Control sets per kind.")
     tolerance: Annotated[float, Field(ge=0, strict=True, allow_inf_nan=False)] = Field(
-        0.1, description="Relative tolerance of predicted vs actual change."
+        0.1, description="Relative tolerance of predicted vs actual change (the 'agrees' flag)."
     )
+    control_tolerance: Fraction = Field(
+        0.05, description="A magnitude-matched control must remove the selected set's activation mass within this "
+        "relative tolerance."
+    )
+    seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
     max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
 
     @model_validator(mode="after")
@@ -178,8 +183,9 @@ Granularity = Literal["layer", "head", "neuron", "feature", "position"]
 
 
 class Patching(StrictModel):
-    """Activation patching from ``corrupted`` into ``clean`` (the main prompt by default),
-    at each granularity, measured by ``metric`` (default: the first target)."""
+    """Activation patching: run ``corrupted`` with activations of ``clean`` (the main prompt by
+    default) patched in, one unit at a time at each granularity; relative recovery =
+    (patched - corrupted) / (clean - corrupted) of ``metric`` (default: the first target)."""
 
     clean: Prompt | None = Field(None, description="The clean prompt (null = the main prompt).")
     corrupted: Prompt = Field(description="The corrupted prompt; same number of tokens as clean.")
@@ -230,9 +236,10 @@ class SignRegimes(StrictModel):
     """Whether the top units keep their sign of contribution across prompts."""
 
     layers: tuple[NonNegativeInt, ...] | None = Field(None, min_length=1, description="Only these layers (null = all).")
-    top_k: PositiveInt = Field(20, description="Units per layer.")
+    top_k: PositiveInt = Field(20, description="Top activations per neuron whose sign regimes are counted.")
     prompts: tuple[Prompt, ...] = Field((), description="Extra prompts to compare with the main prompt.")
-    echo_threshold: Fraction = Field(0.5, description="Share above which a unit counts as echoing the input.")
+    echo_threshold: Fraction = Field(0.5, description="Share of a neuron's top activations that are 'double "
+                                     "negative' echoes above which it is listed as echo-dominated.")
 
 
 class SignRegimesCheck(KeyedModel):

@@ -138,7 +138,8 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
             patch_prompt=None if p.get("patch_prompt") is None else prompt(p["patch_prompt"], "ablate.patch_prompt"),
             positions=p.get("positions"), controls=tuple(get("controls", ("matched_magnitude", "count_matched"))),
             n_controls=get("n_controls", 10), tolerance=get("tolerance", 0.1),
-            control_tolerance=get("control_tolerance", 0.05), max_draws=get("max_draws", 1000), seed=get("seed", 0),
+            control_tolerance=get("control_tolerance", 0.05), max_draws=get("max_draws", 1000),
+            seed=get("seed", graph.metadata.get("spec", {}).get("seed", 0)),
             tokenizer=tokenizer)
     elif kind == "predicted_vs_actual":
         result = predicted_vs_actual(
