@@ -73,7 +73,7 @@ class RunResult:
             lines.append(f"validation {v['kind']}:")
             lines += ["  " + line for line in v["result"].table().splitlines()]
         for kind, path in self.exports.items():
-            lines.append(f"wrote {kind}: {path}")
+            lines.append(f"wrote {kind}: {Path(path).resolve()}")
         lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         return lines
 

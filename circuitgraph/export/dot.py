@@ -75,6 +75,7 @@ def graph_to_dot(
     max_nodes: int | None = 100,
     min_edge_fraction: float = 0.0,
     max_edges: int | None = -1,
+    show_remainders: bool = False,
     title: str | None = None,
 ) -> str:
     """DOT text of ``graph`` (see the module docstring for the diagram's conventions).
@@ -88,6 +89,8 @@ def graph_to_dot(
         max_edges: draw at most this many edges: the strongest, plus each drawn node's
             strongest edge so no node is left unconnected; ``-1`` (default) means three per
             drawn node, ``None`` draws all.
+        show_remainders: draw ``remainder`` nodes (what pruning or a top-k cut left out);
+            by default they are not drawn and the title says how many were hidden.
         title: the diagram's title; default: the prompt from ``graph.metadata``.
 
     Returns:
@@ -105,7 +108,8 @@ def graph_to_dot(
     if not (0.0 <= min_edge_fraction <= 1.0):
         raise ExportError(f"min_edge_fraction must be between 0 and 1, got {min_edge_fraction}")
 
-    rows, score_name = _select_rows(graph, max_nodes)
+    hidden = set() if show_remainders else {r for r, n in enumerate(graph.nodes) if n.kind == "remainder"}
+    rows, score_name = _select_rows(graph, max_nodes, hidden)
     kept = np.zeros(graph.n_nodes, dtype=bool)
     kept[rows] = True
     edge_sel = np.flatnonzero(kept[graph.edge_source] & kept[graph.edge_target])
@@ -125,7 +129,7 @@ def graph_to_dot(
     target_ids = set(graph.target_ids)
     ids = [graph.nodes[r].id for r in range(graph.n_nodes)]
     lines = ["digraph circuitgraph {"]
-    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name)
+    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden))
     lines.append(
         "  graph [rankdir=BT, newrank=true, ranksep=0.8, nodesep=0.15, splines=true, "
         f'fontname="Helvetica", fontsize=12, labelloc=t, label={_label(title_lines)}];'
@@ -188,13 +192,16 @@ def _strongest_edges(graph: AttributionGraph, edge_sel: np.ndarray, weights: np.
 
 
 # --------------------------------------------------------------------------- node selection
-def _select_rows(graph: AttributionGraph, max_nodes: int | None) -> tuple[list[int], str | None]:
-    """Rows to draw, and the score used to choose them (None when all are drawn)."""
+def _select_rows(graph: AttributionGraph, max_nodes: int | None,
+                 hidden: set[int] = frozenset()) -> tuple[list[int], str | None]:
+    """Rows to draw (never the ``hidden`` ones), and the score used to choose them (None when
+    all candidates are drawn)."""
     n = graph.n_nodes
-    if max_nodes is None or n <= max_nodes:
-        return list(range(n)), None
+    candidates = [r for r in range(n) if r not in hidden]
+    if max_nodes is None or len(candidates) <= max_nodes:
+        return candidates, None
     target_rows = {graph.index_of(t) for t in graph.target_ids}
-    others = [r for r in range(n) if r not in target_rows]
+    others = [r for r in candidates if r not in target_rows]
     influence = [graph.nodes[r].attrs.get("influence") for r in others]
     if others and all(_is_number(v) for v in influence):
         scores = dict(zip(others, (float(v) for v in influence)))
@@ -293,7 +300,7 @@ def _tooltip(node: Node) -> str:
 
 
 def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edges: int,
-                 score_name: str | None) -> list[str]:
+                 score_name: str | None, n_hidden: int = 0) -> list[str]:
     if title is None:
         prompt = graph.metadata.get("prompt")
         title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if isinstance(prompt, str) else \
@@ -303,8 +310,10 @@ def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edg
     if left_nodes or left_edges:
         note = f"showing {n_nodes} of {graph.n_nodes} nodes and {n_edges} of {graph.n_edges} edges"
         reasons = []
-        if left_nodes:
-            reasons.append(f"{left_nodes} weaker nodes left out (ranked by {score_name})")
+        if n_hidden:
+            reasons.append(f"{n_hidden} remainder nodes (pruned-away contributions) not drawn")
+        if left_nodes - n_hidden:
+            reasons.append(f"{left_nodes - n_hidden} weaker nodes left out (ranked by {score_name})")
         if left_edges:
             reasons.append(f"{left_edges} edges left out")
         lines.append(f"{note}; " + ", ".join(reasons))
