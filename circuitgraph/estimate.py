@@ -16,8 +16,8 @@ from circuitgraph.errors import ResourceError
 
 __all__ = ["RunEstimate", "estimate_run", "available_memory", "check_edge_memory", "EDGE_BYTES"]
 
-#: bytes per stored edge: int64 target + int64 source + float32 weight, plus working copies
-EDGE_BYTES = 20 + 4
+#: bytes per stored edge: int32 target + int32 source + float32 weight, plus working copies
+EDGE_BYTES = 24
 
 
 def available_memory() -> int:

@@ -70,7 +70,7 @@ def compute_edges(
         by_loc: dict[int, list[int]] = {}
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
-        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.long)
+        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32)
         for loc in range(top, -1, -1):
             for j in by_loc.get(loc, ()):
                 i = batch[j]
@@ -85,7 +85,7 @@ def compute_edges(
                     g_i, b_i, w_i = E.nonzero(as_tuple=True)
                     if g_i.numel():
                         targets.append(batch_rows[b_i.cpu()])
-                        sources.append(rows[g_i.cpu(), w_i.cpu()])
+                        sources.append(rows[g_i.cpu(), w_i.cpu()].to(torch.int32))
                         weights.append(E[g_i, b_i, w_i].cpu())
             c = col.constants.get(loc)
             if c is not None:
@@ -101,6 +101,6 @@ def compute_edges(
         s = torch.cat(sources).numpy()
         w = torch.cat(weights).numpy()
     else:
-        t = s = np.zeros(0, dtype=np.int64)
+        t = s = np.zeros(0, dtype=np.int32)
         w = np.zeros(0, dtype=np.float32 if dtype == torch.float32 else np.float64)
     return EdgeResult(t, s, w, constants)

@@ -50,6 +50,7 @@ __all__ = [
     "make_patching_pairs",
     "make_prompts",
     "make_training_texts",
+    "noun_position",
     "vocabulary",
 ]
 
@@ -269,6 +270,11 @@ def make_patching_pairs(
             )
         )
     return pairs
+
+
+def noun_position(text: str) -> int:
+    """Word index of the task noun in ``text`` (its token position is one more, after ``<bos>``)."""
+    return _noun_index(text.split())
 
 
 def _noun_index(words: list[str]) -> int:

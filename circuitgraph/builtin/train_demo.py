@@ -22,8 +22,9 @@ Steps (CPU, two threads, fixed seed, a few minutes):
 4. Evaluate on held-out prompts: article accuracy, article cross-entropy of
    the model and of the replacement model (every MLP output replaced by its
    transcoder's reconstruction), each transcoder's fraction of variance
-   explained and mean L0, plus two mechanism checks (MLP ablations and the
-   attention paid by the last position to the noun).
+   explained and mean L0, plus mechanism checks: mean-ablating each MLP, the
+   attention paid by the last position to the noun, and the transcoder
+   features most selective for " an" and for " a" at the last position.
 5. Save the folder in the fixture layout (model/config.json,
    model/model.safetensors, model/tokenizer/, transcoders/layer_<l>/,
    prompt.json, stats.json).
@@ -32,13 +33,15 @@ Steps (CPU, two threads, fixed seed, a few minutes):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import math
 import os
 import random
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +60,7 @@ from circuitgraph.builtin import demo_path  # noqa: E402
 from circuitgraph.builtin.demo_task import (  # noqa: E402
     make_prompts,
     make_training_texts,
+    noun_position,
     vocabulary,
 )
 
@@ -198,7 +202,7 @@ def model_config(d_vocab: int, seed: int):
 
 
 def train_model(
-    model, tokens: Int[Tensor, "n pos"], lengths: Int[Tensor, " n"], s: TrainSettings, log=print
+    model, tokens: Int[Tensor, "n pos"], lengths: Int[Tensor, " n"], s: TrainSettings, log: Callable[[str], None]
 ) -> list[float]:
     """Next-token training; the article target (third token from the end) counts ``article_weight`` times."""
     gen = torch.Generator().manual_seed(s.seed)
@@ -289,7 +293,12 @@ def new_transcoder(layer: int, d_model: int, d_sae: int, n_ctx: int):
 
 
 def train_transcoder(
-    tc, x: Float[Tensor, "rows d_model"], y: Float[Tensor, "rows d_model"], s: TrainSettings, seed: int, log=print
+    tc,
+    x: Float[Tensor, "rows d_model"],
+    y: Float[Tensor, "rows d_model"],
+    s: TrainSettings,
+    seed: int,
+    log: Callable[[str], None],
 ) -> None:
     """Fit ``tc`` in place: normalised MSE + L1 on decoder-norm-weighted activations.
 
@@ -458,17 +467,40 @@ def save_model(model, out: Path) -> None:
 # ---------------------------------------------------------------- main
 
 
-def run(out: Path, s: TrainSettings = TrainSettings(), log=print) -> dict:
-    """Train everything and write the demo folder to ``out``; returns the stats."""
+@contextlib.contextmanager
+def reproducible(seed: int, threads: int = 2):
+    """Seeded, deterministic torch on ``threads`` CPU threads; restores the previous settings.
+
+    The thread count is part of the recipe: results are bit-identical for a
+    given count (and torch version), not across counts.
+    """
+    prev_threads, prev_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev_threads)
+        torch.use_deterministic_algorithms(prev_det)
+
+
+def run(out: Path, s: TrainSettings = TrainSettings(), log: Callable[[str], None] | None = None) -> dict:
+    """Train everything and write the demo folder to ``out``; returns the stats.
+
+    ``log`` receives progress lines (``main`` passes ``print``).
+    """
+    with reproducible(s.seed):
+        return _run(out, s, log or (lambda _msg: None))
+
+
+def _run(out: Path, s: TrainSettings, log: Callable[[str], None]) -> dict:
     import sae_lens
     import transformer_lens
     from transformer_lens import HookedTransformer
 
     t0 = time.perf_counter()
-    torch.set_num_threads(2)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(s.seed)
-    random.seed(s.seed)
 
     tokenizer = build_tokenizer(vocabulary())
     a_id, an_id = article_ids(tokenizer)
@@ -513,7 +545,7 @@ def run(out: Path, s: TrainSettings = TrainSettings(), log=print) -> dict:
     )
     # The article loss is near zero for both; the loss on whole completed
     # sentences shows the transcoders' fidelity where the model is uncertain.
-    full_texts = [f"{p.text}{p.answer} {p.text.split()[_noun_position(p.text)]} ." for p in held_out]
+    full_texts = [f"{p.text}{p.answer} {p.text.split()[noun_position(p.text)]} ." for p in held_out]
     fu_tokens, fu_lengths = encode(tokenizer, full_texts, n_ctx)
     model_metrics["next_token_ce"] = next_token_ce(model, fu_tokens, fu_lengths)
     replaced["next_token_ce"] = next_token_ce(model, fu_tokens, fu_lengths, replacement_hooks(transcoders))
@@ -527,7 +559,7 @@ def run(out: Path, s: TrainSettings = TrainSettings(), log=print) -> dict:
         ablations[f"mlp{layer}_mean_ablated"] = article_metrics(
             last_logits(model, ev_tokens, ev_lengths, [hook]), ev_answers, a_id, an_id
         )
-    noun_pos = torch.tensor([_noun_position(p.text) for p in held_out]) + 1  # +1 for <bos>
+    noun_pos = torch.tensor([noun_position(p.text) for p in held_out]) + 1  # +1 for <bos>
     attention = noun_attention(model, ev_tokens, ev_lengths, noun_pos)
     log(f"ablations: {ablations}\nattention to the noun (layer x head): {attention}")
     is_an = ev_answers == an_id
@@ -548,7 +580,7 @@ def run(out: Path, s: TrainSettings = TrainSettings(), log=print) -> dict:
     stats = {
         "task": "article agreement (a/an) with the noun mentioned earlier; see docs/demo.md",
         "seed": s.seed,
-        "settings": s.__dict__,
+        "settings": dataclasses.asdict(s),
         "token_ids": {"a": a_id, "an": an_id, "pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
         "d_vocab": cfg.d_vocab,
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -575,17 +607,11 @@ def run(out: Path, s: TrainSettings = TrainSettings(), log=print) -> dict:
             "sae_lens": sae_lens.__version__,
         },
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     log(f"wrote {out} in {stats['wall_time_s']['total']:.0f}s")
     return stats
-
-
-def _noun_position(text: str) -> int:
-    from circuitgraph.builtin.demo_task import CONSONANT_NOUNS, VOWEL_NOUNS
-
-    words = text.split()
-    return next(i for i, w in enumerate(words) if w in VOWEL_NOUNS or w in CONSONANT_NOUNS)
 
 
 def _version(dist: str, module) -> str:
@@ -602,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=demo_path(), help="output folder (default: %(default)s)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
-    run(args.out)
+    run(args.out, log=print)
 
 
 if __name__ == "__main__":

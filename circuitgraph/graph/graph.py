@@ -72,8 +72,10 @@ class AttributionGraph:
     context: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.edge_target = np.asarray(self.edge_target, dtype=np.int64)
-        self.edge_source = np.asarray(self.edge_source, dtype=np.int64)
+        # row indices: int32 when every row fits (half the memory of int64), else int64
+        index_dtype = np.int32 if len(self.nodes) < 2**31 - 1 else np.int64
+        self.edge_target = np.asarray(self.edge_target, dtype=index_dtype)
+        self.edge_source = np.asarray(self.edge_source, dtype=index_dtype)
         self.edge_weight = np.asarray(self.edge_weight)
         if not (self.edge_target.shape == self.edge_source.shape == self.edge_weight.shape):
             raise ValueError("edge arrays must have the same length")
