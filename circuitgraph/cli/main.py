@@ -15,7 +15,6 @@ and the graph are imported inside the commands that need them.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from circuitgraph.errors import CircuitGraphError, LoadError, SpecError
+from circuitgraph.errors import CircuitGraphError, SpecError
 
 __all__ = ["app", "main", "EXIT_BAD_INPUT"]
 
@@ -129,15 +128,6 @@ def render(
         typer.echo(f"wrote {output}")
 
 
-def _graph_schema_path() -> Path:
-    here = Path(__file__).resolve()
-    candidates = [here.parents[2] / "schemas" / "graph.schema.json", here.parents[1] / "schemas" / "graph.schema.json"]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise LoadError(f"graph schema not found; looked in {', '.join(str(p) for p in candidates)}")
-
-
 @app.command()
 def schema(
     graph: Annotated[bool, typer.Option("--graph", help="The graph JSON schema instead of the spec schema.")] = False,
@@ -146,13 +136,9 @@ def schema(
     """Print the JSON Schema of spec files (or, with --graph, of graph JSON files)."""
     with _reported(debug):
         if graph:
-            path = _graph_schema_path()
-            text = path.read_text(encoding="utf-8")
-            try:
-                json.loads(text)  # refuse to print a broken file
-            except ValueError as exc:
-                raise LoadError(f"{path} is not valid JSON: {exc}") from None
-            typer.echo(text, nl=not text.endswith("\n"))
+            from circuitgraph.export.schema import graph_schema_text
+
+            typer.echo(graph_schema_text(), nl=False)
         else:
             from circuitgraph.spec import spec_schema_text
 

@@ -209,6 +209,13 @@ class AttributionGraph:
         return CompletenessReport(float(worst_rel), float(worst_abs), worst, n)
 
     # ----------------------------------------------------------------- conversions
+    @property
+    def nx(self) -> "nx.DiGraph":
+        """The graph as a networkx DiGraph keyed by :class:`NodeId` (built once, on first use)."""
+        if getattr(self, "_nx_cache", None) is None:
+            self._nx_cache = self.to_networkx()
+        return self._nx_cache
+
     def to_networkx(self) -> "nx.DiGraph":
         """A networkx DiGraph keyed by :class:`NodeId`, with node records and ``weight`` on edges."""
         import networkx as nx
