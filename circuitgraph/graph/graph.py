@@ -18,7 +18,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.nodes import Node, NodeId
 
 if TYPE_CHECKING:  # pragma: no cover
-    import networkx as nx
+    import networkx
 
 __all__ = ["AttributionGraph", "CompletenessReport"]
 
@@ -210,13 +210,13 @@ class AttributionGraph:
 
     # ----------------------------------------------------------------- conversions
     @property
-    def nx(self) -> "nx.DiGraph":
+    def nx(self) -> "networkx.DiGraph":
         """The graph as a networkx DiGraph keyed by :class:`NodeId` (built once, on first use)."""
         if getattr(self, "_nx_cache", None) is None:
             self._nx_cache = self.to_networkx()
         return self._nx_cache
 
-    def to_networkx(self) -> "nx.DiGraph":
+    def to_networkx(self) -> "networkx.DiGraph":
         """A networkx DiGraph keyed by :class:`NodeId`, with node records and ``weight`` on edges."""
         import networkx as nx
 
