@@ -52,7 +52,7 @@ def test_bench_one_and_report_on_a_tiny_bundle(tmp_path):
     run = {"name": "tiny", "suite": "prompt_length", "bundle": "tiny", "bundle_config": {
         "n_layers": 2, "d_model": 16, "n_heads": 4, "d_mlp": 32, "d_vocab": 23, "d_sae": 48},
         "plan": {"reason": "full graph fits", "est_full_edges": 1.0, "est_full_peak_gb": 0.1, "dry_run": None},
-        "process": {"wall_s": 1.0, "peak_rss_mb": 100.0, "returncode": 0,
+        "process": {"wall_s": 1.0, "user_s": 0.5, "sys_s": 0.1, "peak_rss_mb": 100.0, "returncode": 0,
                     "load_avg_1min": {"start": 1.0, "mean": 1.0, "max": 1.0}},
         "result": res}
     results = {"mode": "quick", "command": "test", "started": "now", "total_seconds": 1.0,

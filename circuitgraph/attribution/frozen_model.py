@@ -109,15 +109,17 @@ class FrozenLinearModel:
 
     # ------------------------------------------------------------------ transposes
     def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:
-        """``v[b, h, s] = sum_t A[h, t, s] W_O^h G'(t)``: ``(B, H, T, d_head)``, as single GEMMs."""
+        """``v[h, s, b] = sum_t A[h, t, s] W_O^h G'(t)``: ``(H, T, B, d_head)``, as a few large GEMMs
+        (one for W_O, one per head for the pattern)."""
         B, T, D = G.shape
         if self.ln1_post is not None:
             G = self.ln1_post[layer].transpose(G, slice(0, T))
         W_O = self.attn[layer]["W_O"]  # (H, d_head, D)
         H, dh = W_O.shape[0], W_O.shape[1]
-        u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh).transpose(1, 2)
+        u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh)
+        u = u.permute(2, 1, 0, 3).reshape(H, T, B * dh)  # (H, t, B * d_head)
         A = self.patterns[layer][:, :T, :T]  # (H, t, s)
-        return torch.matmul(A.transpose(1, 2), u)  # (B, H, s, d_head)
+        return torch.bmm(A.transpose(1, 2), u).view(H, T, B, dh)  # (H, s, B, d_head)
 
     def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
         """Gradient at resid_pre(layer) coming through frozen attention, for ``G (B, T, d_model)``
@@ -128,14 +130,14 @@ class FrozenLinearModel:
         H, dh = W_V.shape[0], W_V.shape[2]
         if "W_V_flat" not in self.attn[layer]:
             self.attn[layer]["W_V_flat"] = W_V.permute(0, 2, 1).reshape(H * dh, D).contiguous()
-        out = v.transpose(1, 2).reshape(B * T, H * dh) @ self.attn[layer]["W_V_flat"]
+        out = v.permute(2, 1, 0, 3).reshape(B * T, H * dh) @ self.attn[layer]["W_V_flat"]
         return self.ln1[layer].transpose(out.view(B, T, D), slice(0, T))
 
     def attention_transpose_per_head(self, layer: int, G: torch.Tensor) -> torch.Tensor:
         """As :meth:`attention_transpose` but kept per head: ``(B, H, T, d_model)``."""
         T = G.shape[1]
         v = self._attention_values(layer, G)
-        out = torch.einsum("bhsk,hdk->bhsd", v, self.attn[layer]["W_V"])
+        out = torch.einsum("hsbk,hdk->bhsd", v, self.attn[layer]["W_V"])
         return self.ln1[layer].transpose(out, slice(0, T))
 
     def mlp_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor | None:
