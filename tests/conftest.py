@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
-import pytest
-import torch
+# OpenMP threads sleep instead of spinning while they wait (set before torch is imported):
+# on shared cores spinning makes small tensor work many times slower
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
