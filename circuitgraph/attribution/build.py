@@ -72,6 +72,7 @@ def build_graph(
         metadata=dict(metadata or {}),
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
     )
+    graph.edges_unique = True  # one edge per (reader, writer) pair: queries skip coalescing
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")

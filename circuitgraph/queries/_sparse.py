@@ -42,7 +42,21 @@ class Edges:
 
 
 def coalesced_edges(graph: AttributionGraph) -> Edges:
-    """The graph's edges with duplicate ``(target, source)`` pairs summed."""
+    """The graph's edges with duplicate ``(target, source)`` pairs summed.
+
+    Computed once per graph and cached on it (the graph's edge arrays are not changed in
+    place by anything in circuitgraph); graphs built by the engine are known to have unique
+    edges, which skips the sort.
+    """
+    cached = getattr(graph, "_coalesced_cache", None)
+    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
+        return cached[2]
+    edges = _coalesce(graph)
+    graph._coalesced_cache = (graph.edge_target, graph.edge_weight, edges)
+    return edges
+
+
+def _coalesce(graph: AttributionGraph) -> Edges:
     n = graph.n_nodes
     t = graph.edge_target
     s = graph.edge_source
@@ -50,6 +64,8 @@ def coalesced_edges(graph: AttributionGraph) -> Edges:
     if t.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Edges(empty, empty, np.zeros(0), empty, n)
+    if getattr(graph, "edges_unique", False):
+        return Edges(t, s, w, np.arange(t.size), n)
     key = t * np.int64(n) + s
     uniq, inverse = np.unique(key, return_inverse=True)
     if uniq.size == key.size:  # nothing to merge: keep the graph's order
@@ -67,8 +83,23 @@ def row_normalised_abs(target: np.ndarray, weight: np.ndarray, n: int) -> np.nda
 
 
 def csr(target: np.ndarray, source: np.ndarray, values: np.ndarray, n: int) -> sp.csr_matrix:
-    """``(n, n)`` CSR matrix with ``M[target, source] = value`` (duplicates summed)."""
-    return sp.csr_matrix((values, (target, source)), shape=(n, n))
+    """``(n, n)`` CSR matrix with ``M[target, source] = value`` for unique ``(target, source)``
+    pairs (as :func:`coalesced_edges` gives them).  The row order is computed once per pair of
+    index arrays and reused for every set of values."""
+    key = (id(target), id(source), target.size, n)
+    cached = _CSR_STRUCTURE.get("key")
+    if cached != key:
+        order = np.argsort(target, kind="stable")
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(target, minlength=n), out=indptr[1:])
+        _CSR_STRUCTURE.update(key=key, order=order, indptr=indptr, indices=source[order],
+                              arrays=(target, source))
+    order = _CSR_STRUCTURE["order"]
+    return sp.csr_matrix((values[order], _CSR_STRUCTURE["indices"], _CSR_STRUCTURE["indptr"]), shape=(n, n))
+
+
+#: the last CSR structure built (keeps its index arrays alive so the id() key stays valid)
+_CSR_STRUCTURE: dict = {}
 
 
 def power_series(matrix: sp.spmatrix, start: np.ndarray, *, include_start: bool = False) -> np.ndarray:

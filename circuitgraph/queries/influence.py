@@ -94,8 +94,9 @@ def total_effects(graph: AttributionGraph, targets: list[NodeId] | None = None, 
     e = coalesced_edges(graph) if edges is None else edges
     y = reader_gradients(graph, targets, edges=e)
     # total_effect[T, s] = sum_r y_T[r] E[r, s]
-    return np.stack([np.bincount(e.source, weights=e.weight * y[e.target, j], minlength=graph.n_nodes)
-                     for j in range(y.shape[1])]) if y.shape[1] else np.zeros((0, graph.n_nodes))
+    if not y.shape[1]:
+        return np.zeros((0, graph.n_nodes))
+    return np.asarray((csr(e.target, e.source, e.weight, e.n).T @ y).T)
 
 
 @dataclass(frozen=True, eq=False)

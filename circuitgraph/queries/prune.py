@@ -277,14 +277,25 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
     lost_t, lost_s, lost_w = e.target[lost], e.source[lost], e.weight[lost]
     layers = np.array([nd.layer for nd in graph.nodes], dtype=np.int64)
     positions = np.array([nd.position for nd in graph.nodes], dtype=np.int64)
+    kind_names = sorted({nd.kind for nd in graph.nodes})
+    kind_code = np.array([kind_names.index(nd.kind) for nd in graph.nodes], dtype=np.int64)
+    # one integer per (layer, position), vectorised over the (possibly millions of) lost edges
+    span = int(positions.max()) + 1 if n else 1
+    node_group = (layers - int(layers.min() if n else 0)) * span + positions
+    edge_group = node_group[lost_s]
+    uniq_groups, group_of = np.unique(edge_group, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    first = np.zeros(uniq_groups.size, dtype=np.int64)
+    first[group_of[::-1]] = np.arange(lost_s.size)[::-1]  # a source row of each group
     groups: dict[tuple[int, int], int] = {}
     counts: dict[tuple[int, int], dict[str, int]] = {}
-    group_of = np.empty(lost_s.size, dtype=np.int64)
-    for i, s in enumerate(lost_s):
-        key = (int(layers[s]), int(positions[s]))
-        group_of[i] = groups.setdefault(key, len(groups))
-        kinds = counts.setdefault(key, {})
-        kinds[graph.nodes[s].kind] = kinds.get(graph.nodes[s].kind, 0) + 1
+    per_kind = np.bincount(group_of * len(kind_names) + kind_code[lost_s],
+                           minlength=uniq_groups.size * len(kind_names)).reshape(-1, len(kind_names))
+    for g in range(uniq_groups.size):
+        row = int(lost_s[first[g]])
+        key = (int(layers[row]), int(positions[row]))
+        groups[key] = g
+        counts[key] = {kind_names[k]: int(c) for k, c in enumerate(per_kind[g]) if c}
     dropped_by_group: dict[tuple[int, int], int] = {}
     for r in np.flatnonzero(~node_mask):
         key = (graph.nodes[r].layer, graph.nodes[r].position)
