@@ -236,7 +236,7 @@ def _attach_scores(graph: AttributionGraph) -> None:
         from circuitgraph.queries import graph_scores
     except ImportError:  # pragma: no cover - queries not installed
         return
-    scores = graph_scores(graph)
+    scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
 

@@ -117,9 +117,11 @@ def compute_scores(
     *,
     error_kinds: Iterable[str] = ERROR_KINDS,
     input_kinds: Iterable[str] = INPUT_KINDS,
+    per_target: bool = True,
 ) -> ScoresResult:
     """circuit-tracer's replacement and completeness scores (on the graph as given: compute
-    them on the unpruned graph) and each target's error share.
+    them on the unpruned graph) and, with ``per_target``, each target's error share (one more
+    power series per target).
 
     Example::
 
@@ -136,7 +138,7 @@ def compute_scores(
     is_err = np.isin(kinds, list(error_kinds))
     is_in = np.isin(kinds, list(input_kinds))
 
-    targets = graph.target_ids
+    targets = graph.target_ids if per_target else []
     starts = np.zeros((n, len(targets) + 1), dtype=np.float64)
     starts[:, 0] = w
     for j, t in enumerate(targets):
@@ -151,16 +153,18 @@ def compute_scores(
     output_influence = infl[:, 0] + w
     completeness = _ratio(float(((1.0 - from_error) * output_influence).sum()), float(output_influence.sum()))
 
+    if not per_target:
+        return ScoresResult(replacement, completeness, (), error_kinds, input_kinds)
     effects = total_effects(graph, targets, edges=e)
-    per_target = []
+    shares = []
     for j, (t, weight) in enumerate(graph.targets):
         tin, terr = infl[is_in, j + 1].sum(), infl[is_err, j + 1].sum()
         rep = _ratio(tin, tin + terr)
         pre = graph.node(t).pre_activation
         eff = float(effects[j, is_err].sum())
-        per_target.append(TargetErrorShare(t, float(weight), None if rep is None else 1.0 - rep, eff, pre,
-                                           share(eff, pre)))
-    return ScoresResult(replacement, completeness, tuple(per_target), error_kinds, input_kinds)
+        shares.append(TargetErrorShare(t, float(weight), None if rep is None else 1.0 - rep, eff, pre,
+                                       share(eff, pre)))
+    return ScoresResult(replacement, completeness, tuple(shares), error_kinds, input_kinds)
 
 
 #: the name the run API imports (circuitgraph.api); the same function as :func:`compute_scores`
