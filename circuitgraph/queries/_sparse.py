@@ -21,6 +21,7 @@ __all__ = [
     "power_series",
     "target_weight_vector",
     "pass_through_divisors",
+    "weighted_influence",
 ]
 
 
@@ -154,3 +155,18 @@ def safe_inverse(d: np.ndarray) -> np.ndarray:
     nz = d != 0
     out[nz] = 1.0 / d[nz]
     return out
+
+
+def weighted_influence(graph: AttributionGraph) -> tuple[Edges, np.ndarray, sp.csr_matrix, np.ndarray]:
+    """``(edges, normalised |edge| values, A, influence)``: circuit-tracer's row-normalised
+    absolute adjacency and the target-weighted influence ``w (A + A^2 + ...)``, computed once
+    per graph and cached on it (scores and pruning both need them)."""
+    cached = getattr(graph, "_influence_cache", None)
+    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
+        return cached[2]
+    e = coalesced_edges(graph)
+    a = row_normalised_abs(e.target, e.weight, graph.n_nodes)
+    A = csr(e.target, e.source, a, graph.n_nodes)
+    result = (e, a, A, power_series(A, target_weight_vector(graph)))
+    graph._influence_cache = (graph.edge_target, graph.edge_weight, result)
+    return result

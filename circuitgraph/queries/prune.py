@@ -50,11 +50,11 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
 from circuitgraph.queries._sparse import (
-    coalesced_edges,
     csr,
     power_series,
     row_normalised_abs,
     target_weight_vector,
+    weighted_influence,
 )
 
 __all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]
@@ -190,10 +190,8 @@ def prune_graph(
               "top_k_edges": top_k_edges, "target_share": target_share}
 
     n = graph.n_nodes
-    e = coalesced_edges(graph)
+    e, _, A, influence = weighted_influence(graph)
     w = target_weight_vector(graph)
-    A = csr(e.target, e.source, row_normalised_abs(e.target, e.weight, n), n)
-    influence = power_series(A, w)
 
     kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)
     always = np.isin(kinds, list(ALWAYS_KEPT_KINDS))

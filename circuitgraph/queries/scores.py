@@ -33,7 +33,7 @@ import numpy as np
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, format_table, share
-from circuitgraph.queries._sparse import coalesced_edges, csr, power_series, row_normalised_abs, target_weight_vector
+from circuitgraph.queries._sparse import power_series, target_weight_vector, weighted_influence
 from circuitgraph.queries.influence import total_effects
 
 __all__ = [
@@ -131,19 +131,19 @@ def compute_scores(
     error_kinds, input_kinds = tuple(error_kinds), tuple(input_kinds)
     n = graph.n_nodes
     w = target_weight_vector(graph)
-    e = coalesced_edges(graph)
-    a = row_normalised_abs(e.target, e.weight, n)
-    A = csr(e.target, e.source, a, n)
+    e, a, A, weighted = weighted_influence(graph)
     kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)
     is_err = np.isin(kinds, list(error_kinds))
     is_in = np.isin(kinds, list(input_kinds))
 
     targets = graph.target_ids if per_target else []
-    starts = np.zeros((n, len(targets) + 1), dtype=np.float64)
-    starts[:, 0] = w
-    for j, t in enumerate(targets):
-        starts[graph.index_of(t), j + 1] = 1.0
-    infl = power_series(A, starts)  # column 0: weighted; then one per target
+    if targets:
+        starts = np.zeros((n, len(targets)), dtype=np.float64)
+        for j, t in enumerate(targets):
+            starts[graph.index_of(t), j] = 1.0
+        infl = np.column_stack([weighted, power_series(A, starts)])  # column 0: weighted; one per target
+    else:
+        infl = weighted[:, None]
 
     token_infl = infl[is_in, 0].sum()
     error_infl = infl[is_err, 0].sum()
