@@ -190,7 +190,7 @@ def prune_graph(
               "top_k_edges": top_k_edges, "target_share": target_share}
 
     n = graph.n_nodes
-    e, _, A, influence = weighted_influence(graph)
+    e, A, influence = weighted_influence(graph)
     w = target_weight_vector(graph)
 
     kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)

@@ -131,7 +131,7 @@ def compute_scores(
     error_kinds, input_kinds = tuple(error_kinds), tuple(input_kinds)
     n = graph.n_nodes
     w = target_weight_vector(graph)
-    e, a, A, weighted = weighted_influence(graph)
+    e, A, weighted = weighted_influence(graph)
     kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)
     is_err = np.isin(kinds, list(error_kinds))
     is_in = np.isin(kinds, list(input_kinds))
@@ -149,7 +149,7 @@ def compute_scores(
     error_infl = infl[is_err, 0].sum()
     replacement = _ratio(token_infl, token_infl + error_infl)
 
-    from_error = np.bincount(e.target[is_err[e.source]], weights=a[is_err[e.source]], minlength=n)
+    from_error = A @ is_err.astype(np.float64)  # per row: the normalised weight from error nodes
     output_influence = infl[:, 0] + w
     completeness = _ratio(float(((1.0 - from_error) * output_influence).sum()), float(output_influence.sum()))
 
