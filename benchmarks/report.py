@@ -1,0 +1,328 @@
+"""Write docs/benchmarks/results.md and the plots from the results of ``run_benchmarks.py``.
+
+``write_report(results, out_dir)`` is called at the end of a benchmark run; run
+``python benchmarks/run_benchmarks.py --report-only [--quick]`` to redraw from ``results.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_report"]
+
+STAGES = ("attribute", "scores", "prune", "export_json", "export_npz")
+SUITE_TITLES = {
+    "prompt_length": "Prompt length",
+    "active_features": "Active features",
+    "gpt2_small": "GPT-2-small-sized random model",
+    "precision": "Precision (model weights; edges accumulated in float32, float64 for float64)",
+}
+
+
+def _gb(mb: float | None) -> str:
+    return "-" if mb is None else f"{mb / 1024:.2f}"
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def _e(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1e}"
+
+
+def _ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if "result" in r]
+
+
+def _graph_kind(r: dict[str, Any]) -> str:
+    res = r["result"]
+    if res["max_feature_nodes"] is None:
+        return "full"
+    return f"max_feature_nodes {res['max_feature_nodes']} ({r['plan']['reason']})"
+
+
+def _run_table(runs: list[dict[str, Any]]) -> list[str]:
+    head = ("| run | tokens | active features (per token per layer) | graph | nodes | edges | attribute s | "
+            "scores s | prune s | JSON s | npz s | process s | process CPU s | peak RSS GB | load avg (mean/max) | "
+            "completeness (max rel. violation) | pruned nodes / edges |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in runs:
+        if "result" not in r:
+            p = r["process"]
+            why = ", stopped at the memory budget" if p.get("killed_for_memory") else ""
+            lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | {_s(p['wall_s'])} | "
+                         f"{_s(p['user_s'] + p['sys_s'])} | {_gb(p['peak_rss_mb'])} | | | |")
+            continue
+        res, p = r["result"], r["process"]
+        t = res["timings_s"]
+        load = p["load_avg_1min"]
+        lines.append(
+            f"| {r['name']} | {res['n_pos']} | {res['n_active_features']:,} ({res['active_per_token_per_layer']:.1f}) "
+            f"| {_graph_kind(r)} | {res['n_nodes']:,} | {res['n_edges']:,} | {_s(t.get('attribute'))} | "
+            f"{_s(t.get('scores'))} | {_s(t.get('prune'))} | {_s(t.get('export_json'))} | {_s(t.get('export_npz'))} | "
+            f"{_s(p['wall_s'])} | {_s(p['user_s'] + p['sys_s'])} | {_gb(p['peak_rss_mb'])} | "
+            f"{load['mean']:.1f} / {load['max']:.1f} | "
+            f"{_e(res['completeness']['max_relative_violation'])} | "
+            f"{res['pruned']['n_nodes']:,} / {res['pruned']['n_edges']:,} |")
+    return lines
+
+
+def _precision_table(runs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| model weights | edge accumulation | completeness: max relative violation | max absolute violation | "
+             "readers checked | attribute s | peak RSS GB |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if "result" not in r:
+            lines.append(f"| {r['name']} | FAILED | | | | | |")
+            continue
+        res = r["result"]
+        c = res["completeness"]
+        lines.append(f"| {res['model_dtype']} | {res['graph_dtype']} | {_e(c['max_relative_violation'])} | "
+                     f"{_e(c.get('max_abs_violation'))} | {c.get('n_readers', '-')} | "
+                     f"{_s(res['timings_s']['attribute'])} | {_gb(r['process']['peak_rss_mb'])} |")
+    return lines
+
+
+def _plot(results: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    runs = _ok(results["runs"])
+    series = [("prompt_length", "n_pos", "prompt length (tokens)", "time_memory_vs_prompt_length.png"),
+              ("active_features", "n_active_features", "active features (graph nodes before selection)",
+               "time_memory_vs_active_features.png")]
+    for suite, key, xlabel, fname in series:
+        rs = sorted([r for r in runs if r["suite"] == suite], key=lambda r: r["result"][key])
+        if not rs:
+            continue
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        x = [r["result"][key] for r in rs]
+        for stage in STAGES:
+            y = [r["result"]["timings_s"].get(stage) for r in rs]
+            if any(v is not None for v in y):
+                ax1.plot(x, [v or 0 for v in y], marker="o", label=stage)
+        ax1.plot(x, [r["process"]["wall_s"] for r in rs], marker="s", color="k", label="whole process")
+        ax2.plot(x, [r["process"]["peak_rss_mb"] / 1024 for r in rs], marker="o", color="C3")
+        for r, xi in zip(rs, x):
+            if r["result"]["max_feature_nodes"] is not None:
+                ax2.annotate(f"mfn {r['result']['max_feature_nodes']}", (xi, r["process"]["peak_rss_mb"] / 1024),
+                             textcoords="offset points", xytext=(4, 6), fontsize=7)
+                ax1.axvline(xi, color="0.85", lw=0.8, zorder=0)
+        if suite == "active_features":
+            pl = sorted([r for r in runs if r["suite"] == "prompt_length" and r["result"]["max_feature_nodes"] is None],
+                        key=lambda r: r["result"][key])
+            if pl:
+                ax2.plot([r["result"][key] for r in pl], [r["process"]["peak_rss_mb"] / 1024 for r in pl],
+                         marker="x", ls=":", color="0.5", label="prompt-length runs (full graph)")
+                ax2.legend(fontsize=8)
+        for ax in (ax1, ax2):
+            ax.set_xscale("log")
+            ax.set_xlabel(xlabel)
+            ax.grid(True, which="both", alpha=0.3)
+        ax1.set_yscale("log")
+        ax1.set_ylabel("seconds")
+        ax1.legend(fontsize=8)
+        ax1.set_title("time per stage (separate process per run)")
+        ax2.set_ylabel("peak RSS (GB)")
+        ax2.set_title("peak memory of the run's process")
+        fig.suptitle(f"circuitgraph, {rs[0]['bundle']} ({results['machine'].get('cpu_count')} CPU cores, "
+                     f"load avg at start {results['load_avg_at_start'][0]:.1f}); grey lines: max_feature_nodes",
+                     fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+        made.append(fname)
+    return made
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.1f}x"
+
+
+def _side_by_side(s: dict[str, Any]) -> list[str]:
+    lines = [f"Bundle `{s['bundle']}`, {s['n_pos']} tokens; both from the same files and prompt, "
+             "node threshold 0.8, edge threshold 0.98, float32, CPU. circuit-tracer: "
+             "`benchmarks/circuit_tracer/ct_pipeline.py` (load, `attribute`, `create_graph_files`, which runs "
+             "`prune_graph` itself; batch size 512); circuitgraph: `circuitgraph run spec.json` with `prune` and "
+             "`export: {json}`, run once before and once after circuit-tracer. End to end = from starting the "
+             "process to the pruned graph JSON on disk. `attribute` = graph construction alone "
+             "(circuitgraph's from `benchmarks/bench_one.py`, run right after its first end-to-end run).", ""]
+    cli_runs = [c for c in s.get("circuitgraph_cli_runs") or [] if c.get("returncode") == 0]
+    stages = (s.get("circuitgraph_stages") or {}).get("result") or {}
+    ct = s.get("circuit_tracer") or {}
+    if "skipped" in ct:
+        return lines + [f"circuit-tracer not run: {ct['skipped']}"]
+    pipe = ct.get("pipeline") or {}
+    ct_t = pipe.get("timings_s", {})
+    cg_t = stages.get("timings_s", {})
+    ct_e2e = pipe.get("end_to_end_s")
+    cg_e2e = sum(c["wall_s"] for c in cli_runs) / len(cli_runs) if cli_runs else None
+    cg_each = ", ".join(f"{c['wall_s']:.1f} s at load {c['load_avg_1min']['mean']:.1f}" for c in cli_runs)
+    ct_attr, cg_attr = ct_t.get("attribute"), cg_t.get("attribute")
+    ct_peak = (pipe.get("peak_rss_mb") or {}).get("create_graph_files")
+    cg_peak = max((c["peak_rss_mb"] for c in cli_runs), default=None)
+    ct_load = (ct.get("load_avg_1min") or {}).get("mean")
+    stage_load = ((s.get("circuitgraph_stages") or {}).get("process") or {}).get("load_avg_1min", {}).get("mean")
+    ct_prune = ct_t.get("create_graph_files")
+    cg_prune = None if not cg_t else cg_t.get("scores", 0) + cg_t.get("prune", 0) + cg_t.get("export_json", 0)
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    lines += [
+        "| | circuit-tracer 0.5.0 | circuitgraph | ratio (circuit-tracer / circuitgraph) | target |",
+        "|---|---|---|---|---|",
+        f"| end to end, whole process: spec -> pruned graph JSON on disk (s) | {_s(ct_e2e)} | {_s(cg_e2e)} "
+        f"(mean of {cg_each}) | {_ratio(ct_e2e, cg_e2e)} | >= 5x: "
+        f"{met(ct_e2e and cg_e2e and ct_e2e / cg_e2e >= 5)} |",
+        f"| graph construction alone: `attribute` (s) | {_s(ct_attr)} | {_s(cg_attr)} | {_ratio(ct_attr, cg_attr)} "
+        f"| >= 10x: {met(ct_attr and cg_attr and ct_attr / cg_attr >= 10)} |",
+        f"| process start to model + transcoders loaded (s) | {_s(_sum(ct_t, 'import', 'load'))} | "
+        f"{_s(_sum(cg_t, 'import', 'load'))} | | |",
+        f"| prune + JSON (s): ct `create_graph_files`; circuitgraph scores + prune + JSON | {_s(ct_prune)} | "
+        f"{_s(cg_prune)} | {_ratio(ct_prune, cg_prune)} | |",
+        f"| peak RSS, end-to-end process (GB) | {_gb(ct_peak)} | {_gb(cg_peak)} | {_ratio(ct_peak, cg_peak)} | "
+        f"not higher: {met(ct_peak and cg_peak and cg_peak <= ct_peak)} |",
+        f"| peak RSS after `attribute` (GB) | {_gb((pipe.get('peak_rss_mb') or {}).get('attribute'))} | "
+        f"{_gb((stages.get('peak_rss_mb') or {}).get('attribute'))} | | |",
+        f"| load average (1 min, mean over the process) | {_l(ct_load)} | {_l(stage_load)} (stages run) | | |",
+        f"| pruned JSON size (MB) | {_mb(pipe.get('json_bytes'))} | {_mb(cli_runs[0].get('json_bytes') if cli_runs else None)} "
+        "| | |",
+    ]
+    if cli_runs and cli_runs[0].get("stage_times_s"):
+        lines += ["", "`circuitgraph run` reported: " + "; ".join(
+            ", ".join(f"{k} {v:.1f} s" for k, v in c["stage_times_s"].items()) for c in cli_runs)
+            + " (its `graph` includes loading; `prune` includes the replacement/completeness scores)."]
+    c = s.get("comparison") or {}
+    if c and "error" not in c:
+        p = c["pruning"]
+        rel = c["max_difference_relative_to_largest_edge"]
+        lines += [
+            "", "| agreement | value | target |", "|---|---|---|",
+            f"| same logit targets | {c['targets_equal']} | |",
+            f"| nodes (circuit-tracer / circuitgraph) | {c['n_nodes_ct']:,} / {c['n_nodes_circuitgraph']:,} | |",
+            f"| non-zero edges (circuit-tracer / circuitgraph) | {c['nonzero_ct']:,} / {c['n_edges_circuitgraph']:,} | |",
+            f"| largest edge | {c['largest_edge']:.4g} | |",
+            f"| largest edge difference (every entry of the adjacency) | {c['max_abs_difference']:.3g} "
+            f"({rel:.2e} of the largest edge) | <= 1e-5 of the largest edge: {met(rel <= 1e-5)} |",
+            f"| kept nodes after pruning (circuit-tracer / circuitgraph) | {p['n_nodes_kept_ct']:,} / "
+            f"{p['n_nodes_kept_circuitgraph']:,}, equal: {p['kept_nodes_equal']} | equal: {met(p['kept_nodes_equal'])} |",
+            f"| kept edges after pruning (circuit-tracer / circuitgraph) | {p['n_edges_kept_ct']:,} / "
+            f"{p['n_edges_kept_circuitgraph']:,}, equal: {p['kept_edges_equal']} (only circuit-tracer "
+            f"{p['n_edges_only_ct']}, only circuitgraph {p['n_edges_only_circuitgraph']}) | equal: "
+            f"{met(p['kept_edges_equal'])} |",
+        ]
+    elif c:
+        lines += ["", f"comparison failed: {c['error'][-500:]}"]
+    return lines
+
+
+def _sum(d: dict[str, float], *keys: str) -> float | None:
+    return sum(d[k] for k in keys) if all(k in d for k in keys) else None
+
+
+def _l(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _mb(b: int | None) -> str:
+    return "-" if not b else f"{b / 1e6:.1f}"
+
+
+def _code_line(results: dict[str, Any]) -> str:
+    start, end = results.get("code_at_start") or {}, results.get("code_at_end") or {}
+    if not start:
+        return ""
+    dirty = start.get("uncommitted_package_files") or []
+    line = (f"Code measured: commit `{start['commit']}` ({start['subject']})"
+            + (f" plus uncommitted changes to {len(dirty)} package files (diff `{start['package_diff_sha1']}`)"
+               if dirty else "") + ".")
+    if end and (end.get("commit"), end.get("package_diff_sha1")) != (start.get("commit"), start.get("package_diff_sha1")):
+        line += (f" The package changed during the run (at the end: commit `{end.get('commit')}`, diff "
+                 f"`{end.get('package_diff_sha1')}`): later rows measure later code.")
+    policy = results.get("omp_wait_policy")
+    if policy:
+        line += (f" Every process, circuitgraph's and circuit-tracer's, ran with `OMP_WAIT_POLICY={policy}` "
+                 "(what `circuitgraph run` sets for itself) and the same number of threads.")
+    return line
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    """``results.md`` + plots in ``out`` (``results.json`` is written by the caller)."""
+    out = Path(out)
+    plots = _plot(results, out)
+    m = results["machine"]
+    quick = results["mode"] == "quick"
+    lines = [
+        "# Benchmark results" + (" (--quick)" if quick else ""),
+        "",
+        f"Generated by `{results['command']}` on {results['started']} in {results['total_seconds'] / 60:.1f} min.",
+        "",
+        f"Machine: {m.get('cpu', '?')}, {m['cpu_count']} cores, {m['memory_gb']:.0f} GB RAM, "
+        f"{'CUDA available' if m['cuda'] else 'no GPU'}; Python {m['python']}, torch {m['torch']} "
+        f"({m['torch_threads']} threads). The machine was shared with other jobs: 1-minute load average "
+        f"{results['load_avg_at_start'][0]:.1f} at the start and {results['load_avg_at_end'][0]:.1f} at the end; "
+        "the mean and max load during each run are in the tables (with load above the core count, "
+        "wall times are upper bounds).",
+        "",
+        _code_line(results),
+        "",
+        "Every run is a separate process (`benchmarks/bench_one.py`): times are wall-clock seconds per stage, "
+        "`process s` is the whole process (interpreter start, imports, loading, every stage), peak RSS is the "
+        "process's `ru_maxrss`. Completeness is the largest relative violation over every reader of "
+        "`pre_activation = sum(incoming edges) + constant` (`AttributionGraph.check_completeness`). "
+        "`graph` says whether the full graph was built or only the rows of the `max_feature_nodes` most "
+        "influential features (the other features folded into remainder nodes), and why.",
+        "",
+    ]
+    if results.get("side_by_side"):
+        lines += ["## Side by side with circuit-tracer 0.5.0", ""] + _side_by_side(results["side_by_side"]) + [""]
+    runs = results["runs"]
+    for suite, title in SUITE_TITLES.items():
+        rs = [r for r in runs if r["suite"] == suite]
+        if not rs:
+            continue
+        b = rs[0]["bundle_config"]
+        lines += [f"## {title}", ""]
+        if suite != "precision":
+            lines += [f"Bundle `{rs[0]['bundle']}`: {b['n_layers']} layers, d_model {b['d_model']}, {b['n_heads']} heads, "
+                      f"d_mlp {b['d_mlp']}, d_vocab {b['d_vocab']}, {b['d_sae']}-feature ReLU transcoders.", ""]
+            lines += _run_table(rs)
+        else:
+            lines += [f"Bundle `{rs[0]['bundle']}`: {b['n_layers']} layers, d_model {b['d_model']}, "
+                      f"{b['d_sae']} features, {rs[0].get('result', {}).get('n_pos', '?')} tokens.", ""]
+            lines += _precision_table(rs)
+        lines.append("")
+    for p in plots:
+        lines += [f"![{p}]({p})", ""]
+    est = [r for r in runs if "result" in r and r["suite"] != "precision"]
+    if est:
+        lines += ["## Memory estimates", "",
+                  "The suite's estimate of the full graph (every causally allowed reader/writer pair non-zero, "
+                  f"{results['peak_bytes_per_edge_assumed']} bytes per edge at the peak) decides between the full "
+                  "graph and `max_feature_nodes`; `circuitgraph run --dry-run`'s own estimate "
+                  "(`circuitgraph.estimate.estimate_run`) is shown next to it.", "",
+                  "| run | est. edges (full graph) | edges built | est. peak GB (suite) | dry-run est. edges | "
+                  "dry-run est. peak GB | measured peak GB |", "|---|---|---|---|---|---|---|"]
+        for r in est:
+            pl, res = r["plan"], r["result"]
+            dr = pl.get("dry_run") or {}
+            lines.append(f"| {r['name']} | {pl['est_full_edges']:,.0f} | {res['n_edges']:,} | {pl['est_full_peak_gb']:.1f} | "
+                         f"{dr.get('n_edges_upper', 0):,} | {dr.get('peak_gb', float('nan')):.1f} | "
+                         f"{_gb(r['process']['peak_rss_mb'])} |")
+        lines.append("")
+    lines += ["## Reproduce", "", "```bash",
+              "# once: circuit-tracer 0.5.0 in its own venv (for the side by side)",
+              "bash benchmarks/circuit_tracer/setup_venv.sh /work/ct-venv",
+              f"{results['command']}    # add --skip-ct without the venv",
+              "# one suite only, or redraw this page from results.json:",
+              "python benchmarks/run_benchmarks.py --only side_by_side" + (" --quick" if quick else ""),
+              "python benchmarks/run_benchmarks.py --report-only" + (" --quick" if quick else ""),
+              "```", "",
+              "Bundles, graphs and logs go to `/tmp/circuitgraph-bench` (`--work`); see benchmarks/README.md.", ""]
+    if not quick:
+        lines += ["Profiles and suggestions: [profiling.md](profiling.md).", ""]
+    (out / "results.md").write_text("\n".join(lines))

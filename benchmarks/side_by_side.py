@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""Compare a circuitgraph graph with circuit-tracer's on the same bundle and prompt: edges and pruning.
+
+    python benchmarks/side_by_side.py --ct-dir CT_OUT --graph FULL.npz [--json RESULT.json]
+
+``CT_OUT`` is the output folder of ``benchmarks/circuit_tracer/ct_pipeline.py`` (``graph.npz``:
+circuit-tracer's dense adjacency and node lists; ``prune.npz``: its ``prune_graph`` node mask
+and kept edges); ``FULL.npz`` is circuitgraph's unpruned graph in its binary format (written
+by ``bench_one.py``).  Nodes are matched by identity, in circuit-tracer's order (NOTES.md
+section 1): selected features, error nodes (layer-major), token nodes, logit nodes.
+
+Reported:
+
+* **edges**: the largest ``|circuitgraph edge - circuit-tracer entry|`` over every entry of
+  circuit-tracer's adjacency (an entry circuitgraph has no edge for counts as 0 there), also
+  relative to the largest edge;
+* **pruning**: circuitgraph's :func:`~circuitgraph.queries.prune_graph` (0.8 / 0.98) on its
+  graph, against circuit-tracer's ``prune_graph`` masks: kept nodes equal, kept edges equal,
+  and the edges kept by only one of them.
+
+circuit-tracer has an error node at position 0 of every layer whose column is all zero;
+circuitgraph folds the position-0 MLP output into constants, so those nodes have no
+counterpart (and carry no edge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ct_node_order", "edge_difference", "pruning_agreement", "compare"]
+
+
+def ct_node_order(ct: Any) -> list:
+    """circuit-tracer's rows as circuitgraph node ids (``ct``: the loaded ``graph.npz``)."""
+    from circuitgraph.graph.nodes import NodeId
+
+    active, selected = ct["active_features"], ct["selected_features"]
+    n_layers, n_pos = int(ct["n_layers"]), int(ct["n_pos"])
+    tokens = ct["input_tokens"].tolist()
+    order = [NodeId("feature", *[int(v) for v in active[i]]) for i in selected.tolist()]
+    order += [NodeId("error", layer, pos, 0) for layer in range(n_layers) for pos in range(n_pos)]
+    order += [NodeId("embedding", -1, pos, int(tokens[pos])) for pos in range(n_pos)]
+    order += [NodeId("logit", n_layers, n_pos - 1, int(v)) for v in ct["logit_tokens"].tolist()]
+    return order
+
+
+def _row_map(graph: Any, order: list) -> np.ndarray:
+    index = {nid: i for i, nid in enumerate(order)}
+    return np.array([index.get(n.id, -1) for n in graph.nodes], dtype=np.int64)
+
+
+def edge_difference(adjacency: np.ndarray, graph: Any, row_map: np.ndarray) -> dict[str, Any]:
+    """Largest difference over every entry of ``adjacency`` (modified in place: zeroed where
+    circuitgraph has an edge)."""
+    t, s, w = row_map[graph.edge_target], row_map[graph.edge_source], graph.edge_weight.astype(np.float64)
+    both = (t >= 0) & (s >= 0)
+    scale = float(np.abs(adjacency).max())
+    theirs = adjacency[t[both], s[both]].astype(np.float64)
+    diff_on_ours = np.abs(w[both] - theirs)
+    worst_i = int(diff_on_ours.argmax()) if diff_on_ours.size else -1
+    only_ours = float(np.abs(w[~both]).max()) if (~both).any() else 0.0
+    adjacency[t[both], s[both]] = 0.0  # what is left: circuit-tracer entries circuitgraph lacks
+    only_theirs = float(np.abs(adjacency).max())
+    largest = max(float(diff_on_ours.max()) if diff_on_ours.size else 0.0, only_ours, only_theirs)
+    return {
+        "largest_edge": scale,
+        "max_abs_difference": largest,
+        "max_difference_relative_to_largest_edge": largest / scale if scale else 0.0,
+        "max_difference_on_shared_edges": float(diff_on_ours.max()) if diff_on_ours.size else 0.0,
+        "largest_ct_entry_without_circuitgraph_edge": only_theirs,
+        "largest_circuitgraph_edge_without_ct_node": only_ours,
+        "worst_shared_edge": ([str(graph.nodes[int(graph.edge_source[both][worst_i])].id),
+                               str(graph.nodes[int(graph.edge_target[both][worst_i])].id)]
+                              if worst_i >= 0 else None),
+        "n_edges_circuitgraph": int(graph.n_edges),
+        "n_shared_edges": int(both.sum()),
+    }
+
+
+def pruning_agreement(ct_prune: Any, graph: Any, row_map: np.ndarray, order: list,
+                      node_threshold: float = 0.8, edge_threshold: float = 0.98) -> dict[str, Any]:
+    """circuitgraph's prune_graph on ``graph`` against circuit-tracer's saved masks."""
+    from circuitgraph.queries import prune_graph
+
+    n = len(order)
+    res = prune_graph(graph, node_threshold=node_threshold, edge_threshold=edge_threshold)
+    ours_nodes = {int(r) for r in row_map[np.flatnonzero(res.node_mask)] if r >= 0}
+    ct_nodes = set(np.flatnonzero(ct_prune["node_mask"]).tolist())
+    em = res.edge_mask
+    t, s = row_map[graph.edge_target[em]], row_map[graph.edge_source[em]]
+    ours_edges = np.unique(t * np.int64(n) + s)
+    idx = ct_prune["edge_mask_indices"]
+    ct_edges = np.unique(idx[:, 0].astype(np.int64) * n + idx[:, 1])
+    only_ours = np.setdiff1d(ours_edges, ct_edges)
+    only_ct = np.setdiff1d(ct_edges, ours_edges)
+    name = lambda k: f"{order[int(k) % n]} -> {order[int(k) // n]}"  # noqa: E731
+    return {
+        "n_nodes_kept_ct": len(ct_nodes),
+        "n_nodes_kept_circuitgraph": len(ours_nodes),
+        "kept_nodes_equal": ours_nodes == ct_nodes,
+        "nodes_only_ct": [str(order[i]) for i in sorted(ct_nodes - ours_nodes)][:20],
+        "nodes_only_circuitgraph": [str(order[i]) for i in sorted(ours_nodes - ct_nodes)][:20],
+        "n_edges_kept_ct": int(ct_edges.size),
+        "n_edges_kept_circuitgraph": int(ours_edges.size),
+        "kept_edges_equal": bool(only_ours.size == 0 and only_ct.size == 0),
+        "n_edges_only_ct": int(only_ct.size),
+        "n_edges_only_circuitgraph": int(only_ours.size),
+        "edges_only_ct": [name(k) for k in only_ct[:10]],
+        "edges_only_circuitgraph": [name(k) for k in only_ours[:10]],
+        "circuitgraph_edge_score_threshold": res.edge_score_threshold,
+        "circuitgraph_node_score_threshold": res.node_score_threshold,
+    }
+
+
+def compare(ct_dir: Path, graph_npz: Path) -> dict[str, Any]:
+    from circuitgraph.export import load_graph_binary
+
+    graph = load_graph_binary(str(graph_npz))
+    with np.load(ct_dir / "graph.npz") as z:
+        ct = {k: z[k] for k in z.files}
+    order = ct_node_order(ct)
+    row_map = _row_map(graph, order)
+    ct_targets = [str(n) for n in order[-len(ct["logit_tokens"]):]]
+    our_targets = [str(t) for t, _ in graph.targets]
+    out: dict[str, Any] = {"targets_equal": ct_targets == our_targets, "n_nodes_ct": len(order),
+                           "n_nodes_circuitgraph": graph.n_nodes,
+                           "circuitgraph_nodes_without_ct_node": int((row_map < 0).sum())}
+    adjacency = ct.pop("adjacency_matrix")
+    out["nonzero_ct"] = int(np.count_nonzero(adjacency))
+    out.update(edge_difference(adjacency, graph, row_map))
+    del adjacency
+    with np.load(ct_dir / "prune.npz") as z:
+        ct_prune = {k: z[k] for k in z.files}
+    out["pruning"] = pruning_agreement(ct_prune, graph, row_map, order)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ct-dir", type=Path, required=True)
+    ap.add_argument("--graph", type=Path, required=True)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    text = json.dumps(compare(args.ct_dir, args.graph), indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
