@@ -3,7 +3,7 @@
 
     python benchmarks/bench_one.py --bundle DIR --tokens TOKENS.json --out-dir DIR --result RESULT.json \
         [--max-feature-nodes N] [--batch-size 256] [--model-dtype float32] [--graph-dtype float32] \
-        [--threads 2] [--no-export] [--memory-limit-gb GB]
+        [--threads 2] [--no-export] [--memory-limit-gb GB] [--count-only]
 
 ``run_benchmarks.py`` starts this script once per configuration, so that the peak resident
 memory it records (``ru_maxrss``) belongs to that run alone.  Each stage is timed separately:
@@ -37,7 +37,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-__all__ = ["BenchParams", "run_one", "peak_rss_mb"]
+__all__ = ["BenchParams", "run_one", "count_active", "peak_rss_mb"]
 
 
 def peak_rss_mb() -> float:
@@ -175,6 +175,25 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     }
 
 
+def count_active(p: BenchParams) -> dict[str, Any]:
+    """Active transcoder features per (layer, position) on the prompt: one forward pass, no
+    edges.  ``run_benchmarks.py`` plans a run's memory from these counts."""
+    import torch
+
+    from circuitgraph.attribution.linearisation import linearise
+    from circuitgraph.inputs import load_inputs
+    from circuitgraph.spec import load_spec
+
+    if p.threads:
+        torch.set_num_threads(p.threads)
+    adapter, tcs = load_inputs(load_spec(p.spec()))
+    lin = linearise(adapter, torch.tensor(p.tokens), tcs)
+    with torch.no_grad():
+        counts = [(tcs[layer].activation(lin.tc_input[layer]) != 0).sum(-1).tolist() for layer in sorted(tcs.layers)]
+    return {"n_pos": len(p.tokens), "n_layers": adapter.facts.n_layers, "d_model": adapter.facts.d_model,
+            "active_counts": counts, "peak_rss_mb": {"count": peak_rss_mb()}}
+
+
 def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -199,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph-dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-export", action="store_true")
+    ap.add_argument("--count-only", action="store_true",
+                    help="only count the active features per (layer, position) (one forward pass)")
     ap.add_argument("--memory-limit-gb", type=float, default=None,
                     help="memory the engine's own guard may plan for (default: the memory available)")
     args = ap.parse_args(argv)
@@ -207,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     params = BenchParams(args.bundle, tokens, args.out_dir, max_feature_nodes=args.max_feature_nodes,
                          batch_size=args.batch_size, model_dtype=args.model_dtype, graph_dtype=args.graph_dtype,
                          export=not args.no_export, threads=args.threads, memory_limit_gb=args.memory_limit_gb)
+    if args.count_only:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        args.result.write_text(json.dumps(count_active(params)) + "\n")
+        return 0
     result = run_one(params)
     result["pid"] = os.getpid()
     result["epoch_end"] = time.time()

@@ -36,6 +36,7 @@ PIPELINE = [
     ("select_and_compute (max_feature_nodes)", "attribution/selection.py", "select_and_compute"),
     ("fold_unselected (max_feature_nodes)", "attribution/selection.py", "fold_unselected"),
     ("check_completeness", "graph/graph.py", "check_completeness"),
+    ("  incoming_sums (bincount over every edge)", "graph/graph.py", "incoming_sums"),
     ("scores: compute_scores", "queries/scores.py", "compute_scores"),
     ("  total_effects (per-target error effect)", "queries/influence.py", "total_effects"),
     ("prune_graph", "queries/prune.py", "prune_graph"),
@@ -43,6 +44,7 @@ PIPELINE = [
     ("  find_threshold (sort, cumsum)", "queries/prune.py", "find_threshold"),
     ("coalesced_edges (np.unique of edge keys)", "queries/_sparse.py", "coalesced_edges"),
     ("csr (scipy COO -> CSR)", "queries/_sparse.py", "csr"),
+    ("weighted_influence", "queries/_sparse.py", "weighted_influence"),
     ("power_series (sparse mat-vec series)", "queries/_sparse.py", "power_series"),
     ("export: graph_to_json", "export/json_graph.py", "graph_to_json"),
 ]
