@@ -52,11 +52,13 @@ MAKE_BUNDLE = HERE / "circuit_tracer" / "make_random_bundle.py"
 CT_PIPELINE = HERE / "circuit_tracer" / "ct_pipeline.py"
 GB = 1024**3
 
-#: measured peak bytes per stored edge of a full graph (attribute + scores + prune + export,
-#: 6 layers / 32 tokens: 7.0 GB for 57.2 M edges, less ~0.6 GB of model and interpreter)
-PEAK_BYTES_PER_EDGE = 120
-#: with max_feature_nodes: share of the widest row a selected feature's row is assumed to hold
-MFN_ROW_SHARE = 0.25
+#: peak bytes per edge of a full graph, attribute + scores + prune + export (measured at commit
+#: dec8fe6: 75-83 bytes; 100-120 before the queries' rework)
+PEAK_BYTES_PER_EDGE = 90
+#: with max_feature_nodes: peak bytes per edge of the selected rows before folding, and the
+#: share of the mean feature row a selected row is assumed to hold
+MFN_BYTES_PER_EDGE = 110
+MFN_ROW_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -221,12 +223,6 @@ def build_bundle(b: Bundle, work: Path) -> Path:
     return out
 
 
-def bundle_l0(path: Path) -> float:
-    """Mean active features per token per layer on the bundle's calibration prompts."""
-    stats = json.loads((path / "bundle.json").read_text())["transcoder_stats"]
-    return sum(s["l0"] for s in stats) / len(stats)
-
-
 def prompt_tokens(b: Bundle, n_pos: int) -> list[int]:
     """A seeded random prompt: BOS (1), then tokens >= 3; shorter prompts are prefixes."""
     import numpy as np
@@ -235,39 +231,70 @@ def prompt_tokens(b: Bundle, n_pos: int) -> list[int]:
     return [1] + rng.integers(3, b.d_vocab, size=b.n_ctx - 1).tolist()[: n_pos - 1]
 
 
-def estimate_edges(n_layers: int, n_pos: int, per_token: float, n_targets: int = 10) -> dict[str, float]:
-    """Edges of the full graph when every allowed (reader, writer) pair is non-zero.
+def estimate_edges(counts: list[list[int]], n_targets: int = 10) -> dict[str, float]:
+    """Edges of the full graph if every causally allowed (reader, writer) pair is non-zero, from
+    the active features per (layer, position) (``counts[layer][position]``).
 
     A feature at (layer l, position p >= 1) reads the features and error nodes of layers < l at
-    positions 1..p and the token nodes 0..p; each target reads every writer at positions <= its
-    own.  Frozen attention mixes all earlier positions, so on random models nearly every
-    allowed pair is non-zero (6 layers / 32 tokens: 56.0 M estimated, 57.2 M measured)."""
-    a, L, T = per_token, n_layers, n_pos
-    tri = (T - 1) * T / 2
-    per_feature_rows = a * ((a + 1) * (L * (L - 1) / 2) * tri + L * (tri + (T - 1)))
-    target_rows = n_targets * (L * (T - 1) * (a + 1) + T)
-    widest_row = (L - 1) * (T - 1) * (a + 1) + T
-    return {"edges": per_feature_rows + target_rows, "n_features": a * L * (T - 1), "widest_row": widest_row}
+    positions 1..p and the token nodes 0..p; each target (at the last position, above the last
+    layer) reads every writer.  Frozen attention mixes all earlier positions, so on random
+    models nearly every allowed pair is non-zero."""
+    import numpy as np
+
+    n = np.asarray(counts, dtype=np.float64)
+    n[:, 0] = 0  # no feature nodes at the BOS position
+    L, T = n.shape
+    per_site = n + (np.arange(T) >= 1)[None, :]  # features + the error node, positions >= 1
+    below = np.zeros((L + 1, T))
+    below[1:] = np.cumsum(np.cumsum(per_site, axis=0), axis=1)  # layers < l, positions <= p
+    row = below[:L] + np.arange(T)[None, :] + 1  # ... + token nodes 0..p
+    feature_edges = float((n * row).sum())
+    n_features = float(n.sum())
+    target_row = float(below[L, T - 1] + T)
+    return {"edges": feature_edges + n_targets * target_row, "n_features": n_features,
+            "mean_row": feature_edges / max(n_features, 1.0), "widest_row": float(row.max())}
 
 
-def plan(run: Run, bundle_dir: Path, budget_gb: float) -> dict[str, Any]:
+def count_features(run: Run, bundle_dir: Path, work: Path, threads: int) -> list[list[int]]:
+    """Active features per (layer, position) on the run's prompt (a child process; cached)."""
+    cache = work / "counts" / f"{bundle_dir.name}-T{run.n_pos}-{run.model_dtype}.json"
+    if not cache.exists():
+        tokens = work / "counts" / f"{bundle_dir.name}-T{run.n_pos}-tokens.json"
+        tokens.parent.mkdir(parents=True, exist_ok=True)
+        tokens.write_text(json.dumps({"tokens": prompt_tokens(run.bundle, run.n_pos)}))
+        proc = run_process([sys.executable, str(HERE / "bench_one.py"), "--count-only", "--bundle", str(bundle_dir),
+                            "--tokens", str(tokens), "--out-dir", str(cache.parent), "--result", str(cache),
+                            "--model-dtype", run.model_dtype, "--threads", str(threads)],
+                           log_path=cache.with_suffix(".log"), env=child_env(threads))
+        if proc["returncode"] != 0:
+            raise SystemExit(f"counting active features for {run.name} failed:\n{proc['log_tail']}")
+    return json.loads(cache.read_text())["active_counts"]
+
+
+def plan(run: Run, bundle_dir: Path, budget_gb: float, counts: list[list[int]]) -> dict[str, Any]:
     """Full graph, or the largest max_feature_nodes (fallback_mfn, halved) whose estimate fits.
 
-    With max_feature_nodes the engine stores every edge of the selected rows, unselected sources
-    included, before folding those into remainders; a selected row is assumed to hold a quarter
-    of the widest row (6 layers / 64 tokens / 4096 features: a fifth measured)."""
-    a = bundle_l0(bundle_dir)
-    est = estimate_edges(run.bundle.n_layers, run.n_pos, a)
-    base = sum(f.stat().st_size for f in bundle_dir.rglob("*.safetensors")) * 2 + 0.5 * GB
+    Peak = twice the weight files + the node tables (~5 copies of a d_model vector per active
+    feature) + ``PEAK_BYTES_PER_EDGE`` per edge.  With max_feature_nodes the engine stores every
+    edge of the selected rows, unselected sources included, before folding those into
+    remainders (``MFN_BYTES_PER_EDGE`` at the peak); a selected row is assumed to hold
+    ``MFN_ROW_SHARE`` of the mean feature row (6 layers / 64 tokens / 4096 features: 0.5)."""
+    est = estimate_edges(counts)
+    n_active = est["n_features"]
+    base = (sum(f.stat().st_size for f in bundle_dir.rglob("*.safetensors")) * 2 + 0.5 * GB
+            + 5 * 4 * run.bundle.d_model * n_active)
     full_gb = (base + PEAK_BYTES_PER_EDGE * est["edges"]) / GB
-    out: dict[str, Any] = {"active_per_token_est": a, "est_full_edges": est["edges"], "est_full_peak_gb": full_gb,
-                           "dry_run": _dry_run_estimate(run, bundle_dir)}
+    fraction = n_active / max(1.0, run.bundle.d_sae * run.bundle.n_layers * (run.n_pos - 1))
+    out: dict[str, Any] = {"n_active_features": n_active, "active_fraction": fraction,
+                           "est_full_edges": est["edges"], "est_full_peak_gb": full_gb,
+                           "dry_run": _dry_run_estimate(run, bundle_dir, fraction)}
 
     def mfn_gb(m: int) -> float:
-        return (base + PEAK_BYTES_PER_EDGE * (m * MFN_ROW_SHARE * est["widest_row"])) / GB
+        return (base + MFN_BYTES_PER_EDGE * m * MFN_ROW_SHARE * est["mean_row"]) / GB
 
     if run.max_feature_nodes is not None:
-        out.update(max_feature_nodes=run.max_feature_nodes, reason="fixed", est_mfn_peak_gb=mfn_gb(run.max_feature_nodes))
+        out.update(max_feature_nodes=run.max_feature_nodes, reason="fixed",
+                   est_mfn_peak_gb=mfn_gb(run.max_feature_nodes))
     elif full_gb <= budget_gb:
         out.update(max_feature_nodes=None, reason="full graph fits")
     else:
@@ -281,14 +308,14 @@ def plan(run: Run, bundle_dir: Path, budget_gb: float) -> dict[str, Any]:
     return out
 
 
-def _dry_run_estimate(run: Run, bundle_dir: Path) -> dict[str, Any] | None:
+def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dict[str, Any] | None:
     """circuitgraph's own estimate (``circuitgraph run --dry-run``), recorded for comparison."""
     try:
         from circuitgraph.estimate import estimate_run
         from circuitgraph.spec import load_spec
 
         spec = load_spec(spec_dict(run, bundle_dir, prompt_tokens(run.bundle, run.n_pos), None))
-        e = estimate_run(spec, active_fraction=bundle_l0(bundle_dir) / run.bundle.d_sae)
+        e = estimate_run(spec, active_fraction=active_fraction)
         return {"n_edges_upper": e.n_edges_upper, "peak_gb": e.bytes_peak / GB, "fits": e.fits}
     except Exception as exc:  # noqa: BLE001 - the estimate is informative only
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -316,7 +343,7 @@ def spec_dict(run: Run, bundle_dir: Path, tokens: list[int], json_out: Path | No
 def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, threads: int) -> dict[str, Any]:
     """``bench_one.py`` on one configuration, in its own process.  A run that passes the memory
     budget is stopped and, if it used max_feature_nodes (or could), retried with half as many."""
-    p = plan(run, bundle_dir, budget_gb)
+    p = plan(run, bundle_dir, budget_gb, count_features(run, bundle_dir, work, threads))
     tokens = prompt_tokens(run.bundle, run.n_pos)
     rdir = work / "runs" / run.name
     rdir.mkdir(parents=True, exist_ok=True)
