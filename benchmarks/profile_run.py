@@ -82,7 +82,8 @@ def profile_times(spec: str, top: int) -> None:
         for caller, cv in callers.items():
             key = CALLER_NAMES.get(caller[2], caller[2])
             split[key] = split.get(key, 0.0) + cv[3]
-        by = ", ".join(f"{k} {v:.1f}" for k, v in sorted(split.items(), key=lambda kv: -kv[1])) if len(split) > 1 else ""
+        ranked = sorted(split.items(), key=lambda kv: -kv[1])
+        by = ", ".join(f"{k} {v:.1f}" for k, v in ranked) if len(split) > 1 else ""
         print(f"| {label} | {ct:.2f} | {ct / total:.0%} | {nc} | {by} |")
     print(f"\nTop {top} by own time:")
     stats.sort_stats("tottime").print_stats(top)

@@ -54,7 +54,8 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
         if "result" not in r:
             p = r["process"]
             why = ", stopped at the memory budget" if p.get("killed_for_memory") else ""
-            lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | {_s(p['wall_s'])} | "
+            lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | "
+                         f"{_s(p['wall_s'])} | "
                          f"{_s(p['user_s'] + p['sys_s'])} | {_gb(p['peak_rss_mb'])} | | | |")
             continue
         res, p = r["result"], r["process"]
@@ -86,7 +87,17 @@ def _precision_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _ticks(ax: Any, xs: list[float]) -> None:
+    """Tick labels at the measured x values (1.5k, 16, ...) instead of log-scale powers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(xs))))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:.1f}k" if v >= 2000 else f"{v:g}"))
+
+
 def _plot(results: dict[str, Any], out: Path) -> list[str]:
+    """Time per stage and peak memory against prompt length and against active features."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,45 +106,58 @@ def _plot(results: dict[str, Any], out: Path) -> list[str]:
     made = []
     runs = _ok(results["runs"])
     series = [("prompt_length", "n_pos", "prompt length (tokens)", "time_memory_vs_prompt_length.png"),
-              ("active_features", "n_active_features", "active features (graph nodes before selection)",
+              ("active_features", "n_active_features", "active features (before any selection)",
                "time_memory_vs_active_features.png")]
     for suite, key, xlabel, fname in series:
         rs = sorted([r for r in runs if r["suite"] == suite], key=lambda r: r["result"][key])
         if not rs:
             continue
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        x = [r["result"][key] for r in rs]
-        for stage in STAGES:
-            y = [r["result"]["timings_s"].get(stage) for r in rs]
-            if any(v is not None for v in y):
-                ax1.plot(x, [v or 0 for v in y], marker="o", label=stage)
-        ax1.plot(x, [r["process"]["wall_s"] for r in rs], marker="s", color="k", label="whole process")
-        ax2.plot(x, [r["process"]["peak_rss_mb"] / 1024 for r in rs], marker="o", color="C3")
-        for r, xi in zip(rs, x):
-            if r["result"]["max_feature_nodes"] is not None:
-                ax2.annotate(f"mfn {r['result']['max_feature_nodes']}", (xi, r["process"]["peak_rss_mb"] / 1024),
-                             textcoords="offset points", xytext=(4, 6), fontsize=7)
-                ax1.axvline(xi, color="0.85", lw=0.8, zorder=0)
+        full = [r for r in rs if r["result"]["max_feature_nodes"] is None]
+        capped = [r for r in rs if r["result"]["max_feature_nodes"] is not None]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.4))
+        xs = [r["result"][key] for r in rs]
+        for i, stage in enumerate((*STAGES, "whole process")):
+            color = "k" if stage == "whole process" else f"C{i}"
+            for group, style, marker in ((full, "-", "o"), (capped, "--", "^")):
+                if not group:
+                    continue
+                y = [r["process"]["wall_s"] if stage == "whole process" else r["result"]["timings_s"].get(stage)
+                     for r in group]
+                ax1.plot([r["result"][key] for r in group], [v if v else float("nan") for v in y], ls=style,
+                         marker=marker, color=color, label=stage if group is full or not full else None)
+        for group, style, marker, label in ((full, "-", "o", "full graph"), (capped, "--", "^", "max_feature_nodes")):
+            if group:
+                ax2.plot([r["result"][key] for r in group], [r["process"]["peak_rss_mb"] / 1024 for r in group],
+                         ls=style, marker=marker, color="C3", label=label)
+        for r in capped:
+            ax2.annotate(str(r["result"]["max_feature_nodes"]),
+                         (r["result"][key], r["process"]["peak_rss_mb"] / 1024), textcoords="offset points",
+                         xytext=(4, -12), fontsize=7)
         if suite == "active_features":
             pl = sorted([r for r in runs if r["suite"] == "prompt_length" and r["result"]["max_feature_nodes"] is None],
                         key=lambda r: r["result"][key])
             if pl:
                 ax2.plot([r["result"][key] for r in pl], [r["process"]["peak_rss_mb"] / 1024 for r in pl],
                          marker="x", ls=":", color="0.5", label="prompt-length runs (full graph)")
-                ax2.legend(fontsize=8)
         for ax in (ax1, ax2):
             ax.set_xscale("log")
+            _ticks(ax, xs)
             ax.set_xlabel(xlabel)
-            ax.grid(True, which="both", alpha=0.3)
+            ax.grid(True, which="major", alpha=0.3)
         ax1.set_yscale("log")
         ax1.set_ylabel("seconds")
-        ax1.legend(fontsize=8)
-        ax1.set_title("time per stage (separate process per run)")
+        ax1.legend(fontsize=7, title="solid: full graph; dashed: max_feature_nodes" if capped and full else None,
+                   title_fontsize=7)
+        ax1.set_title("time per stage (one process per run)", fontsize=10)
         ax2.set_ylabel("peak RSS (GB)")
-        ax2.set_title("peak memory of the run's process")
-        fig.suptitle(f"circuitgraph, {rs[0]['bundle']} ({results['machine'].get('cpu_count')} CPU cores, "
-                     f"load avg at start {results['load_avg_at_start'][0]:.1f}); grey lines: max_feature_nodes",
-                     fontsize=9)
+        ax2.set_ylim(bottom=0)
+        ax2.legend(fontsize=7)
+        ax2.set_title("peak memory of the run's process", fontsize=10)
+        b = rs[0]["bundle_config"]
+        what = (f"{b['n_layers']} layers, d_model {b['d_model']}, {b['d_sae']}-feature transcoders"
+                + (", 32 tokens, 0.25%-3% active" if suite == "active_features" else ""))
+        fig.suptitle(f"circuitgraph: {what} ({results['machine'].get('cpu_count')} CPU cores, no GPU; "
+                     f"load average {results['load_avg_at_start'][0]:.1f} at the start)", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
@@ -189,12 +213,15 @@ def _side_by_side(s: dict[str, Any]) -> list[str]:
         f"| peak RSS after `attribute` (GB) | {_gb((pipe.get('peak_rss_mb') or {}).get('attribute'))} | "
         f"{_gb((stages.get('peak_rss_mb') or {}).get('attribute'))} | | |",
         f"| load average (1 min, mean over the process) | {_l(ct_load)} | {_l(stage_load)} (stages run) | | |",
-        f"| pruned JSON size (MB) | {_mb(pipe.get('json_bytes'))} | {_mb(cli_runs[0].get('json_bytes') if cli_runs else None)} "
+        f"| pruned JSON size (MB) | {_mb(pipe.get('json_bytes'))} | "
+        f"{_mb(cli_runs[0].get('json_bytes') if cli_runs else None)} "
         "| | |",
     ]
     if cli_runs and cli_runs[0].get("stage_times_s"):
         lines += ["", "`circuitgraph run` reported: " + "; ".join(
-            ", ".join(f"{k} {v:.1f} s" for k, v in c["stage_times_s"].items()) for c in cli_runs)
+            ", ".join(f"{k} {c['stage_times_s'][k]:.1f} s" for k in ("graph", "prune", "export")
+                      if k in c["stage_times_s"])
+            for c in cli_runs)
             + " (its `graph` includes loading; `prune` includes the replacement/completeness scores)."]
     c = s.get("comparison") or {}
     if c and "error" not in c:
@@ -204,12 +231,14 @@ def _side_by_side(s: dict[str, Any]) -> list[str]:
             "", "| agreement | value | target |", "|---|---|---|",
             f"| same logit targets | {c['targets_equal']} | |",
             f"| nodes (circuit-tracer / circuitgraph) | {c['n_nodes_ct']:,} / {c['n_nodes_circuitgraph']:,} | |",
-            f"| non-zero edges (circuit-tracer / circuitgraph) | {c['nonzero_ct']:,} / {c['n_edges_circuitgraph']:,} | |",
+            f"| non-zero edges (circuit-tracer / circuitgraph) | {c['nonzero_ct']:,} / "
+            f"{c['n_edges_circuitgraph']:,} | |",
             f"| largest edge | {c['largest_edge']:.4g} | |",
             f"| largest edge difference (every entry of the adjacency) | {c['max_abs_difference']:.3g} "
             f"({rel:.2e} of the largest edge) | <= 1e-5 of the largest edge: {met(rel <= 1e-5)} |",
             f"| kept nodes after pruning (circuit-tracer / circuitgraph) | {p['n_nodes_kept_ct']:,} / "
-            f"{p['n_nodes_kept_circuitgraph']:,}, equal: {p['kept_nodes_equal']} | equal: {met(p['kept_nodes_equal'])} |",
+            f"{p['n_nodes_kept_circuitgraph']:,}, equal: {p['kept_nodes_equal']} | "
+            f"equal: {met(p['kept_nodes_equal'])} |",
             f"| kept edges after pruning (circuit-tracer / circuitgraph) | {p['n_edges_kept_ct']:,} / "
             f"{p['n_edges_kept_circuitgraph']:,}, equal: {p['kept_edges_equal']} (only circuit-tracer "
             f"{p['n_edges_only_ct']}, only circuitgraph {p['n_edges_only_circuitgraph']}) | equal: "
@@ -240,7 +269,8 @@ def _code_line(results: dict[str, Any]) -> str:
     line = (f"Code measured: commit `{start['commit']}` ({start['subject']})"
             + (f" plus uncommitted changes to {len(dirty)} package files (diff `{start['package_diff_sha1']}`)"
                if dirty else "") + ".")
-    if end and (end.get("commit"), end.get("package_diff_sha1")) != (start.get("commit"), start.get("package_diff_sha1")):
+    state = lambda d: (d.get("commit"), d.get("package_diff_sha1"))  # noqa: E731
+    if end and state(end) != state(start):
         line += (f" The package changed during the run (at the end: commit `{end.get('commit')}`, diff "
                  f"`{end.get('package_diff_sha1')}`): later rows measure later code.")
     policy = results.get("omp_wait_policy")
@@ -288,8 +318,13 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         b = rs[0]["bundle_config"]
         lines += [f"## {title}", ""]
         if suite != "precision":
-            lines += [f"Bundle `{rs[0]['bundle']}`: {b['n_layers']} layers, d_model {b['d_model']}, {b['n_heads']} heads, "
-                      f"d_mlp {b['d_mlp']}, d_vocab {b['d_vocab']}, {b['d_sae']}-feature ReLU transcoders.", ""]
+            names = sorted({r["bundle"] for r in rs})
+            lines += [f"Bundle{'s' if len(names) > 1 else ''} {', '.join(f'`{n}`' for n in names)}: {b['n_layers']} "
+                      f"layers, d_model {b['d_model']}, {b['n_heads']} heads, d_mlp {b['d_mlp']}, "
+                      f"d_vocab {b['d_vocab']}, "
+                      f"{b['d_sae']}-feature ReLU transcoders"
+                      + (" (the same model; transcoders set for different active fractions)" if len(names) > 1 else "")
+                      + ".", ""]
             lines += _run_table(rs)
         else:
             lines += [f"Bundle `{rs[0]['bundle']}`: {b['n_layers']} layers, d_model {b['d_model']}, "
@@ -301,17 +336,25 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     est = [r for r in runs if "result" in r and r["suite"] != "precision"]
     if est:
         lines += ["## Memory estimates", "",
-                  "The suite's estimate of the full graph (every causally allowed reader/writer pair non-zero, "
-                  f"{results['peak_bytes_per_edge_assumed']} bytes per edge at the peak) decides between the full "
-                  "graph and `max_feature_nodes`; `circuitgraph run --dry-run`'s own estimate "
-                  "(`circuitgraph.estimate.estimate_run`) is shown next to it.", "",
-                  "| run | est. edges (full graph) | edges built | est. peak GB (suite) | dry-run est. edges | "
-                  "dry-run est. peak GB | measured peak GB |", "|---|---|---|---|---|---|---|"]
+                  "Before each run the suite counts the active features per (layer, position) on its prompt "
+                  "(one forward pass in a separate process) and estimates the full graph: every causally allowed "
+                  "(reader, writer) pair non-zero (frozen attention mixes every earlier position), "
+                  f"{results['peak_bytes_per_edge_assumed']} bytes per edge at the peak, plus the weights and the "
+                  "node tables. Above the budget it uses `max_feature_nodes` (the largest of the configured value, "
+                  "halved, whose estimate fits); a run that still passes the budget is stopped and retried with "
+                  "half as many feature rows. `circuitgraph run --dry-run`'s own estimate "
+                  "(`circuitgraph.estimate.estimate_run`, given the same active fraction) is shown next to it.", "",
+                  "| run | est. edges (full graph) | edges built | est. peak GB: full graph / run as done | "
+                  "dry-run: est. edges, peak GB, fits | measured peak GB |", "|---|---|---|---|---|---|"]
         for r in est:
             pl, res = r["plan"], r["result"]
             dr = pl.get("dry_run") or {}
-            lines.append(f"| {r['name']} | {pl['est_full_edges']:,.0f} | {res['n_edges']:,} | {pl['est_full_peak_gb']:.1f} | "
-                         f"{dr.get('n_edges_upper', 0):,} | {dr.get('peak_gb', float('nan')):.1f} | "
+            done = pl.get("est_mfn_peak_gb") if res["max_feature_nodes"] is not None else pl["est_full_peak_gb"]
+            built = f"{res['n_edges']:,}" + (f" (max_feature_nodes {res['max_feature_nodes']}, folded)"
+                                             if res["max_feature_nodes"] is not None else "")
+            lines.append(f"| {r['name']} | {pl['est_full_edges']:,.0f} | {built} | {pl['est_full_peak_gb']:.1f} / "
+                         f"{'-' if done is None else f'{done:.1f}'} | {dr.get('n_edges_upper', 0):,}, "
+                         f"{dr.get('peak_gb', float('nan')):.1f}, {dr.get('fits')} | "
                          f"{_gb(r['process']['peak_rss_mb'])} |")
         lines.append("")
     lines += ["## Reproduce", "", "```bash",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """circuitgraph's benchmark suite: one command, random models built here, results in docs/benchmarks/.
 
-    python benchmarks/run_benchmarks.py            # the full suite (about an hour on 2 cores)
+    python benchmarks/run_benchmarks.py            # the full suite (~11 min on 2 cores, + bundles once)
     python benchmarks/run_benchmarks.py --quick    # small configurations, a couple of minutes
 
 Random GPT-2-style models and ReLU transcoders are built natively by
@@ -14,7 +14,7 @@ load average is sampled while it runs.  Suites:
 
 * ``prompt_length``: the 6-layer configuration (d_model 256, 8 heads, d_mlp 1024, d_vocab 1000,
   4096-feature transcoders, ~2% active) at 16 ... 512 tokens;
-* ``active_features``: the same model at 32 tokens with transcoders ~0.5% ... 3% active;
+* ``active_features``: the same model at 32 tokens with transcoders ~0.25% ... 3% active;
 * ``gpt2_small``: a GPT-2-small-sized model (12 layers, d_model 768, d_vocab 50257, 24576
   features, ~50 active per token per layer) at 64 and 256 tokens;
 * ``precision``: float32, float64, bfloat16 and float16 weights (float32 accumulation) on a
@@ -24,9 +24,13 @@ load average is sampled while it runs.  Suites:
   the same bundle and prompt, plus the edge-by-edge and kept-edge comparison
   (``benchmarks/side_by_side.py``).
 
-A run whose full graph would not fit the memory budget (``--memory-budget-gb``, default 16;
-the estimate is printed in the table) is run with ``max_feature_nodes`` instead, the other
-features folded into remainder nodes.  ``benchmarks/report.py`` writes ``results.md``,
+Before each run a short child process counts the active features per (layer, position) on the
+prompt; a run whose full graph would not fit the memory budget by that count
+(``--memory-budget-gb``, default 16; the estimate is in the results) is run with
+``max_feature_nodes`` instead, the other features folded into remainder nodes, and a run that
+passes the budget anyway is stopped and retried with half as many feature rows.  Every child,
+circuit-tracer's included, runs with ``OMP_WAIT_POLICY=PASSIVE`` (as ``circuitgraph run`` sets
+for itself) and the same number of threads.  ``benchmarks/report.py`` writes ``results.md``,
 ``results.json`` and the plots; ``--report-only`` redraws them from ``results.json``.
 """
 
@@ -496,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small configurations (a couple of minutes)")
     ap.add_argument("--out", type=Path, default=None,
                     help="results folder (default docs/benchmarks, or docs/benchmarks/quick with --quick)")
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("CIRCUITGRAPH_BENCH_DIR", "/tmp/circuitgraph-bench")),
+    ap.add_argument("--work", type=Path,
+                    default=Path(os.environ.get("CIRCUITGRAPH_BENCH_DIR", "/tmp/circuitgraph-bench")),
                     help="bundles, graphs and logs (default /tmp/circuitgraph-bench)")
     ap.add_argument("--only", default=None,
                     help="comma-separated suites: prompt_length,active_features,gpt2_small,precision,side_by_side")
