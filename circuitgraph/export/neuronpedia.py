@@ -46,6 +46,7 @@ from typing import Any, Mapping, Sequence
 from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import ExportError
 from circuitgraph.export.dot import is_structural_label
+from circuitgraph.export.json_graph import _finite
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node
 
@@ -352,13 +353,3 @@ def _package_version() -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-
-
-def _finite(value: Any, where: str) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ExportError(f"{where} is {value!r}; expected a number") from None
-    if not math.isfinite(out):
-        raise ExportError(f"{where} is {out}; the viewer's JSON holds finite numbers only")
-    return out
