@@ -16,7 +16,8 @@ import torch  # noqa: E402
 warnings.filterwarnings("ignore")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+#: copies of the two example bundles (GPT-2 and Llama style), shipped in the repository
+SHARED_FIXTURES = REPO / "examples" / "fixtures"
 
 #: architecture variants: LayerNorm/RMSNorm x GELU/gated x learned/rotary, plus GQA,
 #: folded norms, post-norms and soft-caps
