@@ -191,7 +191,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     from circuitgraph.attribution.build import build_graph
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt, resolve_targets
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
@@ -284,7 +284,7 @@ def run(spec: Any, *, progress: bool = False) -> RunResult:
     validation = []
     run_warnings = full.metadata.setdefault("warnings", [])
     if spec.validate:
-        from circuitgraph.inputs import resolve_prompt_like
+        from circuitgraph.pipeline.inputs import resolve_prompt_like
         from circuitgraph.validation import run_check
 
         adapter = full.context.adapter
@@ -363,7 +363,7 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
 
 def dry_run(spec: Any) -> list[str]:
     """Validate a spec and estimate what a run needs, without building the graph."""
-    from circuitgraph.estimate import estimate_run
+    from circuitgraph.pipeline.estimate import estimate_run
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
