@@ -159,6 +159,10 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
                          "residual, or was added after attribution, e.g. a remainder of pruning)")
     r = _reader(col, target)
     if r is None:
+        if target.kind == "attention_head":
+            raise QueryError(f"head split: {target} is a head node, and head nodes have no incoming edges (with "
+                             "attention: heads they are sources of the graph); split an edge into a feature, neuron "
+                             "or target instead, or use attention: frozen and split the edges those heads carry")
         raise QueryError(f"head split: {target} is not a reader of the attributed graph (it has no incoming edges, "
                          "or was added after attribution)")
     loc_u, pos_s, vec = w
@@ -169,6 +173,12 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
     H = fm.adapter.facts.n_heads
     layers = [m for m in range(fm.n_layers)
               if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] == "frozen"]
+    as_nodes = [m for m in range(fm.n_layers)
+                if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] != "frozen"]
+    if not layers and as_nodes:
+        raise QueryError(f"head split: every attention layer between {source} and {target} (layers {as_nodes}) has "
+                         "attention: heads, so its heads are nodes and the edge passes through no frozen head to split "
+                         "it over; look at the head nodes' edges (neighbours) or build the graph with attention: frozen")
     positions = list(range(pos_s, pos_t + 1)) if by_position else [None]
     keys: list[tuple[int | None, int | None, int | None]] = [(None, None, None)]
     channel: dict[tuple[int, int, int | None], int] = {}
