@@ -15,7 +15,7 @@ from circuitgraph.adapters import ModelAdapter
 from circuitgraph.attribution import attribute
 from circuitgraph.dictionaries import CrossLayerTranscoder, detect_format, load_dictionaries
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
-from circuitgraph.synthetic import random_clt, save_bundle, save_clt, tiny_model
+from circuitgraph.testing.synthetic import random_clt, save_bundle, save_clt, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "circuit_tracer"))
@@ -176,7 +176,7 @@ def _spec(tmp_path: Path, model_dir: Path, tc_dir: Path, extra: str = "") -> Pat
 
 
 def test_spec_detects_the_clt_format(tmp_path):
-    from circuitgraph.api import run
+    from circuitgraph.pipeline.runner import run
     from circuitgraph.spec import load_spec
 
     model = tiny_model(**GPT2)

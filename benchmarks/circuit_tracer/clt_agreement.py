@@ -1,6 +1,6 @@
 """circuitgraph vs circuit-tracer 0.5.0 on cross-layer transcoders, edge by edge.
 
-Builds random CLTs in circuit-tracer's on-disk format (``circuitgraph.synthetic.random_clt`` /
+Builds random CLTs in circuit-tracer's on-disk format (``circuitgraph.testing.synthetic.random_clt`` /
 ``save_clt``) for a GPT-2-style and a Llama-style tiny model, ReLU and JumpReLU, runs
 circuit-tracer on them in its own virtualenv (``run_ct_clt.py``, one interpreter for all
 cases) and compares every entry of its adjacency with circuitgraph's graph from
@@ -48,7 +48,7 @@ def make_case(work: Path, name: str, seed: int = 0) -> dict:
     from circuitgraph.adapters import ModelAdapter
     from circuitgraph.dictionaries.clt import load_clt_dir
     from circuitgraph.attribution.linearisation import linearise
-    from circuitgraph.synthetic import random_clt, save_bundle, save_clt, tiny_model
+    from circuitgraph.testing.synthetic import random_clt, save_bundle, save_clt, tiny_model
 
     kwargs, act = CASES[name]
     slug = name.replace(" ", "-")
