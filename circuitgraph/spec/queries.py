@@ -298,7 +298,7 @@ class QK(StrictModel):
     top_k: PositiveInt = Field(10, description="How many pairs and marginals to report per head.")
 
 
-class QKQuery(KeyedModel):
+class QKQuery(QueryItem):
     key: ClassVar[str] = "qk"
     qk: Params[QK]
 

@@ -261,7 +261,7 @@ class ReplacementFidelityCheck(CheckItem):
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
 
 
-class QKCheck(KeyedModel):
+class QKCheck(CheckItem):
     """QK attribution checked by intervention: each node of the top pairs is removed from the
     query side only (``hook_q_input``), or the key side only (``hook_k_input``), in the frozen
     model; the change in the pre-softmax score is compared with the node's marginal.  Same
