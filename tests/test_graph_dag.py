@@ -108,7 +108,7 @@ def test_cycle_is_reported_by_the_topological_sort():
 
 def test_partial_influence_equals_its_power_series():
     """max_feature_nodes ranks features by the influence over the rows computed so far."""
-    from circuitgraph.attribution.selection import partial_influence
+    from circuitgraph.attribution.feature_selection import partial_influence
 
     g = random_dag(2, n_layers=4, n_pos=4)
     rng = np.random.default_rng(0)
