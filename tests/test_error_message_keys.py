@@ -1,17 +1,19 @@
 """Error messages name spec keys exactly as the spec spells them.
 
 Every message a ``raise``, ``rule_error``, a problem list or a warning can produce is read
-from the source; every spec-looking key in it (a dotted spec path such as
-``export.max_json_edges``, a ``{key: value}`` mapping and every snake_case word) must be a key or
-value of the spec schema, a field of the graph schema or of TransformerLens's model config,
-a hook name, or one of the words listed in :data:`NOT_SPEC_KEYS` (Python names and file
-fields that are not spec keys).  A Python parameter that stands for a spec key under
-another name must name the spec key in the same message.
+from the source.  A dotted spec path in it (``export.max_json_edges``, ``graph.mlp``) must
+name keys of the spec schema exactly; a ``{key: value}`` mapping or snake_case word that is
+not a key or value of the spec schema, a field of the graph schema or of TransformerLens's
+model config, or a hook name, must not be a near miss of a spec key (``max_edges`` for
+``max_json_edges``) unless :data:`NOT_SPEC_KEYS` says it is a Python name or file field.  A
+Python parameter that stands for a spec key under another name must name the spec key in
+the same message.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import dataclasses
 import json
 import re
@@ -19,13 +21,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: snake_case words in messages that are not spec keys: Python parameters and functions,
-#: fields of sae-lens / Neuronpedia / graph files, result fields, task names
+#: snake_case words in messages that are near misses of spec keys but are not meant as spec
+#: keys: Python parameters and functions, fields of dictionary files
 NOT_SPEC_KEYS = {
-    "clean_answer", "d_in", "edge_weight", "d_out", "d_sae", "edge_weight", "jumprelu_skip_transcoder", "jumprelu_transcoder",
-    "skip_transcoder", "ln_final", "logit_difference", "max_edges", "max_nodes", "min_edge_fraction",
-    "n_features", "n_pruned_nodes", "node_id", "pos_embed", "pruned_edges_by_source_kind", "rank_by",
-    "save_graph_binary", "save_model", "hook_name", "hook_name_out", "hook_pre_linear",
+    "d_out", "d_transcoder", "skip_transcoder",  # fields of sae-lens / cross-layer transcoder files
+    "logit_difference",  # a Python function (circuitgraph.queries)
+    "max_nodes",  # a Python parameter; the spec validates export.max_render_nodes itself
 }
 
 #: dotted words that look like spec paths but are Python attributes or file names
@@ -126,7 +127,11 @@ def test_every_key_a_message_names_is_in_the_schema():
                 continue
             segments = [re.sub(r"\[\d*\]", "", s) for s in path.split(".")]
             dotted |= set(segments)
-        for word in (words - known - {w for w in words if w.startswith("hook_")}) | (dotted - spec_keys):
+        for word in words - known - {w for w in words if w.startswith("hook_")}:
+            near = difflib.get_close_matches(word, spec_keys, n=1, cutoff=0.75)
+            if near:  # a bare word close to a spec key: a misspelled or renamed key
+                unknown.setdefault(f"{word} (the spec key is {near[0]}?)", []).append(f"{where}:{line}")
+        for word in dotted - spec_keys:  # a spec path must be spelled exactly
             unknown.setdefault(word, []).append(f"{where}:{line}")
         for alias, spellings in PYTHON_ALIASES.items():
             if re.search(rf"\b{alias}\b", text) and not any(s in text for s in spellings):
