@@ -170,6 +170,13 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
     if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
+    crossed = {m: fm.attention_modes[m] for loc_u, _, _ in writes for m in range(fm.n_layers)
+               if loc_u <= 2 * m < 2 * m + 1 <= loc_r}
+    if crossed and all(mode != "frozen" for mode in crossed.values()):
+        raise QueryError(f"head split: every attention layer between {source} and {target} (layers {sorted(crossed)}) "
+                         "has attention: heads, so its heads are nodes and the edge passes through no frozen head to "
+                         "split it over; look at the head nodes' edges (neighbours) or build the graph with attention: "
+                         "frozen")
     total: dict[tuple[int | None, int | None, int | None], float] = {}
     for loc_u, pos_s, vec in writes:
         for key, v in _split_one(fm, loc_u, pos_s, vec, loc_r, pos_t, g, by_position).items():
@@ -185,12 +192,6 @@ def _split_one(fm: Any, loc_u: int, pos_s: int, vec: Any, loc_r: int, pos_t: int
     H = fm.adapter.facts.n_heads
     layers = [m for m in range(fm.n_layers)
               if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] == "frozen"]
-    as_nodes = [m for m in range(fm.n_layers)
-                if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] != "frozen"]
-    if not layers and as_nodes:
-        raise QueryError(f"head split: every attention layer between {source} and {target} (layers {as_nodes}) has "
-                         "attention: heads, so its heads are nodes and the edge passes through no frozen head to split "
-                         "it over; look at the head nodes' edges (neighbours) or build the graph with attention: frozen")
     positions = list(range(pos_s, pos_t + 1)) if by_position else [None]
     keys: list[tuple[int | None, int | None, int | None]] = [(None, None, None)]
     channel: dict[tuple[int, int, int | None], int] = {}
