@@ -341,6 +341,8 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
             g.metadata[key] = result.full_graph.metadata[key]
     written: dict[str, Path] = {}
     queries, validation = result.queries_json(), result.validation_json()
+    qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
+    inset = qk if ex.qk_inset else ()
     if ex.json is not None:
         graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
         written["json"] = Path(ex.json)
@@ -348,16 +350,15 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        qk = [q["result"] for q in queries if q["kind"] == "qk"]
         graph_to_neuronpedia(g, str(ex.neuronpedia), qk=qk)
         written["neuronpedia"] = Path(ex.neuronpedia)
     if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset))
         written["dot"] = Path(ex.dot)
     for fmt in ("svg", "png"):
         path = getattr(ex, fmt)
         if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes)
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset)
             written[fmt] = Path(path)
     return written
 
