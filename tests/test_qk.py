@@ -178,7 +178,7 @@ def test_errors_name_the_rule_and_the_value(tmp_path):
     g = attribute(adapter, tokens, tcs)
     with pytest.raises(QueryError, match=r"layer 5 requested, the model has 2 layers \(0-1\)"):
         qk(g, 5, 0)
-    with pytest.raises(QueryError, match=r"head 9 requested, layer 0 has 4 heads \(0-3\)"):
+    with pytest.raises(QueryError, match=r"head 9 requested, the model has 4 heads per layer \(0-3\)"):
         qk(g, 0, [0, 9])
     with pytest.raises(QueryError, match="query_position -40 is outside the prompt"):
         qk(g, 0, 0, -40)
@@ -240,3 +240,20 @@ def test_example_spec_runs_and_writes_the_results(tmp_path):
     assert '"qk L0H0 11->4 #0 pair 0" -> "qk L0H0 11->4 #0" [style=dashed' in dot
     if "svg" in spec["export"]:
         assert "QK L0H0" in (tmp_path / "graph.svg").read_text()
+
+
+def test_cli_bad_head_or_position_exits_2_before_writing(tmp_path):
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli import main as cli
+
+    spec = yaml.safe_load((EXAMPLES / "qk_demo.yaml").read_text())
+    spec["export"] = {"json": str(tmp_path / "graph.json")}
+    spec["queries"] = [{"qk": {"layer": 0, "head": [0, 9], "query_position": 2, "key_position": 5}}]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(cli.app, ["run", str(path)])
+    assert r.exit_code == 2
+    assert "queries[0].qk.head: head 9 requested, the model has 4 heads per layer (0-3)" in r.output
+    assert "queries[0].qk.key_position: key_position 5 is after query_position 2" in r.output
+    assert not (tmp_path / "graph.json").exists()

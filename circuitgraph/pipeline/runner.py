@@ -200,6 +200,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     run_warnings: list[str] = []
     with _recorded_warnings(run_warnings):
         tokens = resolve_prompt(spec, adapter)
+    _check_qk_items(spec, adapter, len(tokens))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
     targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
     L = adapter.facts.n_layers
@@ -245,6 +246,26 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         if bar is not None:
             bar.close()
     return graph
+
+
+def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+    """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
+    checked before the graph is built, so bad input fails fast and writes nothing."""
+    from circuitgraph.errors import SpecError
+    from circuitgraph.queries.qk import qk_problems
+
+    f = adapter.facts
+    problems = []
+    for where, items in (("queries", spec.queries), ("validate", spec.validate)):
+        for i, item in enumerate(items):
+            if item.kind == "qk":
+                p = item.params
+                head = p.head if isinstance(p.head, int) else list(p.head)
+                problems += [(f"{where}[{i}].qk.{field}", msg) for field, msg in qk_problems(
+                    p.layer, head, p.query_position, p.key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                    n_pos=n_pos)]
+    if problems:
+        raise SpecError(problems)
 
 
 def run(spec: Any, *, progress: bool = False) -> RunResult:
