@@ -94,8 +94,9 @@ def graph_to_neuronpedia(
         slug: the graph's name in the viewer.
         scan: the Neuronpedia model id (e.g. ``"gpt2-small"``), or a list of transcoder
             ids (then ``scan`` becomes ``"custom-<hash>"`` and the list goes to
-            ``transcoder_list``, as circuit-tracer does).  Default: the model name in
-            ``graph.metadata["model"]``.
+            ``transcoder_list``, as circuit-tracer does).  Default: the dictionary's own
+            ``scan`` (``graph.metadata["transcoders"]["scan"]``, from a circuit-tracer
+            ``config.yaml``), else the model name in ``graph.metadata["model"]``.
         node_threshold, edge_threshold: recorded in ``metadata`` (``node_threshold`` is the
             viewer's default dynamic pruning threshold) and ``pruning_settings``.
         max_links: refuse graphs with more edges; ``None`` disables the check.
@@ -381,6 +382,14 @@ def _scan(graph: AttributionGraph, scan: str | Sequence[str] | None) -> tuple[st
         transcoders = [str(s) for s in scan]
         digest = hashlib.sha256("-".join(transcoders).encode("utf-8")).hexdigest()[:12]
         return f"custom-{digest}", transcoders
+    # the dictionary's own scan (a circuit-tracer config.yaml `scan:`, a string or a list of
+    # transcoder ids), as circuit-tracer's create_graph_files uses it
+    tc = graph.metadata.get("transcoders")
+    tc_scan = tc.get("scan") if isinstance(tc, Mapping) else None
+    if isinstance(tc_scan, str) and tc_scan:
+        return tc_scan, []
+    if isinstance(tc_scan, list) and tc_scan:
+        return _scan(graph, [str(s) for s in tc_scan])
     model = graph.metadata.get("model")
     name = model.get("name") if isinstance(model, Mapping) else model
     if isinstance(name, str) and name:
