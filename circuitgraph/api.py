@@ -153,7 +153,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         "transcoders": tcs.describe() if tcs is not None else None,
         "prompt_tokens": tokens,
         "prompt_token_strs": strs,
-        "prompt": "".join(strs),
+        "prompt": _prompt_text(spec, tok, tokens, strs),
         "graph_options": {
             "mlp": {str(k): v for k, v in options.mlp.items()},
             "attention": {str(k): v for k, v in options.attention.items()},
@@ -172,6 +172,19 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         if bar is not None:
             bar.close()
     return graph
+
+
+def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+    """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
+    text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
+    if isinstance(text, str):
+        return text
+    if tokenizer is not None:
+        try:
+            return tokenizer.decode(list(tokens), skip_special_tokens=False)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: fall back to the pieces
+            pass
+    return "".join(strs)
 
 
 def run(spec: Any, *, progress: bool = False) -> RunResult:
@@ -264,7 +277,9 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        graph_to_neuronpedia(g, str(ex.neuronpedia))
+        p = result.spec.pruning
+        thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
+        graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, **thresholds)
         written["neuronpedia"] = Path(ex.neuronpedia)
     if ex.dot is not None:
         atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
