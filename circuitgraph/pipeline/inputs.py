@@ -70,6 +70,9 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
                              "give token ids as {tokens: [...]}")
         if not text.strip():
             raise TokenError(f"{where}: the prompt is empty; give some text")
+        from circuitgraph.adapters.tokenizer import check_prompt_text
+
+        check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
         ids = tok.encode(text)
         if getattr(prompt, "prepend_bos", True):
             if tok.bos_id is None:
