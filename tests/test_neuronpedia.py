@@ -48,7 +48,7 @@ def fixture_spec(name: str, **overrides) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def fixture_run(name: str, variant: str = "default"):
-    from circuitgraph.api import run
+    from circuitgraph import run
 
     overrides = {
         "default": {},
@@ -233,7 +233,7 @@ def test_neuronpedia_scores_match_circuit_tracers_formula_on_its_own_file():
 
 
 def test_run_writes_the_export_with_influence(tmp_path):
-    from circuitgraph.api import run
+    from circuitgraph import run
 
     out = tmp_path / "np.json"
     run(fixture_spec("example-gpt2", export={"neuronpedia": str(out)}))

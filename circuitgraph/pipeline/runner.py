@@ -28,7 +28,7 @@ __all__ = ["RunResult", "run", "dry_run", "build"]
 logger = logging.getLogger("circuitgraph")
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What a run produced.
 
@@ -75,6 +75,22 @@ class RunResult:
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
         return out
+
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        return (f"<RunResult: {self.graph.n_nodes} nodes, {self.graph.n_edges} edges; {len(self.queries)} queries, "
+                f"{len(self.validation)} checks" + (f", {failed} failed" if failed else "") + ">")
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import run_html
+
+        return run_html(self)
+
+    def report(self, path: str | Path) -> str:
+        """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
+        from circuitgraph.export.html import write_report
+
+        return write_report(self, path)
 
     def queries_json(self) -> list[dict[str, Any]]:
         return self._entries_json(self.queries)
@@ -373,6 +389,11 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         if path is not None:
             render_graph(g, str(path), max_nodes=ex.max_render_nodes)
             written[fmt] = Path(path)
+    if ex.html is not None:
+        from circuitgraph.export.html import write_report
+
+        write_report(result, str(ex.html), max_nodes=ex.max_render_nodes)
+        written["html"] = Path(ex.html)
     return written
 
 

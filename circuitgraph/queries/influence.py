@@ -99,7 +99,7 @@ def total_effects(graph: AttributionGraph, targets: list[NodeId] | None = None, 
     return np.asarray((csr(e.target, e.source, e.weight, e.n).T @ y).T)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class InfluenceResult(QueryResult):
     """Influence and total effect of every node on the targets.
 

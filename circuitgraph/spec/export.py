@@ -18,6 +18,7 @@ EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "svg": (".svg",),
     "png": (".png",),
     "neuronpedia": (".json",),
+    "html": (".html", ".htm"),
 }
 
 with warnings.catch_warnings():
@@ -33,6 +34,9 @@ with warnings.catch_warnings():
         png: OutputPath | None = Field(None, description="The diagram as PNG (needs the Graphviz dot binary).")
         neuronpedia: OutputPath | None = Field(None, description="The graph in Neuronpedia's JSON format.")
         graph: OutputPath | None = Field(None, description="The graph in circuitgraph's compact binary format.")
+        html: OutputPath | None = Field(
+            None, description="One self-contained HTML report: diagram, spec, identity, scores, every query "
+            "and validation result, heat maps and control distributions, exactness checks.")
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
@@ -51,5 +55,5 @@ with warnings.catch_warnings():
 
         def outputs(self) -> dict[str, Path]:
             """``{name: path}`` of the outputs that are set, in a fixed order."""
-            names = ("json", "dot", "svg", "png", "neuronpedia", "graph")
+            names = ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
             return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
