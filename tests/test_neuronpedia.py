@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,33 +112,18 @@ def test_scores_and_nodes_equal_circuit_tracers_file(name):
     assert ours["metadata"]["prompt"] == result.full_graph.metadata["prompt"]
 
 
-def _ct_python() -> str | None:
-    for candidate in (os.environ.get("CIRCUITGRAPH_CT_PYTHON"), str(ROOT / ".venv-ct" / "bin" / "python")):
-        if candidate and Path(candidate).exists():
-            return candidate
-    return None
-
-
-def test_circuit_tracer_reference_is_reproduced_live(tmp_path):
-    """circuit-tracer rerun now (its own venv) writes the file the parity test compares with."""
-    python = _ct_python()
-    if python is None:
-        pytest.skip("circuit-tracer's virtualenv not found (.venv-ct/bin/python or CIRCUITGRAPH_CT_PYTHON; "
-                    "see benchmarks/circuit_tracer/NOTES.md)")
-    name = "example-gpt2"
-    b = FIXTURES / name
-    done = subprocess.run(
-        [python, str(ROOT / "benchmarks" / "circuit_tracer" / "run_ct.py"), "--model", str(b / "model"),
-         "--transcoders", str(b / "transcoders"), "--tokens", str(b / "prompt.json"),
-         "--out", str(tmp_path / "graph.npz"), "--prune-out", str(tmp_path / "prune"), "--slug", "ct"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    live = json.loads((tmp_path / "prune" / "ct.json").read_text())
+@pytest.mark.parametrize("name", ["example-gpt2", "example-llama"])
+def test_circuit_tracers_live_file_gives_the_same_scores(name, circuit_tracer_graphs):
+    """circuit-tracer rerun now (its own virtualenv, the session fixture) writes a Neuronpedia file
+    whose Neuronpedia-computed scores equal those of our export."""
+    _, ct = circuit_tracer_graphs[name]
+    live = json.loads(Path(ct.scores["neuronpedia_json"]).read_text())
     result = fixture_run(name)
     ours = graph_to_neuronpedia(result.graph, full_graph=result.full_graph)
+    got = neuronpedia_scores(ours)
     for key, value in neuronpedia_scores(live).items():
-        assert neuronpedia_scores(ours)[key] == pytest.approx(value, abs=1e-6)
+        assert got[key] == pytest.approx(value, abs=1e-6), key
+    assert len(live["nodes"]) == len(ours["nodes"]) and len(live["links"]) == len(ours["links"])
 
 
 # ------------------------------------------------------------------ our own identities
