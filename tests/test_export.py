@@ -420,7 +420,8 @@ def test_dot_truncation_keeps_targets_and_notes_what_was_left_out():
     graph = make_graph()
     dot = graph_to_dot(graph, max_nodes=3)
     assert '"logit/2/2/42"' in dot
-    assert "showing 3 of 8 nodes" in dot and "5 weaker nodes left out (ranked by largest |edge|)" in dot
+    # ranked by circuit-tracer's influence on the targets, computed from the edges
+    assert "showing 3 of 8 nodes" in dot and "5 weaker nodes left out (ranked by influence)" in dot
     assert "feature/0/1/17" in dot and "feature/1/2/5" in dot
     assert "error/0/1/0" not in dot
     for node in graph.nodes:

@@ -266,10 +266,12 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
 
 
 def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
-                queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = ()) -> str:
+                queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
+                diagram: Mapping[str, Any] | None = None) -> str:
     """The report of a run (a :class:`~circuitgraph.pipeline.runner.RunResult`) or of a graph
     (with the query and validation results stored in its file, as JSON), as one
-    self-contained HTML document (see the module docstring)."""
+    self-contained HTML document (see the module docstring).  ``diagram`` holds more
+    :func:`~circuitgraph.export.dot.graph_to_dot` options (labels, supernodes...)."""
     if isinstance(source, AttributionGraph):
         graph, full, spec = source, None, source.metadata.get("spec")
         stored_q, stored_v = list(queries), list(validation)
@@ -285,7 +287,12 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
             f'<p class="cg-note">{_esc(repr(graph))}</p>']
 
     body.append("<h2>Diagram</h2>")
-    svg = graph_svg(graph, max_nodes=max_nodes)
+    options = dict(diagram or {})
+    if full is not None and full.targets and "influence" not in options:
+        from circuitgraph.export.dot import raw_influence
+
+        options["influence"] = raw_influence(full)
+    svg = graph_svg(graph, max_nodes=max_nodes, **options)
     if svg is None:
         body.append('<p class="cg-bad">Graphviz `dot` is not installed: no diagram (apt-get install graphviz)</p>')
     else:

@@ -194,6 +194,10 @@ def _progress_bar(enabled: bool, desc: str):
 def _check_outputs(spec: Any) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
+    if ex.diagram.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        load_feature_labels(ex.diagram.labels)
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
             "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
@@ -381,20 +385,39 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
         graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, **thresholds)
         written["neuronpedia"] = Path(ex.neuronpedia)
+    diagram = _diagram_options(result) if any(
+        getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
     if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, **diagram))
         written["dot"] = Path(ex.dot)
     for fmt in ("svg", "png"):
         path = getattr(ex, fmt)
         if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes)
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes, **diagram)
             written[fmt] = Path(path)
     if ex.html is not None:
         from circuitgraph.export.html import write_report
 
-        write_report(result, str(ex.html), max_nodes=ex.max_render_nodes)
+        write_report(result, str(ex.html), max_nodes=ex.max_render_nodes, diagram=diagram)
         written["html"] = Path(ex.html)
     return written
+
+
+def _diagram_options(result: RunResult) -> dict[str, Any]:
+    """``graph_to_dot`` options from ``export.diagram``, with the influence of the unpruned graph."""
+    from circuitgraph.export.dot import raw_influence
+
+    d = result.spec.export.diagram
+    options: dict[str, Any] = {"show_unreachable": d.show_unreachable}
+    if result.full_graph.targets:
+        options["influence"] = raw_influence(result.full_graph)
+    if d.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        options["labels"] = load_feature_labels(d.labels)
+    if d.supernodes is not None:
+        options["supernodes"] = d.supernodes
+    return options
 
 
 def dry_run(spec: Any) -> list[str]:

@@ -7,9 +7,26 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from circuitgraph.spec.base import OutputPath, PositiveInt, StrictModel, rule_error
+from typing import Literal
 
-__all__ = ["ExportSpec", "EXPORT_SUFFIXES"]
+from circuitgraph.spec.base import Bool, InputPath, OutputPath, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.filters import NodeFilter
+
+__all__ = ["ExportSpec", "DiagramSpec", "EXPORT_SUFFIXES"]
+
+
+class DiagramSpec(StrictModel):
+    """How the diagrams (dot, svg, png and the HTML report's) are drawn."""
+
+    labels: InputPath | None = Field(
+        None, description="Feature descriptions to draw under feature ids: a CSV or JSON of layer, index, label, "
+        "or a Neuronpedia explanations export.")
+    supernodes: dict[str, NodeFilter] | Literal["auto"] | None = Field(
+        None, description="Groups drawn as one box with summed edges: {name: node filter}, or 'auto' to group "
+        "nodes of a layer that share their neighbours.")
+    show_unreachable: Bool = Field(
+        False, description="Also draw nodes with no path to a target (hidden by default).")
+
 
 #: the file suffixes each output accepts (an output not listed here takes any suffix)
 EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -38,6 +55,7 @@ with warnings.catch_warnings():
             None, description="One self-contained HTML report: diagram, spec, identity, scores, every query "
             "and validation result, heat maps and control distributions, exactness checks.")
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
+        diagram: DiagramSpec = Field(default_factory=DiagramSpec, description="How diagrams are drawn.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
         @model_validator(mode="after")
