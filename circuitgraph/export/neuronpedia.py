@@ -79,6 +79,7 @@ from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 __all__ = [
     "FEATURE_TYPES",
     "VIEWER_FEATURE_TYPES",
+    "attach_qk",
     "graph_to_neuronpedia",
     "neuronpedia_node_id",
     "neuronpedia_feature_code",
@@ -123,6 +124,7 @@ def graph_to_neuronpedia(
     edge_threshold: float = 0.98,
     keep_remainders: bool = False,
     max_links: int | None = DEFAULT_MAX_LINKS,
+    qk: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The graph in circuit-tracer's / Neuronpedia's attribution-graph JSON format.
 
@@ -134,12 +136,16 @@ def graph_to_neuronpedia(
         slug: the graph's name in the viewer.
         scan: the Neuronpedia model id (e.g. ``"gpt2-small"``), or a list of transcoder
             ids (then ``scan`` becomes ``"custom-<hash>"`` and the list goes to
-            ``transcoder_list``, as circuit-tracer does).  Default: the model name in
-            ``graph.metadata["model"]``.
+            ``transcoder_list``, as circuit-tracer does).  Default: the dictionary's own
+            ``scan`` (``graph.metadata["transcoders"]["scan"]``, from a circuit-tracer
+            ``config.yaml``), else the model name in ``graph.metadata["model"]``.
         node_threshold, edge_threshold: recorded in ``metadata`` (``node_threshold`` is the
             viewer's default pruning threshold) and ``pruning_settings``.
         keep_remainders: also write the ``remainder`` nodes (error-like) and their edges.
         max_links: refuse graphs with more edges; ``None`` disables the check.
+        qk: results of the ``qk`` query (``QKResult.to_dict()``): each head's top pairs and
+            marginals go, as ``qk_tracing_results``, onto the head's node at the query
+            position (added, without links, when the graph has none); see :func:`attach_qk`.
 
     Returns:
         The document as a dict (``metadata``, ``qParams``, ``nodes``, ``links``).
@@ -176,6 +182,11 @@ def graph_to_neuronpedia(
             continue
         records[row] = _node_record(node, n_layers, d_vocab, tokens, influence.get(node.id, 1.0),
                                     targets.get(node.id))
+    if qk:
+        ids = {str(graph.nodes[row].id): rec["node_id"] for row, rec in records.items()}
+        extra = attach_qk(list(records.values()), ids, qk, n_layers, d_vocab, tokens, influence)
+        for k, rec in enumerate(extra):
+            records[-1 - k] = rec
     _check_distinct(records.values())
     links = [
         {"source": records[s]["node_id"], "target": records[t]["node_id"], "weight": _finite(w, "edge weight")}
@@ -374,6 +385,50 @@ def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
+# --------------------------------------------------------------------------- QK tracing
+def attach_qk(records: list[dict[str, Any]], ids: Mapping[str, str], results: Sequence[Mapping[str, Any]],
+              n_layers: int, d_vocab: int | None, tokens: list[str],
+              influence: Mapping[NodeId, float] | None = None) -> list[dict[str, Any]]:
+    """Put each head's QK decomposition on its node, in the form Neuronpedia's QK-tracing graphs use::
+
+        "qk_tracing_results": {
+            "pair_wise_contributors": [[q_node_id, k_node_id, value], ...],
+            "top_q_marginal_contributors": [[q_node_id, value], ...],
+            "top_k_marginal_contributors": [[k_node_id, value], ...]}
+
+    ``records`` are the document's node records and ``ids`` maps our node ids (strings) to
+    their ``node_id``.  The head's node is ``attention_head/layer/query_position/head``; a record
+    is made for it when the file has none (e.g. with frozen attention) and returned (the caller
+    adds it).  Contributors that are not nodes of the file (pruned away) are left out, so every
+    id refers to a node of the file.
+    """
+    by_np_id = {rec["node_id"]: rec for rec in records}
+    added: list[dict[str, Any]] = []
+    for result in results:
+        for head in result.get("heads", ()):
+            head_id = NodeId("attention_head", int(head["layer"]), int(head["query_position"]), int(head["head"]))
+            np_id, _ = neuronpedia_node_id(head_id, n_layers, d_vocab)
+            record = by_np_id.get(np_id)
+            if record is None:
+                node = Node(head_id, 1.0, label=f"attention head L{head_id.layer}H{head_id.index} "
+                                                f"(QK to position {head['key_position']})")
+                record = _node_record(node, n_layers, d_vocab, tokens, (influence or {}).get(head_id, 1.0), None)
+                added.append(record)
+                by_np_id[np_id] = record
+            pairs = [[ids[p["query_node"]], ids[p["key_node"]], _finite(p["value"], "qk pair value")]
+                     for p in head.get("pairs", ()) if p["query_node"] in ids and p["key_node"] in ids]
+            record["qk_tracing_results"] = {
+                "pair_wise_contributors": pairs,
+                "top_q_marginal_contributors": _marginals(head.get("query_marginals", ()), ids),
+                "top_k_marginal_contributors": _marginals(head.get("key_marginals", ()), ids),
+            }
+    return added
+
+
+def _marginals(items: Sequence[Mapping[str, Any]], ids: Mapping[str, str]) -> list[list[Any]]:
+    return [[ids[m["node"]], _finite(m["value"], "qk marginal value")] for m in items if m["node"] in ids]
+
+
 # --------------------------------------------------------------------------- influence
 def cumulative_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     """circuit-tracer's cumulative influence of every node (``prune_graph``'s
@@ -547,6 +602,14 @@ def _scan(graph: AttributionGraph, scan: str | Sequence[str] | None) -> tuple[st
         transcoders = [str(s) for s in scan]
         digest = hashlib.sha256("-".join(transcoders).encode("utf-8")).hexdigest()[:12]
         return f"custom-{digest}", transcoders
+    # the dictionary's own scan (a circuit-tracer config.yaml `scan:`, a string or a list of
+    # transcoder ids), as circuit-tracer's create_graph_files uses it
+    tc = graph.metadata.get("transcoders")
+    tc_scan = tc.get("scan") if isinstance(tc, Mapping) else None
+    if isinstance(tc_scan, str) and tc_scan:
+        return tc_scan, []
+    if isinstance(tc_scan, list) and tc_scan:
+        return _scan(graph, [str(s) for s in tc_scan])
     model = graph.metadata.get("model")
     name = model.get("name") if isinstance(model, Mapping) else model
     if isinstance(name, str) and name:

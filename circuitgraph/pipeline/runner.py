@@ -383,7 +383,8 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
     if ex.neuronpedia is not None:
         p = result.spec.pruning
         thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-        graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, **thresholds)
+        qk = [q["result"] for q in queries if q["kind"] == "qk"]
+        graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, qk=qk, **thresholds)
         written["neuronpedia"] = Path(ex.neuronpedia)
     diagram = _diagram_options(result) if any(
         getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
