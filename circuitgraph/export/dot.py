@@ -416,7 +416,7 @@ def raw_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     """circuit-tracer's influence ``w (A + A^2 + ...)`` of every node on the targets."""
     from circuitgraph.queries._sparse import weighted_influence
 
-    _, _, values = weighted_influence(graph)
+    values = weighted_influence(graph)
     return {n.id: float(v) for n, v in zip(graph.nodes, values)}
 
 

@@ -437,7 +437,7 @@ def cumulative_influence(graph: AttributionGraph) -> dict[NodeId, float]:
         return {}
     from circuitgraph.queries._sparse import weighted_influence
 
-    _, _, influence = weighted_influence(graph)
+    influence = weighted_influence(graph)
     order = np.argsort(-influence, kind="stable")
     total = float(influence.sum())
     running = np.cumsum(influence[order]) / (total if total > 0 else 1.0)
