@@ -56,6 +56,8 @@ with warnings.catch_warnings():
             "and validation result, heat maps and control distributions, exactness checks.")
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
         diagram: DiagramSpec = Field(default_factory=DiagramSpec, description="How diagrams are drawn.")
+        qk_inset: Bool = Field(False, description="Draw the results of the qk queries in the diagrams (svg, png, "
+                               "dot) as an inset: each head's top pairs as dashed edges into the head.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
         @model_validator(mode="after")
