@@ -191,12 +191,13 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     from circuitgraph.attribution.build import build_graph
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec)
+    check_layer_keys(spec, adapter.facts.n_layers)
     run_warnings: list[str] = []
     with _recorded_warnings(run_warnings):
         tokens = resolve_prompt(spec, adapter)
