@@ -257,3 +257,18 @@ def test_cli_bad_head_or_position_exits_2_before_writing(tmp_path):
     assert "queries[0].qk.head: head 9 requested, the model has 4 heads per layer (0-3)" in r.output
     assert "queries[0].qk.key_position: key_position 5 is after query_position 2" in r.output
     assert not (tmp_path / "graph.json").exists()
+
+
+def test_folded_and_pruned_nodes_are_reported_as_their_remainders(tmp_path):
+    from circuitgraph.queries import prune_graph
+
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned"))
+    g = attribute(adapter, tokens, tcs, max_feature_nodes=10)
+    pruned = prune_graph(g, node_threshold=0.5, edge_threshold=0.8).graph
+    for graph in (g, pruned):
+        h = qk(graph, 1, 2, -1, "top", top_k=1000).heads[0]
+        ids = {m.node for m in h.query_marginals + h.key_marginals}
+        assert ids and all(i in graph for i in ids)
+        assert any(i.kind == "remainder" for i in ids)
+        assert h.max_deviation() < 1e-5
+    assert pruned.n_nodes < g.n_nodes
