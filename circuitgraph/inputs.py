@@ -30,10 +30,11 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     load_dtype = "float64" if compute == torch.float64 else m.dtype
     builtin_dir: Path | None = None
     if m.source == "path":
-        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device)
+        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device, trust_remote_code=m.trust_remote_code)
     elif m.source == "name":
         adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
-                                  center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed)
+                                  center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
+                                  trust_remote_code=m.trust_remote_code)
     else:
         adapter, builtin_dir = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
     adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
