@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from circuitgraph.spec.base import Int, StrictModel, rule_error
+from circuitgraph.spec.base import RULE_ERROR, StrictModel, _short, rule_error
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
 from circuitgraph.spec.model import ModelSpec, TranscodersSpec
@@ -19,6 +20,22 @@ from circuitgraph.spec.validation import Check
 __all__ = ["Spec", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
+#: the largest seed (torch.manual_seed takes a 64-bit integer)
+MAX_SEED = 2**63 - 1
+
+
+def _exact_version(value: Any) -> Any:
+    # Literal[1] alone would take true and 1.0 (both compare equal to 1): types are not guessed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError(
+            RULE_ERROR, "expected the integer {v}, got {got}; write format_version: {v}",
+            {"v": FORMAT_VERSION, "got": _short(value)},
+        )
+    return value
+
+
+#: a random seed: an integer (never a bool or a float) that torch accepts
+Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
 
 
 def _default_targets() -> tuple[Target, ...]:
@@ -38,8 +55,10 @@ with warnings.catch_warnings():
         every problem with its location.
         """
 
-        format_version: Literal[1] = Field(description="Version of the spec format; this is version 1.")
-        seed: Int = Field(0, description="Random seed (control sets, sampling).")
+        format_version: Annotated[Literal[1], BeforeValidator(_exact_version)] = Field(
+            description="Version of the spec format; this is version 1."
+        )
+        seed: Seed = Field(0, description="Random seed (control sets, sampling), 0 to 2**63-1.")
         model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
         transcoders: TranscodersSpec | None = Field(None, description="Transcoders: exactly one of path, release.")
         prompt: Prompt = Field(description="The prompt: a string, {text, prepend_bos} or {tokens: [...]}.")

@@ -1,0 +1,95 @@
+"""Bad input of every kind gives one line on stderr and exit status 2, never a traceback,
+and bounded work (an alias bomb or a deeply nested file is refused in well under a second).
+
+The cases come from probing the command line with fuzzed specs, broken bundles and
+hand-edited graph files; each class that used to crash has a case here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from circuitgraph.cli.main import app
+
+DEMO = "format_version: 1\nmodel: {builtin: demo}\nprompt: a\n"
+BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}' if prev else 'x'] * 9)}]\n"
+    for prev, name in zip(["", "a", "b", "c", "d", "e", "f", "g", "h"], "abcdefghi")
+)
+
+#: (name, spec text, a piece of the expected message)
+BAD_SPECS = [
+    ("unhashable key", DEMO + "? [1, 2]\n: 3\n", "mapping key cannot be a list"),
+    ("float layer key", DEMO + "graph: {mlp: {1.5: neurons}}\n", "mapping key 1.5"),
+    ("boolean layer key", DEMO + "graph: {mlp: {true: neurons}}\n", "mapping key True"),
+    ("deep nesting", DEMO.replace("prompt: a", "prompt: " + "[" * 3000 + "]" * 3000), "nested"),
+    ("deep mappings", DEMO + "queries: " + "{a: " * 200 + "1" + "}" * 200 + "\n", "nested"),
+    ("huge integer", DEMO + "seed: " + "9" * 5000 + "\n", "unreadable value"),
+    ("seed out of range", DEMO + "seed: " + "9" * 30 + "\n", "seed: must be <="),
+    ("negative seed", DEMO + "seed: -5\n", "seed: must be >= 0"),
+    ("unknown user in path", "format_version: 1\nmodel: {path: ~no_such_user_cg/x}\nprompt: a\n", "no such user"),
+    ("unknown user in export", DEMO + "export: {json: ~no_such_user_cg/g.json}\n", "no such user"),
+    ("lone surrogate", DEMO.replace("prompt: a", 'prompt: "a \\udc80 b"'), "lone surrogate"),
+    ("format_version true", DEMO.replace("format_version: 1", "format_version: true"), "expected the integer 1"),
+    ("format_version 1.0", DEMO.replace("format_version: 1", "format_version: 1.0"), "expected the integer 1"),
+    ("alias bomb", BOMB + DEMO.replace("prompt: a", "prompt: *i"), "YAML aliases"),
+    ("recursive alias", DEMO + "queries: &q [*q]\n", "alias"),
+    ("same export twice", DEMO + "export: {json: out/x.json, neuronpedia: out/x.json}\n", "also the json output"),
+    ("export suffix", DEMO + "export: {svg: out/x.png}\n", "should end in .svg"),
+    ("heatmap suffix", DEMO + "validate: [{patching: {corrupted: b, heatmap: out/h.jpg}}]\n", "heatmap image"),
+]
+
+
+def _invoke(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+def assert_clean_error(res, *needles: str) -> None:
+    """Exit 2, exactly one line starting with 'error:', no traceback."""
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert "Traceback" not in res.output
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("command", [["validate"], ["run", "--dry-run"]], ids=["validate", "dry-run"])
+@pytest.mark.parametrize("name,text,needle", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
+def test_bad_spec_is_one_line_exit_2(tmp_path, command, name, text, needle):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text, encoding="utf-8", errors="surrogatepass")
+    t0 = time.perf_counter()
+    res = _invoke([*command, str(spec)])
+    assert time.perf_counter() - t0 < 5.0, "bad input must be refused quickly (bounded work)"
+    assert_clean_error(res, needle)
+
+
+def test_alias_bomb_message_is_bounded(tmp_path):
+    """Formatting an error never prints (or repr()s) the whole value."""
+    spec = tmp_path / "spec.yaml"
+    small = "".join(f"{n}: &{n} [{', '.join([f'*{p}' if p else 'x'] * 9)}]\n"
+                    for p, n in zip(["", "a", "b", "c"], "abcd"))  # 6,561 values: under the budget
+    spec.write_text(small + DEMO.replace("prompt: a", "prompt: *d"))
+    res = _invoke(["validate", str(spec)])
+    assert_clean_error(res, "prompt")
+    assert len(res.output) < 2000
+
+
+def test_bad_spec_in_python_raises_spec_error():
+    from circuitgraph.errors import SpecError
+    from circuitgraph.spec import load_spec
+
+    base = {"format_version": 1, "model": {"builtin": "demo"}, "prompt": "a"}
+    deep: list = []
+    for _ in range(500):
+        deep = [deep]
+    for bad in ({**base, "prompt": deep}, {**base, "prompt": "x\udc80"}, {**base, "seed": True},
+                {**base, "format_version": True}, {**base, "graph": {"mlp": {True: "neurons"}}}):
+        with pytest.raises(SpecError):
+            load_spec(bad)
