@@ -315,7 +315,7 @@ def plan(run: Run, bundle_dir: Path, budget_gb: float, counts: list[list[int]]) 
 def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dict[str, Any] | None:
     """circuitgraph's own estimate (``circuitgraph run --dry-run``), recorded for comparison."""
     try:
-        from circuitgraph.estimate import estimate_run
+        from circuitgraph.pipeline.estimate import estimate_run
         from circuitgraph.spec import load_spec
 
         spec = load_spec(spec_dict(run, bundle_dir, prompt_tokens(run.bundle, run.n_pos), None))

@@ -34,7 +34,7 @@ VARIANTS = {
 
 def make_bundle(tmp_path: Path, variant: str, *, kind: str = "relu", input_site: str = "normalized",
                 seed: int = 0, n_layers: int = 2) -> Path:
-    from circuitgraph.synthetic import random_transcoders, save_bundle, tiny_model
+    from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 
     model = tiny_model(seed=seed, n_layers=n_layers, **VARIANTS[variant])
     tcs = random_transcoders(model, kind=kind, input_site=input_site, seed=seed)

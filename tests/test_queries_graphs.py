@@ -158,7 +158,7 @@ def attributed(arch: str, granularity: str = "neurons") -> AttributionGraph:
 
     from circuitgraph.adapters import ModelAdapter
     from circuitgraph.attribution import attribute
-    from circuitgraph.synthetic import tiny_model
+    from circuitgraph.testing.synthetic import tiny_model
 
     model = tiny_model(seed=1, **ARCHS[arch]).to(torch.float64)
     adapter = ModelAdapter(model)

@@ -42,14 +42,14 @@ def build_graph(
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    from circuitgraph.estimate import check_edge_memory, edge_upper_bound
+    from circuitgraph.pipeline.estimate import check_edge_memory, edge_upper_bound
 
     upper = edge_upper_bound(col.readers.locs, col.readers.positions, col.writers.groups,
                              2 * adapter.facts.n_layers + 1, lin.n_pos)
     n_features = sum(1 for r in col.readers.rows if col.nodes[r].kind == "feature")
     nodes = col.nodes
     if options.max_feature_nodes is not None and options.max_feature_nodes < n_features:
-        from circuitgraph.attribution.selection import fold_unselected, select_and_compute
+        from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 
         # rows of only max_feature_nodes features: bound the memory by that share
         check_edge_memory(upper * (options.max_feature_nodes + len(col.targets)) // max(n_features, 1),
@@ -100,7 +100,7 @@ def attribute(
 
     Example::
 
-        >>> from circuitgraph.synthetic import tiny_model
+        >>> from circuitgraph.testing.synthetic import tiny_model
         >>> from circuitgraph.adapters import ModelAdapter
         >>> g = attribute(ModelAdapter(tiny_model()), [1, 5, 7, 2])
         >>> g.check_completeness().ok()

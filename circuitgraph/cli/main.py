@@ -98,12 +98,12 @@ def run(
         from circuitgraph.spec import load_spec
 
         loaded = load_spec(spec)
-        from circuitgraph import api  # imports torch: only here
+        from circuitgraph.pipeline import runner  # imports torch: only here
 
         if dry_run:
-            _echo_lines(list(api.dry_run(loaded)))
+            _echo_lines(list(runner.dry_run(loaded)))
         else:
-            result = api.run(loaded, progress=not quiet)
+            result = runner.run(loaded, progress=not quiet)
             _echo_lines(list(result.summary_lines()))
 
 
@@ -151,7 +151,7 @@ def schema(
     """Print the JSON Schema of spec files (or, with --graph, of graph JSON files)."""
     with _reported(debug):
         if graph:
-            from circuitgraph.export.schema import graph_schema_text
+            from circuitgraph.export.graph_schema import graph_schema_text
 
             typer.echo(graph_schema_text(), nl=False)
         else:

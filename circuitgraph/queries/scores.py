@@ -167,7 +167,7 @@ def compute_scores(
     return ScoresResult(replacement, completeness, tuple(shares), error_kinds, input_kinds)
 
 
-#: the name the run API imports (circuitgraph.api); the same function as :func:`compute_scores`
+#: the name the run API imports (circuitgraph.pipeline.runner); the same function as :func:`compute_scores`
 graph_scores = compute_scores
 
 

@@ -121,7 +121,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     from circuitgraph.attribution.build import build_graph
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt, resolve_targets
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
@@ -207,7 +207,7 @@ def run(spec: Any, *, progress: bool = False) -> RunResult:
         timings["queries"] = time.perf_counter() - t0
     validation = []
     if spec.validate:
-        from circuitgraph.inputs import resolve_prompt_like
+        from circuitgraph.pipeline.inputs import resolve_prompt_like
         from circuitgraph.validation import run_check
 
         adapter = full.context.adapter
@@ -279,7 +279,7 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
 
 def dry_run(spec: Any) -> list[str]:
     """Validate a spec and estimate what a run needs, without building the graph."""
-    from circuitgraph.estimate import estimate_run
+    from circuitgraph.pipeline.estimate import estimate_run
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
