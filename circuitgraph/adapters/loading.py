@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,10 @@ def load_model_dir(
         if not f.is_file():
             raise LoadError(f"model directory {path} has no {f.name}; expected config.json and model.safetensors")
     raw = read_model_config(cfg_file, trust_remote_code=trust_remote_code)
-    shapes = _safetensors_shapes(weights)
+    from circuitgraph.adapters.files import safetensors_header
+
+    table = safetensors_header(weights)
+    shapes = {k: v["shape"] for k, v in table.items()}
     check_config_against_weights(raw, sum(_numel(s) for s in shapes.values()), path)
     raw["dtype"] = torch_dtype(dtype)
     raw["device"] = resolve_device(device)
@@ -79,6 +81,9 @@ def load_model_dir(
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     wrong = [f"{k} is {list(shapes[k])}, config.json implies {list(expected[k])}"
              for k in shapes if k in expected and tuple(shapes[k]) != expected[k]]
+    params = {name for name, _ in model.named_parameters()}
+    wrong += [f"{k} holds {table[k]['dtype']} numbers, a weight must be floating point (F16, BF16, F32, F64)"
+              for k in table if k in params and table[k]["dtype"] not in ("F16", "BF16", "F32", "F64")]
     if wrong:
         raise LoadError(f"{weights} does not match config.json: {'; '.join(wrong[:3])}"
                         + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
@@ -108,18 +113,6 @@ def _numel(shape: Any) -> int:
     for d in shape:
         n *= int(d)
     return n
-
-
-def _safetensors_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes from a safetensors header, without reading the data (bounded work)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(weights), framework="pt") as handle:
-            return {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise LoadError(f"{weights} is not a readable safetensors file ({_one_line(exc)}); "
-                        "re-save the weights with safetensors.torch.save_file") from None
 
 
 def _load_safetensors(weights: Path) -> dict[str, torch.Tensor]:

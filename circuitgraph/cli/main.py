@@ -117,6 +117,9 @@ def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = Fals
         problems = check_inputs(loaded)
         if problems:
             raise SpecError(problems)
+        from circuitgraph.adapters.files import check_input_files
+
+        check_input_files(loaded)  # file headers only: no model is built, torch is not imported
         typer.echo(f"spec OK: {loaded.summary()}")
 
 

@@ -6,7 +6,6 @@ positions in range, prompt length against n_ctx) happens here, before anything i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -98,26 +97,9 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     if d.vector is not None:
         v = torch.tensor(d.vector, dtype=torch.float64)
     else:
-        path = Path(d.file)
-        if not path.is_file():
-            raise LoadError(f"{where}.file: {path} does not exist")
-        suffix = path.suffix
-        if suffix == ".npy":
-            import numpy as np
+        from circuitgraph.adapters.files import read_direction_file
 
-            v = torch.from_numpy(np.load(path))
-        elif suffix == ".pt":
-            v = torch.load(path, map_location="cpu", weights_only=True)
-        elif suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(path))
-            if len(tensors) != 1:
-                raise LoadError(f"{where}.file: {path} holds {len(tensors)} tensors; expected exactly one")
-            v = next(iter(tensors.values()))
-        else:
-            v = torch.tensor(json.loads(path.read_text()))
-        v = v.to(torch.float64).flatten()
+        v = torch.from_numpy(read_direction_file(d.file, where))
     if v.shape[0] != d_model:
         raise AttributionError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}")
     if not torch.isfinite(v).all():

@@ -283,4 +283,7 @@ def dry_run(spec: Any) -> list[str]:
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
+    from circuitgraph.adapters.files import check_input_files
+
+    check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
     return estimate_run(spec).lines()
