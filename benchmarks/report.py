@@ -359,7 +359,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         lines.append("")
     lines += ["## Reproduce", "", "```bash",
               "# once: circuit-tracer 0.5.0 in its own venv (for the side by side)",
-              "bash benchmarks/circuit_tracer/setup_venv.sh /work/ct-venv",
+              "bash scripts/install_circuit_tracer.sh   # creates .venv-ct",
               f"{results['command']}    # add --skip-ct without the venv",
               "# one suite only, or redraw this page from results.json:",
               "python benchmarks/run_benchmarks.py --only side_by_side" + (" --quick" if quick else ""),

@@ -127,6 +127,8 @@ def fake_api(monkeypatch):
     calls: list[tuple[str, object, dict]] = []
 
     class Result:
+        failures: list[str] = []
+
         def summary_lines(self):
             return ["graph: 12 nodes, 30 edges", "wrote out/graph.json"]
 

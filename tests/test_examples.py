@@ -57,9 +57,6 @@ def test_every_example_is_tested():
 
 @pytest.mark.parametrize("name", FIXTURE_SPECS)
 def test_fixture_example_runs(tmp_path, name):
-    fixtures = EXAMPLES.parents[1] / "shared" / "fixtures"
-    if not fixtures.is_dir():
-        pytest.skip("shared fixtures not present")
     spec = _spec_into(tmp_path, name)
     spec = circuitgraph.load_spec(spec, base_dir=EXAMPLES)
     result = circuitgraph.run(spec)

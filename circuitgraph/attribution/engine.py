@@ -103,4 +103,17 @@ def compute_edges(
     else:
         t = s = np.zeros(0, dtype=np.int32)
         w = np.zeros(0, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    if col.multi_location_writers and len(t):
+        t, s, w = _coalesce(t, s, w, len(col.nodes))
     return EdgeResult(t, s, w, constants)
+
+
+def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One edge per (reader, writer): a writer met at several locations (a cross-layer
+    transcoder feature writing into several MLP outputs) gets the sum of its parts."""
+    key = t.astype(np.int64) * n + s.astype(np.int64)
+    uniq, inv = np.unique(key, return_inverse=True)
+    total = np.bincount(inv, weights=w.astype(np.float64)).astype(w.dtype)
+    nz = total != 0
+    uniq = uniq[nz]
+    return (uniq // n).astype(t.dtype), (uniq % n).astype(s.dtype), total[nz]

@@ -2,7 +2,7 @@
 
 ::
 
-    circuitgraph run SPEC [--dry-run] [--quiet] [--debug]
+    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph schema [--graph]
@@ -25,10 +25,12 @@ import typer
 
 from circuitgraph.errors import CircuitGraphError, SpecError
 
-__all__ = ["app", "main", "EXIT_BAD_INPUT"]
+__all__ = ["app", "main", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS"]
 
 #: exit status for bad input (the same status click uses for usage errors)
 EXIT_BAD_INPUT = 2
+#: exit status of ``run --strict`` when a query or validation check failed
+EXIT_FAILED_CHECKS = 3
 
 app = typer.Typer(
     name="circuitgraph",
@@ -89,8 +91,15 @@ def run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would be done (sizes, outputs) without running the model.")
     ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help=f"Exit with status {EXIT_FAILED_CHECKS} when a query or validation check failed "
+                           "(everything else is still written).")
+    ] = False,
 ) -> None:
-    """Run a spec: build the graph, run its queries and checks, write its exports."""
+    """Run a spec: build the graph, run its queries and checks, write its exports.
+
+    A query or check that fails is recorded as failed (``status``, ``error``) in the outputs and
+    printed; the run still writes everything else and exits 0, or 3 with ``--strict``."""
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO, format="%(message)s"
     )
@@ -105,6 +114,11 @@ def run(
         else:
             result = runner.run(loaded, progress=not quiet)
             _echo_lines(list(result.summary_lines()))
+            failures = result.failures
+            for line in failures:
+                typer.echo(f"failed: {line}", err=True)
+            if failures and strict:
+                raise typer.Exit(EXIT_FAILED_CHECKS)
 
 
 @app.command()

@@ -19,6 +19,7 @@ from circuitgraph.spec.base import (
     Bool,
     Int,
     KeyedModel,
+    QueryItem,
     Name,
     NodeIdStr,
     NonNegativeInt,
@@ -86,7 +87,7 @@ class TopPaths(StrictModel):
     expand_heads: Bool = Field(False, description="Split edges through frozen attention into per-head edges.")
 
 
-class TopPathsQuery(KeyedModel):
+class TopPathsQuery(QueryItem):
     key: ClassVar[str] = "top_paths"
     top_paths: Params[TopPaths]
 
@@ -98,7 +99,7 @@ class Influence(StrictModel):
     signed: Bool = Field(False, description="Signed influence instead of absolute.")
 
 
-class InfluenceQuery(KeyedModel):
+class InfluenceQuery(QueryItem):
     key: ClassVar[str] = "influence"
     influence: Params[Influence] = Field(default_factory=Influence)
 
@@ -111,7 +112,7 @@ class DirectLogitAttribution(StrictModel):
     kinds: tuple[NodeKind, ...] | None = Field(None, min_length=1, description="Only these node kinds (null = all).")
 
 
-class DirectLogitAttributionQuery(KeyedModel):
+class DirectLogitAttributionQuery(QueryItem):
     key: ClassVar[str] = "direct_logit_attribution"
     direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
 
@@ -126,7 +127,7 @@ class LogitLens(StrictModel):
     top_k: PositiveInt = Field(5, description=_TOP_K)
 
 
-class LogitLensQuery(KeyedModel):
+class LogitLensQuery(QueryItem):
     key: ClassVar[str] = "logit_lens"
     logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
 
@@ -151,7 +152,7 @@ class Congruence(StrictModel):
     top_k: PositiveInt = Field(20, description=_TOP_K)
 
 
-class CongruenceQuery(KeyedModel):
+class CongruenceQuery(QueryItem):
     key: ClassVar[str] = "congruence"
     congruence: Params[Congruence]
 
@@ -164,7 +165,7 @@ class Neighbours(StrictModel):
     top_k: PositiveInt = Field(10, description=_TOP_K)
 
 
-class NeighboursQuery(KeyedModel):
+class NeighboursQuery(QueryItem):
     key: ClassVar[str] = "neighbours"
     neighbours: Params[Neighbours]
 
@@ -175,7 +176,7 @@ class Subgraph(StrictModel):
     filter: NodeFilter
 
 
-class SubgraphQuery(KeyedModel):
+class SubgraphQuery(QueryItem):
     key: ClassVar[str] = "subgraph"
     subgraph: Params[Subgraph]
 
@@ -186,7 +187,7 @@ class Supernodes(StrictModel):
     groups: dict[Name, NodeFilter] = Field(min_length=1, description="{group name: node filter}.")
 
 
-class SupernodesQuery(KeyedModel):
+class SupernodesQuery(QueryItem):
     key: ClassVar[str] = "supernodes"
     supernodes: Params[Supernodes]
 
@@ -195,7 +196,7 @@ class Scores(StrictModel):
     """Replacement and completeness scores and the error nodes' share."""
 
 
-class ScoresQuery(KeyedModel):
+class ScoresQuery(QueryItem):
     key: ClassVar[str] = "scores"
     scores: Params[Scores] = Field(default_factory=Scores)
 
@@ -207,7 +208,7 @@ class HeadSplit(StrictModel):
     target: NodeIdStr = Field(description="Target node id.")
 
 
-class HeadSplitQuery(KeyedModel):
+class HeadSplitQuery(QueryItem):
     key: ClassVar[str] = "head_split"
     head_split: Params[HeadSplit]
 
@@ -220,7 +221,7 @@ class VirtualWeights(StrictModel):
     top_k: PositiveInt = Field(20, description=_TOP_K)
 
 
-class VirtualWeightsQuery(KeyedModel):
+class VirtualWeightsQuery(QueryItem):
     key: ClassVar[str] = "virtual_weights"
     virtual_weights: Params[VirtualWeights]
 
@@ -259,7 +260,7 @@ class DeEmbedding(StrictModel):
     head: HeadRef | None = Field(None, description="Read the embeddings through this head's OV circuit.")
 
 
-class DeEmbeddingQuery(KeyedModel):
+class DeEmbeddingQuery(QueryItem):
     key: ClassVar[str] = "de_embedding"
     de_embedding: Params[DeEmbedding]
 

@@ -25,6 +25,7 @@ from circuitgraph.spec.base import (
     Fraction,
     Int,
     KeyedModel,
+    CheckItem,
     NonNegativeInt,
     OutputPath,
     Params,
@@ -135,7 +136,7 @@ class Ablate(StrictModel):
         return self
 
 
-class AblateCheck(KeyedModel):
+class AblateCheck(CheckItem):
     key: ClassVar[str] = "ablate"
     ablate: Params[Ablate] = Field(default_factory=Ablate)
 
@@ -155,7 +156,7 @@ class PredictedVsActual(StrictModel):
         return self
 
 
-class PredictedVsActualCheck(KeyedModel):
+class PredictedVsActualCheck(CheckItem):
     key: ClassVar[str] = "predicted_vs_actual"
     predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
 
@@ -213,7 +214,7 @@ class Patching(StrictModel):
         return self
 
 
-class PatchingCheck(KeyedModel):
+class PatchingCheck(CheckItem):
     key: ClassVar[str] = "patching"
     patching: Params[Patching]
 
@@ -236,7 +237,7 @@ class Faithfulness(StrictModel):
         return self
 
 
-class FaithfulnessCheck(KeyedModel):
+class FaithfulnessCheck(CheckItem):
     key: ClassVar[str] = "faithfulness"
     faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
 
@@ -251,7 +252,7 @@ class SignRegimes(StrictModel):
                                      "negative' echoes above which it is listed as echo-dominated.")
 
 
-class SignRegimesCheck(KeyedModel):
+class SignRegimesCheck(CheckItem):
     key: ClassVar[str] = "sign_regimes"
     sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
 
@@ -262,7 +263,7 @@ class ReplacementFidelity(StrictModel):
     prompts: tuple[Prompt, ...] = Field((), description="Extra prompts besides the main prompt.")
 
 
-class ReplacementFidelityCheck(KeyedModel):
+class ReplacementFidelityCheck(CheckItem):
     key: ClassVar[str] = "replacement_fidelity"
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
 
