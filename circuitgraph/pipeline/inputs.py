@@ -110,6 +110,9 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
         raise AttributionError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}")
     if not torch.isfinite(v).all():
         raise AttributionError(f"{where}: the direction holds NaN or inf")
+    if not v.abs().max() > 0:
+        raise AttributionError(f"{where}: the direction is all zeros, so the target is always 0; give a non-zero "
+                               "direction")
     return v
 
 
@@ -159,4 +162,10 @@ def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet
                                       name=d.name or ""))
         else:  # pragma: no cover - the spec's union is closed
             raise AttributionError(f"{where}: unknown target kind")
+    for i, r in enumerate(out):
+        if r.kind == "logit_diff" and r.tokens[0] == r.tokens[1]:
+            raise TokenError(
+                f"targets[{i}].logit_diff: both tokens are id {r.tokens[0]}, so the target is always 0; give two "
+                "different tokens"
+            )
     return out

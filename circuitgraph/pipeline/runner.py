@@ -96,7 +96,7 @@ class RunResult:
             f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}",
         ]
         for key in ("replacement_score", "completeness_score"):
-            if key in full.metadata:
+            if full.metadata.get(key) is not None:
                 lines.append(f"{key}: {full.metadata[key]:.4f}")
         pruned = g is not full
         for what, entries in (("query", self.queries), ("validation", self.validation)):

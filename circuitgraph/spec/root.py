@@ -77,6 +77,23 @@ with warnings.catch_warnings():
             return self.prune if isinstance(self.prune, PruneSpec) else None
 
         @model_validator(mode="after")
+        def _targets_not_zero(self) -> "Spec":
+            """A target that is identically zero (weight 0, or a logit difference of a token with
+            itself) has nothing to explain: every edge, share and score would be 0 or 0/0."""
+            problems: list[tuple[str, str]] = []
+            for i, target in enumerate(self.targets):
+                if getattr(target, "weight", None) == 0:
+                    problems.append((f"targets[{i}].weight", "a target with weight 0 explains nothing; give a "
+                                     "non-zero weight or remove the target"))
+                if target.kind == "logit_diff" and target.params[0] == target.params[1]:
+                    a = target.params[0]
+                    problems.append((f"targets[{i}].logit_diff", f"[{a!r}, {a!r}] compares a token with itself, so "
+                                     "the target is always 0; give two different tokens"))
+            if problems:
+                raise rule_error(*problems)
+            return self
+
+        @model_validator(mode="after")
         def _cross_checks(self) -> "Spec":
             problems: list[tuple[str, str]] = []
             has_tc = self.transcoders is not None
