@@ -108,13 +108,13 @@ def _attn_types(value: Any) -> str | None:
     return None
 
 
-def _act_fns() -> tuple[str, ...]:
-    try:
-        from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+#: TransformerLens 3.x's SUPPORTED_ACTIVATIONS (written out: importing it would import torch,
+#: and ``circuitgraph validate`` reads config.json without torch)
+ACT_FNS = ("solu", "solu_ln", "gelu_new", "gelu_fast", "silu", "relu", "gelu", "gelu_pytorch_tanh", "xielu", "relu2")
 
-        return tuple(SUPPORTED_ACTIVATIONS)
-    except ImportError:  # pragma: no cover - older TransformerLens
-        return ("relu", "gelu", "silu", "gelu_new", "solu_ln", "gelu_fast", "gelu_pytorch_tanh")
+
+def _act_fns() -> tuple[str, ...]:
+    return ACT_FNS
 
 
 #: the HookedTransformerConfig fields circuitgraph passes on, each with its check
