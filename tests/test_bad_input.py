@@ -93,3 +93,85 @@ def test_bad_spec_in_python_raises_spec_error():
                 {**base, "format_version": True}, {**base, "graph": {"mlp": {True: "neurons"}}}):
         with pytest.raises(SpecError):
             load_spec(bad)
+
+
+# --------------------------------------------------------------------------- fuzz
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VALID_SPEC = {
+    "format_version": 1,
+    "model": {"builtin": "demo"},
+    "transcoders": {"builtin": "demo"},
+    "prompt": "mia found owl in the attic . later mia wanted",
+    "targets": [{"logit_diff": [" an", " a"]}, {"logit": " an", "position": -1, "weight": 0.5}],
+    "graph": {"mlp": {0: "transcoders", 1: "neurons"}, "attention": "frozen", "max_feature_nodes": 100},
+    "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
+    "queries": [{"top_paths": {"source": {"kind": "embedding"}, "k": 5}}, {"scores": {}}],
+    "validate": [{"predicted_vs_actual": {"k": 5}}],
+    "export": {"json": "out/g.json", "svg": "out/g.svg"},
+}
+
+SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=10)
+           | st.sampled_from(["neurons", "transcoders", "frozen", "heads", "embedding", " an", "~x/y", "\udc80"]))
+VALUES = st.recursive(
+    SCALARS,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8) | st.integers(-2, 5), c, max_size=3),
+    max_leaves=6,
+)
+
+
+def _spec_paths(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _spec_paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _spec_paths(v, (*prefix, i))
+
+
+SPEC_PATHS = [p for p in _spec_paths(VALID_SPEC) if p]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.sampled_from(SPEC_PATHS), VALUES, st.booleans()), min_size=1, max_size=3))
+def test_fuzzed_specs_load_or_fail_cleanly(edits):
+    """Any edit of a valid spec gives a Spec or a SpecError with a one-line message."""
+    import copy
+
+    from circuitgraph.errors import SpecError
+    from circuitgraph.spec import Spec, load_spec
+
+    doc = copy.deepcopy(VALID_SPEC)
+    for path, value, delete in edits:
+        node = doc
+        try:
+            for part in path[:-1]:
+                node = node[part]
+            if delete:
+                del node[path[-1]]
+            else:
+                node[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    try:
+        spec = load_spec(doc, base_dir=".")
+    except SpecError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 20_000
+        return
+    assert isinstance(spec, Spec)
+    spec.summary()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=st.sampled_from(list("{}[]:,-&*!|>'\"# \n\tab01.~") + ["\udc80", "é"]), max_size=200))
+def test_fuzzed_spec_text_is_one_line_or_ok(tmp_path, text):
+    """Arbitrary YAML-ish text through `circuitgraph validate`: exit 0, or exit 2 with one line."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(("format_version: 1\nmodel: {builtin: demo}\n" + text).encode("utf-8", "surrogatepass"))
+    res = _invoke(["validate", str(spec)])
+    assert res.exit_code in (0, 2), (res.exit_code, res.output, repr(res.exception))
+    assert len(res.output.strip().splitlines()) == 1
