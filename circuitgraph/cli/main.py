@@ -95,6 +95,10 @@ def run(
         bool, typer.Option("--strict", help=f"Exit with status {EXIT_FAILED_CHECKS} when a query or validation check failed "
                            "(everything else is still written).")
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace export files that circuitgraph did not write (or that were "
+                           "changed since it wrote them).")
+    ] = False,
 ) -> None:
     """Run a spec: build the graph, run its queries and checks, write its exports.
 
@@ -112,7 +116,7 @@ def run(
         if dry_run:
             _echo_lines(list(runner.dry_run(loaded)))
         else:
-            result = runner.run(loaded, progress=not quiet)
+            result = runner.run(loaded, progress=not quiet, force=force)
             _echo_lines(list(result.summary_lines()))
             failures = result.failures
             for line in failures:

@@ -19,6 +19,7 @@ EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "svg": (".svg",),
     "png": (".png",),
     "neuronpedia": (".json",),
+    "graph": (".npz",),
 }
 
 with warnings.catch_warnings():

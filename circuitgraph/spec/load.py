@@ -60,7 +60,9 @@ def _validate(data: dict[str, Any], base_dir: "str | os.PathLike[str] | None") -
     check_plain_data(data)
     context = {"base_dir": Path(base_dir)} if base_dir is not None else None
     try:
-        return Spec.model_validate(data, context=context)
+        spec = Spec.model_validate(data, context=context)
+        spec._base_dir = Path(os.path.abspath(base_dir)) if base_dir is not None else None
+        return spec
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, Spec, data)) from None
     except RecursionError:

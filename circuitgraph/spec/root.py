@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from circuitgraph.spec.base import RULE_ERROR, StrictModel, _short, rule_error
@@ -70,6 +71,13 @@ with warnings.catch_warnings():
         queries: tuple[Query, ...] = Field((), description="Queries run on the graph.")
         validate: tuple[Check, ...] = Field((), description="Checks against the real model.")
         export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
+        #: the folder relative paths were resolved against (the spec file's folder), when known
+        _base_dir: Path | None = PrivateAttr(default=None)
+
+        @property
+        def base_dir(self) -> Path | None:
+            """The folder relative paths in this spec were resolved against (``None``: unknown)."""
+            return self._base_dir
 
         @property
         def pruning(self) -> PruneSpec | None:
