@@ -200,6 +200,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     run_warnings: list[str] = []
     with _recorded_warnings(run_warnings):
         tokens = resolve_prompt(spec, adapter)
+    _check_qk_items(spec, adapter, len(tokens))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
     targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
     L = adapter.facts.n_layers
@@ -249,6 +250,26 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         if bar is not None:
             bar.close()
     return graph
+
+
+def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+    """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
+    checked before the graph is built, so bad input fails fast and writes nothing."""
+    from circuitgraph.errors import SpecError
+    from circuitgraph.queries.qk import qk_problems
+
+    f = adapter.facts
+    problems = []
+    for where, items in (("queries", spec.queries), ("validate", spec.validate)):
+        for i, item in enumerate(items):
+            if item.kind == "qk":
+                p = item.params
+                head = p.head if isinstance(p.head, int) else list(p.head)
+                problems += [(f"{where}[{i}].qk.{field}", msg) for field, msg in qk_problems(
+                    p.layer, head, p.query_position, p.key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                    n_pos=n_pos)]
+    if problems:
+        raise SpecError(problems)
 
 
 def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
@@ -362,6 +383,8 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
     base = spec_base_dir(result.spec)
     queries = portable_paths(result.queries_json(), base)
     validation = portable_paths(result.validation_json(), base)
+    qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
+    inset = qk if ex.qk_inset else ()
     outputs = ex.outputs()
     if not outputs:
         return {}
@@ -372,13 +395,12 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
         if ex.graph is not None:
             save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation)
         if ex.neuronpedia is not None:
-            qk = [q["result"] for q in queries if q["kind"] == "qk"]
             graph_to_neuronpedia(g, str(out.stage("neuronpedia")), qk=qk)
         if ex.dot is not None:
-            atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes))
+            atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset))
         for fmt in ("svg", "png"):
             if getattr(ex, fmt) is not None:
-                render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes)
+                render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset)
     return {kind: Path(path) for kind, path in outputs.items()}
 
 

@@ -45,7 +45,7 @@ from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 
 __all__ = ["QKPair", "QKMarginal", "QKDecomposition", "QKHead", "QKResult", "qk", "qk_decomposition",
-           "model_attention_scores"]
+           "model_attention_scores", "qk_problems"]
 
 
 @dataclass(frozen=True)
@@ -362,12 +362,44 @@ def _graph_id(graph: AttributionGraph, node_id: NodeId) -> NodeId:
     return rem if rem in graph else node_id
 
 
-def _resolve_position(pos: int, n_pos: int, what: str) -> int:
-    t = pos + n_pos if pos < 0 else pos
-    if not 0 <= t < n_pos:
-        raise QueryError(f"qk: {what} {pos} is outside the prompt ({n_pos} positions: 0..{n_pos - 1} "
-                         f"or -{n_pos}..-1)")
-    return t
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _heads(head: Any) -> list[int]:
+    return [int(head)] if _is_int(head) else [int(h) for h in head]
+
+
+def qk_problems(layer: Any, head: Any, query_position: Any, key_position: Any, *, n_layers: int, n_heads: int,
+                n_pos: int) -> list[tuple[str, str]]:
+    """Every problem with the arguments of a ``qk`` query for a model and prompt, each as
+    ``(field, message)`` naming the value and the allowed range (empty when all is well)."""
+    out: list[tuple[str, str]] = []
+    if not _is_int(layer) or not 0 <= layer < n_layers:
+        out.append(("layer", f"layer {layer!r} requested, the model has {n_layers} layers (0-{n_layers - 1})"))
+    heads = [head] if _is_int(head) else (list(head) if isinstance(head, (list, tuple)) else [head])
+    if not heads:
+        out.append(("head", "head is an empty list; give a head index or a non-empty list of them"))
+    for h in heads:
+        if not _is_int(h) or not 0 <= h < n_heads:
+            out.append(("head", f"head {h!r} requested, the model has {n_heads} heads per layer (0-{n_heads - 1})"))
+    q = None
+    if not _is_int(query_position) or not -n_pos <= query_position < n_pos:
+        out.append(("query_position", f"query_position {query_position!r} is outside the prompt ({n_pos} positions: "
+                                      f"0..{n_pos - 1} or -{n_pos}..-1)"))
+    else:
+        q = query_position + n_pos if query_position < 0 else query_position
+    if isinstance(key_position, str):
+        if key_position != "top":
+            out.append(("key_position", f"key_position must be an integer or 'top', got {key_position!r}"))
+    elif not _is_int(key_position) or not -n_pos <= key_position < n_pos:
+        out.append(("key_position", f"key_position {key_position!r} is outside the prompt ({n_pos} positions: "
+                                    f"0..{n_pos - 1} or -{n_pos}..-1)"))
+    elif q is not None and (key_position + n_pos if key_position < 0 else key_position) > q:
+        out.append(("key_position", f"key_position {key_position} is after query_position {query_position} "
+                                    "(position {q}); causal attention reads only keys at or before the query"
+                                    .replace("{q}", str(q))))
+    return out
 
 
 @torch.no_grad()
@@ -389,27 +421,18 @@ def qk_decomposition(
     ctx = require_context(graph, "qk")
     a, lin, col = ctx.adapter, ctx.linearisation, ctx.collected
     f = a.facts
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < f.n_layers:
-        raise QueryError(f"qk: layer {layer!r} requested, the model has {f.n_layers} layers (0-{f.n_layers - 1})")
-    heads = [head] if isinstance(head, (int, np.integer)) and not isinstance(head, bool) else list(head)
-    if not heads:
-        raise QueryError("qk: head is an empty list; give a head index or a non-empty list of them")
-    for h in heads:
-        if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h < f.n_heads:
-            raise QueryError(f"qk: head {h!r} requested, layer {layer} has {f.n_heads} heads (0-{f.n_heads - 1})")
+    problems = qk_problems(layer, head, query_position, key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                           n_pos=lin.n_pos)
+    if problems:
+        raise QueryError("qk: " + "; ".join(msg for _, msg in problems))
+    heads = _heads(head)
     T = lin.n_pos
-    q_pos = _resolve_position(int(query_position), T, "query_position")
+    q_pos = int(query_position) + T if int(query_position) < 0 else int(query_position)
     pattern = lin.patterns[layer]  # (H, T, T)
-    if isinstance(key_position, str):
-        if key_position != "top":
-            raise QueryError(f"qk: key_position must be an integer or 'top', got {key_position!r}")
+    if key_position == "top":
         k_pos = [int(pattern[h, q_pos, : q_pos + 1].argmax()) for h in heads]
     else:
-        kp = _resolve_position(int(key_position), T, "key_position")
-        if kp > q_pos:
-            raise QueryError(f"qk: key_position {key_position} (position {kp}) is after query_position "
-                             f"{q_pos}; causal attention reads only keys at or before the query")
-        k_pos = [kp] * len(heads)
+        k_pos = [int(key_position) + T if int(key_position) < 0 else int(key_position)] * len(heads)
 
     dirs, consts, positions = _readers(ctx, layer, heads, q_pos, k_pos)
     n = dirs.shape[0]
