@@ -2,7 +2,7 @@
 
 ::
 
-    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict]
+    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph schema [--graph]
