@@ -175,3 +175,33 @@ def test_fuzzed_spec_text_is_one_line_or_ok(tmp_path, text):
     res = _invoke(["validate", str(spec)])
     assert res.exit_code in (0, 2), (res.exit_code, res.output, repr(res.exception))
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_lone_surrogate_through_the_python_api_is_a_token_error():
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.errors import TokenError
+    from tests.conftest import SHARED_FIXTURES
+
+    tok = Tokenizer.from_dir(SHARED_FIXTURES / "example-gpt2" / "tokenizer")
+    with pytest.raises(TokenError, match="lone surrogate"):
+        tok.encode("t36 \udc80")
+
+
+def test_zero_targets_are_refused_before_anything_is_written(tmp_path):
+    from tests.conftest import SHARED_FIXTURES
+
+    bundle = SHARED_FIXTURES / "example-gpt2"
+    from circuitgraph.adapters.tokenizer import Tokenizer
+
+    t36 = Tokenizer.from_dir(bundle / "tokenizer").encode("t36")[0]
+    for target, needle in (({"logit_diff": ["t36", "t36"]}, "compares a token with itself"),
+                           ({"logit": "t36", "weight": 0.0}, "weight 0"),
+                           ({"logit_diff": ["t36", t36]}, "both tokens are id"),
+                           ({"direction": {"layer": 1, "site": "resid_post", "vector": [0.0] * 32}}, "all zeros")):
+        spec = {"format_version": 1, "model": {"path": str(bundle / "model")}, "prompt": "t36 t37 t23",
+                "targets": [target], "export": {"json": str(tmp_path / "out" / "g.json")}}
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(spec))
+        res = _invoke(["run", "-q", str(path)])
+        assert_clean_error(res, needle)
+        assert not (tmp_path / "out").exists()

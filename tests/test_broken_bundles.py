@@ -242,10 +242,10 @@ DIRECTION_CASES = [
 @pytest.mark.parametrize("case,name,content", DIRECTION_CASES, ids=[c[0] for c in DIRECTION_CASES])
 def test_bad_direction_file(tmp_path, case, name, content):
     path = _direction(tmp_path, name, content)
-    spec = _spec(tmp_path, BUNDLE, targets=[{"direction": {"layer": 1, "file": str(path)}}])
+    spec = _spec(tmp_path, BUNDLE, targets=[{"direction": {"layer": 1, "site": "resid_post", "file": str(path)}}])
     runner = CliRunner()
     for args in (["validate", str(spec)], ["run", "--dry-run", str(spec)], ["run", "-q", str(spec)]):
         res = runner.invoke(app, args)
         if args[0] == "run" and args[1] == "-q" or res.exit_code != 0:
-            _assert_clean(res, "direction")
+            _assert_clean(res, "targets[0].direction")
     assert not (tmp_path / "out").exists()

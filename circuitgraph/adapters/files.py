@@ -169,7 +169,10 @@ def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
                 raise LoadError(f"{where}.file: {path} holds complex numbers; a direction is real")
             value = value.detach().to(torch.float64).numpy()
         elif suffix == ".safetensors":
-            header = safetensors_header(path)
+            try:
+                header = safetensors_header(path)
+            except LoadError as exc:
+                raise LoadError(f"{where}.file: {exc}") from None
             if len(header) != 1:
                 raise LoadError(f"{where}.file: {path} holds {len(header)} tensors; expected exactly one")
             from safetensors.numpy import load_file

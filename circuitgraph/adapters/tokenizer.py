@@ -100,6 +100,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TokenError(f"{text[:40]!r} holds {text[exc.start]!r} at character {exc.start}, a lone surrogate "
+                             "that is not text; remove it") from None
         if self.kind == "files":
             return list(self.backend.encode(text, add_special_tokens=False).ids)
         return list(self.backend.encode(text, add_special_tokens=False))
