@@ -118,3 +118,12 @@ def test_config_fields_are_allow_listed(tmp_path):
 def _write(path: Path, data: dict) -> Path:
     path.write_text(json.dumps(data))
     return path
+
+
+def test_act_fn_list_matches_transformer_lens():
+    """The allow-list names TransformerLens's activations without importing it (validate is torch-free)."""
+    from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+    from circuitgraph.adapters.model_config import ACT_FNS
+
+    assert set(ACT_FNS) == set(SUPPORTED_ACTIVATIONS)
