@@ -21,7 +21,7 @@ is bilinear, so it splits exactly into
   embeddings and position-0 MLP outputs carried in the residual), by name.
 
 The vectors ``u_a`` come from the engine's transposed sweep
-(:func:`circuitgraph.attribution.engine.compute_edges`) with ``d_head`` readers at
+(:func:`circuitgraph.attribution.engine.attribute_directions`) with ``d_head`` readers at
 ``resid_pre(l)``: reader ``i`` reads the rotated query dimension ``i`` through ln1 at ``(l, q)``
 with its frozen sigma; the "edges" into it are every node's query-side components.  The same
 for the key side at ``(l, k)``.  One sweep for all the heads asked; no per-pair work.
@@ -33,7 +33,7 @@ pre-cap score ``s`` is decomposed and the capped one is reported as ``score_capp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -326,9 +326,9 @@ def _readers(ctx: Any, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequ
     """Reader directions ``(n, d_model)`` and own constants ``(n,)`` in the graph's dtype: per head,
     ``d_head`` rotated query dimensions at ``(layer, q_pos)`` then ``d_head`` key dimensions at
     ``(layer, k_pos[j])``.  ``g = P(gamma1 * w) / sigma1``, own constant ``w . beta1 + b``."""
-    a, fm = ctx.adapter, ctx.collected.frozen
+    a = ctx.adapter
     attn = _attention_module(a, layer)
-    dtype, device = fm.dtype, fm.device
+    dtype, device = ctx.options.dtype, a.device
     W_Q, W_K = attn.W_Q.detach().to(device, dtype), attn.W_K.detach().to(device, dtype)  # (H, d_model, d_head)
     b_Q, b_K = attn.b_Q.detach().to(device, dtype), attn.b_K.detach().to(device, dtype)  # (H, d_head)
     R = rotary_matrices(a, layer, ctx.linearisation.n_pos)
@@ -337,7 +337,7 @@ def _readers(ctx: Any, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequ
     norm = a.norm("ln1", layer)
     gamma = None if norm.gamma is None else norm.gamma.to(device, dtype)
     beta = None if norm.beta is None else norm.beta.to(device, dtype)
-    sigma = fm.ln1[layer].sigma
+    sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos):
         for W, b, t in ((W_Q[h], b_Q[h], q_pos), (W_K[h], b_K[h], kp)):
@@ -354,12 +354,17 @@ def _readers(ctx: Any, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequ
 
 
 def _graph_id(graph: AttributionGraph, node_id: NodeId) -> NodeId:
-    """The id a writer has in ``graph``: itself, or the remainder it was folded into
-    (``max_feature_nodes``)."""
-    if node_id in graph or node_id.kind != "feature":
+    """The id a writer has in ``graph``: itself, or the remainder that holds it (a feature folded
+    away by ``max_feature_nodes``, or any writer removed by pruning, which keeps the pruned part
+    of each (layer, position) in ``remainder/<layer>/<position>/1``)."""
+    if node_id in graph:
         return node_id
-    rem = NodeId("remainder", node_id.layer, node_id.position, REMAINDER_INDEX["features"])
-    return rem if rem in graph else node_id
+    for kind, index in (("feature", REMAINDER_INDEX["features"]), (None, REMAINDER_INDEX["pruned"])):
+        if kind is None or node_id.kind == kind:
+            rem = NodeId("remainder", node_id.layer, node_id.position, index)
+            if rem in graph:
+                return rem
+    return node_id
 
 
 def _is_int(x: Any) -> bool:
@@ -397,8 +402,7 @@ def qk_problems(layer: Any, head: Any, query_position: Any, key_position: Any, *
                                     f"0..{n_pos - 1} or -{n_pos}..-1)"))
     elif q is not None and (key_position + n_pos if key_position < 0 else key_position) > q:
         out.append(("key_position", f"key_position {key_position} is after query_position {query_position} "
-                                    "(position {q}); causal attention reads only keys at or before the query"
-                                    .replace("{q}", str(q))))
+                                    f"(position {q}); causal attention reads only keys at or before the query"))
     return out
 
 
@@ -415,11 +419,8 @@ def qk_decomposition(
     ``key_position="top"`` picks, per head, the key the head attends to most from the query.
     Needs the live model (a graph from ``run``/``attribute``, not one loaded from JSON).
     """
-    from circuitgraph.attribution.engine import compute_edges
-    from circuitgraph.attribution.nodes_builder import ReaderTable
-
     ctx = require_context(graph, "qk")
-    a, lin, col = ctx.adapter, ctx.linearisation, ctx.collected
+    a, lin = ctx.adapter, ctx.linearisation
     f = a.facts
     problems = qk_problems(layer, head, query_position, key_position, n_layers=f.n_layers, n_heads=f.n_heads,
                            n_pos=lin.n_pos)
@@ -435,12 +436,7 @@ def qk_decomposition(
         k_pos = [int(key_position) + T if int(key_position) < 0 else int(key_position)] * len(heads)
 
     dirs, consts, positions = _readers(ctx, layer, heads, q_pos, k_pos)
-    n = dirs.shape[0]
-    table = ReaderTable()
-    for i in range(n):
-        table.add(i, 2 * layer, positions[i], dirs[i], float(consts[i]))  # resid_pre(layer)
-    parts: dict[int, dict[int, float]] = {}
-    edges = compute_edges(replace(col, readers=table), batch_size=max(n, 1), constant_parts=parts)
+    edges = ctx.attribute_directions(2 * layer, positions, dirs, consts.tolist())  # resid_pre(layer)
 
     scores = model_attention_scores(a, lin.tokens, layer)
     attn = _attention_module(a, layer)
@@ -449,20 +445,21 @@ def qk_decomposition(
     dh = f.d_head
     bos_nodes = bool(ctx.options.bos_nodes)
     out = []
-    tgt, src, w = edges.target, edges.source, edges.weight.astype(np.float64)
+    tgt, w = edges.reader, edges.weight.astype(np.float64)
+    src = np.arange(len(edges.writer))
     for j, (h, kp) in enumerate(zip(heads, k_pos)):
         sides = []
         for side in range(2):
             lo = (2 * j + side) * dh
             mask = (tgt >= lo) & (tgt < lo + dh)
-            ids = [_graph_id(graph, col.nodes[r].id) for r in src[mask].tolist()]
+            ids = [_graph_id(graph, edges.writer[e]) for e in src[mask].tolist()]
             uniq: dict[NodeId, int] = {}
             idx = np.array([uniq.setdefault(i, len(uniq)) for i in ids], dtype=np.int64)
             vecs = np.zeros((len(uniq), dh))
             np.add.at(vecs, (idx, tgt[mask] - lo), w[mask])
             named: dict[str, np.ndarray] = {}
             for d in range(dh):
-                for loc, value in parts.get(lo + d, {-1: float(consts[lo + d])}).items():
+                for loc, value in edges.constants[lo + d].items():
                     name = _constant_name(loc, "query" if side == 0 else "key", bos_nodes)
                     named.setdefault(name, np.zeros(dh))[d] += value
             sides.append((tuple(uniq), vecs, {k: v for k, v in named.items() if np.any(v != 0.0)}))

@@ -164,7 +164,6 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
 
     ctx = graph_context(graph, "qk")
     res = qk(graph, layer, head, query_position, key_position, top_k=top_k)
-    removable = _removable(ctx)
     rows: list[QKCheckRow] = []
     notes: list[str] = []
     magnitudes: dict[int, float] = {}
@@ -178,7 +177,7 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
             for side, node in (("query", p.query_node), ("key", p.key_node)):
                 if (side, node) in items:
                     continue
-                if node not in removable:
+                if not _removable(ctx, node):
                     notes.append(f"L{layer}H{h.head} {side} node {node}: not removable in the frozen model "
                                  "(attention writers need graph.attention: heads; folded remainders are not writers)")
                     continue
@@ -192,17 +191,15 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
     return QKCheckResult(int(layer), res.query_position, rows, magnitudes, float(tolerance), _dedupe(notes))
 
 
-def _removable(ctx: Any) -> set[NodeId]:
-    col = ctx.collected
-    out = set()
-    for loc, groups in col.writers.groups.items():
-        for _, rows, _ in groups:
-            for r in rows.tolist():
-                node = col.nodes[r]
-                if loc % 2 == 1 and ctx.options.attention[(loc - 1) // 2] != "heads":
-                    continue
-                out.add(node.id)
-    return out
+def _removable(ctx: Any, node: NodeId) -> bool:
+    """Whether the frozen model can remove ``node`` (a writer; attention writers only in heads mode)."""
+    from circuitgraph.validation.frozen import frozen_node_hooks
+
+    try:
+        frozen_node_hooks(ctx, [node])
+    except ValidationRunError:
+        return False
+    return True
 
 
 def _dedupe(notes: list[str]) -> list[str]:
