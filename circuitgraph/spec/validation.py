@@ -194,6 +194,10 @@ else:
 Granularity = Literal["layer", "head", "neuron", "feature", "position"]
 
 
+#: the image formats a patching heat map can be written in (chosen by the file's suffix)
+HEATMAP_SUFFIXES = (".png", ".svg", ".pdf")
+
+
 class Patching(StrictModel):
     """Activation patching: run ``corrupted`` with activations of ``clean`` (the main prompt by
     default) patched in, one unit at a time at each granularity; relative recovery =
@@ -211,6 +215,11 @@ class Patching(StrictModel):
     @model_validator(mode="after")
     def _unique(self) -> "Patching":
         problems = _unique("granularity", self.granularity)
+        if self.heatmap is not None and self.heatmap.suffix.lower() not in HEATMAP_SUFFIXES:
+            problems.append(
+                ("heatmap", f"heatmap image {str(self.heatmap)!r} should end in {', '.join(HEATMAP_SUFFIXES)} "
+                 "(the suffix picks the image format); rename it")
+            )
         if problems:
             raise rule_error(*problems)
         return self
