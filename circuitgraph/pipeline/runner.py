@@ -318,7 +318,8 @@ def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
 
     spec = load_spec(spec)
     _check_outputs(spec)
-    OutputSet(spec.export.outputs(), force=force).check()
+    heatmaps = _heatmap_outputs(spec)
+    OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     full = build(spec, progress=progress)
@@ -366,6 +367,7 @@ def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
             validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
                                "result": res})
         timings["validation"] = time.perf_counter() - t0
+        OutputSet.record([path for path in heatmaps.values() if Path(path).is_file()])
     if graph is not full:
         graph.metadata["warnings"] = list(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
@@ -389,6 +391,12 @@ def _attach_scores(graph: AttributionGraph) -> None:
     scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
+
+
+def _heatmap_outputs(spec: Any) -> dict[str, Path]:
+    """The image files validation checks write (``patching.heatmap``), checked like exports."""
+    return {f"validate[{i}].patching.heatmap": c.params.heatmap for i, c in enumerate(spec.validate)
+            if c.kind == "patching" and getattr(c.params, "heatmap", None) is not None}
 
 
 def spec_base_dir(spec: Any) -> Path | None:
