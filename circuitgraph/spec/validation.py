@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import (
+    Bool,
     Float,
     Fraction,
     Int,
@@ -124,6 +125,14 @@ class Ablate(StrictModel):
     )
     seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
     max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
+    match_layers: Bool = Field(
+        False, description="Draw each layer's controls from that layer only (default: from every layer whose units "
+        "can affect the metric)."
+    )
+    match_positions: Bool = Field(
+        False, description="Draw each position's controls from that position only (default: from every position "
+        "whose units can affect the metric)."
+    )
 
     @model_validator(mode="after")
     def _modes(self) -> "Ablate":
