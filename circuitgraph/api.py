@@ -115,8 +115,12 @@ def _check_outputs(spec: Any) -> None:
         )
 
 
-def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
-    """Load inputs and build the unpruned graph of a spec (no queries, no exports)."""
+def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
+    """Load inputs and build the unpruned graph of a spec (no queries, no exports).
+
+    ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
+    dictionaries (dataset workers load them once and reuse them for every prompt).
+    """
     from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution.build import build_graph
     from circuitgraph.attribution.linearisation import linearise
@@ -126,7 +130,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
 
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
-    adapter, tcs = load_inputs(spec)
+    adapter, tcs = load_inputs(spec) if inputs is None else inputs
     tokens = resolve_prompt(spec, adapter)
     lin = linearise(adapter, torch.tensor(tokens), tcs)
     targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
@@ -174,15 +178,24 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     return graph
 
 
-def run(spec: Any, *, progress: bool = False) -> RunResult:
-    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end."""
+def run(spec: Any, *, progress: bool = False, inputs: Any = None) -> Any:
+    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
+
+    A spec with ``dataset:`` runs every prompt of the dataset and returns a
+    :class:`~circuitgraph.datasets.DatasetRunResult` (see docs/dataset.md); otherwise the result
+    is a :class:`RunResult`.  ``inputs``: see :func:`build`.
+    """
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
+    if spec.is_dataset:
+        from circuitgraph.datasets import run_dataset
+
+        return run_dataset(spec, progress=progress)
     _check_outputs(spec)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    full = build(spec, progress=progress)
+    full = build(spec, progress=progress, inputs=inputs)
     timings["graph"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

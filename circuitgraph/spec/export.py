@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from circuitgraph.spec.base import OutputPath, PositiveInt, StrictModel, rule_error
@@ -33,6 +35,13 @@ with warnings.catch_warnings():
         png: OutputPath | None = Field(None, description="The diagram as PNG (needs the Graphviz dot binary).")
         neuronpedia: OutputPath | None = Field(None, description="The graph in Neuronpedia's JSON format.")
         graph: OutputPath | None = Field(None, description="The graph in circuitgraph's compact binary format.")
+        dataset: OutputPath | None = Field(
+            None, description="Dataset runs: the output folder (graphs/, results/, manifest.parquet, nodes.parquet, "
+            "edges.parquet)."
+        )
+        dataset_format: Literal["binary", "json"] = Field(
+            "binary", description="Dataset runs: each prompt's graph as binary .npz (default) or pruned graph JSON."
+        )
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
