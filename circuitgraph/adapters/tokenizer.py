@@ -84,10 +84,25 @@ class Tokenizer:
                 text = conv(int(token_id)) or ""
         return text
 
+    @property
+    def unk_id(self) -> int | None:
+        """The id of the unknown token (what words outside the vocabulary encode to), if any."""
+        if self.kind == "files":
+            token = getattr(self.backend.model, "unk_token", None)
+            return self.backend.token_to_id(token) if token else None
+        return getattr(self.backend, "unk_token_id", None)
+
     def single_token(self, text: str, where: str = "token") -> int:
-        """The id of ``text`` if it is exactly one token; otherwise a TokenError saying how it splits."""
+        """The id of ``text`` if it is exactly one token; otherwise a TokenError saying how it splits.
+
+        A word the tokenizer only knows as its unknown token is not a token of the vocabulary.
+        """
         ids = self.encode(text)
         if len(ids) == 1:
+            unk = self.unk_id
+            if unk is not None and ids[0] == unk and text.strip() != self.token_str(unk).strip():
+                raise TokenError(f"{where} {text!r} is not in the vocabulary (the tokenizer encodes it as its unknown "
+                                 f"token {self.token_str(unk)!r}, id {unk}); use a token of the vocabulary")
             return ids[0]
         if not ids:
             raise TokenError(f"{where} {text!r} encodes to no token at all; use a non-empty token string")

@@ -29,6 +29,22 @@ __all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers"]
 
 OnResult = Callable[[dict[str, Any]], None]
 
+#: imported once by the fork server, so each worker starts with them loaded (importing
+#: TransformerLens alone takes seconds); nothing here runs torch code
+_PRELOAD = (
+    "torch",
+    "transformer_lens",
+    "circuitgraph.inputs",
+    "circuitgraph.api",
+    "circuitgraph.attribution.build",
+    "circuitgraph.queries",
+    "circuitgraph.validation",
+    "circuitgraph.export",
+    "circuitgraph.datasets.prompt",
+    "circuitgraph.datasets.reduce",
+    "circuitgraph.datasets.executors",
+)
+
 
 def default_workers() -> int:
     try:
@@ -90,7 +106,7 @@ class LocalExecutor:
             return
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by the server, then the workers
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["circuitgraph.datasets.executors", "circuitgraph.api", "torch"])
+        ctx.set_forkserver_preload(list(_PRELOAD))
         queue: deque[tuple[Row, int]] = deque((row, 1) for row in rows)
         slots: dict[Any, dict[str, Any]] = {}  # connection -> {process, task}
 

@@ -16,7 +16,7 @@ from typing import Any
 from circuitgraph.errors import CircuitGraphError, DatasetError
 from circuitgraph.spec.dataset import Row, parse_rows, read_dataset_rows
 
-__all__ = ["load_rows", "check_rows", "row_problems"]
+__all__ = ["load_rows", "check_rows", "row_problems", "model_problems"]
 
 
 def row_problems(spec: Any) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -83,15 +83,11 @@ def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, w
     return out
 
 
-def check_rows(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> list[int]:
-    """Check every row against the model; return each row's prompt length (tokens).
-
-    Raises :class:`DatasetError` listing every problem of every row (1-based row numbers).
-    """
+def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> list[tuple[str, str]]:
+    """Every problem of every row found with the model loaded (1-based row numbers)."""
     from circuitgraph.inputs import resolve_prompt_like
 
     problems: list[tuple[str, str]] = []
-    lengths: list[int] = []
     patching = [c for c in spec.validate if c.kind == "patching"]
     for row in rows:
         where = f"row {row.number} (id {row.id})"
@@ -99,9 +95,7 @@ def check_rows(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> li
             tokens = resolve_prompt_like(row.prompt, adapter, where=f"{where} prompt")
         except CircuitGraphError as exc:
             problems.append(("", str(exc)))
-            lengths.append(0)
             continue
-        lengths.append(len(tokens))
         targets = row.targets if row.targets is not None else spec.targets
         problems += _target_problems(targets, len(tokens), adapter, transcoders, f"{where} targets")
         corrupted = [row.corrupted] if row.corrupted is not None else [c.params.corrupted for c in patching]
@@ -114,6 +108,11 @@ def check_rows(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> li
             if len(other) != len(tokens):
                 problems.append(("", f"{where} corrupted: {len(other)} tokens, the prompt has {len(tokens)}; "
                                      "patching needs prompts of the same token length"))
+    return problems
+
+
+def check_rows(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> None:
+    """Raise :class:`DatasetError` listing every problem of every row found with the model."""
+    problems = model_problems(rows, spec, adapter, transcoders)
     if problems:
         raise DatasetError(problems)
-    return lengths

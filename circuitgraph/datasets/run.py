@@ -99,6 +99,8 @@ def _prepare_directory(out: Path, fingerprint: str, rows: list[Any]) -> None:
             if previous != fingerprint:
                 raise DatasetError(f"export.dataset: {out} holds the outputs of a different spec or dataset; "
                                    "use a new folder, or delete this one to start again")
+            for tmp in out.glob("**/.*.tmp"):  # left by a killed run's atomic writes; never trusted
+                tmp.unlink(missing_ok=True)
             return
         if any(out.iterdir()):
             raise DatasetError(f"export.dataset: {out} is not empty and holds no dataset run (no run.json); "
@@ -187,19 +189,30 @@ def _TOKEN_KIND_CODES() -> set[int]:
     return {KIND_CODE["embedding"], KIND_CODE["logit"]}
 
 
+def _row_order(problem: tuple[str, str]) -> tuple[int, int]:
+    """Sort key: problems of row N (``row N...`` in the location or the message) by N, others first."""
+    import re
+
+    loc, msg = problem
+    m = re.match(r"(?:dataset: )?row (\d+)", loc) or re.match(r"row (\d+)", msg)
+    return (1, int(m.group(1))) if m else (0, 0)
+
+
 def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
     """Run every prompt of a dataset spec (see the module docstring and docs/dataset.md)."""
     from circuitgraph.datasets.executors import make_executor
     from circuitgraph.datasets.prompt import is_complete, record_path
-    from circuitgraph.datasets.rows import check_rows, load_rows
+    from circuitgraph.datasets.rows import model_problems, row_problems
     from circuitgraph.inputs import load_inputs
     from circuitgraph.spec import load_spec
 
     t_start = time.perf_counter()
     spec = load_spec(spec)
-    rows = load_rows(spec)
+    rows, problems = row_problems(spec)
     adapter, transcoders = load_inputs(spec)
-    check_rows(rows, spec, adapter, transcoders)  # every problem of every row, before anything is written
+    problems += model_problems(rows, spec, adapter, transcoders)
+    if problems:  # every problem of every row, before anything is written
+        raise DatasetError(sorted(problems, key=_row_order))
     tok = adapter.tokenizer
     n_layers = adapter.facts.n_layers
     token_str = (lambda t: tok.token_str(t)) if tok is not None else (lambda t: f"<{t}>")

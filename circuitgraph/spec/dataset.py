@@ -66,6 +66,13 @@ class DatasetRow(StrictModel):
                                   "with '.' or '-'): it names the row's files; rename it"))
         return value
 
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise rule_error(("", f"empty prompt {value!r}; give some text, or token ids as tokens: [...]"))
+        return value
+
     @model_validator(mode="after")
     def _one_prompt(self) -> "DatasetRow":
         if (self.prompt is None) == (self.tokens is None):
@@ -144,17 +151,21 @@ def parse_rows(raw_rows: list[Any]) -> tuple[list[Row], list[tuple[str, str]]]:
             problems.append((f"row {number}", f"a row is a mapping {{prompt: ...}} or {{tokens: [...]}}, "
                                               f"got {type(raw).__name__}"))
             continue
+        raw_id = raw.get("id", str(number))
+        duplicate = isinstance(raw_id, str) and raw_id in seen
+        if duplicate:
+            problems.append((f"row {number}.id", f"id {raw_id!r} is also the id of row {seen[raw_id]}; "
+                                                 "give every row its own id"))
+        elif isinstance(raw_id, str):
+            seen[raw_id] = number
         try:
             row = DatasetRow.model_validate(raw)
         except ValidationError as exc:
             problems += _row_problems(exc, raw, number)
             continue
-        row_id = row.id if row.id is not None else str(number)
-        if row_id in seen:
-            problems.append((f"row {number}.id", f"id {row_id!r} is also the id of row {seen[row_id]}; "
-                                                 "give every row its own id"))
+        if duplicate:
             continue
-        seen[row_id] = number
+        row_id = row.id if row.id is not None else str(number)
         prompt = TextPrompt(text=row.prompt) if row.prompt is not None else TokensPrompt(tokens=row.tokens)
         rows.append(Row(number, row_id, prompt, row.targets, row.corrupted))
     if not raw_rows:

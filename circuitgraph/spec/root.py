@@ -95,8 +95,6 @@ with warnings.catch_warnings():
                         problems.append((f"validate[{i}].patching.corrupted",
                                          "missing required key 'corrupted' (the corrupted prompt)"))
                 return problems
-            from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
-
             if self.export.dataset is None:
                 problems.append(("export.dataset", "a dataset run needs an output folder: add export: {dataset: DIR}"))
             single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph") if getattr(self.export, k)]
@@ -111,14 +109,6 @@ with warnings.catch_warnings():
                 if p.heatmap is not None:
                     problems.append((f"validate[{i}].patching.heatmap", "heat maps are not drawn in dataset runs "
                                      "(one file per prompt); remove heatmap"))
-            if isinstance(self.dataset, tuple):
-                rows, row_problems = parse_rows(list(self.dataset))
-                problems += [(f"dataset: {loc}", msg) for loc, msg in row_problems]
-                if patching and not row_problems:
-                    missing = [r.number for r in rows if r.corrupted is None]
-                    if missing and any(self.validate[i].params.corrupted is None for i in patching):
-                        problems.append(("dataset", f"rows {missing[:10]} have no corrupted prompt and a patching "
-                                         "check has none: give each row corrupted:, or the check corrupted:"))
             return problems
 
         @model_validator(mode="wrap")
