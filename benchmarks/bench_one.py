@@ -8,7 +8,7 @@
 ``run_benchmarks.py`` starts this script once per configuration, so that the peak resident
 memory it records (``ru_maxrss``) belongs to that run alone.  Each stage is timed separately:
 
-* ``load``: the model and transcoders from the bundle (``circuitgraph.inputs.load_inputs`` on a
+* ``load``: the model and transcoders from the bundle (``circuitgraph.pipeline.inputs.load_inputs`` on a
   spec, so the model / graph dtypes follow the spec's rules);
 * ``attribute``: graph construction, :func:`circuitgraph.attribution.attribute` (forward pass,
   targets, nodes, every edge, the completeness check);
@@ -92,7 +92,7 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution import attribute
     from circuitgraph.export import graph_to_json, save_graph_binary
-    from circuitgraph.inputs import load_inputs
+    from circuitgraph.pipeline.inputs import load_inputs
     from circuitgraph.queries import prune_graph
     from circuitgraph.queries.scores import graph_scores
     from circuitgraph.spec import load_spec
@@ -181,7 +181,7 @@ def count_active(p: BenchParams) -> dict[str, Any]:
     import torch
 
     from circuitgraph.attribution.linearisation import linearise
-    from circuitgraph.inputs import load_inputs
+    from circuitgraph.pipeline.inputs import load_inputs
     from circuitgraph.spec import load_spec
 
     if p.threads:

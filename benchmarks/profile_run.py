@@ -3,7 +3,7 @@
 
     python benchmarks/profile_run.py SPEC.json [--memory] [--top 30] [--threads 2]
 
-Runs :func:`circuitgraph.api.run` on the spec (what the ``circuitgraph run`` command does) under
+Runs :func:`circuitgraph.pipeline.runner.run` on the spec (what the ``circuitgraph run`` command does) under
 cProfile and prints, for the functions of the pipeline (loading, linearisation, node
 collection, edge computation and its attention transpose, scores, pruning, export), the
 inclusive time split by caller -- e.g. ``coalesced_edges`` once under the scores and once
@@ -25,7 +25,7 @@ import traceback
 
 #: (label, file suffix, function name) of the pipeline's functions, in pipeline order
 PIPELINE = [
-    ("imports + load model and transcoders", "circuitgraph/inputs.py", "load_inputs"),
+    ("imports + load model and transcoders", "circuitgraph/pipeline/inputs.py", "load_inputs"),
     ("linearise (forward pass, cache)", "attribution/linearisation.py", "linearise"),
     ("collect_nodes (readers, writers)", "attribution/nodes_builder.py", "collect_nodes"),
     ("compute_edges (all edges)", "attribution/engine.py", "compute_edges"),
@@ -33,8 +33,8 @@ PIPELINE = [
     ("    attention_transpose", "attribution/frozen_model.py", "attention_transpose"),
     ("      _attention_values (W_O, pattern)", "attribution/frozen_model.py", "_attention_values"),
     ("      _Norm.transpose (ln1 gamma, centring, 1/sigma)", "attribution/frozen_model.py", "transpose"),
-    ("select_and_compute (max_feature_nodes)", "attribution/selection.py", "select_and_compute"),
-    ("fold_unselected (max_feature_nodes)", "attribution/selection.py", "fold_unselected"),
+    ("select_and_compute (max_feature_nodes)", "attribution/feature_selection.py", "select_and_compute"),
+    ("fold_unselected (max_feature_nodes)", "attribution/feature_selection.py", "fold_unselected"),
     ("check_completeness", "graph/graph.py", "check_completeness"),
     ("  incoming_sums (bincount over every edge)", "graph/graph.py", "incoming_sums"),
     ("scores: compute_scores", "queries/scores.py", "compute_scores"),
@@ -60,7 +60,7 @@ def _find(stats: pstats.Stats, suffix: str, name: str):
 
 
 def profile_times(spec: str, top: int) -> None:
-    from circuitgraph import api
+    from circuitgraph.pipeline import runner as api
 
     prof = cProfile.Profile()
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def profile_times(spec: str, top: int) -> None:
     prof.disable()
     total = time.perf_counter() - t0
     g = result.full_graph
-    print(f"circuitgraph.api.run: {total:.1f} s under cProfile; graph {g.n_nodes:,} nodes, {g.n_edges:,} edges; "
+    print(f"circuitgraph.pipeline.runner.run: {total:.1f} s under cProfile; graph {g.n_nodes:,} nodes, {g.n_edges:,} edges; "
           f"stages (api timings): " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()))
     stats = pstats.Stats(prof)
     print("\n| stage / function | inclusive s | share | calls | by caller |\n|---|---|---|---|---|")
@@ -92,7 +92,7 @@ def profile_times(spec: str, top: int) -> None:
 def profile_memory(spec: str) -> None:
     import psutil
 
-    from circuitgraph import api
+    from circuitgraph.pipeline import runner as api
 
     proc = psutil.Process()
     main_id = threading.get_ident()

@@ -343,7 +343,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                   "node tables. Above the budget it uses `max_feature_nodes` (the largest of the configured value, "
                   "halved, whose estimate fits); a run that still passes the budget is stopped and retried with "
                   "half as many feature rows. `circuitgraph run --dry-run`'s own estimate "
-                  "(`circuitgraph.estimate.estimate_run`, given the same active fraction) is shown next to it.", "",
+                  "(`circuitgraph.pipeline.estimate.estimate_run`, given the same active fraction) is shown next to it.", "",
                   "| run | est. edges (full graph) | edges built | est. peak GB: full graph / run as done | "
                   "dry-run: est. edges, peak GB, fits | measured peak GB |", "|---|---|---|---|---|---|"]
         for r in est:
@@ -359,7 +359,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         lines.append("")
     lines += ["## Reproduce", "", "```bash",
               "# once: circuit-tracer 0.5.0 in its own venv (for the side by side)",
-              "bash benchmarks/circuit_tracer/setup_venv.sh /work/ct-venv",
+              "bash scripts/install_circuit_tracer.sh   # creates .venv-ct",
               f"{results['command']}    # add --skip-ct without the venv",
               "# one suite only, or redraw this page from results.json:",
               "python benchmarks/run_benchmarks.py --only side_by_side" + (" --quick" if quick else ""),

@@ -315,7 +315,7 @@ def plan(run: Run, bundle_dir: Path, budget_gb: float, counts: list[list[int]]) 
 def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dict[str, Any] | None:
     """circuitgraph's own estimate (``circuitgraph run --dry-run``), recorded for comparison."""
     try:
-        from circuitgraph.estimate import estimate_run
+        from circuitgraph.pipeline.estimate import estimate_run
         from circuitgraph.spec import load_spec
 
         spec = load_spec(spec_dict(run, bundle_dir, prompt_tokens(run.bundle, run.n_pos), None))
@@ -422,7 +422,7 @@ def side_by_side(run: Run, bundle_dir: Path, work: Path, ct_python: Path | None,
 
     if ct_python is None or not ct_python.exists():
         out["circuit_tracer"] = {"skipped": f"no circuit-tracer venv python at {ct_python}; "
-                                            "create it with benchmarks/circuit_tracer/setup_venv.sh"}
+                                            "create it with scripts/install_circuit_tracer.sh"}
         return out
     ct_dir = sdir / "circuit_tracer"
     log(f"side by side {run.name}: circuit-tracer (attribute + create_graph_files)")
@@ -505,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bundles, graphs and logs (default /tmp/circuitgraph-bench)")
     ap.add_argument("--only", default=None,
                     help="comma-separated suites: prompt_length,active_features,gpt2_small,precision,side_by_side")
-    ap.add_argument("--ct-python", type=Path, default=Path("/work/ct-venv/bin/python"),
-                    help="python of the circuit-tracer 0.5.0 venv (benchmarks/circuit_tracer/setup_venv.sh)")
+    ap.add_argument("--ct-python", type=Path, default=Path(os.environ.get("CIRCUITGRAPH_CT_PYTHON", HERE.parent / ".venv-ct" / "bin" / "python")),
+                    help="python of the circuit-tracer 0.5.0 venv (scripts/install_circuit_tracer.sh)")
     ap.add_argument("--skip-ct", action="store_true", help="no circuit-tracer side by side")
     ap.add_argument("--memory-budget-gb", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)

@@ -21,6 +21,7 @@ __all__ = [
     "ExportError",
     "RenderError",
     "ResourceError",
+    "UnknownTokenWarning",
 ]
 
 
@@ -103,3 +104,9 @@ class RenderError(ExportError):
 
 class ResourceError(CircuitGraphError):
     """A run would not fit in the memory available."""
+
+
+class UnknownTokenWarning(UserWarning):
+    """A prompt text holds pieces the tokenizer does not know (they became its unknown token or
+    were dropped).  A spec records these in the graph's metadata (``warnings``); a prompt with
+    ``strict: true`` makes them a :class:`TokenError` instead."""

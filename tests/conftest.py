@@ -34,7 +34,7 @@ VARIANTS = {
 
 def make_bundle(tmp_path: Path, variant: str, *, kind: str = "relu", input_site: str = "normalized",
                 seed: int = 0, n_layers: int = 2) -> Path:
-    from circuitgraph.synthetic import random_transcoders, save_bundle, tiny_model
+    from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 
     model = tiny_model(seed=seed, n_layers=n_layers, **VARIANTS[variant])
     tcs = random_transcoders(model, kind=kind, input_site=input_site, seed=seed)
@@ -58,3 +58,33 @@ def load_bundle(path: Path, dtype: str = "float32"):
 @pytest.fixture(params=sorted(VARIANTS))
 def variant(request):
     return request.param
+
+
+#: the graphs compared with circuit-tracer 0.5.0: the two shipped fixtures and two tiny random
+#: bundles with skip transcoders (GPT-2 style, ReLU; Llama style, JumpReLU)
+CT_CASES = ("example-gpt2", "example-llama", "tiny-gpt2-skip", "tiny-llama-skip-jr")
+
+
+@pytest.fixture(scope="session")
+def circuit_tracer_graphs(tmp_path_factory):
+    """``{case: (bundle directory, CircuitTracerGraph)}``: circuit-tracer run once per session on
+    every case of :data:`CT_CASES`, in its own virtualenv (scripts/install_circuit_tracer.sh).
+
+    Skipped, with the reason, when that virtualenv is missing, unless CIRCUITGRAPH_REQUIRE_CT is set
+    (as in CI), which turns the skip into a failure."""
+    from circuitgraph.testing.circuit_tracer import circuit_tracer_unavailable, run_circuit_tracer
+
+    reason = circuit_tracer_unavailable()
+    if reason:
+        if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
+            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_CT is set)")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("circuit_tracer")
+    bundles = {
+        "example-gpt2": SHARED_FIXTURES / "example-gpt2",
+        "example-llama": SHARED_FIXTURES / "example-llama",
+        "tiny-gpt2-skip": make_bundle(root, "ln-gelu-learned", kind="skip", n_layers=3),
+        "tiny-llama-skip-jr": make_bundle(root, "rms-gated-rotary-gqa", kind="jumprelu_skip", n_layers=3),
+    }
+    graphs = run_circuit_tracer(bundles, root / "out")
+    return {name: (bundles[name], graphs[name]) for name in CT_CASES}

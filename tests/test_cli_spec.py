@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 import circuitgraph
+import circuitgraph.pipeline
 from circuitgraph.cli import main as cli
 from circuitgraph.errors import AttributionError, SpecError
 from circuitgraph.spec import Spec, spec_json_schema
@@ -111,7 +112,7 @@ def test_schema_prints_the_spec_schema():
 
 
 def test_schema_graph():
-    from circuitgraph.export.schema import SCHEMA_PATH
+    from circuitgraph.export.graph_schema import SCHEMA_PATH
 
     result = invoke("schema", "--graph")
     assert result.exit_code == 0
@@ -126,6 +127,8 @@ def fake_api(monkeypatch):
     calls: list[tuple[str, object, dict]] = []
 
     class Result:
+        failures: list[str] = []
+
         def summary_lines(self):
             return ["graph: 12 nodes, 30 edges", "wrote out/graph.json"]
 
@@ -139,10 +142,10 @@ def fake_api(monkeypatch):
         calls.append(("dry_run", spec, {}))
         return ["would build a graph of at most 40 nodes"]
 
-    module = types.ModuleType("circuitgraph.api")
+    module = types.ModuleType("circuitgraph.pipeline.runner")
     module.run, module.dry_run = run, dry_run
-    monkeypatch.setitem(sys.modules, "circuitgraph.api", module)
-    monkeypatch.setattr(circuitgraph, "api", module, raising=False)
+    monkeypatch.setitem(sys.modules, "circuitgraph.pipeline.runner", module)
+    monkeypatch.setattr(circuitgraph.pipeline, "runner", module, raising=False)
     return calls
 
 

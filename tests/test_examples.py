@@ -51,15 +51,12 @@ FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 
 
 def test_every_example_is_tested():
-    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", *FIXTURE_SPECS}
+    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "qk_demo.yaml", *FIXTURE_SPECS}  # qk_demo: tests/test_qk.py
     assert len(FIXTURE_SPECS) >= 2
 
 
 @pytest.mark.parametrize("name", FIXTURE_SPECS)
 def test_fixture_example_runs(tmp_path, name):
-    fixtures = EXAMPLES.parents[1] / "shared" / "fixtures"
-    if not fixtures.is_dir():
-        pytest.skip("shared fixtures not present")
     spec = _spec_into(tmp_path, name)
     spec = circuitgraph.load_spec(spec, base_dir=EXAMPLES)
     result = circuitgraph.run(spec)

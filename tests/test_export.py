@@ -19,16 +19,10 @@ from circuitgraph._io import atomic_write_bytes, atomic_write_text, atomic_write
 from circuitgraph.errors import ExportError, LoadError, RenderError
 from circuitgraph.export import render as render_module
 from circuitgraph.export.dot import NEGATIVE_COLOR, POSITIVE_COLOR, dot_quote, graph_to_dot
-from circuitgraph.export.json_graph import (
-    graph_from_json,
-    graph_to_json,
-    load_graph_binary,
-    read_graph_binary,
-    read_graph_json,
-    save_graph_binary,
-)
+from circuitgraph.export.binary import load_graph_binary, read_graph_binary, save_graph_binary
+from circuitgraph.export.json_graph import graph_from_json, graph_to_json, read_graph_json
 from circuitgraph.export.neuronpedia import FEATURE_TYPES, graph_to_neuronpedia
-from circuitgraph.export.schema import SCHEMA_PATH, graph_json_schema, graph_schema_text
+from circuitgraph.export.graph_schema import SCHEMA_PATH, graph_json_schema, graph_schema_text
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
 
@@ -233,7 +227,7 @@ def test_schema_validates_export():
 
 def test_schema_file_is_up_to_date():
     assert SCHEMA_PATH.read_text(encoding="utf-8") == graph_schema_text(), (
-        "schemas/graph.schema.json is stale: run `python -m circuitgraph.export.schema`"
+        "schemas/graph.schema.json is stale: run `python -m circuitgraph.export.graph_schema`"
     )
 
 

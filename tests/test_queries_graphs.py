@@ -5,13 +5,12 @@
 * graphs built by ``attribute`` from tiny models (LayerNorm/GELU and RMSNorm/gated), in
   float64, with neurons, or with small ReLU transcoders given as plain tensors (no sae-lens
   import: the engine's own tests cover sae-lens loading);
-* circuit-tracer's graphs on the shared fixtures, when /work/ct-out holds them.
+* circuit-tracer's graphs (the session fixture ``circuit_tracer_graphs`` in conftest.py).
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +18,6 @@ import pytest
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 
-CT_OUT = Path("/work/ct-out")
-CT_GRAPHS = ("example-gpt2", "example-llama", "tiny-gpt2-skip", "tiny-llama-skip-jr")
 PROMPT = [1, 5, 7, 2, 9, 3, 11]
 
 
@@ -82,27 +79,11 @@ def chain_graph() -> AttributionGraph:
 
 
 # ------------------------------------------------------------------ circuit-tracer graphs
-def load_ct_graph(name: str) -> tuple[AttributionGraph, dict]:
-    """A circuit-tracer graph (run_ct.py output) as an AttributionGraph, nodes in its order:
-    features, error[layer][position], tokens, logits."""
-    z = np.load(CT_OUT / name / "graph.npz")
-    adj = z["adjacency_matrix"]
-    L, T = int(z["n_layers"]), int(z["n_pos"])
-    feats = z["active_features"][z["selected_features"]]
-    nodes = [Node(NodeId("feature", int(lyr), int(p), int(i)), float(a))
-             for (lyr, p, i), a in zip(feats, z["activation_values"])]
-    nodes += [Node(NodeId("error", lyr, p, 0), 1.0) for lyr in range(L) for p in range(T)]
-    nodes += [Node(NodeId("embedding", -1, p, int(tok)), 1.0) for p, tok in enumerate(z["input_tokens"])]
-    logits = [Node(NodeId("logit", L, T - 1, int(v)), 0.0) for v in z["logit_tokens"]]
-    nodes += logits
-    t, s = np.nonzero(adj)
-    g = AttributionGraph(nodes, t, s, adj[t, s],
-                         targets=[(n.id, float(p)) for n, p in zip(logits, z["logit_probabilities"])])
-    return g, dict(z)
-
-
-def ct_available(name: str) -> bool:
-    return (CT_OUT / name / "graph.npz").is_file() and (CT_OUT / name / "prune" / "prune.npz").is_file()
+def load_ct_graph(circuit_tracer_graphs: dict, name: str) -> tuple[AttributionGraph, object]:
+    """circuit-tracer's graph on case ``name`` as an AttributionGraph, nodes in its order
+    (features, error[layer][position], tokens, logits), and the CircuitTracerGraph itself."""
+    _, ct = circuit_tracer_graphs[name]
+    return ct.to_graph(), ct
 
 
 # ------------------------------------------------------------------ attributed graphs
@@ -158,7 +139,7 @@ def attributed(arch: str, granularity: str = "neurons") -> AttributionGraph:
 
     from circuitgraph.adapters import ModelAdapter
     from circuitgraph.attribution import attribute
-    from circuitgraph.synthetic import tiny_model
+    from circuitgraph.testing.synthetic import tiny_model
 
     model = tiny_model(seed=1, **ARCHS[arch]).to(torch.float64)
     adapter = ModelAdapter(model)

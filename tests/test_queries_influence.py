@@ -13,13 +13,11 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries import compute_scores, influence, node_influence, record_scores, total_effects
 from circuitgraph.queries.influence import reader_gradients
+from tests.conftest import CT_CASES
 from tests.test_queries_graphs import (
     ARCHS,
-    CT_GRAPHS,
-    CT_OUT,
     attributed,
     chain_graph,
-    ct_available,
     load_ct_graph,
     random_dag,
 )
@@ -192,12 +190,10 @@ def test_record_scores_writes_metadata():
     assert "replacement_score" in s.table()
 
 
-@pytest.mark.parametrize("name", CT_GRAPHS)
-def test_scores_equal_circuit_tracers_on_its_graphs(name):
-    if not ct_available(name):
-        pytest.skip(f"no circuit-tracer output under {CT_OUT / name}")
-    g, _ = load_ct_graph(name)
-    ref = json.loads((CT_OUT / name / "prune" / "scores.json").read_text())
+@pytest.mark.parametrize("name", CT_CASES)
+def test_scores_equal_circuit_tracers_on_its_graphs(circuit_tracer_graphs, name):
+    g, ct = load_ct_graph(circuit_tracer_graphs, name)
+    ref = ct.scores
     s = compute_scores(g)
     # circuit-tracer computes in float32; we compute in float64 from its float32 adjacency
     assert s.replacement_score == pytest.approx(ref["replacement_score"], abs=1e-6)

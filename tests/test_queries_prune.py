@@ -3,11 +3,10 @@ on the pruned graph through remainder nodes, top-k caps, target share, bad thres
 
 from __future__ import annotations
 
-import glob
 import json
+import os
 import subprocess
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +15,8 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries import compute_scores, find_threshold, node_influence, prune_graph
-from tests.test_queries_graphs import ARCHS, CT_GRAPHS, CT_OUT, attributed, ct_available, load_ct_graph, random_dag
-
-CT_SITE = sorted(glob.glob("/work/ct-venv/lib/python3*/site-packages"))
+from tests.conftest import CT_CASES
+from tests.test_queries_graphs import ARCHS, attributed, load_ct_graph, random_dag
 
 
 def test_find_threshold_by_hand():
@@ -32,12 +30,10 @@ def test_find_threshold_by_hand():
 
 
 # ------------------------------------------------------------------ circuit-tracer's own outputs
-@pytest.mark.parametrize("name", CT_GRAPHS)
-def test_same_kept_sets_as_circuit_tracer_on_its_graphs(name):
-    if not ct_available(name):
-        pytest.skip(f"no circuit-tracer output under {CT_OUT / name}")
-    g, _ = load_ct_graph(name)
-    ref = np.load(CT_OUT / name / "prune" / "prune.npz")
+@pytest.mark.parametrize("name", CT_CASES)
+def test_same_kept_sets_as_circuit_tracer_on_its_graphs(circuit_tracer_graphs, name):
+    g, ct = load_ct_graph(circuit_tracer_graphs, name)
+    ref = ct.prune
     res = prune_graph(g)  # defaults 0.8 / 0.98, as run_ct.py used
     np.testing.assert_array_equal(res.node_mask, ref["node_mask"])
     ref_edges = {tuple(x) for x in ref["edge_mask_indices"].tolist()}
@@ -83,7 +79,8 @@ CT_SCRIPT = textwrap.dedent(
     import importlib.util, sys, types
     from types import SimpleNamespace
     import numpy as np, torch
-    site, data, out = sys.argv[1:4]
+    data, out = sys.argv[1:3]
+    site = importlib.util.find_spec("circuit_tracer").submodule_search_locations[0]
     # circuit_tracer/graph.py imports three helpers its pruning and scores do not use; stub
     # them so that only its own maths (torch only) is loaded, not the whole package
     stubs = {
@@ -95,7 +92,7 @@ CT_SCRIPT = textwrap.dedent(
     }
     for name, attrs in stubs.items():
         mod = types.ModuleType(name); mod.__dict__.update(attrs); sys.modules[name] = mod
-    spec = importlib.util.spec_from_file_location("ct_graph", site + "/circuit_tracer/graph.py")
+    spec = importlib.util.spec_from_file_location("ct_graph", site + "/graph.py")
     ct = importlib.util.module_from_spec(spec); spec.loader.exec_module(ct)
     z = np.load(data)
     res = {}
@@ -117,8 +114,13 @@ CT_SCRIPT = textwrap.dedent(
 def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
     """circuit-tracer's prune_graph and compute_graph_scores (its file, run in its virtualenv)
     on random graphs in its layout, at several thresholds."""
-    if not CT_SITE or not Path(CT_SITE[-1], "circuit_tracer", "graph.py").is_file():
-        pytest.skip("circuit-tracer's virtualenv is not installed at /work/ct-venv")
+    from circuitgraph.testing.circuit_tracer import circuit_tracer_python, circuit_tracer_unavailable
+
+    reason = circuit_tracer_unavailable()
+    if reason:
+        if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
+            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_CT is set)")
+        pytest.skip(reason)
     cases = [(seed, nt, et) for seed, (nt, et) in enumerate([(0.8, 0.98), (0.5, 0.9), (0.95, 0.7), (0.3, 0.99)])]
     graphs, data = [], {"n": np.array(len(cases))}
     for i, (seed, nt, et) in enumerate(cases):
@@ -129,10 +131,10 @@ def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
                      f"probs{i}": np.array([w for _, w in g.targets], dtype=np.float32),
                      f"thresholds{i}": np.array([nt, et])})
     np.savez(tmp_path / "in.npz", **data)
-    python = str(Path(CT_SITE[-1]).parents[2] / "bin" / "python")
+    python = str(circuit_tracer_python())
     script = tmp_path / "ct_prune.py"
     script.write_text(CT_SCRIPT)
-    subprocess.run([python, str(script), CT_SITE[-1], str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+    subprocess.run([python, str(script), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
                    check=True, capture_output=True, timeout=120)
     ref = np.load(tmp_path / "out.npz")
     for i, (g, (_, nt, et)) in enumerate(zip(graphs, cases)):

@@ -132,7 +132,7 @@ def test_target_token_that_splits_is_named(tmp_path):
 
 def test_transcoder_shape_mismatch_is_named(tmp_path):
     a = make_bundle(tmp_path, "ln-gelu-learned")
-    from circuitgraph.synthetic import random_transcoders, save_bundle, tiny_model
+    from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 
     other = tiny_model(d_model=24, n_heads=4)
     save_bundle(tmp_path / "other", other, random_transcoders(other))
@@ -164,7 +164,7 @@ def test_memory_refusal_is_clear(tmp_path):
     from circuitgraph.adapters import ModelAdapter
     from circuitgraph.attribution import attribute
     from circuitgraph.errors import ResourceError
-    from circuitgraph.synthetic import tiny_model
+    from circuitgraph.testing.synthetic import tiny_model
 
     with pytest.raises(ResourceError, match="max_feature_nodes"):
         attribute(ModelAdapter(tiny_model()), [1, 2, 3, 4], memory_limit=1000)

@@ -21,7 +21,7 @@ from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.dictionaries import TranscoderSet
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
-from circuitgraph.synthetic import random_transcoders, save_bundle, tiny_model
+from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 from circuitgraph.validation import (
     CheckResult,
     Intervention,
@@ -425,7 +425,7 @@ def test_validate_demo_example(tmp_path):
     from circuitgraph.builtin import demo_path
 
     if not (demo_path() / "model" / "config.json").is_file():
-        pytest.skip("the built-in demo model is not in the package yet (python -m circuitgraph.builtin.train_demo)")
+        pytest.skip("the built-in demo model is not in the package yet (python scripts/train_demo.py)")
     spec = importlib.util.spec_from_file_location("validate_demo", REPO / "examples" / "validate_demo.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

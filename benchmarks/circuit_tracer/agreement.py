@@ -2,8 +2,8 @@
 
 Needs circuit-tracer's outputs first (see NOTES.md):
 
-    bash benchmarks/circuit_tracer/setup_venv.sh /work/ct-venv
-    /work/ct-venv/bin/python benchmarks/circuit_tracer/run_ct.py --model B/model \
+    bash scripts/install_circuit_tracer.sh   # creates .venv-ct
+    .venv-ct/bin/python benchmarks/circuit_tracer/run_ct.py --model B/model \
         --transcoders B/transcoders --tokens B/prompt.json --out OUT/NAME/graph.npz
 
     python benchmarks/circuit_tracer/agreement.py --case NAME=BUNDLE:OUT/NAME/graph.npz ...

@@ -2,7 +2,7 @@
 
 Run circuit-tracer first (its own venv, see NOTES.md):
 
-    /work/ct-venv/bin/python benchmarks/circuit_tracer/run_ct.py --model B/model \
+    .venv-ct/bin/python benchmarks/circuit_tracer/run_ct.py --model B/model \
         --transcoders B/transcoders --tokens B/prompt.json --out OUT/graph.npz
 
 then, with the project's Python:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """circuit-tracer 0.5.0 end to end, timed: load, ``attribute``, ``create_graph_files`` (circuit-tracer venv).
 
-    /work/ct-venv/bin/python benchmarks/circuit_tracer/ct_pipeline.py \
+    .venv-ct/bin/python benchmarks/circuit_tracer/ct_pipeline.py \
         --model B/model --transcoders B/transcoders --tokens TOKENS.json --out-dir OUT \
         [--batch-size 512] [--max-feature-nodes N] [--t0-epoch SECONDS] [--threads N]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build a random model + random transcoders in the local bundle format (system python).
 
-    python benchmarks/circuit_tracer/make_random_bundle.py --out /work/ct-out/bundles/rand-6L \
+    python benchmarks/circuit_tracer/make_random_bundle.py --out OUT/bundles/rand-6L \
         [--n-layers 6 --d-model 256 --n-heads 8 --d-mlp 1024 --d-vocab 1000 --d-sae 4096 \
          --active-frac 0.02 --prompt-len 32 --style gpt2|llama --act relu|jumprelu --skip]
 

@@ -3,11 +3,13 @@
 
 Run it with the circuit-tracer virtualenv, NOT the system python:
 
-    bash benchmarks/circuit_tracer/setup_venv.sh /work/ct-venv
-    /work/ct-venv/bin/python benchmarks/circuit_tracer/run_ct.py \
+    bash scripts/install_circuit_tracer.sh   # creates .venv-ct
+    .venv-ct/bin/python benchmarks/circuit_tracer/run_ct.py \
         --model BUNDLE/model --transcoders BUNDLE/transcoders \
-        --tokens BUNDLE/prompt.json --out /work/ct-out/NAME/graph.npz \
-        [--prune-out /work/ct-out/NAME/prune]
+        --tokens BUNDLE/prompt.json --out OUT/NAME/graph.npz \
+        [--prune-out OUT/NAME/prune]
+    .venv-ct/bin/python benchmarks/circuit_tracer/run_ct.py --batch CASES.json
+        # CASES.json: a list of argument lists, run one after the other in one process
 
 Local formats (see shared/fixtures/example-*):
   MODEL/config.json        HookedTransformerConfig fields, dtype as a string ("float32")
@@ -719,5 +721,14 @@ def run_prune(graph, args, n_layers: int) -> dict:
     return {**scores, "timing_s": timings}
 
 
+def main_batch(path: Path) -> int:
+    """``--batch CASES.json``: a JSON list of argument lists, each run as by :func:`main`, in one
+    process (circuit-tracer and torch are imported once)."""
+    cases = json.loads(Path(path).read_text())
+    return max((main([str(a) for a in argv]) for argv in cases), default=0)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--batch":
+        raise SystemExit(main_batch(Path(sys.argv[2])))
     raise SystemExit(main())

@@ -1,17 +1,30 @@
 """A minimal tokenizer interface over Hugging Face tokenizer files or a HF tokenizer object.
 
-circuitgraph only needs: text -> ids (without special tokens), the BOS id, and id -> string.
+circuitgraph only needs: text -> ids (without special tokens), the BOS id, and id -> string;
+and, so that no token string silently becomes something else, the unknown token, the
+pieces of a text the tokenizer does not know, and the vocabulary entries nearest a string.
+
+A token *string* (a target, a metric, a logit-lens or congruence token) must be exactly one
+token that is not the unknown token (unless the string is that token's own text) and that
+decodes back to the string (up to leading spaces, which some tokenizers add or drop); anything
+else is a :class:`~circuitgraph.errors.TokenError` naming the nearest vocabulary entries.
+A prompt *text* may contain unknown pieces: :meth:`Tokenizer.unknown_pieces` names them.
 """
 
 from __future__ import annotations
 
+import difflib
+import heapq
 import json
 from pathlib import Path
 from typing import Any
 
 from circuitgraph.errors import LoadError, TokenError
 
-__all__ = ["Tokenizer", "resolve_tokenizer_dir"]
+__all__ = ["Tokenizer", "resolve_tokenizer_dir", "check_prompt_text"]
+
+#: how many vocabulary entries an error about an unknown token string suggests
+N_NEAREST = 5
 
 
 def resolve_tokenizer_dir(path: Path) -> Path | None:
@@ -35,6 +48,7 @@ class Tokenizer:
         self.bos_id = bos_id
         self.kind = kind
         self.source = source
+        self._vocab_strs: list[str] | None = None
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
@@ -86,28 +100,143 @@ class Tokenizer:
 
     @property
     def unk_id(self) -> int | None:
-        """The id of the unknown token (what words outside the vocabulary encode to), if any."""
+        """The id of the tokenizer's unknown token, or None if it has none."""
         if self.kind == "files":
-            token = getattr(self.backend.model, "unk_token", None)
-            return self.backend.token_to_id(token) if token else None
-        return getattr(self.backend, "unk_token_id", None)
+            model = json.loads(self.backend.to_str()).get("model", {})
+            if isinstance(model.get("unk_id"), int):  # Unigram
+                return int(model["unk_id"])
+            tok = model.get("unk_token")
+            return self.backend.token_to_id(tok) if isinstance(tok, str) else None
+        uid = getattr(self.backend, "unk_token_id", None)
+        return int(uid) if uid is not None else None
+
+    def _unk_text(self) -> str | None:
+        uid = self.unk_id
+        if uid is None:
+            return None
+        if self.kind == "files":
+            return self.backend.id_to_token(uid)
+        return getattr(self.backend, "unk_token", None)
+
+    def _encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:
+        if self.kind == "files":
+            enc = self.backend.encode(text, add_special_tokens=False)
+            return list(enc.ids), [tuple(o) for o in enc.offsets]
+        try:
+            out = self.backend(text, add_special_tokens=False, return_offsets_mapping=True)
+            return list(out["input_ids"]), [tuple(o) for o in out["offset_mapping"]]
+        except (NotImplementedError, TypeError, ValueError, KeyError):  # slow tokenizers have no offsets
+            return self.encode(text), None
+
+    def unknown_pieces(self, text: str) -> list[str]:
+        """The pieces of ``text`` the tokenizer does not know: those it maps to its unknown token
+        (unless the piece is that token's own text) and non-blank text it drops altogether.
+
+        Example: a word-level tokenizer that knows " the" and " owl" gives ``[" zzz"]`` for
+        ``"the zzz owl"``.
+        """
+        ids, offsets = self._encode_with_offsets(text)
+        uid, unk_text = self.unk_id, self._unk_text()
+        if offsets is None:  # no offsets: compare the round trip as a whole
+            pieces = [f"<unknown piece {n + 1}>" for n, i in enumerate(ids) if i == uid]
+            if self.decode(ids).split() != text.split() and not pieces:
+                pieces = [text]
+            return pieces
+        pieces = []
+        covered = [False] * len(text)
+        for i, (a, b) in zip(ids, offsets):
+            for c in range(a, min(b, len(text))):
+                covered[c] = True
+            if i == uid and text[a:b].strip() != (unk_text or "").strip():
+                pieces.append(text[a:b])
+        gap = ""
+        for c, ch in enumerate(text + " "):
+            if c < len(text) and not covered[c]:
+                gap += ch
+            else:
+                if gap.strip():
+                    pieces.append(gap)
+                gap = ""
+        return pieces
+
+    def vocabulary_strings(self) -> list[str]:
+        """Every token id's readable string, in id order (computed once)."""
+        if self._vocab_strs is None:
+            if self.kind == "files":
+                n = self.backend.get_vocab_size(with_added_tokens=True)
+                self._vocab_strs = list(self.backend.decode_batch([[i] for i in range(n)]))
+            else:
+                n = len(self.backend)
+                self._vocab_strs = list(self.backend.batch_decode([[i] for i in range(n)]))
+        return self._vocab_strs
+
+    def nearest(self, text: str, n: int = N_NEAREST) -> list[str]:
+        """The ``n`` vocabulary entries most similar to ``text``, best first: ``difflib``'s ratio of
+        the lower-cased, space-stripped strings, ties broken by the ratio of the strings as written."""
+        target = text.strip().lower()
+        matcher = difflib.SequenceMatcher(autojunk=False)
+        matcher.set_seq2(target)
+        best: list[tuple[float, float, str]] = []  # a min-heap of the n best (score, tie, entry)
+        for entry in sorted({v for v in self.vocabulary_strings() if v.strip()}):
+            matcher.set_seq1(entry.strip().lower())
+            floor = best[0][0] if len(best) == n else -1.0
+            if matcher.real_quick_ratio() < floor or matcher.quick_ratio() < floor:
+                continue
+            score = matcher.ratio()
+            if score < floor:
+                continue
+            item = (score, difflib.SequenceMatcher(None, entry, text).ratio(), entry)
+            if len(best) < n:
+                heapq.heappush(best, item)
+            elif item > best[0]:
+                heapq.heapreplace(best, item)
+        return [entry for _, _, entry in sorted(best, reverse=True)]
+
+    def _suggest(self, text: str) -> str:
+        near = self.nearest(text)
+        return f"nearest vocabulary entries: {', '.join(repr(v) for v in near)}" if near else "the vocabulary is empty"
 
     def single_token(self, text: str, where: str = "token") -> int:
-        """The id of ``text`` if it is exactly one token; otherwise a TokenError saying how it splits.
-
-        A word the tokenizer only knows as its unknown token is not a token of the vocabulary.
-        """
+        """The id of ``text`` if it is exactly one known token that decodes back to ``text``;
+        otherwise a TokenError saying why, with the nearest vocabulary entries."""
         ids = self.encode(text)
-        if len(ids) == 1:
-            unk = self.unk_id
-            if unk is not None and ids[0] == unk and text.strip() != self.token_str(unk).strip():
-                raise TokenError(f"{where} {text!r} is not in the vocabulary (the tokenizer encodes it as its unknown "
-                                 f"token {self.token_str(unk)!r}, id {unk}); use a token of the vocabulary")
-            return ids[0]
         if not ids:
             raise TokenError(f"{where} {text!r} encodes to no token at all; use a non-empty token string")
+        uid, unk_text = self.unk_id, self._unk_text()
+        if uid is not None and uid in ids and text.strip() != (unk_text or "").strip():
+            raise TokenError(
+                f"{where} {text!r} is not in the tokenizer's vocabulary (it would become the unknown token "
+                f"{unk_text!r}); {self._suggest(text)}; use one of those or give a token id"
+            )
+        if len(ids) == 1:
+            back = self.decode(ids)
+            if back == text or back.lstrip(" ") == text.lstrip(" ") or text.strip() == (unk_text or "").strip():
+                return ids[0]
+            raise TokenError(
+                f"{where} {text!r} does not round-trip: it encodes to token {ids[0]}, which decodes to {back!r}; "
+                f"{self._suggest(text)}; use the token's own string or give a token id"
+            )
         pieces = [self.token_str(i) for i in ids]
         raise TokenError(
             f"{where} {text!r} is not a single token: it splits into {len(ids)} tokens {pieces!r} "
             f"(ids {ids}); use one of those tokens or give a token id"
         )
+
+
+def check_prompt_text(tokenizer: Tokenizer, text: str, *, strict: bool, where: str) -> None:
+    """Warn (:class:`~circuitgraph.errors.UnknownTokenWarning`) about the pieces of a prompt text
+    that ``tokenizer`` does not know, or raise :class:`~circuitgraph.errors.TokenError` if ``strict``."""
+    import warnings
+
+    from circuitgraph.errors import UnknownTokenWarning
+
+    pieces = tokenizer.unknown_pieces(text)
+    if not pieces:
+        return
+    unk = tokenizer._unk_text()
+    fate = f"became the unknown token {unk!r} or were dropped" if unk is not None else "were dropped"
+    message = f"{where}: the tokenizer does not know {len(pieces)} piece(s) of the prompt {pieces!r}: they {fate}"
+    if strict:
+        raise TokenError(f"{message}; rephrase the prompt with known words, give token ids as "
+                         "{tokens: [...]}, or drop strict: true to accept it with a warning")
+    warnings.warn(f"{message} (prompt strict: true makes this an error)", UnknownTokenWarning, stacklevel=3)

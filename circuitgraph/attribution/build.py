@@ -29,6 +29,14 @@ class AttributionContext:
     collected: Collected
     targets: list[ResolvedTarget]
 
+    def attribute_directions(self, location: int, positions: Any, directions: torch.Tensor,
+                             own_constants: Any) -> Any:
+        """Edges from every writer into ad-hoc readers at ``location`` (one sweep); see
+        :func:`circuitgraph.attribution.engine.attribute_directions`."""
+        from circuitgraph.attribution.engine import attribute_directions
+
+        return attribute_directions(self.collected, location, positions, directions, own_constants)
+
 
 def build_graph(
     adapter: ModelAdapter,
@@ -42,14 +50,14 @@ def build_graph(
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    from circuitgraph.estimate import check_edge_memory, edge_upper_bound
+    from circuitgraph.pipeline.estimate import check_edge_memory, edge_upper_bound
 
     upper = edge_upper_bound(col.readers.locs, col.readers.positions, col.writers.groups,
                              2 * adapter.facts.n_layers + 1, lin.n_pos)
     n_features = sum(1 for r in col.readers.rows if col.nodes[r].kind == "feature")
     nodes = col.nodes
     if options.max_feature_nodes is not None and options.max_feature_nodes < n_features:
-        from circuitgraph.attribution.selection import fold_unselected, select_and_compute
+        from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 
         # rows of only max_feature_nodes features: bound the memory by that share
         check_edge_memory(upper * (options.max_feature_nodes + len(col.targets)) // max(n_features, 1),
@@ -100,7 +108,7 @@ def attribute(
 
     Example::
 
-        >>> from circuitgraph.synthetic import tiny_model
+        >>> from circuitgraph.testing.synthetic import tiny_model
         >>> from circuitgraph.adapters import ModelAdapter
         >>> g = attribute(ModelAdapter(tiny_model()), [1, 5, 7, 2])
         >>> g.check_completeness().ok()

@@ -24,7 +24,7 @@ __all__ = ["BUILTIN_MODELS", "demo_path"]
 
 
 def demo_path() -> Path:
-    """Folder of the built-in demo model (recreate it with ``python -m circuitgraph.builtin.train_demo``)."""
+    """Folder of the built-in demo model (recreate it with ``python scripts/train_demo.py``)."""
     return Path(__file__).resolve().parent / "demo"
 
 

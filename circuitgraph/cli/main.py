@@ -2,7 +2,7 @@
 
 ::
 
-    circuitgraph run SPEC [--dry-run] [--quiet] [--debug]
+    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph schema [--graph]
@@ -26,10 +26,12 @@ import typer
 
 from circuitgraph.errors import CircuitGraphError, SpecError
 
-__all__ = ["app", "main", "EXIT_BAD_INPUT"]
+__all__ = ["app", "main", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS"]
 
 #: exit status for bad input (the same status click uses for usage errors)
 EXIT_BAD_INPUT = 2
+#: exit status of ``run --strict`` when a query or validation check failed
+EXIT_FAILED_CHECKS = 3
 
 app = typer.Typer(
     name="circuitgraph",
@@ -75,9 +77,16 @@ def run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would be done (sizes, outputs) without running the model.")
     ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help=f"Exit with status {EXIT_FAILED_CHECKS} when a query or validation check failed "
+                           "(everything else is still written).")
+    ] = False,
 ) -> None:
     """Run a spec: build the graph, run its queries and checks, write its exports (or, for a
-    spec with dataset:, every prompt of the dataset and the aggregate)."""
+    spec with dataset:, every prompt of the dataset and the aggregate).
+
+    A query or check that fails is recorded as failed (``status``, ``error``) in the outputs and
+    printed; the run still writes everything else and exits 0, or 3 with ``--strict``."""
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO, format="%(message)s"
     )
@@ -85,13 +94,18 @@ def run(
         from circuitgraph.spec import load_spec
 
         loaded = load_spec(spec)
-        from circuitgraph import api  # imports torch: only here
+        from circuitgraph.pipeline import runner  # imports torch: only here
 
         if dry_run:
-            _echo_lines(list(api.dry_run(loaded)))
+            _echo_lines(list(runner.dry_run(loaded)))
         else:
-            result = api.run(loaded, progress=not quiet)
+            result = runner.run(loaded, progress=not quiet)
             _echo_lines(list(result.summary_lines()))
+            failures = result.failures
+            for line in failures:
+                typer.echo(f"failed: {line}", err=True)
+            if failures and strict:
+                raise typer.Exit(EXIT_FAILED_CHECKS)
 
 
 @app.command()
@@ -138,7 +152,7 @@ def schema(
     """Print the JSON Schema of spec files (or, with --graph, of graph JSON files)."""
     with _reported(debug):
         if graph:
-            from circuitgraph.export.schema import graph_schema_text
+            from circuitgraph.export.graph_schema import graph_schema_text
 
             typer.echo(graph_schema_text(), nl=False)
         else:

@@ -34,8 +34,8 @@ OnResult = Callable[[dict[str, Any]], None]
 _PRELOAD = (
     "torch",
     "transformer_lens",
-    "circuitgraph.inputs",
-    "circuitgraph.api",
+    "circuitgraph.pipeline.inputs",
+    "circuitgraph.pipeline.runner",
     "circuitgraph.attribution.build",
     "circuitgraph.queries",
     "circuitgraph.validation",
@@ -63,7 +63,7 @@ def _prepare_worker(threads: int) -> None:
 def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int) -> None:
     """A worker process: load once, then run and commit prompts until told to stop."""
     from circuitgraph.datasets.prompt import commit, one_line, run_prompt
-    from circuitgraph.inputs import load_inputs
+    from circuitgraph.pipeline.inputs import load_inputs
 
     _prepare_worker(threads)
     try:
@@ -195,7 +195,7 @@ _RAY_INPUTS: dict[str, Any] = {}
 def _ray_prompt(spec_bytes: bytes, key: str, row: Row, threads: int) -> Any:
     """A Ray task: load the model once per worker process (cached by spec), run one prompt."""
     from circuitgraph.datasets.prompt import run_prompt
-    from circuitgraph.inputs import load_inputs
+    from circuitgraph.pipeline.inputs import load_inputs
 
     spec = pickle.loads(spec_bytes)  # noqa: S301 - our own bytes, from the driver
     if key not in _RAY_INPUTS:

@@ -76,7 +76,7 @@ def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
 def run_prompt(spec: Any, row: Row, inputs: Any) -> PromptOutput:
     """Run one row through the pipeline (graph, pruning, queries, checks), reduce its graph
     for the aggregate, and return its record and files; failures are recorded, not raised."""
-    from circuitgraph import api
+    from circuitgraph.pipeline import runner
     from circuitgraph.datasets.reduce import reduce_graph
     from circuitgraph.spec.dataset import AggregateSpec
 
@@ -90,7 +90,7 @@ def run_prompt(spec: Any, row: Row, inputs: Any) -> PromptOutput:
     with tempfile.TemporaryDirectory(prefix="circuitgraph-prompt-") as tmp:
         try:
             graph_path = Path(tmp) / f"graph{GRAPH_SUFFIX[fmt]}"
-            result = api.run(row_spec(spec, row, graph_path), inputs=inputs)
+            result = runner.run(row_spec(spec, row, graph_path), inputs=inputs)
             t_reduce = time.perf_counter()
             graph = result.full_graph if aggregate.graph == "full" else result.graph
             part = reduce_graph(graph, aggregate.position)
@@ -113,6 +113,8 @@ def run_prompt(spec: Any, row: Row, inputs: Any) -> PromptOutput:
                                   if t.kind == "target"},
                 "queries": result.queries_json(),
                 "validation": result.validation_json(),
+                "n_failed_checks": len(result.failures),
+                "warnings": list(result.warnings),
             })
             for stage in STAGES:
                 record[f"time_{stage}"] = result.timings.get(stage, 0.0)

@@ -47,7 +47,7 @@ def load_rows(spec: Any) -> list[Row]:
 
 def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, where: str) -> list[tuple[str, str]]:
     from circuitgraph.attribution.targets import normalise_position, resolve_token
-    from circuitgraph.inputs import _direction_vector
+    from circuitgraph.pipeline.inputs import _direction_vector
 
     f = adapter.facts
     tok = adapter.tokenizer
@@ -85,7 +85,7 @@ def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, w
 
 def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> list[tuple[str, str]]:
     """Every problem of every row found with the model loaded (1-based row numbers)."""
-    from circuitgraph.inputs import resolve_prompt_like
+    from circuitgraph.pipeline.inputs import resolve_prompt_like
 
     problems: list[tuple[str, str]] = []
     patching = [c for c in spec.validate if c.kind == "patching"]

@@ -37,10 +37,11 @@ MANIFEST_COLUMNS = (
     "id", "row", "status", "error", "attempts", "n_tokens",
     "time_total", "time_graph", "time_prune", "time_queries", "time_validation", "time_export", "time_reduce",
     "replacement_score", "completeness_score", "max_completeness_violation",
-    "n_nodes", "n_edges", "n_nodes_full", "n_edges_full",
+    "n_nodes", "n_edges", "n_nodes_full", "n_edges_full", "n_failed_checks",
 )
 _STRING_COLUMNS = {"id", "status", "error"}
-_INT_COLUMNS = {"row", "attempts", "n_tokens", "n_nodes", "n_edges", "n_nodes_full", "n_edges_full"}
+_INT_COLUMNS = {"row", "attempts", "n_tokens", "n_nodes", "n_edges", "n_nodes_full", "n_edges_full",
+                "n_failed_checks"}
 
 
 @dataclass
@@ -54,6 +55,7 @@ class DatasetRunResult:
     n_failed: int
     n_skipped: int
     timings: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
 
     def open(self) -> Any:
         """The outputs as a :class:`~circuitgraph.datasets.Dataset`."""
@@ -71,7 +73,8 @@ class DatasetRunResult:
             + (f"; {rate:.1f} prompts/minute" if rate else ""),
         ]
         if self.n_failed:
-            lines.append(f"failed prompts are listed in the manifest: circuitgraph dataset summary {self.directory}")
+            lines.append(f"{self.n_failed} failed prompts are listed in the manifest (status, error): "
+                         f"circuitgraph dataset summary {self.directory}")
         return lines
 
 
@@ -203,7 +206,7 @@ def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
     from circuitgraph.datasets.executors import make_executor
     from circuitgraph.datasets.prompt import is_complete, record_path
     from circuitgraph.datasets.rows import model_problems, row_problems
-    from circuitgraph.inputs import load_inputs
+    from circuitgraph.pipeline.inputs import load_inputs
     from circuitgraph.spec import load_spec
 
     t_start = time.perf_counter()
@@ -244,7 +247,8 @@ def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
     timings["time_aggregate"] = write_aggregate(spec, out, records, token_str, n_layers)
     timings["time_total"] = time.perf_counter() - t_start
     n_ok = sum(r["status"] == "ok" for r in records)
-    return DatasetRunResult(spec, out, len(rows), n_ok, len(rows) - n_ok, len(complete), timings)
+    failures = [f"row {r['row']} (id {r['id']}): {r.get('error')}" for r in records if r["status"] != "ok"]
+    return DatasetRunResult(spec, out, len(rows), n_ok, len(rows) - n_ok, len(complete), timings, failures)
 
 
 def _parquet(table: Any) -> bytes:

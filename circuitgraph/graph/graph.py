@@ -179,22 +179,40 @@ class AttributionGraph:
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
-                "use the sparse accessors or raise max_nodes"
+                "use the sparse accessors or raise max_nodes="
             )
         a = np.zeros((self.n_nodes, self.n_nodes), dtype=dtype)
         np.add.at(a, (self.edge_target, self.edge_source), self.edge_weight.astype(dtype))
         return a
 
+    def _incoming(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sum, sum of |w|) of the incoming edge weights per node, float64, in one chunked
+        pass over the edges; cached while the edge arrays are the same objects."""
+        cached = getattr(self, "_incoming_cache", None)
+        if cached is not None and cached[0] is self.edge_target and cached[1] is self.edge_weight:
+            return cached[2]
+        n, chunk = self.n_nodes, 1 << 22
+        sums, abs_sums = np.zeros(n), np.zeros(n)
+        for c in range(0, self.n_edges, chunk):
+            t = self.edge_target[c : c + chunk]
+            w = self.edge_weight[c : c + chunk].astype(np.float64)
+            sums += np.bincount(t, weights=w, minlength=n)
+            abs_sums += np.bincount(t, weights=np.abs(w, out=w), minlength=n)
+        self._incoming_cache = (self.edge_target, self.edge_weight, (sums, abs_sums))
+        return sums, abs_sums
+
     def incoming_sums(self) -> np.ndarray:
         """Sum of incoming edge weights per node (float64)."""
-        return np.bincount(self.edge_target, weights=self.edge_weight.astype(np.float64), minlength=self.n_nodes)
+        return self._incoming()[0].copy()
+
+    def incoming_abs_sums(self) -> np.ndarray:
+        """Sum of the absolute incoming edge weights per node (float64)."""
+        return self._incoming()[1].copy()
 
     # ----------------------------------------------------------------- checks
     def check_completeness(self) -> CompletenessReport:
         """Check ``pre_activation == sum(incoming edges) + constant`` for every reader node."""
-        sums = self.incoming_sums()
-        abs_sums = np.bincount(self.edge_target, weights=np.abs(self.edge_weight.astype(np.float64)),
-                               minlength=self.n_nodes)
+        sums, abs_sums = self._incoming()
         worst, worst_rel, worst_abs, n = None, 0.0, 0.0, 0
         for i, node in enumerate(self.nodes):
             if node.pre_activation is None or node.constant is None:

@@ -17,7 +17,7 @@ variant only.  Tags are written ``<name>``; the error formatter drops them from 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -39,6 +39,9 @@ from circuitgraph.spec.kinds import NODE_KINDS
 __all__ = [
     "StrictModel",
     "KeyedModel",
+    "QueryItem",
+    "CheckItem",
+    "GraphChoice",
     "keyed_union",
     "shaped_union",
     "tagged",
@@ -130,6 +133,28 @@ class KeyedModel(StrictModel):
     @property
     def params(self) -> Any:
         return getattr(self, self.key)
+
+
+#: which graph a query or check runs on: the unpruned graph or the pruned (exported) one
+GraphChoice = Literal["full", "pruned"]
+
+
+class QueryItem(KeyedModel):
+    """An item of ``queries``: its kind key, and ``on`` (which graph it runs on)."""
+
+    on: GraphChoice = Field(
+        "full", description="Run on the full (unpruned) graph or the pruned one; with prune: none both are the "
+        "same graph. Results on the full graph say that their node ids refer to the unpruned graph."
+    )
+
+
+class CheckItem(KeyedModel):
+    """An item of ``validate``: its kind key, and ``on`` (which graph it runs on)."""
+
+    on: GraphChoice = Field(
+        "pruned", description="Run on the pruned graph (the circuit) or the full one; with prune: none both are "
+        "the same graph."
+    )
 
 
 def _tag_name(name: str) -> str:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from circuitgraph.spec.base import OutputPath, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.base import Bool, OutputPath, PositiveInt, StrictModel, rule_error
 
 __all__ = ["ExportSpec", "EXPORT_SUFFIXES"]
 
@@ -43,6 +43,8 @@ with warnings.catch_warnings():
             "binary", description="Dataset runs: each prompt's graph as binary .npz (default) or pruned graph JSON."
         )
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
+        qk_inset: Bool = Field(False, description="Draw the results of the qk queries in the diagrams (svg, png, "
+                               "dot) as an inset: each head's top pairs as dashed edges into the head.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
         @model_validator(mode="after")

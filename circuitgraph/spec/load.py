@@ -87,13 +87,16 @@ def _yaml_loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        """SafeLoader that rejects duplicate keys and reads ``1e-3`` as a float."""
+        """SafeLoader that rejects duplicate keys, reads ``1e-3`` as a float and a plain ``on``
+        mapping key as the string ``"on"`` (the spec key), not as the boolean true."""
 
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
         loader.flatten_mapping(node)
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=deep)
+            if key is True and key_node.style is None and key_node.value in ("on", "On", "ON"):
+                key = "on"  # the spec key `on` (YAML 1.1 would read a plain on as true)
             if key in out:
                 mark = key_node.start_mark
                 raise SpecError(

@@ -18,6 +18,10 @@ class TextPrompt(StrictModel):
         description="The prompt text, tokenized by the model's tokenizer.", json_schema_extra={"minLength": 1}
     )
     prepend_bos: Bool = Field(True, description="Prepend the beginning-of-sequence token.")
+    strict: Bool = Field(
+        False, description="Pieces of the text that the tokenizer does not know are an error (default: a warning, "
+        "recorded in the graph's metadata)."
+    )
 
     @field_validator("text")
     @classmethod

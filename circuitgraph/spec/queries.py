@@ -19,6 +19,7 @@ from circuitgraph.spec.base import (
     Bool,
     Int,
     KeyedModel,
+    QueryItem,
     Name,
     NodeIdStr,
     NonNegativeInt,
@@ -60,6 +61,8 @@ __all__ = [
     "HeadRef",
     "DeEmbedding",
     "DeEmbeddingQuery",
+    "QK",
+    "QKQuery",
     "Query",
 ]
 
@@ -86,7 +89,7 @@ class TopPaths(StrictModel):
     expand_heads: Bool = Field(False, description="Split edges through frozen attention into per-head edges.")
 
 
-class TopPathsQuery(KeyedModel):
+class TopPathsQuery(QueryItem):
     key: ClassVar[str] = "top_paths"
     top_paths: Params[TopPaths]
 
@@ -98,7 +101,7 @@ class Influence(StrictModel):
     signed: Bool = Field(False, description="Signed influence instead of absolute.")
 
 
-class InfluenceQuery(KeyedModel):
+class InfluenceQuery(QueryItem):
     key: ClassVar[str] = "influence"
     influence: Params[Influence] = Field(default_factory=Influence)
 
@@ -111,7 +114,7 @@ class DirectLogitAttribution(StrictModel):
     kinds: tuple[NodeKind, ...] | None = Field(None, min_length=1, description="Only these node kinds (null = all).")
 
 
-class DirectLogitAttributionQuery(KeyedModel):
+class DirectLogitAttributionQuery(QueryItem):
     key: ClassVar[str] = "direct_logit_attribution"
     direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
 
@@ -126,7 +129,7 @@ class LogitLens(StrictModel):
     top_k: PositiveInt = Field(5, description=_TOP_K)
 
 
-class LogitLensQuery(KeyedModel):
+class LogitLensQuery(QueryItem):
     key: ClassVar[str] = "logit_lens"
     logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
 
@@ -151,7 +154,7 @@ class Congruence(StrictModel):
     top_k: PositiveInt = Field(20, description=_TOP_K)
 
 
-class CongruenceQuery(KeyedModel):
+class CongruenceQuery(QueryItem):
     key: ClassVar[str] = "congruence"
     congruence: Params[Congruence]
 
@@ -164,7 +167,7 @@ class Neighbours(StrictModel):
     top_k: PositiveInt = Field(10, description=_TOP_K)
 
 
-class NeighboursQuery(KeyedModel):
+class NeighboursQuery(QueryItem):
     key: ClassVar[str] = "neighbours"
     neighbours: Params[Neighbours]
 
@@ -175,7 +178,7 @@ class Subgraph(StrictModel):
     filter: NodeFilter
 
 
-class SubgraphQuery(KeyedModel):
+class SubgraphQuery(QueryItem):
     key: ClassVar[str] = "subgraph"
     subgraph: Params[Subgraph]
 
@@ -186,7 +189,7 @@ class Supernodes(StrictModel):
     groups: dict[Name, NodeFilter] = Field(min_length=1, description="{group name: node filter}.")
 
 
-class SupernodesQuery(KeyedModel):
+class SupernodesQuery(QueryItem):
     key: ClassVar[str] = "supernodes"
     supernodes: Params[Supernodes]
 
@@ -195,7 +198,7 @@ class Scores(StrictModel):
     """Replacement and completeness scores and the error nodes' share."""
 
 
-class ScoresQuery(KeyedModel):
+class ScoresQuery(QueryItem):
     key: ClassVar[str] = "scores"
     scores: Params[Scores] = Field(default_factory=Scores)
 
@@ -207,7 +210,7 @@ class HeadSplit(StrictModel):
     target: NodeIdStr = Field(description="Target node id.")
 
 
-class HeadSplitQuery(KeyedModel):
+class HeadSplitQuery(QueryItem):
     key: ClassVar[str] = "head_split"
     head_split: Params[HeadSplit]
 
@@ -220,7 +223,7 @@ class VirtualWeights(StrictModel):
     top_k: PositiveInt = Field(20, description=_TOP_K)
 
 
-class VirtualWeightsQuery(KeyedModel):
+class VirtualWeightsQuery(QueryItem):
     key: ClassVar[str] = "virtual_weights"
     virtual_weights: Params[VirtualWeights]
 
@@ -259,9 +262,45 @@ class DeEmbedding(StrictModel):
     head: HeadRef | None = Field(None, description="Read the embeddings through this head's OV circuit.")
 
 
-class DeEmbeddingQuery(KeyedModel):
+class DeEmbeddingQuery(QueryItem):
     key: ClassVar[str] = "de_embedding"
     de_embedding: Params[DeEmbedding]
+
+
+if TYPE_CHECKING:
+    _HeadOrHeads = Union[int, tuple[int, ...]]
+    _KeyPosition = Union[int, Literal["top"]]
+else:
+    _HeadOrHeads = shaped_union(
+        "head",
+        "a head index or a list of head indices",
+        {"one": NonNegativeInt, "list": Annotated[tuple[NonNegativeInt, ...], Field(min_length=1)]},
+        by_type={int: "one", list: "list", tuple: "list"},
+    )
+    _KeyPosition = shaped_union(
+        "key position",
+        "an integer position (negative counts from the end) or 'top'",
+        {"position": Int, "top": Literal["top"]},
+        by_type={int: "position", str: "top"},
+    )
+
+
+class QK(StrictModel):
+    """QK attribution: a head's pre-softmax score from ``query_position`` to ``key_position``
+    split exactly over pairs of (query-side node, key-side node) of the graph."""
+
+    layer: NonNegativeInt = Field(description="The head's layer.")
+    head: _HeadOrHeads = Field(description="A head index, or a list of them.")
+    query_position: Int = Field(-1, description="Query position; negative counts from the end.")
+    key_position: _KeyPosition = Field(
+        "top", description="Key position (negative counts from the end), or 'top': the key the head attends to most."
+    )
+    top_k: PositiveInt = Field(10, description="How many pairs and marginals to report per head.")
+
+
+class QKQuery(QueryItem):
+    key: ClassVar[str] = "qk"
+    qk: Params[QK]
 
 
 QUERY_TYPES: tuple[type[KeyedModel], ...] = (
@@ -277,6 +316,7 @@ QUERY_TYPES: tuple[type[KeyedModel], ...] = (
     HeadSplitQuery,
     VirtualWeightsQuery,
     DeEmbeddingQuery,
+    QKQuery,
 )
 
 if TYPE_CHECKING:
@@ -293,6 +333,7 @@ if TYPE_CHECKING:
         HeadSplitQuery,
         VirtualWeightsQuery,
         DeEmbeddingQuery,
+        QKQuery,
     ]
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

@@ -25,6 +25,7 @@ from circuitgraph.spec.base import (
     Fraction,
     Int,
     KeyedModel,
+    CheckItem,
     NonNegativeInt,
     OutputPath,
     Params,
@@ -37,6 +38,7 @@ from circuitgraph.spec.base import (
 )
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt
+from circuitgraph.spec.queries import QK
 
 __all__ = [
     "Ablate",
@@ -54,6 +56,7 @@ __all__ = [
     "SignRegimesCheck",
     "ReplacementFidelity",
     "ReplacementFidelityCheck",
+    "QKCheck",
     "Check",
 ]
 
@@ -135,7 +138,7 @@ class Ablate(StrictModel):
         return self
 
 
-class AblateCheck(KeyedModel):
+class AblateCheck(CheckItem):
     key: ClassVar[str] = "ablate"
     ablate: Params[Ablate] = Field(default_factory=Ablate)
 
@@ -155,7 +158,7 @@ class PredictedVsActual(StrictModel):
         return self
 
 
-class PredictedVsActualCheck(KeyedModel):
+class PredictedVsActualCheck(CheckItem):
     key: ClassVar[str] = "predicted_vs_actual"
     predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
 
@@ -207,7 +210,7 @@ class Patching(StrictModel):
         return self
 
 
-class PatchingCheck(KeyedModel):
+class PatchingCheck(CheckItem):
     key: ClassVar[str] = "patching"
     patching: Params[Patching]
 
@@ -230,7 +233,7 @@ class Faithfulness(StrictModel):
         return self
 
 
-class FaithfulnessCheck(KeyedModel):
+class FaithfulnessCheck(CheckItem):
     key: ClassVar[str] = "faithfulness"
     faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
 
@@ -245,7 +248,7 @@ class SignRegimes(StrictModel):
                                      "negative' echoes above which it is listed as echo-dominated.")
 
 
-class SignRegimesCheck(KeyedModel):
+class SignRegimesCheck(CheckItem):
     key: ClassVar[str] = "sign_regimes"
     sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
 
@@ -256,9 +259,19 @@ class ReplacementFidelity(StrictModel):
     prompts: tuple[Prompt, ...] = Field((), description="Extra prompts besides the main prompt.")
 
 
-class ReplacementFidelityCheck(KeyedModel):
+class ReplacementFidelityCheck(CheckItem):
     key: ClassVar[str] = "replacement_fidelity"
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
+
+
+class QKCheck(CheckItem):
+    """QK attribution checked by intervention: each node of the top pairs is removed from the
+    query side only (``hook_q_input``), or the key side only (``hook_k_input``), in the frozen
+    model; the change in the pre-softmax score is compared with the node's marginal.  Same
+    parameters as the ``qk`` query (``top_k`` pairs per head)."""
+
+    key: ClassVar[str] = "qk"
+    qk: Params[QK]
 
 
 CHECK_TYPES: tuple[type[KeyedModel], ...] = (
@@ -268,11 +281,13 @@ CHECK_TYPES: tuple[type[KeyedModel], ...] = (
     FaithfulnessCheck,
     SignRegimesCheck,
     ReplacementFidelityCheck,
+    QKCheck,
 )
 
 if TYPE_CHECKING:
     Check = Union[
-        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck
+        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck,
+        QKCheck,
     ]
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)

@@ -35,7 +35,7 @@ from circuitgraph.validation.interventions import (
 )
 from circuitgraph.validation.metrics import Metric, Readout, next_token_loss
 from circuitgraph.validation.activation_patching import PatchingResult, patch_recovery, patching, write_heatmap
-from circuitgraph.validation.selection import direct_effects, select_nodes, total_effects
+from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
 from circuitgraph.validation.gated_signs import SignRegimeResult, echo_removed, sign_regimes
 
 __all__ = [

@@ -116,14 +116,16 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
         if not prompt:
             raise ValidationRunError(f"{where}: an empty token list; give at least one token id")
         return [int(t) for t in prompt]
-    text, bos, tokens = None, True, None
+    text, bos, tokens, strict = None, True, None, False
     if isinstance(prompt, str):
         text = prompt
     elif isinstance(prompt, dict):
         text, bos, tokens = prompt.get("text"), prompt.get("prepend_bos", True), prompt.get("tokens")
+        strict = bool(prompt.get("strict", False))
     elif hasattr(prompt, "tokens") or hasattr(prompt, "text"):
         text, bos, tokens = getattr(prompt, "text", None), getattr(prompt, "prepend_bos", True), getattr(
             prompt, "tokens", None)
+        strict = bool(getattr(prompt, "strict", False))
     if tokens is not None:
         return resolve_prompt(list(tokens), tokenizer, where=where)
     if text is None:
@@ -135,6 +137,14 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
             f"{where}: the text prompt {text!r} needs a tokenizer and none was given; "
             "pass tokenizer=... or give the prompt as {tokens: [ids]}"
         )
+    if hasattr(tokenizer, "unknown_pieces"):
+        from circuitgraph.adapters.tokenizer import check_prompt_text
+        from circuitgraph.errors import TokenError
+
+        try:
+            check_prompt_text(tokenizer, text, strict=strict, where=where)
+        except TokenError as exc:
+            raise ValidationRunError(str(exc)) from None
     ids = list(tokenizer.encode(text))
     bos_id = getattr(tokenizer, "bos_id", None)
     if bos and bos_id is not None:

@@ -31,7 +31,7 @@ from circuitgraph.validation.controls import (
 )
 from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Mode, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
-from circuitgraph.validation.selection import direct_effects, select_nodes, total_effects
+from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
 
 __all__ = [
     "AblationResult",
@@ -184,7 +184,7 @@ def ablate(
     tokenizer: Any = None,
     batch_size: int = 32,
 ) -> AblationResult:
-    """Intervene on ``nodes`` (see :func:`~circuitgraph.validation.selection.select_nodes`) in the
+    """Intervene on ``nodes`` (see :func:`~circuitgraph.validation.predictions.select_nodes`) in the
     real model and compare with the graph and with random controls.
 
     ``tolerance``: relative agreement asked of the real change with the graph's total-effect

@@ -2,7 +2,7 @@
 
 Run::
 
-    python -m circuitgraph.builtin.train_demo --out DIR   # default: the package's demo/
+    python scripts/train_demo.py --out DIR   # default: the package's demo/
 
 Steps (CPU, two threads, fixed seed, a few minutes):
 

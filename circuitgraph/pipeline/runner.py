@@ -7,9 +7,13 @@ The CLI is a thin layer over this module.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,8 @@ from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["RunResult", "run", "dry_run", "build"]
 
+logger = logging.getLogger("circuitgraph")
+
 
 @dataclass
 class RunResult:
@@ -30,10 +36,14 @@ class RunResult:
         spec: the validated spec.
         graph: the exported graph (pruned when the spec asks for pruning).
         full_graph: the unpruned graph.
-        queries: one entry per declared query: ``{"kind", "params", "result"}`` (result objects).
+        queries: one entry per declared query: ``{"kind", "params", "on", "status", "error", "result"}``;
+            ``status`` is ``"ok"`` (``result`` is the result object, ``error`` None) or ``"failed"``
+            (``error`` is the one-line message, ``result`` None).
         validation: one entry per declared check, same shape.
         exports: ``{kind: path}`` of every file written.
         timings: seconds per stage.
+        warnings: what the run warned about (unknown pieces of prompt texts...), also in the
+            graph's metadata under ``warnings``.
     """
 
     spec: Any
@@ -43,12 +53,34 @@ class RunResult:
     validation: list[dict[str, Any]] = field(default_factory=list)
     exports: dict[str, Path] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per failed query or check: ``queries[i] kind: error``."""
+        return [f"{where}[{i}] {e['kind']}: {e['error']}"
+                for where, entries in (("queries", self.queries), ("validate", self.validation))
+                for i, e in enumerate(entries) if e["status"] == "failed"]
+
+    def _entries_json(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        pruned = self.graph is not self.full_graph
+        out = []
+        for e in entries:
+            d = {"kind": e["kind"], "params": e["params"], "on": e["on"], "status": e["status"]}
+            if e["status"] == "failed":
+                d["error"] = e["error"]
+            if e["on"] == "full" and pruned:
+                d["refers_to"] = ("unpruned graph: node ids name nodes of the full graph, some of which "
+                                  "are not in this (pruned) graph")
+            d["result"] = None if e["result"] is None else e["result"].to_dict()
+            out.append(d)
+        return out
 
     def queries_json(self) -> list[dict[str, Any]]:
-        return [{"kind": q["kind"], "params": q["params"], "result": q["result"].to_dict()} for q in self.queries]
+        return self._entries_json(self.queries)
 
     def validation_json(self) -> list[dict[str, Any]]:
-        return [{"kind": v["kind"], "params": v["params"], "result": v["result"].to_dict()} for v in self.validation]
+        return self._entries_json(self.validation)
 
     def summary_lines(self) -> list[str]:
         g, full = self.graph, self.full_graph
@@ -66,16 +98,54 @@ class RunResult:
         for key in ("replacement_score", "completeness_score"):
             if key in full.metadata:
                 lines.append(f"{key}: {full.metadata[key]:.4f}")
-        for q in self.queries:
-            lines.append(f"query {q['kind']}:")
-            lines += ["  " + line for line in q["result"].table().splitlines()]
-        for v in self.validation:
-            lines.append(f"validation {v['kind']}:")
-            lines += ["  " + line for line in v["result"].table().splitlines()]
+        pruned = g is not full
+        for what, entries in (("query", self.queries), ("validation", self.validation)):
+            for e in entries:
+                on = f" (on the {'unpruned' if e['on'] == 'full' else 'pruned'} graph)" if pruned else ""
+                if e["status"] == "failed":
+                    lines.append(f"{what} {e['kind']}{on}: FAILED: {e['error']}")
+                    continue
+                lines.append(f"{what} {e['kind']}{on}:")
+                lines += ["  " + line for line in e["result"].table().splitlines()]
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
         for kind, path in self.exports.items():
             lines.append(f"wrote {kind}: {Path(path).resolve()}")
         lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         return lines
+
+
+@contextmanager
+def _recorded_warnings(sink: list[str]) -> Iterator[None]:
+    """Collect :class:`~circuitgraph.errors.UnknownTokenWarning` messages into ``sink`` (the run's
+    ``warnings``, printed by the CLI); other warnings pass through unchanged."""
+    from circuitgraph.errors import UnknownTokenWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownTokenWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, UnknownTokenWarning):
+            if str(w.message) not in sink:
+                sink.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+def _one_line(exc: BaseException) -> str:
+    from circuitgraph.errors import CircuitGraphError
+
+    text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def _attempt(fn: Any, what: str) -> tuple[str, str | None, Any]:
+    """``(status, error, result)`` of ``fn()``: a query or check that fails is a result, not an abort."""
+    try:
+        return "ok", None, fn()
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded with its message
+        logger.debug("%s failed", what, exc_info=True)
+        return "failed", _one_line(exc), None
 
 
 def _versions() -> dict[str, str]:
@@ -125,13 +195,17 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
     from circuitgraph.attribution.build import build_graph
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec) if inputs is None else inputs
-    tokens = resolve_prompt(spec, adapter)
+    check_layer_keys(spec, adapter.facts.n_layers)
+    run_warnings: list[str] = []
+    with _recorded_warnings(run_warnings):
+        tokens = resolve_prompt(spec, adapter)
+    _check_qk_items(spec, adapter, len(tokens))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
     targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
     L = adapter.facts.n_layers
@@ -168,6 +242,7 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
             "max_feature_nodes": options.max_feature_nodes,
         },
         "versions": _versions(),
+        "warnings": run_warnings,
     }
     bar, update = _progress_bar(progress, "attribution")
     try:
@@ -176,6 +251,26 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
         if bar is not None:
             bar.close()
     return graph
+
+
+def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+    """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
+    checked before the graph is built, so bad input fails fast and writes nothing."""
+    from circuitgraph.errors import SpecError
+    from circuitgraph.queries.qk import qk_problems
+
+    f = adapter.facts
+    problems = []
+    for where, items in (("queries", spec.queries), ("validate", spec.validate)):
+        for i, item in enumerate(items):
+            if item.kind == "qk":
+                p = item.params
+                head = p.head if isinstance(p.head, int) else list(p.head)
+                problems += [(f"{where}[{i}].qk.{field}", msg) for field, msg in qk_problems(
+                    p.layer, head, p.query_position, p.key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                    n_pos=n_pos)]
+    if problems:
+        raise SpecError(problems)
 
 
 def run(spec: Any, *, progress: bool = False, inputs: Any = None) -> Any:
@@ -210,28 +305,39 @@ def run(spec: Any, *, progress: bool = False, inputs: Any = None) -> Any:
                             target_share=p.target_share).graph
         timings["prune"] = time.perf_counter() - t0
 
+    graphs = {"full": full, "pruned": graph}
     queries = []
     if spec.queries:
         from circuitgraph.queries import run_query
 
         t0 = time.perf_counter()
-        for q in spec.queries:
-            queries.append({"kind": q.kind, "params": _params(q), "result": run_query(full, q)})
+        for i, q in enumerate(spec.queries):
+            status, error, res = _attempt(lambda q=q: run_query(graphs[q.on], q), f"queries[{i}]")
+            queries.append({"kind": q.kind, "params": _params(q), "on": q.on, "status": status, "error": error,
+                            "result": res})
         timings["queries"] = time.perf_counter() - t0
     validation = []
+    run_warnings = full.metadata.setdefault("warnings", [])
     if spec.validate:
-        from circuitgraph.inputs import resolve_prompt_like
+        from circuitgraph.pipeline.inputs import resolve_prompt_like
         from circuitgraph.validation import run_check
 
         adapter = full.context.adapter
         t0 = time.perf_counter()
         for i, c in enumerate(spec.validate):
             resolver = lambda p, i=i: resolve_prompt_like(p, adapter, where=f"validate[{i}]")  # noqa: E731
-            # checks run on the full graph's live model; pruned-circuit checks read the pruned graph
-            result = run_check(graph if graph.context is not None else full, c, prompt_resolver=resolver)
-            validation.append({"kind": c.kind, "params": _params(c), "result": result.result})
+            # checks need the live model; a pruned graph keeps its parent's context
+            on = graphs[c.on] if graphs[c.on].context is not None else full
+            with _recorded_warnings(run_warnings):
+                status, error, res = _attempt(
+                    lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver).result,
+                    f"validate[{i}]")
+            validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
+                               "result": res})
         timings["validation"] = time.perf_counter() - t0
-    result = RunResult(spec, graph, full, queries, validation, {}, timings)
+    if graph is not full:
+        graph.metadata["warnings"] = list(run_warnings)
+    result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
     t0 = time.perf_counter()
     result.exports = _write_exports(result)
     timings["export"] = time.perf_counter() - t0
@@ -270,6 +376,8 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
             g.metadata[key] = result.full_graph.metadata[key]
     written: dict[str, Path] = {}
     queries, validation = result.queries_json(), result.validation_json()
+    qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
+    inset = qk if ex.qk_inset else ()
     if ex.json is not None:
         graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
         written["json"] = Path(ex.json)
@@ -277,22 +385,22 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        graph_to_neuronpedia(g, str(ex.neuronpedia))
+        graph_to_neuronpedia(g, str(ex.neuronpedia), qk=qk)
         written["neuronpedia"] = Path(ex.neuronpedia)
     if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset))
         written["dot"] = Path(ex.dot)
     for fmt in ("svg", "png"):
         path = getattr(ex, fmt)
         if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes)
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset)
             written[fmt] = Path(path)
     return written
 
 
 def dry_run(spec: Any) -> list[str]:
     """Validate a spec and estimate what a run needs, without building the graph."""
-    from circuitgraph.estimate import estimate_run
+    from circuitgraph.pipeline.estimate import estimate_run
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)

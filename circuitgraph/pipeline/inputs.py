@@ -42,7 +42,10 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
     if t is not None:
         if t.source == "path":
-            tcs = TranscoderSet.from_dir(t.path, adapter, layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
+            from circuitgraph.dictionaries import load_dictionaries
+
+            tcs = load_dictionaries(t.path, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
+                                    dtype=tc_dtype)
         elif t.source == "release":
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
             tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)
@@ -59,6 +62,29 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     return adapter, tcs
 
 
+def check_layer_keys(spec: Any, n_layers: int) -> None:
+    """Every per-layer setting names layers the model has (a key out of range is an error,
+    never silently ignored)."""
+    problems = []
+    last = f"the model has {n_layers} layers (0-{n_layers - 1})"
+    for key in ("mlp", "attention"):
+        value = getattr(spec.graph, key)
+        if isinstance(value, dict):
+            bad = sorted(layer for layer in value if not 0 <= layer < n_layers)
+            if bad:
+                problems.append(f"graph.{key}: layer keys {bad} are out of range, {last}; "
+                                f"use keys 0-{n_layers - 1} (layers not named take the default)")
+    t = spec.transcoders
+    if t is not None:
+        for key, layers in (("layers", t.layers), ("ids", list(t.ids or {}) if t.source == "release" else None)):
+            bad = sorted(int(layer) for layer in layers or () if not 0 <= int(layer) < n_layers)
+            if bad:
+                problems.append(f"transcoders.{key}: layers {bad} are out of range, {last}; "
+                                f"use layers 0-{n_layers - 1}")
+    if problems:
+        raise AttributionError("; ".join(problems))
+
+
 def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt") -> list[int]:
     """A spec prompt (TextPrompt / TokensPrompt, or a plain str / list) -> checked token ids."""
     f = adapter.facts
@@ -70,6 +96,9 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
                              "give token ids as {tokens: [...]}")
         if not text.strip():
             raise TokenError(f"{where}: the prompt is empty; give some text")
+        from circuitgraph.adapters.tokenizer import check_prompt_text
+
+        check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
         ids = tok.encode(text)
         if getattr(prompt, "prepend_bos", True):
             if tok.bos_id is None:
