@@ -30,14 +30,16 @@ from circuitgraph.errors import DatasetError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 N_ROWS = 20
-FAILING_ROW = 7  # its corrupted prompt equals its prompt: patching's recovery is undefined at run time
+FAILING_ROW = 7  # shorter than the qk query's position: the pipeline refuses it when the prompt runs
+FAILED_CHECK_ROW = 9  # its corrupted prompt equals its prompt: the patching check fails (recorded), the prompt is ok
 
 
 def _rows() -> list[dict]:
     rows = []
     for i, pair in enumerate(make_patching_pairs(N_ROWS, seed=3, clean_answer=" an")):
-        corrupted = pair.clean if i + 1 == FAILING_ROW else pair.corrupted
+        corrupted = pair.clean if i + 1 == FAILED_CHECK_ROW else pair.corrupted
         rows.append({"id": f"r{i + 1:02d}", "prompt": pair.clean, "corrupted": corrupted})
+    rows[FAILING_ROW - 1].update(prompt="later she wants", corrupted="later mia wants")
     rows[3]["targets"] = [{"logit": " an"}]  # a row with its own targets
     return rows
 
@@ -51,7 +53,7 @@ def _spec(out: Path, executor: dict, rows: list[dict] | None = None, **extra) ->
         "targets": [{"logit_diff": [" an", " a"]}],
         "graph": {"dtype": "float64"},
         "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
-        "queries": [{"scores": {}}],
+        "queries": [{"scores": {}}, {"qk": {"layer": 1, "head": 0, "query_position": 6, "key_position": 1}}],
         "validate": [{"patching": {"granularity": ["layer"]}}],
         "executor": executor,
         "export": {"dataset": str(out)},
@@ -167,13 +169,17 @@ def test_runtime_failure_is_recorded_and_nothing_else_is_lost(runs):
     failed = m[m["status"] == "failed"]
     assert failed["row"].tolist() == [FAILING_ROW]
     error = failed["error"].iloc[0]
-    assert "patching" in error and "undefined" in error and "\n" not in error
+    assert "query_position 6 is outside the prompt" in error and "\n" not in error
     assert not (directory / "graphs" / f"r{FAILING_ROW:02d}.npz").exists()
     ok = m[m["status"] == "ok"]
     assert ok["error"].isna().all() and (ok["n_nodes"] > 0).all() and (ok["replacement_score"] > 0).all()
     for rid in ok["id"]:
         record = json.loads((directory / "results" / f"{rid}.json").read_text())
         assert record["validation"][0]["kind"] == "patching" and record["queries"][0]["kind"] == "scores"
+    # a failed check is recorded with its prompt, which is still aggregated
+    assert ok.set_index("row")["n_failed_checks"].to_dict() == {r: int(r == FAILED_CHECK_ROW) for r in ok["row"]}
+    record = json.loads((directory / "results" / f"r{FAILED_CHECK_ROW:02d}.json").read_text())
+    assert record["validation"][0]["status"] == "failed" and "undefined" in record["validation"][0]["error"]
     # the row with its own target explains that target
     g = circuitgraph.load_graph(str(directory / "graphs" / "r04.npz"))
     assert [t.kind for t in g.target_ids] == ["logit"]
@@ -356,3 +362,20 @@ def test_ray_local_instance_gives_the_same_bytes(runs):
         assert (out / name).read_bytes() == (d1 / name).read_bytes(), name
     m = circuitgraph.open_dataset(out).manifest
     assert m[m["status"] == "failed"]["row"].tolist() == [FAILING_ROW]
+
+
+def test_demo_dataset_example_and_its_generator(tmp_path):
+    from circuitgraph.builtin.demo_task import write_dataset
+
+    examples = REPO / "examples"
+    shipped = (examples / "demo_dataset.jsonl").read_text()
+    assert Path(write_dataset(str(tmp_path / "rows.jsonl"), n=300)).read_text() == shipped
+    spec = yaml.safe_load((examples / "demo_dataset.yaml").read_text())
+    spec["dataset"] = [json.loads(line) for line in shipped.splitlines()[:6]]  # the example, on 6 of its rows
+    spec["executor"] = {"kind": "local", "workers": 1}
+    spec["export"]["dataset"] = str(tmp_path / "out")
+    result = circuitgraph.run(circuitgraph.load_spec(spec, base_dir=examples))
+    assert result.n_ok == 6
+    ds = circuitgraph.open_dataset(tmp_path / "out")
+    assert ds.manifest["n_failed_checks"].tolist() == [0] * 6
+    assert (ds.manifest["replacement_score"] > 0.5).all()
