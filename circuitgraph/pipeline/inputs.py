@@ -28,14 +28,13 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     weights = torch_dtype(m.dtype)
     # float64 accumulation runs the whole forward in float64 so measured values are exact too
     load_dtype = "float64" if compute == torch.float64 else m.dtype
-    builtin_dir: Path | None = None
     if m.source == "path":
         adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device)
     elif m.source == "name":
         adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
                                   center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed)
     else:
-        adapter, builtin_dir = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
+        adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
     adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
     tcs = None
     t = spec.transcoders
@@ -50,14 +49,13 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
             tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)
         else:
-            if builtin_dir is None or m.builtin != t.builtin:
-                from circuitgraph.builtin import BUILTIN_MODELS
+            from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+            from circuitgraph.dictionaries import load_dictionaries
 
-                if t.builtin not in BUILTIN_MODELS:
-                    raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
-                builtin_dir = Path(BUILTIN_MODELS[t.builtin]())
-            tcs = TranscoderSet.from_dir(builtin_dir / "transcoders", adapter,
-                                         layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
+            if t.builtin not in BUILTIN_DICTIONARIES:
+                raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
+            tcs = load_dictionaries(builtin_dictionary_dir(t.builtin), adapter,
+                                    layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
             tcs.source = {"builtin": t.builtin}
     return adapter, tcs
 

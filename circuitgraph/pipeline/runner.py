@@ -28,7 +28,7 @@ __all__ = ["RunResult", "run", "dry_run", "build"]
 logger = logging.getLogger("circuitgraph")
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What a run produced.
 
@@ -75,6 +75,22 @@ class RunResult:
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
         return out
+
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        return (f"<RunResult: {self.graph.n_nodes} nodes, {self.graph.n_edges} edges; {len(self.queries)} queries, "
+                f"{len(self.validation)} checks" + (f", {failed} failed" if failed else "") + ">")
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import run_html
+
+        return run_html(self)
+
+    def report(self, path: str | Path) -> str:
+        """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
+        from circuitgraph.export.html import write_report
+
+        return write_report(self, path)
 
     def queries_json(self) -> list[dict[str, Any]]:
         return self._entries_json(self.queries)
@@ -178,6 +194,10 @@ def _progress_bar(enabled: bool, desc: str):
 def _check_outputs(spec: Any) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
+    if ex.diagram.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        load_feature_labels(ex.diagram.labels)
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
             "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
@@ -231,7 +251,7 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
         "transcoders": tcs.describe() if tcs is not None else None,
         "prompt_tokens": tokens,
         "prompt_token_strs": strs,
-        "prompt": "".join(strs),
+        "prompt": _prompt_text(spec, tok, tokens, strs),
         "graph_options": {
             "mlp": {str(k): v for k, v in options.mlp.items()},
             "attention": {str(k): v for k, v in options.attention.items()},
@@ -251,6 +271,19 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
         if bar is not None:
             bar.close()
     return graph
+
+
+def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+    """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
+    text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
+    if isinstance(text, str):
+        return text
+    if tokenizer is not None:
+        try:
+            return tokenizer.decode(list(tokens), skip_special_tokens=False)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: fall back to the pieces
+            pass
+    return "".join(strs)
 
 
 def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
@@ -385,17 +418,43 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        graph_to_neuronpedia(g, str(ex.neuronpedia), qk=qk)
+        p = result.spec.pruning
+        thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
+        graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, qk=qk, **thresholds)
         written["neuronpedia"] = Path(ex.neuronpedia)
+    diagram = _diagram_options(result) if any(
+        getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
     if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset))
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
         written["dot"] = Path(ex.dot)
     for fmt in ("svg", "png"):
         path = getattr(ex, fmt)
         if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset)
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
             written[fmt] = Path(path)
+    if ex.html is not None:
+        from circuitgraph.export.html import write_report
+
+        write_report(result, str(ex.html), max_nodes=ex.max_render_nodes, diagram={**diagram, "qk": inset})
+        written["html"] = Path(ex.html)
     return written
+
+
+def _diagram_options(result: RunResult) -> dict[str, Any]:
+    """``graph_to_dot`` options from ``export.diagram``, with the influence of the unpruned graph."""
+    from circuitgraph.export.dot import raw_influence
+
+    d = result.spec.export.diagram
+    options: dict[str, Any] = {"show_unreachable": d.show_unreachable}
+    if result.full_graph.targets:
+        options["influence"] = raw_influence(result.full_graph)
+    if d.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        options["labels"] = load_feature_labels(d.labels)
+    if d.supernodes is not None:
+        options["supernodes"] = d.supernodes
+    return options
 
 
 def dry_run(spec: Any) -> list[str]:

@@ -354,12 +354,17 @@ def _readers(ctx: Any, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequ
 
 
 def _graph_id(graph: AttributionGraph, node_id: NodeId) -> NodeId:
-    """The id a writer has in ``graph``: itself, or the remainder it was folded into
-    (``max_feature_nodes``)."""
-    if node_id in graph or node_id.kind != "feature":
+    """The id a writer has in ``graph``: itself, or the remainder that holds it (a feature folded
+    away by ``max_feature_nodes``, or any writer removed by pruning, which keeps the pruned part
+    of each (layer, position) in ``remainder/<layer>/<position>/1``)."""
+    if node_id in graph:
         return node_id
-    rem = NodeId("remainder", node_id.layer, node_id.position, REMAINDER_INDEX["features"])
-    return rem if rem in graph else node_id
+    for kind, index in (("feature", REMAINDER_INDEX["features"]), (None, REMAINDER_INDEX["pruned"])):
+        if kind is None or node_id.kind == kind:
+            rem = NodeId("remainder", node_id.layer, node_id.position, index)
+            if rem in graph:
+                return rem
+    return node_id
 
 
 def _is_int(x: Any) -> bool:
