@@ -97,7 +97,8 @@ with warnings.catch_warnings():
                 return problems
             if self.export.dataset is None:
                 problems.append(("export.dataset", "a dataset run needs an output folder: add export: {dataset: DIR}"))
-            single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph", "html") if getattr(self.export, k, None)]
+            single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
+                      if getattr(self.export, k, None)]
             if single:
                 problems.append((f"export.{single[0]}", f"export.{', '.join(single)} write one graph; a dataset run "
                                  "writes every graph under export.dataset (dataset_format: binary or json)"))
