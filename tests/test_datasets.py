@@ -379,3 +379,43 @@ def test_demo_dataset_example_and_its_generator(tmp_path):
     ds = circuitgraph.open_dataset(tmp_path / "out")
     assert ds.manifest["n_failed_checks"].tolist() == [0] * 6
     assert (ds.manifest["replacement_score"] > 0.5).all()
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"prompt": "mia saw the owl"}, "not both"),
+        ({"export": {}}, "export: {dataset: DIR}"),
+        ({"export": {"dataset": "out", "json": "g.json"}}, "write one graph"),
+        ({"executor": {"kind": "local", "address": "local"}}, "only used with kind: ray"),
+        ({"dataset": None, "prompt": "mia saw the owl", "aggregate": {"graph": "full"}}, "only used with dataset"),
+        ({"aggregate": {"graph": "some"}}, "aggregate.graph"),
+    ],
+)
+def test_dataset_spec_rules(change, words):
+    from circuitgraph.errors import SpecError
+
+    spec = _spec(Path("out"), {"kind": "local"}, rows=[{"prompt": "mia saw the owl"}])
+    spec.update(change)
+    if spec.get("dataset") is None:
+        spec.pop("dataset"), spec.pop("executor"), spec["export"].pop("dataset")
+    with pytest.raises(SpecError) as info:
+        circuitgraph.load_spec(spec)
+    assert words in str(info.value)
+
+
+def test_validate_and_dry_run_read_the_rows(tmp_path):
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli.main import app
+
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "mia saw the owl . later she wants"}\n{"promt": "x"}\nnot json\n')
+    spec = _spec(Path("out"), {"kind": "local"}, rows=[], validate=[])
+    spec["dataset"] = "rows.jsonl"
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.yaml")])
+    assert res.exit_code == 2 and "row 2.promt" in res.output and "row 3" in res.output
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "mia saw the owl"}\n{"prompt": "mia saw the owl . later she wants"}\n')
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "dataset: 2 rows" in res.output and "row 2" in res.output and not (tmp_path / "out").exists()

@@ -463,4 +463,12 @@ def dry_run(spec: Any) -> list[str]:
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
+    if spec.is_dataset:
+        from circuitgraph.datasets.rows import load_rows
+
+        rows = load_rows(spec)
+        longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
+        one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
+        return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
+                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(one).lines()
     return estimate_run(spec).lines()
