@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, Union
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from circuitgraph.errors import SpecError
-
-from circuitgraph.spec.base import InputPath, Int, StrictModel, rule_error
+from circuitgraph.spec.base import RULE_ERROR, InputPath, StrictModel, _short, rule_error
 from circuitgraph.spec.dataset import AggregateSpec, ExecutorSpec
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
@@ -22,6 +23,22 @@ from circuitgraph.spec.validation import Check
 __all__ = ["Spec", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
+#: the largest seed (torch.manual_seed takes a 64-bit integer)
+MAX_SEED = 2**63 - 1
+
+
+def _exact_version(value: Any) -> Any:
+    # Literal[1] alone would take true and 1.0 (both compare equal to 1): types are not guessed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError(
+            RULE_ERROR, "expected the integer {v}, got {got}; write format_version: {v}",
+            {"v": FORMAT_VERSION, "got": _short(value)},
+        )
+    return value
+
+
+#: a random seed: an integer (never a bool or a float) that torch accepts
+Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
 
 MISSING_PROMPT = ("missing required key 'prompt' (one prompt), or give dataset: (a .jsonl/.csv file or a list "
                   "of rows) for many")
@@ -44,8 +61,10 @@ with warnings.catch_warnings():
         every problem with its location.
         """
 
-        format_version: Literal[1] = Field(description="Version of the spec format; this is version 1.")
-        seed: Int = Field(0, description="Random seed (control sets, sampling).")
+        format_version: Annotated[Literal[1], BeforeValidator(_exact_version)] = Field(
+            description="Version of the spec format; this is version 1."
+        )
+        seed: Seed = Field(0, description="Random seed (control sets, sampling), 0 to 2**63-1.")
         model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
         transcoders: TranscodersSpec | None = Field(None, description="Transcoders: exactly one of path, release.")
         prompt: Prompt | None = Field(
@@ -65,6 +84,13 @@ with warnings.catch_warnings():
         export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
         aggregate: AggregateSpec | None = Field(None, description="Dataset runs: how per-prompt graphs are aggregated.")
         executor: ExecutorSpec | None = Field(None, description="Dataset runs: local processes or Ray.")
+        #: the folder relative paths were resolved against (the spec file's folder), when known
+        _base_dir: Path | None = PrivateAttr(default=None)
+
+        @property
+        def base_dir(self) -> Path | None:
+            """The folder relative paths in this spec were resolved against (``None``: unknown)."""
+            return self._base_dir
 
         @property
         def pruning(self) -> PruneSpec | None:
@@ -125,6 +151,23 @@ with warnings.catch_warnings():
 
                 problems = format_validation_error(exc, cls, data) + [("prompt", MISSING_PROMPT)]
                 raise SpecError(problems) from None
+
+        @model_validator(mode="after")
+        def _targets_not_zero(self) -> "Spec":
+            """A target that is identically zero (weight 0, or a logit difference of a token with
+            itself) has nothing to explain: every edge, share and score would be 0 or 0/0."""
+            problems: list[tuple[str, str]] = []
+            for i, target in enumerate(self.targets):
+                if getattr(target, "weight", None) == 0:
+                    problems.append((f"targets[{i}].weight", "a target with weight 0 explains nothing; give a "
+                                     "non-zero weight or remove the target"))
+                if target.kind == "logit_diff" and target.params[0] == target.params[1]:
+                    a = target.params[0]
+                    problems.append((f"targets[{i}].logit_diff", f"[{a!r}, {a!r}] compares a token with itself, so "
+                                     "the target is always 0; give two different tokens"))
+            if problems:
+                raise rule_error(*problems)
+            return self
 
         @model_validator(mode="after")
         def _cross_checks(self) -> "Spec":
