@@ -19,7 +19,8 @@ Blocks are read from the Markdown files and executed in a scratch folder holding
 
 A block that must not run here (it installs software, trains a model, runs a benchmark for
 minutes) says so in its info string: ```` ```bash no-run ````.  There are few, and every
-other block needs an info string.
+other block needs an info string.  A YAML example of bad input is marked ```` ```yaml raises ````:
+it must be refused with a :class:`~circuitgraph.errors.CircuitGraphError`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+import circuitgraph
+
 REPO = Path(__file__).resolve().parents[1]
 FILES = [REPO / "README.md"] + sorted((REPO / "docs").rglob("*.md"))
 BLOCK = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
@@ -47,14 +50,15 @@ SKIPPED_COMMANDS = {
 }
 
 
-def _blocks(path: Path) -> list[tuple[int, str, bool, str]]:
-    """``(line, language, runs, code)`` of every fenced block of a Markdown file."""
+def _blocks(path: Path) -> list[tuple[int, str, bool, str, bool]]:
+    """``(line, language, runs, code, raises)`` of every fenced block of a Markdown file."""
     text = path.read_text(encoding="utf-8")
     out = []
     for m in BLOCK.finditer(text):
         info = m.group(1).split()
         lang = info[0] if info else ""
-        out.append((text[: m.start()].count("\n") + 1, lang, "no-run" not in info[1:], m.group(2)))
+        out.append((text[: m.start()].count("\n") + 1, lang, "no-run" not in info[1:], m.group(2),
+                    "raises" in info[1:]))
     return out
 
 
@@ -85,7 +89,7 @@ def test_every_block_is_marked():
     """Every block has an info string; a block that does not run says so; there are few of those."""
     unmarked, no_run = [], []
     for path in FILES:
-        for line, lang, runs, _ in _blocks(path):
+        for line, lang, runs, _, _ in _blocks(path):
             if lang not in RUNNABLE | {"text"}:
                 unmarked.append(f"{_rel(path)}:{line} ({lang or 'no info string'})")
             elif not runs:
@@ -120,6 +124,8 @@ def _run_yaml(code: str, where: str, workdir: Path, base: dict, graphs: dict) ->
     block = workdir / "block.yaml"
     block.write_text(code, encoding="utf-8")
     data = read_spec_file(block)
+    if "dataset" in data:
+        base = {k: v for k, v in base.items() if k != "prompt"}  # a dataset spec has rows instead of a prompt
     if "format_version" in data or not set(data) <= {"queries", "validate"}:
         spec = load_spec(data if "format_version" in data else {**base, **data}, base_dir=workdir)
         result = circuitgraph.run(spec)
@@ -188,8 +194,12 @@ def test_doc_blocks_run(path, workdir, demo_base, demo_graphs, monkeypatch):
         pytest.skip(f"{_rel(path)} has no runnable block")
     monkeypatch.chdir(workdir)
     namespace: dict = {"__name__": "__doc__"}
-    for line, lang, _, code in blocks:
+    for line, lang, _, code, raises in blocks:
         where = f"{_rel(path)}:{line}"
+        if raises:  # an example of bad input: it must be refused with a clean error
+            with pytest.raises(circuitgraph.errors.CircuitGraphError):
+                _run_yaml(code, where, workdir, demo_base, demo_graphs)
+            continue
         if lang == "python":
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(code, where, "exec"), namespace)  # noqa: S102 - the documented example
