@@ -330,7 +330,8 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
 
         return run_dataset(spec, progress=progress)
     _check_outputs(spec)
-    OutputSet(spec.export.outputs(), force=force).check()
+    heatmaps = _heatmap_outputs(spec)
+    OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     full = build(spec, progress=progress, inputs=inputs)
@@ -378,6 +379,7 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
             validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
                                "result": res})
         timings["validation"] = time.perf_counter() - t0
+        OutputSet.record([path for path in heatmaps.values() if Path(path).is_file()])
     if graph is not full:
         graph.metadata["warnings"] = list(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
@@ -401,6 +403,12 @@ def _attach_scores(graph: AttributionGraph) -> None:
     scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
+
+
+def _heatmap_outputs(spec: Any) -> dict[str, Path]:
+    """The image files validation checks write (``patching.heatmap``), checked like exports."""
+    return {f"validate[{i}].patching.heatmap": c.params.heatmap for i, c in enumerate(spec.validate)
+            if c.kind == "patching" and getattr(c.params, "heatmap", None) is not None}
 
 
 def spec_base_dir(spec: Any) -> Path | None:
