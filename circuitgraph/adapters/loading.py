@@ -184,8 +184,9 @@ def load_model_name(
 
             repo = get_official_model_name(name)
             raise LoadError(
-                f"pretrained model {name!r} is not (completely) in the local Hugging Face cache and HF_HUB_OFFLINE "
-                f"is set ({type(exc).__name__}: {msg[:200]}); download it with `huggingface-cli download {repo}`, "
+                f"could not load pretrained model {name!r}: it is not (completely) in the local Hugging Face cache "
+                f"and HF_HUB_OFFLINE is set ({type(exc).__name__}: {msg[:200]}); download it with "
+                f"`huggingface-cli download {repo}`, "
                 "or save the model locally and use model: {path: DIR}"
             ) from None
         raise LoadError(
