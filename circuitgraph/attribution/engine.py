@@ -150,6 +150,8 @@ def attribute_directions(
     positions: Sequence[int],
     directions: torch.Tensor,
     own_constants: Sequence[float],
+    *,
+    batch_size: int = 256,
 ) -> DirectionEdges:
     """Every writer's contribution to readers that are not nodes: reader ``i`` reads
     ``directions[i] . x(location, positions[i]) + own_constants[i]`` in the frozen model.
@@ -164,7 +166,7 @@ def attribute_directions(
         table.add(i, int(location), int(t), g, float(c))
     n = len(table.rows)
     parts: dict[int, dict[int, float]] = {}
-    edges = compute_edges(replace(col, readers=table), batch_size=max(n, 1), constant_parts=parts)
+    edges = compute_edges(replace(col, readers=table), batch_size=batch_size, constant_parts=parts)
     constants = [parts.get(i, {-1: float(own_constants[i])}) for i in range(n)]
     writer = [col.nodes[r].id for r in edges.source.tolist()]
     return DirectionEdges(edges.target.astype(np.int64), writer, edges.weight, constants)
