@@ -88,6 +88,14 @@ class RunResult:
 
         return run_html(self)
 
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The exported graph with every query and validation result, in our JSON format. With
+        ``path``: write the file and return the path; without: return the JSON text."""
+        from circuitgraph.export.json_graph import graph_to_json
+
+        text = graph_to_json(self.graph, path, queries=self.queries_json(), validation=self.validation_json())
+        return str(path) if path is not None else text
+
     def report(self, path: str | Path) -> str:
         """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
         from circuitgraph.export.html import write_report
