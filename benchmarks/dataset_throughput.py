@@ -13,7 +13,7 @@ Python process so every configuration pays its own start-up, and records:
 
     python benchmarks/dataset_throughput.py --n 100 --out docs/benchmarks/dataset.json
 
-The Markdown table goes to stdout (and next to ``--out`` as ``.md``).
+The Markdown table goes to stdout; docs/benchmarks/dataset.md records a run.
 """
 
 from __future__ import annotations
@@ -110,9 +110,7 @@ def main() -> None:
             f"{r['mean_prompt_seconds']:.3f} | {100 * r['aggregation_overhead']:.2f}% "
             f"({r['reduce_seconds_total']:.2f} s reduce + {r['aggregate_seconds']:.2f} s combine) | "
             f"{r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f} |")
-    text = "\n".join(lines) + "\n"
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

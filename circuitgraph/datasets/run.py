@@ -100,8 +100,9 @@ def _prepare_directory(out: Path, fingerprint: str, rows: list[Any]) -> None:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 previous = None
             if previous != fingerprint:
-                raise DatasetError(f"export.dataset: {out} holds the outputs of a different spec or dataset; "
-                                   "use a new folder, or delete this one to start again")
+                raise DatasetError(f"export.dataset: {out} holds the outputs of a different spec or dataset (or of "
+                                   "another circuitgraph version, whose spec defaults differ); use a new folder, or "
+                                   "delete this one to start again")
             for tmp in out.glob("**/.*.tmp"):  # left by a killed run's atomic writes; never trusted
                 tmp.unlink(missing_ok=True)
             return

@@ -237,6 +237,7 @@ with warnings.catch_warnings():
                 f"targets {', '.join(t.kind for t in self.targets)}",
                 f"queries {', '.join(q.kind for q in self.queries) or 'none'}",
                 f"checks {', '.join(c.kind for c in self.validate) or 'none'}",
-                f"exports {', '.join(self.export.outputs()) or 'none'}",
+                f"exports {', '.join(self.export.outputs()) or 'none'}" if self.dataset is None else
+                f"exports dataset folder {self.export.dataset}",
             ]
             return "; ".join(parts)
