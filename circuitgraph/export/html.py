@@ -289,6 +289,9 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
         graph, full = source.graph, source.full_graph
         queries, validation = source.queries, source.validation
         spec = source.spec.model_dump(mode="json") if hasattr(source.spec, "model_dump") else source.spec
+        from circuitgraph.pipeline.portable import portable_paths
+
+        spec = portable_paths(spec, getattr(source.spec, "base_dir", None))  # no local folders in a report
         stored_q, stored_v = [], []
     prompt = graph.metadata.get("prompt", "")
     title = title or f"circuitgraph report: {prompt}"

@@ -74,7 +74,9 @@ class RunResult:
                                   "are not in this (pruned) graph")
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
-        return out
+        from circuitgraph.pipeline.portable import portable_paths
+
+        return portable_paths(out, spec_base_dir(self.spec))  # no local folders in shared results
 
     def __repr__(self) -> str:
         failed = len(self.failures)
