@@ -20,6 +20,8 @@ from circuitgraph.graph.nodes import Node, NodeId
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
 
+    from circuitgraph.attribution.context import AttributionContext
+
 __all__ = ["AttributionGraph", "CompletenessReport"]
 
 
@@ -61,6 +63,8 @@ class AttributionGraph:
         metadata: spec, model, transcoders, prompt, versions, exactness checks.
         context: the live linearisation that produced the graph (not serialised); some
             queries and validation checks need it, and say so when it is missing.
+        edges_unique: every (target, source) pair occurs at most once (true of graphs built by
+            the engine), so queries need not sum duplicates.
     """
 
     nodes: list[Node]
@@ -69,7 +73,8 @@ class AttributionGraph:
     edge_weight: np.ndarray
     targets: list[tuple[NodeId, float]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
-    context: Any = field(default=None, repr=False, compare=False)
+    context: AttributionContext | None = field(default=None, repr=False, compare=False)
+    edges_unique: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # row indices: int32 when every row fits (half the memory of int64), else int64
@@ -86,6 +91,7 @@ class AttributionGraph:
             self._index[node.id] = i
         self._csr_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._csc_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._nx_cache: networkx.DiGraph | None = None
 
     # ----------------------------------------------------------------- basics
     @property
@@ -212,7 +218,7 @@ class AttributionGraph:
     @property
     def nx(self) -> "networkx.DiGraph":
         """The graph as a networkx DiGraph keyed by :class:`NodeId` (built once, on first use)."""
-        if getattr(self, "_nx_cache", None) is None:
+        if self._nx_cache is None:
             self._nx_cache = self.to_networkx()
         return self._nx_cache
 

@@ -65,7 +65,7 @@ def _coalesce(graph: AttributionGraph) -> Edges:
     if t.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Edges(empty, empty, np.zeros(0), empty, n)
-    if getattr(graph, "edges_unique", False):
+    if graph.edges_unique:
         return Edges(t, s, w, np.arange(t.size), n)
     key = t * np.int64(n) + s
     uniq, inverse = np.unique(key, return_inverse=True)

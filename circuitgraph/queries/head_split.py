@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
@@ -104,71 +105,32 @@ class HeadSplitResult(QueryResult):
                             title=f"edge {self.source} -> {self.target} = {self.edge_weight:.6g}, split by last head")
 
 
-def _index(collected: Any) -> dict[str, Any]:
-    """Lookups into the attribution tables (built once; the tables are keyed by the rows of
-    the graph as attributed, so nodes are looked up by id, which survives pruning)."""
-    cache = getattr(collected, "_head_split_index", None)
-    if cache is None:
-        writers: dict[int, tuple[int, int, Any, int]] = {}
-        for loc, items in collected.writers.groups.items():
-            for pos, rows, vecs in items:
-                for j, r in enumerate(rows.tolist()):
-                    writers[r] = (loc, pos, vecs, j)
-        cache = {
-            "row": {n.id: i for i, n in enumerate(collected.nodes)},
-            "writer": writers,
-            "reader": {r: i for i, r in enumerate(collected.readers.rows)},
-        }
-        collected._head_split_index = cache  # a private memo on the live context
-    return cache
-
-
-def _writer(collected: Any, node: NodeId) -> tuple[int, int, Any] | None:
-    """(location, position, output vector) of a writer node, or None."""
-    idx = _index(collected)
-    row = idx["row"].get(node)
-    hit = None if row is None else idx["writer"].get(row)
-    if hit is None:
-        return None
-    loc, pos, vecs, j = hit
-    return loc, pos, vecs[j]
-
-
-def _reader(collected: Any, node: NodeId) -> tuple[int, int, Any] | None:
-    """(location, position, direction g) of a reader node, or None."""
-    idx = _index(collected)
-    row = idx["row"].get(node)
-    i = None if row is None else idx["reader"].get(row)
-    if i is None:
-        return None
-    rd = collected.readers
-    return rd.locs[i], rd.positions[i], rd.directions[i]
-
-
 def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_position: bool = False
                ) -> list[HeadPart]:
     """The parts of the edge ``source -> target`` (unsorted; see the module docstring)."""
     import torch
 
     ctx = require_context(graph, "splitting an edge over attention heads")
-    col = ctx.collected
-    fm = col.frozen
-    w = _writer(col, source)
+    fm = ctx.frozen_model
+    w = ctx.writer(source)
     if w is None:
         raise QueryError(f"head split: {source} is not a writer of the attributed graph (it writes nothing to the "
                          "residual, or was added after attribution, e.g. a remainder of pruning)")
-    r = _reader(col, target)
+    r = ctx.reader(target)
     if r is None:
         raise QueryError(f"head split: {target} is not a reader of the attributed graph (it has no incoming edges, "
                          "or was added after attribution)")
-    loc_u, pos_s, vec = w
-    loc_r, pos_t, g = r
+    loc_u, pos_s, vec = w.location, w.position, w.vector
+    loc_r, pos_t, g = r.location, r.position, r.direction
     if loc_u > loc_r or pos_s > pos_t:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
-    H = fm.adapter.facts.n_heads
-    layers = [m for m in range(fm.n_layers)
-              if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] == "frozen"]
+    H = ctx.adapter.facts.n_heads
+    # the attention layers between the writer and the reader (reading at or above resid_pre(m),
+    # writing at or below resid_mid(m)) whose pattern is frozen
+    layers = [m for m in range(ctx.n_layers)
+              if loc_u <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r
+              and ctx.options.attention[m] == "frozen"]
     positions = list(range(pos_s, pos_t + 1)) if by_position else [None]
     keys: list[tuple[int | None, int | None, int | None]] = [(None, None, None)]
     channel: dict[tuple[int, int, int | None], int] = {}
@@ -179,12 +141,12 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
                 keys.append((m, h, p))
     with torch.no_grad():
         T = pos_t + 1
-        G = torch.zeros(len(keys), T, fm.adapter.facts.d_model, dtype=fm.dtype, device=fm.device)
+        G = torch.zeros(len(keys), T, ctx.adapter.facts.d_model, dtype=fm.dtype, device=fm.device)
         G[0, pos_t] += g.to(device=fm.device, dtype=fm.dtype)
-        for loc in range(loc_r, loc_u, -1):
-            if loc % 2 == 1:
-                m = (loc - 1) // 2
-                if fm.attention_modes[m] != "frozen":
+        for loc in map(ResidualLocation, range(loc_r, loc_u, -1)):
+            if loc.sublayer == "attn":
+                m = loc.layer
+                if ctx.options.attention[m] != "frozen":
                     continue
                 if G.shape[0] > 1:
                     G[1:] = G[1:] + fm.attention_transpose(m, G[1:])

@@ -302,8 +302,12 @@ def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corru
 def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
     """Draw every grid of ``result`` as a panel (diverging colours, 0 white, +-1 saturated at least)
     and write the image atomically; the format follows the suffix (png, svg, pdf)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # the Agg canvas; no global backend switch
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # the Agg canvas; no global backend switch
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ValidationRunError(f"heat map {path}: matplotlib is not installed; install the plots extra "
+                                 "(pip install 'circuitgraph[plots]') or drop heatmap") from None
 
     path = Path(path)
     fmt_name = path.suffix.lstrip(".").lower() or "png"

@@ -10,10 +10,11 @@ through frozen paths), with no autograd and no use of the engine's transposes.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 
+from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
@@ -21,40 +22,27 @@ from circuitgraph.graph.nodes import NodeId
 __all__ = ["frozen_reader_values", "frozen_ablation_effects"]
 
 
-def _writer_vectors(context: Any) -> dict[NodeId, tuple[int, int, torch.Tensor]]:
-    """node id -> (location, position, output vector in the residual) for every writer."""
-    col = context.collected
-    out = {}
-    for loc, groups in col.writers.groups.items():
-        for pos, rows, vecs in groups:
-            for r, v in zip(rows.tolist(), vecs):
-                out[col.nodes[r].id] = (loc, pos, v)
-    return out
-
-
 @torch.no_grad()
-def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
+def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
     """Every reader's pre-activation in the frozen real model, with the writers in ``ablate``
     scaled by ``scale`` (0 = removed)."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
     opts = context.options
     L = a.facts.n_layers
-    writers = _writer_vectors(context)
     # removal vectors per hook: {(kind, layer): (T, D) tensor to subtract}
     T, D = lin.n_pos, a.facts.d_model
     delta: dict[tuple[str, int], torch.Tensor] = {}
     for node_id in ablate:
-        if node_id not in writers:
+        writer = context.writer(node_id)
+        if writer is None:
             raise ValidationRunError(f"node {node_id} is not a writer of this graph")
-        loc, pos, vec = writers[node_id]
+        pos, vec = writer.position, writer.vector
         if node_id.kind == "embedding":
             key = ("embed", 0)
         elif node_id.kind == "positional":
             key = ("pos_embed", 0)
-        elif loc % 2 == 1:
-            key = ("attn", (loc - 1) // 2)
         else:
-            key = ("mlp", loc // 2 - 1)
+            key = (writer.location.sublayer, writer.location.layer)
         if key[0] == "attn" and opts.attention[key[1]] != "heads":
             raise ValidationRunError(f"node {node_id}: attention writers can be removed only in heads mode")
         d = delta.setdefault(key, torch.zeros(T, D, dtype=vec.dtype))
@@ -119,10 +107,10 @@ def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: flo
     return _read_values(context, captured)
 
 
-def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
+def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
     """Reader pre-activations from the captured hooks of a frozen run (vectorised per kind)."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
-    col = context.collected
+    nodes = {n.id: n for n in context.attributed_nodes}
     out: dict[NodeId, float] = {}
     norm = a.norm("ln_final")
     n = c[a.hook_norm_normalized("ln_final")]
@@ -132,9 +120,8 @@ def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float
     W_U, b_U = a.W_U, a.b_U
     feature_pre: dict[int, torch.Tensor] = {}
     neuron_val: dict[int, torch.Tensor] = {}
-    for k, row in enumerate(col.readers.rows):
-        node = col.nodes[row]
-        nid = node.id
+    for nid, reader in context.readers():
+        node = nodes[nid]
         t = nid.position
         if nid.kind == "feature":
             if nid.layer not in feature_pre:
@@ -164,11 +151,11 @@ def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float
             site, layer = node.attrs["site"], nid.layer
             hook = {"resid_pre": a.hook_resid_pre, "resid_mid": a.hook_resid_mid}.get(site, a.hook_resid_post)
             x = c[hook(layer)]
-            out[nid] = float(x[t] @ col.readers.directions[k].to(x.dtype))
+            out[nid] = float(x[t] @ reader.direction.to(x.dtype))
     return out
 
 
-def frozen_ablation_effects(context: Any, writers: Iterable[NodeId]) -> dict[NodeId, dict[NodeId, float]]:
+def frozen_ablation_effects(context: AttributionContext, writers: Iterable[NodeId]) -> dict[NodeId, dict[NodeId, float]]:
     """For each writer: ``{reader: base - ablated}`` in the frozen model (should equal the edges)."""
     base = frozen_reader_values(context)
     effects = {}
