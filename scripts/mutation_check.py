@@ -49,8 +49,8 @@ MUTATIONS = [
         "the transcoder's decoder rows in reverse order (each feature writes another feature's row; "
         "the error node absorbs the difference, so completeness still holds)",
         "circuitgraph/attribution/nodes_builder.py",
-        "W_dec, b_dec = b.c(tc.W_dec), b.c(tc.b_dec)",
-        "W_dec, b_dec = b.c(tc.W_dec).flip(0), b.c(tc.b_dec)",
+        'st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())))',
+        'st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())).flip(0))',
     ),
     Mutation(
         "ln1-sigma-for-ln2",
@@ -77,8 +77,10 @@ MUTATIONS = [
         "off-by-one-position",
         "feature writers registered one position early",
         "circuitgraph/attribution/nodes_builder.py",
-        "b.writers.add(loc, t, rows, acts[t, active].unsqueeze(-1) * W_dec[active])",
-        "b.writers.add(loc, t - 1, rows, acts[t, active].unsqueeze(-1) * W_dec[active])",
+        "            vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]\n"
+        "            b.writers.add(loc, t, rows, vecs)\n",
+        "            vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]\n"
+        "            b.writers.add(loc, t - 1, rows, vecs)\n",
     ),
     Mutation(
         "transposed-attention-map",
@@ -89,17 +91,17 @@ MUTATIONS = [
     ),
     Mutation(
         "transposed-skip",
-        "the skip transcoder's W_skip used untransposed in the reconstruction",
+        "the skip transcoder's W_skip used untransposed (the error node's skip path)",
         "circuitgraph/attribution/nodes_builder.py",
-        "recon = recon + xin @ b.c(tc.W_skip).T",
-        "recon = recon + xin @ b.c(tc.W_skip)",
+        "error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip).T",
+        "error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip)",
     ),
     Mutation(
         "no-centring",
         "LayerNorm's centring left out of the feature reader direction",
         "circuitgraph/attribution/nodes_builder.py",
-        "g = W - W.mean(-1, keepdim=True) if norm.center else W",
-        "g = W",
+        "g = g - g.mean(-1, keepdim=True) if norm.center else g",
+        "g = g",
     ),
 ]
 

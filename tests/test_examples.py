@@ -51,7 +51,7 @@ FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 
 
 def test_every_example_is_tested():
-    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", *FIXTURE_SPECS}
+    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "qk_demo.yaml", *FIXTURE_SPECS}  # qk_demo: tests/test_qk.py
     assert len(FIXTURE_SPECS) >= 2
 
 

@@ -4,6 +4,7 @@ that occurs exactly once (running the mutations themselves takes minutes: run th
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("mutation_check", REPO / "scripts" / "mutation_check.py")
 mutation_check = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("mutation_check", mutation_check)  # dataclasses look their module up
 spec.loader.exec_module(mutation_check)
 
 

@@ -6,18 +6,21 @@ Queries, validation checks and anything new read the engine through the methods 
 through its tables (a test checks that no module outside ``circuitgraph/attribution/`` does):
 
 * :class:`ResidualLocation`: where in the residual stream a node writes or reads;
-* :meth:`AttributionContext.writer`: a writer's output vector (already scaled by its activation);
+* :meth:`AttributionContext.writes`: a writer's output vectors (already scaled by its activation;
+  one per location it writes at: several for a cross-layer transcoder feature);
 * :meth:`AttributionContext.reader`: a reader's direction ``g`` and own constant, so that
   ``pre = g . x(location, position) + own_constant`` with the residual ``x`` of the frozen model;
 * :attr:`AttributionContext.frozen_model`: the transpose of the frozen linear model, which carries
   a reader's gradient from one location down to the one below
-  (:meth:`~circuitgraph.attribution.frozen_model.FrozenLinearModel.step_down`).
+  (:meth:`~circuitgraph.attribution.frozen_model.FrozenLinearModel.step_down`);
+* :meth:`AttributionContext.edges_into`: the edges from every writer into extra readers that are
+  not nodes of the graph (one engine sweep), e.g. a head's query and key dimensions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -26,6 +29,7 @@ from circuitgraph.graph.nodes import Node, NodeId
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.engine import EdgeResult
     from circuitgraph.attribution.frozen_model import FrozenLinearModel
     from circuitgraph.attribution.linearisation import Linearisation
     from circuitgraph.attribution.nodes_builder import Collected, GraphOptions
@@ -116,8 +120,7 @@ class AttributionContext:
     options: GraphOptions
     _tables: Collected = field(repr=False)
     targets: list[ResolvedTarget]
-    #: node id -> (writer table entry), built on first use
-    _writer_index: dict[NodeId, WriterVector] | None = field(default=None, init=False, repr=False)
+    #: node id -> its reader direction, built on first use
     _reader_index: dict[NodeId, ReaderDirection] | None = field(default=None, init=False, repr=False)
 
     # ------------------------------------------------------------------ sizes
@@ -135,18 +138,20 @@ class AttributionContext:
         return self._tables.nodes
 
     # ------------------------------------------------------------------ writers and readers
-    def writers(self) -> Iterator[tuple[NodeId, WriterVector]]:
-        """Every writer node of the attributed graph with its output vector."""
-        return iter(self._writers().items())
+    def writers(self) -> Iterator[tuple[NodeId, list[WriterVector]]]:
+        """Every writer node of the attributed graph with its writes."""
+        for node_id, writes in self._tables.writer_index().items():
+            yield node_id, [WriterVector(ResidualLocation(loc), int(pos), v) for loc, pos, v in writes]
 
     def readers(self) -> Iterator[tuple[NodeId, ReaderDirection]]:
         """Every reader node of the attributed graph with its direction."""
         return iter(self._readers().items())
 
-    def writer(self, node: NodeId) -> WriterVector | None:
-        """The output vector of ``node``, or None if it writes nothing (or was added after
+    def writes(self, node: NodeId) -> list[WriterVector]:
+        """Where ``node`` writes and what: one entry for most nodes, one per downstream MLP output
+        for a cross-layer transcoder feature; empty if it writes nothing (or was added after
         attribution, e.g. a remainder node of pruning)."""
-        return self._writers().get(node)
+        return [WriterVector(ResidualLocation(loc), int(pos), v) for loc, pos, v in self._tables.writer_locations(node)]
 
     def reader(self, node: NodeId) -> ReaderDirection | None:
         """The read direction of ``node``, or None if it reads nothing."""
@@ -157,16 +162,20 @@ class AttributionContext:
         """Propagation between residual locations in the frozen linear model (transposed)."""
         return self._tables.frozen
 
-    def _writers(self) -> dict[NodeId, WriterVector]:
-        if self._writer_index is None:
-            nodes, index = self._tables.nodes, {}
-            for loc, groups in self._tables.writers.groups.items():
-                loc = ResidualLocation(loc)
-                for pos, rows, vecs in groups:
-                    for r, v in zip(rows.tolist(), vecs):
-                        index[nodes[r].id] = WriterVector(loc, int(pos), v)
-            self._writer_index = index
-        return self._writer_index
+    def edges_into(self, readers: Sequence[ReaderDirection], *,
+                   constant_parts: dict[int, dict[int, float]] | None = None) -> EdgeResult:
+        """Edges from every writer into ``readers`` (directions that are not nodes of the graph), in
+        one sweep of the engine: ``target`` indexes ``readers``, ``source`` is a row of
+        :attr:`attributed_nodes`; ``constants`` (and ``constant_parts``, per location, when given)
+        as for the graph's own readers."""
+        from circuitgraph.attribution.engine import compute_edges
+        from circuitgraph.attribution.nodes_builder import ReaderTable
+
+        table = ReaderTable()
+        for i, r in enumerate(readers):
+            table.add(i, r.location, r.position, r.direction, r.own_constant)
+        return compute_edges(replace(self._tables, readers=table), batch_size=max(len(readers), 1),
+                             constant_parts=constant_parts)
 
     def _readers(self) -> dict[NodeId, ReaderDirection]:
         if self._reader_index is None:

@@ -43,8 +43,13 @@ def compute_edges(
     batch_size: int = 256,
     reader_subset: list[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    constant_parts: dict[int, dict[int, float]] | None = None,
 ) -> EdgeResult:
-    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``)."""
+    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``).
+
+    When ``constant_parts`` is a dict it receives, per reader row, the reader's constant split
+    by origin: ``{row: {loc: value}}`` with ``loc`` the residual location of the constant
+    writers (``-1`` for the reader's own constant); the parts sum to the reader's constant."""
     fm = col.frozen
     rd = col.readers
     idx = list(range(len(rd.rows))) if reader_subset is None else list(reader_subset)
@@ -89,7 +94,11 @@ def compute_edges(
                         weights.append(E[g_i, b_i, w_i].cpu())
             c = col.constants.get(loc)
             if c is not None:
-                const += (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
+                part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
+                const += part
+                if constant_parts is not None:
+                    for j, i in enumerate(batch):
+                        constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[j])
             if loc > 0:
                 G = fm.step_down(loc, G)
         for j, i in enumerate(batch):
@@ -103,4 +112,17 @@ def compute_edges(
     else:
         t = s = np.zeros(0, dtype=np.int32)
         w = np.zeros(0, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    if col.multi_location_writers and len(t):
+        t, s, w = _coalesce(t, s, w, len(col.nodes))
     return EdgeResult(t, s, w, constants)
+
+
+def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One edge per (reader, writer): a writer met at several locations (a cross-layer
+    transcoder feature writing into several MLP outputs) gets the sum of its parts."""
+    key = t.astype(np.int64) * n + s.astype(np.int64)
+    uniq, inv = np.unique(key, return_inverse=True)
+    total = np.bincount(inv, weights=w.astype(np.float64)).astype(w.dtype)
+    nz = total != 0
+    uniq = uniq[nz]
+    return (uniq // n).astype(t.dtype), (uniq % n).astype(s.dtype), total[nz]

@@ -18,39 +18,28 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import scipy.sparse as sp
 
 from circuitgraph.attribution.engine import EdgeResult, compute_edges
 from circuitgraph.attribution.nodes_builder import Collected
+from circuitgraph.graph.dag import dag_order, incoming_sums, sweep
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 
 __all__ = ["select_and_compute", "partial_influence"]
 
 
-def partial_influence(rows: sp.csr_matrix, row_nodes: np.ndarray, start: np.ndarray, max_iter: int = 128) -> np.ndarray:
+def partial_influence(t: np.ndarray, s: np.ndarray, w: np.ndarray, level: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Influence on the targets of every node from the rows computed so far.
 
-    ``rows`` (n_rows x n_nodes) holds |edges| normalised per row; ``row_nodes`` maps each row
-    to its node; ``start`` is the target weights on the nodes.  Returns
-    ``sum_k x_k`` with ``x_0 = start`` and ``x_{k+1} = rows^T x_k[row_nodes]``.
+    ``t, s, w``: the edges computed so far (unique ``(target, source)`` pairs); each target row
+    is normalised by its sum of absolute weights (clamped at 1e-8, as circuit-tracer does
+    here); ``level``: the residual location each reader reads; ``start``: the target weights.
+    Returns ``sum_k x_k`` with ``x_0 = start`` and ``x_{k+1} = A^T x_k``, by one
+    back-substitution over the levels (:mod:`circuitgraph.graph.dag`).
     """
-    total = np.zeros(rows.shape[1])
-    x = start.astype(np.float64)
-    rows_t = rows.T.tocsr()
-    for _ in range(max_iter):
-        x = rows_t @ x[row_nodes]
-        if not x.any():
-            break
-        total += x
-    return total
-
-
-def _normalised(t: np.ndarray, s: np.ndarray, w: np.ndarray, row_of: np.ndarray, n_rows: int, n_nodes: int):
-    a = np.abs(w.astype(np.float64))
-    r = row_of[t]
-    m = sp.csr_matrix((a, (r, s)), shape=(n_rows, n_nodes))
-    sums = np.asarray(m.sum(axis=1)).ravel()
-    return sp.diags(1.0 / np.maximum(sums, 1e-8)) @ m
+    n = start.shape[0]
+    dag = dag_order(n, t, s, w, level)
+    abs_sums = incoming_sums(t, w, n)[1]
+    return sweep(dag, abs_start=start, row_divisor=np.maximum(abs_sums, 1e-8))["abs"][:, 0]
 
 
 def select_and_compute(
@@ -79,14 +68,13 @@ def select_and_compute(
     visited = np.zeros(len(feature_readers), dtype=bool)
     feature_node_rows = np.array([rd.rows[i] for i in feature_readers])
     n_visited = 0
+    level = np.full(n_nodes, -1, dtype=np.int64)
+    level[np.asarray(rd.rows, dtype=np.int64)] = rd.locs
     while n_visited < max_feature_nodes:
         t = np.concatenate([p.target for p in parts])
         s = np.concatenate([p.source for p in parts])
         w = np.concatenate([p.weight for p in parts])
-        row_nodes = np.array([rd.rows[i] for i in done])
-        row_of = np.full(n_nodes, -1, dtype=np.int64)
-        row_of[row_nodes] = np.arange(len(row_nodes))
-        infl = partial_influence(_normalised(t, s, w, row_of, len(row_nodes), n_nodes), row_nodes, start)
+        infl = partial_influence(t, s, w, level, start)
         rank = np.argsort(-infl[feature_node_rows], kind="stable")
         queue = rank[~visited[rank]][: min(update_interval * batch_size, max_feature_nodes - n_visited)]
         for k in range(0, len(queue), batch_size):

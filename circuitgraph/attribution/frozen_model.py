@@ -153,6 +153,8 @@ class FrozenLinearModel:
             T = G.shape[1]
             norm = self.ln2[layer]
             out = _Norm(None, None, norm.center, norm.sigma).transpose(out, slice(0, T))
+        elif site == "mlp_input":
+            out = self.ln2[layer].transpose(out, slice(0, G.shape[1]))
         return out
 
     def step_down(self, loc: int, G: torch.Tensor) -> torch.Tensor:

@@ -140,10 +140,23 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         _check_finite(f"blocks.{layer}.hook_resid_post", c[a.hook_resid_post(layer)])
     if transcoders is not None:
         for layer, tc in transcoders.layers.items():
-            lin.tc_input[layer] = (
-                lin.extra["ln2_normalized"][layer] if tc.input_site == "normalized" else lin.resid_mid[layer]
-            )
+            lin.tc_input[layer] = dictionary_input(adapter, tc.input_site, layer, lin.resid_mid[layer],
+                                                   lin.extra["ln2_normalized"][layer])
     return lin
+
+
+def dictionary_input(adapter: ModelAdapter, site: str, layer: int, resid_mid: torch.Tensor,
+                     ln2_normalized: torch.Tensor) -> torch.Tensor:
+    """What a dictionary of ``layer`` reads: ``raw`` = resid_mid, ``normalized`` = ln2's
+    ``P(x)/sigma`` (TransformerLens ``ln2.hook_normalized``), ``mlp_input`` = the MLP's input
+    ``gamma * P(x)/sigma + beta`` (circuit-tracer's ``mlp.hook_in``)."""
+    if site == "raw":
+        return resid_mid
+    if site == "normalized":
+        return ln2_normalized
+    norm = adapter.norm("ln2", layer)
+    out = ln2_normalized * norm.gamma if norm.gamma is not None else ln2_normalized
+    return out + norm.beta if norm.beta is not None else out
 
 
 @contextlib.contextmanager

@@ -106,6 +106,28 @@ class Collected:
     constants: dict[int, torch.Tensor]  # loc -> (pos, d_model)
     targets: list[tuple[NodeId, float]]
     frozen: FrozenLinearModel
+    # True when a node writes at several residual locations (cross-layer transcoder features):
+    # the engine then sums its per-location edges into one edge per (reader, writer)
+    multi_location_writers: bool = False
+
+    #: node id -> its writes, built on first use (:meth:`writer_index`)
+    _writer_index: dict[NodeId, list[tuple[int, int, torch.Tensor]]] | None = field(default=None, repr=False)
+
+    def writer_index(self) -> dict[NodeId, list[tuple[int, int, torch.Tensor]]]:
+        """node id -> every ``(location, position, output vector)`` at which it writes (one for most
+        nodes; one per downstream MLP output for a CLT feature)."""
+        if self._writer_index is None:
+            idx: dict[NodeId, list[tuple[int, int, torch.Tensor]]] = {}
+            for loc, groups in self.writers.groups.items():
+                for pos, rows, vecs in groups:
+                    for j, r in enumerate(rows.tolist()):
+                        idx.setdefault(self.nodes[r].id, []).append((loc, pos, vecs[j]))
+            self._writer_index = idx
+        return self._writer_index
+
+    def writer_locations(self, node: NodeId) -> list[tuple[int, int, torch.Tensor]]:
+        """Every ``(location, position, output vector)`` at which ``node`` writes; empty for non-writers."""
+        return self.writer_index().get(node, [])
 
 
 class _Builder:
@@ -118,6 +140,9 @@ class _Builder:
         self.device = adapter.device
         self.nodes: list[Node] = []
         self.index: dict[NodeId, int] = {}
+        self.multi_location = False
+        #: per-prompt dictionary values shared by the MLP layers (see _dictionary_state)
+        self.dictionary_state: dict[str, Any] = {"acts": {}, "rows": {}, "dec": {}}
         self.writers = WriterTable()
         self.readers = ReaderTable()
         T, D = lin.n_pos, adapter.facts.d_model
@@ -164,8 +189,15 @@ def collect_nodes(
     skip_layers = {}
     if transcoders is not None:
         for layer, tc in transcoders.layers.items():
-            if options.mlp.get(layer) == "transcoders" and tc.W_skip is not None:
-                skip_layers[layer] = (tc.W_skip, tc.input_site)
+            W_skip = transcoders.skip_weight(layer)
+            if options.mlp.get(layer) == "transcoders" and W_skip is not None:
+                skip_layers[layer] = (W_skip, tc.input_site)
+        if getattr(transcoders, "kind", "per_layer") == "cross_layer":
+            other = sorted(l for l in range(L) if options.mlp.get(l) != "transcoders")
+            if other:
+                raise AttributionError(
+                    f"graph.mlp: layers {other} are not analysed with transcoders, but a cross-layer transcoder "
+                    "writes into every MLP output; set graph.mlp: transcoders (or use per-layer transcoders)")
     fm = FrozenLinearModel(adapter, lin, attention_modes=options.attention, skip_layers=skip_layers,
                            dtype=b.dtype, device=b.device)
     tokens = lin.tokens.tolist()
@@ -193,8 +225,10 @@ def collect_nodes(
     # ---------------------------------------------------------------- targets
     target_ids = [_collect_target(b, fm, i, tgt) for i, tgt in enumerate(targets)]
     b.writers.finalise()
+    b.dictionary_state = {}  # the activations and decoder rows are not needed any more
     return Collected(b.nodes, b.writers, b.readers, b.constants,
-                     [(tid, tgt.weight) for tid, tgt in zip(target_ids, targets)], fm)
+                     [(tid, tgt.weight) for tid, tgt in zip(target_ids, targets)], fm,
+                     multi_location_writers=b.multi_location)
 
 
 # -------------------------------------------------------------------- attention
@@ -253,60 +287,110 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
 
 
 def _feature_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: torch.Tensor):
-    """Reader directions, own constants and measured pre-activations of features ``idx`` at (layer, t)."""
+    """Reader directions, own constants and measured pre-activations of features ``idx`` at (layer, t).
+
+    The dictionary's input site decides the norm: ``normalized`` reads ``P(x)/sigma2`` (ln2
+    before gamma/beta), ``mlp_input`` the MLP's input ``gamma2 * P(x)/sigma2 + beta2``, ``raw``
+    the residual stream at resid_mid itself."""
     tc = b.tc[layer]
-    cache = b.__dict__.setdefault("_enc_rows", {})
-    if layer not in cache:  # encoder rows, contiguous, in the compute dtype
-        cache[layer] = b.c(tc.W_enc.T.contiguous())
-    W = cache[layer][idx]  # (n, d_model)
-    if tc.input_site == "normalized":
-        norm = fm.ln2[layer]
-        g = W - W.mean(-1, keepdim=True) if norm.center else W
-        g = g / norm.sigma[t]
-    else:
-        g = W
+    W = b.c(tc.encoder_rows(idx))  # (n, d_model)
     own = b.c(tc.b_enc[idx])
     x = b.c(b.lin.tc_input[layer][t])
     pre = W @ x + own
+    if tc.input_site in ("normalized", "mlp_input"):
+        norm = fm.ln2[layer]
+        g = W
+        if tc.input_site == "mlp_input":
+            if norm.gamma is not None:
+                g = g * norm.gamma
+            if norm.beta is not None:
+                own = own + W @ norm.beta
+        g = g - g.mean(-1, keepdim=True) if norm.center else g
+        g = g / norm.sigma[t]
+    else:
+        g = W
     return g, own, pre
 
 
+def _dictionary_state(b: _Builder) -> dict[str, Any]:
+    """Per-prompt dictionary values shared by the MLP layers: activations of every encoder
+    layer (computed once), the feature rows created so far and the decoder rows of the
+    active features (read once per source layer, lazily for large dictionaries)."""
+    return b.dictionary_state
+
+
+def _acts(b: _Builder, layer: int) -> torch.Tensor:
+    st = _dictionary_state(b)
+    if layer not in st["acts"]:
+        st["acts"][layer] = b.tc[layer].activation(b.lin.tc_input[layer]).to(device=b.device, dtype=b.dtype)
+    return st["acts"][layer]
+
+
+def _decoder(b: _Builder, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted active feature ids of ``layer`` at node positions, their decoder rows (n, n_out, d))."""
+    st = _dictionary_state(b)
+    if layer not in st["dec"]:
+        acts = _acts(b, layer)[b.min_mlp_pos():]
+        active = (acts != 0).any(0).nonzero().flatten()
+        st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())))
+    return st["dec"][layer]
+
+
 def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
+    """Features of encoder layer ``layer`` (readers), then every write into MLP output ``layer``:
+    from the features of each source layer ``l <= layer`` whose decoder reaches it (only
+    ``l = layer`` for per-layer transcoders; every ``l <= layer`` for a CLT) and the error node
+    ``mlp_out - sum of reconstructions - b_dec - skip``."""
     if b.tc is None or layer not in b.tc:
         raise AttributionError(
             f"graph.mlp: layer {layer} is analysed with transcoders but no transcoder was loaded for it; "
             "load one or set graph.mlp for that layer to neurons or mlp"
         )
-    tc = b.tc[layer]
+    tc = b.tc
     lin, T = b.lin, b.lin.n_pos
     loc = loc_resid_post(layer)
-    x = lin.tc_input[layer]
-    acts = tc.activation(x).to(device=b.device, dtype=b.dtype)  # (T, d_sae)
-    xin = b.c(x)
-    W_dec, b_dec = b.c(tc.W_dec), b.c(tc.b_dec)
-    recon = acts @ W_dec + b_dec
-    if tc.W_skip is not None:
-        recon = recon + xin @ b.c(tc.W_skip).T
-    error = b.c(lin.mlp_out[layer]) - recon
-    _add_bias(b, loc, layer, "mlp", b_dec.expand(T, -1).clone())
-    for t in range(T):
+    st = _dictionary_state(b)
+    acts = _acts(b, layer)
+    # ---- feature nodes of this encoder layer
+    rows_at: dict[int, tuple[list[int], torch.Tensor]] = {}
+    for t in range(b.min_mlp_pos(), T):
         active = acts[t].nonzero().flatten()
+        if not active.numel():
+            continue
+        g, own, pre = _feature_reader(b, fm, layer, t, active)
+        rows = []
+        for j, (i, a, o, p) in enumerate(zip(active.tolist(), acts[t, active].tolist(), own.tolist(), pre.tolist())):
+            row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
+                                  label=f"F{i} L{layer}@{t}"))
+            rows.append(row)
+            b.readers.add(row, loc_resid_mid(layer), t, g[j], o)
+        rows_at[t] = (rows, active)
+    st["rows"][layer] = rows_at
+    # ---- writes into MLP output `layer`
+    sources = [l for l in sorted(st["rows"]) if l <= layer and layer in tc.output_layers(l)]
+    out = b.c(lin.mlp_out[layer])
+    error = out - b.c(tc.decoder_bias(layer))
+    W_skip = tc.skip_weight(layer)
+    if W_skip is not None:
+        error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip).T
+    for l in sources:
+        ids, dec = _decoder(b, l)
+        j_out = layer - l
+        a_l = _acts(b, l)
+        for t, (rows, active) in st["rows"][l].items():
+            vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]
+            b.writers.add(loc, t, rows, vecs)
+            error[t] -= vecs.sum(0)
+    _add_bias(b, loc, layer, "mlp", b.c(tc.decoder_bias(layer)).expand(T, -1).clone())
+    for t in range(T):
         if t < b.min_mlp_pos():
             # BOS convention: features and error at position 0 are constants
-            b.constants[loc][t] += acts[t] @ W_dec + error[t]
+            b.constants[loc][t] += error[t]
             continue
-        if active.numel():
-            g, own, pre = _feature_reader(b, fm, layer, t, active)
-            rows = []
-            for j, (i, a, o, p) in enumerate(zip(active.tolist(), acts[t, active].tolist(), own.tolist(),
-                                                 pre.tolist())):
-                row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
-                                      label=f"F{i} L{layer}@{t}"))
-                rows.append(row)
-                b.readers.add(row, loc_resid_mid(layer), t, g[j], o)
-            b.writers.add(loc, t, rows, acts[t, active].unsqueeze(-1) * W_dec[active])
         row = b.add_node(Node(NodeId("error", layer, t, 0), activation=1.0, label=f"err L{layer}@{t}"))
         b.writers.add(loc, t, [row], error[t : t + 1])
+    if getattr(tc, "kind", "per_layer") == "cross_layer":
+        b.multi_location = True
 
 
 def _neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: torch.Tensor):

@@ -56,6 +56,10 @@ class TranscoderLayer:
     def d_sae(self) -> int:
         return int(self.W_enc.shape[1])
 
+    def encoder_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Encoder directions ``(n, d_in)`` of features ``idx``."""
+        return self.W_enc[:, idx].T
+
     def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W_enc + b_enc`` for inputs ``x (..., d_in)``."""
         return x.to(self.W_enc.dtype) @ self.W_enc + self.b_enc
@@ -178,11 +182,43 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
 
 
 class TranscoderSet:
-    """Per-layer transcoders, keyed by layer."""
+    """Per-layer transcoders, keyed by layer, behind the dictionary protocol shared with
+    :class:`~circuitgraph.dictionaries.clt.CrossLayerTranscoder`: a feature of layer ``l``
+    writes into the MLP output of layer ``l`` only."""
 
-    def __init__(self, layers: dict[int, TranscoderLayer], source: dict[str, Any]):
+    kind = "per_layer"
+
+    def __init__(self, layers: dict[int, TranscoderLayer], source: dict[str, Any], format: str = "saelens"):
         self.layers = dict(sorted(layers.items()))
         self.source = source
+        self.format = format
+
+    # ------------------------------------------------------------------ dictionary protocol
+    def output_layers(self, layer: int) -> range:
+        return range(layer, layer + 1)
+
+    def decoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        """``(n, 1, d_model)``: the decoder rows of features ``idx`` (one output layer)."""
+        return self.layers[layer].W_dec[idx].unsqueeze(1)
+
+    def decoder_bias(self, out_layer: int) -> torch.Tensor:
+        return self.layers[out_layer].b_dec
+
+    def skip_weight(self, out_layer: int) -> torch.Tensor | None:
+        return self.layers[out_layer].W_skip
+
+    def source_layers(self, out_layer: int) -> list[int]:
+        """Encoder layers whose features write into MLP output ``out_layer``."""
+        return [out_layer] if out_layer in self.layers else []
+
+    def reconstruct_at(self, out_layer: int, acts: dict[int, torch.Tensor],
+                       inputs: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The reconstruction of MLP output ``out_layer`` (decoder, ``b_dec`` and skip)."""
+        return self.layers[out_layer].reconstruction(acts[out_layer], inputs[out_layer])
+
+    def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """``{l: reconstruction (..., pos, d_model)}`` from ``{l: acts}`` and ``{l: inputs}``."""
+        return {l: self.layers[l].reconstruction(a, inputs[l]) for l, a in acts.items()}
 
     def __contains__(self, layer: int) -> bool:
         return layer in self.layers
@@ -194,10 +230,11 @@ class TranscoderSet:
         return len(self.layers)
 
     def to(self, dtype: torch.dtype) -> "TranscoderSet":
-        return TranscoderSet({k: v.to(dtype) for k, v in self.layers.items()}, self.source)
+        return TranscoderSet({k: v.to(dtype) for k, v in self.layers.items()}, self.source, self.format)
 
     def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "layers": [t.describe() for t in self.layers.values()]}
+        return {"source": self.source, "format": self.format, "kind": "transcoder_set",
+                "layers": [t.describe() for t in self.layers.values()]}
 
     @classmethod
     def from_dir(cls, path: str | Path, adapter: Any, *, layers: list[int] | None = None,

@@ -48,9 +48,10 @@ from circuitgraph.errors import ExportError
 from circuitgraph.export.dot import is_structural_label
 from circuitgraph.export.json_graph import _finite
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node
+from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 
-__all__ = ["FEATURE_TYPES", "graph_to_neuronpedia", "neuronpedia_node_id", "prompt_token_strings", "n_layers_of"]
+__all__ = ["FEATURE_TYPES", "attach_qk", "graph_to_neuronpedia", "neuronpedia_node_id", "prompt_token_strings",
+           "n_layers_of"]
 
 #: our node kind -> the viewer's ``feature_type``
 FEATURE_TYPES: dict[str, str] = {
@@ -83,6 +84,7 @@ def graph_to_neuronpedia(
     node_threshold: float = 0.8,
     edge_threshold: float = 0.98,
     max_links: int | None = DEFAULT_MAX_LINKS,
+    qk: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The graph in circuit-tracer's / Neuronpedia's attribution-graph JSON format.
 
@@ -92,11 +94,15 @@ def graph_to_neuronpedia(
         slug: the graph's name in the viewer.
         scan: the Neuronpedia model id (e.g. ``"gpt2-small"``), or a list of transcoder
             ids (then ``scan`` becomes ``"custom-<hash>"`` and the list goes to
-            ``transcoder_list``, as circuit-tracer does).  Default: the model name in
-            ``graph.metadata["model"]``.
+            ``transcoder_list``, as circuit-tracer does).  Default: the dictionary's own
+            ``scan`` (``graph.metadata["transcoders"]["scan"]``, from a circuit-tracer
+            ``config.yaml``), else the model name in ``graph.metadata["model"]``.
         node_threshold, edge_threshold: recorded in ``metadata`` (``node_threshold`` is the
             viewer's default dynamic pruning threshold) and ``pruning_settings``.
         max_links: refuse graphs with more edges; ``None`` disables the check.
+        qk: results of the ``qk`` query (``QKResult.to_dict()``): each head's top pairs and
+            marginals go, as ``qk_tracing_results``, onto the head's node at the query
+            position (added, without links, when the graph has none); see :func:`attach_qk`.
 
     Returns:
         The document as a dict (``metadata``, ``qParams``, ``nodes``, ``links``).
@@ -121,6 +127,8 @@ def graph_to_neuronpedia(
     if len(set(ids)) != len(ids):  # pragma: no cover - the id scheme is injective
         raise ExportError("two nodes map to the same Neuronpedia node_id; please report this")
 
+    if qk:
+        attach_qk(graph, nodes, qk, n_layers, tokens)
     links = [
         {"source": ids[s], "target": ids[t], "weight": _finite(w, f"edge {k} weight")}
         for k, (s, t, w) in enumerate(
@@ -261,6 +269,46 @@ def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
+# --------------------------------------------------------------------------- QK tracing
+def attach_qk(graph: AttributionGraph, records: list[dict[str, Any]], results: Sequence[Mapping[str, Any]],
+              n_layers: int, tokens: list[str]) -> None:
+    """Put each head's QK decomposition on its node, in the form Neuronpedia's QK-tracing graphs use::
+
+        "qk_tracing_results": {
+            "pair_wise_contributors": [[q_node_id, k_node_id, value], ...],
+            "top_q_marginal_contributors": [[q_node_id, value], ...],
+            "top_k_marginal_contributors": [[k_node_id, value], ...]}
+
+    The head's node is ``attention_head/layer/query_position/head`` (a record is appended for it
+    when the graph has none, e.g. with frozen attention).  Contributors that are not nodes of
+    the exported graph (pruned away) are left out, so every id refers to a node of the file.
+    """
+    ids = {str(node.id): rec["node_id"] for node, rec in zip(graph.nodes, records)}
+    by_np_id = {rec["node_id"]: rec for rec in records}
+    for result in results:
+        for head in result.get("heads", ()):
+            head_id = NodeId("attention_head", int(head["layer"]), int(head["query_position"]), int(head["head"]))
+            np_id, _ = neuronpedia_node_id(Node(head_id, 1.0), n_layers)
+            record = by_np_id.get(np_id)
+            if record is None:
+                record = _node_record(Node(head_id, 1.0, label=f"attention head L{head_id.layer}H{head_id.index} "
+                                                               f"(QK to position {head['key_position']})"),
+                                      n_layers, tokens, None, False)
+                records.append(record)
+                by_np_id[np_id] = record
+            pairs = [[ids[p["query_node"]], ids[p["key_node"]], _finite(p["value"], "qk pair value")]
+                     for p in head.get("pairs", ()) if p["query_node"] in ids and p["key_node"] in ids]
+            record["qk_tracing_results"] = {
+                "pair_wise_contributors": pairs,
+                "top_q_marginal_contributors": _marginals(head.get("query_marginals", ()), ids),
+                "top_k_marginal_contributors": _marginals(head.get("key_marginals", ()), ids),
+            }
+
+
+def _marginals(items: Sequence[Mapping[str, Any]], ids: Mapping[str, str]) -> list[list[Any]]:
+    return [[ids[m["node"]], _finite(m["value"], "qk marginal value")] for m in items if m["node"] in ids]
+
+
 # --------------------------------------------------------------------------- graph-level helpers
 def n_layers_of(graph: AttributionGraph) -> int:
     """The model's number of blocks: ``metadata["model"]["n_layers"]``, else the logit layer,
@@ -334,6 +382,14 @@ def _scan(graph: AttributionGraph, scan: str | Sequence[str] | None) -> tuple[st
         transcoders = [str(s) for s in scan]
         digest = hashlib.sha256("-".join(transcoders).encode("utf-8")).hexdigest()[:12]
         return f"custom-{digest}", transcoders
+    # the dictionary's own scan (a circuit-tracer config.yaml `scan:`, a string or a list of
+    # transcoder ids), as circuit-tracer's create_graph_files uses it
+    tc = graph.metadata.get("transcoders")
+    tc_scan = tc.get("scan") if isinstance(tc, Mapping) else None
+    if isinstance(tc_scan, str) and tc_scan:
+        return tc_scan, []
+    if isinstance(tc_scan, list) and tc_scan:
+        return _scan(graph, [str(s) for s in tc_scan])
     model = graph.metadata.get("model")
     name = model.get("name") if isinstance(model, Mapping) else model
     if isinstance(name, str) and name:

@@ -92,6 +92,8 @@ class AttributionGraph:
         self._csr_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._csc_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._nx_cache: networkx.DiGraph | None = None
+        # values derived from the edges by queries (name -> (edge_target, edge_weight, value))
+        self._derived: dict[str, tuple[np.ndarray, np.ndarray, Any]] = {}
 
     # ----------------------------------------------------------------- basics
     @property
@@ -135,6 +137,20 @@ class AttributionGraph:
     @property
     def target_ids(self) -> list[NodeId]:
         return [t for t, _ in self.targets]
+
+    # ----------------------------------------------------------------- derived values
+    def derived(self, name: str) -> Any:
+        """A value computed from the edges and kept with :meth:`store_derived` (e.g. the node
+        influence that scores and pruning share), or None: never stored, or the edge arrays
+        were replaced since (nothing in circuitgraph changes them in place)."""
+        hit = self._derived.get(name)
+        if hit is not None and hit[0] is self.edge_target and hit[1] is self.edge_weight:
+            return hit[2]
+        return None
+
+    def store_derived(self, name: str, value: Any) -> None:
+        """Keep ``value``, computed from the current edge arrays, under ``name``."""
+        self._derived[name] = (self.edge_target, self.edge_weight, value)
 
     # ----------------------------------------------------------------- sparse views
     def _csr(self) -> tuple[np.ndarray, np.ndarray]:
@@ -191,16 +207,34 @@ class AttributionGraph:
         np.add.at(a, (self.edge_target, self.edge_source), self.edge_weight.astype(dtype))
         return a
 
+    def _incoming(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sum, sum of |w|) of the incoming edge weights per node, float64, in one chunked
+        pass over the edges; cached while the edge arrays are the same objects."""
+        cached = getattr(self, "_incoming_cache", None)
+        if cached is not None and cached[0] is self.edge_target and cached[1] is self.edge_weight:
+            return cached[2]
+        n, chunk = self.n_nodes, 1 << 22
+        sums, abs_sums = np.zeros(n), np.zeros(n)
+        for c in range(0, self.n_edges, chunk):
+            t = self.edge_target[c : c + chunk]
+            w = self.edge_weight[c : c + chunk].astype(np.float64)
+            sums += np.bincount(t, weights=w, minlength=n)
+            abs_sums += np.bincount(t, weights=np.abs(w, out=w), minlength=n)
+        self._incoming_cache = (self.edge_target, self.edge_weight, (sums, abs_sums))
+        return sums, abs_sums
+
     def incoming_sums(self) -> np.ndarray:
         """Sum of incoming edge weights per node (float64)."""
-        return np.bincount(self.edge_target, weights=self.edge_weight.astype(np.float64), minlength=self.n_nodes)
+        return self._incoming()[0].copy()
+
+    def incoming_abs_sums(self) -> np.ndarray:
+        """Sum of the absolute incoming edge weights per node (float64)."""
+        return self._incoming()[1].copy()
 
     # ----------------------------------------------------------------- checks
     def check_completeness(self) -> CompletenessReport:
         """Check ``pre_activation == sum(incoming edges) + constant`` for every reader node."""
-        sums = self.incoming_sums()
-        abs_sums = np.bincount(self.edge_target, weights=np.abs(self.edge_weight.astype(np.float64)),
-                               minlength=self.n_nodes)
+        sums, abs_sums = self._incoming()
         worst, worst_rel, worst_abs, n = None, 0.0, 0.0, 0
         for i, node in enumerate(self.nodes):
             if node.pre_activation is None or node.constant is None:

@@ -42,7 +42,10 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
     if t is not None:
         if t.source == "path":
-            tcs = TranscoderSet.from_dir(t.path, adapter, layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
+            from circuitgraph.dictionaries import load_dictionaries
+
+            tcs = load_dictionaries(t.path, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
+                                    dtype=tc_dtype)
         elif t.source == "release":
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
             tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)

@@ -348,7 +348,8 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        graph_to_neuronpedia(g, str(ex.neuronpedia))
+        qk = [q["result"] for q in queries if q["kind"] == "qk"]
+        graph_to_neuronpedia(g, str(ex.neuronpedia), qk=qk)
         written["neuronpedia"] = Path(ex.neuronpedia)
     if ex.dot is not None:
         atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))

@@ -1,6 +1,6 @@
-"""Sparse views of a graph's edges (scipy.sparse; never a dense N x N matrix).
+"""Sparse views of a graph's edges (never a dense N x N matrix).
 
-All matrices follow the graph's convention: rows = targets, columns = sources.
+Rows = targets, columns = sources, as everywhere in the graph.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
@@ -17,10 +16,9 @@ __all__ = [
     "Edges",
     "coalesced_edges",
     "row_normalised_abs",
-    "csr",
-    "power_series",
     "target_weight_vector",
     "pass_through_divisors",
+    "safe_inverse",
     "weighted_influence",
 ]
 
@@ -49,11 +47,10 @@ def coalesced_edges(graph: AttributionGraph) -> Edges:
     place by anything in circuitgraph); graphs built by the engine are known to have unique
     edges, which skips the sort.
     """
-    cached = getattr(graph, "_coalesced_cache", None)
-    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
-        return cached[2]
-    edges = _coalesce(graph)
-    graph._coalesced_cache = (graph.edge_target, graph.edge_weight, edges)
+    edges = graph.derived("coalesced_edges")
+    if edges is None:
+        edges = _coalesce(graph)
+        graph.store_derived("coalesced_edges", edges)
     return edges
 
 
@@ -81,47 +78,6 @@ def row_normalised_abs(target: np.ndarray, weight: np.ndarray, n: int) -> np.nda
     a = np.abs(weight)
     rows = np.bincount(target, weights=a, minlength=n)
     return a / np.maximum(rows, 1e-10)[target]
-
-
-def csr(target: np.ndarray, source: np.ndarray, values: np.ndarray, n: int) -> sp.csr_matrix:
-    """``(n, n)`` CSR matrix with ``M[target, source] = value`` for unique ``(target, source)``
-    pairs (as :func:`coalesced_edges` gives them).  The row order is computed once per pair of
-    index arrays and reused for every set of values."""
-    key = (id(target), id(source), target.size, n)
-    cached = _CSR_STRUCTURE.get("key")
-    if cached != key:
-        order = np.argsort(target, kind="stable")
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(target, minlength=n), out=indptr[1:])
-        _CSR_STRUCTURE.update(key=key, order=order, indptr=indptr, indices=source[order],
-                              arrays=(target, source))
-    order = _CSR_STRUCTURE["order"]
-    return sp.csr_matrix((values[order], _CSR_STRUCTURE["indices"], _CSR_STRUCTURE["indptr"]), shape=(n, n))
-
-
-#: the last CSR structure built (keeps its index arrays alive so the id() key stays valid)
-_CSR_STRUCTURE: dict = {}
-
-
-def power_series(matrix: sp.spmatrix, start: np.ndarray, *, include_start: bool = False) -> np.ndarray:
-    """``start @ (M + M^2 + ...)`` (plus ``start`` itself if asked), for a row vector or for
-    the columns of ``start (n, m)`` read as row vectors.
-
-    On a DAG the terms become exactly zero after at most (longest path) steps; a graph with
-    a cycle whose terms do not vanish raises :class:`QueryError`.
-    """
-    mt = matrix.T  # a CSC view of the transpose: no conversion, and its matvec is as fast
-    current = mt @ start
-    total = current + start if include_start else current.copy()
-    for _ in range(matrix.shape[0] + 1):
-        if not np.any(current):
-            return total
-        current = mt @ current
-        total += current
-    raise QueryError(
-        "the power series over the graph's adjacency does not terminate: the graph has a cycle "
-        "(attribution graphs are acyclic; check a hand-built graph's edges)"
-    )
 
 
 def target_weight_vector(graph: AttributionGraph) -> np.ndarray:
@@ -157,23 +113,15 @@ def safe_inverse(d: np.ndarray) -> np.ndarray:
     return out
 
 
-def weighted_influence(graph: AttributionGraph) -> tuple[Edges, sp.csr_matrix, np.ndarray]:
-    """``(edges, A, influence)``: circuit-tracer's row-normalised absolute adjacency ``A`` and
-    the target-weighted influence ``w (A + A^2 + ...)``, computed once per graph and cached on
-    it (scores and pruning both need them).  The normalisation works on the CSR layout (one
-    segment sum per row), which is much faster than scattering by target on large graphs."""
-    cached = getattr(graph, "_influence_cache", None)
-    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
-        return cached[2]
-    e = coalesced_edges(graph)
-    n = graph.n_nodes
-    A = csr(e.target, e.source, np.abs(e.weight), n)
-    counts = np.diff(A.indptr)
-    starts = A.indptr[:-1][counts > 0]
-    sums = np.zeros(n)
-    if A.data.size:
-        sums[counts > 0] = np.add.reduceat(A.data, starts)
-    A.data /= np.repeat(np.maximum(sums, 1e-10), counts)
-    result = (e, A, power_series(A, target_weight_vector(graph)))
-    graph._influence_cache = (graph.edge_target, graph.edge_weight, result)
-    return result
+def weighted_influence(graph: AttributionGraph) -> np.ndarray:
+    """circuit-tracer's target-weighted node influence ``w (A + A^2 + ...)`` (``A`` = the
+    row-normalised absolute adjacency), computed once per graph by back-substitution
+    (:mod:`circuitgraph.graph.dag`) and cached on it: scores and pruning both need it."""
+    from circuitgraph.graph.dag import graph_dag, sweep
+
+    infl = graph.derived("node_influence")
+    if infl is None:
+        gd = graph_dag(graph)
+        infl = sweep(gd.dag, abs_start=target_weight_vector(graph), row_divisor=gd.row_divisor)["abs"][:, 0]
+        graph.store_derived("node_influence", infl)
+    return infl

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from circuitgraph.attribution.context import ResidualLocation
+from circuitgraph.attribution.context import AttributionContext, ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
@@ -108,26 +108,36 @@ class HeadSplitResult(QueryResult):
 def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_position: bool = False
                ) -> list[HeadPart]:
     """The parts of the edge ``source -> target`` (unsorted; see the module docstring)."""
-    import torch
-
     ctx = require_context(graph, "splitting an edge over attention heads")
-    fm = ctx.frozen_model
-    w = ctx.writer(source)
-    if w is None:
+    if not ctx.writes(source):
         raise QueryError(f"head split: {source} is not a writer of the attributed graph (it writes nothing to the "
                          "residual, or was added after attribution, e.g. a remainder of pruning)")
     r = ctx.reader(target)
     if r is None:
         raise QueryError(f"head split: {target} is not a reader of the attributed graph (it has no incoming edges, "
                          "or was added after attribution)")
-    loc_u, pos_s, vec = w.location, w.position, w.vector
     loc_r, pos_t, g = r.location, r.position, r.direction
-    if loc_u > loc_r or pos_s > pos_t:
+    # a cross-layer transcoder feature writes at several locations: split each write the
+    # reader can see and add the parts up
+    writes = [w for w in ctx.writes(source) if w.location <= loc_r and w.position <= pos_t]
+    if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
+    total: dict[tuple[int | None, int | None, int | None], float] = {}
+    for w in writes:
+        for key, v in _split_one(ctx, w.location, w.position, w.vector, loc_r, pos_t, g, by_position).items():
+            total[key] = total.get(key, 0.0) + v
+    return [HeadPart(m, h, p, v) for (m, h, p), v in total.items() if v != 0.0 or m is None]
+
+
+def _split_one(ctx: AttributionContext, loc_u: ResidualLocation, pos_s: int, vec: Any, loc_r: ResidualLocation,
+               pos_t: int, g: Any, by_position: bool) -> dict[tuple[int | None, int | None, int | None], float]:
+    """The parts of one write ``vec`` at ``(loc_u, pos_s)`` into reader ``g`` at ``(loc_r, pos_t)``."""
+    import torch
+
+    fm = ctx.frozen_model
     H = ctx.adapter.facts.n_heads
-    # the attention layers between the writer and the reader (reading at or above resid_pre(m),
-    # writing at or below resid_mid(m)) whose pattern is frozen
+    # the attention layers between the write and the read whose pattern is frozen
     layers = [m for m in range(ctx.n_layers)
               if loc_u <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r
               and ctx.options.attention[m] == "frozen"]
@@ -160,7 +170,7 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
             else:
                 G = fm.step_down(loc, G)
         values = (G[:, pos_s, :] @ vec.to(device=fm.device, dtype=fm.dtype)).double().cpu().numpy()
-    return [HeadPart(m, h, p, float(v)) for (m, h, p), v in zip(keys, values) if v != 0.0 or m is None]
+    return {key: float(v) for key, v in zip(keys, values)}
 
 
 def head_split(graph: AttributionGraph, source: NodeId | str, target: NodeId | str, *,

@@ -7,8 +7,7 @@ target weights placed at the target rows,
     influence = w (A + A^2 + A^3 + ...)
 
 the share of the targets' (weighted) absolute input that reaches each node, directly or
-through any chain of nodes.  On an attribution graph (a DAG) the series is finite; it is
-computed with sparse matrix-vector products, never a dense matrix.
+through any chain of nodes.  On an attribution graph (a DAG) the series is finite.
 
 **Total effect (exact, signed).**  In the linear replacement model every reader passes a
 change of its pre-activation through with its frozen gain: an edge ``s -> r`` carries
@@ -33,6 +32,11 @@ all paths:  with ``B = E diag(1 / pre)``,
 
 holds exactly (tested), so the effects of the inputs and of the error nodes, with the
 constants carried to the target, are a complete signed decomposition of each target.
+
+**How they are computed.**  Both series are finite on a DAG and are evaluated exactly by one
+back-substitution over the graph's levels (residual locations), top down: each edge is read
+once per set of targets (:mod:`circuitgraph.graph.dag`), with no iteration to
+convergence and no dense matrix.
 """
 
 from __future__ import annotations
@@ -45,58 +49,51 @@ import numpy as np
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table
-from circuitgraph.queries._sparse import (
-    Edges,
-    coalesced_edges,
-    csr,
-    pass_through_divisors,
-    power_series,
-    row_normalised_abs,
-    safe_inverse,
-    target_weight_vector,
-)
+from circuitgraph.graph.dag import graph_dag, sweep
+from circuitgraph.queries._sparse import pass_through_divisors, safe_inverse, target_weight_vector
 
-__all__ = ["InfluenceResult", "node_influence", "total_effects", "influence"]
+__all__ = ["InfluenceResult", "node_influence", "total_effects", "reader_gradients", "influence"]
 
 
-def node_influence(graph: AttributionGraph, target_weights: np.ndarray | None = None, *,
-                   edges: Edges | None = None) -> np.ndarray:
+def node_influence(graph: AttributionGraph, target_weights: np.ndarray | None = None) -> np.ndarray:
     """circuit-tracer's node influence ``w (A + A^2 + ...)``, one value per node row.
 
     ``target_weights`` (length N, or ``(N, m)`` for m weightings at once) defaults to the
     graph's target weights.  Targets themselves get 0 unless they feed another target.
+    One back-substitution over the graph's levels (:mod:`circuitgraph.graph.dag`).
     """
     w = target_weight_vector(graph) if target_weights is None else np.asarray(target_weights, dtype=np.float64)
-    e = coalesced_edges(graph) if edges is None else edges
-    A = csr(e.target, e.source, row_normalised_abs(e.target, e.weight, e.n), e.n)
-    return power_series(A, w)
+    gd = graph_dag(graph)
+    out = sweep(gd.dag, abs_start=w, row_divisor=gd.row_divisor)["abs"]
+    return out[:, 0] if w.ndim == 1 else out
 
 
-def reader_gradients(graph: AttributionGraph, targets: list[NodeId] | None = None, *,
-                     edges: Edges | None = None) -> np.ndarray:
-    """``y (N, m)``: ``d pre_T / d pre_r`` in the linear replacement model, one column per
-    target (default: the graph's targets, unweighted).  ``y[T, T] = 1``; for a pure writer
-    (divisor 1) ``y`` equals its total effect."""
-    targets = list(graph.target_ids) if targets is None else list(targets)
-    e = coalesced_edges(graph) if edges is None else edges
-    inv = safe_inverse(pass_through_divisors(graph))
-    B = csr(e.target, e.source, e.weight * inv[e.source], e.n)
+def _unit_starts(graph: AttributionGraph, targets: list[NodeId]) -> np.ndarray:
     start = np.zeros((graph.n_nodes, len(targets)), dtype=np.float64)
     for j, t in enumerate(targets):
         start[graph.index_of(t), j] = 1.0
-    return power_series(B, start, include_start=True)
+    return start
 
 
-def total_effects(graph: AttributionGraph, targets: list[NodeId] | None = None, *,
-                  edges: Edges | None = None) -> np.ndarray:
+def _signed(graph: AttributionGraph, targets: list[NodeId] | None) -> dict[str, np.ndarray]:
+    targets = list(graph.target_ids) if targets is None else list(targets)
+    gain = safe_inverse(pass_through_divisors(graph))
+    return sweep(graph_dag(graph).dag, signed_start=_unit_starts(graph, targets), gain=gain)
+
+
+def reader_gradients(graph: AttributionGraph, targets: list[NodeId] | None = None) -> np.ndarray:
+    """``y (N, m)``: ``d pre_T / d pre_r`` in the linear replacement model, one column per
+    target (default: the graph's targets, unweighted).  ``y[T, T] = 1``; for a pure writer
+    (divisor 1) ``y`` equals its total effect."""
+    return _signed(graph, targets)["y"]
+
+
+def total_effects(graph: AttributionGraph, targets: list[NodeId] | None = None) -> np.ndarray:
     """``(m, N)``: the exact signed total effect of every node on each target's pre-activation
-    (see the module docstring).  Default targets: the graph's targets, unweighted."""
-    e = coalesced_edges(graph) if edges is None else edges
-    y = reader_gradients(graph, targets, edges=e)
-    # total_effect[T, s] = sum_r y_T[r] E[r, s]
-    if not y.shape[1]:
-        return np.zeros((0, graph.n_nodes))
-    return np.asarray((csr(e.target, e.source, e.weight, e.n).T @ y).T)
+    (see the module docstring), by one back-substitution over the graph's levels.  Default
+    targets: the graph's targets, unweighted.  This is the one implementation of total effects
+    in circuitgraph (validation's predictions call it)."""
+    return _signed(graph, targets)["signed"].T.copy()
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,10 +161,8 @@ def influence(graph: AttributionGraph, top_k: int = 20, signed: bool = False) ->
         res.top()[0]            # (node id, influence, total effect)
     """
     top_k = check_k(top_k, "top_k")
-    w = target_weight_vector(graph)
-    e = coalesced_edges(graph)
-    infl = node_influence(graph, w, edges=e)
-    per_target = total_effects(graph, edges=e)
+    infl = node_influence(graph)
+    per_target = total_effects(graph)
     weights = np.array([wt for _, wt in graph.targets], dtype=np.float64)
     total = weights @ per_target
     return InfluenceResult(

@@ -49,13 +49,8 @@ import numpy as np
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
-from circuitgraph.queries._sparse import (
-    csr,
-    power_series,
-    row_normalised_abs,
-    target_weight_vector,
-    weighted_influence,
-)
+from circuitgraph.graph.dag import CHUNK, graph_dag, sweep
+from circuitgraph.queries._sparse import target_weight_vector, weighted_influence
 
 __all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]
 
@@ -190,7 +185,9 @@ def prune_graph(
               "top_k_edges": top_k_edges, "target_share": target_share}
 
     n = graph.n_nodes
-    e, A, influence = weighted_influence(graph)
+    influence = weighted_influence(graph)
+    gd = graph_dag(graph)
+    dag = gd.dag
     w = target_weight_vector(graph)
 
     kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)
@@ -210,7 +207,7 @@ def prune_graph(
         starts = np.zeros((n, len(graph.targets)), dtype=np.float64)
         for j, t in enumerate(graph.target_ids):
             starts[graph.index_of(t), j] = 1.0
-        per_target = power_series(A, starts)
+        per_target = sweep(dag, abs_start=starts, row_divisor=gd.row_divisor)["abs"]
         for j in range(per_target.shape[1]):
             col = per_target[:, j]
             cut = find_threshold(col, target_share)
@@ -219,37 +216,46 @@ def prune_graph(
         node_mask = _top_k(node_mask & ~always, influence, top_k_nodes)
     node_mask = node_mask | always
 
-    # ---- step 3: edge scores on the node-pruned matrix
-    inside = node_mask[e.target] & node_mask[e.source]
-    a2 = row_normalised_abs(e.target[inside], e.weight[inside], n)
-    influence2 = power_series(csr(e.target[inside], e.source[inside], a2, n), w) + w
-    scores = np.zeros(len(e), dtype=np.float64)
-    scores[inside] = a2 * influence2[e.target[inside]]
+    # ---- step 3: edge scores on the node-pruned matrix (rows and columns of dropped nodes zeroed)
+    inside_idx = _inside_edges(dag, node_mask)
+    it, is_ = dag.target[inside_idx], dag.source[inside_idx]
+    a_in = np.abs(dag.weight[inside_idx].astype(np.float64))
+    # rows of dropped nodes divide by infinity: they pass nothing on
+    divisor2 = np.where(node_mask, np.maximum(np.bincount(it, weights=a_in, minlength=n), 1e-10), np.inf)
+    influence2 = sweep(dag, abs_start=w, row_divisor=divisor2, source_mask=node_mask)["abs"][:, 0] + w
+    scores = a_in / divisor2[it] * influence2[it]
 
     # ---- step 4: edges
     nonzero = scores > 0
     edge_cut = find_threshold(scores[nonzero], edge_threshold)
-    edge_mask = nonzero & (scores >= edge_cut)
+    kept = nonzero & (scores >= edge_cut)
     if top_k_edges is not None:
-        edge_mask = _top_k(edge_mask, scores, top_k_edges)
+        kept = _top_k(kept, scores, top_k_edges)
+    kept_idx = inside_idx[kept]  # indices into the graph's unique edges
 
-    # ---- step 5: connectivity, to a fixed point
+    # ---- step 5: connectivity, to a fixed point (over the kept edges only)
     needs_out = ~always
     needs_in = np.isin(kinds, list(NEEDS_INPUT_KINDS)) & ~always
+    kt, ks = dag.target[kept_idx], dag.source[kept_idx]
+    alive = np.ones(kept_idx.size, dtype=bool)
     while True:
-        edge_mask &= node_mask[e.target] & node_mask[e.source]
-        has_out = np.bincount(e.source[edge_mask], minlength=n) > 0
-        has_in = np.bincount(e.target[edge_mask], minlength=n) > 0
+        alive &= node_mask[kt] & node_mask[ks]
+        has_out = np.bincount(ks[alive], minlength=n) > 0
+        has_in = np.bincount(kt[alive], minlength=n) > 0
         new_mask = node_mask & (~needs_out | has_out) & (~needs_in | has_in)
         if np.array_equal(new_mask, node_mask):
             break
         node_mask = new_mask
+    kept_idx = kept_idx[alive]
 
-    pruned, remainders = _build_pruned_graph(graph, e, node_mask, edge_mask, params)
+    edge_mask_unique = np.zeros(dag.target.shape[0], dtype=bool)
+    edge_mask_unique[kept_idx] = True
+    pruned, remainders = _build_pruned_graph(graph, dag, node_mask, edge_mask_unique, params)
+    inverse = gd.inverse
     return PruneResult(
         graph=pruned,
         node_mask=node_mask,
-        edge_mask=edge_mask[e.inverse],
+        edge_mask=edge_mask_unique if inverse is None else edge_mask_unique[inverse],
         node_influence=influence,
         cumulative_scores=_cumulative_scores(influence),
         node_score_threshold=node_cut,
@@ -259,6 +265,16 @@ def prune_graph(
         n_edges_before=graph.n_edges,
         params=params,
     )
+
+
+def _inside_edges(dag, node_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    """Indices of the edges whose target and source are both kept (chunked: no full-size
+    temporaries besides the result)."""
+    parts = []
+    for c in range(0, dag.target.shape[0], CHUNK):
+        sel = node_mask[dag.target[c : c + CHUNK]] & node_mask[dag.source[c : c + CHUNK]]
+        parts.append(np.flatnonzero(sel) + c)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, edge_mask: np.ndarray,
@@ -271,8 +287,8 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
     nodes: list[Node] = [graph.nodes[r] for r in kept_rows]
 
     # pruned contributions into kept nodes, grouped by (target, source layer, source position)
-    lost = node_mask[e.target] & ~edge_mask
-    lost_t, lost_s, lost_w = e.target[lost], e.source[lost], e.weight[lost]
+    lost = _lost_edges(e, node_mask, edge_mask)
+    lost_t, lost_s, lost_w = e.target[lost], e.source[lost], e.weight[lost].astype(np.float64)
     layers = np.array([nd.layer for nd in graph.nodes], dtype=np.int64)
     positions = np.array([nd.position for nd in graph.nodes], dtype=np.int64)
     kind_names = sorted({nd.kind for nd in graph.nodes})
@@ -315,7 +331,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
 
     kt = np.concatenate([remap[e.target[edge_mask]], remap[lost_t]])
     ks = np.concatenate([remap[e.source[edge_mask]], group_row[group_of] if lost_s.size else lost_s])
-    kw = np.concatenate([e.weight[edge_mask], lost_w])
+    kw = np.concatenate([e.weight[edge_mask].astype(np.float64), lost_w])
     # sum duplicates (several pruned edges into one target from one remainder)
     key = kt * np.int64(len(nodes)) + ks
     uniq, inv = np.unique(key, return_inverse=True)
@@ -331,7 +347,17 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         metadata=meta,
         context=graph.context,
     )
+    pruned.edges_unique = True  # summed per (target, source) above
     meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,
                        "n_remainder_nodes": len(remainders)}
     meta["completeness"] = pruned.check_completeness().to_dict()
     return pruned, remainders
+
+
+def _lost_edges(e, node_mask: np.ndarray, edge_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    """Indices of the edges into kept nodes that were not kept (chunked)."""
+    parts = []
+    for c in range(0, e.target.shape[0], CHUNK):
+        sel = node_mask[e.target[c : c + CHUNK]] & ~edge_mask[c : c + CHUNK]
+        parts.append(np.flatnonzero(sel) + c)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

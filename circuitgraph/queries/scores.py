@@ -33,8 +33,8 @@ import numpy as np
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, format_table, share
-from circuitgraph.queries._sparse import power_series, target_weight_vector, weighted_influence
-from circuitgraph.queries.influence import total_effects
+from circuitgraph.graph.dag import graph_dag, sweep
+from circuitgraph.queries._sparse import pass_through_divisors, safe_inverse, target_weight_vector
 
 __all__ = [
     "ScoresResult",
@@ -120,8 +120,8 @@ def compute_scores(
     per_target: bool = True,
 ) -> ScoresResult:
     """circuit-tracer's replacement and completeness scores (on the graph as given: compute
-    them on the unpruned graph) and, with ``per_target``, each target's error share (one more
-    power series per target).
+    them on the unpruned graph) and, with ``per_target``, each target's error share and error
+    effect; everything in one back-substitution pass over the edges.
 
     Example::
 
@@ -131,31 +131,35 @@ def compute_scores(
     error_kinds, input_kinds = tuple(error_kinds), tuple(input_kinds)
     n = graph.n_nodes
     w = target_weight_vector(graph)
-    e, A, weighted = weighted_influence(graph)
     kinds = np.array([nd.kind for nd in graph.nodes], dtype=object)
     is_err = np.isin(kinds, list(error_kinds))
     is_in = np.isin(kinds, list(input_kinds))
 
+    # one pass over the edges: the weighted influence, one influence and one total effect per
+    # target, and the absolute input each row takes straight from error-like nodes
     targets = graph.target_ids if per_target else []
-    if targets:
-        starts = np.zeros((n, len(targets)), dtype=np.float64)
-        for j, t in enumerate(targets):
-            starts[graph.index_of(t), j] = 1.0
-        infl = np.column_stack([weighted, power_series(A, starts)])  # column 0: weighted; one per target
-    else:
-        infl = weighted[:, None]
+    starts = np.zeros((n, 1 + len(targets)), dtype=np.float64)
+    starts[:, 0] = w
+    for j, t in enumerate(targets):
+        starts[graph.index_of(t), j + 1] = 1.0
+    gd = graph_dag(graph)
+    res = sweep(gd.dag, abs_start=starts, row_divisor=gd.row_divisor, sum_mask=is_err,
+                signed_start=starts[:, 1:] if targets else None,
+                gain=safe_inverse(pass_through_divisors(graph)) if targets else None)
+    infl = res["abs"]
+    graph.store_derived("node_influence", infl[:, 0].copy())  # for pruning
 
     token_infl = infl[is_in, 0].sum()
     error_infl = infl[is_err, 0].sum()
     replacement = _ratio(token_infl, token_infl + error_infl)
 
-    from_error = A @ is_err.astype(np.float64)  # per row: the normalised weight from error nodes
+    from_error = res["masked_abs_sums"] / gd.row_divisor  # per row: the normalised weight from error nodes
     output_influence = infl[:, 0] + w
     completeness = _ratio(float(((1.0 - from_error) * output_influence).sum()), float(output_influence.sum()))
 
     if not per_target:
         return ScoresResult(replacement, completeness, (), error_kinds, input_kinds)
-    effects = total_effects(graph, targets, edges=e)
+    effects = res["signed"].T
     shares = []
     for j, (t, weight) in enumerate(graph.targets):
         tin, terr = infl[is_in, j + 1].sum(), infl[is_err, j + 1].sum()

@@ -260,7 +260,13 @@ def _unit_weights(ctx: Any, kind: str, layer: int) -> tuple[Any, Any] | None:
     if tcs is None or layer not in tcs:
         return None
     tc = tcs[layer]
-    return tc.W_dec, tc.W_enc
+    import torch
+
+    # output weights: the sum of the decoder rows over every MLP output the feature writes
+    # (one for per-layer transcoders; layer..L-1 for a cross-layer transcoder): all reach the
+    # logits directly through the residual stream
+    W_dec = tcs.decoder_rows(layer, torch.arange(tc.d_sae)).sum(1)
+    return W_dec, tc.W_enc
 
 
 def congruence(graph: AttributionGraph, tokens: Iterable[str | int], kind: Literal["neuron", "feature"] = "feature",

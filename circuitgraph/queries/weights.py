@@ -106,9 +106,14 @@ class _Weights:
         a, f = self.a, self.f
         if unit.kind == "feature":
             tc = self._transcoder(unit)
-            w = tc.W_enc[:, unit.index].double()
-            if tc.input_site == "normalized":  # ln2's output: centred, no gamma
-                w = NormWeights(None, None, a.norm("ln2", unit.layer).center).reader_direction(w)
+            import torch
+
+            w = tc.encoder_rows(torch.tensor([unit.index]))[0].double()
+            ln2 = a.norm("ln2", unit.layer)
+            if tc.input_site == "normalized":  # ln2's output before gamma: centred only
+                w = NormWeights(None, None, ln2.center).reader_direction(w)
+            elif tc.input_site == "mlp_input":  # the MLP's input, gamma2 * P(x) / sigma2 + beta2
+                w = ln2.reader_direction(w)
             return w, ResidualLocation.resid_mid(unit.layer)
         if unit.kind == "neuron":
             self._check_layer(unit)
@@ -121,12 +126,20 @@ class _Weights:
                 ResidualLocation.resid_post(f.n_layers - 1)
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a reader unit; expected one of {', '.join(READER_UNITS)}")
 
-    def writer(self, unit: Unit) -> tuple[Any, ResidualLocation]:
-        """``(direction (d_model,), residual location written)``."""
+    def writer(self, unit: Unit) -> list[tuple[Any, ResidualLocation]]:
+        """``[(direction (d_model,), residual location written)]``: one write for most units, one
+        per downstream MLP output for a cross-layer transcoder feature."""
+        return self._writer(unit) if unit.kind == "feature" else [self._writer(unit)]
+
+    def _writer(self, unit: Unit) -> Any:
         a, f = self.a, self.f
         if unit.kind == "feature":
-            tc = self._transcoder(unit)
-            return tc.W_dec[unit.index].double(), ResidualLocation.resid_post(unit.layer)
+            import torch
+
+            self._transcoder(unit)
+            tcs = self.ctx.transcoders
+            rows = tcs.decoder_rows(unit.layer, torch.tensor([unit.index]))[0].double()  # (n_out, d_model)
+            return [(rows[j], ResidualLocation.resid_post(k)) for j, k in enumerate(tcs.output_layers(unit.layer))]
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
@@ -190,13 +203,17 @@ def virtual_weights(graph: AttributionGraph, source: Any, target: Any, top_k: in
     W = _Weights(ctx)
     srcs, skip_s = _units(graph, source, WRITER_UNITS, "virtual_weights source")
     tgts, skip_t = _units(graph, target, READER_UNITS, "virtual_weights target")
-    ws = [W.writer(u) for u in srcs]
+    writes = [(i, v, lw) for i, u in enumerate(srcs) for v, lw in W.writer(u)]
     rs = [W.reader(u) for u in tgts]
-    D = torch.stack([v for v, _ in ws])  # (n_src, d_model)
+    D = torch.stack([v for _, v, _ in writes])  # (n_writes, d_model)
     G = torch.stack([g for g, _ in rs])  # (n_tgt, d_model)
-    M = (D @ G.T).numpy()
-    valid = np.array([lw for _, lw in ws])[:, None] <= np.array([lr for _, lr in rs])[None, :]
-    M = np.where(valid, M, 0.0)
+    ok = np.array([lw for _, _, lw in writes])[:, None] <= np.array([lr for _, lr in rs])[None, :]
+    owner = np.array([i for i, _, _ in writes])
+    # a unit that writes at several locations (a CLT feature) sums the writes below the reader
+    M = np.zeros((len(srcs), len(tgts)))
+    np.add.at(M, owner, np.where(ok, (D @ G.T).numpy(), 0.0))
+    valid = np.zeros((len(srcs), len(tgts)), dtype=bool)
+    np.logical_or.at(valid, owner, ok)
     n_pairs = int(valid.sum())
     flat = np.abs(M).ravel()
     k = min(top_k, n_pairs)

@@ -12,6 +12,8 @@ __all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
 
 ModelSource = Literal["path", "name", "builtin"]
 TranscoderSource = Literal["path", "release", "builtin"]
+#: on-disk dictionary formats (circuitgraph.dictionaries.formats.FORMATS)
+DictionaryFormat = Literal["saelens", "circuit_tracer_clt"]
 
 
 class ModelSpec(StrictModel):
@@ -73,8 +75,13 @@ class TranscodersSpec(StrictModel):
     """
 
     path: InputPath | None = Field(
-        None, description="A folder with layer_<i>/cfg.json and layer_<i>/sae_weights.safetensors."
+        None, description="A dictionary folder: sae-lens per-layer transcoders (layer_<i>/cfg.json + "
+        "sae_weights.safetensors) or a circuit-tracer cross-layer transcoder (config.yaml + W_enc_<i> / W_dec_<i>"
+        ".safetensors); the format is detected unless format is given (see docs/dictionaries.md)."
     )
+    format: DictionaryFormat | None = Field(
+        None, description="With path: the on-disk format (default: detected from the files; the graph's "
+        "metadata.transcoders.format records it).")
     release: Name | None = Field(None, description="An sae-lens pretrained release.")
     builtin: Literal["demo"] | None = Field(None, description="The transcoders shipped with a built-in model.")
     ids: dict[LayerKey, Name] | None = Field(
@@ -102,6 +109,8 @@ class TranscodersSpec(StrictModel):
             problems.append(("ids", "release needs ids, the sae-lens id of each layer: {0: '...', 1: '...'}"))
         elif self.path is not None and self.ids is not None:
             problems.append(("ids", "ids are only used with release; with path, layers are found in the folder"))
+        if self.format is not None and self.path is None:
+            problems.append(("format", "format describes a local folder; use it with path"))
         if self.layers is not None:
             if len(set(self.layers)) != len(self.layers):
                 problems.append(("layers", f"layers are repeated: {list(self.layers)}"))

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["tiny_config", "tiny_model", "random_transcoders", "save_bundle"]
+__all__ = ["tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
 
 
 def tiny_config(
@@ -193,4 +193,77 @@ def save_bundle(directory: str | Path, model: Any, transcoders: dict[int, Any] |
         tc.save_model(str(directory / "transcoders" / f"layer_{layer}"))
     if prompt_tokens is not None:
         (directory / "prompt.json").write_text(json.dumps({"tokens": list(prompt_tokens)}))
+    return directory
+
+
+_CLT_INPUT_HOOKS = {"raw": "hook_resid_mid", "normalized": "ln2.hook_normalized"}
+
+
+@torch.no_grad()
+def random_clt(
+    model: Any,
+    *,
+    d_transcoder: int = 32,
+    activation: Literal["relu", "jump_relu", "topk"] = "relu",
+    input_site: Literal["raw", "normalized"] = "raw",
+    skip: bool = False,
+    active_frac: float = 0.15,
+    topk: int = 4,
+    seed: int = 0,
+    n_fit_tokens: int = 256,
+) -> dict[str, Any]:
+    """A random cross-layer transcoder for ``model`` as circuit-tracer's tensors (the names and
+    shapes :func:`save_clt` writes): per layer ``W_enc (d_transcoder, d_model)``,
+    ``b_enc``, ``b_dec``, ``W_dec (d_transcoder, n_layers - l, d_model)``, ``threshold`` for
+    JumpReLU, ``W_skip (d_model, d_model)`` with ``skip``.  The encoder bias is set per feature so
+    that about ``active_frac`` of the features fire on random tokens."""
+    cfg = model.cfg
+    L, D = cfg.n_layers, cfg.d_model
+    gen = torch.Generator().manual_seed(seed + 2000)
+    tokens = torch.randint(0, cfg.d_vocab, (max(1, n_fit_tokens // cfg.n_ctx), cfg.n_ctx), generator=gen)
+    hook = _CLT_INPUT_HOOKS[input_site]
+    names = [f"blocks.{l}.{'hook_resid_mid' if input_site == 'raw' else 'ln2.hook_normalized'}" for l in range(L)]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    layers = []
+    for l in range(L):
+        x = cache[names[l]].reshape(-1, D)
+        W_enc = torch.randn(d_transcoder, D, generator=gen) / D**0.5
+        q = torch.quantile(x @ W_enc.T, 1 - active_frac, dim=0)
+        t = {
+            "W_enc": W_enc,
+            "b_enc": -q,
+            "b_dec": 0.1 * torch.randn(D, generator=gen),
+            "W_dec": torch.randn(d_transcoder, L - l, D, generator=gen) / (d_transcoder * (L - l)) ** 0.5,
+        }
+        if activation == "jump_relu":
+            t["threshold"] = 0.05 * torch.rand(d_transcoder, generator=gen)
+        if skip:
+            t["W_skip"] = 0.1 * torch.randn(D, D, generator=gen) / D**0.5
+        layers.append(t)
+    config: dict[str, Any] = {
+        "model_kind": "cross_layer_transcoder",
+        "feature_input_hook": hook,
+        "feature_output_hook": "hook_mlp_out",
+        "model_name": cfg.model_name,
+    }
+    if activation == "topk":
+        config["activation_function"] = "topk"
+        config["topk"] = int(topk)
+    return {"config": config, "layers": layers}
+
+
+def save_clt(directory: str | Path, clt: dict[str, Any]) -> Path:
+    """Write a CLT from :func:`random_clt` in circuit-tracer's format: ``config.yaml``,
+    ``W_enc_<i>.safetensors`` (``W_enc_<i>``, ``b_enc_<i>``, ``b_dec_<i>``, ``threshold_<i>``,
+    ``W_skip_<i>``) and ``W_dec_<i>.safetensors`` (``W_dec_<i>``)."""
+    import yaml
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump(clt["config"], sort_keys=False))
+    for i, t in enumerate(clt["layers"]):
+        enc = {f"{k}_{i}": t[k].contiguous() for k in ("W_enc", "b_enc", "b_dec", "threshold", "W_skip") if k in t}
+        save_file(enc, str(directory / f"W_enc_{i}.safetensors"))
+        save_file({f"W_dec_{i}": t["W_dec"].contiguous()}, str(directory / f"W_dec_{i}.safetensors"))
     return directory

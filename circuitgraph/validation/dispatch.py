@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.validation import CHECK_TYPES
@@ -61,37 +61,19 @@ def _split(check: Any) -> tuple[str, Any]:
     )
 
 
-def _params(kind: str, params: Any) -> Any:
-    """The check's parameter block as its spec model (every default filled in by the model, the
+def _params(kind: str, params: Any) -> BaseModel:
+    """The check's parameter block as its spec model, every default filled in by the model (the
     one place defaults live): a parsed block is kept, a mapping (or None) is validated."""
-    item_type = _CHECK_TYPES[kind]
-    block_type = item_type.model_fields[kind].annotation
-    if isinstance(params, tuple(t for t in _block_types(block_type))):
+    if isinstance(params, BaseModel):
         return params
     if params is not None and not isinstance(params, dict):
         raise ValidationRunError(f"check parameters must be a mapping, got {type(params).__name__}: {params!r}")
     try:
-        return item_type.model_validate({kind: params}).params
+        return _CHECK_TYPES[kind].model_validate({kind: params}).params
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ValidationRunError(f"{where}: {first['msg']}") from None
-
-
-def _block_types(annotation: Any) -> list[type]:
-    """The model classes inside a (possibly Annotated / Optional) parameter annotation."""
-    from typing import get_args
-
-    from pydantic import BaseModel
-
-    out, stack = [], [annotation]
-    while stack:
-        tp = stack.pop()
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            out.append(tp)
-        else:
-            stack.extend(get_args(tp))
-    return out
 
 
 def _token(token: Any, adapter: Any, tokenizer: Any, where: str) -> int:
@@ -139,7 +121,7 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
         raise ValidationRunError(f"unknown validation check {kind!r}; expected one of {', '.join(CHECK_KINDS)}")
-    p = _params(kind, raw)
+    p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
     tokenizer = tokenizer if tokenizer is not None else adapter.tokenizer
@@ -180,6 +162,11 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
         result = sign_regimes(
             graph, prompts=prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
             echo_threshold=p.echo_threshold, tokenizer=tokenizer)
+    elif kind == "qk":
+        from circuitgraph.validation.qk_check import qk_check
+
+        head = p.head if isinstance(p.head, int) else list(p.head)
+        result = qk_check(graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
     else:
         result = replacement_fidelity(
             graph, prompts=prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=tokenizer)

@@ -10,22 +10,46 @@ through frozen paths), with no autograd and no use of the engine's transposes.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
 from circuitgraph.attribution.context import AttributionContext
-from circuitgraph.attribution.linearisation import frozen
+from circuitgraph.attribution.linearisation import dictionary_input, frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 
-__all__ = ["frozen_reader_values", "frozen_ablation_effects"]
+__all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks"]
 
 
 @torch.no_grad()
 def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
     """Every reader's pre-activation in the frozen real model, with the writers in ``ablate``
     scaled by ``scale`` (0 = removed)."""
+    a, lin = context.adapter, context.linearisation
+    hooks, captured = frozen_node_hooks(context, ablate, scale)
+    names = {a.hook_norm_normalized("ln_final")}
+    for layer in range(a.facts.n_layers):
+        names |= {a.hook_mlp_pre(layer), a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
+                  a.hook_resid_pre(layer), a.hook_resid_post(layer)}
+        if a.facts.gated_mlp:
+            names.add(a.hook_mlp_pre_linear(layer))
+
+    def keep(value, hook):
+        captured[hook.name] = value.detach()[0]
+        return value
+
+    hooks += [(n, keep) for n in sorted(names)]
+    with frozen(a, lin, extra_hooks=hooks) as model:
+        model(lin.tokens.to(a.device)[None])
+    return _read_values(context, captured)
+
+
+def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = (),
+                      scale: float = 0.0) -> tuple[list[tuple[str, Any]], dict[str, torch.Tensor]]:
+    """Hooks that, inside :func:`~circuitgraph.attribution.linearisation.frozen`, freeze every node
+    at its recorded output (MLP outputs, attention outputs of layers analysed as heads) and scale
+    the writers in ``ablate`` by ``scale``; and the dict the hooks use for captured values."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
     opts = context.options
     L = a.facts.n_layers
@@ -33,20 +57,21 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
     T, D = lin.n_pos, a.facts.d_model
     delta: dict[tuple[str, int], torch.Tensor] = {}
     for node_id in ablate:
-        writer = context.writer(node_id)
-        if writer is None:
+        writes = context.writes(node_id)  # several for a cross-layer transcoder feature
+        if not writes:
             raise ValidationRunError(f"node {node_id} is not a writer of this graph")
-        pos, vec = writer.position, writer.vector
-        if node_id.kind == "embedding":
-            key = ("embed", 0)
-        elif node_id.kind == "positional":
-            key = ("pos_embed", 0)
-        else:
-            key = (writer.location.sublayer, writer.location.layer)
-        if key[0] == "attn" and opts.attention[key[1]] != "heads":
-            raise ValidationRunError(f"node {node_id}: attention writers can be removed only in heads mode")
-        d = delta.setdefault(key, torch.zeros(T, D, dtype=vec.dtype))
-        d[pos] += (1.0 - scale) * vec.cpu()
+        for write in writes:
+            pos, vec = write.position, write.vector
+            if node_id.kind == "embedding":
+                key = ("embed", 0)
+            elif node_id.kind == "positional":
+                key = ("pos_embed", 0)
+            else:
+                key = (write.location.sublayer, write.location.layer)
+            if key[0] == "attn" and opts.attention[key[1]] != "heads":
+                raise ValidationRunError(f"node {node_id}: attention writers can be removed only in heads mode")
+            d = delta.setdefault(key, torch.zeros(T, D, dtype=vec.dtype))
+            d[pos] += (1.0 - scale) * vec.cpu()
 
     captured: dict[str, torch.Tensor] = {}
     hooks = []
@@ -71,40 +96,21 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
 
             hooks.append((a.hook_attn_out(layer), fix_attn))
         tc = tcs[layer] if (tcs is not None and layer in tcs and opts.mlp[layer] == "transcoders") else None
-        if tc is not None and tc.W_skip is not None:
-            in_hook = tc.hook_in if tc.input_site == "normalized" else a.hook_resid_mid(layer)
-
-            def grab(value, hook, key=f"skip{layer}"):
-                captured[key] = value.detach()
-                return value
-
-            hooks.append((in_hook, grab))
+        W_skip = tcs.skip_weight(layer) if tc is not None else None
         rec_mlp = lin.mlp_out[layer]
         d = delta.get(("mlp", layer))
 
-        def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer):
+        def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer, W_skip=W_skip):
             out = rec.to(value.dtype)[None].clone()
-            if tc is not None and tc.W_skip is not None:
-                change = captured[f"skip{layer}"] - lin.tc_input[layer].to(value.dtype)[None]
-                out = out + change @ tc.W_skip.to(value.dtype).T
+            if W_skip is not None:
+                x = dictionary_input(a, tc.input_site, layer, captured[a.hook_resid_mid(layer)][None],
+                                     captured[a.hook_norm_normalized("ln2", layer)][None])
+                change = x - lin.tc_input[layer].to(value.dtype)[None]
+                out = out + change @ W_skip.to(value.dtype).T
             return out - d.to(value.dtype)[None] if d is not None else out
 
         hooks.append((a.hook_mlp_out(layer), fix_mlp))
-    names = {a.hook_norm_normalized("ln_final")}
-    for layer in range(L):
-        names |= {a.hook_mlp_pre(layer), a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
-                  a.hook_resid_pre(layer), a.hook_resid_post(layer)}
-        if a.facts.gated_mlp:
-            names.add(a.hook_mlp_pre_linear(layer))
-
-    def keep(value, hook):
-        captured[hook.name] = value.detach()[0]
-        return value
-
-    hooks += [(n, keep) for n in sorted(names)]
-    with frozen(a, lin, extra_hooks=hooks) as model:
-        model(lin.tokens.to(a.device)[None])
-    return _read_values(context, captured)
+    return hooks, captured
 
 
 def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
@@ -126,8 +132,9 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
         if nid.kind == "feature":
             if nid.layer not in feature_pre:
                 tc = tcs[nid.layer]
-                x = c[tc.hook_in] if tc.input_site == "normalized" else c[a.hook_resid_mid(nid.layer)]
-                feature_pre[nid.layer] = x.to(tc.W_enc.dtype) @ tc.W_enc + tc.b_enc
+                x = dictionary_input(a, tc.input_site, nid.layer, c[a.hook_resid_mid(nid.layer)],
+                                     c[a.hook_norm_normalized("ln2", nid.layer)])
+                feature_pre[nid.layer] = tc.pre_activation(x)
             out[nid] = float(feature_pre[nid.layer][t, nid.index])
         elif nid.kind == "neuron":
             if nid.layer not in neuron_val:

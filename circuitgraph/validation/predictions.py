@@ -43,30 +43,17 @@ def _target_weights(graph: Any) -> np.ndarray:
 def direct_effects(graph: Any) -> np.ndarray:
     """``D`` per node row: the target-weighted edge into the targets (float64)."""
     w = _target_weights(graph)
-    out = np.zeros(graph.n_nodes, dtype=np.float64)
-    np.add.at(out, graph.edge_source, graph.edge_weight.astype(np.float64) * w[graph.edge_target])
-    return out
+    return np.bincount(graph.edge_source, weights=graph.edge_weight.astype(np.float64) * w[graph.edge_target],
+                       minlength=graph.n_nodes)
 
 
 def total_effects(graph: Any) -> np.ndarray:
-    """``V`` per node row (see the module docstring): exact propagation over the DAG."""
-    w = _target_weights(graph)
-    pre = np.array([np.nan if n.pre_activation is None else n.pre_activation for n in graph.nodes], dtype=np.float64)
-    reader = np.isfinite(pre) & (pre != 0)
-    safe_pre = np.where(reader, pre, 1.0)
-    weights = graph.edge_weight.astype(np.float64)
-    U = w.copy()
-    V = np.zeros(graph.n_nodes, dtype=np.float64)
-    # the graph is a DAG whose depth is at most the number of residual locations; iterate to the fixed point
-    depth = 2 * max((n.layer for n in graph.nodes), default=0) + 4
-    for _ in range(depth + 1):
-        V_new = np.zeros_like(V)
-        np.add.at(V_new, graph.edge_source, weights * U[graph.edge_target])
-        U_new = w + np.where(reader, V_new / safe_pre, 0.0)
-        if np.array_equal(V_new, V) and np.array_equal(U_new, U):
-            break
-        V, U = V_new, U_new
-    return V
+    """``V`` per node row (see the module docstring): the target-weighted exact total effect,
+    from :func:`circuitgraph.queries.total_effects` (one back-substitution over the graph)."""
+    from circuitgraph.queries.influence import total_effects as per_target_effects
+
+    _target_weights(graph)  # the graph has targets
+    return np.asarray([float(w_t) for _, w_t in graph.targets]) @ per_target_effects(graph)
 
 
 def match_filter(graph: Any, node_filter: Any, n_positions: int | None = None) -> list[NodeId]:

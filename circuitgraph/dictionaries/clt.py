@@ -1,0 +1,460 @@
+"""Cross-layer transcoders (CLTs) in circuit-tracer 0.5.0's on-disk format.
+
+A CLT feature ``j`` of layer ``l`` reads the residual stream at layer ``l`` (the encoder row
+``W_enc_l[j]`` through the input hook) and writes ``a_j * W_dec_l[j, k - l]`` into the MLP
+output of every layer ``k >= l``.  The reconstruction of MLP output ``k`` is
+
+    recon_k = sum_{l <= k} sum_j a_{l,j} W_dec_l[j, k - l] + b_dec_k (+ x_k @ W_skip_k)
+
+Directory layout (exactly what ``CrossLayerTranscoder.to_safetensors`` writes, plus the
+``config.yaml`` circuit-tracer's hub loader reads)::
+
+    config.yaml               model_kind: cross_layer_transcoder
+                              feature_input_hook: hook_resid_mid   (relative to blocks.<l>)
+                              feature_output_hook: hook_mlp_out
+                              [activation_function: relu | jump_relu | topk]  [topk: K]
+                              [scan: ...]  [model_name: ...]
+    W_enc_<i>.safetensors     W_enc_<i> (d_transcoder, d_model), b_enc_<i> (d_transcoder,),
+                              b_dec_<i> (d_model,), [threshold_<i> (d_transcoder,)],
+                              [W_skip_<i> (d_model, d_model), used as x @ W_skip_<i>]
+    W_dec_<i>.safetensors     W_dec_<i> (d_transcoder, n_layers - i, d_model)
+
+for ``i = 0 .. n_layers - 1``.  Activations follow circuit-tracer: ReLU ``max(h, 0)``;
+JumpReLU (a ``threshold_<i>`` tensor is present) ``h * (h > threshold)``; TopK (this format
+extension: ``activation_function: topk`` with ``topk: K``) keeps the K largest ``h`` per
+position and zeroes the rest.
+
+Reading is lazy: encoder matrices are read from the memory-mapped files one layer at a time
+when activations are computed (never all at once), decoder rows only for the features that
+are active (safetensors slices), so memory grows with the active features, not the width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+
+__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "read_config_yaml"]
+
+Activation = Literal["relu", "jump_relu", "topk"]
+
+# circuit-tracer input hooks (relative to blocks.<l>) -> how the feature reads the residual
+_INPUT_SITES = {
+    "hook_resid_mid": "raw",
+    "hook_mlp_in": "raw",
+    "ln2.hook_normalized": "normalized",
+}
+_OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
+
+
+def read_config_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except Exception as exc:  # noqa: BLE001
+        raise LoadError(f"{path}: not valid YAML ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                        "fix the file") from None
+    if not isinstance(data, dict):
+        raise LoadError(f"{path}: expected a mapping (model_kind, feature_input_hook, ...), got "
+                        f"{type(data).__name__}")
+    return data
+
+
+def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
+    """The input site of a block-relative feature input hook, or a one-line LoadError."""
+    if hook not in sites:
+        raise LoadError(f"{where}: feature_input_hook {hook!r} is not supported; expected one of "
+                        f"{', '.join(sites)} (relative to blocks.<layer>)")
+    return sites[hook]
+
+
+@dataclass
+class CLTLayer:
+    """The reading side of one encoder layer of a CLT (what a feature node reads)."""
+
+    layer: int
+    parent: "CrossLayerTranscoder"
+
+    @property
+    def d_sae(self) -> int:
+        return self.parent.d_transcoder
+
+    @property
+    def hook_in(self) -> str:
+        return self.parent.hook_in(self.layer)
+
+    @property
+    def hook_out(self) -> str:
+        return self.parent.hook_out(self.layer)
+
+    @property
+    def input_site(self) -> str:
+        return self.parent.input_site
+
+    @property
+    def b_enc(self) -> torch.Tensor:
+        return self.parent.b_enc[self.layer]
+
+    @property
+    def threshold(self) -> torch.Tensor | None:
+        return None if self.parent.threshold is None else self.parent.threshold[self.layer]
+
+    @property
+    def W_enc(self) -> torch.Tensor:
+        """``(d_model, d_sae)`` (sae-lens orientation); reads the whole layer from disk."""
+        return self.parent.encoder(self.layer).T
+
+    def encoder_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Encoder rows ``(n, d_model)`` of features ``idx``."""
+        return self.parent.encoder_rows(self.layer, idx)
+
+    def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
+        return self.parent.pre_activation(self.layer, x)
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        return self.parent.activate(self.layer, self.pre_activation(x))
+
+    @property
+    def architecture(self) -> str:
+        return f"cross_layer_{self.parent.activation_function}"
+
+
+class CrossLayerTranscoder:
+    """A CLT behind the dictionary protocol (see :mod:`circuitgraph.dictionaries`)."""
+
+    kind = "cross_layer"
+
+    def __init__(self, path: Path, *, n_layers: int, d_transcoder: int, d_model: int,
+                 b_enc: torch.Tensor, b_dec: torch.Tensor, threshold: torch.Tensor | None,
+                 W_skip: list[torch.Tensor] | None, activation_function: Activation, topk: int | None,
+                 feature_input_hook: str, feature_output_hook: str, dtype: torch.dtype,
+                 source: dict[str, Any], config: dict[str, Any], lazy: bool = True):
+        self.path = Path(path)
+        self.n_layers = n_layers
+        self.d_transcoder = d_transcoder
+        self.d_model = d_model
+        self.b_enc = b_enc  # (n_layers, d_transcoder)
+        self.b_dec_all = b_dec  # (n_layers, d_model)
+        self.threshold = threshold  # (n_layers, d_transcoder) or None
+        self.W_skip = W_skip  # per layer (d_model, d_model), used as x @ W_skip[l], or None
+        self.activation_function = activation_function
+        self.topk = topk
+        self.feature_input_hook = feature_input_hook
+        self.feature_output_hook = feature_output_hook
+        self.input_site = _INPUT_SITES[feature_input_hook]
+        self.dtype = dtype
+        self.source = source
+        self.config = config
+        self.lazy = lazy
+        self._enc: dict[int, torch.Tensor] = {}
+        self.layers = {l: CLTLayer(l, self) for l in range(n_layers)}
+        self.format = "circuit_tracer_clt"
+
+    # ----------------------------------------------------------------- container protocol
+    def __contains__(self, layer: int) -> bool:
+        return layer in self.layers
+
+    def __getitem__(self, layer: int) -> CLTLayer:
+        return self.layers[layer]
+
+    def __len__(self) -> int:
+        return self.n_layers
+
+    def hook_in(self, layer: int) -> str:
+        return f"blocks.{layer}.{self.feature_input_hook}"
+
+    def hook_out(self, layer: int) -> str:
+        return f"blocks.{layer}.hook_mlp_out"
+
+    # ----------------------------------------------------------------- reading the files
+    def _file(self, kind: str, layer: int) -> Path:
+        return self.path / f"{kind}_{layer}.safetensors"
+
+    def encoder(self, layer: int) -> torch.Tensor:
+        """``W_enc_<layer>`` ``(d_transcoder, d_model)`` (kept in memory only when not lazy)."""
+        if layer in self._enc:
+            return self._enc[layer]
+        from safetensors import safe_open
+
+        with safe_open(str(self._file("W_enc", layer)), framework="pt") as f:
+            W = f.get_tensor(f"W_enc_{layer}").to(self.dtype)
+        _check_finite(W, str(self._file("W_enc", layer)), f"W_enc_{layer}")
+        if not self.lazy:
+            self._enc[layer] = W
+        return W
+
+    def encoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        if layer in self._enc:
+            return self._enc[layer][idx]
+        return self._slice("W_enc", layer, idx)
+
+    def _slice(self, kind: str, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        from safetensors import safe_open
+
+        idx = torch.as_tensor(idx, dtype=torch.long).cpu()
+        if idx.numel() == 0:
+            shape = (0, self.d_model) if kind == "W_enc" else (0, self.n_layers - layer, self.d_model)
+            return torch.zeros(shape, dtype=self.dtype)
+        uniq, inv = idx.unique(return_inverse=True)  # sorted rows: one contiguous read per run
+        with safe_open(str(self._file(kind, layer)), framework="pt") as f:
+            sl = f.get_slice(f"{kind}_{layer}")
+            rows = _read_rows(sl, uniq)
+        _check_finite(rows, str(self._file(kind, layer)), f"{kind}_{layer}")
+        return rows.to(self.dtype)[inv]
+
+    def decoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
+        """Decoder rows of features ``idx`` of ``layer``: ``(n, n_layers - layer, d_model)``,
+        entry ``[:, k - layer]`` writing into MLP output ``k``."""
+        return self._slice("W_dec", layer, idx)
+
+    def output_layers(self, layer: int) -> range:
+        return range(layer, self.n_layers)
+
+    def decoder_bias(self, out_layer: int) -> torch.Tensor:
+        return self.b_dec_all[out_layer]
+
+    def skip_weight(self, out_layer: int) -> torch.Tensor | None:
+        """The skip path of ``out_layer`` as ``(d_out, d_in)`` (out = x @ W.T, sae-lens orientation)."""
+        return None if self.W_skip is None else self.W_skip[out_layer].T
+
+    # ----------------------------------------------------------------- maths
+    def pre_activation(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W_enc_l^T + b_enc_l`` for ``x (..., d_model)``."""
+        W = self.encoder(layer)
+        return x.to(self.dtype) @ W.T + self.b_enc[layer]
+
+    def activate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        if self.activation_function == "jump_relu":
+            return h * (h > self.threshold[layer])
+        if self.activation_function == "topk":
+            k = min(int(self.topk), h.shape[-1])
+            top = h.topk(k, dim=-1).indices
+            gate = torch.zeros_like(h).scatter_(-1, top, 1.0)
+            return h * gate
+        return torch.relu(h)
+
+    def source_layers(self, out_layer: int) -> list[int]:
+        """Encoder layers whose features write into MLP output ``out_layer``: ``0 .. out_layer``."""
+        return list(range(out_layer + 1))
+
+    def reconstruct_at(self, out_layer: int, acts: dict[int, torch.Tensor],
+                       inputs: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The reconstruction of MLP output ``out_layer``: ``sum_{l <= k} a_l W_dec_l[:, k - l] + b_dec_k``
+        (+ skip), reading only the active features' decoder rows."""
+        k = out_layer
+        ref = inputs[k]
+        out = self.b_dec_all[k].to(ref.dtype).expand(*ref.shape[:-1], self.d_model).clone()
+        for l in range(k + 1):
+            a = acts[l]
+            active = (a != 0).reshape(-1, a.shape[-1]).any(0).nonzero().flatten()
+            if active.numel():
+                dec = self.decoder_rows(l, active.cpu()).to(device=a.device, dtype=ref.dtype)
+                out = out + a[..., active].to(ref.dtype) @ dec[:, k - l]
+        if self.W_skip is not None:
+            out = out + ref @ self.W_skip[k].to(ref.dtype)
+        return out
+
+    def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """MLP-output reconstructions ``{k: (..., pos, d_model)}`` from activations ``{l: (..., pos, d_sae)}``
+        and inputs ``{l: (..., pos, d_model)}``: every source layer ``l <= k`` contributes, plus
+        ``b_dec_k`` and the skip path.  Only active features' decoder rows are read."""
+        ref = next(iter(inputs.values()))
+        out = {k: self.b_dec_all[k].to(ref.dtype).expand(*ref.shape[:-1], self.d_model).clone()
+               for k in range(self.n_layers)}
+        for l, a in acts.items():
+            active = (a != 0).reshape(-1, a.shape[-1]).any(0).nonzero().flatten()
+            if active.numel() == 0:
+                continue
+            dec = self.decoder_rows(l, active).to(device=a.device, dtype=ref.dtype)  # (n, n_out, d)
+            sub = a[..., active].to(ref.dtype)
+            for j, k in enumerate(self.output_layers(l)):
+                out[k] = out[k] + sub @ dec[:, j]
+        if self.W_skip is not None:
+            for k in range(self.n_layers):
+                out[k] = out[k] + inputs[k].to(ref.dtype) @ self.W_skip[k].to(ref.dtype)
+        return out
+
+    # ----------------------------------------------------------------- bookkeeping
+    def to(self, dtype: torch.dtype) -> "CrossLayerTranscoder":
+        conv = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+        new = CrossLayerTranscoder(
+            self.path, n_layers=self.n_layers, d_transcoder=self.d_transcoder, d_model=self.d_model,
+            b_enc=conv(self.b_enc), b_dec=conv(self.b_dec_all), threshold=conv(self.threshold),
+            W_skip=None if self.W_skip is None else [w.to(dtype) for w in self.W_skip],
+            activation_function=self.activation_function, topk=self.topk,
+            feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
+            dtype=dtype, source=self.source, config=self.config, lazy=self.lazy,
+        )
+        new._enc = {k: v.to(dtype) for k, v in self._enc.items()}
+        return new
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "format": self.format,
+            "kind": "cross_layer_transcoder",
+            "activation_function": self.activation_function,
+            "d_transcoder": self.d_transcoder,
+            "n_layers": self.n_layers,
+            "feature_input_hook": self.feature_input_hook,
+            "feature_output_hook": self.feature_output_hook,
+            "skip": self.W_skip is not None,
+            "scan": self.config.get("scan"),
+            "layers": [{"layer": l, "architecture": self.layers[l].architecture, "d_sae": self.d_transcoder,
+                        "hook_in": self.hook_in(l), "hook_out": self.hook_out(l),
+                        "output_layers": [l, self.n_layers - 1]} for l in self.layers],
+        }
+
+    def resident_bytes(self) -> int:
+        """Bytes held in memory now (biases, thresholds, skip, cached encoders)."""
+        ts = [self.b_enc, self.b_dec_all, self.threshold, *(self.W_skip or []), *self._enc.values()]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def _read_rows(sl: Any, uniq: torch.Tensor) -> torch.Tensor:
+    """Rows ``uniq`` (sorted, unique) of a safetensors slice, one read per contiguous run."""
+    ids = uniq.tolist()
+    parts, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            parts.append(sl[ids[start]: ids[i - 1] + 1])
+            start = i
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _check_finite(t: torch.Tensor, where: str, name: str) -> None:
+    if not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad}); "
+                             "re-export the dictionary with finite weights")
+
+
+def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.float32,
+                 config: dict[str, Any] | None = None, lazy: bool | None = None) -> CrossLayerTranscoder:
+    """Load and check a circuit-tracer CLT directory against the model of ``adapter``.
+
+    Shapes, hooks and biases are checked here; the (large) encoder and decoder matrices are
+    checked for NaN/inf as they are read (a whole encoder layer, or the active decoder rows).
+    ``lazy`` (default: when the encoders together exceed 1 GiB) re-reads each encoder layer from
+    the memory-mapped file when it is needed instead of keeping it; decoders are always lazy."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    cfg_path = path / "config.yaml"
+    if config is None:
+        if not cfg_path.is_file():
+            raise LoadError(f"{cfg_path} is missing; a circuit-tracer CLT directory needs config.yaml with "
+                            "model_kind: cross_layer_transcoder, feature_input_hook and feature_output_hook")
+        config = read_config_yaml(cfg_path)
+    kind = config.get("model_kind")
+    if kind != "cross_layer_transcoder":
+        raise LoadError(f"{cfg_path}: model_kind is {kind!r}, expected cross_layer_transcoder")
+    hook_in = str(config.get("feature_input_hook", "hook_resid_mid"))
+    hook_out = str(config.get("feature_output_hook", "hook_mlp_out"))
+    hook_site(hook_in, str(cfg_path))
+    if hook_out not in _OUTPUT_HOOKS:
+        raise LoadError(f"{cfg_path}: feature_output_hook {hook_out!r} is not supported; expected hook_mlp_out")
+    f = adapter.facts
+    L, D = f.n_layers, f.d_model
+    for layer in range(L):
+        for h in (f"blocks.{layer}.{hook_in}",):
+            if not adapter.has_hook(h):
+                raise ShapeMismatchError(f"{cfg_path}: feature_input_hook {hook_in!r} gives {h}, which the "
+                                         "model does not have; fix feature_input_hook")
+    act = str(config.get("activation_function", "")) or None
+    topk = config.get("topk")
+    extra = sorted(int(p.stem.split("_")[-1]) for p in path.glob("W_enc_*.safetensors")
+                   if p.stem.split("_")[-1].isdigit())
+    if extra and extra[-1] >= L:
+        raise ShapeMismatchError(f"{path / f'W_enc_{extra[-1]}.safetensors'}: the CLT has layer {extra[-1]}, "
+                                 f"the model has {L} layers (0-{L - 1}); use the CLT trained for this model")
+    b_enc, b_dec, thr, skips = [], [], [], []
+    d_tc = None
+    for layer in range(L):
+        for kind_ in ("W_enc", "W_dec"):
+            p = path / f"{kind_}_{layer}.safetensors"
+            if not p.is_file():
+                raise LoadError(f"{p} is missing: a CLT for this {L}-layer model needs W_enc_0..W_enc_{L - 1} and "
+                                f"W_dec_0..W_dec_{L - 1}.safetensors; copy the missing file into {path}")
+        p = path / f"W_enc_{layer}.safetensors"
+        try:
+            with safe_open(str(p), framework="pt") as fh:
+                keys = set(fh.keys())
+                need = {f"W_enc_{layer}", f"b_enc_{layer}", f"b_dec_{layer}"}
+                if not need <= keys:
+                    raise LoadError(f"{p}: tensors {sorted(need - keys)} are missing (it has {sorted(keys)}); "
+                                    "re-export with CrossLayerTranscoder.to_safetensors")
+                shape = tuple(fh.get_slice(f"W_enc_{layer}").get_shape())
+                be, bd = fh.get_tensor(f"b_enc_{layer}"), fh.get_tensor(f"b_dec_{layer}")
+                th = fh.get_tensor(f"threshold_{layer}") if f"threshold_{layer}" in keys else None
+                sk = fh.get_tensor(f"W_skip_{layer}") if f"W_skip_{layer}" in keys else None
+        except LoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise LoadError(f"{p}: not a readable safetensors file ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}); re-export it") from None
+        if len(shape) != 2 or shape[1] != D:
+            raise ShapeMismatchError(f"{p}: W_enc_{layer} has shape {list(shape)}, expected "
+                                     f"[d_transcoder, {D}] (the model's d_model is {D})")
+        if d_tc is None:
+            d_tc = shape[0]
+        if shape[0] != d_tc:
+            raise ShapeMismatchError(f"{p}: W_enc_{layer} has {shape[0]} features, layer 0 has {d_tc}; "
+                                     "every layer of a CLT has the same width")
+        if tuple(be.shape) != (d_tc,) or tuple(bd.shape) != (D,):
+            raise ShapeMismatchError(f"{p}: b_enc_{layer} {list(be.shape)} / b_dec_{layer} {list(bd.shape)}, "
+                                     f"expected [{d_tc}] / [{D}]")
+        if th is not None and tuple(th.reshape(-1).shape) != (d_tc,):
+            raise ShapeMismatchError(f"{p}: threshold_{layer} has shape {list(th.shape)}, expected [{d_tc}]")
+        if sk is not None and tuple(sk.shape) != (D, D):
+            raise ShapeMismatchError(f"{p}: W_skip_{layer} has shape {list(sk.shape)}, expected [{D}, {D}]")
+        if layer > 0 and (th is None) != (len(thr) == 0):
+            raise LoadError(f"{p}: threshold_{layer} is in some layers only; a JumpReLU CLT needs one in every "
+                            "W_enc_<i>.safetensors")
+        if layer > 0 and (sk is None) != (len(skips) == 0):
+            raise LoadError(f"{p}: W_skip_{layer} is in some layers only; give it in every layer or none")
+        dp = path / f"W_dec_{layer}.safetensors"
+        try:
+            with safe_open(str(dp), framework="pt") as fh:
+                if f"W_dec_{layer}" not in fh.keys():
+                    raise LoadError(f"{dp}: tensor W_dec_{layer} is missing (it has {sorted(fh.keys())})")
+                dshape = tuple(fh.get_slice(f"W_dec_{layer}").get_shape())
+        except LoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise LoadError(f"{dp}: not a readable safetensors file ({type(exc).__name__}); re-export it") from None
+        if dshape != (d_tc, L - layer, D):
+            raise ShapeMismatchError(f"{dp}: W_dec_{layer} has shape {list(dshape)}, expected "
+                                     f"[{d_tc}, {L - layer}, {D}] (features, output layers {layer}..{L - 1}, d_model)")
+        for name, t in ((f"b_enc_{layer}", be), (f"b_dec_{layer}", bd), (f"threshold_{layer}", th),
+                        (f"W_skip_{layer}", sk)):
+            if t is not None:
+                _check_finite(t, str(p), name)
+        b_enc.append(be.to(dtype))
+        b_dec.append(bd.to(dtype))
+        if th is not None:
+            thr.append(th.reshape(-1).to(dtype))
+        if sk is not None:
+            skips.append(sk.to(dtype))
+    if act is None:
+        act = "jump_relu" if thr else "relu"
+    if act not in ("relu", "jump_relu", "topk"):
+        raise LoadError(f"{cfg_path}: activation_function {act!r} is not supported; use relu, jump_relu or topk")
+    if act == "jump_relu" and not thr:
+        raise LoadError(f"{cfg_path}: activation_function jump_relu needs threshold_<i> in every W_enc_<i>.safetensors")
+    if act == "topk" and (not isinstance(topk, int) or topk <= 0):
+        raise LoadError(f"{cfg_path}: activation_function topk needs topk: K (a positive integer), got {topk!r}")
+    if lazy is None:
+        lazy = L * int(d_tc) * D * torch.tensor([], dtype=dtype).element_size() > 2**30
+    return CrossLayerTranscoder(
+        path, n_layers=L, d_transcoder=int(d_tc), d_model=D, b_enc=torch.stack(b_enc), b_dec=torch.stack(b_dec),
+        threshold=torch.stack(thr) if thr else None, W_skip=skips or None, activation_function=act,
+        topk=int(topk) if act == "topk" else None, feature_input_hook=hook_in, feature_output_hook=hook_out,
+        dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy,
+    )

@@ -1,0 +1,335 @@
+"""Exact back-substitution over an attribution graph: one pass over the edges per target set.
+
+An attribution graph is a DAG whose readers are ordered by the residual location they read
+(a feature of layer ``l`` reads ``resid_mid(l)`` and writes ``resid_post(l)``, which only
+readers of later locations read).  Every quantity that the queries propagate from the targets
+down to the inputs is a sum over paths of products of per-edge factors,
+
+    acc_s = sum_r z_r * v(r, s),        z_r = start_r + gain_r * acc_r,
+
+and it is computed exactly by visiting the readers by *level* (their residual location),
+top down: when the edges into the readers of one level are visited, every ``z_r`` of that
+level is already final (all of ``r``'s out-edges lead to higher levels, visited before).  So
+each edge is read once, in chunks, with no iteration to convergence and no dense matrix.
+
+* circuit-tracer's influence ``w (A + A^2 + ...)``: ``v = |E[r, s]| / sum_s' |E[r, s']|``,
+  ``gain = 1``, ``start = w``; the influence is ``acc``.
+* the signed total effect (:mod:`circuitgraph.queries.influence`): ``v = E[r, s]``,
+  ``gain = 1 / pre_r``, ``start = e_T``; ``acc_s`` is the total effect of ``s`` on ``T`` and
+  ``z_r = d pre_T / d pre_r``.
+
+**Levels.**  Each reader's level is its residual read location, taken from its identity
+(``kind``, ``layer``; a direction target's ``site``); nodes without incoming edges get level
+-1.  The levels are checked against every edge (``level[source] < level[target]``, one
+vectorised comparison); a graph on which they do not hold (hand-built graphs) gets its
+levels from a topological sort instead (Kahn's algorithm by rounds, each edge visited once),
+which also reports a cycle.  The edges are visited in decreasing level of their target:
+the engine already stores them in that order (and pruned graphs in increasing order), so
+usually no permutation is needed; otherwise one stable radix sort of the small level keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from circuitgraph.errors import QueryError
+
+__all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK"]
+
+#: edges per chunk: bounds the float64 working copies (a few times 8 bytes x CHUNK)
+CHUNK = 1 << 22
+
+
+@dataclass(frozen=True, eq=False)
+class DagOrder:
+    """The edge arrays of a DAG and the order in which to visit them.
+
+    ``target, source, weight``: the edges (any float dtype; duplicates allowed, they add).
+    ``order``: a permutation of the edges into visiting order, or None when the stored order
+    already is one (``reverse``: visit the stored edges back to front).  ``segments``: the
+    ``(level, start, end)`` ranges of the visiting order, highest level first.
+    ``level_rows``: per level of ``segments``, the node rows at that level.
+    """
+
+    n: int
+    target: np.ndarray
+    source: np.ndarray
+    weight: np.ndarray
+    level: np.ndarray
+    order: np.ndarray | None
+    reverse: bool
+    segments: tuple[tuple[int, int, int], ...]
+
+    def chunks(self):
+        """``(level, target, source, weight)`` per chunk of edges, in visiting order; each chunk
+        lies within one level.  Slices of the stored arrays when no permutation is needed."""
+        E = self.target.shape[0]
+        for lvl, a, b in self.segments:
+            for c in range(a, b, CHUNK):
+                d = min(b, c + CHUNK)
+                if self.order is not None:
+                    idx = self.order[c:d]
+                    yield lvl, self.target[idx], self.source[idx], self.weight[idx]
+                elif self.reverse:
+                    sl = slice(E - d, E - c)
+                    yield lvl, self.target[sl], self.source[sl], self.weight[sl]
+                else:
+                    yield lvl, self.target[c:d], self.source[c:d], self.weight[c:d]
+
+
+def _kahn_levels(n: int, target: np.ndarray, source: np.ndarray) -> np.ndarray:
+    """Levels such that ``level[source] < level[target]`` on every edge (longest path from the
+    node to a sink, counted downwards); raises :class:`QueryError` on a cycle."""
+    order = np.argsort(target, kind="stable")
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(target, minlength=n), out=indptr[1:])
+    src_sorted = source[order]
+    outdeg = np.bincount(source, minlength=n).astype(np.int64)
+    depth = np.full(n, -1, dtype=np.int64)
+    frontier = np.flatnonzero(outdeg == 0)
+    d = 0
+    while frontier.size:
+        depth[frontier] = d
+        starts, ends = indptr[frontier], indptr[frontier + 1]
+        lens = ends - starts
+        total = int(lens.sum())
+        if total:
+            offs = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(total)
+            srcs = src_sorted[offs]
+            outdeg -= np.bincount(srcs, minlength=n)
+            cand = np.unique(srcs)
+            frontier = cand[(outdeg[cand] == 0) & (depth[cand] < 0)]
+        else:
+            frontier = frontier[:0]
+        d += 1
+    if (depth < 0).any():
+        raise QueryError(
+            "the graph's edges have a cycle, so influence and total effects are not defined "
+            "(attribution graphs are acyclic; check a hand-built graph's edges)"
+        )
+    return (d - depth).astype(np.int64)
+
+
+def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray,
+              level: np.ndarray | None = None) -> DagOrder:
+    """Visiting order of the edges of a DAG on ``n`` nodes (see the module docstring).
+
+    ``level``: candidate levels per node (e.g. residual read locations); nodes without
+    incoming edges are set to -1.  When they are not consistent with the edges (or not
+    given), the levels come from a topological sort."""
+    target = np.asarray(target)
+    source = np.asarray(source)
+    E = target.shape[0]
+    has_in = np.zeros(n, dtype=bool)
+    has_in[target] = True
+    lv = None
+    if level is not None:
+        lv = np.where(has_in, np.asarray(level, dtype=np.int64), -1)
+        if E and not _levels_hold(lv, target, source):
+            lv = None
+    if lv is None:
+        lv = np.where(has_in, _kahn_levels(n, target, source), -1) if E else np.full(n, -1, dtype=np.int64)
+    lo, hi = int(lv.min(initial=-1)), int(lv.max(initial=-1))
+    small = lv.astype(np.int16) if -32768 < lo and hi < 32767 else lv
+    order, reverse = None, False
+    segments: list[tuple[int, int, int]] = []
+    if E:
+        kt = _gather_chunked(small, target)
+        step = kt[1:] - kt[:-1] if E > 1 else np.zeros(0, dtype=kt.dtype)
+        if not (step > 0).any():
+            pass  # already non-increasing: visit as stored
+        elif not (step < 0).any():
+            reverse = True
+            kt = kt[::-1]
+        else:
+            order = np.argsort(-kt, kind="stable")  # a radix sort for int16 keys
+            kt = kt[order]
+        cut = np.flatnonzero(kt[1:] != kt[:-1]) + 1
+        bounds = np.concatenate([[0], cut, [E]])
+        segments = [(int(kt[a]), int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return DagOrder(n, target, source, np.asarray(weight), lv, order, reverse, tuple(segments))
+
+
+def _gather_chunked(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    out = np.empty(index.shape[0], dtype=values.dtype)
+    for c in range(0, index.shape[0], CHUNK):
+        out[c : c + CHUNK] = values[index[c : c + CHUNK]]
+    return out
+
+
+def _levels_hold(level: np.ndarray, target: np.ndarray, source: np.ndarray) -> bool:
+    for c in range(0, target.shape[0], CHUNK):
+        if not (level[source[c : c + CHUNK]] < level[target[c : c + CHUNK]]).all():
+            return False
+    return True
+
+
+def incoming_sums(target: np.ndarray, weight: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per node: the sum and the sum of absolute values of its incoming edge weights (float64),
+    in one chunked pass."""
+    s = np.zeros(n)
+    a = np.zeros(n)
+    for c in range(0, target.shape[0], CHUNK):
+        t = target[c : c + CHUNK]
+        w = weight[c : c + CHUNK].astype(np.float64)
+        s += np.bincount(t, weights=w, minlength=n)
+        np.abs(w, out=w)
+        a += np.bincount(t, weights=w, minlength=n)
+    return s, a
+
+
+def _scatter(acc: np.ndarray, src: np.ndarray, contrib: np.ndarray) -> None:
+    n, m = acc.shape
+    if m == 1:
+        acc[:, 0] += np.bincount(src, weights=contrib[:, 0], minlength=n)
+    else:
+        for j in range(m):
+            acc[:, j] += np.bincount(src, weights=contrib[:, j], minlength=n)
+
+
+def sweep(
+    dag: DagOrder,
+    *,
+    abs_start: np.ndarray | None = None,
+    row_divisor: np.ndarray | None = None,
+    source_mask: np.ndarray | None = None,
+    signed_start: np.ndarray | None = None,
+    gain: np.ndarray | None = None,
+    sum_mask: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """One pass over the edges for up to two propagations at once.
+
+    * ``abs_start (n, m)`` with ``row_divisor (n,)``: ``acc_abs[s] = sum_r z[r] |w_rs| / row_divisor[r]``
+      (``* source_mask[s]`` when given), ``z = abs_start + acc_abs``;
+    * ``signed_start (n, m')`` with ``gain (n,)``: ``acc_signed[s] = sum_r y[r] w_rs``,
+      ``y = signed_start + gain * acc_signed``.
+
+    With ``sum_mask (n,)`` (bool) the same pass also sums, per node, the absolute incoming
+    weights from the sources in the mask (``"masked_abs_sums"``).
+
+    Returns ``{"abs": acc_abs, "signed": acc_signed, "y": y, ...}`` for what was asked.
+    """
+    n = dag.n
+    do_abs, do_sig = abs_start is not None, signed_start is not None
+    if do_abs:
+        z_abs = np.array(abs_start, dtype=np.float64).reshape(n, -1)
+        acc_abs = np.zeros_like(z_abs)
+        divisor = np.ones(n) if row_divisor is None else np.asarray(row_divisor, dtype=np.float64)
+        mask = None if source_mask is None else np.asarray(source_mask, dtype=np.float64)
+    if do_sig:
+        y = np.array(signed_start, dtype=np.float64).reshape(n, -1)
+        acc_sig = np.zeros_like(y)
+        g = np.ones(n) if gain is None else np.asarray(gain, dtype=np.float64)
+    # rows per level, to finalise z / y of a level before its edges are read
+    lv = dag.level
+    order_nodes = np.argsort(lv, kind="stable")
+    bounds = np.searchsorted(lv[order_nodes], np.arange(int(lv.min(initial=-1)), int(lv.max(initial=-1)) + 2))
+    base = int(lv.min(initial=-1))
+
+    def rows_at(level: int) -> np.ndarray:
+        k = level - base
+        return order_nodes[bounds[k] : bounds[k + 1]]
+
+    msum = None if sum_mask is None else np.zeros(n)
+    smask = None if sum_mask is None else np.asarray(sum_mask, dtype=bool)
+    done = np.zeros(n, dtype=bool)
+    current = None
+    for level, t, s, w in dag.chunks():
+        if level != current:
+            rows = rows_at(level)
+            done[rows] = True
+            if do_abs:
+                z_abs[rows] = _rows(abs_start, rows, n) + acc_abs[rows]
+            if do_sig:
+                y[rows] = _rows(signed_start, rows, n) + g[rows, None] * acc_sig[rows]
+            current = level
+        w64 = w.astype(np.float64)
+        if do_sig:
+            _scatter(acc_sig, s, y[t] * w64[:, None])
+        if msum is not None:
+            sel = smask[s]
+            msum += np.bincount(t[sel], weights=np.abs(w64[sel]), minlength=n)
+        if do_abs:
+            v = np.abs(w64, out=w64)
+            v /= divisor[t]
+            if mask is not None:
+                v *= mask[s]
+            _scatter(acc_abs, s, z_abs[t] * v[:, None])
+    out: dict[str, np.ndarray] = {}
+    if msum is not None:
+        out["masked_abs_sums"] = msum
+    if do_abs:
+        out["abs"] = acc_abs
+    if do_sig:
+        rest = np.flatnonzero(~done)  # nodes without incoming edges
+        y[rest] = _rows(signed_start, rest, n) + g[rest, None] * acc_sig[rest]
+        out["signed"] = acc_sig
+        out["y"] = y
+    return out
+
+
+def _rows(start: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    return np.asarray(start, dtype=np.float64).reshape(n, -1)[rows]
+
+
+def graph_levels(graph) -> np.ndarray:  # noqa: ANN001 - AttributionGraph (no import cycle)
+    """Candidate level per node: the residual location its reader reads (see
+    :mod:`circuitgraph.attribution.frozen_model`: ``resid_pre(l) = 2l``, ``resid_mid(l) = 2l+1``,
+    ``resid_post(l) = 2l+2``).  Features and neurons read ``resid_mid``; logits and
+    logit-difference targets the final residual; direction targets their ``site``; other
+    kinds (hand-built readers) ``resid_pre`` of their layer.  Checked against the edges by
+    :func:`dag_order`."""
+    site = {"resid_pre": 0, "resid_mid": 1, "resid_post": 2}
+    out = np.empty(graph.n_nodes, dtype=np.int64)
+    for i, node in enumerate(graph.nodes):
+        kind, layer = node.kind, node.layer
+        if kind in ("feature", "neuron"):
+            out[i] = 2 * layer + 1
+        elif kind == "target" and node.attrs.get("site") in site:
+            out[i] = 2 * layer + site[node.attrs["site"]]
+        else:
+            out[i] = 2 * layer
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class GraphDag:
+    """A graph's unique edges in visiting order, with the per-node sums of absolute incoming
+    weights that circuit-tracer's row normalisation divides by."""
+
+    dag: DagOrder
+    abs_row_sums: np.ndarray
+    #: per edge of the graph, its unique edge in ``dag`` (None: the graph's edges are unique)
+    inverse: np.ndarray | None = None
+
+    @property
+    def row_divisor(self) -> np.ndarray:
+        """``max(sum |w|, 1e-10)`` per node (circuit-tracer's ``normalize_matrix``)."""
+        return np.maximum(self.abs_row_sums, 1e-10)
+
+
+def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
+    """The :class:`GraphDag` of a graph, built once and cached on it (the graph's edge arrays
+    are not changed in place by anything in circuitgraph).  Duplicate ``(target, source)``
+    pairs of a hand-built graph are summed first (an edge's weight is their sum)."""
+    cached = graph.derived("dag")
+    if cached is not None:
+        return cached
+    t, s, w = graph.edge_target, graph.edge_source, graph.edge_weight
+    inverse = None
+    if graph.edges_unique or t.size == 0:
+        abs_sums = graph.incoming_abs_sums()
+    else:
+        key = t.astype(np.int64) * np.int64(graph.n_nodes) + s
+        uniq, inv = np.unique(key, return_inverse=True)
+        if uniq.size < key.size:  # sum the duplicates
+            w = np.bincount(inv.reshape(-1), weights=w.astype(np.float64), minlength=uniq.size)
+            t, s, inverse = uniq // graph.n_nodes, uniq % graph.n_nodes, inv.reshape(-1)
+            abs_sums = incoming_sums(t, w, graph.n_nodes)[1]
+        else:
+            abs_sums = graph.incoming_abs_sums()
+    result = GraphDag(dag_order(graph.n_nodes, t, s, w, graph_levels(graph)), abs_sums, inverse)
+    graph.store_derived("dag", result)
+    return result
