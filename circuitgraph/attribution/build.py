@@ -13,7 +13,7 @@ from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.linearisation import Linearisation
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
 from circuitgraph.attribution.targets import ResolvedTarget
-from circuitgraph.dictionaries import TranscoderSet
+from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["AttributionContext", "build_graph", "attribute"]
@@ -22,7 +22,7 @@ __all__ = ["AttributionContext", "build_graph", "attribute"]
 def build_graph(
     adapter: ModelAdapter,
     lin: Linearisation,
-    transcoders: TranscoderSet | None,
+    transcoders: Dictionary | None,
     targets: list[ResolvedTarget],
     options: GraphOptions,
     *,
@@ -71,7 +71,7 @@ def build_graph(
 def attribute(
     adapter: ModelAdapter,
     tokens: torch.Tensor | list[int],
-    transcoders: TranscoderSet | None = None,
+    transcoders: Dictionary | None = None,
     targets: list[ResolvedTarget] | None = None,
     *,
     mlp: str | dict[int, str] | None = None,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from circuitgraph.attribution.linearisation import Linearisation
     from circuitgraph.attribution.nodes_builder import Collected, GraphOptions
     from circuitgraph.attribution.targets import ResolvedTarget
-    from circuitgraph.dictionaries import TranscoderSet
+    from circuitgraph.dictionaries import Dictionary
 
 __all__ = ["ResidualLocation", "WriterVector", "ReaderDirection", "AttributionContext"]
 
@@ -116,7 +116,7 @@ class AttributionContext:
 
     adapter: ModelAdapter
     linearisation: Linearisation
-    transcoders: TranscoderSet | None
+    transcoders: Dictionary | None
     options: GraphOptions
     _tables: Collected = field(repr=False)
     targets: list[ResolvedTarget]

@@ -193,11 +193,15 @@ class AttributionGraph:
         hit = sel[self.edge_source[sel] == s]
         return float(self.edge_weight[hit].sum()) if hit.size else 0.0
 
-    def dense_adjacency(self, max_nodes: int = 20_000, dtype: Any = np.float64) -> np.ndarray:
+    def dense_adjacency(self, max_nodes: int | None = None, dtype: Any = np.float64) -> np.ndarray:
         """Dense ``(n, n)`` adjacency, rows = targets, in the order of :attr:`nodes`.
 
-        Refuses above ``max_nodes`` so a large graph is never densified by accident.
+        Refuses above ``max_nodes`` so a large graph is never densified by accident; the default
+        is the spec's ``graph.max_dense_nodes`` for a graph built by a run (20000 otherwise).
         """
+        if max_nodes is None:
+            spec_graph = (self.metadata.get("spec") or {}).get("graph") or {}
+            max_nodes = int(spec_graph.get("max_dense_nodes") or 20_000)
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "

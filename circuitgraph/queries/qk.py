@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKPair", "QKMarginal", "QKDecomposition", "QKHead", "QKResult", "qk", "qk_decomposition",
            "model_attention_scores"]
@@ -249,7 +252,7 @@ class QKResult(QueryResult):
 
 
 # ----------------------------------------------------------------------------- the model's side
-def _attention_module(adapter: Any, layer: int) -> Any:
+def _attention_module(adapter: ModelAdapter, layer: int) -> Any:
     attn = adapter.model.blocks[layer].attn
     cfg = adapter.model.cfg
     for flag, what in (("use_qk_norm", "query/key norms"), ("clip_qkv", "query/key clipping"),
@@ -260,7 +263,7 @@ def _attention_module(adapter: Any, layer: int) -> Any:
     return attn
 
 
-def rotary_matrices(adapter: Any, layer: int, n_pos: int) -> torch.Tensor | None:
+def rotary_matrices(adapter: ModelAdapter, layer: int, n_pos: int) -> torch.Tensor | None:
     """``R (n_pos, d_head, d_head)`` with the rotated vector ``R[t] @ x`` at position ``t``, taken
     from the model's own ``apply_rotary`` (applied to the basis vectors); None without rotary."""
     if adapter.facts.positional != "rotary":
@@ -279,7 +282,7 @@ class _Stop(Exception):
 
 
 @torch.no_grad()
-def model_attention_scores(adapter: Any, tokens: torch.Tensor, layer: int,
+def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: int,
                            extra_hooks: Sequence[tuple[str, Any]] = ()) -> dict[str, torch.Tensor]:
     """The model's own query and key vectors (rotated, grouped-query heads expanded) and its
     ``hook_attn_scores`` at ``layer``: ``q, k (pos, n_heads, d_head)``, ``scores (n_heads, pos, pos)``.
@@ -323,7 +326,7 @@ def _constant_name(loc: int, side: str, bos_nodes: bool) -> str:
     return f"MLP L{where.layer} biases" + ("" if bos_nodes else " and position-0 outputs")
 
 
-def _readers(ctx: Any, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequence[int]):
+def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequence[int]):
     """Reader directions ``(n, d_model)`` and own constants ``(n,)`` in the graph's dtype: per head,
     ``d_head`` rotated query dimensions at ``(layer, q_pos)`` then ``d_head`` key dimensions at
     ``(layer, k_pos[j])``.  ``g = P(gamma1 * w) / sigma1``, own constant ``w . beta1 + b``."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 from circuitgraph.queries.filters import match_nodes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding"]
 
@@ -78,7 +81,7 @@ def _as_unit(node: Any) -> Unit:
 class _Weights:
     """Weight-only reader and writer directions of one model (float64)."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: AttributionContext):
         self.ctx = ctx
         self.a = ctx.adapter
         self.f = self.a.facts

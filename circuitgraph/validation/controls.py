@@ -20,7 +20,7 @@ Draws use ``numpy.random.default_rng(seed)``; masks are boolean (no ``inf`` arit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 import torch
@@ -36,13 +36,16 @@ from circuitgraph.validation.interventions import (
     site_values,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
+
 __all__ = ["ControlKind", "ControlSummary", "unit_magnitudes", "draw_controls", "summarise_controls"]
 
 ControlKind = Literal["matched_magnitude", "count_matched"]
 
 
 @torch.no_grad()
-def unit_magnitudes(adapter: Any, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[str, int]],
+def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[str, int]],
                     transcoders: Any = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per ``(site, layer)``: ``(magnitude (pos, n), old values (pos, n, e), new values (pos, n, e))``
     for every unit of the site, under ``template``'s mode (its units are ignored)."""

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,6 +24,9 @@ from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
 from circuitgraph.validation.metrics import Metric
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["CHECK_KINDS", "CheckResult", "run_check", "run_checks"]
 
@@ -76,7 +79,7 @@ def _params(kind: str, params: Any) -> BaseModel:
         raise ValidationRunError(f"{where}: {first['msg']}") from None
 
 
-def _token(token: Any, adapter: Any, tokenizer: Any, where: str) -> int:
+def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int:
     from circuitgraph.attribution.targets import resolve_token
 
     try:
@@ -85,7 +88,7 @@ def _token(token: Any, adapter: Any, tokenizer: Any, where: str) -> int:
         raise ValidationRunError(str(exc)) from None
 
 
-def _metric(spec: Any, adapter: Any, tokenizer: Any) -> Metric | None:
+def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
