@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ def check_every_head(g, adapter, tokens, tol, key_positions=("top", 2)):
                 t, kk = h.query_position, h.key_position
                 assert t == len(tokens) - 1
                 if kp != "top":
-                    assert kk == kp
+                    assert kk == (kp if kp >= 0 else len(tokens) + kp)
                 magnitude = float(q[t, h.head].norm() * k[kk, h.head].norm()) / math.sqrt(f.d_head)
                 ref = float(s_model[h.head, t, kk])
                 for value in (h.score, h.pairs_sum_plus_constant, h.query_marginals_sum_plus_constant,
@@ -79,6 +80,15 @@ def test_sums_equal_the_model_score_every_head_float32(tmp_path, variant, granul
     attention = {0: "frozen", 1: "heads", 2: "frozen"} if granularity == "neurons" else "frozen"
     g = attribute(adapter, tokens, tcs, mlp=granularity, attention=attention)
     check_every_head(g, adapter, tokens, 1e-5)
+
+
+@pytest.mark.parametrize("bundle", ["example-gpt2", "example-llama"])
+def test_shipped_bundles_every_head(bundle):
+    """The GPT-2-style (learned positions) and Llama-style (rotary, GQA) example bundles, with
+    their transcoders, at every query position's top key and a fixed one."""
+    adapter, tcs, tokens = load_bundle(EXAMPLES / "fixtures" / bundle)
+    g = attribute(adapter, tokens, tcs)
+    check_every_head(g, adapter, tokens, 1e-5, key_positions=("top", 1, -3))
 
 
 def test_sums_equal_the_model_score_every_head_float64(tmp_path, variant):
@@ -168,7 +178,7 @@ def test_errors_name_the_rule_and_the_value(tmp_path):
     g = attribute(adapter, tokens, tcs)
     with pytest.raises(QueryError, match=r"layer 5 requested, the model has 2 layers \(0-1\)"):
         qk(g, 5, 0)
-    with pytest.raises(QueryError, match=r"head 9 requested, layer 0 has 4 heads \(0-3\)"):
+    with pytest.raises(QueryError, match=r"head 9 requested, the model has 4 heads per layer \(0-3\)"):
         qk(g, 0, [0, 9])
     with pytest.raises(QueryError, match="query_position -40 is outside the prompt"):
         qk(g, 0, 0, -40)
@@ -185,8 +195,11 @@ def test_errors_name_the_rule_and_the_value(tmp_path):
 
 def test_example_spec_runs_and_writes_the_results(tmp_path):
     spec = yaml.safe_load((EXAMPLES / "qk_demo.yaml").read_text())
-    for key in spec["export"]:
+    for key in ("json", "neuronpedia", "svg"):
         spec["export"][key] = str(tmp_path / Path(spec["export"][key]).name)
+    if shutil.which("dot") is None:  # the DOT text is checked below without the binary
+        spec["export"].pop("svg")
+    spec["export"]["dot"] = str(tmp_path / "graph.dot")
     circuitgraph.run(spec)
     doc = json.loads((tmp_path / "graph.json").read_text())
     (entry,) = [q for q in doc["queries"] if q["kind"] == "qk"]
@@ -218,3 +231,29 @@ def test_example_spec_runs_and_writes_the_results(tmp_path):
     for q_id, k_id, value in qkr["pair_wise_contributors"]:
         assert q_id in by_id and k_id in by_id and isinstance(value, float)
     assert qkr["pair_wise_contributors"][0][2] == pytest.approx(h0["pairs"][0]["value"])
+    # the diagram inset: one cluster per head, each top pair as dashed q/k edges into the head
+    dot = (tmp_path / "graph.dot").read_text()
+    assert dot.count('"cluster qk L0H') == 4
+    p0 = h0["pairs"][0]
+    assert f'"{p0["query_node"]}" -> "qk L0H0 11->4 #0 pair 0" [style=dashed' in dot
+    assert f'"{p0["key_node"]}" -> "qk L0H0 11->4 #0 pair 0" [style=dashed' in dot
+    assert '"qk L0H0 11->4 #0 pair 0" -> "qk L0H0 11->4 #0" [style=dashed' in dot
+    if "svg" in spec["export"]:
+        assert "QK L0H0" in (tmp_path / "graph.svg").read_text()
+
+
+def test_cli_bad_head_or_position_exits_2_before_writing(tmp_path):
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli import main as cli
+
+    spec = yaml.safe_load((EXAMPLES / "qk_demo.yaml").read_text())
+    spec["export"] = {"json": str(tmp_path / "graph.json")}
+    spec["queries"] = [{"qk": {"layer": 0, "head": [0, 9], "query_position": 2, "key_position": 5}}]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(cli.app, ["run", str(path)])
+    assert r.exit_code == 2
+    assert "queries[0].qk.head: head 9 requested, the model has 4 heads per layer (0-3)" in r.output
+    assert "queries[0].qk.key_position: key_position 5 is after query_position 2" in r.output
+    assert not (tmp_path / "graph.json").exists()

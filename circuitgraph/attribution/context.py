@@ -13,14 +13,14 @@ through its tables (a test checks that no module outside ``circuitgraph/attribut
 * :attr:`AttributionContext.frozen_model`: the transpose of the frozen linear model, which carries
   a reader's gradient from one location down to the one below
   (:meth:`~circuitgraph.attribution.frozen_model.FrozenLinearModel.step_down`);
-* :meth:`AttributionContext.edges_into`: the edges from every writer into extra readers that are
-  not nodes of the graph (one engine sweep), e.g. a head's query and key dimensions.
+* :meth:`AttributionContext.attribute_directions`: the edges from every writer into extra readers
+  that are not nodes of the graph (one engine sweep), e.g. a head's query and key dimensions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -29,7 +29,7 @@ from circuitgraph.graph.nodes import Node, NodeId
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
-    from circuitgraph.attribution.engine import EdgeResult
+    from circuitgraph.attribution.engine import DirectionEdges
     from circuitgraph.attribution.frozen_model import FrozenLinearModel
     from circuitgraph.attribution.linearisation import Linearisation
     from circuitgraph.attribution.nodes_builder import Collected, GraphOptions
@@ -162,20 +162,14 @@ class AttributionContext:
         """Propagation between residual locations in the frozen linear model (transposed)."""
         return self._tables.frozen
 
-    def edges_into(self, readers: Sequence[ReaderDirection], *,
-                   constant_parts: dict[int, dict[int, float]] | None = None) -> EdgeResult:
-        """Edges from every writer into ``readers`` (directions that are not nodes of the graph), in
-        one sweep of the engine: ``target`` indexes ``readers``, ``source`` is a row of
-        :attr:`attributed_nodes`; ``constants`` (and ``constant_parts``, per location, when given)
-        as for the graph's own readers."""
-        from circuitgraph.attribution.engine import compute_edges
-        from circuitgraph.attribution.nodes_builder import ReaderTable
+    def attribute_directions(self, location: int, positions: Sequence[int], directions: torch.Tensor,
+                             own_constants: Sequence[float]) -> DirectionEdges:
+        """Edges from every writer into ad-hoc readers that are not nodes of the graph (e.g. a head's
+        query and key dimensions), in one sweep of the engine; see
+        :func:`circuitgraph.attribution.engine.attribute_directions`."""
+        from circuitgraph.attribution.engine import attribute_directions
 
-        table = ReaderTable()
-        for i, r in enumerate(readers):
-            table.add(i, r.location, r.position, r.direction, r.own_constant)
-        return compute_edges(replace(self._tables, readers=table), batch_size=max(len(readers), 1),
-                             constant_parts=constant_parts)
+        return attribute_directions(self._tables, location, positions, directions, own_constants)
 
     def _readers(self) -> dict[NodeId, ReaderDirection]:
         if self._reader_index is None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from circuitgraph.errors import ExportError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node
+from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node, NodeId
 
 __all__ = [
     "graph_to_dot",
@@ -77,6 +77,7 @@ def graph_to_dot(
     max_edges: int | None = -1,
     show_remainders: bool = False,
     title: str | None = None,
+    qk: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """DOT text of ``graph`` (see the module docstring for the diagram's conventions).
 
@@ -92,6 +93,10 @@ def graph_to_dot(
         show_remainders: draw ``remainder`` nodes (what pruning or a top-k cut left out);
             by default they are not drawn and the title says how many were hidden.
         title: the diagram's title; default: the prompt from ``graph.metadata``.
+        qk: results of the ``qk`` query (``QKResult.to_dict()``) to draw as an inset: per
+            head, a node ``QK L{l}H{h}`` with each top pair drawn as dashed edges from its
+            query-side and key-side nodes (labelled ``q``/``k``) through a small pair node
+            (its value) into the head; the pairs' nodes are drawn even beyond ``max_nodes``.
 
     Returns:
         DOT source; render it with :func:`circuitgraph.export.render.render_dot_text`.
@@ -110,6 +115,8 @@ def graph_to_dot(
 
     hidden = set() if show_remainders else {r for r, n in enumerate(graph.nodes) if n.kind == "remainder"}
     rows, score_name = _select_rows(graph, max_nodes, hidden)
+    qk_rows = _qk_rows(graph, qk)
+    rows = list(rows) + [r for r in qk_rows if r not in set(rows)]
     kept = np.zeros(graph.n_nodes, dtype=bool)
     kept[rows] = True
     edge_sel = np.flatnonzero(kept[graph.edge_source] & kept[graph.edge_target])
@@ -172,9 +179,58 @@ def graph_to_dot(
             f'[color="{color}", penwidth={width:.2f}, tooltip={dot_quote(f"{ids[s]} -> {ids[t]}: {w:+.6g}")}];'
         )
 
+    lines.extend(_qk_inset(graph, qk))
     lines.extend(_legend({graph.nodes[r].kind for r in rows}))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _qk_rows(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Rows of the graph's nodes named by the top pairs of ``qk`` results."""
+    out: list[int] = []
+    for result in qk:
+        for head in result.get("heads", ()):
+            for p in head.get("pairs", ()):
+                for key in ("query_node", "key_node"):
+                    node_id = NodeId.parse(p[key])
+                    if node_id in graph:
+                        out.append(graph.index_of(node_id))
+    return list(dict.fromkeys(out))
+
+
+def _qk_inset(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The QK inset: per head a cluster with the head and one small node per top pair."""
+    lines: list[str] = []
+    for n, result in enumerate(qk):
+        for head in result.get("heads", ()):
+            l, h, q, k = head["layer"], head["head"], head["query_position"], head["key_position"]
+            name = f"qk L{l}H{h} {q}->{k} #{n}"
+            pairs = [p for p in head.get("pairs", ())
+                     if NodeId.parse(p["query_node"]) in graph and NodeId.parse(p["key_node"]) in graph]
+            max_abs = max((abs(p["value"]) for p in pairs), default=0.0)
+            edges: list[str] = []  # outside the cluster, so the graph's nodes stay in their ranks
+            lines.append(f"  subgraph {dot_quote('cluster ' + name)} {{")
+            lines.append(f'    label={dot_quote(f"QK L{l}H{h}: query {q} -> key {k}")}; fontsize=10; '
+                         'style="rounded,dashed"; color="#888888";')
+            caption = [f"QK L{l}H{h} @{q}->{k}", f"score {head['score']:.4g}, p={head['probability']:.3f}"]
+            lines.append(f'    {dot_quote(name)} [shape=box, style="rounded,filled,bold", fillcolor="#fff2cc", '
+                         f"label={_label(caption)}];")
+            for i, p in enumerate(pairs):
+                v = float(p["value"])
+                color = NEGATIVE_COLOR if v < 0 else POSITIVE_COLOR
+                width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(v) / max_abs if max_abs > 0 else 0.0)
+                pair = f"{name} pair {i}"
+                tip = dot_quote(f"{p['query_node']} x {p['key_node']}: {v:+.6g}")
+                lines.append(f'    {dot_quote(pair)} [shape=ellipse, style="dashed", fontsize=8, height=0.2, '
+                             f'label={dot_quote(f"{v:+.3g}")}, tooltip={tip}];')
+                lines.append(f'    {dot_quote(pair)} -> {dot_quote(name)} [style=dashed, color="{color}", '
+                             f"penwidth={width:.2f}, tooltip={tip}];")
+                for key, tag in (("query_node", "q"), ("key_node", "k")):
+                    edges.append(f'  {dot_quote(p[key])} -> {dot_quote(pair)} [style=dashed, color="{color}", '
+                                 f'label="{tag}", fontsize=7, penwidth={width:.2f}];')
+            lines.append("  }")
+            lines.extend(edges)
+    return lines
 
 
 def _strongest_edges(graph: AttributionGraph, edge_sel: np.ndarray, weights: np.ndarray,

@@ -60,7 +60,8 @@ def render_dot_text(
         )
     except subprocess.TimeoutExpired:
         raise RenderError(
-            f"Graphviz dot ran past {timeout:g} s; draw fewer nodes (max_nodes) or raise timeout"
+            f"Graphviz dot ran past {timeout:g} s; draw fewer nodes (export.max_render_nodes in a spec, --max-nodes "
+            "for circuitgraph render, max_nodes= in Python) or raise timeout="
         ) from None
     except OSError as exc:
         raise RenderError(f"cannot run Graphviz dot at {binary!r}: {exc}") from None

@@ -205,7 +205,7 @@ class AttributionGraph:
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
-                "use the sparse accessors or raise max_nodes"
+                "use the sparse accessors or raise max_nodes="
             )
         a = np.zeros((self.n_nodes, self.n_nodes), dtype=dtype)
         np.add.at(a, (self.edge_target, self.edge_source), self.edge_weight.astype(dtype))

@@ -62,6 +62,29 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     return adapter, tcs
 
 
+def check_layer_keys(spec: Any, n_layers: int) -> None:
+    """Every per-layer setting names layers the model has (a key out of range is an error,
+    never silently ignored)."""
+    problems = []
+    last = f"the model has {n_layers} layers (0-{n_layers - 1})"
+    for key in ("mlp", "attention"):
+        value = getattr(spec.graph, key)
+        if isinstance(value, dict):
+            bad = sorted(layer for layer in value if not 0 <= layer < n_layers)
+            if bad:
+                problems.append(f"graph.{key}: layer keys {bad} are out of range, {last}; "
+                                f"use keys 0-{n_layers - 1} (layers not named take the default)")
+    t = spec.transcoders
+    if t is not None:
+        for key, layers in (("layers", t.layers), ("ids", list(t.ids or {}) if t.source == "release" else None)):
+            bad = sorted(int(layer) for layer in layers or () if not 0 <= int(layer) < n_layers)
+            if bad:
+                problems.append(f"transcoders.{key}: layers {bad} are out of range, {last}; "
+                                f"use layers 0-{n_layers - 1}")
+    if problems:
+        raise AttributionError("; ".join(problems))
+
+
 def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt") -> list[int]:
     """A spec prompt (TextPrompt / TokensPrompt, or a plain str / list) -> checked token ids."""
     f = adapter.facts

@@ -191,15 +191,17 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     from circuitgraph.attribution.build import build_graph
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec)
+    check_layer_keys(spec, adapter.facts.n_layers)
     run_warnings: list[str] = []
     with _recorded_warnings(run_warnings):
         tokens = resolve_prompt(spec, adapter)
+    _check_qk_items(spec, adapter, len(tokens))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
     targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
     L = adapter.facts.n_layers
@@ -245,6 +247,26 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         if bar is not None:
             bar.close()
     return graph
+
+
+def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+    """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
+    checked before the graph is built, so bad input fails fast and writes nothing."""
+    from circuitgraph.errors import SpecError
+    from circuitgraph.queries.qk import qk_problems
+
+    f = adapter.facts
+    problems = []
+    for where, items in (("queries", spec.queries), ("validate", spec.validate)):
+        for i, item in enumerate(items):
+            if item.kind == "qk":
+                p = item.params
+                head = p.head if isinstance(p.head, int) else list(p.head)
+                problems += [(f"{where}[{i}].qk.{field}", msg) for field, msg in qk_problems(
+                    p.layer, head, p.query_position, p.key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                    n_pos=n_pos)]
+    if problems:
+        raise SpecError(problems)
 
 
 def run(spec: Any, *, progress: bool = False) -> RunResult:
@@ -341,6 +363,8 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
             g.metadata[key] = result.full_graph.metadata[key]
     written: dict[str, Path] = {}
     queries, validation = result.queries_json(), result.validation_json()
+    qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
+    inset = qk if ex.qk_inset else ()
     if ex.json is not None:
         graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
         written["json"] = Path(ex.json)
@@ -348,16 +372,15 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        qk = [q["result"] for q in queries if q["kind"] == "qk"]
         graph_to_neuronpedia(g, str(ex.neuronpedia), qk=qk)
         written["neuronpedia"] = Path(ex.neuronpedia)
     if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset))
         written["dot"] = Path(ex.dot)
     for fmt in ("svg", "png"):
         path = getattr(ex, fmt)
         if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes)
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset)
             written[fmt] = Path(path)
     return written
 

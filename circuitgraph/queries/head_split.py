@@ -114,6 +114,10 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
                          "residual, or was added after attribution, e.g. a remainder of pruning)")
     r = ctx.reader(target)
     if r is None:
+        if target.kind == "attention_head":
+            raise QueryError(f"head split: {target} is a head node, and head nodes have no incoming edges (with "
+                             "attention: heads they are sources of the graph); split an edge into a feature, neuron "
+                             "or target instead, or use attention: frozen and split the edges those heads carry")
         raise QueryError(f"head split: {target} is not a reader of the attributed graph (it has no incoming edges, "
                          "or was added after attribution)")
     loc_r, pos_t, g = r.location, r.position, r.direction
@@ -123,6 +127,13 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
     if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
+    crossed = {m: fm.attention_modes[m] for loc_u, _, _ in writes for m in range(fm.n_layers)
+               if loc_u <= 2 * m < 2 * m + 1 <= loc_r}
+    if crossed and all(mode != "frozen" for mode in crossed.values()):
+        raise QueryError(f"head split: every attention layer between {source} and {target} (layers {sorted(crossed)}) "
+                         "has attention: heads, so its heads are nodes and the edge passes through no frozen head to "
+                         "split it over; look at the head nodes' edges (neighbours) or build the graph with attention: "
+                         "frozen")
     total: dict[tuple[int | None, int | None, int | None], float] = {}
     for w in writes:
         for key, v in _split_one(ctx, w.location, w.position, w.vector, loc_r, pos_t, g, by_position).items():

@@ -21,7 +21,7 @@ is bilinear, so it splits exactly into
   embeddings and position-0 MLP outputs carried in the residual), by name.
 
 The vectors ``u_a`` come from the engine's transposed sweep
-(:func:`circuitgraph.attribution.engine.compute_edges`) with ``d_head`` readers at
+(:func:`circuitgraph.attribution.engine.attribute_directions`) with ``d_head`` readers at
 ``resid_pre(l)``: reader ``i`` reads the rotated query dimension ``i`` through ln1 at ``(l, q)``
 with its frozen sigma; the "edges" into it are every node's query-side components.  The same
 for the key side at ``(l, k)``.  One sweep for all the heads asked; no per-pair work.
@@ -39,17 +39,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from circuitgraph.attribution.context import ReaderDirection, ResidualLocation
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 
 if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKPair", "QKMarginal", "QKDecomposition", "QKHead", "QKResult", "qk", "qk_decomposition",
-           "model_attention_scores"]
+           "model_attention_scores", "qk_problems"]
 
 
 @dataclass(frozen=True)
@@ -330,9 +331,9 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
     """Reader directions ``(n, d_model)`` and own constants ``(n,)`` in the graph's dtype: per head,
     ``d_head`` rotated query dimensions at ``(layer, q_pos)`` then ``d_head`` key dimensions at
     ``(layer, k_pos[j])``.  ``g = P(gamma1 * w) / sigma1``, own constant ``w . beta1 + b``."""
-    a, fm = ctx.adapter, ctx.frozen_model
+    a = ctx.adapter
     attn = _attention_module(a, layer)
-    dtype, device = fm.dtype, fm.device
+    dtype, device = ctx.options.dtype, a.device
     W_Q, W_K = attn.W_Q.detach().to(device, dtype), attn.W_K.detach().to(device, dtype)  # (H, d_model, d_head)
     b_Q, b_K = attn.b_Q.detach().to(device, dtype), attn.b_K.detach().to(device, dtype)  # (H, d_head)
     R = rotary_matrices(a, layer, ctx.linearisation.n_pos)
@@ -341,7 +342,7 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
     norm = a.norm("ln1", layer)
     gamma = None if norm.gamma is None else norm.gamma.to(device, dtype)
     beta = None if norm.beta is None else norm.beta.to(device, dtype)
-    sigma = fm.ln1[layer].sigma
+    sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos):
         for W, b, t in ((W_Q[h], b_Q[h], q_pos), (W_K[h], b_K[h], kp)):
@@ -366,12 +367,43 @@ def _graph_id(graph: AttributionGraph, node_id: NodeId) -> NodeId:
     return rem if rem in graph else node_id
 
 
-def _resolve_position(pos: int, n_pos: int, what: str) -> int:
-    t = pos + n_pos if pos < 0 else pos
-    if not 0 <= t < n_pos:
-        raise QueryError(f"qk: {what} {pos} is outside the prompt ({n_pos} positions: 0..{n_pos - 1} "
-                         f"or -{n_pos}..-1)")
-    return t
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _heads(head: Any) -> list[int]:
+    return [int(head)] if _is_int(head) else [int(h) for h in head]
+
+
+def qk_problems(layer: Any, head: Any, query_position: Any, key_position: Any, *, n_layers: int, n_heads: int,
+                n_pos: int) -> list[tuple[str, str]]:
+    """Every problem with the arguments of a ``qk`` query for a model and prompt, each as
+    ``(field, message)`` naming the value and the allowed range (empty when all is well)."""
+    out: list[tuple[str, str]] = []
+    if not _is_int(layer) or not 0 <= layer < n_layers:
+        out.append(("layer", f"layer {layer!r} requested, the model has {n_layers} layers (0-{n_layers - 1})"))
+    heads = [head] if _is_int(head) else (list(head) if isinstance(head, (list, tuple)) else [head])
+    if not heads:
+        out.append(("head", "head is an empty list; give a head index or a non-empty list of them"))
+    for h in heads:
+        if not _is_int(h) or not 0 <= h < n_heads:
+            out.append(("head", f"head {h!r} requested, the model has {n_heads} heads per layer (0-{n_heads - 1})"))
+    q = None
+    if not _is_int(query_position) or not -n_pos <= query_position < n_pos:
+        out.append(("query_position", f"query_position {query_position!r} is outside the prompt ({n_pos} positions: "
+                                      f"0..{n_pos - 1} or -{n_pos}..-1)"))
+    else:
+        q = query_position + n_pos if query_position < 0 else query_position
+    if isinstance(key_position, str):
+        if key_position != "top":
+            out.append(("key_position", f"key_position must be an integer or 'top', got {key_position!r}"))
+    elif not _is_int(key_position) or not -n_pos <= key_position < n_pos:
+        out.append(("key_position", f"key_position {key_position!r} is outside the prompt ({n_pos} positions: "
+                                    f"0..{n_pos - 1} or -{n_pos}..-1)"))
+    elif q is not None and (key_position + n_pos if key_position < 0 else key_position) > q:
+        out.append(("key_position", f"key_position {key_position} is after query_position {query_position} "
+                                    f"(position {q}); causal attention reads only keys at or before the query"))
+    return out
 
 
 @torch.no_grad()
@@ -389,36 +421,23 @@ def qk_decomposition(
     """
     ctx = require_context(graph, "qk")
     a, lin = ctx.adapter, ctx.linearisation
-    nodes = ctx.attributed_nodes
     f = a.facts
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < f.n_layers:
-        raise QueryError(f"qk: layer {layer!r} requested, the model has {f.n_layers} layers (0-{f.n_layers - 1})")
-    heads = [head] if isinstance(head, (int, np.integer)) and not isinstance(head, bool) else list(head)
-    if not heads:
-        raise QueryError("qk: head is an empty list; give a head index or a non-empty list of them")
-    for h in heads:
-        if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h < f.n_heads:
-            raise QueryError(f"qk: head {h!r} requested, layer {layer} has {f.n_heads} heads (0-{f.n_heads - 1})")
+    problems = qk_problems(layer, head, query_position, key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                           n_pos=lin.n_pos)
+    if problems:
+        raise QueryError("qk: " + "; ".join(msg for _, msg in problems))
+    heads = _heads(head)
     T = lin.n_pos
-    q_pos = _resolve_position(int(query_position), T, "query_position")
+    q_pos = int(query_position) + T if int(query_position) < 0 else int(query_position)
     pattern = lin.patterns[layer]  # (H, T, T)
-    if isinstance(key_position, str):
-        if key_position != "top":
-            raise QueryError(f"qk: key_position must be an integer or 'top', got {key_position!r}")
+    if key_position == "top":
         k_pos = [int(pattern[h, q_pos, : q_pos + 1].argmax()) for h in heads]
     else:
-        kp = _resolve_position(int(key_position), T, "key_position")
-        if kp > q_pos:
-            raise QueryError(f"qk: key_position {key_position} (position {kp}) is after query_position "
-                             f"{q_pos}; causal attention reads only keys at or before the query")
-        k_pos = [kp] * len(heads)
+        k_pos = [int(key_position) + T if int(key_position) < 0 else int(key_position)] * len(heads)
 
     dirs, consts, positions = _readers(ctx, layer, heads, q_pos, k_pos)
-    n = dirs.shape[0]
-    at = ResidualLocation.resid_pre(layer)  # queries and keys read the residual before the layer
-    readers = [ReaderDirection(at, positions[i], dirs[i], float(consts[i])) for i in range(n)]
-    parts: dict[int, dict[int, float]] = {}
-    edges = ctx.edges_into(readers, constant_parts=parts)
+    # queries and keys read the residual stream before the layer
+    edges = ctx.attribute_directions(ResidualLocation.resid_pre(layer), positions, dirs, consts.tolist())
 
     scores = model_attention_scores(a, lin.tokens, layer)
     attn = _attention_module(a, layer)
@@ -427,20 +446,21 @@ def qk_decomposition(
     dh = f.d_head
     bos_nodes = bool(ctx.options.bos_nodes)
     out = []
-    tgt, src, w = edges.target, edges.source, edges.weight.astype(np.float64)
+    tgt, w = edges.reader, edges.weight.astype(np.float64)
+    src = np.arange(len(edges.writer))
     for j, (h, kp) in enumerate(zip(heads, k_pos)):
         sides = []
         for side in range(2):
             lo = (2 * j + side) * dh
             mask = (tgt >= lo) & (tgt < lo + dh)
-            ids = [_graph_id(graph, nodes[r].id) for r in src[mask].tolist()]
+            ids = [_graph_id(graph, edges.writer[e]) for e in src[mask].tolist()]
             uniq: dict[NodeId, int] = {}
             idx = np.array([uniq.setdefault(i, len(uniq)) for i in ids], dtype=np.int64)
             vecs = np.zeros((len(uniq), dh))
             np.add.at(vecs, (idx, tgt[mask] - lo), w[mask])
             named: dict[str, np.ndarray] = {}
             for d in range(dh):
-                for loc, value in parts.get(lo + d, {-1: float(consts[lo + d])}).items():
+                for loc, value in edges.constants[lo + d].items():
                     name = _constant_name(loc, "query" if side == 0 else "key", bos_nodes)
                     named.setdefault(name, np.zeros(dh))[d] += value
             sides.append((tuple(uniq), vecs, {k: v for k, v in named.items() if np.any(v != 0.0)}))

@@ -56,6 +56,14 @@ class Unit:
         return f"{self.kind}/{self.layer}/{self.index}"
 
 
+def _parses(text: str) -> bool:
+    try:
+        NodeId.parse(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _as_unit(node: Any) -> Unit:
     if isinstance(node, Unit):
         return node
@@ -259,6 +267,13 @@ def de_embedding(graph: AttributionGraph, node: Any, top_k: int = 10, head: Any 
     """
     ctx = require_context(graph, "de_embedding")
     top_k = check_k(top_k, "top_k")
+    if isinstance(node, (str, NodeId)):
+        nid = NodeId.parse(node) if isinstance(node, str) and _parses(node) else node
+        if isinstance(nid, NodeId) and nid not in graph:
+            raise QueryError(
+                f"de_embedding node {nid} is not in the graph ({graph.n_nodes} nodes); give a node of the graph, or "
+                f"{{kind: {nid.kind}, layer: {nid.layer}, index: {nid.index}}} for the unit at any position (weights "
+                "only, whether or not it is active on this prompt)")
     unit = _as_unit(node)
     W = _Weights(ctx)
     g, loc = W.reader(unit)

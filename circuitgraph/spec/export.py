@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from circuitgraph.spec.base import OutputPath, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.base import Bool, OutputPath, PositiveInt, StrictModel, rule_error
 
 __all__ = ["ExportSpec", "EXPORT_SUFFIXES"]
 
@@ -34,6 +34,8 @@ with warnings.catch_warnings():
         neuronpedia: OutputPath | None = Field(None, description="The graph in Neuronpedia's JSON format.")
         graph: OutputPath | None = Field(None, description="The graph in circuitgraph's compact binary format.")
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
+        qk_inset: Bool = Field(False, description="Draw the results of the qk queries in the diagrams (svg, png, "
+                               "dot) as an inset: each head's top pairs as dashed edges into the head.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
         @model_validator(mode="after")

@@ -167,7 +167,6 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
 
     ctx = graph_context(graph, "qk")
     res = qk(graph, layer, head, query_position, key_position, top_k=top_k)
-    removable = _removable(ctx)
     rows: list[QKCheckRow] = []
     notes: list[str] = []
     magnitudes: dict[int, float] = {}
@@ -181,7 +180,7 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
             for side, node in (("query", p.query_node), ("key", p.key_node)):
                 if (side, node) in items:
                     continue
-                if node not in removable:
+                if not _removable(ctx, node):
                     notes.append(f"L{layer}H{h.head} {side} node {node}: not removable in the frozen model "
                                  "(attention writers need graph.attention: heads; folded remainders are not writers)")
                     continue
@@ -195,11 +194,15 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
     return QKCheckResult(int(layer), res.query_position, rows, magnitudes, float(tolerance), _dedupe(notes))
 
 
-def _removable(ctx: AttributionContext) -> set[NodeId]:
-    """Writers that can be removed in the frozen model (attention writers only in heads mode)."""
-    return {node_id for node_id, writes in ctx.writers()
-            if any(w.location.sublayer != "attn" or ctx.options.attention[w.location.layer] == "heads"
-                   for w in writes)}
+def _removable(ctx: AttributionContext, node: NodeId) -> bool:
+    """Whether the frozen model can remove ``node`` (a writer; attention writers only in heads mode)."""
+    from circuitgraph.validation.frozen import frozen_node_hooks
+
+    try:
+        frozen_node_hooks(ctx, [node])
+    except ValidationRunError:
+        return False
+    return True
 
 
 def _dedupe(notes: list[str]) -> list[str]:
