@@ -59,6 +59,10 @@ def test_no_module_outside_the_engine_touches_its_tables():
                 bad = {a.name for a in node.names} & ENGINE_PRIVATE_NAMES
                 if bad:
                     problems.append(f"{where}: imports {sorted(bad)} from {node.module}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                  and node.args[1].value in ENGINE_TABLES):
+                problems.append(f"{where}: {ast.unparse(node)}")
             elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
                 names = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
                 if any("loc" in n for n in names) and isinstance(node.right, ast.Constant) and node.right.value == 2:

@@ -127,8 +127,8 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
     if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
-    crossed = {m: fm.attention_modes[m] for loc_u, _, _ in writes for m in range(fm.n_layers)
-               if loc_u <= 2 * m < 2 * m + 1 <= loc_r}
+    crossed = {m: ctx.options.attention[m] for w in writes for m in range(ctx.n_layers)
+               if w.location <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r}
     if crossed and all(mode != "frozen" for mode in crossed.values()):
         raise QueryError(f"head split: every attention layer between {source} and {target} (layers {sorted(crossed)}) "
                          "has attention: heads, so its heads are nodes and the edge passes through no frozen head to "
