@@ -36,7 +36,7 @@ def _clt(tmp_path: Path, arch: dict, **kwargs) -> tuple[ModelAdapter, CrossLayer
 # ----------------------------------------------------------------------------- agreement
 @pytest.mark.skipif(clt_agreement.ct_python() is None,
                     reason="circuit-tracer 0.5.0 is not installed (.venv-ct or CIRCUITGRAPH_CT_PYTHON); "
-                           "scripts/install_circuit_tracer.sh creates it")
+                           "bash scripts/install_circuit_tracer.sh creates it")
 def test_clt_edges_equal_circuit_tracers(tmp_path):
     """GPT-2 and Llama style, ReLU and JumpReLU: every edge of circuit-tracer's own CLT graph
     within 1e-5 of the largest edge, same feature nodes, completeness recorded."""
@@ -380,3 +380,25 @@ def test_head_split_of_a_clt_edge_sums_to_the_edge(tmp_path):
     assert srcs
     for s in srcs[:3]:
         assert parts_sum_check(head_split(g, s, logit)) < 1e-5
+
+
+def test_the_documented_example_runs():
+    text = (REPO / "docs" / "dictionaries.md").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/dictionaries.md", "exec"), {})
+
+
+def test_dry_run_counts_the_lazily_read_rows(tmp_path):
+    """A wide CLT: the estimate holds the biases, the encoders and the active decoder rows, not
+    the files."""
+    from circuitgraph.pipeline.estimate import estimate_run
+    from circuitgraph.spec import load_spec
+
+    model = tiny_model(**GPT2)
+    bundle = save_bundle(tmp_path / "b", model)
+    d = save_clt(tmp_path / "clt", random_clt(model, d_transcoder=2048, n_fit_tokens=48))
+    est = estimate_run(load_spec(_spec(tmp_path, bundle / "model", d)))
+    on_disk = sum(p.stat().st_size for p in d.glob("W_*.safetensors"))
+    assert est.d_sae == 2048
+    assert 0 < est.bytes_transcoders < on_disk / 2
+    assert any("cross-layer transcoder" in n and "read into memory" in n for n in est.notes)

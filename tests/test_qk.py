@@ -120,9 +120,8 @@ def test_pairs_and_marginals_are_one_decomposition(tmp_path):
     np.testing.assert_allclose(d.key, d.model_key, atol=1e-12)
 
 
-@pytest.mark.parametrize("variant_name", ["ln-gelu-learned", "rms-gated-rotary-gqa", "rms-gated-postnorm-softcap"])
-def test_layer0_pairs_equal_a_direct_computation(tmp_path, variant_name):
-    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, variant_name), dtype="float64")
+def test_layer0_pairs_equal_a_direct_computation(tmp_path, variant):
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, variant), dtype="float64")
     g = attribute(adapter, tokens, tcs, dtype=torch.float64, positional_nodes=True)
     m = adapter.model
     attn = m.blocks[0].attn
@@ -231,6 +230,9 @@ def test_example_spec_runs_and_writes_the_results(tmp_path):
     for q_id, k_id, value in qkr["pair_wise_contributors"]:
         assert q_id in by_id and k_id in by_id and isinstance(value, float)
     assert qkr["pair_wise_contributors"][0][2] == pytest.approx(h0["pairs"][0]["value"])
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates against Neuronpedia's schema")
+    schema = json.loads((EXAMPLES.parent / "schemas" / "neuronpedia" / "graph-schema.json").read_text())
+    jsonschema.validate(np_doc, schema)
     # the diagram inset: one cluster per head, each top pair as dashed q/k edges into the head
     dot = (tmp_path / "graph.dot").read_text()
     assert dot.count('"cluster qk L0H') == 4
@@ -257,3 +259,18 @@ def test_cli_bad_head_or_position_exits_2_before_writing(tmp_path):
     assert "queries[0].qk.head: head 9 requested, the model has 4 heads per layer (0-3)" in r.output
     assert "queries[0].qk.key_position: key_position 5 is after query_position 2" in r.output
     assert not (tmp_path / "graph.json").exists()
+
+
+def test_folded_and_pruned_nodes_are_reported_as_their_remainders(tmp_path):
+    from circuitgraph.queries import prune_graph
+
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned"))
+    g = attribute(adapter, tokens, tcs, max_feature_nodes=10)
+    pruned = prune_graph(g, node_threshold=0.5, edge_threshold=0.8).graph
+    for graph in (g, pruned):
+        h = qk(graph, 1, 2, -1, "top", top_k=1000).heads[0]
+        ids = {m.node for m in h.query_marginals + h.key_marginals}
+        assert ids and all(i in graph for i in ids)
+        assert any(i.kind == "remainder" for i in ids)
+        assert h.max_deviation() < 1e-5
+    assert pruned.n_nodes < g.n_nodes

@@ -188,7 +188,7 @@ def test_export_forms():
                 "svg": "out/g.svg",
                 "png": "out/g.png",
                 "neuronpedia": "out/np.json",
-                "graph": "out/g.cgraph",
+                "graph": "out/g.npz",
                 "max_render_nodes": 50,
                 "max_json_edges": 10,
             }
@@ -433,7 +433,8 @@ def test_target_errors(targets, location, words):
         ({"prune": 0.5}, "prune", ["'none' or a mapping"]),
         ({"export": {"svg": "g.png"}}, "export.svg", [".svg"]),
         ({"export": {"max_render_nodes": 0}}, "export.max_render_nodes", ["> 0"]),
-        ({"export": {"html": "g.html"}}, "export.html", ["unknown key 'html'", "json, dot, svg, png"]),
+        ({"export": {"html": "g.txt"}}, "export.html", ["should end in .html"]),
+        ({"export": {"report": "g.html"}}, "export.report", ["unknown key 'report'", "json, dot, svg, png"]),
         ({"seed": "1"}, "seed", ["expected an integer", "'1'"]),
         ({"extra": 1}, "extra", ["unknown key 'extra'", "format_version, seed, model"]),
     ],

@@ -2,9 +2,10 @@
 
 ::
 
-    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict]
+    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
+    circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
@@ -59,8 +60,23 @@ def _reported(debug: bool) -> Iterator[None]:
         if debug:
             raise
         message = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-        typer.echo(f"error: {' '.join(message.split())}", err=True)
+        typer.echo(f"error: {_one_line(message)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except RecursionError:
+        if debug:
+            raise
+        typer.echo("error: the input is nested too deeply to read; flatten it", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+#: an error line longer than this is cut (a message must never dump a huge value)
+MAX_ERROR_CHARS = 4000
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line, printable in any terminal (lone surrogates escaped), bounded."""
+    text = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _echo_lines(lines: list[str]) -> None:
@@ -80,6 +96,10 @@ def run(
         bool, typer.Option("--strict", help=f"Exit with status {EXIT_FAILED_CHECKS} when a query or validation check failed "
                            "(everything else is still written).")
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace export files that circuitgraph did not write (or that were "
+                           "changed since it wrote them).")
+    ] = False,
 ) -> None:
     """Run a spec: build the graph, run its queries and checks, write its exports.
 
@@ -97,7 +117,7 @@ def run(
         if dry_run:
             _echo_lines(list(runner.dry_run(loaded)))
         else:
-            result = runner.run(loaded, progress=not quiet)
+            result = runner.run(loaded, progress=not quiet, force=force)
             _echo_lines(list(result.summary_lines()))
             failures = result.failures
             for line in failures:
@@ -116,6 +136,9 @@ def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = Fals
         problems = check_inputs(loaded)
         if problems:
             raise SpecError(problems)
+        from circuitgraph.adapters.files import check_input_files
+
+        check_input_files(loaded)  # file headers only: no model is built, torch is not imported
         typer.echo(f"spec OK: {loaded.summary()}")
 
 
@@ -140,6 +163,47 @@ def render(
         else:
             loaded.render(output, max_nodes=max_nodes)
         typer.echo(f"wrote {output}")
+
+
+@app.command()
+def report(
+    source: Annotated[Path, typer.Argument(help="A spec (.yaml/.yml/.json) to run, or a graph file written by "
+                                           "circuitgraph (.json or .npz).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The report file (.html).", show_default=False)],
+    max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")] = 80,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Write one self-contained HTML report of a spec's run or of a saved graph."""
+    with _reported(debug):
+        if output.suffix.lower() not in (".html", ".htm"):
+            raise SpecError(f"report output {str(output)!r} should end in .html; rename it")
+        from circuitgraph.export.html import write_report
+
+        if _is_graph_file(source):
+            write_report(source, output, max_nodes=max_nodes)
+        else:
+            from circuitgraph.spec import load_spec
+
+            loaded = load_spec(source)
+            from circuitgraph.pipeline import runner  # imports torch: only here
+
+            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
+        typer.echo(f"wrote {output}")
+
+
+def _is_graph_file(path: Path) -> bool:
+    """A circuitgraph graph file (binary .npz, or JSON whose ``format`` is ours), not a spec."""
+    import json
+
+    if path.suffix.lower() == ".npz":
+        return True
+    if path.suffix.lower() != ".json" or not path.is_file():
+        return False
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == "circuitgraph.graph"
 
 
 @app.command()

@@ -242,14 +242,13 @@ class TranscoderSet:
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output)."""
         from sae_lens import SAE
 
+        from circuitgraph.adapters.files import check_transcoder_dir
+
         path = Path(path)
         if not path.is_dir():
             raise LoadError(f"transcoder directory {path} does not exist")
-        found: dict[int, Path] = {}
-        for sub in path.iterdir():
-            m = re.fullmatch(r"layer_(\d+)", sub.name)
-            if m and sub.is_dir():
-                found[int(m.group(1))] = sub
+        # every layer_<i> entry must load: skipping a broken one would silently give that layer neurons
+        found = check_transcoder_dir(path)
         if not found:
             raise LoadError(f"transcoder directory {path} has no layer_<i>/ folders")
         if layers is not None:

@@ -116,7 +116,9 @@ def estimate_run(spec: Any, *, active_fraction: float = 0.02) -> RunEstimate:
     d_sae, bytes_tc, tc_layers = None, 0, 0
     t = spec.transcoders
     if t is not None and t.source in ("path", "builtin"):
-        tc_dir = Path(t.path) if t.source == "path" else Path(BUILTIN_MODELS[t.builtin]()) / "transcoders"
+        from circuitgraph.builtin import builtin_dictionary_dir
+
+        tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
         if (tc_dir / "config.yaml").is_file():
             d_sae, bytes_tc, tc_layers, note = _clt_estimate(tc_dir, L, D, n_pos, active_fraction)
             notes.append(note)

@@ -28,7 +28,7 @@ __all__ = ["RunResult", "run", "dry_run", "build"]
 logger = logging.getLogger("circuitgraph")
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What a run produced.
 
@@ -76,6 +76,22 @@ class RunResult:
             out.append(d)
         return out
 
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        return (f"<RunResult: {self.graph.n_nodes} nodes, {self.graph.n_edges} edges; {len(self.queries)} queries, "
+                f"{len(self.validation)} checks" + (f", {failed} failed" if failed else "") + ">")
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import run_html
+
+        return run_html(self)
+
+    def report(self, path: str | Path) -> str:
+        """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
+        from circuitgraph.export.html import write_report
+
+        return write_report(self, path)
+
     def queries_json(self) -> list[dict[str, Any]]:
         return self._entries_json(self.queries)
 
@@ -96,7 +112,7 @@ class RunResult:
             f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}",
         ]
         for key in ("replacement_score", "completeness_score"):
-            if key in full.metadata:
+            if full.metadata.get(key) is not None:
                 lines.append(f"{key}: {full.metadata[key]:.4f}")
         pruned = g is not full
         for what, entries in (("query", self.queries), ("validation", self.validation)):
@@ -178,6 +194,10 @@ def _progress_bar(enabled: bool, desc: str):
 def _check_outputs(spec: Any) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
+    if ex.diagram.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        load_feature_labels(ex.diagram.labels)
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
             "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
@@ -227,7 +247,7 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         "transcoders": tcs.describe() if tcs is not None else None,
         "prompt_tokens": tokens,
         "prompt_token_strs": strs,
-        "prompt": "".join(strs),
+        "prompt": _prompt_text(spec, tok, tokens, strs),
         "graph_options": {
             "mlp": {str(k): v for k, v in options.mlp.items()},
             "attention": {str(k): v for k, v in options.attention.items()},
@@ -240,6 +260,10 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         "versions": _versions(),
         "warnings": run_warnings,
     }
+    from circuitgraph.pipeline.portable import portable_paths
+
+    # a shared graph must not reveal the user's folders: paths relative to the spec, or names
+    metadata = portable_paths(metadata, spec_base_dir(spec))
     bar, update = _progress_bar(progress, "attribution")
     try:
         graph = build_graph(adapter, lin, tcs, targets, options, progress=update, metadata=metadata)
@@ -247,6 +271,19 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
         if bar is not None:
             bar.close()
     return graph
+
+
+def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+    """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
+    text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
+    if isinstance(text, str):
+        return text
+    if tokenizer is not None:
+        try:
+            return tokenizer.decode(list(tokens), skip_special_tokens=False)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: fall back to the pieces
+            pass
+    return "".join(strs)
 
 
 def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
@@ -269,12 +306,19 @@ def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: Any, *, progress: bool = False) -> RunResult:
-    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end."""
+def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
+    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
+
+    The exports are written together or not at all (:class:`~circuitgraph.export.outputs.OutputSet`);
+    an existing file at an export path that circuitgraph did not write is refused before any
+    work unless ``force`` is true.
+    """
+    from circuitgraph.export.outputs import OutputSet
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
     _check_outputs(spec)
+    OutputSet(spec.export.outputs(), force=force).check()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     full = build(spec, progress=progress)
@@ -326,7 +370,7 @@ def run(spec: Any, *, progress: bool = False) -> RunResult:
         graph.metadata["warnings"] = list(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
     t0 = time.perf_counter()
-    result.exports = _write_exports(result)
+    result.exports = _write_exports(result, force=force)
     timings["export"] = time.perf_counter() - t0
     return result
 
@@ -347,7 +391,13 @@ def _attach_scores(graph: AttributionGraph) -> None:
     graph.metadata["completeness_score"] = scores.completeness_score
 
 
-def _write_exports(result: RunResult) -> dict[str, Path]:
+def spec_base_dir(spec: Any) -> Path | None:
+    """The folder relative paths of ``spec`` are relative to (its file's folder), if known."""
+    return getattr(spec, "base_dir", None)
+
+
+def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]:
+    """Write every export of the spec: staged, then moved into place all together (or none)."""
     from circuitgraph.export import (
         graph_to_json,
         graph_to_neuronpedia,
@@ -355,34 +405,63 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary,
     )
     from circuitgraph._io import atomic_write_text
+    from circuitgraph.export.outputs import OutputSet
 
     ex = result.spec.export
     g = result.graph
     for key in ("replacement_score", "completeness_score"):
         if key in result.full_graph.metadata:
             g.metadata[key] = result.full_graph.metadata[key]
-    written: dict[str, Path] = {}
-    queries, validation = result.queries_json(), result.validation_json()
+    from circuitgraph.pipeline.portable import portable_paths
+
+    base = spec_base_dir(result.spec)
+    queries = portable_paths(result.queries_json(), base)
+    validation = portable_paths(result.validation_json(), base)
     qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
     inset = qk if ex.qk_inset else ()
-    if ex.json is not None:
-        graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
-        written["json"] = Path(ex.json)
-    if ex.graph is not None:
-        save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
-        written["graph"] = Path(ex.graph)
-    if ex.neuronpedia is not None:
-        graph_to_neuronpedia(g, str(ex.neuronpedia), qk=qk)
-        written["neuronpedia"] = Path(ex.neuronpedia)
-    if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset))
-        written["dot"] = Path(ex.dot)
-    for fmt in ("svg", "png"):
-        path = getattr(ex, fmt)
-        if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset)
-            written[fmt] = Path(path)
-    return written
+    outputs = ex.outputs()
+    if not outputs:
+        return {}
+    diagram = _diagram_options(result) if any(
+        getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
+    with OutputSet(outputs, force=force).writing() as out:
+        if ex.json is not None:
+            graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
+                          max_edges=ex.max_json_edges)
+        if ex.graph is not None:
+            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation)
+        if ex.neuronpedia is not None:
+            p = result.spec.pruning
+            thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
+            graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk, **thresholds)
+        if ex.dot is not None:
+            atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
+        for fmt in ("svg", "png"):
+            if getattr(ex, fmt) is not None:
+                render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
+        if ex.html is not None:
+            from circuitgraph.export.html import write_report
+
+            write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
+                         diagram={**diagram, "qk": inset})
+    return {kind: Path(path) for kind, path in outputs.items()}
+
+
+def _diagram_options(result: RunResult) -> dict[str, Any]:
+    """``graph_to_dot`` options from ``export.diagram``, with the influence of the unpruned graph."""
+    from circuitgraph.export.dot import raw_influence
+
+    d = result.spec.export.diagram
+    options: dict[str, Any] = {"show_unreachable": d.show_unreachable}
+    if result.full_graph.targets:
+        options["influence"] = raw_influence(result.full_graph)
+    if d.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        options["labels"] = load_feature_labels(d.labels)
+    if d.supernodes is not None:
+        options["supernodes"] = d.supernodes
+    return options
 
 
 def dry_run(spec: Any) -> list[str]:
@@ -391,4 +470,7 @@ def dry_run(spec: Any) -> list[str]:
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
+    from circuitgraph.adapters.files import check_input_files
+
+    check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
     return estimate_run(spec).lines()

@@ -66,7 +66,7 @@ class HeadPart:
                 "source_position": self.source_position, "value": self.value}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class HeadSplitResult(QueryResult):
     """The parts of the edge ``source -> target``, largest first; ``sum(parts) == edge_weight``."""
 

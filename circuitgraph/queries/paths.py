@@ -102,7 +102,7 @@ class AttributionPath:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PathsResult(QueryResult):
     """The k best paths, best first, and which search produced them."""
 

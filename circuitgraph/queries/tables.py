@@ -54,7 +54,7 @@ def _resolve_target(graph: AttributionGraph, target: int | NodeId | str) -> Node
     return resolve_node(graph, target, what="direct_logit_attribution target")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DLAResult(QueryResult):
     """Direct effects into one target: per node, per kind and per (kind, layer)."""
 
@@ -152,7 +152,7 @@ class LensRow:
                 "tokens": [cell(t) for t in self.tokens]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LogitLensResult(QueryResult):
     """The logit lens at one position, one row per residual site (bottom to top)."""
 
@@ -224,7 +224,7 @@ def logit_lens(graph: AttributionGraph, tokens: Iterable[str | int] | None = Non
 
 
 # ---------------------------------------------------------------------------- congruence
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CongruenceResult(QueryResult):
     """Units ranked by ``|score|``: rows ``(kind, layer, index, score, dot, in_graph)``."""
 

@@ -177,7 +177,7 @@ def _units(graph: AttributionGraph, filt: Any, allowed: tuple[str, ...], what: s
     return units, skipped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class VirtualWeightsResult(QueryResult):
     """The strongest weight-only connections ``(source unit, target unit, weight)``."""
 
@@ -235,7 +235,7 @@ def virtual_weights(graph: AttributionGraph, source: Any, target: Any, top_k: in
     return VirtualWeightsResult(rows, n_pairs, skip_s + skip_t)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DeEmbeddingResult(QueryResult):
     """Tokens whose embeddings drive a unit most: rows ``(token id, token string, score)``."""
 

@@ -39,6 +39,12 @@ class ModelSpec(StrictModel):
     fold_ln: Bool = Field(False, description="Fold LayerNorm weights (pretrained models loaded by name only).")
     center_writing_weights: Bool = Field(False, description="Center weights writing to the residual (name only).")
     center_unembed: Bool = Field(False, description="Center the unembedding (name only).")
+    trust_remote_code: Bool = Field(
+        False,
+        description="Let a model folder's config.json name a tokenizer elsewhere (tokenizer_name) and let "
+        "TransformerLens/transformers run code shipped with it (auto_map). Off by default: a model folder "
+        "is data and never runs code unless you trust its source.",
+    )
 
     @property
     def source(self) -> ModelSource:
@@ -83,7 +89,9 @@ class TranscodersSpec(StrictModel):
         None, description="With path: the on-disk format (default: detected from the files; the graph's "
         "metadata.transcoders.format records it).")
     release: Name | None = Field(None, description="An sae-lens pretrained release.")
-    builtin: Literal["demo"] | None = Field(None, description="The transcoders shipped with a built-in model.")
+    builtin: Literal["demo", "demo_clt"] | None = Field(
+        None, description="Dictionaries shipped with a built-in model: demo (per-layer transcoders) or demo_clt "
+        "(a cross-layer transcoder).")
     ids: dict[LayerKey, Name] | None = Field(
         None, description="With release: the sae-lens id of each layer's transcoder, {layer: id}."
     )

@@ -145,7 +145,8 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
             reference_prompts=prompts(p.reference_prompts, "ablate.reference_prompts"),
             patch_prompt=None if p.patch_prompt is None else prompt(p.patch_prompt, "ablate.patch_prompt"),
             positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
-            control_tolerance=p.control_tolerance, max_draws=p.max_draws, seed=seed, tokenizer=tokenizer)
+            control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
+            match_positions=p.match_positions, seed=seed, tokenizer=tokenizer)
     elif kind == "predicted_vs_actual":
         result = predicted_vs_actual(
             graph, k=p.k, mode=p.mode,
