@@ -154,7 +154,7 @@ class AttributionGraph:
         self._derived[name] = (self.edge_target, self.edge_weight, value)
 
     # ----------------------------------------------------------------- sparse views
-    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
+    def csr_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by target row."""
         if self._csr_cache is None:
             order = np.argsort(self.edge_target, kind="stable")
@@ -162,7 +162,7 @@ class AttributionGraph:
             self._csr_cache = (order, np.concatenate([[0], np.cumsum(counts)]))
         return self._csr_cache
 
-    def _csc(self) -> tuple[np.ndarray, np.ndarray]:
+    def csc_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by source row."""
         if self._csc_cache is None:
             order = np.argsort(self.edge_source, kind="stable")
@@ -173,7 +173,7 @@ class AttributionGraph:
     def in_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
         """Incoming edges of a node as ``(source id, weight)``, strongest first."""
         row = self.index_of(node_id)
-        order, indptr = self._csr()
+        order, indptr = self.csr_order()
         sel = order[indptr[row] : indptr[row + 1]]
         sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
         return [(self.nodes[s].id, float(w)) for s, w in zip(self.edge_source[sel], self.edge_weight[sel])]
@@ -181,7 +181,7 @@ class AttributionGraph:
     def out_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
         """Outgoing edges of a node as ``(target id, weight)``, strongest first."""
         col = self.index_of(node_id)
-        order, indptr = self._csc()
+        order, indptr = self.csc_order()
         sel = order[indptr[col] : indptr[col + 1]]
         sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
         return [(self.nodes[t].id, float(w)) for t, w in zip(self.edge_target[sel], self.edge_weight[sel])]
@@ -189,7 +189,7 @@ class AttributionGraph:
     def edge_weight_between(self, source: NodeId | str, target: NodeId | str) -> float:
         """The weight of the edge ``source -> target`` (0.0 if absent)."""
         s, t = self.index_of(source), self.index_of(target)
-        order, indptr = self._csr()
+        order, indptr = self.csr_order()
         sel = order[indptr[t] : indptr[t + 1]]
         hit = sel[self.edge_source[sel] == s]
         return float(self.edge_weight[hit].sum()) if hit.size else 0.0
