@@ -11,8 +11,9 @@ For each mutation the repository's ``circuitgraph/``, ``tests/`` and ``examples/
 a temporary directory, one exact piece of source text is replaced (it must occur exactly once,
 so a mutation cannot silently stop applying when the code changes; tests/test_mutation_check.py
 checks that too), and pytest runs the subset there with ``-x``.  The unmutated copy is run first
-and must pass.  Prints one line per mutation (caught / NOT CAUGHT, the first failing test) and
-exits 1 if any mutation is not caught.  The working tree is never modified.
+and must pass.  Prints one line per mutation (caught / NOT CAUGHT, the first failing test; a pytest run
+that ends in anything but test failures is an ERROR, not a catch) and exits 1 if any mutation
+is not caught.  The working tree is never modified.
 """
 
 from __future__ import annotations
@@ -124,17 +125,18 @@ def copy_tree(dest: Path) -> None:
     shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
 
 
-def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[bool, str, float]:
-    """(passed, first failing test or '', seconds)."""
+def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[int, str, float]:
+    """(pytest's exit code, first failing test or what went wrong, seconds)."""
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_WAIT_POLICY": "PASSIVE"}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     seconds = time.perf_counter() - t0
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M)
-    if proc.returncode not in (0, 1):  # collection errors, crashes: also a failure, but say so
-        failed = failed or [f"pytest exit {proc.returncode}: {proc.stdout.strip().splitlines()[-1:]}"]
-    return proc.returncode == 0, (failed[0] if failed else ""), seconds
+    if proc.returncode not in (0, 1):  # not a test failure: collection error, usage error, crash
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        failed = [f"pytest exit {proc.returncode}: {' | '.join(tail)}"]
+    return proc.returncode, (failed[0] if failed else ""), seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,23 +163,24 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(base / "circuitgraph", apply_root / "circuitgraph")
             apply(apply_root, m)
             shutil.rmtree(apply_root)
-        ok, first, seconds = run_tests(base, args.tests, args.timeout)
-        print(f"{'unmutated':26s} {'passes' if ok else 'FAILS: ' + first} ({seconds:.0f} s)", flush=True)
-        if not ok:
+        code, first, seconds = run_tests(base, args.tests, args.timeout)
+        print(f"{'unmutated':26s} {'passes' if code == 0 else 'FAILS: ' + first} ({seconds:.0f} s)", flush=True)
+        if code != 0:
             return 1
-        missed = []
+        missed, broken = [], []
         for m in chosen:
             root = Path(tmp) / m.name
             copy_tree(root)
             apply(root, m)
-            passed, first, seconds = run_tests(root, args.tests, args.timeout)
-            status = "NOT CAUGHT" if passed else f"caught by {first}"
+            code, first, seconds = run_tests(root, args.tests, args.timeout)
+            status = {0: "NOT CAUGHT", 1: f"caught by {first}"}.get(code, f"ERROR (not a test failure): {first}")
             print(f"{m.name:26s} {status} ({seconds:.0f} s)", flush=True)
-            if passed:
-                missed.append(m.name)
+            (missed if code == 0 else broken if code != 1 else []).append(m.name)
             shutil.rmtree(root)
-    print(f"{len(chosen) - len(missed)} of {len(chosen)} mutations caught" + (f"; missed: {missed}" if missed else ""))
-    return 1 if missed else 0
+    caught = len(chosen) - len(missed) - len(broken)
+    print(f"{caught} of {len(chosen)} mutations caught" + (f"; missed: {missed}" if missed else "")
+          + (f"; errors: {broken}" if broken else ""))
+    return 1 if missed or broken else 0
 
 
 if __name__ == "__main__":
