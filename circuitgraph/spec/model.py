@@ -13,7 +13,8 @@ __all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
 ModelSource = Literal["path", "name", "builtin"]
 TranscoderSource = Literal["path", "release", "builtin"]
 #: on-disk dictionary formats (circuitgraph.dictionaries.formats.FORMATS)
-DictionaryFormat = Literal["saelens", "circuit_tracer_clt"]
+DictionaryFormat = Literal["saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope",
+                          "gemmascope2", "eleuther_topk"]
 
 
 class ModelSpec(StrictModel):
