@@ -181,3 +181,16 @@ def test_max_dense_nodes_is_the_dense_limit():
     with pytest.raises(QueryError, match="max_nodes"):
         g.dense_adjacency()
     assert g.dense_adjacency(max_nodes=g.n_nodes).shape == (g.n_nodes, g.n_nodes)
+
+
+def test_tests_scripts_and_benchmarks_use_the_public_context_too():
+    repo = PACKAGE.parent
+    problems = []
+    for folder in ("tests", "benchmarks", "scripts", "examples"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            if path.name == "test_architecture.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Attribute) and node.attr in ENGINE_TABLES:
+                    problems.append(f"{path.relative_to(repo)}:{node.lineno}: .{node.attr}")
+    assert not problems, "use graph.context.writes/reader/frozen_model:\n" + "\n".join(problems)
