@@ -169,7 +169,8 @@ class AttributionContext:
         :func:`circuitgraph.attribution.engine.attribute_directions`."""
         from circuitgraph.attribution.engine import attribute_directions
 
-        return attribute_directions(self._tables, location, positions, directions, own_constants)
+        return attribute_directions(self._tables, location, positions, directions, own_constants,
+                                    batch_size=self.options.batch_size)
 
     def _readers(self) -> dict[NodeId, ReaderDirection]:
         if self._reader_index is None:
