@@ -118,7 +118,7 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     stage("attribute", t0)
 
     t0 = time.perf_counter()
-    scores = graph_scores(graph)
+    scores = graph_scores(graph, per_target=False)  # what circuitgraph run attaches
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
     stage("scores", t0)

@@ -17,6 +17,8 @@ SUITE_TITLES = {
     "active_features": "Active features",
     "gpt2_small": "GPT-2-small-sized random model",
     "precision": "Precision (model weights; edges accumulated in float32, float64 for float64)",
+    "long_prompt_6l": "Long prompts, 6-layer model (max_feature_nodes fixed)",
+    "long_prompt_gpt2": "Long prompts, GPT-2-small-sized model (max_feature_nodes fixed)",
 }
 
 
@@ -107,7 +109,9 @@ def _plot(results: dict[str, Any], out: Path) -> list[str]:
     runs = _ok(results["runs"])
     series = [("prompt_length", "n_pos", "prompt length (tokens)", "time_memory_vs_prompt_length.png"),
               ("active_features", "n_active_features", "active features (before any selection)",
-               "time_memory_vs_active_features.png")]
+               "time_memory_vs_active_features.png"),
+              ("long_prompt_6l", "n_pos", "prompt length (tokens)", "long_prompts_6l.png"),
+              ("long_prompt_gpt2", "n_pos", "prompt length (tokens)", "long_prompts_gpt2.png")]
     for suite, key, xlabel, fname in series:
         rs = sorted([r for r in runs if r["suite"] == suite], key=lambda r: r["result"][key])
         if not rs:

@@ -68,7 +68,7 @@ def test_edge_bound_is_an_upper_bound(mlp, attention):
 def test_max_feature_nodes_advice_makes_the_run_fit():
     col, options, n_locs = _collected("transcoders")
     full = _plan(col, options, n_locs)
-    limit = full.bytes_peak // 3
+    limit = full.bytes_peak - full.bytes_edges + full.bytes_edges // 3
     plan = _plan(col, options, n_locs, limit)
     assert not plan.fits
     advice = "; ".join(plan.advice)
@@ -85,7 +85,7 @@ def test_max_feature_nodes_advice_makes_the_run_fit():
 def test_neuron_top_k_advice_makes_the_run_fit():
     col, options, n_locs = _collected("neurons")
     full = _plan(col, options, n_locs)
-    limit = full.bytes_peak // 3
+    limit = full.bytes_peak - full.bytes_edges + full.bytes_edges // 3
     plan = _plan(col, options, n_locs, limit)
     advice = "; ".join(plan.advice)
     assert "max_feature_nodes" not in advice  # a neuron graph has no features to select
@@ -132,6 +132,11 @@ def test_dry_run_exits_4_when_it_does_not_fit(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.fixture(scope="module")
+def shared_bundle(tmp_path_factory):
+    return _bundle(tmp_path_factory.mktemp("estimate"))
+
+
 _MEASURE = """
 import json, resource, subprocess, sys
 out = {}
@@ -151,11 +156,10 @@ print(json.dumps(out))
     {"mlp": "transcoders", "max_feature_nodes": 200},
     {"mlp": "neurons", "attention": "heads"},
 ], ids=["transcoders", "max_feature_nodes", "neurons-heads"])
-def test_estimate_bounds_the_measured_peak(tmp_path, graph):
+def test_estimate_bounds_the_measured_peak(tmp_path, shared_bundle, graph):
     """The dry run's peak is at least the real run's measured peak (ru_maxrss of the process) and
     at most twice it."""
-    bundle = _bundle(tmp_path)
-    spec = _spec(tmp_path, bundle, graph)
+    spec = _spec(tmp_path, shared_bundle, graph)
     res = subprocess.run([sys.executable, "-c", _MEASURE, str(spec)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], timeout=600)
     out = json.loads(res.stdout)

@@ -42,6 +42,10 @@ EDGE_PEAK_BYTES = 48
 MFN_EDGE_PEAK_BYTES = 80
 #: share of the available memory a run may plan to use
 USABLE = 0.85
+#: the later stages (scores, pruning, queries, exports) on top of the edges: a fixed allowance
+#: plus a share of what is held after the forward pass (their Python objects and strings)
+LATER_STAGES_BYTES = 128 * 1024**2
+LATER_STAGES_SHARE = 0.1
 
 
 def available_memory() -> int:
@@ -108,7 +112,7 @@ class EdgePlan:
 
     @property
     def bytes_peak(self) -> int:
-        return self.base + self.bytes_edges
+        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES + self.bytes_edges
 
     @property
     def fits(self) -> bool:
@@ -124,7 +128,7 @@ _LAST_RESORT = "shorten the prompt or use a machine with more memory"
 
 
 def _gb(b: float) -> str:
-    return f"{b / 1024**3:.2f} GB"
+    return f"{b / 1024**3:.3f} GB"
 
 
 def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -198,7 +202,7 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
             bounds: np.ndarray, reach: np.ndarray) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound."""
-    room = plan.limit - plan.base
+    room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
     out: list[str] = []
     is_feature = kinds == "feature"
     if is_feature.any():
