@@ -36,7 +36,7 @@ def _clt(tmp_path: Path, arch: dict, **kwargs) -> tuple[ModelAdapter, CrossLayer
 # ----------------------------------------------------------------------------- agreement
 @pytest.mark.skipif(clt_agreement.ct_python() is None,
                     reason="circuit-tracer 0.5.0 is not installed (.venv-ct or CIRCUITGRAPH_CT_PYTHON); "
-                           "scripts/install_circuit_tracer.sh creates it")
+                           "bash scripts/install_circuit_tracer.sh creates it")
 def test_clt_edges_equal_circuit_tracers(tmp_path):
     """GPT-2 and Llama style, ReLU and JumpReLU: every edge of circuit-tracer's own CLT graph
     within 1e-5 of the largest edge, same feature nodes, completeness recorded."""
@@ -246,3 +246,160 @@ def test_clt_needs_transcoders_at_every_layer(tmp_path):
     adapter, clt, _ = _clt(tmp_path, GPT2)
     with pytest.raises(AttributionError, match="cross-layer"):
         attribute(adapter, TOKENS, clt, mlp={0: "transcoders", 1: "neurons", 2: "transcoders"})
+
+
+# ----------------------------------------------------------------------------- interventions
+def _file_hooks(d: Path, adapter: ModelAdapter, L: int, act: str, *, zero_feature=None, zero_error_at=()):
+    """Independent TransformerLens hooks from the files: zero one CLT feature (l, t, j) in every
+    MLP output k >= l, or replace MLP outputs by their reconstruction (error zeroed)."""
+    from safetensors.torch import load_file
+
+    enc = [load_file(str(d / f"W_enc_{l}.safetensors")) for l in range(L)]
+    dec = [load_file(str(d / f"W_dec_{l}.safetensors"))[f"W_dec_{l}"] for l in range(L)]
+    live: dict[int, torch.Tensor] = {}
+
+    def grab(value, hook, l):
+        h = value @ enc[l][f"W_enc_{l}"].T + enc[l][f"b_enc_{l}"]
+        live[l] = h * (h > enc[l][f"threshold_{l}"]) if act == "jump_relu" else torch.relu(h)
+        return value
+
+    def mlp(value, hook, k):
+        out = value.clone()
+        if zero_feature is not None:
+            l, t, j = zero_feature
+            if k >= l:
+                out[:, t] -= live[l][:, t, j, None] * dec[l][j, k - l]
+        if k in zero_error_at:
+            recon = enc[k][f"b_dec_{k}"] + sum(live[l] @ dec[l][:, k - l] for l in range(k + 1))
+            out = recon.to(value.dtype)
+        return out
+
+    from functools import partial
+
+    hooks = [(f"blocks.{l}.hook_resid_mid", partial(grab, l=l)) for l in range(L)]
+    return hooks + [(f"blocks.{k}.hook_mlp_out", partial(mlp, k=k)) for k in range(L)]
+
+
+@pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_clt_feature_intervention_writes_into_every_downstream_layer(tmp_path, arch):
+    from circuitgraph.validation.interventions import Intervention, Unit, intervene
+
+    adapter, clt, d = _clt(tmp_path, arch, activation="jump_relu")
+    L = adapter.facts.n_layers
+    g = attribute(adapter, TOKENS, clt)
+    f = max((n for n in g.nodes if n.kind == "feature" and n.layer == 0), key=lambda n: n.activation)
+    toks = torch.tensor([TOKENS])
+    with intervene(adapter, Intervention.zero([Unit("feature", 0, f.position, f.index)]), n_pos=len(TOKENS),
+                   transcoders=clt) as model:
+        ours = model(toks)
+    with adapter.model.hooks(fwd_hooks=_file_hooks(d, adapter, L, "jump_relu",
+                                                   zero_feature=(0, f.position, f.index))):
+        ref = adapter.model(toks)
+    clean = adapter.model(toks)
+    assert (ref - clean).abs().max() > 1e-3  # the edit matters
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    # the error of the last layer, zeroed: MLP output = reconstruction from every layer <= k
+    with intervene(adapter, Intervention.zero([Unit("error", L - 1, None)]), n_pos=len(TOKENS),
+                   transcoders=clt) as model:
+        ours = model(toks)
+    with adapter.model.hooks(fwd_hooks=_file_hooks(d, adapter, L, "jump_relu", zero_error_at=(L - 1,))):
+        ref = adapter.model(toks)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_clt_replacement_model_reconstructs_every_layer(tmp_path):
+    from circuitgraph.validation.fidelity import replacement_model
+
+    adapter, clt, d = _clt(tmp_path, LLAMA, activation="relu")
+    L = adapter.facts.n_layers
+    toks = torch.tensor([TOKENS])
+    with replacement_model(adapter, clt) as model:
+        ours = model(toks)
+    with adapter.model.hooks(fwd_hooks=_file_hooks(d, adapter, L, "relu", zero_error_at=tuple(range(L)))):
+        ref = adapter.model(toks)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the whole pipeline
+def test_clt_spec_with_pruning_queries_validation_and_exports(tmp_path):
+    import yaml
+
+    from circuitgraph.pipeline.runner import run
+    from circuitgraph.spec import load_spec
+
+    model = tiny_model(**GPT2)
+    bundle = save_bundle(tmp_path / "b", model)
+    raw = random_clt(model)
+    raw["config"]["scan"] = "example-org/example-clt"
+    d = save_clt(tmp_path / "clt", raw)
+    out = tmp_path / "out"
+    spec = {
+        "format_version": 1,
+        "model": {"path": str(bundle / "model")},
+        "transcoders": {"path": str(d), "format": "circuit_tracer_clt"},
+        "prompt": {"tokens": TOKENS},
+        "targets": [{"top_logits": {"max_n": 3}}],
+        "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
+        "queries": [{"scores": {}}, {"top_paths": {"source": {"kind": "embedding"}, "k": 3}},
+                    {"virtual_weights": {"source": {"kind": "feature", "layer": 0},
+                                         "target": {"kind": "feature", "layer": 2}, "top_k": 3}},
+                    {"congruence": {"tokens": [5], "kind": "feature", "top_k": 3}}],
+        "validate": [{"predicted_vs_actual": {"k": 4}}],
+        "export": {"json": str(out / "graph.json"), "neuronpedia": str(out / "np.json")},
+    }
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    result = run(load_spec(p))
+    g = result.graph
+    assert g.metadata["transcoders"]["format"] == "circuit_tracer_clt"
+    assert {n.kind for n in g.nodes} >= {"feature", "error", "embedding", "logit"}
+    np_doc = json.loads((out / "np.json").read_text())
+    assert np_doc["metadata"]["scan"] == "example-org/example-clt"
+    assert np_doc["metadata"]["transcoder_list"] == []
+    types = {n["feature_type"] for n in np_doc["nodes"]}
+    assert "cross layer transcoder" in types and "mlp reconstruction error" in types
+    doc = json.loads((out / "graph.json").read_text())
+    assert doc["metadata"]["transcoders"]["kind"] == "cross_layer_transcoder"
+    kinds = [q["kind"] if isinstance(q, dict) and "kind" in q else None for q in result.queries_json()]
+    assert len(kinds) == 4
+    # a list scan becomes circuit-tracer's custom-<hash> scan with the list in transcoder_list
+    from circuitgraph.export.neuronpedia import graph_to_neuronpedia
+
+    g.metadata["transcoders"]["scan"] = ["a/b", "c/d"]
+    doc2 = graph_to_neuronpedia(g)
+    assert doc2["metadata"]["scan"].startswith("custom-") and doc2["metadata"]["transcoder_list"] == ["a/b", "c/d"]
+
+
+def test_head_split_of_a_clt_edge_sums_to_the_edge(tmp_path):
+    from circuitgraph.queries.head_split import head_split, parts_sum_check
+
+    adapter, clt, _ = _clt(tmp_path, GPT2)
+    g = attribute(adapter, TOKENS, clt)
+    logit = next(n.id for n in g.nodes if n.kind == "logit")
+    srcs = [g.nodes[s].id for t, s in zip(g.edge_target, g.edge_source)
+            if g.nodes[t].id == logit and g.nodes[s].kind == "feature" and g.nodes[s].layer == 0]
+    assert srcs
+    for s in srcs[:3]:
+        assert parts_sum_check(head_split(g, s, logit)) < 1e-5
+
+
+def test_the_documented_example_runs():
+    text = (REPO / "docs" / "dictionaries.md").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/dictionaries.md", "exec"), {})
+
+
+def test_dry_run_counts_the_lazily_read_rows(tmp_path):
+    """A wide CLT: the estimate holds the biases, the encoders and the active decoder rows, not
+    the files."""
+    from circuitgraph.pipeline.estimate import estimate_run
+    from circuitgraph.spec import load_spec
+
+    model = tiny_model(**GPT2)
+    bundle = save_bundle(tmp_path / "b", model)
+    d = save_clt(tmp_path / "clt", random_clt(model, d_transcoder=2048, n_fit_tokens=48))
+    est = estimate_run(load_spec(_spec(tmp_path, bundle / "model", d)))
+    on_disk = sum(p.stat().st_size for p in d.glob("W_*.safetensors"))
+    assert est.d_sae == 2048
+    assert 0 < est.bytes_transcoders < on_disk / 2
+    assert any("cross-layer transcoder" in n and "read into memory" in n for n in est.notes)

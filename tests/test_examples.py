@@ -47,11 +47,29 @@ def test_demo_spec(tmp_path):
         assert "<svg" in (tmp_path / "graph.svg").read_text()
 
 
+def test_demo_clt_spec(tmp_path):
+    """The built-in cross-layer transcoder: exact, better replacement score than the per-layer
+    transcoders on the demo prompt (the numbers in docs/demo.md), every query and check runs."""
+    spec = _spec_into(tmp_path, "demo_clt.yaml")
+    result = circuitgraph.run(spec)
+    doc = json.loads((tmp_path / "graph.json").read_text())
+    assert doc["metadata"]["completeness"]["max_relative_violation"] < 1e-5
+    assert doc["metadata"]["transcoders"]["format"] == "circuit_tracer_clt"
+    assert [q["kind"] for q in doc["queries"]] == ["scores", "top_paths", "virtual_weights"]
+    assert all("error" not in q for q in doc["queries"])
+    stats = json.loads((circuitgraph.builtin.demo_path() / "clt" / "stats.json").read_text())
+    assert abs(result.graph.metadata["replacement_score"] - stats["graph_on_demo_prompt"]["replacement_score"]) < 1e-4
+    assert stats["graph_on_demo_prompt"]["replacement_score"] > \
+        stats["per_layer_transcoders_graph_on_demo_prompt"]["replacement_score"]
+    np_doc = json.loads((tmp_path / "neuronpedia.json").read_text())
+    assert "cross layer transcoder" in {n["feature_type"] for n in np_doc["nodes"]}
+
+
 FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 
 
 def test_every_example_is_tested():
-    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", *FIXTURE_SPECS}
+    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", *FIXTURE_SPECS}  # qk_demo: tests/test_qk.py
     assert len(FIXTURE_SPECS) >= 2
 
 

@@ -344,22 +344,23 @@ def test_neuronpedia_follows_circuit_tracer_conventions():
     logit = by_id["3_42_2"]  # circuit-tracer puts logits at layer n_layers + 1
     assert logit["feature_type"] == "logit" and logit["is_target_logit"] is True
     assert logit["jsNodeId"] == "L_42-2" and logit["clerp"] == 'Output " dog" (p=0.432)'
-    assert logit["token_prob"] == pytest.approx(0.4321) and logit["influence"] is None
-    # cumulative influence: most influential node first, running share of the total
-    assert feat["influence"] == pytest.approx(0.6 / 1.05)
-    assert by_id["1_5_2"]["influence"] == pytest.approx(0.9 / 1.05)
-    assert by_id["1_-1_2"]["influence"] == pytest.approx(1.0)
-    assert emb["influence"] is None
+    assert logit["token_prob"] == 1.0  # the target weight: what the viewers' scores weight it by
+    # circuit-tracer's cumulative influence, computed from the graph's edges: every node has one
+    assert all(isinstance(n["influence"], float) for n in doc["nodes"])
+    ranked = sorted(doc["nodes"], key=lambda n: n["influence"])
+    assert ranked[0]["node_id"] == "1_5_2"  # the feature feeding the logit most
+    assert ranked[-1]["influence"] == pytest.approx(1.0)
 
 
 def test_neuronpedia_all_kinds_and_scan():
-    doc = graph_to_neuronpedia(make_all_kinds_graph(), scan=["tc-a", "tc-b"])
+    doc = graph_to_neuronpedia(make_all_kinds_graph(), scan=["tc-a", "tc-b"], keep_remainders=True)
     assert doc["metadata"]["scan"].startswith("custom-")
     assert doc["metadata"]["transcoder_list"] == ["tc-a", "tc-b"]
     types = {n["feature_type"] for n in doc["nodes"]}
     assert types == set(FEATURE_TYPES.values())
     assert len({n["node_id"] for n in doc["nodes"]}) == len(doc["nodes"])
-    assert len({n["jsNodeId"] for n in doc["nodes"]}) == len(doc["nodes"])
+    assert len({(n["layer"], n["feature"], n["ctx_idx"]) for n in doc["nodes"]}) == len(doc["nodes"])
+    assert len(graph_to_neuronpedia(make_all_kinds_graph())["nodes"]) == len(doc["nodes"]) - 1  # no remainder
     graph = make_graph()
     del graph.metadata["model"]
     with pytest.raises(ExportError, match="scan="):
@@ -412,14 +413,15 @@ def test_labels_that_restate_the_id_are_not_repeated():
     doc = graph_to_neuronpedia(graph)
     by_id = {n["node_id"]: n for n in doc["nodes"]}
     assert by_id["1_5_2"]["clerp"] == "" and by_id["0_17_1"]["clerp"] == "cat-ish"
-    assert by_id["3_42_2"]["token_prob"] == 0.25 and by_id["3_42_2"]["clerp"].endswith("(p=0.250)")
+    assert by_id["3_42_2"]["token_prob"] == 1.0 and by_id["3_42_2"]["clerp"].endswith("(p=0.250)")
 
 
 def test_dot_truncation_keeps_targets_and_notes_what_was_left_out():
     graph = make_graph()
     dot = graph_to_dot(graph, max_nodes=3)
     assert '"logit/2/2/42"' in dot
-    assert "showing 3 of 8 nodes" in dot and "5 weaker nodes left out (ranked by largest |edge|)" in dot
+    # ranked by circuit-tracer's influence on the targets, computed from the edges
+    assert "showing 3 of 8 nodes" in dot and "5 weaker nodes left out (ranked by influence)" in dot
     assert "feature/0/1/17" in dot and "feature/1/2/5" in dot
     assert "error/0/1/0" not in dot
     for node in graph.nodes:

@@ -223,3 +223,56 @@ def test_on_is_a_plain_yaml_key():
     with pytest.raises(circuitgraph.errors.SpecError, match="on"):
         load_spec({"format_version": 1, "model": {"builtin": "demo"}, "prompt": "mia",
                    "queries": [{"scores": None, "on": "both"}]})
+
+
+# --- 5. no silently ignored input ------------------------------------------------------------
+
+BASE = {"format_version": 1, "model": {"builtin": "demo"}, "transcoders": {"builtin": "demo"},
+        "prompt": "mia saw the owl . later she wants", "targets": [{"logit": " an"}]}
+
+
+@pytest.fixture(scope="module")
+def heads_graph():
+    return circuitgraph.build({**BASE, "graph": {"attention": "heads", "mlp": "mlp"}})
+
+
+@pytest.mark.parametrize("graph_keys, words", [
+    ({"mlp": {5: "neurons"}}, ["graph.mlp: layer keys [5]", "2 layers (0-1)"]),
+    ({"attention": {0: "heads", 7: "heads"}}, ["graph.attention: layer keys [7]", "use keys 0-1"]),
+])
+def test_layer_keys_out_of_range_are_errors(graph_keys, words):
+    with pytest.raises(circuitgraph.errors.AttributionError) as info:
+        circuitgraph.build({**BASE, "graph": graph_keys})
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_de_embedding_of_a_node_that_does_not_exist_is_an_error():
+    from circuitgraph.queries import run_query
+
+    graph = circuitgraph.build(BASE)
+    with pytest.raises(circuitgraph.errors.QueryError,
+                       match=r"feature/1/99/3 is not in the graph.*\{kind: feature, layer: 1, index: 3\}"):
+        run_query(graph, {"de_embedding": {"node": "feature/1/99/3"}})
+    # the position-free form asks about the unit's weights, active or not
+    res = run_query(graph, {"de_embedding": {"node": {"kind": "feature", "layer": 1, "index": 3}, "top_k": 2}})
+    assert len(res.rows) == 2
+
+
+def test_head_queries_that_cannot_mean_anything_with_head_nodes_are_errors(heads_graph):
+    from circuitgraph.queries import run_query
+
+    g = heads_graph
+    QueryError = circuitgraph.errors.QueryError
+    with pytest.raises(QueryError, match=r"through\[0\].*has incoming edges.*source: \{kind: attention_head\}"):
+        run_query(g, {"top_paths": {"source": {"kind": "embedding"}, "through": [{"kind": "attention_head"}]}})
+    with pytest.raises(QueryError, match="expand_heads.*attention: frozen"):
+        run_query(g, {"top_paths": {"source": {"kind": "embedding"}, "expand_heads": True}})
+    emb = next(str(n.id) for n in g.nodes if n.kind == "embedding" and n.position == 8)
+    head = next(str(n.id) for n in g.nodes if n.kind == "attention_head")
+    with pytest.raises(QueryError, match="attention: heads, so its heads are nodes"):
+        run_query(g, {"head_split": {"source": emb, "target": str(g.target_ids[0])}})
+    with pytest.raises(QueryError, match="head nodes have no incoming edges"):
+        run_query(g, {"head_split": {"source": emb, "target": head}})
+    # what the messages suggest works
+    assert run_query(g, {"top_paths": {"source": {"kind": "attention_head"}, "k": 2}}).paths

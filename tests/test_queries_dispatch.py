@@ -37,6 +37,8 @@ def spec_items(g: AttributionGraph) -> list:
         sq.DeEmbeddingQuery(de_embedding={"node": {"kind": "feature", "layer": 1, "index": feature.index},
                                           "head": {"layer": 0, "head": 1}}),
         sq.DeEmbeddingQuery(de_embedding={"node": str(feature), "top_k": 3}),
+        sq.QKQuery(qk={"layer": 1, "head": [0, 2], "query_position": -1, "key_position": "top", "top_k": 3}),
+        sq.QKQuery(qk={"layer": 0, "head": 1, "query_position": 3, "key_position": -4}),
     ]
 
 
@@ -75,6 +77,7 @@ def test_mapping_queries_are_validated_like_the_spec():
     {"head_split": {"source": "embedding/-1/0/1", "target": "feature/0/0/7"}},
     {"virtual_weights": {"source": {"kind": "embedding"}, "target": {"kind": "feature"}}},
     {"de_embedding": {"node": "feature/0/0/7"}},
+    {"qk": {"layer": 0, "head": 0}},
 ])
 def test_weight_queries_on_a_loaded_graph_say_they_need_the_model(item):
     with pytest.raises(QueryError, match="needs the live model: run the spec, not a loaded JSON"):
@@ -114,6 +117,7 @@ def test_public_api_is_pinned():
         "DLAResult", "LensRow", "LogitLensResult", "CongruenceResult",
         "direct_logit_attribution", "logit_lens", "congruence",
         "Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding",
+        "QKPair", "QKMarginal", "QKHead", "QKResult", "QKDecomposition", "qk", "qk_decomposition",
     ])
     for name in queries.__all__:
         assert hasattr(queries, name), name

@@ -277,9 +277,9 @@ def test_de_embedding_equals_embedding_edges_without_frozen_factors():
 def test_de_embedding_bad_input():
     g = attributed("ln-gelu", "neurons")
     with pytest.raises(QueryError, match="head L1H0 writes after neuron/0/3"):
-        de_embedding(g, "neuron/0/2/3", head=(1, 0))
+        de_embedding(g, {"kind": "neuron", "layer": 0, "index": 3}, head=(1, 0))
     with pytest.raises(QueryError, match="head 9 requested, layer 0 has 4 heads"):
-        de_embedding(g, "neuron/0/2/3", head=(0, 9))
+        de_embedding(g, {"kind": "neuron", "layer": 0, "index": 3}, head=(0, 9))
     with pytest.raises(QueryError, match="layer 4 requested, the model has 2 layers"):
         de_embedding(g, {"kind": "neuron", "layer": 4, "index": 0})
     with pytest.raises(QueryError, match="no transcoder is loaded"):

@@ -56,8 +56,10 @@ def build(model_dir: Path, clt_dir: Path, standin_dir: Path):
                    device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=True)
     torch.manual_seed(0)
     model = TransformerLensReplacementModel(cfg, tokenizer=tokenizer)
-    res = model.load_state_dict(load_file(str(model_dir / "model.safetensors")), strict=False)
     buffers = {n for n, _ in model.named_buffers()}
+    # parameters only: TransformerLens rebuilds its buffers (masks, rotary tables) from the config
+    state = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if k not in buffers}
+    res = model.load_state_dict(state, strict=False)
     bad = [k for k in res.missing_keys if k not in buffers]
     if bad or res.unexpected_keys:
         raise ValueError(f"state dict mismatch: missing {bad}, unexpected {res.unexpected_keys}")

@@ -84,8 +84,11 @@ class Tokenizer:
             return list(self.backend.encode(text, add_special_tokens=False).ids)
         return list(self.backend.encode(text, add_special_tokens=False))
 
-    def decode(self, ids: list[int]) -> str:
-        return self.backend.decode(list(ids))
+    def decode(self, ids: list[int], *, skip_special_tokens: bool | None = None) -> str:
+        """Text of ``ids``; ``skip_special_tokens`` as the backend takes it (default: the backend's)."""
+        if skip_special_tokens is None:
+            return self.backend.decode(list(ids))
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_str(self, token_id: int) -> str:
         """Readable string of one token (as decoded; falls back to the vocab entry)."""

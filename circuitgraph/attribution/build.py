@@ -29,6 +29,14 @@ class AttributionContext:
     collected: Collected
     targets: list[ResolvedTarget]
 
+    def attribute_directions(self, location: int, positions: Any, directions: torch.Tensor,
+                             own_constants: Any) -> Any:
+        """Edges from every writer into ad-hoc readers at ``location`` (one sweep); see
+        :func:`circuitgraph.attribution.engine.attribute_directions`."""
+        from circuitgraph.attribution.engine import attribute_directions
+
+        return attribute_directions(self.collected, location, positions, directions, own_constants)
+
 
 def build_graph(
     adapter: ModelAdapter,

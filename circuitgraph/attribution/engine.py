@@ -17,15 +17,15 @@ stored sparsely (exact zeros dropped), never as a dense N x N matrix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from circuitgraph.attribution.nodes_builder import Collected
 
-__all__ = ["EdgeResult", "compute_edges"]
+__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions"]
 
 
 @dataclass
@@ -43,8 +43,13 @@ def compute_edges(
     batch_size: int = 256,
     reader_subset: list[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    constant_parts: dict[int, dict[int, float]] | None = None,
 ) -> EdgeResult:
-    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``)."""
+    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``).
+
+    When ``constant_parts`` is a dict it receives, per reader row, the reader's constant split
+    by origin: ``{row: {loc: value}}`` with ``loc`` the residual location of the constant
+    writers (``-1`` for the reader's own constant); the parts sum to the reader's constant."""
     fm = col.frozen
     rd = col.readers
     idx = list(range(len(rd.rows))) if reader_subset is None else list(reader_subset)
@@ -89,7 +94,11 @@ def compute_edges(
                         weights.append(E[g_i, b_i, w_i].cpu())
             c = col.constants.get(loc)
             if c is not None:
-                const += (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
+                part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
+                const += part
+                if constant_parts is not None:
+                    for j, i in enumerate(batch):
+                        constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[j])
             if loc > 0:
                 G = fm.step_down(loc, G)
         for j, i in enumerate(batch):
@@ -117,3 +126,45 @@ def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.n
     nz = total != 0
     uniq = uniq[nz]
     return (uniq // n).astype(t.dtype), (uniq % n).astype(s.dtype), total[nz]
+
+
+@dataclass
+class DirectionEdges:
+    """Edges from every writer node into ad-hoc readers (see :func:`attribute_directions`).
+
+    ``reader[e]`` indexes the directions, ``writer[e]`` is the writer's node id (as attributed:
+    before ``max_feature_nodes`` folding), ``weight[e]`` the edge; ``constants[i]`` splits reader
+    ``i``'s constant by origin: ``{location: value}`` with ``-1`` for its own constant.
+    """
+
+    reader: np.ndarray
+    writer: list
+    weight: np.ndarray
+    constants: list[dict[int, float]]
+
+
+@torch.no_grad()
+def attribute_directions(
+    col: Collected,
+    location: int,
+    positions: Sequence[int],
+    directions: torch.Tensor,
+    own_constants: Sequence[float],
+) -> DirectionEdges:
+    """Every writer's contribution to readers that are not nodes: reader ``i`` reads
+    ``directions[i] . x(location, positions[i]) + own_constants[i]`` in the frozen model.
+
+    One transposed sweep for all of them (the edges of :func:`compute_edges`); used by QK
+    attribution, whose readers are a head's query and key dimensions.
+    """
+    from circuitgraph.attribution.nodes_builder import ReaderTable
+
+    table = ReaderTable()
+    for i, (t, g, c) in enumerate(zip(positions, directions, own_constants)):
+        table.add(i, int(location), int(t), g, float(c))
+    n = len(table.rows)
+    parts: dict[int, dict[int, float]] = {}
+    edges = compute_edges(replace(col, readers=table), batch_size=max(n, 1), constant_parts=parts)
+    constants = [parts.get(i, {-1: float(own_constants[i])}) for i in range(n)]
+    writer = [col.nodes[r].id for r in edges.source.tolist()]
+    return DirectionEdges(edges.target.astype(np.int64), writer, edges.weight, constants)

@@ -9,6 +9,8 @@ local layout every model folder has::
     demo/model/model.safetensors      HookedTransformer state_dict
     demo/model/tokenizer/             Hugging Face tokenizer files
     demo/transcoders/layer_<l>/       sae-lens cfg.json + sae_weights.safetensors
+    demo/clt/                         a cross-layer transcoder (circuit-tracer format: config.yaml,
+                                      W_enc_<l>.safetensors, W_dec_<l>.safetensors, stats.json)
     demo/prompt.json                  {"text", "tokens"}: a prompt ending before " an"
     demo/stats.json                   the numbers recorded when it was trained
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BUILTIN_MODELS", "demo_path"]
+__all__ = ["BUILTIN_DICTIONARIES", "BUILTIN_MODELS", "builtin_dictionary_dir", "demo_path"]
 
 
 def demo_path() -> Path:
@@ -29,3 +31,14 @@ def demo_path() -> Path:
 
 
 BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"demo": demo_path}
+
+#: built-in dictionaries: name -> (built-in model, sub-folder).  ``demo``: one sae-lens
+#: transcoder per layer; ``demo_clt``: a cross-layer transcoder in circuit-tracer's format
+#: (trained by scripts/train_demo_clt.py).
+BUILTIN_DICTIONARIES: dict[str, tuple[str, str]] = {"demo": ("demo", "transcoders"), "demo_clt": ("demo", "clt")}
+
+
+def builtin_dictionary_dir(name: str) -> Path:
+    """Folder of the built-in dictionary ``name``."""
+    model, sub = BUILTIN_DICTIONARIES[name]
+    return Path(BUILTIN_MODELS[model]()) / sub

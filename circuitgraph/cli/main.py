@@ -5,6 +5,7 @@
     circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
+    circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
@@ -146,6 +147,47 @@ def render(
         else:
             loaded.render(output, max_nodes=max_nodes)
         typer.echo(f"wrote {output}")
+
+
+@app.command()
+def report(
+    source: Annotated[Path, typer.Argument(help="A spec (.yaml/.yml/.json) to run, or a graph file written by "
+                                           "circuitgraph (.json or .npz).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The report file (.html).", show_default=False)],
+    max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")] = 80,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Write one self-contained HTML report of a spec's run or of a saved graph."""
+    with _reported(debug):
+        if output.suffix.lower() not in (".html", ".htm"):
+            raise SpecError(f"report output {str(output)!r} should end in .html; rename it")
+        from circuitgraph.export.html import write_report
+
+        if _is_graph_file(source):
+            write_report(source, output, max_nodes=max_nodes)
+        else:
+            from circuitgraph.spec import load_spec
+
+            loaded = load_spec(source)
+            from circuitgraph.pipeline import runner  # imports torch: only here
+
+            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
+        typer.echo(f"wrote {output}")
+
+
+def _is_graph_file(path: Path) -> bool:
+    """A circuitgraph graph file (binary .npz, or JSON whose ``format`` is ours), not a spec."""
+    import json
+
+    if path.suffix.lower() == ".npz":
+        return True
+    if path.suffix.lower() != ".json" or not path.is_file():
+        return False
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == "circuitgraph.graph"
 
 
 @app.command()

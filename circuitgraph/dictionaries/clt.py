@@ -48,7 +48,6 @@ _INPUT_SITES = {
     "hook_resid_mid": "raw",
     "hook_mlp_in": "raw",
     "ln2.hook_normalized": "normalized",
-    "mlp.hook_in": "mlp_input",
 }
 _OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
 
@@ -240,6 +239,27 @@ class CrossLayerTranscoder:
             return h * gate
         return torch.relu(h)
 
+    def source_layers(self, out_layer: int) -> list[int]:
+        """Encoder layers whose features write into MLP output ``out_layer``: ``0 .. out_layer``."""
+        return list(range(out_layer + 1))
+
+    def reconstruct_at(self, out_layer: int, acts: dict[int, torch.Tensor],
+                       inputs: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The reconstruction of MLP output ``out_layer``: ``sum_{l <= k} a_l W_dec_l[:, k - l] + b_dec_k``
+        (+ skip), reading only the active features' decoder rows."""
+        k = out_layer
+        ref = inputs[k]
+        out = self.b_dec_all[k].to(ref.dtype).expand(*ref.shape[:-1], self.d_model).clone()
+        for l in range(k + 1):
+            a = acts[l]
+            active = (a != 0).reshape(-1, a.shape[-1]).any(0).nonzero().flatten()
+            if active.numel():
+                dec = self.decoder_rows(l, active.cpu()).to(device=a.device, dtype=ref.dtype)
+                out = out + a[..., active].to(ref.dtype) @ dec[:, k - l]
+        if self.W_skip is not None:
+            out = out + ref @ self.W_skip[k].to(ref.dtype)
+        return out
+
     def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """MLP-output reconstructions ``{k: (..., pos, d_model)}`` from activations ``{l: (..., pos, d_sae)}``
         and inputs ``{l: (..., pos, d_model)}``: every source layer ``l <= k`` contributes, plus
@@ -344,7 +364,7 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     L, D = f.n_layers, f.d_model
     for layer in range(L):
         for h in (f"blocks.{layer}.{hook_in}",):
-            if hook_in != "mlp.hook_in" and not adapter.has_hook(h):
+            if not adapter.has_hook(h):
                 raise ShapeMismatchError(f"{cfg_path}: feature_input_hook {hook_in!r} gives {h}, which the "
                                          "model does not have; fix feature_input_hook")
     act = str(config.get("activation_function", "")) or None

@@ -207,6 +207,15 @@ class TranscoderSet:
     def skip_weight(self, out_layer: int) -> torch.Tensor | None:
         return self.layers[out_layer].W_skip
 
+    def source_layers(self, out_layer: int) -> list[int]:
+        """Encoder layers whose features write into MLP output ``out_layer``."""
+        return [out_layer] if out_layer in self.layers else []
+
+    def reconstruct_at(self, out_layer: int, acts: dict[int, torch.Tensor],
+                       inputs: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The reconstruction of MLP output ``out_layer`` (decoder, ``b_dec`` and skip)."""
+        return self.layers[out_layer].reconstruction(acts[out_layer], inputs[out_layer])
+
     def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """``{l: reconstruction (..., pos, d_model)}`` from ``{l: acts}`` and ``{l: inputs}``."""
         return {l: self.layers[l].reconstruction(a, inputs[l]) for l, a in acts.items()}

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from circuitgraph.errors import ExportError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node
+from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node, NodeId
 
 __all__ = [
     "graph_to_dot",
@@ -41,6 +41,10 @@ __all__ = [
     "dot_quote",
     "node_caption",
     "is_structural_label",
+    "propose_supernodes",
+    "merge_supernodes",
+    "reaches_a_target",
+    "raw_influence",
 ]
 
 #: fill colour of each node kind
@@ -76,7 +80,12 @@ def graph_to_dot(
     min_edge_fraction: float = 0.0,
     max_edges: int | None = -1,
     show_remainders: bool = False,
+    show_unreachable: bool = False,
     title: str | None = None,
+    labels: Mapping[tuple[int, int], str] | None = None,
+    supernodes: Mapping[str, Any] | str | None = None,
+    influence: Mapping[NodeId, float] | None = None,
+    qk: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """DOT text of ``graph`` (see the module docstring for the diagram's conventions).
 
@@ -91,7 +100,20 @@ def graph_to_dot(
             drawn node, ``None`` draws all.
         show_remainders: draw ``remainder`` nodes (what pruning or a top-k cut left out);
             by default they are not drawn and the title says how many were hidden.
+        show_unreachable: draw nodes with no path to a target; by default they are hidden
+            (the title says how many).
         title: the diagram's title; default: the prompt from ``graph.metadata``.
+        labels: ``{(layer, index): description}`` of feature and neuron nodes (see
+            :func:`circuitgraph.export.labels.load_feature_labels`), drawn under their id.
+        supernodes: ``{name: node filter}`` (as the ``supernodes`` query takes) or
+            ``"auto"`` (:func:`propose_supernodes`): each group is drawn as one box named
+            after it, with the edges to and from its members summed.
+        influence: each node's influence on the targets (shown in tooltips, used to choose
+            the nodes drawn); default: computed from ``graph`` when it has targets.
+        qk: results of the ``qk`` query (``QKResult.to_dict()``) to draw as an inset: per
+            head, a node ``QK L{l}H{h}`` with each top pair drawn as dashed edges from its
+            query-side and key-side nodes (labelled ``q``/``k``) through a small pair node
+            (its value) into the head; the pairs' nodes are drawn even beyond ``max_nodes``.
 
     Returns:
         DOT source; render it with :func:`circuitgraph.export.render.render_dot_text`.
@@ -107,9 +129,25 @@ def graph_to_dot(
         raise ExportError(f"max_nodes must be at least 1, got {max_nodes}")
     if not (0.0 <= min_edge_fraction <= 1.0):
         raise ExportError(f"min_edge_fraction must be between 0 and 1, got {min_edge_fraction}")
+    if influence is None and graph.targets and not all(_is_number(n.attrs.get("influence")) for n in graph.nodes):
+        influence = raw_influence(graph)
+    n_unreachable = 0
+    if not show_unreachable and graph.targets:
+        reach = reaches_a_target(graph)
+        n_unreachable = int((~reach).sum())
+        if n_unreachable:
+            graph = graph.subgraph([n.id for n, r in zip(graph.nodes, reach) if r])
+    if supernodes is not None:
+        groups = propose_supernodes(graph) if supernodes == "auto" else supernodes
+        if isinstance(groups, str):
+            raise ExportError(f"supernodes must be a mapping {{name: node filter}} or 'auto', got {groups!r}")
+        graph = merge_supernodes(graph, groups)
+    graph = _with_display_attrs(graph, labels, influence)
 
     hidden = set() if show_remainders else {r for r, n in enumerate(graph.nodes) if n.kind == "remainder"}
     rows, score_name = _select_rows(graph, max_nodes, hidden)
+    qk_rows = _qk_rows(graph, qk)
+    rows = list(rows) + [r for r in qk_rows if r not in set(rows)]
     kept = np.zeros(graph.n_nodes, dtype=bool)
     kept[rows] = True
     edge_sel = np.flatnonzero(kept[graph.edge_source] & kept[graph.edge_target])
@@ -129,7 +167,7 @@ def graph_to_dot(
     target_ids = set(graph.target_ids)
     ids = [graph.nodes[r].id for r in range(graph.n_nodes)]
     lines = ["digraph circuitgraph {"]
-    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden))
+    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden), n_unreachable)
     lines.append(
         "  graph [rankdir=BT, newrank=true, ranksep=0.8, nodesep=0.15, splines=true, "
         f'fontname="Helvetica", fontsize=12, labelloc=t, label={_label(title_lines)}];'
@@ -144,24 +182,28 @@ def graph_to_dot(
     for r in rows:
         ranks.setdefault(_rank_key(graph.nodes[r]), []).append(r)
     rank_keys = sorted(ranks)
+    n_layers = _n_layers(graph)
+    axis_names = []
     for key in rank_keys:
         members = sorted(ranks[key], key=lambda r: _order_key(graph.nodes[r]))
         layer, sub = key
         name = f"layer {layer}" + (" attention" if sub == 0 else "")
+        axis = f"axis {name}"
+        axis_names.append(axis)
         lines.append(f"  subgraph {dot_quote('rank ' + name)} {{")
         lines.append("    rank=same;")
+        # the layer axis: a label at the left end of every rank
+        lines.append(f'    {dot_quote(axis)} [shape=plaintext, style="", fontsize=10, fontcolor="#666666", '
+                     f"label={dot_quote(_axis_label(layer, sub, n_layers))}];")
         for r in members:
             lines.append(f"    {_node_statement(graph.nodes[r], ids[r] in target_ids)}")
-        if len(members) > 1:
-            chain = " -> ".join(dot_quote(str(ids[r])) for r in members)
-            lines.append(f"    {chain} [style=invis];")
+        chain = " -> ".join([dot_quote(axis)] + [dot_quote(str(ids[r])) for r in members])
+        lines.append(f"    {chain} [style=invis];")
         lines.append("  }")
     # invisible edges between consecutive ranks keep the layers in order even where no
-    # real edge joins them
-    for lower, upper in zip(rank_keys, rank_keys[1:]):
-        a = min(ranks[lower], key=lambda r: _order_key(graph.nodes[r]))
-        b = min(ranks[upper], key=lambda r: _order_key(graph.nodes[r]))
-        lines.append(f"  {dot_quote(str(ids[a]))} -> {dot_quote(str(ids[b]))} [style=invis, weight=0];")
+    # real edge joins them (and stack the axis labels in one column)
+    for lower, upper in zip(axis_names, axis_names[1:]):
+        lines.append(f"  {dot_quote(lower)} -> {dot_quote(upper)} [style=invis, weight=10];")
 
     for k, w in zip(edge_sel.tolist(), weights.tolist()):
         s, t = int(graph.edge_source[k]), int(graph.edge_target[k])
@@ -172,9 +214,58 @@ def graph_to_dot(
             f'[color="{color}", penwidth={width:.2f}, tooltip={dot_quote(f"{ids[s]} -> {ids[t]}: {w:+.6g}")}];'
         )
 
-    lines.extend(_legend({graph.nodes[r].kind for r in rows}))
+    lines.extend(_qk_inset(graph, qk))
+    lines.extend(_legend({graph.nodes[r].kind for r in rows}, max_abs))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _qk_rows(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Rows of the graph's nodes named by the top pairs of ``qk`` results."""
+    out: list[int] = []
+    for result in qk:
+        for head in result.get("heads", ()):
+            for p in head.get("pairs", ()):
+                for key in ("query_node", "key_node"):
+                    node_id = NodeId.parse(p[key])
+                    if node_id in graph:
+                        out.append(graph.index_of(node_id))
+    return list(dict.fromkeys(out))
+
+
+def _qk_inset(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The QK inset: per head a cluster with the head and one small node per top pair."""
+    lines: list[str] = []
+    for n, result in enumerate(qk):
+        for head in result.get("heads", ()):
+            l, h, q, k = head["layer"], head["head"], head["query_position"], head["key_position"]
+            name = f"qk L{l}H{h} {q}->{k} #{n}"
+            pairs = [p for p in head.get("pairs", ())
+                     if NodeId.parse(p["query_node"]) in graph and NodeId.parse(p["key_node"]) in graph]
+            max_abs = max((abs(p["value"]) for p in pairs), default=0.0)
+            edges: list[str] = []  # outside the cluster, so the graph's nodes stay in their ranks
+            lines.append(f"  subgraph {dot_quote('cluster ' + name)} {{")
+            lines.append(f'    label={dot_quote(f"QK L{l}H{h}: query {q} -> key {k}")}; fontsize=10; '
+                         'style="rounded,dashed"; color="#888888";')
+            caption = [f"QK L{l}H{h} @{q}->{k}", f"score {head['score']:.4g}, p={head['probability']:.3f}"]
+            lines.append(f'    {dot_quote(name)} [shape=box, style="rounded,filled,bold", fillcolor="#fff2cc", '
+                         f"label={_label(caption)}];")
+            for i, p in enumerate(pairs):
+                v = float(p["value"])
+                color = NEGATIVE_COLOR if v < 0 else POSITIVE_COLOR
+                width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(v) / max_abs if max_abs > 0 else 0.0)
+                pair = f"{name} pair {i}"
+                tip = dot_quote(f"{p['query_node']} x {p['key_node']}: {v:+.6g}")
+                lines.append(f'    {dot_quote(pair)} [shape=ellipse, style="dashed", fontsize=8, height=0.2, '
+                             f'label={dot_quote(f"{v:+.3g}")}, tooltip={tip}];')
+                lines.append(f'    {dot_quote(pair)} -> {dot_quote(name)} [style=dashed, color="{color}", '
+                             f"penwidth={width:.2f}, tooltip={tip}];")
+                for key, tag in (("query_node", "q"), ("key_node", "k")):
+                    edges.append(f'  {dot_quote(p[key])} -> {dot_quote(pair)} [style=dashed, color="{color}", '
+                                 f'label="{tag}", fontsize=7, penwidth={width:.2f}];')
+            lines.append("  }")
+            lines.extend(edges)
+    return lines
 
 
 def _strongest_edges(graph: AttributionGraph, edge_sel: np.ndarray, weights: np.ndarray,
@@ -230,6 +321,12 @@ def _order_key(node: Node) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- text
 def _node_statement(node: Node, is_target: bool) -> str:
     style = "rounded,filled,dashed" if node.kind in ("error", "remainder") else "rounded,filled"
+    if "supernode" in node.attrs:
+        members = node.attrs.get("members", [])
+        tooltip = f"supernode {node.attrs['supernode']}: " + ", ".join(members)
+        return (f"{dot_quote(str(node.id))} [label={_label([_shorten(_show_text(node.attrs['supernode']), 40), f'({len(members)} nodes)'])}, "
+                f'fillcolor="{KIND_COLORS[node.kind]}", style="filled,bold", shape=box, penwidth=2, '
+                f'group="p{node.position}", tooltip={dot_quote(tooltip)}];')
     attrs = [
         f"label={_label(_node_lines(node))}",
         f'fillcolor="{KIND_COLORS[node.kind]}"',
@@ -254,6 +351,8 @@ def _node_lines(node: Node) -> list[str]:
     if kind == "logit":
         return [f"logit {quoted}", f"@{t}"]
     head = node_caption(node)
+    if kind in ("feature", "neuron"):
+        head += f" a={node.activation:.3g}"
     return [head] + ([label] if label and not is_structural_label(node) else [])
 
 
@@ -300,7 +399,7 @@ def _tooltip(node: Node) -> str:
 
 
 def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edges: int,
-                 score_name: str | None, n_hidden: int = 0) -> list[str]:
+                 score_name: str | None, n_hidden: int = 0, n_unreachable: int = 0) -> list[str]:
     if title is None:
         prompt = graph.metadata.get("prompt")
         title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if isinstance(prompt, str) else \
@@ -317,10 +416,12 @@ def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edg
         if left_edges:
             reasons.append(f"{left_edges} edges left out")
         lines.append(f"{note}; " + ", ".join(reasons))
+    if n_unreachable:
+        lines.append(f"{n_unreachable} nodes with no path to a target not drawn")
     return lines
 
 
-def _legend(kinds: Iterable[str]) -> list[str]:
+def _legend(kinds: Iterable[str], max_abs: float = 0.0) -> list[str]:
     present = sorted(set(kinds), key=_KIND_ORDER.__getitem__)
     names = [f"legend {kind}" for kind in present] + ["legend positive", "legend negative"]
     lines = [
@@ -334,7 +435,177 @@ def _legend(kinds: Iterable[str]) -> list[str]:
         lines.append(f'    "legend {sign}" [shape=plaintext, style="", label="→ {sign}", fontcolor="{color}"];')
     lines.append("    " + " -> ".join(dot_quote(n) for n in names) + " [style=invis];")
     lines.append("  }")
+    if max_abs > 0:
+        # the edge width scale: pen widths of three weights, drawn as short edges
+        lines += ["  subgraph cluster_widths {",
+                  '    label="edge width = |weight|"; fontsize=10; style="rounded"; color="#bbbbbb";']
+        for i, frac in enumerate((1.0, 0.5, 0.1)):
+            width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * frac
+            a, b = f"width {i} a", f"width {i} b"
+            lines.append(f'    {dot_quote(a)} [shape=point, width=0.02, style="", color="#ffffff"];')
+            lines.append(f'    {dot_quote(b)} [shape=plaintext, style="", fontsize=9, '
+                         f'label={dot_quote(f"{frac * max_abs:.3g}")}];')
+            lines.append(f'    {dot_quote(a)} -> {dot_quote(b)} [penwidth={width:.2f}, color="#555555", '
+                         f"arrowsize=0.3, minlen=1];")
+        lines.append("  }")
     return lines
+
+
+def _axis_label(layer: int, sub: int, n_layers: int | None) -> str:
+    if layer < 0:
+        return "Emb"
+    if n_layers is not None and layer >= n_layers:
+        return "Out"
+    return f"L{layer}" + (" attn" if sub == 0 else "")
+
+
+def _n_layers(graph: AttributionGraph) -> int | None:
+    model = graph.metadata.get("model")
+    if isinstance(model, Mapping) and isinstance(model.get("n_layers"), int):
+        return int(model["n_layers"])
+    value = graph.metadata.get("n_layers")
+    return int(value) if isinstance(value, int) else None
+
+
+# --------------------------------------------------------------------------- pre-passes
+def raw_influence(graph: AttributionGraph) -> dict[NodeId, float]:
+    """circuit-tracer's influence ``w (A + A^2 + ...)`` of every node on the targets."""
+    from circuitgraph.queries._sparse import weighted_influence
+
+    values = weighted_influence(graph)
+    return {n.id: float(v) for n, v in zip(graph.nodes, values)}
+
+
+def reaches_a_target(graph: AttributionGraph) -> np.ndarray:
+    """Boolean per row: the node is a target or has a path (any edge weight) to one."""
+    reach = np.zeros(graph.n_nodes, dtype=bool)
+    frontier = [graph.index_of(t) for t in graph.target_ids]
+    reach[frontier] = True
+    order, indptr = graph._csr()
+    while frontier:
+        nxt = []
+        for row in frontier:
+            sources = graph.edge_source[order[indptr[row]:indptr[row + 1]]]
+            new = sources[~reach[sources]]
+            reach[new] = True
+            nxt.extend(new.tolist())
+        frontier = nxt
+    return reach
+
+
+def propose_supernodes(graph: AttributionGraph, *, min_similarity: float = 0.5,
+                       kinds: tuple[str, ...] = ("feature", "neuron")) -> dict[str, list[NodeId]]:
+    """Groups of nodes that share their neighbours: nodes of one kind and layer whose sets of
+    (in and out) neighbours overlap by at least ``min_similarity`` (Jaccard), merged greedily,
+    strongest nodes first; groups of two or more, named ``"L{layer} group {i}"``."""
+    neighbours: dict[int, set[int]] = {}
+    strength = np.zeros(graph.n_nodes)
+    np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
+    np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
+    for s, t in zip(graph.edge_source.tolist(), graph.edge_target.tolist()):
+        neighbours.setdefault(s, set()).add(t)
+        neighbours.setdefault(t, set()).add(s)
+    by_site: dict[tuple[str, int], list[int]] = {}
+    targets = {graph.index_of(t) for t in graph.target_ids}
+    for r, node in enumerate(graph.nodes):
+        if node.kind in kinds and r not in targets and neighbours.get(r):
+            by_site.setdefault((node.kind, node.layer), []).append(r)
+    groups: dict[str, list[NodeId]] = {}
+    for (kind, layer), rows in sorted(by_site.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rows = sorted(rows, key=lambda r: -strength[r])
+        taken: set[int] = set()
+        for r in rows:
+            if r in taken:
+                continue
+            members = [r]
+            for o in rows:
+                if o in taken or o == r:
+                    continue
+                a, b = neighbours[r], neighbours[o]
+                if len(a & b) / len(a | b) >= min_similarity:
+                    members.append(o)
+            if len(members) > 1:
+                taken.update(members)
+                groups[f"L{layer} group {len([g for g in groups if g.startswith(f'L{layer} ')]) + 1}"] = \
+                    [graph.nodes[m].id for m in members]
+    return groups
+
+
+def merge_supernodes(graph: AttributionGraph, groups: Mapping[str, Any]) -> AttributionGraph:
+    """A copy of ``graph`` in which each group ``{name: node filter or list of ids}`` is one node
+    (its strongest member's id, labelled with the name; ``attrs["supernode"]``,
+    ``attrs["members"]``), with the edges to and from its members summed and the edges inside
+    it dropped.  A node in two groups is an error."""
+    from circuitgraph.queries.filters import filter_mask
+
+    group_of = np.full(graph.n_nodes, -1, dtype=np.int64)
+    names = list(groups)
+    for gi, name in enumerate(names):
+        spec = groups[name]
+        if isinstance(spec, (list, tuple)) and all(isinstance(x, (NodeId, str)) for x in spec):
+            mask = np.zeros(graph.n_nodes, dtype=bool)
+            mask[[graph.index_of(x) for x in spec]] = True
+        else:
+            mask = filter_mask(graph, spec)
+        if not mask.any():
+            raise ExportError(f"supernode {name!r} matches no node of the graph; check its filter")
+        clash = np.flatnonzero(mask & (group_of >= 0))
+        if clash.size:
+            raise ExportError(f"node {graph.nodes[clash[0]].id} is in both supernodes {names[group_of[clash[0]]]!r} "
+                              f"and {name!r}; make the groups disjoint")
+        group_of[mask] = gi
+    strength = np.zeros(graph.n_nodes)
+    np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
+    np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
+    rep = np.arange(graph.n_nodes)
+    nodes: list[Node] = []
+    new_row = np.full(graph.n_nodes, -1, dtype=np.int64)
+    for gi, name in enumerate(names):
+        members = np.flatnonzero(group_of == gi)
+        head = members[np.argmax(strength[members])]
+        rep[members] = head
+    for r, node in enumerate(graph.nodes):
+        if group_of[r] >= 0 and rep[r] != r:
+            continue
+        new_row[r] = len(nodes)
+        if group_of[r] >= 0:
+            members = np.flatnonzero(group_of == group_of[r])
+            node = Node(node.id, float(sum(graph.nodes[m].activation for m in members)), None, None,
+                        names[group_of[r]], {"supernode": names[group_of[r]],
+                                             "members": [str(graph.nodes[m].id) for m in members]})
+        nodes.append(node)
+    new_row = new_row[rep]
+    s, t = new_row[graph.edge_source], new_row[graph.edge_target]
+    keep = s != t
+    key = t[keep] * len(nodes) + s[keep]
+    uniq, inv = np.unique(key, return_inverse=True)
+    summed = np.bincount(inv.reshape(-1), weights=graph.edge_weight[keep].astype(np.float64), minlength=uniq.size)
+    targets = []
+    for tid, w in graph.targets:
+        row = int(new_row[graph.index_of(tid)])
+        if nodes[row].id not in {x for x, _ in targets}:
+            targets.append((nodes[row].id, w))
+    return AttributionGraph(nodes, uniq // len(nodes), uniq % len(nodes), summed, targets=targets,
+                            metadata=dict(graph.metadata))
+
+
+def _with_display_attrs(graph: AttributionGraph, labels: Mapping[tuple[int, int], str] | None,
+                        influence: Mapping[NodeId, float] | None) -> AttributionGraph:
+    """A shallow copy whose nodes carry the description labels and influence to draw."""
+    if not labels and not influence:
+        return graph
+    nodes = []
+    for node in graph.nodes:
+        label, attrs = node.label, node.attrs
+        if labels and node.kind in ("feature", "neuron") and "supernode" not in attrs:
+            text = labels.get((node.layer, node.index))
+            if text:
+                label = str(text)
+        if influence and node.id in influence and "supernode" not in attrs:
+            attrs = {**attrs, "influence": float(influence[node.id])}
+        nodes.append(Node(node.id, node.activation, node.pre_activation, node.constant, label, attrs))
+    return AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
+                            targets=list(graph.targets), metadata=graph.metadata)
 
 
 def dot_quote(text: str) -> str:

@@ -76,7 +76,7 @@ def graph_to_dict(
             f"the graph has {graph.n_edges:,} edges, more than max_edges={max_edges:,} for JSON export; "
             "prune it first (`prune: {node_threshold: 0.8, edge_threshold: 0.98}` in the spec, or "
             "circuitgraph.queries) or write the binary format (`export: {graph: PATH.npz}`, "
-            "save_graph_binary), or raise max_edges"
+            "save_graph_binary), or raise the limit (export.max_json_edges in a spec, max_edges= in Python)"
         )
     header = _header(graph, queries, validation)
     ids = [rec["id"] for rec in header["nodes"]]

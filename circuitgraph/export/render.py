@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
+import subprocess  # graphviz raises subprocess.CalledProcessError
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from circuitgraph.errors import RenderError
 from circuitgraph.export.dot import graph_to_dot
 from circuitgraph.graph.graph import AttributionGraph
 
-__all__ = ["RENDER_FORMATS", "find_dot", "render_dot_text", "render_graph"]
+__all__ = ["RENDER_FORMATS", "find_dot", "render_dot_bytes", "render_dot_text", "render_graph"]
 
 #: output formats render_graph / render_dot_text produce
 RENDER_FORMATS = ("svg", "png", "pdf")
@@ -36,38 +36,41 @@ def find_dot() -> str:
     return found
 
 
+def render_dot_bytes(dot_text: str, format: str) -> bytes:
+    """Render ``dot_text`` with the ``graphviz`` package's ``pipe`` (the ``dot`` binary) and
+    return the image bytes.  :class:`RenderError` if the binary is missing or fails."""
+    import graphviz
+
+    fmt = format.lower()
+    find_dot()
+    try:
+        return graphviz.Source(dot_text).pipe(format=fmt, quiet=True)
+    except graphviz.ExecutableNotFound:
+        raise RenderError(_MISSING_DOT) from None
+    except subprocess.CalledProcessError as exc:
+        message = (exc.stderr or b"").decode("utf-8", "replace").strip()[-2000:] or "no output"
+        raise RenderError(f"Graphviz dot failed (exit status {exc.returncode}): {message}") from None
+    except OSError as exc:
+        raise RenderError(f"cannot run Graphviz dot: {exc}") from None
+
+
 def render_dot_text(
     dot_text: str,
     path: str | os.PathLike[str],
     *,
     format: str | None = None,
-    timeout: float = 300.0,
 ) -> str:
     """Render ``dot_text`` to ``path``; ``format`` defaults to the path's suffix (.svg/.png/.pdf).
 
     Returns the path written.  Raises :class:`RenderError` if the format is unknown, the
-    ``dot`` binary is missing, fails or runs past ``timeout`` seconds (nothing is written then).
+    ``dot`` binary is missing or fails (nothing is written then).
+    Rendering goes through the ``graphviz`` package (:func:`render_dot_bytes`).
     """
     fmt = _format_of(path, format)
-    binary = find_dot()
-    try:
-        done = subprocess.run(
-            [binary, f"-T{fmt}"],
-            input=dot_text.encode("utf-8"),
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise RenderError(
-            f"Graphviz dot ran past {timeout:g} s; draw fewer nodes (max_nodes) or raise timeout"
-        ) from None
-    except OSError as exc:
-        raise RenderError(f"cannot run Graphviz dot at {binary!r}: {exc}") from None
-    if done.returncode != 0 or not done.stdout:
-        message = done.stderr.decode("utf-8", "replace").strip()[-2000:] or "no output"
-        raise RenderError(f"Graphviz dot failed (exit status {done.returncode}): {message}")
-    atomic_write_bytes(path, done.stdout)
+    data = render_dot_bytes(dot_text, fmt)
+    if not data:
+        raise RenderError("Graphviz dot failed: no output")
+    atomic_write_bytes(path, data)
     return os.fspath(path)
 
 
@@ -77,7 +80,6 @@ def render_graph(
     *,
     format: str | None = None,
     max_nodes: int | None = 100,
-    timeout: float = 300.0,
     **dot_kwargs: Any,
 ) -> str:
     """Draw ``graph`` (see :func:`circuitgraph.export.dot.graph_to_dot`) and render it to ``path``.
@@ -88,7 +90,7 @@ def render_graph(
     _format_of(path, format)
     find_dot()
     return render_dot_text(graph_to_dot(graph, max_nodes=max_nodes, **dot_kwargs), path,
-                           format=format, timeout=timeout)
+                           format=format)
 
 
 def _format_of(path: str | os.PathLike[str], format: str | None) -> str:

@@ -9,6 +9,7 @@ that maps its rows to nodes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -48,7 +49,7 @@ class CompletenessReport:
         }
 
 
-@dataclass
+@dataclass(repr=False)
 class AttributionGraph:
     """Nodes keyed by value, with sparse exact edges.
 
@@ -179,7 +180,7 @@ class AttributionGraph:
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
-                "use the sparse accessors or raise max_nodes"
+                "use the sparse accessors or raise max_nodes="
             )
         a = np.zeros((self.n_nodes, self.n_nodes), dtype=dtype)
         np.add.at(a, (self.edge_target, self.edge_source), self.edge_weight.astype(dtype))
@@ -229,24 +230,86 @@ class AttributionGraph:
     # ----------------------------------------------------------------- conversions
     @property
     def nx(self) -> "networkx.DiGraph":
-        """The graph as a networkx DiGraph keyed by :class:`NodeId` (built once, on first use)."""
+        """The graph as a networkx DiGraph (:meth:`to_networkx`, built once, on first use)."""
         if getattr(self, "_nx_cache", None) is None:
             self._nx_cache = self.to_networkx()
         return self._nx_cache
 
     def to_networkx(self) -> "networkx.DiGraph":
-        """A networkx DiGraph keyed by :class:`NodeId`, with node records and ``weight`` on edges."""
+        """A ``networkx.DiGraph`` keyed by the string node ids (``"feature/1/4/17"``).
+
+        Node attributes: ``kind``, ``layer``, ``position``, ``index``, ``activation``,
+        ``pre_activation``, ``constant``, ``label``, ``attrs`` (the node's attribute dict) and
+        ``target_weight`` on target nodes.  Edge attribute: ``weight`` (repeated source ->
+        target pairs are summed).  Graph attributes: ``metadata`` and ``targets`` (a list of
+        ``[node id, weight]``).  :meth:`from_networkx` reads it back.
+        """
         import networkx as nx
 
-        g = nx.DiGraph()
+        g = nx.DiGraph(metadata=self.metadata, targets=[[str(t), float(w)] for t, w in self.targets])
+        weights = dict((t, float(w)) for t, w in self.targets)
         for node in self.nodes:
-            g.add_node(node.id, record=node, kind=node.kind, layer=node.layer, position=node.position,
-                       index=node.index, activation=node.activation)
-        ids = [n.id for n in self.nodes]
-        g.add_weighted_edges_from(
-            (ids[s], ids[t], float(w)) for s, t, w in zip(self.edge_source, self.edge_target, self.edge_weight)
-        )
+            data = dict(kind=node.kind, layer=node.layer, position=node.position, index=node.index,
+                        activation=node.activation, pre_activation=node.pre_activation,
+                        constant=node.constant, label=node.label, attrs=node.attrs)
+            if node.id in weights:
+                data["target_weight"] = weights[node.id]
+            g.add_node(str(node.id), **data)
+        ids = [str(n.id) for n in self.nodes]
+        for s, t, w in zip(self.edge_source.tolist(), self.edge_target.tolist(),
+                           self.edge_weight.astype(np.float64).tolist()):
+            if g.has_edge(ids[s], ids[t]):
+                g[ids[s]][ids[t]]["weight"] += w
+            else:
+                g.add_edge(ids[s], ids[t], weight=w)
         return g
+
+    @classmethod
+    def from_networkx(cls, g: "networkx.DiGraph") -> "AttributionGraph":
+        """The inverse of :meth:`to_networkx`: nodes keyed by string ids (or :class:`NodeId`
+        values), ``weight`` on edges; missing node attributes get defaults (activation 1)."""
+        nodes = []
+        for key, data in g.nodes(data=True):
+            nid = key if isinstance(key, NodeId) else NodeId.parse(str(key))
+            nodes.append(Node(nid, float(data.get("activation", 1.0)), data.get("pre_activation"),
+                              data.get("constant"), data.get("label", "") or "", dict(data.get("attrs") or {})))
+        row = {n.id: i for i, n in enumerate(nodes)}
+
+        def parse(key: Any) -> NodeId:
+            return key if isinstance(key, NodeId) else NodeId.parse(str(key))
+
+        edges = [(row[parse(s)], row[parse(t)], float(d.get("weight", 0.0))) for s, t, d in g.edges(data=True)]
+        stored = g.graph.get("targets")
+        if stored is not None:
+            targets = [(parse(t), float(w)) for t, w in stored]
+        else:
+            targets = [(n.id, float(g.nodes[k]["target_weight"])) for k, n in zip(g.nodes, nodes)
+                       if "target_weight" in g.nodes[k]]
+        return cls(nodes, [t for _, t, _ in edges], [s for s, _, _ in edges],
+                   np.array([w for _, _, w in edges], dtype=np.float64), targets=targets,
+                   metadata=dict(g.graph.get("metadata") or {}))
+
+    # ----------------------------------------------------------------- display
+    def __repr__(self) -> str:
+        model = self.metadata.get("model")
+        name = model.get("name") if isinstance(model, dict) else model
+        prompt = self.metadata.get("prompt")
+        text = ""
+        if isinstance(prompt, str):
+            text = " " + repr(prompt if len(prompt) <= 40 else prompt[:39] + "…")
+        on = f" ({name})" if isinstance(name, str) and name else ""
+        return (f"<AttributionGraph{on}{text}: {self.n_nodes} nodes, {self.n_edges} edges, "
+                f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}>")
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import graph_html
+
+        return graph_html(self)
+
+    def _repr_svg_(self) -> str | None:
+        from circuitgraph.export.html import graph_svg
+
+        return graph_svg(self, max_nodes=40)
 
     def subgraph(self, keep: Iterable[NodeId]) -> "AttributionGraph":
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""
@@ -265,11 +328,13 @@ class AttributionGraph:
             context=self.context,
         )
 
-    def to_json(self, path: str | None = None, **kwargs: Any) -> str:
-        """Serialise to our JSON schema (schemas/graph.schema.json); write to ``path`` if given."""
+    def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
+        """Serialise to our JSON schema (schemas/graph.schema.json).  With ``path``: write the
+        file and return the path; without: return the JSON text."""
         from circuitgraph.export.json_graph import graph_to_json
 
-        return graph_to_json(self, path, **kwargs)
+        text = graph_to_json(self, path, **kwargs)
+        return os.fspath(path) if path is not None else text
 
     @classmethod
     def from_json(cls, source: str) -> "AttributionGraph":

@@ -332,7 +332,9 @@ def estimate_run(spec: Any) -> RunEstimate:
         bytes_model = _safetensors_bytes(model_dir / "model.safetensors")
         t = spec.transcoders
         if t is not None and t.source in ("path", "builtin"):
-            tc_dir = Path(t.path) if t.source == "path" else Path(BUILTIN_MODELS[t.builtin]()) / "transcoders"
+            from circuitgraph.builtin import builtin_dictionary_dir
+
+            tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
             if (tc_dir / "config.yaml").is_file():
                 d_sae, bytes_tc, _, note = _clt_estimate(tc_dir, L, D, 1, 0.0)
                 notes.append(note)

@@ -28,14 +28,13 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     weights = torch_dtype(m.dtype)
     # float64 accumulation runs the whole forward in float64 so measured values are exact too
     load_dtype = "float64" if compute == torch.float64 else m.dtype
-    builtin_dir: Path | None = None
     if m.source == "path":
         adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device)
     elif m.source == "name":
         adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
                                   center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed)
     else:
-        adapter, builtin_dir = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
+        adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
     adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
     tcs = None
     t = spec.transcoders
@@ -50,16 +49,38 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
             tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)
         else:
-            if builtin_dir is None or m.builtin != t.builtin:
-                from circuitgraph.builtin import BUILTIN_MODELS
+            from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+            from circuitgraph.dictionaries import load_dictionaries
 
-                if t.builtin not in BUILTIN_MODELS:
-                    raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
-                builtin_dir = Path(BUILTIN_MODELS[t.builtin]())
-            tcs = TranscoderSet.from_dir(builtin_dir / "transcoders", adapter,
-                                         layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
+            if t.builtin not in BUILTIN_DICTIONARIES:
+                raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
+            tcs = load_dictionaries(builtin_dictionary_dir(t.builtin), adapter,
+                                    layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
             tcs.source = {"builtin": t.builtin}
     return adapter, tcs
+
+
+def check_layer_keys(spec: Any, n_layers: int) -> None:
+    """Every per-layer setting names layers the model has (a key out of range is an error,
+    never silently ignored)."""
+    problems = []
+    last = f"the model has {n_layers} layers (0-{n_layers - 1})"
+    for key in ("mlp", "attention"):
+        value = getattr(spec.graph, key)
+        if isinstance(value, dict):
+            bad = sorted(layer for layer in value if not 0 <= layer < n_layers)
+            if bad:
+                problems.append(f"graph.{key}: layer keys {bad} are out of range, {last}; "
+                                f"use keys 0-{n_layers - 1} (layers not named take the default)")
+    t = spec.transcoders
+    if t is not None:
+        for key, layers in (("layers", t.layers), ("ids", list(t.ids or {}) if t.source == "release" else None)):
+            bad = sorted(int(layer) for layer in layers or () if not 0 <= int(layer) < n_layers)
+            if bad:
+                problems.append(f"transcoders.{key}: layers {bad} are out of range, {last}; "
+                                f"use layers 0-{n_layers - 1}")
+    if problems:
+        raise AttributionError("; ".join(problems))
 
 
 def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt") -> list[int]:

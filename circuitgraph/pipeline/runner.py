@@ -28,7 +28,7 @@ __all__ = ["RunResult", "run", "dry_run", "build"]
 logger = logging.getLogger("circuitgraph")
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What a run produced.
 
@@ -75,6 +75,22 @@ class RunResult:
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
         return out
+
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        return (f"<RunResult: {self.graph.n_nodes} nodes, {self.graph.n_edges} edges; {len(self.queries)} queries, "
+                f"{len(self.validation)} checks" + (f", {failed} failed" if failed else "") + ">")
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import run_html
+
+        return run_html(self)
+
+    def report(self, path: str | Path) -> str:
+        """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
+        from circuitgraph.export.html import write_report
+
+        return write_report(self, path)
 
     def queries_json(self) -> list[dict[str, Any]]:
         return self._entries_json(self.queries)
@@ -178,6 +194,10 @@ def _progress_bar(enabled: bool, desc: str):
 def _check_outputs(spec: Any) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
+    if ex.diagram.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        load_feature_labels(ex.diagram.labels)
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
             "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
@@ -217,15 +237,17 @@ def prepare(spec: Any) -> Prepared:
     from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt, resolve_targets
+    from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec)
+    check_layer_keys(spec, adapter.facts.n_layers)
     run_warnings: list[str] = []
     with _recorded_warnings(run_warnings):
         tokens = resolve_prompt(spec, adapter)
+    _check_qk_items(spec, adapter, len(tokens))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
     targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
     L = adapter.facts.n_layers
@@ -251,7 +273,7 @@ def prepare(spec: Any) -> Prepared:
         "transcoders": tcs.describe() if tcs is not None else None,
         "prompt_tokens": tokens,
         "prompt_token_strs": strs,
-        "prompt": "".join(strs),
+        "prompt": _prompt_text(spec, tok, tokens, strs),
         "graph_options": {
             "mlp": {str(k): v for k, v in options.mlp.items()},
             "attention": {str(k): v for k, v in options.attention.items()},
@@ -265,6 +287,39 @@ def prepare(spec: Any) -> Prepared:
         "warnings": run_warnings,
     }
     return Prepared(adapter, tcs, lin, targets, options, metadata)
+
+
+def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+    """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
+    text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
+    if isinstance(text, str):
+        return text
+    if tokenizer is not None:
+        try:
+            return tokenizer.decode(list(tokens), skip_special_tokens=False)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: fall back to the pieces
+            pass
+    return "".join(strs)
+
+
+def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+    """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
+    checked before the graph is built, so bad input fails fast and writes nothing."""
+    from circuitgraph.errors import SpecError
+    from circuitgraph.queries.qk import qk_problems
+
+    f = adapter.facts
+    problems = []
+    for where, items in (("queries", spec.queries), ("validate", spec.validate)):
+        for i, item in enumerate(items):
+            if item.kind == "qk":
+                p = item.params
+                head = p.head if isinstance(p.head, int) else list(p.head)
+                problems += [(f"{where}[{i}].qk.{field}", msg) for field, msg in qk_problems(
+                    p.layer, head, p.query_position, p.key_position, n_layers=f.n_layers, n_heads=f.n_heads,
+                    n_pos=n_pos)]
+    if problems:
+        raise SpecError(problems)
 
 
 def run(spec: Any, *, progress: bool = False) -> RunResult:
@@ -361,6 +416,8 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
             g.metadata[key] = result.full_graph.metadata[key]
     written: dict[str, Path] = {}
     queries, validation = result.queries_json(), result.validation_json()
+    qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
+    inset = qk if ex.qk_inset else ()
     if ex.json is not None:
         graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
         written["json"] = Path(ex.json)
@@ -368,17 +425,43 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
         written["graph"] = Path(ex.graph)
     if ex.neuronpedia is not None:
-        graph_to_neuronpedia(g, str(ex.neuronpedia))
+        p = result.spec.pruning
+        thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
+        graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, qk=qk, **thresholds)
         written["neuronpedia"] = Path(ex.neuronpedia)
+    diagram = _diagram_options(result) if any(
+        getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
     if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes))
+        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
         written["dot"] = Path(ex.dot)
     for fmt in ("svg", "png"):
         path = getattr(ex, fmt)
         if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes)
+            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
             written[fmt] = Path(path)
+    if ex.html is not None:
+        from circuitgraph.export.html import write_report
+
+        write_report(result, str(ex.html), max_nodes=ex.max_render_nodes, diagram={**diagram, "qk": inset})
+        written["html"] = Path(ex.html)
     return written
+
+
+def _diagram_options(result: RunResult) -> dict[str, Any]:
+    """``graph_to_dot`` options from ``export.diagram``, with the influence of the unpruned graph."""
+    from circuitgraph.export.dot import raw_influence
+
+    d = result.spec.export.diagram
+    options: dict[str, Any] = {"show_unreachable": d.show_unreachable}
+    if result.full_graph.targets:
+        options["influence"] = raw_influence(result.full_graph)
+    if d.labels is not None:
+        from circuitgraph.export.labels import load_feature_labels
+
+        options["labels"] = load_feature_labels(d.labels)
+    if d.supernodes is not None:
+        options["supernodes"] = d.supernodes
+    return options
 
 
 def dry_run(spec: Any) -> list[str]:

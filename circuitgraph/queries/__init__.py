@@ -24,6 +24,7 @@ from circuitgraph.queries.neighbours import (
     supernodes,
 )
 from circuitgraph.queries.paths import AttributionPath, HeadResolvedPath, PathsResult, path_contribution, top_paths
+from circuitgraph.queries.qk import QKDecomposition, QKHead, QKMarginal, QKPair, QKResult, qk, qk_decomposition
 from circuitgraph.queries.prune import PruneResult, find_threshold, prune_graph
 from circuitgraph.queries.scores import ScoresResult, TargetErrorShare, compute_scores, graph_scores, record_scores
 from circuitgraph.queries.tables import (
@@ -87,6 +88,14 @@ __all__ = [
     "direct_logit_attribution",
     "logit_lens",
     "congruence",
+    # QK attribution
+    "QKPair",
+    "QKMarginal",
+    "QKHead",
+    "QKResult",
+    "QKDecomposition",
+    "qk",
+    "qk_decomposition",
     # weight-only
     "Unit",
     "VirtualWeightsResult",

@@ -15,7 +15,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 
-__all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt"]
+__all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt", "records_of"]
 
 
 class QueryResult:
@@ -34,6 +34,33 @@ class QueryResult:
 
     def __str__(self) -> str:
         return self.table()
+
+    # ---------------------------------------------------------------- notebooks and frames
+    def records(self) -> list[dict[str, Any]]:
+        """The result as rows (one dict per row, JSON values): the longest list of records in
+        :meth:`to_dict` (nested dicts flattened one level as ``outer.inner``), each row also
+        carrying the result's scalar fields; a single row of the scalar fields when the
+        result has no list of records."""
+        return records_of(self.to_dict())
+
+    def to_dataframe(self) -> Any:
+        """The rows of :meth:`records` as a ``pandas.DataFrame`` (needs pandas:
+        ``pip install 'circuitgraph[notebook]'``)."""
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover - pandas is an optional extra
+            raise QueryError("to_dataframe() needs pandas; install it with `pip install 'circuitgraph[notebook]'`") \
+                from None
+        return pd.DataFrame.from_records(self.records())
+
+    def __repr__(self) -> str:
+        n = len(self.records())
+        return f"<{type(self).__name__} {self.kind or 'query'}: {n} row{'s' if n != 1 else ''}>"
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import result_html
+
+        return result_html(self.kind, self)
 
 
 def fmt(value: Any) -> str:
@@ -120,3 +147,32 @@ def share(value: float, whole: float | None) -> float | None:
     if whole is None or whole == 0.0 or not math.isfinite(whole):
         return None
     return float(value) / float(whole)
+
+
+def records_of(data: Any) -> list[dict[str, Any]]:
+    """Rows of a ``to_dict()`` document (see :meth:`QueryResult.records`)."""
+    if isinstance(data, list):
+        return [_flat(r) if isinstance(r, dict) else {"value": r} for r in data]
+    if not isinstance(data, dict):
+        return [{"value": data}]
+    scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
+    tables = [(k, v) for k, v in data.items()
+              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+    if not tables:
+        nested = {k: v for k, v in data.items() if isinstance(v, dict)}
+        row = dict(scalars)
+        for k, v in nested.items():
+            row.update({f"{k}.{ik}": iv for ik, iv in v.items() if not isinstance(iv, (list, dict))})
+        return [row]
+    _, rows = max(tables, key=lambda kv: len(kv[1]))
+    return [{**{k: v for k, v in scalars.items() if k not in r}, **_flat(r)} for r in rows]
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{ik}": iv for ik, iv in v.items()})
+        else:
+            out[k] = v
+    return out

@@ -93,6 +93,13 @@ def _de_embedding(g: AttributionGraph, p: q.DeEmbedding) -> QueryResult:
     return de_embedding(g, p.node, top_k=p.top_k, head=p.head)
 
 
+def _qk(g: AttributionGraph, p: q.QK) -> QueryResult:
+    from circuitgraph.queries.qk import qk
+
+    return qk(g, p.layer, p.head if isinstance(p.head, int) else list(p.head), p.query_position,
+              p.key_position, top_k=p.top_k)
+
+
 #: parameter-block class -> the function that runs it
 QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {
     q.TopPaths: _top_paths,
@@ -107,6 +114,7 @@ QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {
     q.HeadSplit: _head_split,
     q.VirtualWeights: _virtual_weights,
     q.DeEmbedding: _de_embedding,
+    q.QK: _qk,
 }
 
 

@@ -65,7 +65,7 @@ class HeadPart:
                 "source_position": self.source_position, "value": self.value}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class HeadSplitResult(QueryResult):
     """The parts of the edge ``source -> target``, largest first; ``sum(parts) == edge_weight``."""
 
@@ -148,8 +148,6 @@ def _reader(collected: Any, node: NodeId) -> tuple[int, int, Any] | None:
 def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_position: bool = False
                ) -> list[HeadPart]:
     """The parts of the edge ``source -> target`` (unsorted; see the module docstring)."""
-    import torch
-
     ctx = require_context(graph, "splitting an edge over attention heads")
     col = ctx.collected
     fm = col.frozen
@@ -159,13 +157,38 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
                          "residual, or was added after attribution, e.g. a remainder of pruning)")
     r = _reader(col, target)
     if r is None:
+        if target.kind == "attention_head":
+            raise QueryError(f"head split: {target} is a head node, and head nodes have no incoming edges (with "
+                             "attention: heads they are sources of the graph); split an edge into a feature, neuron "
+                             "or target instead, or use attention: frozen and split the edges those heads carry")
         raise QueryError(f"head split: {target} is not a reader of the attributed graph (it has no incoming edges, "
                          "or was added after attribution)")
-    loc_u, pos_s, vec = w
     loc_r, pos_t, g = r
-    if loc_u > loc_r or pos_s > pos_t:
+    # a cross-layer transcoder feature writes at several locations: split each write the
+    # reader can see and add the parts up
+    writes = [x for x in col.writer_locations(source) if x[0] <= loc_r and x[1] <= pos_t]
+    if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
+    crossed = {m: fm.attention_modes[m] for loc_u, _, _ in writes for m in range(fm.n_layers)
+               if loc_u <= 2 * m < 2 * m + 1 <= loc_r}
+    if crossed and all(mode != "frozen" for mode in crossed.values()):
+        raise QueryError(f"head split: every attention layer between {source} and {target} (layers {sorted(crossed)}) "
+                         "has attention: heads, so its heads are nodes and the edge passes through no frozen head to "
+                         "split it over; look at the head nodes' edges (neighbours) or build the graph with attention: "
+                         "frozen")
+    total: dict[tuple[int | None, int | None, int | None], float] = {}
+    for loc_u, pos_s, vec in writes:
+        for key, v in _split_one(fm, loc_u, pos_s, vec, loc_r, pos_t, g, by_position).items():
+            total[key] = total.get(key, 0.0) + v
+    return [HeadPart(m, h, p, v) for (m, h, p), v in total.items() if v != 0.0 or m is None]
+
+
+def _split_one(fm: Any, loc_u: int, pos_s: int, vec: Any, loc_r: int, pos_t: int, g: Any,
+               by_position: bool) -> dict[tuple[int | None, int | None, int | None], float]:
+    """The parts of one write ``vec`` at ``(loc_u, pos_s)`` into reader ``g`` at ``(loc_r, pos_t)``."""
+    import torch
+
     H = fm.adapter.facts.n_heads
     layers = [m for m in range(fm.n_layers)
               if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] == "frozen"]
@@ -198,7 +221,7 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
             else:
                 G = fm.step_down(loc, G)
         values = (G[:, pos_s, :] @ vec.to(device=fm.device, dtype=fm.dtype)).double().cpu().numpy()
-    return [HeadPart(m, h, p, float(v)) for (m, h, p), v in zip(keys, values) if v != 0.0 or m is None]
+    return {key: float(v) for key, v in zip(keys, values)}
 
 
 def head_split(graph: AttributionGraph, source: NodeId | str, target: NodeId | str, *,

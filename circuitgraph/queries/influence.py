@@ -96,7 +96,7 @@ def total_effects(graph: AttributionGraph, targets: list[NodeId] | None = None) 
     return _signed(graph, targets)["signed"].T.copy()
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class InfluenceResult(QueryResult):
     """Influence and total effect of every node on the targets.
 

@@ -59,7 +59,7 @@ def children(graph: AttributionGraph, node: NodeId | str, top_k: int | None = No
     return out if top_k is None else out[:top_k]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class NeighboursResult(QueryResult):
     """The strongest parents and/or children of one node."""
 
@@ -116,7 +116,7 @@ def neighbours(graph: AttributionGraph, node: NodeId | str,
     )
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class SubgraphResult(QueryResult):
     """The subgraph induced by the nodes a filter selects (no remainder bookkeeping)."""
 
@@ -157,7 +157,7 @@ def subgraph(graph: AttributionGraph, filter: Any) -> SubgraphResult:  # noqa: A
 OTHER = "(other)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SupernodesResult(QueryResult):
     """Named groups of nodes and the summed edges between groups.
 

@@ -102,7 +102,7 @@ class AttributionPath:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PathsResult(QueryResult):
     """The k best paths, best first, and which search produced them."""
 
@@ -362,9 +362,15 @@ def top_paths(
     if len(through) > 16:
         raise QueryError(f"top_paths: at most 16 'through' filters, got {len(through)}")
     bits = np.zeros(n, dtype=np.int64)
+    has_in = np.zeros(n, dtype=bool)
+    has_in[graph.edge_target] = True
+    has_out = np.zeros(n, dtype=bool)
+    has_out[graph.edge_source] = True
     for i, f in enumerate(through):
-        match_nodes(graph, f, what=f"top_paths through[{i}]")
-        bits[filter_mask(graph, f)] |= 1 << i
+        matched = match_nodes(graph, f, what=f"top_paths through[{i}]")
+        mask = filter_mask(graph, f)
+        _check_passable(matched, has_in[mask].any(), has_out[mask].any(), f"top_paths through[{i}]")
+        bits[mask] |= 1 << i
     full = (1 << len(through)) - 1
     avoided = np.zeros(n, dtype=bool)
     for i, f in enumerate(avoid):
@@ -423,9 +429,36 @@ def top_paths(
             normalized_weight=normalized,
         ))
     if expand_heads:
+        _check_frozen_attention(graph)
         paths = [_expand(graph, p) for p in paths]
     return PathsResult(tuple(paths), chosen, rank, k, int(is_source.sum()), int(is_target.sum()), max_length,
                        beam_width if chosen == "beam" else None)
+
+
+def _check_passable(matched: list[NodeId], any_in: bool, any_out: bool, what: str) -> None:
+    """A path can pass through a node only if it has incoming and outgoing edges."""
+    if any_in and any_out:
+        return
+    kinds = sorted({m.kind for m in matched})
+    if not any_in:
+        hint = ("; with attention: heads, head nodes are sources of the graph (their inputs are not edges): start "
+                "paths at them with source: {kind: attention_head}, or use attention: frozen with expand_heads: true "
+                "to see which heads each path passes through") if "attention_head" in kinds else \
+            "; use it as source instead"
+        raise QueryError(f"{what}: none of the {len(matched)} node(s) it matches ({', '.join(kinds)}) has incoming "
+                         f"edges, so no path can pass through them{hint}")
+    raise QueryError(f"{what}: none of the {len(matched)} node(s) it matches ({', '.join(kinds)}) has outgoing edges, "
+                     "so no path can pass through them; use it as target instead")
+
+
+def _check_frozen_attention(graph: AttributionGraph) -> None:
+    """``expand_heads`` splits edges over frozen attention: it needs at least one frozen layer."""
+    ctx = graph.context
+    modes = getattr(getattr(getattr(ctx, "collected", None), "frozen", None), "attention_modes", None)
+    if modes is not None and all(m != "frozen" for m in modes.values()):
+        raise QueryError("top_paths expand_heads: this graph has attention: heads in every layer, so heads are nodes "
+                         "and no edge passes through frozen attention to split; drop expand_heads (paths already name "
+                         "their head nodes) or build the graph with attention: frozen")
 
 
 def _expand(graph: AttributionGraph, path: AttributionPath) -> AttributionPath:

@@ -97,7 +97,7 @@ def _top_k(mask: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class PruneResult(QueryResult):
     """The pruned graph and the decisions that produced it.
 

@@ -72,7 +72,7 @@ class TargetErrorShare:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ScoresResult(QueryResult):
     """Replacement score, completeness score and per-target error shares."""
 

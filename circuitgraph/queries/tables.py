@@ -51,7 +51,7 @@ def _resolve_target(graph: AttributionGraph, target: int | NodeId | str) -> Node
     return resolve_node(graph, target, what="direct_logit_attribution target")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DLAResult(QueryResult):
     """Direct effects into one target: per node, per kind and per (kind, layer)."""
 
@@ -149,7 +149,7 @@ class LensRow:
                 "tokens": [cell(t) for t in self.tokens]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LogitLensResult(QueryResult):
     """The logit lens at one position, one row per residual site (bottom to top)."""
 
@@ -221,7 +221,7 @@ def logit_lens(graph: AttributionGraph, tokens: Iterable[str | int] | None = Non
 
 
 # ---------------------------------------------------------------------------- congruence
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CongruenceResult(QueryResult):
     """Units ranked by ``|score|``: rows ``(kind, layer, index, score, dot, in_graph)``."""
 
@@ -260,7 +260,13 @@ def _unit_weights(ctx: Any, kind: str, layer: int) -> tuple[Any, Any] | None:
     if tcs is None or layer not in tcs:
         return None
     tc = tcs[layer]
-    return tc.W_dec, tc.W_enc
+    import torch
+
+    # output weights: the sum of the decoder rows over every MLP output the feature writes
+    # (one for per-layer transcoders; layer..L-1 for a cross-layer transcoder): all reach the
+    # logits directly through the residual stream
+    W_dec = tcs.decoder_rows(layer, torch.arange(tc.d_sae)).sum(1)
+    return W_dec, tc.W_enc
 
 
 def congruence(graph: AttributionGraph, tokens: Iterable[str | int], kind: Literal["neuron", "feature"] = "feature",

@@ -51,6 +51,14 @@ class Unit:
         return f"{self.kind}/{self.layer}/{self.index}"
 
 
+def _parses(text: str) -> bool:
+    try:
+        NodeId.parse(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _as_unit(node: Any) -> Unit:
     if isinstance(node, Unit):
         return node
@@ -109,7 +117,9 @@ class _Weights:
         a, f = self.a, self.f
         if unit.kind == "feature":
             tc = self._transcoder(unit)
-            w = tc.W_enc[:, unit.index].double()
+            import torch
+
+            w = tc.encoder_rows(torch.tensor([unit.index]))[0].double()
             g = self._p(w, f.norm == "layernorm") if tc.input_site == "normalized" else w
             return g, 2 * unit.layer + 1
         if unit.kind == "neuron":
@@ -124,12 +134,20 @@ class _Weights:
             return self._p(a.W_U[:, unit.index].double(), n.center, n.gamma), 2 * f.n_layers
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a reader unit; expected one of {', '.join(READER_UNITS)}")
 
-    def writer(self, unit: Unit) -> tuple[Any, int]:
-        """``(direction (d_model,), residual location written)``."""
+    def writer(self, unit: Unit) -> list[tuple[Any, int]]:
+        """``[(direction (d_model,), residual location written)]``: one write for most units, one
+        per downstream MLP output for a cross-layer transcoder feature."""
+        return self._writer(unit) if unit.kind == "feature" else [self._writer(unit)]
+
+    def _writer(self, unit: Unit) -> Any:
         a, f = self.a, self.f
         if unit.kind == "feature":
-            tc = self._transcoder(unit)
-            return tc.W_dec[unit.index].double(), 2 * unit.layer + 2
+            import torch
+
+            self._transcoder(unit)
+            tcs = self.ctx.transcoders
+            rows = tcs.decoder_rows(unit.layer, torch.tensor([unit.index]))[0].double()  # (n_out, d_model)
+            return [(rows[j], 2 * k + 2) for j, k in enumerate(tcs.output_layers(unit.layer))]
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
@@ -156,7 +174,7 @@ def _units(graph: AttributionGraph, filt: Any, allowed: tuple[str, ...], what: s
     return units, skipped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class VirtualWeightsResult(QueryResult):
     """The strongest weight-only connections ``(source unit, target unit, weight)``."""
 
@@ -193,13 +211,17 @@ def virtual_weights(graph: AttributionGraph, source: Any, target: Any, top_k: in
     W = _Weights(ctx)
     srcs, skip_s = _units(graph, source, WRITER_UNITS, "virtual_weights source")
     tgts, skip_t = _units(graph, target, READER_UNITS, "virtual_weights target")
-    ws = [W.writer(u) for u in srcs]
+    writes = [(i, v, lw) for i, u in enumerate(srcs) for v, lw in W.writer(u)]
     rs = [W.reader(u) for u in tgts]
-    D = torch.stack([v for v, _ in ws])  # (n_src, d_model)
+    D = torch.stack([v for _, v, _ in writes])  # (n_writes, d_model)
     G = torch.stack([g for g, _ in rs])  # (n_tgt, d_model)
-    M = (D @ G.T).numpy()
-    valid = np.array([lw for _, lw in ws])[:, None] <= np.array([lr for _, lr in rs])[None, :]
-    M = np.where(valid, M, 0.0)
+    ok = np.array([lw for _, _, lw in writes])[:, None] <= np.array([lr for _, lr in rs])[None, :]
+    owner = np.array([i for i, _, _ in writes])
+    # a unit that writes at several locations (a CLT feature) sums the writes below the reader
+    M = np.zeros((len(srcs), len(tgts)))
+    np.add.at(M, owner, np.where(ok, (D @ G.T).numpy(), 0.0))
+    valid = np.zeros((len(srcs), len(tgts)), dtype=bool)
+    np.logical_or.at(valid, owner, ok)
     n_pairs = int(valid.sum())
     flat = np.abs(M).ravel()
     k = min(top_k, n_pairs)
@@ -210,7 +232,7 @@ def virtual_weights(graph: AttributionGraph, source: Any, target: Any, top_k: in
     return VirtualWeightsResult(rows, n_pairs, skip_s + skip_t)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DeEmbeddingResult(QueryResult):
     """Tokens whose embeddings drive a unit most: rows ``(token id, token string, score)``."""
 
@@ -242,6 +264,13 @@ def de_embedding(graph: AttributionGraph, node: Any, top_k: int = 10, head: Any 
     """
     ctx = require_context(graph, "de_embedding")
     top_k = check_k(top_k, "top_k")
+    if isinstance(node, (str, NodeId)):
+        nid = NodeId.parse(node) if isinstance(node, str) and _parses(node) else node
+        if isinstance(nid, NodeId) and nid not in graph:
+            raise QueryError(
+                f"de_embedding node {nid} is not in the graph ({graph.n_nodes} nodes); give a node of the graph, or "
+                f"{{kind: {nid.kind}, layer: {nid.layer}, index: {nid.index}}} for the unit at any position (weights "
+                "only, whether or not it is active on this prompt)")
     unit = _as_unit(node)
     W = _Weights(ctx)
     g, loc = W.reader(unit)

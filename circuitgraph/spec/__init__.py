@@ -32,6 +32,8 @@ from circuitgraph.spec.queries import (
     LogitLensQuery,
     Neighbours,
     NeighboursQuery,
+    QK,
+    QKQuery,
     Query,
     Scores,
     ScoresQuery,
@@ -72,6 +74,7 @@ from circuitgraph.spec.validation import (
     PatchingCheck,
     PredictedVsActual,
     PredictedVsActualCheck,
+    QKCheck,
     ReplacementFidelity,
     ReplacementFidelityCheck,
     SignRegimes,
@@ -147,6 +150,8 @@ __all__ = [
     "DeEmbedding",
     "UnitRef",
     "HeadRef",
+    "QKQuery",
+    "QK",
     # validation checks
     "Check",
     "AblateCheck",
@@ -164,4 +169,5 @@ __all__ = [
     "SignRegimes",
     "ReplacementFidelityCheck",
     "ReplacementFidelity",
+    "QKCheck",
 ]

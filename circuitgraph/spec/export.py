@@ -7,9 +7,26 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from circuitgraph.spec.base import OutputPath, PositiveInt, StrictModel, rule_error
+from typing import Literal
 
-__all__ = ["ExportSpec", "EXPORT_SUFFIXES"]
+from circuitgraph.spec.base import Bool, InputPath, OutputPath, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.filters import NodeFilter
+
+__all__ = ["ExportSpec", "DiagramSpec", "EXPORT_SUFFIXES"]
+
+
+class DiagramSpec(StrictModel):
+    """How the diagrams (dot, svg, png and the HTML report's) are drawn."""
+
+    labels: InputPath | None = Field(
+        None, description="Feature descriptions to draw under feature ids: a CSV or JSON of layer, index, label, "
+        "or a Neuronpedia explanations export.")
+    supernodes: dict[str, NodeFilter] | Literal["auto"] | None = Field(
+        None, description="Groups drawn as one box with summed edges: {name: node filter}, or 'auto' to group "
+        "nodes of a layer that share their neighbours.")
+    show_unreachable: Bool = Field(
+        False, description="Also draw nodes with no path to a target (hidden by default).")
+
 
 #: the file suffixes each output accepts (an output not listed here takes any suffix)
 EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -18,6 +35,7 @@ EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "svg": (".svg",),
     "png": (".png",),
     "neuronpedia": (".json",),
+    "html": (".html", ".htm"),
 }
 
 with warnings.catch_warnings():
@@ -33,7 +51,13 @@ with warnings.catch_warnings():
         png: OutputPath | None = Field(None, description="The diagram as PNG (needs the Graphviz dot binary).")
         neuronpedia: OutputPath | None = Field(None, description="The graph in Neuronpedia's JSON format.")
         graph: OutputPath | None = Field(None, description="The graph in circuitgraph's compact binary format.")
+        html: OutputPath | None = Field(
+            None, description="One self-contained HTML report: diagram, spec, identity, scores, every query "
+            "and validation result, heat maps and control distributions, exactness checks.")
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
+        diagram: DiagramSpec = Field(default_factory=DiagramSpec, description="How diagrams are drawn.")
+        qk_inset: Bool = Field(False, description="Draw the results of the qk queries in the diagrams (svg, png, "
+                               "dot) as an inset: each head's top pairs as dashed edges into the head.")
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
         @model_validator(mode="after")
@@ -51,5 +75,5 @@ with warnings.catch_warnings():
 
         def outputs(self) -> dict[str, Path]:
             """``{name: path}`` of the outputs that are set, in a fixed order."""
-            names = ("json", "dot", "svg", "png", "neuronpedia", "graph")
+            names = ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
             return {name: getattr(self, name) for name in names if getattr(self, name) is not None}

@@ -83,7 +83,9 @@ class TranscodersSpec(StrictModel):
         None, description="With path: the on-disk format (default: detected from the files; the graph's "
         "metadata.transcoders.format records it).")
     release: Name | None = Field(None, description="An sae-lens pretrained release.")
-    builtin: Literal["demo"] | None = Field(None, description="The transcoders shipped with a built-in model.")
+    builtin: Literal["demo", "demo_clt"] | None = Field(
+        None, description="Dictionaries shipped with a built-in model: demo (per-layer transcoders) or demo_clt "
+        "(a cross-layer transcoder).")
     ids: dict[LayerKey, Name] | None = Field(
         None, description="With release: the sae-lens id of each layer's transcoder, {layer: id}."
     )

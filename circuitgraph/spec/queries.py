@@ -61,6 +61,8 @@ __all__ = [
     "HeadRef",
     "DeEmbedding",
     "DeEmbeddingQuery",
+    "QK",
+    "QKQuery",
     "Query",
 ]
 
@@ -265,6 +267,42 @@ class DeEmbeddingQuery(QueryItem):
     de_embedding: Params[DeEmbedding]
 
 
+if TYPE_CHECKING:
+    _HeadOrHeads = Union[int, tuple[int, ...]]
+    _KeyPosition = Union[int, Literal["top"]]
+else:
+    _HeadOrHeads = shaped_union(
+        "head",
+        "a head index or a list of head indices",
+        {"one": NonNegativeInt, "list": Annotated[tuple[NonNegativeInt, ...], Field(min_length=1)]},
+        by_type={int: "one", list: "list", tuple: "list"},
+    )
+    _KeyPosition = shaped_union(
+        "key position",
+        "an integer position (negative counts from the end) or 'top'",
+        {"position": Int, "top": Literal["top"]},
+        by_type={int: "position", str: "top"},
+    )
+
+
+class QK(StrictModel):
+    """QK attribution: a head's pre-softmax score from ``query_position`` to ``key_position``
+    split exactly over pairs of (query-side node, key-side node) of the graph."""
+
+    layer: NonNegativeInt = Field(description="The head's layer.")
+    head: _HeadOrHeads = Field(description="A head index, or a list of them.")
+    query_position: Int = Field(-1, description="Query position; negative counts from the end.")
+    key_position: _KeyPosition = Field(
+        "top", description="Key position (negative counts from the end), or 'top': the key the head attends to most."
+    )
+    top_k: PositiveInt = Field(10, description="How many pairs and marginals to report per head.")
+
+
+class QKQuery(QueryItem):
+    key: ClassVar[str] = "qk"
+    qk: Params[QK]
+
+
 QUERY_TYPES: tuple[type[KeyedModel], ...] = (
     TopPathsQuery,
     InfluenceQuery,
@@ -278,6 +316,7 @@ QUERY_TYPES: tuple[type[KeyedModel], ...] = (
     HeadSplitQuery,
     VirtualWeightsQuery,
     DeEmbeddingQuery,
+    QKQuery,
 )
 
 if TYPE_CHECKING:
@@ -294,6 +333,7 @@ if TYPE_CHECKING:
         HeadSplitQuery,
         VirtualWeightsQuery,
         DeEmbeddingQuery,
+        QKQuery,
     ]
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

@@ -38,6 +38,7 @@ from circuitgraph.spec.base import (
 )
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt
+from circuitgraph.spec.queries import QK
 
 __all__ = [
     "Ablate",
@@ -55,6 +56,7 @@ __all__ = [
     "SignRegimesCheck",
     "ReplacementFidelity",
     "ReplacementFidelityCheck",
+    "QKCheck",
     "Check",
 ]
 
@@ -259,6 +261,16 @@ class ReplacementFidelityCheck(CheckItem):
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
 
 
+class QKCheck(CheckItem):
+    """QK attribution checked by intervention: each node of the top pairs is removed from the
+    query side only (``hook_q_input``), or the key side only (``hook_k_input``), in the frozen
+    model; the change in the pre-softmax score is compared with the node's marginal.  Same
+    parameters as the ``qk`` query (``top_k`` pairs per head)."""
+
+    key: ClassVar[str] = "qk"
+    qk: Params[QK]
+
+
 CHECK_TYPES: tuple[type[KeyedModel], ...] = (
     AblateCheck,
     PredictedVsActualCheck,
@@ -266,11 +278,13 @@ CHECK_TYPES: tuple[type[KeyedModel], ...] = (
     FaithfulnessCheck,
     SignRegimesCheck,
     ReplacementFidelityCheck,
+    QKCheck,
 )
 
 if TYPE_CHECKING:
     Check = Union[
-        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck
+        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck,
+        QKCheck,
     ]
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)

@@ -196,7 +196,7 @@ def save_bundle(directory: str | Path, model: Any, transcoders: dict[int, Any] |
     return directory
 
 
-_CLT_INPUT_HOOKS = {"raw": "hook_resid_mid", "normalized": "ln2.hook_normalized", "mlp_input": "mlp.hook_in"}
+_CLT_INPUT_HOOKS = {"raw": "hook_resid_mid", "normalized": "ln2.hook_normalized"}
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from circuitgraph.validation.metrics import Metric
 __all__ = ["CHECK_KINDS", "CheckResult", "run_check", "run_checks"]
 
 CHECK_KINDS: tuple[str, ...] = ("ablate", "predicted_vs_actual", "patching", "faithfulness", "sign_regimes",
-                                "replacement_fidelity")
+                                "replacement_fidelity", "qk")
 
 
 @dataclass
@@ -164,6 +164,12 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
         result = sign_regimes(
             graph, prompts=prompts(p.get("prompts"), "sign_regimes.prompts"), layers=p.get("layers"),
             top_k=get("top_k", 20), echo_threshold=get("echo_threshold", 0.5), tokenizer=tokenizer)
+    elif kind == "qk":
+        from circuitgraph.validation.qk_check import qk_check
+
+        head = p.get("head")
+        result = qk_check(graph, p.get("layer"), head if isinstance(head, int) else list(head or ()),
+                          get("query_position", -1), get("key_position", "top"), top_k=get("top_k", 10))
     else:
         result = replacement_fidelity(
             graph, prompts=prompts(p.get("prompts"), "replacement_fidelity.prompts"), tokenizer=tokenizer)

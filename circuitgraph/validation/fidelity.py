@@ -2,7 +2,8 @@
 
 The *replacement model* is the real model with every MLP output that has a transcoder
 replaced by the transcoder's reconstruction of its live input,
-``mlp_out(l) := sum_j a_j(x) W_dec[j] + b_dec (+ W_skip x)``; errors are not added back, so
+``mlp_out(l) := sum_j a_j(x) W_dec[j] + b_dec (+ W_skip x)`` (for a cross-layer transcoder
+the sum runs over the features of every layer ``<= l``); errors are not added back, so
 they propagate to later layers (a layer without a transcoder keeps its real MLP).  On each
 prompt we report, over every position:
 
@@ -38,19 +39,21 @@ def replacement_model(adapter: Any, transcoders: Any, layers: Sequence[int] | No
         raise ValidationRunError("the replacement model needs transcoders; none are loaded")
     layers = sorted(transcoders.layers) if layers is None else list(layers)
     inputs: dict[int, torch.Tensor] = {}
+    acts: dict[int, torch.Tensor] = {}
     hooks = []
-    for layer in layers:
-        tc = transcoders[layer]
-
+    for layer in sorted(set(layers) | {l for k in layers for l in transcoders.source_layers(k)}):
         def grab(value, hook, layer=layer):  # noqa: ANN001
             inputs[layer] = value
+            acts[layer] = transcoders[layer].activation(value)
             return value
 
-        def replace(value, hook, layer=layer, tc=tc):  # noqa: ANN001
-            x = inputs[layer]
-            return tc.reconstruction(tc.activation(x), x).to(value.dtype)
+        hooks.append((transcoders[layer].hook_in, grab))
+    for layer in layers:
+        def replace(value, hook, layer=layer):  # noqa: ANN001
+            # a cross-layer transcoder's MLP output k sums the writes of every layer <= k
+            return transcoders.reconstruct_at(layer, acts, inputs).to(value.dtype)
 
-        hooks += [(tc.hook_in, grab), (adapter.hook_mlp_out(layer), replace)]
+        hooks.append((adapter.hook_mlp_out(layer), replace))
     with adapter.model.hooks(fwd_hooks=hooks):
         yield adapter.model
 

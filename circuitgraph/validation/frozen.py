@@ -18,7 +18,7 @@ from circuitgraph.attribution.linearisation import dictionary_input, frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 
-__all__ = ["frozen_reader_values", "frozen_ablation_effects"]
+__all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks"]
 
 
 def _writer_vectors(context: Any, node_id: NodeId) -> list[tuple[int, int, torch.Tensor]]:
@@ -31,6 +31,30 @@ def _writer_vectors(context: Any, node_id: NodeId) -> list[tuple[int, int, torch
 def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
     """Every reader's pre-activation in the frozen real model, with the writers in ``ablate``
     scaled by ``scale`` (0 = removed)."""
+    a, lin = context.adapter, context.linearisation
+    hooks, captured = frozen_node_hooks(context, ablate, scale)
+    names = {a.hook_norm_normalized("ln_final")}
+    for layer in range(a.facts.n_layers):
+        names |= {a.hook_mlp_pre(layer), a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
+                  a.hook_resid_pre(layer), a.hook_resid_post(layer)}
+        if a.facts.gated_mlp:
+            names.add(a.hook_mlp_pre_linear(layer))
+
+    def keep(value, hook):
+        captured[hook.name] = value.detach()[0]
+        return value
+
+    hooks += [(n, keep) for n in sorted(names)]
+    with frozen(a, lin, extra_hooks=hooks) as model:
+        model(lin.tokens.to(a.device)[None])
+    return _read_values(context, captured)
+
+
+def frozen_node_hooks(context: Any, ablate: Iterable[NodeId] = (),
+                      scale: float = 0.0) -> tuple[list[tuple[str, Any]], dict[str, torch.Tensor]]:
+    """Hooks that, inside :func:`~circuitgraph.attribution.linearisation.frozen`, freeze every node
+    at its recorded output (MLP outputs, attention outputs of layers analysed as heads) and scale
+    the writers in ``ablate`` by ``scale``; and the dict the hooks use for captured values."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
     opts = context.options
     L = a.facts.n_layers
@@ -92,21 +116,7 @@ def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: flo
             return out - d.to(value.dtype)[None] if d is not None else out
 
         hooks.append((a.hook_mlp_out(layer), fix_mlp))
-    names = {a.hook_norm_normalized("ln_final")}
-    for layer in range(L):
-        names |= {a.hook_mlp_pre(layer), a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
-                  a.hook_resid_pre(layer), a.hook_resid_post(layer)}
-        if a.facts.gated_mlp:
-            names.add(a.hook_mlp_pre_linear(layer))
-
-    def keep(value, hook):
-        captured[hook.name] = value.detach()[0]
-        return value
-
-    hooks += [(n, keep) for n in sorted(names)]
-    with frozen(a, lin, extra_hooks=hooks) as model:
-        model(lin.tokens.to(a.device)[None])
-    return _read_values(context, captured)
+    return hooks, captured
 
 
 def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:

@@ -22,7 +22,9 @@ site            where (adapter hook)                        value edited
 ==============  ==========================================  ==============================
 
 Features are *spliced*: the real MLP output is kept and only the feature's contribution
-changes, ``mlp_out' = mlp_out + (a_j' - a_j) W_dec[j]``, with ``a_j`` the transcoder's
+changes, ``mlp_out' = mlp_out + (a_j' - a_j) W_dec[j]``, in every MLP output the feature
+writes (a cross-layer transcoder feature of layer ``l``: every layer ``k >= l``, with its
+decoder row for ``k``), with ``a_j`` the transcoder's
 activation on the live input of that forward pass (the same as the transcoder
 reconstruction plus the error, with the feature changed).  The error is
 ``e = mlp_out - reconstruction`` and is spliced the same way.
@@ -296,8 +298,8 @@ def _unview(site: str, v: torch.Tensor) -> torch.Tensor:
 def _needed_hooks(adapter: Any, site: str, layer: int, transcoders: Any) -> set[str]:
     if site == "feature":
         return {transcoders[layer].hook_in}
-    if site == "error":
-        return {transcoders[layer].hook_in, adapter.hook_mlp_out(layer)}
+    if site == "error":  # the reconstruction of MLP output `layer` reads every source layer's input
+        return {transcoders[l].hook_in for l in transcoders.source_layers(layer)} | {adapter.hook_mlp_out(layer)}
     return {_site_hook(adapter, site, layer)}
 
 
@@ -305,14 +307,15 @@ def site_values(adapter: Any, site: str, layer: int, cache: dict[str, torch.Tens
                 ) -> torch.Tensor:
     """The values of every unit of a site, ``(batch, pos, n, e)``, from hook values in ``cache``
     (each ``(batch, pos, ...)``)."""
-    if site in ("feature", "error"):
-        tc = transcoders[layer]
-        x = cache[tc.hook_in]
-        acts = tc.activation(x)
-        if site == "feature":
-            return _view("feature", acts.to(x.dtype))
+    if site == "feature":
+        x = cache[transcoders[layer].hook_in]
+        return _view("feature", transcoders[layer].activation(x).to(x.dtype))
+    if site == "error":
+        src = transcoders.source_layers(layer)
+        inputs = {l: cache[transcoders[l].hook_in] for l in src}
+        acts = {l: transcoders[l].activation(inputs[l]) for l in src}
         out = cache[adapter.hook_mlp_out(layer)]
-        return _view("error", out - tc.reconstruction(acts, x).to(out.dtype))
+        return _view("error", out - transcoders.reconstruct_at(layer, acts, inputs).to(out.dtype))
     return _view(site, cache[_site_hook(adapter, site, layer)])
 
 
@@ -451,49 +454,82 @@ def _install(adapter: Any, plan: _Plan, transcoders: Any, capture: set[str],
              captured: dict[str, torch.Tensor]) -> Iterator[Any]:
     """Install the plan's edits (then the capture hooks) and remove them all on exit."""
     hooks: list[tuple[str, Any]] = []
-    mlp_layers = sorted({layer for (site, layer) in plan.edits if site in ("feature", "error")})
-    inner: dict[str, torch.Tensor] = {}
-    for layer in mlp_layers:
+    # Splices: a feature edit of layer l changes every MLP output its decoder writes
+    # (l only for per-layer transcoders, l..L-1 for a cross-layer transcoder) by
+    # (a' - a) W_dec; an error edit of layer k changes MLP output k.  Activations are those of
+    # the live inputs of this forward pass, computed once per layer.
+    splice_out: dict[int, list[tuple[str, int]]] = {}
+    in_layers: set[int] = set()
+    for site, layer in plan.edits:
+        if site == "feature":
+            in_layers.add(layer)
+            for k in transcoders.output_layers(layer):
+                splice_out.setdefault(k, []).append((site, layer))
+        elif site == "error":
+            in_layers |= set(transcoders.source_layers(layer))
+            splice_out.setdefault(layer, []).append((site, layer))
+    inner: dict[str, Any] = {}
+    for layer in sorted(in_layers):
         def grab(value, hook, layer=layer):  # noqa: ANN001
             inner[f"tc_in{layer}"] = value
+            inner.pop(f"acts{layer}", None)
+            inner.pop(f"edited{layer}", None)
             return value
         hooks.append((transcoders[layer].hook_in, grab))
+
+    def live_acts(layer: int, dtype: torch.dtype) -> torch.Tensor:
+        if f"acts{layer}" not in inner:
+            inner[f"acts{layer}"] = transcoders[layer].activation(inner[f"tc_in{layer}"]).to(dtype)
+        return inner[f"acts{layer}"]
+
+    def feature_delta(layer: int, k: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """(a' - a) W_dec[layer -> k] for the edited features of ``layer``; only changed rows are read."""
+        if f"edited{layer}" not in inner:
+            acts = live_acts(layer, dtype)
+            v = _view("feature", acts)
+            for e in plan.edits[("feature", layer)]:
+                v = e.apply(v)
+            diff = _unview("feature", v) - acts
+            changed = (diff != 0).reshape(-1, diff.shape[-1]).any(0).nonzero().flatten()
+            dec = transcoders.decoder_rows(layer, changed.cpu()).to(device=diff.device, dtype=dtype)
+            inner[f"edited{layer}"] = (diff[..., changed], dec)
+        diff, dec = inner[f"edited{layer}"]
+        if diff.shape[-1] == 0:
+            return None
+        return diff @ dec[:, k - layer]
+
     by_hook: dict[str, list[tuple[str, int]]] = {}
     for site, layer in plan.edits:
-        by_hook.setdefault(_site_hook(adapter, site, layer), []).append((site, layer))
+        if site not in ("feature", "error"):
+            by_hook.setdefault(_site_hook(adapter, site, layer), []).append((site, layer))
+    for k in splice_out:
+        by_hook.setdefault(adapter.hook_mlp_out(k), [])
     for name, sls in by_hook.items():
-        # splices first (relative to the real output), then whole-vector edits
-        sls = sorted(sls, key=lambda sl: sl[0] not in ("feature", "error"))
-
         def edit(value, hook, sls=sls):  # noqa: ANN001
             for site, layer in sls:
-                edits = plan.edits[(site, layer)]
-                if site in ("feature", "error"):
-                    continue
                 v = _view(site, value)
-                for e in edits:
+                for e in plan.edits[(site, layer)]:
                     v = e.apply(v)
                 value = _unview(site, v)
             return value
 
-        splice = [sl for sl in sls if sl[0] in ("feature", "error")]
-        if splice:
-            layer = splice[0][1]
-            tc = transcoders[layer]
+        ks = [k for k in splice_out if adapter.hook_mlp_out(k) == name]
+        if ks:
+            k = ks[0]
 
-            def edit_mlp(value, hook, layer=layer, tc=tc, splice=splice, rest=edit):  # noqa: ANN001
-                x = inner[f"tc_in{layer}"]
-                acts = tc.activation(x).to(value.dtype)
+            def edit_mlp(value, hook, k=k, splice=splice_out[k], rest=edit):  # noqa: ANN001
+                # splices first (relative to the real output), then whole-vector edits
                 delta = torch.zeros_like(value)
-                for site, _ in splice:
+                for site, layer in splice:
                     if site == "feature":
-                        v0 = _view("feature", acts)
-                        v = v0
-                        for e in plan.edits[(site, layer)]:
-                            v = e.apply(v)
-                        delta = delta + (_unview("feature", v) - acts) @ tc.W_dec.to(value.dtype)
+                        d = feature_delta(layer, k, value.dtype)
+                        if d is not None:
+                            delta = delta + d
                     else:
-                        err = value - tc.reconstruction(acts, x).to(value.dtype)
+                        src = transcoders.source_layers(k)
+                        acts = {l: live_acts(l, value.dtype) for l in src}
+                        inputs = {l: inner[f"tc_in{l}"] for l in src}
+                        err = value - transcoders.reconstruct_at(k, acts, inputs).to(value.dtype)
                         v = _view("error", err)
                         for e in plan.edits[(site, layer)]:
                             v = e.apply(v)

@@ -1,0 +1,373 @@
+"""HTML: notebook display of graphs, runs and results, and the one-file run report.
+
+Everything here is self-contained HTML (inline CSS, inline SVG, images as ``data:`` URIs,
+no script from the network), so a report opens offline and can be mailed as one file.
+
+* :func:`result_html` -- a query or validation result: its kind, a one-line summary and
+  its rows as a table (what ``_repr_html_`` of every result shows);
+* :func:`graph_html` -- a graph: counts, targets, exactness checks and the diagram;
+* :func:`report_html` / :func:`write_report` -- the run report: the diagram (inline SVG, each
+  node's tooltip shows its activation, influence and label), the spec, the model and
+  dictionary identity, the scores, every query result and validation table, the patching
+  heat maps and control distributions as inline images, and the exactness checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from circuitgraph._io import atomic_write_text
+from circuitgraph.graph.graph import AttributionGraph
+
+__all__ = [
+    "result_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
+    "read_graph_file",
+]
+
+_CSS = """
+body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;margin:0 auto;
+max-width:1200px;padding:16px 24px;color:#222;line-height:1.4}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+h3{font-size:1.0em;margin:1em 0 .3em}
+table.cg{border-collapse:collapse;font-size:12px;margin:.3em 0 1em}
+table.cg th,table.cg td{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
+table.cg th{background:#f3f3f3}table.cg td.num{text-align:right;font-variant-numeric:tabular-nums}
+.cg-diagram{overflow:auto;border:1px solid #ddd;max-height:80vh}.cg-diagram svg{max-width:100%;height:auto}
+.cg-note{color:#666;font-size:12px}.cg-ok{color:#1a7f37;font-weight:bold}.cg-bad{color:#b2182b;font-weight:bold}
+pre.cg-spec{background:#f7f7f7;padding:8px;font-size:12px;overflow:auto;max-height:40vh}
+img.cg-figure{max-width:100%;border:1px solid #eee}
+"""
+
+
+# --------------------------------------------------------------------------- small pieces
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _cell(value: Any) -> tuple[str, bool]:
+    if value is None:
+        return "-", False
+    if isinstance(value, bool):
+        return str(value), False
+    if isinstance(value, int):
+        return str(value), True
+    if isinstance(value, float):
+        if value == 0.0:
+            return "0", True
+        if math.isfinite(value) and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3e}", True
+        return f"{value:.4g}", True
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(_cell(v)[0] for v in value)
+        return (text if len(text) <= 120 else text[:119] + "…"), False
+    if isinstance(value, dict):
+        text = json.dumps(value, default=str)
+        return (text if len(text) <= 120 else text[:119] + "…"), False
+    return str(value), False
+
+
+def html_table(rows: Sequence[Mapping[str, Any]], *, max_rows: int = 50) -> str:
+    """An HTML table of ``rows`` (one dict per row; columns in order of first appearance)."""
+    if not rows:
+        return '<p class="cg-note">(no rows)</p>'
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    out = ['<table class="cg"><thead><tr>' + "".join(f"<th>{_esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
+    for r in rows[:max_rows]:
+        cells = []
+        for c in columns:
+            text, numeric = _cell(r.get(c))
+            cells.append(f'<td class="num">{_esc(text)}</td>' if numeric else f"<td>{_esc(text)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    if len(rows) > max_rows:
+        out.append(f'<p class="cg-note">… {len(rows) - max_rows} more rows</p>')
+    return "".join(out)
+
+
+def _records(result: Any) -> list[dict[str, Any]]:
+    from circuitgraph.queries._base import records_of
+
+    if hasattr(result, "records"):
+        return result.records()
+    return records_of(result.to_dict())
+
+
+def result_html(kind: str, result: Any, *, max_rows: int = 50) -> str:
+    """A query or validation result as an HTML block (title, summary line, table)."""
+    rows = _records(result)
+    return (f'<div class="cg-result"><h3>{_esc(kind)}</h3>'
+            f'<p class="cg-note">{_esc(type(result).__name__)}: {len(rows)} row{"s" if len(rows) != 1 else ""}</p>'
+            f"{html_table(rows, max_rows=max_rows)}</div>")
+
+
+# --------------------------------------------------------------------------- graphs
+def graph_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
+    """The diagram as inline SVG text (``<svg ...>``), or ``None`` when Graphviz's ``dot`` is
+    not installed.  ``dot_kwargs`` go to :func:`circuitgraph.export.dot.graph_to_dot`."""
+    from circuitgraph.errors import RenderError
+    from circuitgraph.export.render import render_dot_bytes
+
+    try:
+        svg = render_dot_bytes(graph.to_dot(**dot_kwargs), "svg").decode("utf-8")
+    except RenderError:
+        return None
+    start = svg.find("<svg")
+    return svg[start:] if start >= 0 else svg
+
+
+def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
+    kinds: dict[str, int] = {}
+    for n in graph.nodes:
+        kinds[n.kind] = kinds.get(n.kind, 0) + 1
+    model = graph.metadata.get("model")
+    name = model.get("name") if isinstance(model, Mapping) else model
+    facts = [
+        {"": "model", "value": name or "?"},
+        {"": "prompt", "value": graph.metadata.get("prompt", "")},
+        {"": "nodes", "value": f"{graph.n_nodes} (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")"},
+        {"": "edges", "value": graph.n_edges},
+        {"": "targets", "value": ", ".join(f"{graph.node(t).label or t} (w={w:.3g})" for t, w in graph.targets)},
+    ]
+    for key in ("replacement_score", "completeness_score"):
+        if isinstance(graph.metadata.get(key), (int, float)):
+            facts.append({"": key, "value": float(graph.metadata[key])})
+    return facts
+
+
+def graph_html(graph: AttributionGraph, *, max_nodes: int = 40) -> str:
+    """A graph as an HTML block: a facts table and the diagram (when ``dot`` is installed)."""
+    svg = graph_svg(graph, max_nodes=max_nodes)
+    parts = [f"<div class=\"cg-graph\"><h3>{_esc(repr(graph))}</h3>", html_table(_graph_facts(graph))]
+    if svg is not None:
+        parts.append(f'<div class="cg-diagram">{svg}</div>')
+    else:
+        parts.append('<p class="cg-note">(install Graphviz for the diagram)</p>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def run_html(result: Any) -> str:
+    """A run's notebook display: the graph block and every query / validation result."""
+    parts = [graph_html(result.graph)]
+    for what, entries in (("query", result.queries), ("validation", result.validation)):
+        for e in entries:
+            if e["status"] == "failed":
+                parts.append(f'<p class="cg-bad">{_esc(what)} {_esc(e["kind"])} failed: {_esc(e["error"])}</p>')
+            else:
+                parts.append(result_html(f"{what} {e['kind']}", e["result"]))
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- the report
+def _image_uri(data: bytes, fmt: str) -> str:
+    mime = {"png": "image/png", "svg": "image/svg+xml"}[fmt]
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _control_figures(document: Any, title: str) -> list[str]:
+    """One histogram per control distribution found in a result's ``to_dict()``."""
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, dict):
+            if isinstance(x.get("effects"), list) and "selected_effect" in x and x["effects"]:
+                found.append((f"{where} {x.get('kind', '')}".strip(), x))
+            for k, v in x.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, f"{where}[{i}]")
+
+    walk(document, "")
+    figures = []
+    for where, ctrl in found[:12]:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(4.2, 2.4), dpi=100)
+        ax = fig.add_subplot(1, 1, 1)
+        effects = [float(e) for e in ctrl["effects"] if isinstance(e, (int, float))]
+        ax.hist(effects, bins=min(30, max(5, len(effects) // 2)), color="#9ecae1", edgecolor="#3182bd")
+        sel = ctrl.get("selected_effect")
+        if isinstance(sel, (int, float)) and math.isfinite(sel):
+            ax.axvline(float(sel), color="#b2182b", linewidth=2, label="selected set")
+            ax.legend(fontsize=7)
+        ax.set_title(f"{title}: {where}", fontsize=8)
+        ax.set_xlabel("effect of the control set", fontsize=8)
+        ax.tick_params(labelsize=7)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        figures.append(f'<img class="cg-figure" alt="control distribution {_esc(where)}" '
+                       f'src="{_image_uri(buf.getvalue(), "png")}">')
+    return figures
+
+
+def _heatmap_figures(result: Any, title: str) -> list[str]:
+    """The patching heat map of a result, re-drawn in memory (or read from its file)."""
+    if not hasattr(result, "heatmap") or type(result).__name__ != "PatchingResult":
+        return []
+    try:
+        import tempfile
+
+        from circuitgraph.validation.activation_patching import write_heatmap
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_heatmap(result, Path(tmp) / "heatmap.png")
+            data = Path(path).read_bytes()
+    except Exception:  # noqa: BLE001 - fall back to the file the run wrote, if any
+        if not result.heatmap or not Path(result.heatmap).is_file():
+            return []
+        data = Path(result.heatmap).read_bytes()
+    return [f'<img class="cg-figure" alt="{_esc(title)} heat map" src="{_image_uri(data, "png")}">']
+
+
+def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list[dict[str, Any]]:
+    rows = []
+    for name, g in (("exported graph", graph), ("unpruned graph", full)):
+        if g is None or (name == "unpruned graph" and g is graph):
+            continue
+        report = g.check_completeness()
+        rows.append({"check": f"completeness ({name})", "max relative violation": report.max_violation,
+                     "max abs violation": report.max_abs_violation, "readers": report.n_readers,
+                     "worst node": str(report.worst) if report.worst is not None else None,
+                     "ok (1e-5)": "yes" if report.ok() else "NO"})
+    checks = graph.metadata.get("checks")
+    if isinstance(checks, Mapping):
+        for k, v in checks.items():
+            rows.append({"check": k, **({kk: vv for kk, vv in v.items()} if isinstance(v, Mapping) else {"value": v})})
+    return rows
+
+
+def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
+    rows = []
+    model = graph.metadata.get("model")
+    if isinstance(model, Mapping):
+        rows.append({"what": "model", "name": model.get("name"), "source": json.dumps(model.get("source"), default=str),
+                     "details": json.dumps(model.get("architecture", {}), default=str)})
+    tcs = graph.metadata.get("transcoders")
+    if tcs:
+        rows.append({"what": "dictionaries", "name": (tcs.get("kind") if isinstance(tcs, Mapping) else None),
+                     "source": json.dumps(tcs.get("source") if isinstance(tcs, Mapping) else tcs, default=str),
+                     "details": json.dumps(tcs, default=str)[:600]})
+    versions = graph.metadata.get("versions")
+    if isinstance(versions, Mapping):
+        rows.append({"what": "versions", "name": "", "source": "",
+                     "details": ", ".join(f"{k} {v}" for k, v in versions.items())})
+    return rows
+
+
+def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
+                queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
+                diagram: Mapping[str, Any] | None = None) -> str:
+    """The report of a run (a :class:`~circuitgraph.pipeline.runner.RunResult`) or of a graph
+    (with the query and validation results stored in its file, as JSON), as one
+    self-contained HTML document (see the module docstring).  ``diagram`` holds more
+    :func:`~circuitgraph.export.dot.graph_to_dot` options (labels, supernodes...)."""
+    if isinstance(source, AttributionGraph):
+        graph, full, spec = source, None, source.metadata.get("spec")
+        stored_q, stored_v = list(queries), list(validation)
+        queries, validation = [], []
+    else:
+        graph, full = source.graph, source.full_graph
+        queries, validation = source.queries, source.validation
+        spec = source.spec.model_dump(mode="json") if hasattr(source.spec, "model_dump") else source.spec
+        stored_q, stored_v = [], []
+    prompt = graph.metadata.get("prompt", "")
+    title = title or f"circuitgraph report: {prompt}"
+    body = [f"<h1>{_esc(title)}</h1>",
+            f'<p class="cg-note">{_esc(repr(graph))}</p>']
+
+    body.append("<h2>Diagram</h2>")
+    options = dict(diagram or {})
+    if full is not None and full.targets and "influence" not in options:
+        from circuitgraph.export.dot import raw_influence
+
+        options["influence"] = raw_influence(full)
+    svg = graph_svg(graph, max_nodes=max_nodes, **options)
+    if svg is None:
+        body.append('<p class="cg-bad">Graphviz `dot` is not installed: no diagram (apt-get install graphviz)</p>')
+    else:
+        body.append('<p class="cg-note">Hover a node for its activation, influence and label; edge colour is '
+                    'the sign, width the magnitude.</p>')
+        body.append(f'<div class="cg-diagram" id="diagram">{svg}</div>')
+
+    body.append("<h2>Graph</h2>" + html_table(_graph_facts(graph)))
+    body.append("<h2>Model and dictionaries</h2>" + html_table(_identity_rows(full or graph)))
+    scores = [{"score": k, "value": float((full or graph).metadata[k])}
+              for k in ("replacement_score", "completeness_score")
+              if isinstance((full or graph).metadata.get(k), (int, float))]
+    body.append("<h2>Scores</h2>" + html_table(scores))
+    body.append("<h2>Exactness checks</h2>" + html_table(_checks_rows(graph, full)))
+
+    body.append("<h2>Queries</h2>")
+    body += _entries_html(queries, stored_q, "query")
+    body.append("<h2>Validation</h2>")
+    body += _entries_html(validation, stored_v, "validation")
+
+    body.append("<h2>Spec</h2>")
+    if spec is not None:
+        body.append(f'<pre class="cg-spec">{_esc(json.dumps(spec, indent=2, default=str))}</pre>')
+    else:
+        body.append('<p class="cg-note">(no spec recorded)</p>')
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
+def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str) -> list[str]:
+    out: list[str] = []
+    for i, e in enumerate(live):
+        label = f"{what} {i}: {e['kind']}"
+        if e["status"] == "failed":
+            out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e["error"])}</p>')
+            continue
+        out.append(result_html(label, e["result"]))
+        out += _heatmap_figures(e["result"], label)
+        out += _control_figures(e["result"].to_dict(), label)
+    for i, e in enumerate(stored):
+        if not isinstance(e, Mapping):
+            continue
+        label = f"{what} {i}: {e.get('kind')}"
+        if e.get("status") == "failed" or e.get("result") is None:
+            out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e.get("error"))}</p>')
+            continue
+        from circuitgraph.queries._base import records_of
+
+        rows = records_of(e["result"])
+        out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3>{html_table(rows)}</div>')
+        out += _control_figures(e["result"], label)
+    if not out:
+        out.append(f'<p class="cg-note">(no {what} in this run)</p>')
+    return out
+
+
+def write_report(source: Any, path: str | os.PathLike[str], **kwargs: Any) -> str:
+    """Write :func:`report_html` of ``source`` (a run result, a graph, or a graph JSON path)
+    to ``path`` atomically; returns the path."""
+    if isinstance(source, (str, os.PathLike)):
+        doc = read_graph_file(source)
+        source = doc.graph
+        kwargs = {"queries": doc.queries, "validation": doc.validation, **kwargs}
+    atomic_write_text(path, report_html(source, **kwargs))
+    return os.fspath(path)
+
+
+
+def read_graph_file(path: str | os.PathLike[str]) -> Any:
+    """A graph file with its stored results: ``.npz`` (binary) or JSON (our schema)."""
+    from circuitgraph.export.binary import read_graph_binary
+    from circuitgraph.export.json_graph import read_graph_json
+
+    if Path(path).suffix.lower() == ".npz":
+        return read_graph_binary(path)
+    return read_graph_json(path)

@@ -1,0 +1,77 @@
+"""Feature descriptions for diagrams: ``(layer, index) -> label`` from a file.
+
+Accepted files:
+
+* CSV with a header naming ``layer``, ``index`` (or ``feature``) and ``label`` (or
+  ``description`` / ``explanation``);
+* JSON: a list of objects with those keys, or ``{"explanations": [...]}``; this covers
+  Neuronpedia's explanation exports, whose ``layer`` is a source id such as ``"6-res-jb"``
+  or ``"6-transcoder-hp"`` (the leading number is the layer) and whose ``index`` is a string.
+
+Every row must name a layer, an index and a non-empty label; the first bad row is reported
+with its number and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from circuitgraph.errors import ExportError
+
+__all__ = ["load_feature_labels"]
+
+_INDEX_KEYS = ("index", "feature", "feature_index")
+_LABEL_KEYS = ("label", "description", "explanation", "clerp")
+
+
+def load_feature_labels(path: str | os.PathLike[str]) -> dict[tuple[int, int], str]:
+    """Read a descriptions file (see the module docstring); later rows win over earlier ones."""
+    p = Path(path)
+    if not p.is_file():
+        raise ExportError(f"feature labels file not found: {p}; give a CSV or JSON of layer, index, label")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix.lower() == ".csv":
+        rows: Iterable[Mapping[str, Any]] = list(csv.DictReader(text.splitlines()))
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ExportError(f"feature labels file {p} is not valid JSON ({exc}); give a CSV or a JSON list") from None
+        if isinstance(data, Mapping) and isinstance(data.get("explanations"), list):
+            data = data["explanations"]
+        if not isinstance(data, list):
+            raise ExportError(f"feature labels file {p}: expected a list of {{layer, index, label}} objects")
+        rows = data
+    out: dict[tuple[int, int], str] = {}
+    for i, row in enumerate(rows, start=1):
+        if not isinstance(row, Mapping):
+            raise ExportError(f"feature labels file {p}, row {i}: expected an object with layer, index, label")
+        keys = {str(k).strip().lower(): v for k, v in row.items()}
+        layer = _layer(keys.get("layer"))
+        index = next((keys[k] for k in _INDEX_KEYS if keys.get(k) not in (None, "")), None)
+        label = next((keys[k] for k in _LABEL_KEYS if keys.get(k) not in (None, "")), None)
+        try:
+            index = int(str(index).strip()) if index is not None else None
+        except ValueError:
+            index = None
+        if layer is None or index is None or not isinstance(label, str) or not label.strip():
+            raise ExportError(
+                f"feature labels file {p}, row {i}: needs a layer (a number, or a source id starting with "
+                f"one), an index and a non-empty label; got {dict(row)!r}"
+            )
+        out[(layer, index)] = label.strip()
+    return out
+
+
+def _layer(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    match = re.match(r"\s*(-?\d+)", str(value)) if value is not None else None
+    return int(match.group(1)) if match else None
