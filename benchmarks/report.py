@@ -19,6 +19,7 @@ SUITE_TITLES = {
     "precision": "Precision (model weights; edges accumulated in float32, float64 for float64)",
     "long_prompt_6l": "Long prompts, 6-layer model (max_feature_nodes fixed)",
     "long_prompt_gpt2": "Long prompts, GPT-2-small-sized model (max_feature_nodes fixed)",
+    "gpu": "On the GPU (model: {device: cuda}; stage times wait for the device)",
 }
 
 
@@ -312,6 +313,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "influential features (the other features folded into remainder nodes), and why.",
         "",
     ]
+    if (results.get("gpu") or {}).get("skipped"):
+        lines += ["## On the GPU", "", f"Not run: {results['gpu']['skipped']}.", ""]
     if results.get("side_by_side"):
         lines += ["## Side by side with circuit-tracer 0.5.0", ""] + _side_by_side(results["side_by_side"]) + [""]
     runs = results["runs"]

@@ -114,6 +114,7 @@ class Run:
     graph_dtype: str = "float32"
     batch_size: int = 256
     memory_budget_gb: float | None = None  # None: the suite's --memory-budget-gb
+    device: str = "cpu"
 
 
 @dataclass
@@ -381,7 +382,8 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
         cmd = [sys.executable, str(HERE / "bench_one.py"), "--bundle", str(bundle_dir), "--tokens",
                str(rdir / "tokens.json"), "--out-dir", str(rdir), "--result", str(rdir / "result.json"),
                "--batch-size", str(run.batch_size), "--model-dtype", run.model_dtype,
-               "--graph-dtype", run.graph_dtype, "--threads", str(threads), "--memory-limit-gb", str(budget_gb)]
+               "--graph-dtype", run.graph_dtype, "--threads", str(threads), "--memory-limit-gb", str(budget_gb),
+               "--device", run.device]
         if mfn is not None:
             cmd += ["--max-feature-nodes", str(mfn)]
         log(f"{run.name}: {run.n_pos} tokens, {p['reason']}" + (f", max_feature_nodes {mfn}" if mfn else ""))
@@ -406,6 +408,42 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
         log(f"{run.name}: FAILED (exit {proc['returncode']}"
             + (", stopped at the memory budget" if proc["killed_for_memory"] else "") + f"), see {proc['log']}")
     return out
+
+
+def gpu_reason() -> str | None:
+    """Why the GPU runs cannot be made here (None: they can)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    return None
+
+
+def gpu_runs(suite: Suite, bundle_dirs: dict[Bundle, Path], work: Path, args: Any, by_name: dict[str, Any],
+             out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """The side-by-side configuration and the 6-layer long prompts with ``model: {device: cuda}``,
+    each in its own process (times include ``torch.cuda.synchronize``), or the reason they were
+    skipped."""
+    reason = gpu_reason()
+    if reason is not None:
+        log(f"GPU runs skipped: {reason}")
+        return {"skipped": reason}
+    cfgs = [r for r in suite.runs if r.suite == "long_prompt_6l"]
+    if suite.side_by_side is not None:
+        cfgs.insert(0, dataclasses.replace(suite.side_by_side, name=suite.side_by_side.name + "-cuda-sbs"))
+    done = []
+    for r in cfgs:
+        run = dataclasses.replace(r, name=r.name + "-cuda", suite="gpu", device="cuda")
+        if run.bundle not in bundle_dirs:
+            bundle_dirs[run.bundle] = build_bundle(run.bundle, work)
+        res = run_circuitgraph(run, bundle_dirs[run.bundle], work, run.memory_budget_gb or args.memory_budget_gb,
+                               args.threads)
+        results["runs"].append(res)
+        done.append(run.name)
+        _save(results, out)
+    return {"runs": done}
 
 
 # ----------------------------------------------------------------------------- side by side
@@ -534,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-budget-gb", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--report-only", action="store_true", help="redraw results.md and plots from results.json")
+    ap.add_argument("--gpu", action="store_true",
+                    help="also run the side-by-side configuration and the 6-layer long prompts on CUDA "
+                         "(model: {device: cuda}; absolute device times); skipped, with the reason recorded, "
+                         "where no GPU is available")
     args = ap.parse_args(argv)
     out = args.out or (REPO / "docs" / "benchmarks" / ("quick" if args.quick else ""))
     sys.path.insert(0, str(HERE))
@@ -582,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
         by_name[run.name] = res
         results["runs"].append(res)
         _save(results, out)  # partial results survive an interrupted run
+    if args.gpu:
+        results["gpu"] = gpu_runs(suite, bundle_dirs, work, args, by_name, out, results)
     results["load_avg_at_end"] = list(os.getloadavg())
     results["code_at_end"] = code_state()
     results["total_seconds"] = time.time() - t_start
