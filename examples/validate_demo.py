@@ -8,7 +8,8 @@ and run every check of ``circuitgraph.validation`` that applies to this model (i
 GELU, so ``sign_regimes`` does not apply):
 
 * ``predicted_vs_actual``: the graph's predictions vs the frozen model (exact) and the real model;
-* ``ablate``: the circuit's transcoder features at once, against matched random controls;
+* ``ablate``: the circuit's transcoder features at once, against random controls (drawn among
+  active features that can reach the metric), then with controls matched in layer and position;
 * ``patching``: clean (owl) vs corrupted (dog), every granularity, with a heat map;
 * ``faithfulness``: the pruned circuit alone, and the model without it;
 * ``replacement_fidelity``: the replacement model on held-out task prompts.
@@ -64,6 +65,8 @@ def main(out: Path = REPO / "docs" / "validation", bundle: Path | None = None) -
         (graph, {"predicted_vs_actual": {"k": 12}}),
         (pruned, {"ablate": {"nodes": {"kind": "feature"}, "controls": ["matched_magnitude", "count_matched"],
                              "n_controls": 20}}),
+        (pruned, {"ablate": {"nodes": {"kind": "feature"}, "controls": ["matched_magnitude", "count_matched"],
+                             "n_controls": 20, "match_layers": True, "match_positions": True}}),
         (graph, {"patching": {"corrupted": CORRUPTED, "metric": {"logit_diff": [" an", " a"]},
                               "granularity": ["position", "layer", "head", "neuron", "feature"],
                               "heatmap": str(out / "patching_heatmap.png")}}),
@@ -107,6 +110,8 @@ def main(out: Path = REPO / "docs" / "validation", bundle: Path | None = None) -
         if "heatmap" in params:
             params["heatmap"] = "patching_heatmap.png"
         title = titles[res.kind] + (f" ({params['mode']} ablation)" if res.kind == "faithfulness" else "")
+        if params.get("match_layers"):
+            title += " matched in layer and position"
         lines += [f"## {title}", "", "```json", json.dumps({res.kind: params}), "```", "",
                   res.result.table(max_rows=12), "", *_reading(res.kind, res.result), ""]
         if res.kind == "patching":
@@ -125,13 +130,20 @@ def _reading(kind: str, r) -> list[str]:
                 f"gains) {r.correlation_total:.2f}: "
                 "nodes early in the circuit (the noun's embedding, layer-0 features) act through later ones."]
     if kind == "ablate":
-        m, c = r.controls
-        return [f"Reading: removing the circuit's {len(r.nodes)} features moves the logit difference by "
-                f"{r.change:+.2f} "
-                f"(graph: {r.predicted_total:+.2f} along every path, {r.predicted:+.2f} directly; frozen model "
-                f"{r.frozen_change:+.2f}). Random features of the same layers that remove as much activation "
-                f"(±{100 * m.tolerance:.0f}%) move it by {m.mean:+.3f} ± {m.std:.3f}; as many random features by "
-                f"{c.mean:+.4f} ± {c.std:.4f} (seed {r.seed}): the selection matters, not the amount removed."]
+        text = (f"Reading: removing the circuit's {len(r.nodes)} features moves the logit difference by "
+                f"{r.change:+.2f} (graph: {r.predicted_total:+.2f} along every path, {r.predicted:+.2f} directly; "
+                f"frozen model {r.frozen_change:+.2f}). Controls are drawn only among active features that can "
+                f"reach the metric (seed {r.seed}).")
+        for c in r.controls:
+            what = {"matched_magnitude": f"that remove as much activation (±{100 * (c.tolerance or 0):.0f}%)",
+                    "count_matched": "as many as the circuit has"}[c.kind]
+            if c.degenerate:
+                text += f" {c.kind}: degenerate, no p-value ({c.degenerate})."
+            else:
+                text += (f" {c.kind}: random features {what} move it by {c.mean:+.3f} ± {c.std:.3f} "
+                         f"(largest {max(abs(e) for e in c.effects):.3f}); {c.share_as_large:.0%} of "
+                         f"{len(c.effects)} sets move it as much as the circuit.")
+        return [text]
     if kind == "patching":
         top = lambda g: max(r.rows_of(g), key=lambda x: abs(x.recovery))  # noqa: E731
         head, feat, neuron = top("head"), top("feature"), top("neuron")

@@ -132,7 +132,7 @@ def fake_api(monkeypatch):
         def summary_lines(self):
             return ["graph: 12 nodes, 30 edges", "wrote out/graph.json"]
 
-    def run(spec, *, progress=False):
+    def run(spec, *, progress=False, force=False):
         calls.append(("run", spec, {"progress": progress}))
         if spec.seed == 13:
             raise AttributionError("layer 7 requested, the model has 2 layers (0-1)")

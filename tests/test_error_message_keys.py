@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: keys: Python parameters and functions, fields of dictionary files
 NOT_SPEC_KEYS = {
     "d_out", "d_transcoder", "skip_transcoder",  # fields of sae-lens / cross-layer transcoder files
+    "transcoder_set", "layer_0",  # circuit-tracer's config.yaml model_kind and per-layer file names
     "logit_difference",  # a Python function (circuitgraph.queries)
     "max_nodes",  # a Python parameter; the spec validates export.max_render_nodes itself
 }

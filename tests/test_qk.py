@@ -230,6 +230,9 @@ def test_example_spec_runs_and_writes_the_results(tmp_path):
     for q_id, k_id, value in qkr["pair_wise_contributors"]:
         assert q_id in by_id and k_id in by_id and isinstance(value, float)
     assert qkr["pair_wise_contributors"][0][2] == pytest.approx(h0["pairs"][0]["value"])
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates against Neuronpedia's schema")
+    schema = json.loads((EXAMPLES.parent / "schemas" / "neuronpedia" / "graph-schema.json").read_text())
+    jsonschema.validate(np_doc, schema)
     # the diagram inset: one cluster per head, each top pair as dashed q/k edges into the head
     dot = (tmp_path / "graph.dot").read_text()
     assert dot.count('"cluster qk L0H') == 4

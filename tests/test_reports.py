@@ -104,6 +104,18 @@ def test_report_command_from_a_graph_file_and_bad_output(tmp_path):
 
 
 @needs_dot
+def test_report_command_from_a_spec(tmp_path):
+    import yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(fixture_spec("example-gpt2", queries=[{"scores": {}}])))
+    out = tmp_path / "r.html"
+    done = CliRunner().invoke(app, ["report", str(spec), "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    assert "query 0: scores" in out.read_text(encoding="utf-8")
+
+
+@needs_dot
 def test_export_html_in_the_spec(tmp_path):
     from circuitgraph import run
 

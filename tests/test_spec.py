@@ -188,7 +188,7 @@ def test_export_forms():
                 "svg": "out/g.svg",
                 "png": "out/g.png",
                 "neuronpedia": "out/np.json",
-                "graph": "out/g.cgraph",
+                "graph": "out/g.npz",
                 "max_render_nodes": 50,
                 "max_json_edges": 10,
             }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -42,6 +43,8 @@ from circuitgraph.validation import (
     run_rows,
     sign_regimes,
 )
+from circuitgraph.validation.controls import summarise_controls
+from circuitgraph.validation.metrics import Readout
 
 REPO = Path(__file__).resolve().parents[1]
 CLEAN = [1, 5, 7, 2, 9, 4]
@@ -278,15 +281,63 @@ def test_control_draws_on_synthetic_magnitudes():
     mags = {("neuron", 0): (torch.tensor([[5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]]), None, None)}
     selected = [Unit("neuron", 0, None, 0)]
     sets = draw_controls(selected, mags, "matched_magnitude", 20, seed=0, tolerance=0.0)
+    assert len(sets) == 20 and sets.shortfall is None
     for units, mass in sets:
         assert mass == 5.0 and len(units) == 5  # never the zero-mass units
         assert Unit("neuron", 0, None, 0) not in units
-    with pytest.raises(ValidationRunError, match=r"5 .*only 5|closest|short"):
-        short = {("neuron", 0): (torch.tensor([[6.0, 1.0, 1.0, 1.0, 1.0, 1.0]]), None, None)}
-        draw_controls([Unit("neuron", 0, None, 0)], short, "matched_magnitude", 1, tolerance=0.05)
-    with pytest.raises(ValidationRunError, match=r"closest removed 3 \(60.0%\)"):
-        draw_controls([Unit("neuron", 0, None, 0)], {("neuron", 0): (torch.tensor([[5.0, 3.0, 3.0]]), None, None)},
-                      "matched_magnitude", 1, tolerance=0.1, max_draws=5)
+    # too little mass: no set can be drawn, and the draw says why (never an error, never p = 0)
+    short = {("neuron", 0): (torch.tensor([[6.0, 1.0, 1.0, 1.0, 1.0, 1.0]]), None, None)}
+    draw = draw_controls([Unit("neuron", 0, None, 0)], short, "matched_magnitude", 3, tolerance=0.05)
+    assert len(draw) == 0 and "only 5" in draw.shortfall and "short of the 95%" in draw.shortfall
+    draw = draw_controls([Unit("neuron", 0, None, 0)], {("neuron", 0): (torch.tensor([[5.0, 3.0, 3.0]]), None, None)},
+                         "matched_magnitude", 1, tolerance=0.1, max_draws=5)
+    assert len(draw) == 0 and re.search(r"closest removed 3 \(60.0%\)", draw.shortfall)
+    # count-matched controls skip inactive units; 5 active others, 1 needed: 5 distinct sets exist
+    draw = draw_controls(selected, mags, "count_matched", 8, seed=0)
+    assert all(u[0].index in range(1, 6) for u, _ in draw)
+    summary = summarise_controls("count_matched", 0, None, -1.0, 5.0, draw, [0.1 * i for i in range(8)])
+    assert summary.degenerate.startswith("only") and summary.share_as_large is None
+    assert summary.to_dict()["share_as_large"] is None and "degenerate" in summary.table()
+
+
+def test_controls_only_from_units_that_can_reach_the_metric():
+    from circuitgraph.validation.controls import reachable_positions
+
+    # a logit readout at the last of 6 positions of a 2-layer model (resid locations 0..4)
+    reach = reachable_positions(Metric.logit(3, position=-1), n_layers=2, n_pos=6)
+    assert reach("feature", 1).tolist() == [False] * 5 + [True]  # no attention after the last MLP
+    assert reach("feature", 0).all() and reach("head", 0).all() and reach("embed", -1).all()
+    assert reach("head", 1).tolist() == [False] * 5 + [True]  # a head's unit sits at its destination position
+    # a feature readout at layer 1, position 3: layer-1 features cannot reach it, layer 0 up to position 3
+    reach = reachable_positions(Metric((Readout("feature", 3, layer=1, index=0),)), n_layers=2, n_pos=6)
+    assert not reach("feature", 1).any() and reach("feature", 0).tolist() == [True] * 4 + [False] * 2
+    ones = torch.ones(6, 4)
+    mags = {("feature", 0): (ones, None, None), ("feature", 1): (ones, None, None)}
+    sel = [Unit("feature", 1, 5, 0)]
+    reach = reachable_positions(Metric.logit(3, position=-1), n_layers=2, n_pos=6)
+    draw = draw_controls(sel, mags, "count_matched", 30, seed=1, reach=reach)
+    picked = {u for units, _ in draw for u in units}
+    assert all(u.position == 5 or u.layer == 0 for u in picked) and any(u.layer == 0 for u in picked)
+    layered = draw_controls(sel, mags, "count_matched", 30, seed=1, reach=reach, match_layers=True)
+    assert {(u.layer, u.position) for units, _ in layered for u in units} == {(1, 5)}
+
+
+def test_degenerate_controls_report_no_p_value():
+    adapter, tcs = build(dtype=torch.float64)
+    g = graph_of(adapter, tcs, dtype=torch.float64)
+    # every active feature of layer 1 at the last position is selected: no other can stand in for them there
+    res = ablate(g, {"kind": "feature", "layer": 1, "position": 5}, controls=["count_matched", "matched_magnitude"],
+                 n_controls=3, match_layers=True, match_positions=True)
+    for c in res.controls:
+        assert c.degenerate.startswith("only 0 of 3 control sets could be drawn") and c.share_as_large is None
+    assert "degenerate (no p-value)" in res.table()
+    # without matching, features of layer 0 at earlier positions can stand in
+    res = ablate(g, {"kind": "feature", "layer": 1, "position": 5}, controls=["count_matched"], n_controls=3)
+    assert res.controls[0].degenerate is None and res.controls[0].share_as_large is not None
+    # every control set with the same effect
+    draw = [([Unit("neuron", 0, 1, i)], 1.0) for i in range(4)]
+    same = summarise_controls("count_matched", 0, None, -2.0, 1.0, draw, [0.0, 0.0, 1e-9, 0.0])
+    assert "same effect" in same.degenerate and same.share_as_large is None
 
 
 # --------------------------------------------------------------------------- patching
@@ -434,6 +485,9 @@ def test_validate_demo_example(tmp_path):
     assert by_kind["predicted_vs_actual"]["frozen_ok"] is True
     assert by_kind["patching"]["recovery_everything"] == pytest.approx(1.0)
     assert by_kind["patching"]["recovery_nothing"] == 0.0
-    assert by_kind["ablate"]["controls"][0]["kind"] == "matched_magnitude"
+    ablations = [e["result"] for e in entries if e["kind"] == "ablate"]
+    assert ablations[0]["controls"][0]["kind"] == "matched_magnitude"
+    for c in ablations[0]["controls"]:  # the default controls measure something on the demo
+        assert c["degenerate"] is None and c["std_effect"] > 1e-3 and c["share_as_large"] is not None
     for name in ("validate_demo.md", "patching_heatmap.png", "validation.json"):
         assert (tmp_path / name).is_file()

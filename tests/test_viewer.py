@@ -59,6 +59,16 @@ def test_circuit_tracers_file_and_ours_render_alike(viewer_docs):
     logits = [n["clerp"].split('"')[1] for n in docs["ct"]["nodes"] if n["feature_type"] == "logit"]
     for token in logits:
         assert f">{token}<" in our_dom, token
+    # clicking the top output lists the same input features with the same weights
+    def inputs(slug: str) -> list[str]:
+        doc = docs[slug]
+        clicked = next(n["node_id"] for n in doc["nodes"] if n["feature_type"] == "logit")
+        dom = run_chromium(f"{url}/index.html?slug={slug}&clickedId={clicked}", dump_dom=True, budget_ms=8000)
+        panel = dom[dom.index("Input Features"):]
+        return re.findall(r">([+-]\d+\.\d{3})<", panel)
+
+    ct_inputs = inputs("ct")
+    assert ct_inputs and inputs("ours-default") == ct_inputs
 
 
 @pytest.mark.parametrize("variant", ["heads", "logit_diff"])

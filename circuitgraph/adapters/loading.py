@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,19 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def load_model_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu") -> ModelAdapter:
+def load_model_dir(
+    path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False
+) -> ModelAdapter:
     """Load ``DIR/config.json`` (HookedTransformerConfig fields) + ``DIR/model.safetensors``
-    (a HookedTransformer state dict) + optional ``DIR/tokenizer/``."""
-    from safetensors.torch import load_file
+    (a HookedTransformer state dict) + optional ``DIR/tokenizer/``.
+
+    config.json is read through an allow-list (:mod:`circuitgraph.adapters.model_config`):
+    ``tokenizer_name`` and ``trust_remote_code`` pass only with ``trust_remote_code=True``
+    (the spec's ``model: {trust_remote_code: true}``), so a model folder cannot run code.
+    """
     from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from circuitgraph.adapters.model_config import check_config_against_weights, read_model_config
 
     path = Path(path)
     if not path.is_dir():
@@ -54,29 +61,33 @@ def load_model_dir(path: str | Path, *, dtype: str = "float32", device: str = "c
     for f in (cfg_file, weights):
         if not f.is_file():
             raise LoadError(f"model directory {path} has no {f.name}; expected config.json and model.safetensors")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise LoadError(f"{cfg_file} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise LoadError(f"{cfg_file} must hold a JSON object of HookedTransformerConfig fields")
-    raw = dict(raw)
-    raw.pop("n_params", None)
+    raw = read_model_config(cfg_file, trust_remote_code=trust_remote_code)
+    from circuitgraph.adapters.files import safetensors_header
+
+    table = safetensors_header(weights)
+    shapes = {k: v["shape"] for k, v in table.items()}
+    check_config_against_weights(raw, sum(_numel(s) for s in shapes.values()), path)
     raw["dtype"] = torch_dtype(dtype)
     raw["device"] = resolve_device(device)
-    import dataclasses
-
-    known = {f.name for f in dataclasses.fields(HookedTransformerConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise LoadError(f"{cfg_file}: unknown HookedTransformerConfig fields {unknown}")
     try:
         cfg = HookedTransformerConfig(**raw)
     except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error
-        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {exc}") from None
-    with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
-        model = HookedTransformer(cfg, move_to_device=False)
-    state = load_file(str(weights), device="cpu")
+        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {_one_line(exc)}") from None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
+            model = HookedTransformer(cfg, move_to_device=False)
+    except Exception as exc:  # noqa: BLE001
+        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {_one_line(exc)}") from None
+    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    wrong = [f"{k} is {list(shapes[k])}, config.json implies {list(expected[k])}"
+             for k in shapes if k in expected and tuple(shapes[k]) != expected[k]]
+    params = {name for name, _ in model.named_parameters()}
+    wrong += [f"{k} holds {table[k]['dtype']} numbers, a weight must be floating point (F16, BF16, F32, F64)"
+              for k in table if k in params and table[k]["dtype"] not in ("F16", "BF16", "F32", "F64")]
+    if wrong:
+        raise LoadError(f"{weights} does not match config.json: {'; '.join(wrong[:3])}"
+                        + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
+    state = _load_safetensors(weights)
     state = {k: v.to(cfg.dtype) if v.is_floating_point() else v for k, v in state.items()}
     result = model.load_state_dict(state, strict=False)
     buffers = {name for name, _ in model.named_buffers()}
@@ -92,6 +103,28 @@ def load_model_dir(path: str | Path, *, dtype: str = "float32", device: str = "c
     return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)})
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _load_safetensors(weights: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(weights), device="cpu")
+    except Exception as exc:  # noqa: BLE001
+        raise LoadError(f"{weights} is not a readable safetensors file ({_one_line(exc)}); "
+                        "re-save the weights with safetensors.torch.save_file") from None
+
+
 def load_model_name(
     name: str,
     *,
@@ -100,6 +133,7 @@ def load_model_name(
     fold_ln: bool = False,
     center_writing_weights: bool = False,
     center_unembed: bool = False,
+    trust_remote_code: bool = False,
 ) -> ModelAdapter:
     """A TransformerLens pretrained model by name (needs the Hugging Face hub)."""
     from transformer_lens import HookedTransformer
@@ -112,6 +146,7 @@ def load_model_name(
             center_unembed=center_unembed,
             dtype=torch_dtype(dtype),
             device=resolve_device(device),
+            **({"trust_remote_code": True} if trust_remote_code else {}),
         )
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

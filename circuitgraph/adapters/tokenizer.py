@@ -33,7 +33,13 @@ def resolve_tokenizer_dir(path: Path) -> Path | None:
     if path.is_dir():
         return path
     if path.is_file() and path.stat().st_size < 4096:
-        target = (path.parent / path.read_text().strip()).resolve()
+        try:
+            pointer = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            raise LoadError(f"{path} is neither a tokenizer folder nor a text file naming one") from None
+        if not pointer or "\x00" in pointer:
+            raise LoadError(f"{path} is neither a tokenizer folder nor a text file naming one")
+        target = (path.parent / pointer).resolve()
         if target.is_dir():
             return target
         raise LoadError(f"{path} points to {target}, which is not a tokenizer directory")
@@ -58,15 +64,29 @@ class Tokenizer:
         file = path / "tokenizer.json"
         if not file.is_file():
             raise LoadError(f"tokenizer directory {path} has no tokenizer.json (Hugging Face fast-tokenizer file)")
-        backend = tokenizers.Tokenizer.from_file(str(file))
+        from circuitgraph.adapters.files import MAX_JSON_BYTES, read_json_file
+
+        size = file.stat().st_size
+        if size > MAX_JSON_BYTES * 8:
+            raise LoadError(f"{file} is {size:,} bytes; a tokenizer file is at most {MAX_JSON_BYTES * 8:,} bytes")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(file))
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise LoadError(f"{file} is not a Hugging Face tokenizer file ({detail}); re-save it with "
+                            "tokenizer.save(path)") from None
         bos_token = None
         for name in ("tokenizer_config.json", "special_tokens_map.json"):
             f = path / name
             if f.is_file():
-                data = json.loads(f.read_text())
+                data = read_json_file(f, "tokenizer config")
+                if not isinstance(data, dict):
+                    raise LoadError(f"{f} must hold a JSON object")
                 tok = data.get("bos_token")
                 if isinstance(tok, dict):
                     tok = tok.get("content")
+                if tok is not None and not isinstance(tok, str):
+                    raise LoadError(f"{f}: bos_token must be a string or {{content: string}}, got {str(tok)[:60]}")
                 if tok:
                     bos_token = tok
                     break
@@ -80,6 +100,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TokenError(f"{text[:40]!r} holds {text[exc.start]!r} at character {exc.start}, a lone surrogate "
+                             "that is not text; remove it") from None
         if self.kind == "files":
             return list(self.backend.encode(text, add_special_tokens=False).ids)
         return list(self.backend.encode(text, add_special_tokens=False))

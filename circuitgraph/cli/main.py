@@ -2,7 +2,7 @@
 
 ::
 
-    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict]
+    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
@@ -62,8 +62,23 @@ def _reported(debug: bool) -> Iterator[None]:
         if debug:
             raise
         message = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-        typer.echo(f"error: {' '.join(message.split())}", err=True)
+        typer.echo(f"error: {_one_line(message)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except RecursionError:
+        if debug:
+            raise
+        typer.echo("error: the input is nested too deeply to read; flatten it", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+#: an error line longer than this is cut (a message must never dump a huge value)
+MAX_ERROR_CHARS = 4000
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line, printable in any terminal (lone surrogates escaped), bounded."""
+    text = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _echo_lines(lines: list[str]) -> None:
@@ -83,6 +98,10 @@ def run(
     strict: Annotated[
         bool, typer.Option("--strict", help=f"Exit with status {EXIT_FAILED_CHECKS} when a query or validation check failed "
                            "(everything else is still written).")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace export files that circuitgraph did not write (or that were "
+                           "changed since it wrote them).")
     ] = False,
 ) -> None:
     """Run a spec: build the graph, run its queries and checks, write its exports.
@@ -104,7 +123,7 @@ def run(
             if any(line.startswith("fits: NO") for line in lines):
                 raise typer.Exit(EXIT_DOES_NOT_FIT)
         else:
-            result = runner.run(loaded, progress=not quiet)
+            result = runner.run(loaded, progress=not quiet, force=force)
             _echo_lines(list(result.summary_lines()))
             failures = result.failures
             for line in failures:
@@ -123,6 +142,9 @@ def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = Fals
         problems = check_inputs(loaded)
         if problems:
             raise SpecError(problems)
+        from circuitgraph.adapters.files import check_input_files
+
+        check_input_files(loaded)  # file headers only: no model is built, torch is not imported
         typer.echo(f"spec OK: {loaded.summary()}")
 
 

@@ -7,7 +7,14 @@ format                         directory layout
                                (sae-lens ``save_model``), one folder per layer
 ``circuit_tracer_clt``         ``config.yaml`` (``model_kind: cross_layer_transcoder``) +
                                ``W_enc_<i>.safetensors`` + ``W_dec_<i>.safetensors``
+``circuit_tracer_transcoder_set``  ``config.yaml`` (``model_kind: transcoder_set``) +
+                               ``layer_<i>.safetensors`` (or the files its ``transcoders:`` lists)
+``gemmascope``                 ``layer_<i>/.../params.npz``
+``gemmascope2``                ``layer_<i>/.../params.safetensors``
+``eleuther_topk``              ``<hookpoint>/cfg.json`` + ``<hookpoint>/sae.safetensors`` (sparsify)
 =============================  =================================================================
+
+(see :mod:`circuitgraph.dictionaries.layer_formats` for the tensors of the last four).
 
 :func:`detect_format` names the format from the files present; :func:`load_dictionaries`
 loads it (the format can also be given, as the spec's ``transcoders.format``).
@@ -24,7 +31,8 @@ from circuitgraph.errors import LoadError
 
 __all__ = ["FORMATS", "detect_format", "load_dictionaries"]
 
-FORMATS = ("saelens", "circuit_tracer_clt")
+FORMATS = ("saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope", "gemmascope2",
+           "eleuther_topk")
 
 
 def detect_format(path: str | Path) -> str:
@@ -39,12 +47,26 @@ def detect_format(path: str | Path) -> str:
         kind = read_config_yaml(cfg).get("model_kind")
         if kind == "cross_layer_transcoder":
             return "circuit_tracer_clt"
-        raise LoadError(f"{cfg}: model_kind {kind!r} is not supported; expected cross_layer_transcoder")
-    if any(p.is_dir() and p.name.startswith("layer_") for p in path.iterdir()):
-        return "saelens"
+        if kind == "transcoder_set":
+            return "circuit_tracer_transcoder_set"
+        raise LoadError(f"{cfg}: model_kind {kind!r} is not supported; expected cross_layer_transcoder or "
+                        "transcoder_set")
+    layer_dirs = [p for p in path.iterdir() if p.is_dir() and p.name.startswith("layer_")]
+    if layer_dirs:
+        if any((p / "cfg.json").is_file() for p in layer_dirs):
+            return "saelens"
+        if any(next(p.rglob("params.npz"), None) for p in layer_dirs):
+            return "gemmascope"
+        if any(next(p.rglob("params.safetensors"), None) for p in layer_dirs):
+            return "gemmascope2"
+        return "saelens"  # its loader names what is missing
+    if any((p / "cfg.json").is_file() and (p / "sae.safetensors").is_file() for p in path.iterdir() if p.is_dir()):
+        return "eleuther_topk"
     raise LoadError(
         f"{path}: no dictionary format recognised; expected layer_<i>/cfg.json + sae_weights.safetensors "
-        "(sae-lens) or config.yaml + W_enc_<i>.safetensors + W_dec_<i>.safetensors (circuit-tracer CLT)"
+        "(sae-lens), config.yaml + W_enc_<i>/W_dec_<i>.safetensors (circuit-tracer CLT) or + layer_<i>.safetensors "
+        "(circuit-tracer transcoder_set), layer_<i>/.../params.npz or params.safetensors (GemmaScope / -2), "
+        "<hookpoint>/cfg.json + sae.safetensors (EleutherAI sparsify); see docs/dictionaries.md"
     )
 
 
@@ -66,6 +88,22 @@ def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = No
             raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                             f"(got {list(layers)})")
         return load_clt_dir(path, adapter, dtype=dtype)
+    path = Path(path)
+    if fmt == "circuit_tracer_transcoder_set":
+        from circuitgraph.dictionaries.clt import read_config_yaml
+        from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
+
+        return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
+                                       dtype=dtype)
+    if fmt in ("gemmascope", "gemmascope2"):
+        from circuitgraph.dictionaries.layer_formats import load_gemmascope_dir
+
+        return load_gemmascope_dir(path, adapter, version=1 if fmt == "gemmascope" else 2, layers=layers,
+                                   dtype=dtype)
+    if fmt == "eleuther_topk":
+        from circuitgraph.dictionaries.layer_formats import load_eleuther_dir
+
+        return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype)
     from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype)

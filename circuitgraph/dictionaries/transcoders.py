@@ -51,6 +51,10 @@ class TranscoderLayer:
     architecture: str
     source: str
     sae: Any = field(default=None, repr=False)
+    #: without a sae-lens object: "relu" max(h, 0); "jump_relu" h * (h > threshold) (circuit-tracer,
+    #: GemmaScope); "topk" the top-k of max(h, 0) per position (EleutherAI sparsify)
+    activation_kind: str = "saelens"
+    topk: int | None = None
 
     @property
     def d_sae(self) -> int:
@@ -65,9 +69,19 @@ class TranscoderLayer:
         return x.to(self.W_enc.dtype) @ self.W_enc + self.b_enc
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
-        """Feature activations, computed by the sae-lens object itself (its exact nonlinearity)."""
+        """Feature activations: the sae-lens object's own ``encode`` (its exact nonlinearity), or
+        the format's activation (``activation_kind``) for dictionaries read without sae-lens."""
         with torch.no_grad():
-            return self.sae.encode(x.to(self.W_enc.dtype))
+            if self.sae is not None:
+                return self.sae.encode(x.to(self.W_enc.dtype))
+            h = self.pre_activation(x)
+            if self.activation_kind == "jump_relu":
+                return h * (h > self.threshold)
+            h = torch.relu(h)
+            if self.activation_kind == "topk":
+                top = h.topk(min(int(self.topk), h.shape[-1]), dim=-1).indices
+                return h * torch.zeros_like(h).scatter_(-1, top, 1.0)
+            return h
 
     def reconstruction(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         out = acts @ self.W_dec + self.b_dec
@@ -81,7 +95,7 @@ class TranscoderLayer:
         return TranscoderLayer(
             self.layer, conv(self.W_enc), conv(self.b_enc), conv(self.W_dec), conv(self.b_dec),
             conv(self.W_skip), conv(self.threshold), self.input_site, self.hook_in, self.hook_out,
-            self.architecture, self.source, sae,
+            self.architecture, self.source, sae, self.activation_kind, self.topk,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -233,8 +247,11 @@ class TranscoderSet:
         return TranscoderSet({k: v.to(dtype) for k, v in self.layers.items()}, self.source, self.format)
 
     def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "format": self.format, "kind": "transcoder_set",
-                "layers": [t.describe() for t in self.layers.values()]}
+        out = {"source": self.source, "format": self.format, "kind": "transcoder_set",
+               "layers": [t.describe() for t in self.layers.values()]}
+        if isinstance(self.source, dict) and self.source.get("scan"):
+            out["scan"] = self.source["scan"]
+        return out
 
     @classmethod
     def from_dir(cls, path: str | Path, adapter: Any, *, layers: list[int] | None = None,
@@ -242,14 +259,13 @@ class TranscoderSet:
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output)."""
         from sae_lens import SAE
 
+        from circuitgraph.adapters.files import check_transcoder_dir
+
         path = Path(path)
         if not path.is_dir():
             raise LoadError(f"transcoder directory {path} does not exist")
-        found: dict[int, Path] = {}
-        for sub in path.iterdir():
-            m = re.fullmatch(r"layer_(\d+)", sub.name)
-            if m and sub.is_dir():
-                found[int(m.group(1))] = sub
+        # every layer_<i> entry must load: skipping a broken one would silently give that layer neurons
+        found = check_transcoder_dir(path)
         if not found:
             raise LoadError(f"transcoder directory {path} has no layer_<i>/ folders")
         if layers is not None:

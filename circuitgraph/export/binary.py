@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -16,6 +17,10 @@ import numpy as np
 from circuitgraph._io import atomic_writer
 from circuitgraph.errors import LoadError
 from circuitgraph.export.json_graph import (
+    _brief,
+    _no_constant,
+    _results,
+    check_graph_file,
     GraphDocument,
     _check_format,
     _dumps,
@@ -64,25 +69,28 @@ def save_graph_binary(
 
 def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
     """Read a ``.npz`` graph written by :func:`save_graph_binary`, with its results."""
+    check_graph_file(path)
     try:
         archive = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise LoadError(f"graph file {os.fspath(path)!r} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise LoadError(f"{os.fspath(path)!r} is not a circuitgraph .npz graph: {exc}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise LoadError(f"{os.fspath(path)!r} is not a circuitgraph .npz graph: {_brief(exc, 200)}") from None
     with archive:
         missing = {"header", "edge_source", "edge_target", "edge_weight"} - set(archive.files)
         if missing:
             raise LoadError(f"{os.fspath(path)!r} is not a circuitgraph .npz graph: missing {sorted(missing)}")
         try:
-            header = json.loads(archive["header"].tobytes().decode("utf-8"))
+            header = json.loads(archive["header"].tobytes().decode("utf-8"), parse_constant=_no_constant)
+            src, tgt, w = archive["edge_source"], archive["edge_target"], archive["edge_weight"]
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise LoadError(f"{os.fspath(path)!r}: the graph header is not valid JSON: {exc}") from None
+        except (OSError, ValueError, RecursionError, EOFError, zipfile.BadZipFile) as exc:
+            raise LoadError(f"{os.fspath(path)!r} is not a readable circuitgraph .npz graph: {_brief(exc, 200)}") from None
         if not isinstance(header, Mapping):
             raise LoadError(f"{os.fspath(path)!r}: the graph header must be a JSON object")
         _check_format(header, BINARY_FORMAT)
         nodes, index, dtype = _nodes_from_header(header)
-        src, tgt, w = archive["edge_source"], archive["edge_target"], archive["edge_weight"]
     if str(w.dtype) != str(dtype):
         raise LoadError(f"{os.fspath(path)!r}: edge_weight is {w.dtype}, the header says {dtype}")
     if not (src.shape == tgt.shape == w.shape and src.ndim == 1):
@@ -90,6 +98,10 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
     for name, rows in (("edge_source", src), ("edge_target", tgt)):
         if rows.size and (rows.min() < 0 or rows.max() >= len(nodes)):
             raise LoadError(f"{os.fspath(path)!r}: {name} has rows outside 0..{len(nodes) - 1}")
+        if rows.dtype.kind not in "iu":
+            raise LoadError(f"{os.fspath(path)!r}: {name} holds {rows.dtype}, expected integers")
+    if w.size and not np.isfinite(w).all():
+        raise LoadError(f"{os.fspath(path)!r}: edge_weight holds NaN or inf; a graph holds finite numbers only")
     graph = AttributionGraph(
         nodes=nodes,
         edge_target=tgt,
@@ -98,7 +110,7 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         targets=_targets_from_header(header, index),
         metadata=_metadata_from_header(header),
     )
-    return GraphDocument(graph, list(header.get("queries") or []), list(header.get("validation") or []),
+    return GraphDocument(graph, _results(header, "queries"), _results(header, "validation"),
                          int(header["format_version"]))
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import ExportError, LoadError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
 
 __all__ = [
     "FORMAT",
@@ -116,7 +116,7 @@ def graph_to_json(
             cannot hold (the message names the offending field).  Nothing is written.
 
     >>> import numpy as np
-    >>> from circuitgraph.graph.nodes import Node, NodeId
+    >>> from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
     >>> g = AttributionGraph([Node(NodeId("embedding", -1, 0, 7), 1.0)], [], [], np.zeros(0, np.float32))
     >>> graph_from_json(graph_to_json(g)).nodes == g.nodes
     True
@@ -147,12 +147,11 @@ def graph_from_dict(doc: Mapping[str, Any]) -> GraphDocument:
             s, t, w = edge["source"], edge["target"], edge["weight"]
         except (TypeError, KeyError):
             raise LoadError(f"graph file: edges[{i}] must be an object with source, target and weight") from None
-        if s not in index or t not in index:
-            missing = s if s not in index else t
-            raise LoadError(f"graph file: edges[{i}] refers to node {missing!r}, which is not in 'nodes'")
-        if isinstance(w, bool) or not isinstance(w, (int, float)):
-            raise LoadError(f"graph file: edges[{i}].weight is {w!r}; expected a number")
-        src[i], tgt[i], weights[i] = index[s], index[t], w
+        if not isinstance(s, str) or not isinstance(t, str) or s not in index or t not in index:
+            missing = s if not isinstance(s, str) or s not in index else t
+            raise LoadError(f"graph file: edges[{i}] refers to node {_brief(missing)}, which is not in 'nodes'")
+        weights[i] = _number(w, f"graph file: edges[{i}].weight")
+        src[i], tgt[i] = index[s], index[t]
     graph = AttributionGraph(
         nodes=nodes,
         edge_target=tgt,
@@ -161,17 +160,18 @@ def graph_from_dict(doc: Mapping[str, Any]) -> GraphDocument:
         targets=_targets_from_header(doc, index),
         metadata=_metadata_from_header(doc),
     )
-    return GraphDocument(graph, list(doc.get("queries") or []), list(doc.get("validation") or []),
-                         int(doc["format_version"]))
+    return GraphDocument(graph, _results(doc, "queries"), _results(doc, "validation"), int(doc["format_version"]))
 
 
 def read_graph_json(source: str | os.PathLike[str]) -> GraphDocument:
     """Read a graph file (path, or the JSON text itself) with its query and validation results."""
     text = _read_source(source)
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise LoadError(f"graph file is not valid JSON: {exc}") from None
+    except (RecursionError, ValueError) as exc:
+        raise LoadError(f"graph file is not usable JSON: {_brief(exc, 200)}") from None
     return graph_from_dict(doc)
 
 
@@ -250,34 +250,83 @@ def _node_from_record(rec: Any, i: int) -> Node:
     where = f"graph file: nodes[{i}]"
     if not isinstance(rec, Mapping):
         raise LoadError(f"{where} must be an object")
-    try:
-        node_id = NodeId(str(rec["kind"]), int(rec["layer"]), int(rec["position"]), int(rec["index"]))
-        text_id = rec["id"]
-        activation = float(rec["activation"])
-    except KeyError as exc:
-        raise LoadError(f"{where} lacks the field {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise LoadError(f"{where}: {exc}") from None
-    if text_id != str(node_id):
-        raise LoadError(f"{where}: id {text_id!r} does not match kind/layer/position/index ({node_id})")
+    for key in ("id", "kind", "layer", "position", "index", "activation"):
+        if key not in rec:
+            raise LoadError(f"{where} lacks the field {key!r}")
+    kind = rec["kind"]
+    if not isinstance(kind, str) or kind not in NODE_KINDS:
+        raise LoadError(f"{where}.kind is {_brief(kind)}; expected one of {', '.join(NODE_KINDS)}")
+    node_id = NodeId(kind, *(_integer(rec[k], f"{where}.{k}") for k in ("layer", "position", "index")))
+    text_id = rec["id"]
+    if not isinstance(text_id, str) or text_id != str(node_id):
+        raise LoadError(f"{where}: id {_brief(text_id)} does not match kind/layer/position/index ({node_id})")
     attrs = rec.get("attrs", {})
     if not isinstance(attrs, dict):
         raise LoadError(f"{where}: attrs must be an object")
+    label = rec.get("label", "")
+    if not isinstance(label, str):
+        raise LoadError(f"{where}.label is {_brief(label)}; expected a string")
     pre, const = rec.get("pre_activation"), rec.get("constant")
     return Node(
         id=node_id,
-        activation=activation,
-        pre_activation=None if pre is None else float(pre),
-        constant=None if const is None else float(const),
-        label=str(rec.get("label", "")),
+        activation=_number(rec["activation"], f"{where}.activation"),
+        pre_activation=None if pre is None else _number(pre, f"{where}.pre_activation"),
+        constant=None if const is None else _number(const, f"{where}.constant"),
+        label=label,
         attrs=attrs,
     )
 
 
+#: node layers, positions and indices are within +-2**62 (token ids, feature indices)
+_MAX_INT = 2**62
+
+
+def _integer(value: Any, where: str) -> int:
+    """A JSON integer: not a bool, not a float, not a string of digits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -_MAX_INT <= value <= _MAX_INT:
+        raise LoadError(f"{where} is {_brief(value)}; expected an integer")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    """A finite JSON number (NaN and infinities are refused, as are strings and bools)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LoadError(f"{where} is {_brief(value)}; expected a number")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise LoadError(f"{where} is too large for a float") from None
+    if not math.isfinite(out):
+        raise LoadError(f"{where} is {out}; a graph holds finite numbers only")
+    return out
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 2, 4, 3, limit, limit
+    text = short.repr(value) if not isinstance(value, BaseException) else " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _no_constant(name: str) -> Any:
+    raise LoadError(f"graph file holds {name}; a graph holds finite numbers only (NaN and Infinity are not JSON)")
+
+
+def _results(doc: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise LoadError(f"graph file: '{key}' must be a list of objects, got {_brief(value)}")
+    return list(value)
+
+
 def _nodes_from_header(doc: Mapping[str, Any]) -> tuple[list[Node], dict[str, int], np.dtype]:
     dtype_name = doc.get("edge_dtype", "float32")
-    if dtype_name not in EDGE_DTYPES:
-        raise LoadError(f"graph file: edge_dtype {dtype_name!r} is not one of {', '.join(EDGE_DTYPES)}")
+    if not isinstance(dtype_name, str) or dtype_name not in EDGE_DTYPES:
+        raise LoadError(f"graph file: edge_dtype {_brief(dtype_name)} is not one of {', '.join(EDGE_DTYPES)}")
     records = doc.get("nodes")
     if not isinstance(records, list):
         raise LoadError("graph file: 'nodes' must be a list")
@@ -293,13 +342,15 @@ def _nodes_from_header(doc: Mapping[str, Any]) -> tuple[list[Node], dict[str, in
 
 def _targets_from_header(doc: Mapping[str, Any], index: Mapping[str, int]) -> list[tuple[NodeId, float]]:
     out = []
-    for i, rec in enumerate(doc.get("targets") or []):
-        try:
-            node, weight = rec["node"], float(rec["weight"])
-        except (TypeError, KeyError, ValueError):
-            raise LoadError(f"graph file: targets[{i}] must be an object {{node, weight}}") from None
-        if node not in index:
-            raise LoadError(f"graph file: targets[{i}] is {node!r}, which is not in 'nodes'")
+    records = doc.get("targets") or []
+    if not isinstance(records, list):
+        raise LoadError(f"graph file: 'targets' must be a list of {{node, weight}}, got {_brief(records)}")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, Mapping) or "node" not in rec or "weight" not in rec:
+            raise LoadError(f"graph file: targets[{i}] must be an object {{node, weight}}")
+        node, weight = rec["node"], _number(rec["weight"], f"graph file: targets[{i}].weight")
+        if not isinstance(node, str) or node not in index:
+            raise LoadError(f"graph file: targets[{i}] is {_brief(node)}, which is not in 'nodes'")
         out.append((NodeId.parse(node), weight))
     return out
 
@@ -313,10 +364,10 @@ def _metadata_from_header(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_format(doc: Mapping[str, Any], expected: str) -> None:
     fmt, version = doc.get("format"), doc.get("format_version")
-    if fmt != expected:
-        raise LoadError(f"not a circuitgraph graph file: format is {fmt!r}, expected {expected!r}")
+    if not isinstance(fmt, str) or fmt != expected:
+        raise LoadError(f"not a circuitgraph graph file: format is {_brief(fmt)}, expected {expected!r}")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise LoadError(f"graph file: format_version {version!r} is not a positive integer")
+        raise LoadError(f"graph file: format_version {_brief(version)} is not a positive integer")
     if version > FORMAT_VERSION:
         raise LoadError(
             f"graph file has format_version {version}; this circuitgraph reads up to {FORMAT_VERSION}: "
@@ -324,16 +375,39 @@ def _check_format(doc: Mapping[str, Any], expected: str) -> None:
         )
 
 
+#: a graph file larger than this is refused before it is read (prune, or use the binary format)
+MAX_GRAPH_FILE_BYTES = 4 << 30
+
+
 def _read_source(source: str | os.PathLike[str]) -> str:
     if isinstance(source, str) and source.lstrip().startswith("{"):
         return source
     path = Path(source)
+    check_graph_file(path)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LoadError(f"graph file {os.fspath(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise LoadError(f"cannot read graph file {os.fspath(path)!r}: {exc}") from None
+        raise LoadError(f"cannot read graph file {os.fspath(path)!r}: {_brief(exc, 200)}") from None
+
+
+def check_graph_file(path: str | os.PathLike[str], max_bytes: int = MAX_GRAPH_FILE_BYTES) -> None:
+    """A graph file must be a regular file (not a device, pipe or folder) of bounded size."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise LoadError(f"graph file {os.fspath(path)!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"cannot read graph file {os.fspath(path)!r}: {_brief(exc, 200)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise LoadError(f"graph file {os.fspath(path)!r} is not a regular file (a folder, device or pipe); give "
+                        "a .json or .npz file written by circuitgraph")
+    if st.st_size > max_bytes:
+        raise LoadError(f"graph file {os.fspath(path)!r} is {st.st_size:,} bytes, more than {max_bytes:,}; prune "
+                        "the graph or use the binary format (export: {graph: FILE.npz})")
 
 
 def _dumps(doc: Any, indent: int | None) -> str:

@@ -6,7 +6,6 @@ positions in range, prompt length against n_ctx) happens here, before anything i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +28,11 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     # float64 accumulation runs the whole forward in float64 so measured values are exact too
     load_dtype = "float64" if compute == torch.float64 else m.dtype
     if m.source == "path":
-        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device)
+        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device, trust_remote_code=m.trust_remote_code)
     elif m.source == "name":
         adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
-                                  center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed)
+                                  center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
+                                  trust_remote_code=m.trust_remote_code)
     else:
         adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
     adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
@@ -124,30 +124,16 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     if d.vector is not None:
         v = torch.tensor(d.vector, dtype=torch.float64)
     else:
-        path = Path(d.file)
-        if not path.is_file():
-            raise LoadError(f"{where}.file: {path} does not exist")
-        suffix = path.suffix
-        if suffix == ".npy":
-            import numpy as np
+        from circuitgraph.adapters.files import read_direction_file
 
-            v = torch.from_numpy(np.load(path))
-        elif suffix == ".pt":
-            v = torch.load(path, map_location="cpu", weights_only=True)
-        elif suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(path))
-            if len(tensors) != 1:
-                raise LoadError(f"{where}.file: {path} holds {len(tensors)} tensors; expected exactly one")
-            v = next(iter(tensors.values()))
-        else:
-            v = torch.tensor(json.loads(path.read_text()))
-        v = v.to(torch.float64).flatten()
+        v = torch.from_numpy(read_direction_file(d.file, where))
     if v.shape[0] != d_model:
         raise AttributionError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}")
     if not torch.isfinite(v).all():
         raise AttributionError(f"{where}: the direction holds NaN or inf")
+    if not v.abs().max() > 0:
+        raise AttributionError(f"{where}: the direction is all zeros, so the target is always 0; give a non-zero "
+                               "direction")
     return v
 
 
@@ -197,4 +183,10 @@ def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet
                                       name=d.name or ""))
         else:  # pragma: no cover - the spec's union is closed
             raise AttributionError(f"{where}: unknown target kind")
+    for i, r in enumerate(out):
+        if r.kind == "logit_diff" and r.tokens[0] == r.tokens[1]:
+            raise TokenError(
+                f"targets[{i}].logit_diff: both tokens are id {r.tokens[0]}, so the target is always 0; give two "
+                "different tokens"
+            )
     return out

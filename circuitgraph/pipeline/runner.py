@@ -112,7 +112,7 @@ class RunResult:
             f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}",
         ]
         for key in ("replacement_score", "completeness_score"):
-            if key in full.metadata:
+            if full.metadata.get(key) is not None:
                 lines.append(f"{key}: {full.metadata[key]:.4f}")
         pruned = g is not full
         for what, entries in (("query", self.queries), ("validation", self.validation)):
@@ -286,6 +286,10 @@ def prepare(spec: Any) -> Prepared:
         "versions": _versions(),
         "warnings": run_warnings,
     }
+    from circuitgraph.pipeline.portable import portable_paths
+
+    # a shared graph must not reveal the user's folders: paths relative to the spec, or names
+    metadata = portable_paths(metadata, spec_base_dir(spec))
     return Prepared(adapter, tcs, lin, targets, options, metadata)
 
 
@@ -322,12 +326,19 @@ def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: Any, *, progress: bool = False) -> RunResult:
-    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end."""
+def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
+    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
+
+    The exports are written together or not at all (:class:`~circuitgraph.export.outputs.OutputSet`);
+    an existing file at an export path that circuitgraph did not write is refused before any
+    work unless ``force`` is true.
+    """
+    from circuitgraph.export.outputs import OutputSet
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
     _check_outputs(spec)
+    OutputSet(spec.export.outputs(), force=force).check()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     full = build(spec, progress=progress)
@@ -379,7 +390,7 @@ def run(spec: Any, *, progress: bool = False) -> RunResult:
         graph.metadata["warnings"] = list(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
     t0 = time.perf_counter()
-    result.exports = _write_exports(result)
+    result.exports = _write_exports(result, force=force)
     timings["export"] = time.perf_counter() - t0
     return result
 
@@ -400,7 +411,13 @@ def _attach_scores(graph: AttributionGraph) -> None:
     graph.metadata["completeness_score"] = scores.completeness_score
 
 
-def _write_exports(result: RunResult) -> dict[str, Path]:
+def spec_base_dir(spec: Any) -> Path | None:
+    """The folder relative paths of ``spec`` are relative to (its file's folder), if known."""
+    return getattr(spec, "base_dir", None)
+
+
+def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]:
+    """Write every export of the spec: staged, then moved into place all together (or none)."""
     from circuitgraph.export import (
         graph_to_json,
         graph_to_neuronpedia,
@@ -408,43 +425,46 @@ def _write_exports(result: RunResult) -> dict[str, Path]:
         save_graph_binary,
     )
     from circuitgraph._io import atomic_write_text
+    from circuitgraph.export.outputs import OutputSet
 
     ex = result.spec.export
     g = result.graph
     for key in ("replacement_score", "completeness_score"):
         if key in result.full_graph.metadata:
             g.metadata[key] = result.full_graph.metadata[key]
-    written: dict[str, Path] = {}
-    queries, validation = result.queries_json(), result.validation_json()
+    from circuitgraph.pipeline.portable import portable_paths
+
+    base = spec_base_dir(result.spec)
+    queries = portable_paths(result.queries_json(), base)
+    validation = portable_paths(result.validation_json(), base)
     qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
     inset = qk if ex.qk_inset else ()
-    if ex.json is not None:
-        graph_to_json(g, str(ex.json), queries=queries, validation=validation, max_edges=ex.max_json_edges)
-        written["json"] = Path(ex.json)
-    if ex.graph is not None:
-        save_graph_binary(g, str(ex.graph), queries=queries, validation=validation)
-        written["graph"] = Path(ex.graph)
-    if ex.neuronpedia is not None:
-        p = result.spec.pruning
-        thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-        graph_to_neuronpedia(g, str(ex.neuronpedia), full_graph=result.full_graph, qk=qk, **thresholds)
-        written["neuronpedia"] = Path(ex.neuronpedia)
+    outputs = ex.outputs()
+    if not outputs:
+        return {}
     diagram = _diagram_options(result) if any(
         getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
-    if ex.dot is not None:
-        atomic_write_text(str(ex.dot), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
-        written["dot"] = Path(ex.dot)
-    for fmt in ("svg", "png"):
-        path = getattr(ex, fmt)
-        if path is not None:
-            render_graph(g, str(path), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
-            written[fmt] = Path(path)
-    if ex.html is not None:
-        from circuitgraph.export.html import write_report
+    with OutputSet(outputs, force=force).writing() as out:
+        if ex.json is not None:
+            graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
+                          max_edges=ex.max_json_edges)
+        if ex.graph is not None:
+            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation)
+        if ex.neuronpedia is not None:
+            p = result.spec.pruning
+            thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
+            graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk, **thresholds)
+        if ex.dot is not None:
+            atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
+        for fmt in ("svg", "png"):
+            if getattr(ex, fmt) is not None:
+                render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
+        if ex.html is not None:
+            from circuitgraph.export.html import write_report
 
-        write_report(result, str(ex.html), max_nodes=ex.max_render_nodes, diagram={**diagram, "qk": inset})
-        written["html"] = Path(ex.html)
-    return written
+            write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
+                         diagram={**diagram, "qk": inset})
+    return {kind: Path(path) for kind, path in outputs.items()}
 
 
 def _diagram_options(result: RunResult) -> dict[str, Any]:
@@ -472,4 +492,7 @@ def dry_run(spec: Any) -> list[str]:
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
+    from circuitgraph.adapters.files import check_input_files
+
+    check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
     return estimate_run(spec).lines()

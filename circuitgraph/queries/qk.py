@@ -184,6 +184,12 @@ class QKHead:
     n_query_nodes: int
     n_key_nodes: int
     decomposition: QKDecomposition | None = field(default=None, repr=False, compare=False)
+    #: short labels of the reported nodes (token strings of embeddings), for :meth:`QKResult.table`
+    labels: dict[NodeId, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def name(self, node: NodeId) -> str:
+        label = self.labels.get(node)
+        return f"{node} {label!r}" if label else str(node)
 
     def max_deviation(self) -> float:
         """The largest of the three sums' distances from ``score``, relative to ``magnitude``."""
@@ -238,11 +244,11 @@ class QKResult(QueryResult):
                      f"(capped {h.score_capped:.6g}, p={h.probability:.4g}); pairs+constant "
                      f"{h.pairs_sum_plus_constant:.6g}")
             out.append(format_table(["query node", "key node", "value"],
-                                    [(str(p.query_node), str(p.key_node), p.value) for p in h.pairs],
+                                    [(h.name(p.query_node), h.name(p.key_node), p.value) for p in h.pairs],
                                     max_rows=max_rows, title=title))
-            out.append(format_table(["query node", "marginal"], [(str(m.node), m.value) for m in h.query_marginals],
+            out.append(format_table(["query node", "marginal"], [(h.name(m.node), m.value) for m in h.query_marginals],
                                     max_rows=max_rows))
-            out.append(format_table(["key node", "marginal"], [(str(m.node), m.value) for m in h.key_marginals],
+            out.append(format_table(["key node", "marginal"], [(h.name(m.node), m.value) for m in h.key_marginals],
                                     max_rows=max_rows))
         return "\n\n".join(out)
 
@@ -497,24 +503,32 @@ def _top_pairs(d: QKDecomposition, k: int, chunk: int = 4096) -> list[QKPair]:
     return [QKPair(d.query_nodes[a], d.key_nodes[b], v) for v, a, b in best]
 
 
-def summarise(d: QKDecomposition, top_k: int, *, keep: bool = True) -> QKHead:
+def summarise(d: QKDecomposition, top_k: int, *, keep: bool = True,
+              graph: AttributionGraph | None = None) -> QKHead:
     """The :class:`QKHead` of a decomposition: top ``top_k`` pairs and marginals, and the sums."""
     qm, km = d.query_marginals(), d.key_marginals()
     c = d.constants()
     pairs_sum = float(d.query_vectors.sum(0) @ d.key_vectors.sum(0) / d.scale)
+    pairs = tuple(_top_pairs(d, top_k))
+    q_top = tuple(QKMarginal(d.query_nodes[i], float(qm[i])) for i in _top(qm, top_k))
+    k_top = tuple(QKMarginal(d.key_nodes[i], float(km[i])) for i in _top(km, top_k))
+    labels: dict[NodeId, str] = {}
+    if graph is not None:
+        shown = [p.query_node for p in pairs] + [p.key_node for p in pairs] + [m.node for m in q_top + k_top]
+        for node in shown:
+            if node.kind == "embedding" and node in graph:
+                labels[node] = str(graph.node(node).attrs.get("token_str") or graph.node(node).label or "")
     return QKHead(
         layer=d.layer, head=d.head, query_position=d.query_position, key_position=d.key_position,
         score=d.score, score_capped=d.score_capped, probability=d.probability, soft_cap=d.soft_cap,
         scale=d.scale, magnitude=d.magnitude,
-        pairs=tuple(_top_pairs(d, top_k)),
-        query_marginals=tuple(QKMarginal(d.query_nodes[i], float(qm[i])) for i in _top(qm, top_k)),
-        key_marginals=tuple(QKMarginal(d.key_nodes[i], float(km[i])) for i in _top(km, top_k)),
+        pairs=pairs, query_marginals=q_top, key_marginals=k_top,
         constants=c,
         pairs_sum_plus_constant=pairs_sum + c["pairs_constant"],
         query_marginals_sum_plus_constant=float(qm.sum()) + c["query_constant"],
         key_marginals_sum_plus_constant=float(km.sum()) + c["key_constant"],
         n_query_nodes=len(d.query_nodes), n_key_nodes=len(d.key_nodes),
-        decomposition=d if keep else None,
+        decomposition=d if keep else None, labels=labels,
     )
 
 
@@ -546,6 +560,6 @@ def qk(
     """
     top_k = check_k(top_k, "top_k")
     decs = qk_decomposition(graph, layer, head, query_position, key_position)
-    heads = tuple(summarise(d, top_k) for d in decs)
+    heads = tuple(summarise(d, top_k, graph=graph) for d in decs)
     return QKResult(layer=int(layer), query_position=decs[0].query_position, key_position=key_position,
                     top_k=top_k, heads=heads)

@@ -263,8 +263,23 @@ Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Fraction = Annotated[float, Strict(), Field(gt=0, le=1)]
 Bool = Annotated[bool, Strict()]
 Name = Annotated[str, Strict(), Field(min_length=1)]
-#: a layer number used as a mapping key: an int (YAML) or a string of digits (JSON)
-LayerKey = Annotated[int, Field(ge=0)]
+
+
+def _check_layer_key(value: Any) -> Any:
+    # pydantic's lax int would take True as layer 1 and 1.0 as layer 1: types are not guessed
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise PydanticCustomError(
+            RULE_ERROR, "mapping keys here are layer numbers (integers >= 0), got {got}", {"got": _short(value)}
+        )
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise PydanticCustomError(
+            RULE_ERROR, "mapping keys here are layer numbers (integers >= 0), got {got}", {"got": _short(value)}
+        )
+    return value
+
+
+#: a layer number used as a mapping key: an int (YAML) or a string of digits (JSON); never a bool
+LayerKey = Annotated[int, Field(ge=0), BeforeValidator(_check_layer_key)]
 
 
 def _check_token(value: Any) -> Any:
@@ -322,7 +337,17 @@ NodeIdStr = Annotated[str, Strict(), AfterValidator(_check_node_id)]
 
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
-    value = value.expanduser()
+    text = str(value)
+    if "\x00" in text:
+        raise PydanticCustomError(RULE_ERROR, "a path cannot contain a NUL character, got {got}", {"got": _short(text)})
+    try:
+        value = value.expanduser()
+    except RuntimeError:
+        raise PydanticCustomError(
+            RULE_ERROR,
+            "cannot expand {got}: no such user or home folder; write the path in full",
+            {"got": _short(text)},
+        ) from None
     base = (info.context or {}).get("base_dir")
     if base is not None and not value.is_absolute():
         value = Path(base) / value
@@ -336,5 +361,16 @@ OutputPath = Annotated[Path, AfterValidator(_resolve_path)]
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """A bounded ``repr``: the work is proportional to ``limit``, never to the size of ``value``
+    (a YAML alias bomb or a million-item list is summarised, not printed)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxtuple, short.maxdict, short.maxset = 3, 6, 6, 4, 4
+    short.maxstring, short.maxlong, short.maxother = limit, 40, limit
+    try:
+        text = short.repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails says only the type
+        text = f"<{type(value).__name__}>"
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -35,6 +36,7 @@ EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "svg": (".svg",),
     "png": (".png",),
     "neuronpedia": (".json",),
+    "graph": (".npz",),
     "html": (".html", ".htm"),
 }
 
@@ -69,6 +71,15 @@ with warnings.catch_warnings():
                     problems.append(
                         (key, f"{key} output {str(path)!r} should end in {' or '.join(suffixes)}; rename it")
                     )
+            seen: dict[Path, str] = {}
+            for key, path in self.outputs().items():
+                where = Path(os.path.normpath(path))
+                if where in seen:
+                    problems.append(
+                        (key, f"{key} output {str(path)!r} is also the {seen[where]} output; give each export "
+                         "its own file")
+                    )
+                seen.setdefault(where, key)
             if problems:
                 raise rule_error(*problems)
             return self

@@ -24,9 +24,15 @@ from circuitgraph.errors import SpecError
 from circuitgraph.spec.messages import format_validation_error
 from circuitgraph.spec.root import Spec
 
-__all__ = ["load_spec", "read_spec_file", "check_inputs", "SPEC_SUFFIXES"]
+__all__ = ["load_spec", "read_spec_file", "check_inputs", "check_plain_data", "SPEC_SUFFIXES"]
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+#: a spec file larger than this is refused before it is parsed
+MAX_SPEC_BYTES = 16 << 20
+#: the deepest nesting of lists and mappings a spec may have
+MAX_DEPTH = 64
+#: the most values (scalars, lists, mappings) a spec may hold once YAML aliases are expanded
+MAX_VALUES = 1_000_000
 
 
 def load_spec(source: "str | os.PathLike[str] | Mapping[str, Any] | Spec", *, base_dir: "str | os.PathLike[str] | None" = None) -> Spec:
@@ -51,11 +57,57 @@ def load_spec(source: "str | os.PathLike[str] | Mapping[str, Any] | Spec", *, ba
 
 
 def _validate(data: dict[str, Any], base_dir: "str | os.PathLike[str] | None") -> Spec:
+    check_plain_data(data)
     context = {"base_dir": Path(base_dir)} if base_dir is not None else None
     try:
-        return Spec.model_validate(data, context=context)
+        spec = Spec.model_validate(data, context=context)
+        spec._base_dir = Path(os.path.abspath(base_dir)) if base_dir is not None else None
+        return spec
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, Spec, data)) from None
+    except RecursionError:
+        raise SpecError(f"the spec is nested too deeply; at most {MAX_DEPTH} levels of lists and mappings") from None
+
+
+def check_plain_data(data: Any) -> None:
+    """Bound the work any spec can cause, before pydantic sees it.
+
+    Refuses nesting deeper than :data:`MAX_DEPTH`, more than :data:`MAX_VALUES` values,
+    self-containing (recursive) values, mapping keys that are not strings or integers, and
+    strings that are not valid Unicode text (lone surrogates such as ``\\udc80``, which no
+    tokenizer or file system accepts).  The walk is iterative and stops at the first problem.
+    """
+    from circuitgraph.spec.base import _short
+    from circuitgraph.spec.messages import format_location
+
+    stack: list[tuple[Any, tuple[Any, ...], int]] = [(data, (), 0)]
+    seen = 0
+    while stack:
+        value, loc, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise SpecError(f"the spec holds more than {MAX_VALUES:,} values (after YAML aliases are expanded); "
+                            "a spec is a small file: remove repeated or aliased data")
+        if depth > MAX_DEPTH:
+            raise SpecError([(format_location(loc[:8]) + "...", f"nested more than {MAX_DEPTH} levels deep; "
+                              "a spec's lists and mappings are a few levels deep")])
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise SpecError([(format_location(loc), f"{_short(value)} holds {value[exc.start]!r} at character "
+                                  f"{exc.start}, a lone surrogate that is not text; remove it")]) from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, bool) or not isinstance(key, (str, int)):
+                    raise SpecError([(format_location(loc), f"mapping key {_short(key)} is a "
+                                      f"{type(key).__name__}; keys are names (strings) or layer numbers")])
+                if isinstance(key, str):
+                    stack.append((key, (*loc, key), depth + 1))
+                stack.append((item, (*loc, key), depth + 1))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                stack.append((item, (*loc, i), depth + 1))
 
 
 def read_spec_file(path: "str | os.PathLike[str]") -> dict[str, Any]:
@@ -65,6 +117,9 @@ def read_spec_file(path: "str | os.PathLike[str]") -> dict[str, Any]:
     if suffix not in SPEC_SUFFIXES:
         raise SpecError([(str(path), f"unsupported spec file type {suffix or '(none)'!r}; use .yaml, .yml or .json")])
     try:
+        if path.is_file() and path.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError([(str(path), f"the spec file is {path.stat().st_size:,} bytes; a spec is at most "
+                              f"{MAX_SPEC_BYTES:,} bytes")])
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError([(str(path), "spec file not found")]) from None
@@ -95,6 +150,14 @@ def _yaml_loader() -> type:
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                mark = key_node.start_mark
+                raise SpecError(
+                    [(f"line {mark.line + 1}, column {mark.column + 1}",
+                      f"a mapping key cannot be a {type(key).__name__}; keys are names or layer numbers")]
+                ) from None
             if key is True and key_node.style is None and key_node.value in ("on", "On", "ON"):
                 key = "on"  # the spec key `on` (YAML 1.1 would read a plain on as true)
             if key in out:
@@ -105,6 +168,28 @@ def _yaml_loader() -> type:
             out[key] = loader.construct_object(value_node, deep=deep)
         return out
 
+    def get_single_node(loader: Any) -> Any:
+        node = yaml.SafeLoader.get_single_node(loader)
+        if node is not None:
+            _check_yaml_size(node)
+        return node
+
+    def compose_node(loader: Any, parent: Any, index: Any) -> Any:
+        # stop at the first node too deep, before the rest of the file is even scanned
+        depth = getattr(loader, "_circuitgraph_depth", 0)
+        if depth > MAX_DEPTH:
+            mark = loader.peek_event().start_mark
+            raise SpecError([(f"line {mark.line + 1}, column {mark.column + 1}",
+                              f"nested more than {MAX_DEPTH} levels deep; a spec's lists and mappings are a few "
+                              "levels deep")])
+        loader._circuitgraph_depth = depth + 1
+        try:
+            return yaml.SafeLoader.compose_node(loader, parent, index)
+        finally:
+            loader._circuitgraph_depth = depth
+
+    Loader.get_single_node = get_single_node
+    Loader.compose_node = compose_node
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     # YAML 1.1 wants a dot in floats (1.0e-3); accept 1e-3 as YAML 1.2 does
     Loader.add_implicit_resolver(
@@ -122,6 +207,56 @@ def _yaml_loader() -> type:
     return Loader
 
 
+def _check_yaml_size(root: Any) -> None:
+    """Refuse a YAML document whose aliases expand to more than :data:`MAX_VALUES` values,
+    or that nests deeper than :data:`MAX_DEPTH` (before anything is constructed).
+
+    An alias is a reference to an earlier node, so nine lines of ``[*a, *a, ...]`` describe
+    billions of values (the "billion laughs"); the expanded size is counted on the node graph
+    with one pass per distinct node, so the check itself is cheap.
+    """
+    size: dict[int, int] = {}
+    order: list[tuple[Any, int, bool]] = [(root, 0, False)]
+    active: set[int] = set()
+    while order:
+        node, depth, done = order.pop()
+        key = id(node)
+        if done:
+            active.discard(key)
+            children = _yaml_children(node)
+            size[key] = min(1 + sum(size[id(c)] for c in children), MAX_VALUES + 1)
+            continue
+        if key in size:
+            continue
+        if key in active:
+            mark = node.start_mark
+            raise SpecError([(f"line {mark.line + 1}, column {mark.column + 1}",
+                              "this value contains itself (a recursive YAML alias); remove the alias")])
+        if depth > MAX_DEPTH:
+            mark = node.start_mark
+            raise SpecError([(f"line {mark.line + 1}, column {mark.column + 1}",
+                              f"nested more than {MAX_DEPTH} levels deep; a spec's lists and mappings are a few "
+                              "levels deep")])
+        active.add(key)
+        order.append((node, depth, True))
+        for child in _yaml_children(node):
+            if id(child) not in size:
+                order.append((child, depth + 1, False))
+    if size[id(root)] > MAX_VALUES:
+        raise SpecError(f"the spec expands to more than {MAX_VALUES:,} values through YAML aliases (&name / *name); "
+                        "a spec is a small file: write the values out or remove the aliases")
+
+
+def _yaml_children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 def _parse_yaml(text: str, path: Path) -> Any:
     import yaml
 
@@ -134,8 +269,12 @@ def _parse_yaml(text: str, path: Path) -> Any:
         raise SpecError([(where, f"malformed YAML: {problem}")]) from None
     except yaml.YAMLError as exc:
         raise SpecError([(str(path), f"malformed YAML: {exc}")]) from None
+    except RecursionError:
+        raise SpecError([(str(path), f"nested too deeply; at most {MAX_DEPTH} levels of lists and mappings")]) from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise SpecError([(str(path), f"unreadable value: {' '.join(str(exc).split())[:200]}")]) from None
     except SpecError as exc:
-        raise SpecError([(f"{path}: {loc}", msg) for loc, msg in exc.errors]) from None
+        raise SpecError([(f"{path}: {loc}" if loc else str(path), msg) for loc, msg in exc.errors]) from None
 
 
 # --- JSON -------------------------------------------------------------------------------
@@ -154,6 +293,10 @@ def _parse_json(text: str, path: Path) -> Any:
         return json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise SpecError([(f"{path}:{exc.lineno}:{exc.colno}", f"malformed JSON: {exc.msg}")]) from None
+    except RecursionError:
+        raise SpecError([(str(path), f"nested too deeply; at most {MAX_DEPTH} levels of lists and mappings")]) from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise SpecError([(str(path), f"unreadable value: {' '.join(str(exc).split())[:200]}")]) from None
 
 
 # --- input files ------------------------------------------------------------------------

@@ -13,7 +13,8 @@ __all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
 ModelSource = Literal["path", "name", "builtin"]
 TranscoderSource = Literal["path", "release", "builtin"]
 #: on-disk dictionary formats (circuitgraph.dictionaries.formats.FORMATS)
-DictionaryFormat = Literal["saelens", "circuit_tracer_clt"]
+DictionaryFormat = Literal["saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope",
+                          "gemmascope2", "eleuther_topk"]
 
 
 class ModelSpec(StrictModel):
@@ -39,6 +40,12 @@ class ModelSpec(StrictModel):
     fold_ln: Bool = Field(False, description="Fold LayerNorm weights (pretrained models loaded by name only).")
     center_writing_weights: Bool = Field(False, description="Center weights writing to the residual (name only).")
     center_unembed: Bool = Field(False, description="Center the unembedding (name only).")
+    trust_remote_code: Bool = Field(
+        False,
+        description="Let a model folder's config.json name a tokenizer elsewhere (tokenizer_name) and let "
+        "TransformerLens/transformers run code shipped with it (auto_map). Off by default: a model folder "
+        "is data and never runs code unless you trust its source.",
+    )
 
     @property
     def source(self) -> ModelSource:

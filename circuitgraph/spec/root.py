@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
 
-from circuitgraph.spec.base import Int, StrictModel, rule_error
+from circuitgraph.spec.base import RULE_ERROR, StrictModel, _short, rule_error
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
 from circuitgraph.spec.model import ModelSpec, TranscodersSpec
@@ -19,6 +21,22 @@ from circuitgraph.spec.validation import Check
 __all__ = ["Spec", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
+#: the largest seed (torch.manual_seed takes a 64-bit integer)
+MAX_SEED = 2**63 - 1
+
+
+def _exact_version(value: Any) -> Any:
+    # Literal[1] alone would take true and 1.0 (both compare equal to 1): types are not guessed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError(
+            RULE_ERROR, "expected the integer {v}, got {got}; write format_version: {v}",
+            {"v": FORMAT_VERSION, "got": _short(value)},
+        )
+    return value
+
+
+#: a random seed: an integer (never a bool or a float) that torch accepts
+Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
 
 
 def _default_targets() -> tuple[Target, ...]:
@@ -38,8 +56,10 @@ with warnings.catch_warnings():
         every problem with its location.
         """
 
-        format_version: Literal[1] = Field(description="Version of the spec format; this is version 1.")
-        seed: Int = Field(0, description="Random seed (control sets, sampling).")
+        format_version: Annotated[Literal[1], BeforeValidator(_exact_version)] = Field(
+            description="Version of the spec format; this is version 1."
+        )
+        seed: Seed = Field(0, description="Random seed (control sets, sampling), 0 to 2**63-1.")
         model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
         transcoders: TranscodersSpec | None = Field(None, description="Transcoders: exactly one of path, release.")
         prompt: Prompt = Field(description="The prompt: a string, {text, prepend_bos} or {tokens: [...]}.")
@@ -51,11 +71,35 @@ with warnings.catch_warnings():
         queries: tuple[Query, ...] = Field((), description="Queries run on the graph.")
         validate: tuple[Check, ...] = Field((), description="Checks against the real model.")
         export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
+        #: the folder relative paths were resolved against (the spec file's folder), when known
+        _base_dir: Path | None = PrivateAttr(default=None)
+
+        @property
+        def base_dir(self) -> Path | None:
+            """The folder relative paths in this spec were resolved against (``None``: unknown)."""
+            return self._base_dir
 
         @property
         def pruning(self) -> PruneSpec | None:
             """The pruning settings, or ``None`` for ``prune: none``."""
             return self.prune if isinstance(self.prune, PruneSpec) else None
+
+        @model_validator(mode="after")
+        def _targets_not_zero(self) -> "Spec":
+            """A target that is identically zero (weight 0, or a logit difference of a token with
+            itself) has nothing to explain: every edge, share and score would be 0 or 0/0."""
+            problems: list[tuple[str, str]] = []
+            for i, target in enumerate(self.targets):
+                if getattr(target, "weight", None) == 0:
+                    problems.append((f"targets[{i}].weight", "a target with weight 0 explains nothing; give a "
+                                     "non-zero weight or remove the target"))
+                if target.kind == "logit_diff" and target.params[0] == target.params[1]:
+                    a = target.params[0]
+                    problems.append((f"targets[{i}].logit_diff", f"[{a!r}, {a!r}] compares a token with itself, so "
+                                     "the target is always 0; give two different tokens"))
+            if problems:
+                raise rule_error(*problems)
+            return self
 
         @model_validator(mode="after")
         def _cross_checks(self) -> "Spec":

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import (
+    Bool,
     Float,
     Fraction,
     Int,
@@ -124,6 +125,14 @@ class Ablate(StrictModel):
     )
     seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
     max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
+    match_layers: Bool = Field(
+        False, description="Draw each layer's controls from that layer only (default: from every layer whose units "
+        "can affect the metric)."
+    )
+    match_positions: Bool = Field(
+        False, description="Draw each position's controls from that position only (default: from every position "
+        "whose units can affect the metric)."
+    )
 
     @model_validator(mode="after")
     def _modes(self) -> "Ablate":
@@ -185,6 +194,10 @@ else:
 Granularity = Literal["layer", "head", "neuron", "feature", "position"]
 
 
+#: the image formats a patching heat map can be written in (chosen by the file's suffix)
+HEATMAP_SUFFIXES = (".png", ".svg", ".pdf")
+
+
 class Patching(StrictModel):
     """Activation patching: run ``corrupted`` with activations of ``clean`` (the main prompt by
     default) patched in, one unit at a time at each granularity; relative recovery =
@@ -202,6 +215,11 @@ class Patching(StrictModel):
     @model_validator(mode="after")
     def _unique(self) -> "Patching":
         problems = _unique("granularity", self.granularity)
+        if self.heatmap is not None and self.heatmap.suffix.lower() not in HEATMAP_SUFFIXES:
+            problems.append(
+                ("heatmap", f"heatmap image {str(self.heatmap)!r} should end in {', '.join(HEATMAP_SUFFIXES)} "
+                 "(the suffix picks the image format); rename it")
+            )
         if problems:
             raise rule_error(*problems)
         return self

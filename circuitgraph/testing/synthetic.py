@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
+__all__ = ["random_layer_dictionary", "save_layer_dictionary", "tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
 
 
 def tiny_config(
@@ -266,4 +266,89 @@ def save_clt(directory: str | Path, clt: dict[str, Any]) -> Path:
         enc = {f"{k}_{i}": t[k].contiguous() for k in ("W_enc", "b_enc", "b_dec", "threshold", "W_skip") if k in t}
         save_file(enc, str(directory / f"W_enc_{i}.safetensors"))
         save_file({f"W_dec_{i}": t["W_dec"].contiguous()}, str(directory / f"W_dec_{i}.safetensors"))
+    return directory
+
+
+@torch.no_grad()
+def random_layer_dictionary(model: Any, *, d_sae: int = 32, activation: Literal["relu", "jump_relu", "topk"] = "relu",
+                            skip: bool = False, active_frac: float = 0.15, seed: int = 0) -> list[dict[str, Any]]:
+    """Random per-layer transcoders reading the MLP input (``gamma2 * P(x)/sigma2 + beta2``) and
+    writing the MLP output, in circuitgraph's orientation: per layer ``W_enc (d_model, d_sae)``,
+    ``b_enc``, ``W_dec (d_sae, d_model)``, ``b_dec``, [``threshold``], [``W_skip (d_model, d_model)``,
+    skip = ``x @ W_skip.T``]; :func:`save_layer_dictionary` writes them in a published layout."""
+    cfg = model.cfg
+    D = cfg.d_model
+    gen = torch.Generator().manual_seed(seed + 3000)
+    tokens = torch.randint(0, cfg.d_vocab, (max(1, 256 // cfg.n_ctx), cfg.n_ctx), generator=gen)
+    names = [f"blocks.{l}.ln2.hook_normalized" for l in range(cfg.n_layers)]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    out = []
+    for l in range(cfg.n_layers):
+        ln2 = model.blocks[l].ln2
+        x = cache[names[l]].reshape(-1, D)
+        x = x * ln2.w if hasattr(ln2, "w") else x
+        x = x + ln2.b if hasattr(ln2, "b") else x
+        W_enc = torch.randn(D, d_sae, generator=gen) / D**0.5
+        t = {"W_enc": W_enc, "b_enc": -torch.quantile(x @ W_enc, 1 - active_frac, dim=0),
+             "W_dec": torch.randn(d_sae, D, generator=gen) / d_sae**0.5, "b_dec": 0.1 * torch.randn(D, generator=gen)}
+        if activation == "jump_relu":
+            t["threshold"] = 0.05 * torch.rand(d_sae, generator=gen)
+        if activation == "topk":
+            t["k"] = 4
+        if skip:
+            t["W_skip"] = 0.1 * torch.randn(D, D, generator=gen) / D**0.5
+        out.append(t)
+    return out
+
+
+def save_layer_dictionary(directory: str | Path, layers: list[dict[str, Any]], format: str) -> Path:
+    """Write :func:`random_layer_dictionary` in a published layout: ``circuit_tracer_transcoder_set``
+    (``config.yaml`` + ``layer_<i>.safetensors``), ``gemmascope`` (``layer_<i>/width_16k/average_l0_10/
+    params.npz``), ``gemmascope2`` (``layer_<i>/params.safetensors``) or ``eleuther_topk``
+    (``layers.<i>.mlp/cfg.json`` + ``sae.safetensors``)."""
+    import numpy as np
+    import yaml
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    c = lambda t: t.contiguous()  # noqa: E731
+    for i, t in enumerate(layers):
+        if format == "circuit_tracer_transcoder_set":
+            d = {"W_enc": c(t["W_enc"].T), "W_dec": c(t["W_dec"]), "b_enc": c(t["b_enc"]), "b_dec": c(t["b_dec"])}
+            if "threshold" in t:
+                d["activation_function.threshold"] = c(t["threshold"])
+            if "W_skip" in t:
+                d["W_skip"] = c(t["W_skip"])
+            save_file(d, str(directory / f"layer_{i}.safetensors"))
+        elif format == "gemmascope":
+            sub = directory / f"layer_{i}" / "width_16k" / "average_l0_10"
+            sub.mkdir(parents=True, exist_ok=True)
+            np.savez(sub / "params.npz", **{k: t[k].numpy() for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")})
+        elif format == "gemmascope2":
+            sub = directory / f"layer_{i}"
+            sub.mkdir(parents=True, exist_ok=True)
+            d = {"w_enc": c(t["W_enc"]), "w_dec": c(t["W_dec"]), "b_enc": c(t["b_enc"]), "b_dec": c(t["b_dec"]),
+                 "threshold": c(t["threshold"])}
+            if "W_skip" in t:
+                d["affine_skip_connection"] = c(t["W_skip"].T)
+            save_file(d, str(sub / "params.safetensors"))
+        elif format == "eleuther_topk":
+            sub = directory / f"layers.{i}.mlp"
+            sub.mkdir(parents=True, exist_ok=True)
+            d = {"encoder.weight": c(t["W_enc"].T), "encoder.bias": c(t["b_enc"]), "W_dec": c(t["W_dec"]),
+                 "b_dec": c(t["b_dec"])}
+            if "W_skip" in t:
+                d["W_skip"] = c(t["W_skip"])
+            save_file(d, str(sub / "sae.safetensors"))
+            (sub / "cfg.json").write_text(json.dumps({
+                "activation": "topk", "expansion_factor": 32, "normalize_decoder": True,
+                "num_latents": int(t["W_enc"].shape[1]), "k": int(t.get("k", 4)), "multi_topk": False,
+                "skip_connection": "W_skip" in t, "transcode": True, "d_in": int(t["W_enc"].shape[0])}))
+        else:
+            raise ValueError(f"unknown format {format!r}")
+    if format == "circuit_tracer_transcoder_set":
+        (directory / "config.yaml").write_text(yaml.safe_dump({
+            "model_kind": "transcoder_set", "feature_input_hook": "mlp.hook_in",
+            "feature_output_hook": "mlp.hook_out"}, sort_keys=False))
     return directory

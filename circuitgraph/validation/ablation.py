@@ -26,6 +26,7 @@ from circuitgraph.validation.controls import (
     ControlKind,
     ControlSummary,
     draw_controls,
+    reachable_positions,
     summarise_controls,
     unit_magnitudes,
 )
@@ -99,6 +100,18 @@ def _frozen_metric(ctx: Any, graph: Any, ablate: Sequence[NodeId] = (), scale: f
     return float(sum(w * vals[t] for t, w in graph.targets))
 
 
+def _site_layers(site: str, adapter: Any, transcoders: Any) -> list[int]:
+    """The layers at which units of ``site`` exist (where controls for it may come from)."""
+    if site in ("embed", "pos_embed"):
+        return [-1]
+    if site == "resid_pre":
+        return []  # a residual-stream edit is matched in its own layer only
+    n = adapter.facts.n_layers
+    if site in ("feature", "error"):
+        return [l for l in range(n) if transcoders is not None and l in transcoders]
+    return list(range(n))
+
+
 # ---------------------------------------------------------------------------- ablate
 @dataclass
 class AblationResult:
@@ -157,7 +170,9 @@ class AblationResult:
         if not self.controls:
             return head
         ctrl = markdown_table(ControlSummary.HEADERS, [c.row() for c in self.controls], max_rows)
-        return f"{head}\n\nControls (seed {self.seed}, selected effect {fmt(self.change)}):\n\n{ctrl}"
+        notes = "".join(f"\n\n{c.kind} controls are degenerate (no p-value): {c.degenerate}"
+                        for c in self.controls if c.degenerate)
+        return f"{head}\n\nControls (seed {self.seed}, selected effect {fmt(self.change)}):\n\n{ctrl}{notes}"
 
 
 def ablate(
@@ -180,6 +195,7 @@ def ablate(
     rank_by: Literal["edge", "total", "influence"] = "edge",
     part: Literal["post", "gate", "value"] = "post",
     match_positions: bool = False,
+    match_layers: bool = False,
     metric: Metric | None = None,
     tokenizer: Any = None,
     batch_size: int = 32,
@@ -189,7 +205,10 @@ def ablate(
 
     ``tolerance``: relative agreement asked of the real change with the graph's total-effect
     prediction (``agrees``); ``control_tolerance``: how closely matched-magnitude controls
-    match the selected set's removed magnitude.  ``part`` picks the gate or value of gated
+    match the selected set's removed magnitude.  Controls are drawn among the active units of
+    the selected units' sites that can affect the metric, from every layer, or per layer
+    (``match_layers``) and per position (``match_positions``); see
+    :mod:`circuitgraph.validation.controls`.  ``part`` picks the gate or value of gated
     neurons.  Prompts may be token lists or text (tokenized with ``tokenizer`` or the model's).
     """
     s = _setup(graph, "ablate", metric)
@@ -198,13 +217,17 @@ def ablate(
     units = [Unit.from_node(n, part=part) for n in chosen]
     template = _template(units, mode, scale, value, reference_prompts, patch_prompt, tokenizer)
     sls = sorted({(u.site, u.layer) for u in units})
+    if controls and not match_layers:
+        sls = sorted(set(sls) | {(site, lyr) for site, _ in sls for lyr in _site_layers(site, s.adapter, s.transcoders)})
     mags = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)
     selected_mag = float(sum(mags[(u.site, u.layer)][0][u.position, u.index] for u in units))
 
+    reach = reachable_positions(s.metric, s.adapter.facts.n_layers, len(s.tokens))
     control_sets: dict[str, list[tuple[list[Unit], float]]] = {}
     for kind in controls:
         control_sets[kind] = draw_controls(units, mags, kind, n_controls, seed=seed, tolerance=control_tolerance,
-                                           max_draws=max_draws, match_positions=match_positions)
+                                           max_draws=max_draws, match_positions=match_positions,
+                                           match_layers=match_layers, reach=reach)
     rows: list[list[Intervention]] = [[], [template]]
     for kind in controls:
         rows += [[replace(template, units=tuple(u))] if u else [] for u, _ in control_sets[kind]]
@@ -227,7 +250,8 @@ def ablate(
         if len(set(factors)) == 1 and part == "post":
             frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
     params = {"k": k, "rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
-              "part": part, "metric": s.metric.to_dict()}
+              "match_layers": match_layers, "match_positions": match_positions, "part": part,
+              "metric": s.metric.to_dict()}
     if mode == "mean":
         params["pooling"] = template.resolved_pooling(len(s.tokens))
     return AblationResult([str(n) for n in chosen], mode, s.metric.describe(tokenizer), before, after, predicted,

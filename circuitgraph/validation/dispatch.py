@@ -139,6 +139,7 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
             positions=p.get("positions"), controls=tuple(get("controls", ("matched_magnitude", "count_matched"))),
             n_controls=get("n_controls", 10), tolerance=get("tolerance", 0.1),
             control_tolerance=get("control_tolerance", 0.05), max_draws=get("max_draws", 1000),
+            match_layers=get("match_layers", False), match_positions=get("match_positions", False),
             seed=get("seed", graph.metadata.get("spec", {}).get("seed", 0)),
             tokenizer=tokenizer)
     elif kind == "predicted_vs_actual":

@@ -233,12 +233,12 @@ def sign_regimes(
     sel_mass = float(sum(n.echo_mass for n in dominated))
     sets_by_kind = {}
     for kind in controls:
-        try:
-            sets_by_kind[kind] = draw_controls(selected, mags, kind, n_controls, seed=seed,
-                                               tolerance=control_tolerance, max_draws=max_draws)
-        except ValidationRunError as exc:
-            # the check itself stays useful: report why this control kind is missing
-            result.notes.append(f"{kind} controls skipped: {exc}")
+        draw = draw_controls(selected, mags, kind, n_controls, seed=seed, tolerance=control_tolerance,
+                             max_draws=max_draws, match_layers=True, active_only=False)
+        if draw:
+            sets_by_kind[kind] = draw
+        else:  # the check itself stays useful: report why this control kind is missing
+            result.notes.append(f"{kind} controls skipped: {draw.shortfall}")
     controls = [kind for kind in controls if kind in sets_by_kind]
     neuron_sets = [selected] + [u for kind in controls for u, _ in sets_by_kind[kind]]
     loss_eff, metric_eff = _echo_effects(adapter, token_lists, neuron_sets, layers, f.d_mlp, first_position,

@@ -1,0 +1,268 @@
+"""Per-layer transcoders in the published layouts other than sae-lens's.
+
+Each reader returns a :class:`~circuitgraph.dictionaries.TranscoderSet` of plain-tensor
+:class:`~circuitgraph.dictionaries.TranscoderLayer` objects (sae-lens orientation:
+``W_enc (d_model, d_sae)``, ``W_dec (d_sae, d_model)``, ``W_skip (d_out, d_in)``, skip =
+``x @ W_skip.T``) with the format's own activation:
+
+``circuit_tracer_transcoder_set``
+    ``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook``,
+    ``feature_output_hook``, optional ``transcoders:`` list of per-layer files relative to the
+    folder) and ``layer_<i>.safetensors`` with ``W_enc (d_sae, d_model)``, ``W_dec (d_sae,
+    d_model)``, ``b_enc``, ``b_dec``, optional ``activation_function.threshold`` (JumpReLU
+    ``h * (h > t)``, else ReLU) and ``W_skip (d_model, d_model)``; when ``transcoders:`` lists
+    ``.npz`` files they are GemmaScope files, ``params.safetensors``-style files with ``w_enc``
+    keys GemmaScope-2 files (circuit-tracer's own dispatch, by content here).
+``gemmascope``
+    ``layer_<i>/.../params.npz`` with ``W_enc (d_model, d_sae)``, ``W_dec (d_sae, d_model)``,
+    ``b_enc``, ``b_dec``, ``threshold``: JumpReLU ``h * (h > t)``.
+``gemmascope2``
+    ``layer_<i>/.../params.safetensors`` with ``w_enc (d_model, d_sae)``, ``w_dec (d_sae,
+    d_model)``, ``b_enc``, ``b_dec``, ``threshold``, optional ``affine_skip_connection (d_in,
+    d_out)``: JumpReLU.
+``eleuther_topk``
+    EleutherAI sparsify: ``<hookpoint>/cfg.json`` (``d_in``, ``num_latents``, ``k``,
+    ``transcode: true``, ``skip_connection``) + ``<hookpoint>/sae.safetensors`` with
+    ``encoder.weight (num_latents, d_in)``, ``encoder.bias``, ``W_dec (num_latents, d_in)``,
+    ``b_dec``, optional ``W_skip (d_in, d_in)``; activation: top-k of ``relu(h)``.  The hookpoint
+    folder names the layer (``layers.<i>.mlp``, ``h.<i>.mlp``, ``blocks.<i>.mlp``).
+
+Input hooks that read the MLP's *input* (``mlp.hook_in``: ``gamma2 * P(x)/sigma2 + beta2``;
+GemmaScope and sparsify transcoders read it) are folded exactly into the encoder at load
+time so the transcoder reads ``ln2.hook_normalized``: ``W_enc <- gamma * W_enc``, ``b_enc <-
+b_enc + beta . W_enc`` (and for a skip path ``W_skip <- W_skip * gamma``, ``b_dec <- b_dec +
+W_skip beta``).  Output hooks ``hook_mlp_out`` and ``mlp.hook_out`` are the same site for
+models without post-MLP norms; with post-norms only ``hook_mlp_out`` is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+
+__all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "LAYER_DIR_FORMATS"]
+
+LAYER_DIR_FORMATS = ("circuit_tracer_transcoder_set", "gemmascope", "gemmascope2", "eleuther_topk")
+
+_SITES = {"hook_resid_mid": "raw", "hook_mlp_in": "raw", "ln2.hook_normalized": "normalized",
+          "mlp.hook_in": "mlp_input"}
+_OUTS = ("hook_mlp_out", "mlp.hook_out")
+
+
+def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
+    if t is not None and not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad}); "
+                             "re-export the dictionary with finite weights")
+
+
+def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b_dec, threshold=None,
+                W_skip=None, site: str, hook_out: str, activation: str, topk: int | None = None,
+                architecture: str, dtype: torch.dtype):
+    """Check shapes and values against the model, fold an MLP-input site, build the layer."""
+    from circuitgraph.dictionaries.transcoders import TranscoderLayer
+
+    f = adapter.facts
+    D = f.d_model
+    if not 0 <= layer < f.n_layers:
+        raise ShapeMismatchError(f"{where}: layer {layer}, the model has {f.n_layers} layers "
+                                 f"(0-{f.n_layers - 1}); use the transcoders trained for this model")
+    d_sae = W_enc.shape[1]
+    shapes = {"W_enc": (W_enc, (D, d_sae)), "W_dec": (W_dec, (d_sae, D)), "b_enc": (b_enc, (d_sae,)),
+              "b_dec": (b_dec, (D,)), "threshold": (threshold, (d_sae,)), "W_skip": (W_skip, (D, D))}
+    for name, (t, shape) in shapes.items():
+        if t is not None and tuple(t.shape) != shape:
+            raise ShapeMismatchError(f"{where}: {name} has shape {list(t.shape)} (in circuitgraph's orientation), "
+                                     f"expected {list(shape)} for d_model {D}, d_sae {d_sae}")
+        _finite(t, where, name)
+    if hook_out not in _OUTS:
+        raise LoadError(f"{where}: output hook {hook_out!r} is not supported; expected hook_mlp_out")
+    if hook_out == "mlp.hook_out" and f.post_norms:
+        raise LoadError(f"{where}: output hook mlp.hook_out is before this model's post-MLP norm; only "
+                        "hook_mlp_out is supported for models with post-norms")
+    conv = lambda t: None if t is None else t.to(torch.float64)  # noqa: E731
+    W_enc, b_enc, W_dec, b_dec, threshold, W_skip = map(conv, (W_enc, b_enc, W_dec, b_dec, threshold, W_skip))
+    if site == "mlp_input":
+        norm = adapter.norm("ln2", layer)
+        gamma = None if norm.gamma is None else norm.gamma.detach().to(torch.float64).cpu()
+        beta = None if norm.beta is None else norm.beta.detach().to(torch.float64).cpu()
+        if beta is not None:
+            b_enc = b_enc + beta @ W_enc
+            if W_skip is not None:
+                b_dec = b_dec + W_skip @ beta
+        if gamma is not None:
+            W_enc = gamma[:, None] * W_enc
+            if W_skip is not None:
+                W_skip = W_skip * gamma[None, :]
+        site = "normalized"
+    hook_in = {"raw": f"blocks.{layer}.hook_resid_mid", "normalized": f"blocks.{layer}.ln2.hook_normalized"}[site]
+    back = lambda t: None if t is None else t.to(dtype).contiguous()  # noqa: E731
+    return TranscoderLayer(
+        layer=layer, W_enc=back(W_enc), b_enc=back(b_enc), W_dec=back(W_dec), b_dec=back(b_dec),
+        W_skip=back(W_skip), threshold=back(threshold), input_site=site, hook_in=hook_in,
+        hook_out=f"blocks.{layer}.hook_mlp_out", architecture=architecture, source=str(where),
+        activation_kind=activation, topk=topk,
+    )
+
+
+def _site(hook: str, where: Path) -> str:
+    if hook not in _SITES:
+        raise LoadError(f"{where}: feature_input_hook {hook!r} is not supported; expected one of "
+                        f"{', '.join(_SITES)} (relative to blocks.<layer>)")
+    return _SITES[hook]
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise LoadError(f"{path} is missing; copy the layer's file into the folder (or fix the config)")
+    try:
+        if path.suffix == ".npz":
+            import numpy as np
+
+            with np.load(path) as z:
+                return {k: torch.from_numpy(z[k].copy()) for k in z.files}
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise LoadError(f"{path}: not readable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                        "re-export it") from None
+
+
+def _need(t: dict, keys: tuple[str, ...], where: Path) -> None:
+    missing = [k for k in keys if k not in t]
+    if missing:
+        raise LoadError(f"{where}: tensors {missing} are missing (it has {sorted(t)}); "
+                        "this is not the layout its folder says")
+
+
+def _from_tensors(adapter: Any, layer: int, where: Path, t: dict, site: str, hook_out: str, dtype: torch.dtype):
+    """One layer from a circuit-tracer / GemmaScope / GemmaScope-2 file (dispatch on its keys)."""
+    if "w_enc" in t:  # GemmaScope-2
+        _need(t, ("w_enc", "w_dec", "b_enc", "b_dec", "threshold"), where)
+        skip = t.get("affine_skip_connection")
+        return _make_layer(adapter, layer, where, W_enc=t["w_enc"], b_enc=t["b_enc"], W_dec=t["w_dec"],
+                           b_dec=t["b_dec"], threshold=t["threshold"], W_skip=None if skip is None else skip.T,
+                           site=site, hook_out=hook_out, activation="jump_relu",
+                           architecture="gemmascope2_jumprelu_transcoder", dtype=dtype)
+    if where.suffix == ".npz":  # GemmaScope: W_enc stored (d_model, d_sae)
+        _need(t, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), where)
+        return _make_layer(adapter, layer, where, W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"],
+                           b_dec=t["b_dec"], threshold=t["threshold"], site=site, hook_out=hook_out,
+                           activation="jump_relu", architecture="gemmascope_jumprelu_transcoder", dtype=dtype)
+    _need(t, ("W_enc", "W_dec", "b_enc", "b_dec"), where)  # circuit-tracer: W_enc stored (d_sae, d_model)
+    thr = t.get("activation_function.threshold")
+    return _make_layer(adapter, layer, where, W_enc=t["W_enc"].T, b_enc=t["b_enc"], W_dec=t["W_dec"],
+                       b_dec=t["b_dec"], threshold=thr, W_skip=t.get("W_skip"), site=site, hook_out=hook_out,
+                       activation="jump_relu" if thr is not None else "relu",
+                       architecture="circuit_tracer_" + ("jumprelu" if thr is not None else "relu") + "_transcoder"
+                       + ("_skip" if "W_skip" in t else ""), dtype=dtype)
+
+
+def _select(layers: dict[int, Any], wanted: list[int] | None, path: Path) -> dict[int, Any]:
+    if wanted is None:
+        return layers
+    missing = [l for l in wanted if l not in layers]
+    if missing:
+        raise LoadError(f"transcoders for layers {missing} requested, {path} has layers {sorted(layers)}")
+    return {l: layers[l] for l in wanted}
+
+
+def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: list[int] | None = None,
+                            dtype: torch.dtype = torch.float32):
+    """circuit-tracer's per-layer ``transcoder_set`` folder."""
+    from circuitgraph.dictionaries.transcoders import TranscoderSet
+
+    cfg_path = path / "config.yaml"
+    site = _site(str(config.get("feature_input_hook", "")), cfg_path)
+    hook_out = str(config.get("feature_output_hook", "hook_mlp_out"))
+    listed = config.get("transcoders")
+    if listed is not None:
+        files = {}
+        for i, entry in enumerate(listed):
+            if str(entry).startswith("hf://"):
+                raise LoadError(f"{cfg_path}: transcoders[{i}] is the hub file {entry}; download it next to "
+                                "config.yaml and list the local file name instead")
+            files[i] = (path / str(entry)).resolve() if not Path(str(entry)).is_absolute() else Path(str(entry))
+    else:
+        found = {int(m.group(1)): p for p in path.glob("layer_*.safetensors")
+                 if (m := re.fullmatch(r"layer_(\d+)\.safetensors", p.name))}
+        if not found:
+            raise LoadError(f"{path}: no layer_<i>.safetensors files next to config.yaml (model_kind: transcoder_set)")
+        top = max(found)
+        missing = [i for i in range(top + 1) if i not in found]
+        if missing:
+            raise LoadError(f"{path / f'layer_{missing[0]}.safetensors'} is missing: circuit-tracer's transcoder_set "
+                            f"needs layer_0 .. layer_{top}; copy it into {path}")
+        files = found
+    files = _select(files, layers, path)
+    out = {l: _from_tensors(adapter, l, p, _load(p), site, hook_out, dtype) for l, p in sorted(files.items())}
+    scan = config.get("scan")
+    return TranscoderSet(out, {"path": str(path), **({"scan": scan} if scan else {})},
+                         format="circuit_tracer_transcoder_set")
+
+
+def _layer_files(path: Path, name: str) -> dict[int, Path]:
+    found: dict[int, Path] = {}
+    for sub in path.iterdir():
+        m = re.fullmatch(r"layer_(\d+)", sub.name)
+        if not (m and sub.is_dir()):
+            continue
+        cands = sorted(sub.rglob(name))
+        if not cands:
+            raise LoadError(f"{sub} has no {name}; the GemmaScope layout is layer_<i>/.../{name}")
+        if len(cands) > 1:
+            raise LoadError(f"{sub} has {len(cands)} {name} files ({', '.join(str(c.relative_to(sub)) for c in cands[:3])}"
+                            "...); keep the one width / L0 you want")
+        found[int(m.group(1))] = cands[0]
+    return found
+
+
+def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[int] | None = None,
+                        dtype: torch.dtype = torch.float32, input_hook: str = "mlp.hook_in"):
+    """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders."""
+    from circuitgraph.dictionaries.transcoders import TranscoderSet
+
+    files = _select(_layer_files(path, "params.npz" if version == 1 else "params.safetensors"), layers, path)
+    site = _site(input_hook, path)
+    out = {l: _from_tensors(adapter, l, p, _load(p), site, "hook_mlp_out", dtype) for l, p in sorted(files.items())}
+    return TranscoderSet(out, {"path": str(path)}, format="gemmascope" if version == 1 else "gemmascope2")
+
+
+def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32):
+    """EleutherAI sparsify TopK (skip) transcoders, one ``<hookpoint>/`` folder per layer."""
+    from circuitgraph.dictionaries.transcoders import TranscoderSet
+
+    found: dict[int, Path] = {}
+    for sub in sorted(path.iterdir()):
+        if not (sub / "cfg.json").is_file():
+            continue
+        m = re.fullmatch(r"(?:model\.)?(?:layers|h|blocks|transformer\.h)\.(\d+)\.mlp", sub.name)
+        if not m:
+            raise LoadError(f"{sub}: hookpoint {sub.name!r} is not an MLP (expected layers.<i>.mlp, h.<i>.mlp or "
+                            "blocks.<i>.mlp); only transcoders of MLPs are supported")
+        found[int(m.group(1))] = sub
+    found = _select(found, layers, path)
+    out = {}
+    for l, sub in sorted(found.items()):
+        cfg = json.loads((sub / "cfg.json").read_text())
+        if not cfg.get("transcode", False):
+            raise LoadError(f"{sub / 'cfg.json'}: transcode is false: this is a sparse autoencoder, not a transcoder")
+        if cfg.get("activation", "topk") != "topk":
+            raise LoadError(f"{sub / 'cfg.json'}: activation {cfg.get('activation')!r} is not supported (topk only)")
+        t = _load(sub / "sae.safetensors")
+        _need(t, ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), sub / "sae.safetensors")
+        out[l] = _make_layer(adapter, l, sub / "sae.safetensors", W_enc=t["encoder.weight"].T, b_enc=t["encoder.bias"],
+                             W_dec=t["W_dec"], b_dec=t["b_dec"], W_skip=t.get("W_skip"), site="mlp_input",
+                             hook_out="hook_mlp_out", activation="topk", topk=int(cfg["k"]),
+                             architecture="eleuther_topk_" + ("skip_" if "W_skip" in t else "") + "transcoder",
+                             dtype=dtype)
+    if not out:
+        raise LoadError(f"{path}: no <hookpoint>/cfg.json folders (EleutherAI sparsify layout)")
+    return TranscoderSet(out, {"path": str(path)}, format="eleuther_topk")

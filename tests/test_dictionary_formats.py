@@ -1,0 +1,143 @@
+"""Per-layer transcoders in the published layouts: circuit-tracer transcoder_set, GemmaScope,
+GemmaScope-2 and EleutherAI sparsify TopK (skip) transcoders, each from a local folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from circuitgraph.adapters import ModelAdapter
+from circuitgraph.attribution import attribute
+from circuitgraph.dictionaries import detect_format, load_dictionaries
+from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+from circuitgraph.graph.nodes import NodeId
+from circuitgraph.testing.synthetic import random_layer_dictionary, save_bundle, save_layer_dictionary, tiny_model
+
+GPT2 = dict(norm="LN", mlp="gelu", positional="learned", n_layers=2)
+LLAMA = dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2, n_layers=2)
+TOKENS = [1, 5, 7, 9, 4, 3, 11]
+
+CASES = [  # (format, activation, skip)
+    ("circuit_tracer_transcoder_set", "relu", False),
+    ("circuit_tracer_transcoder_set", "jump_relu", True),
+    ("gemmascope", "jump_relu", False),
+    ("gemmascope2", "jump_relu", True),
+    ("eleuther_topk", "topk", True),
+]
+
+
+def _reference(model, raw: list[dict], activation: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Activations and reconstructions straight from the raw tensors, on the MLP input computed
+    from TransformerLens's own cache (gamma2 * ln2.hook_normalized + beta2)."""
+    L = model.cfg.n_layers
+    names = [f"blocks.{l}.ln2.hook_normalized" for l in range(L)]
+    _, cache = model.run_with_cache(torch.tensor([TOKENS]), names_filter=lambda n: n in names)
+    acts, recons = [], []
+    for l, t in enumerate(raw):
+        ln2 = model.blocks[l].ln2
+        x = cache[names[l]][0] * ln2.w + (ln2.b if hasattr(ln2, "b") else 0.0)
+        h = x @ t["W_enc"] + t["b_enc"]
+        if activation == "jump_relu":
+            a = h * (h > t["threshold"])
+        elif activation == "topk":
+            r = torch.relu(h)
+            a = r * torch.zeros_like(r).scatter_(-1, r.topk(t["k"], dim=-1).indices, 1.0)
+        else:
+            a = torch.relu(h)
+        rec = a @ t["W_dec"] + t["b_dec"] + (x @ t["W_skip"].T if "W_skip" in t else 0.0)
+        acts.append(a)
+        recons.append(rec)
+    return acts, recons
+
+
+@pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("fmt,activation,skip", CASES, ids=[f"{f}-{a}{'-skip' if s else ''}" for f, a, s in CASES])
+def test_format_loads_and_is_exact(tmp_path, arch, fmt, activation, skip):
+    model = tiny_model(**arch)
+    raw = random_layer_dictionary(model, activation=activation, skip=skip)
+    d = save_layer_dictionary(tmp_path / fmt, raw, fmt)
+    assert detect_format(d) == fmt
+    adapter = ModelAdapter(model)
+    tcs = load_dictionaries(d, adapter)
+    assert tcs.format == fmt
+    g = attribute(adapter, TOKENS, tcs)
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
+    acts, recons = _reference(model, raw, activation)
+    lin = g.context.linearisation
+    col = g.context.collected
+    n_feat = 0
+    for l in range(model.cfg.n_layers):
+        for t in range(1, len(TOKENS)):
+            for j in acts[l][t].nonzero().flatten().tolist():
+                node = g.node(NodeId("feature", l, t, j))
+                assert abs(node.activation - float(acts[l][t, j])) < 1e-5
+                n_feat += 1
+            (_, _, vec), = col.writer_locations(NodeId("error", l, t, 0))
+            torch.testing.assert_close(vec, lin.mlp_out[l][t] - recons[l][t], atol=2e-5, rtol=0)
+    assert n_feat == sum(n.kind == "feature" for n in g.nodes) > 0
+
+
+def test_transcoder_set_lists_its_files_and_records_the_format(tmp_path):
+    import yaml
+
+    from circuitgraph.pipeline.runner import run
+    from circuitgraph.spec import load_spec
+
+    model = tiny_model(**GPT2)
+    bundle = save_bundle(tmp_path / "b", model)
+    d = save_layer_dictionary(tmp_path / "ts", random_layer_dictionary(model), "circuit_tracer_transcoder_set")
+    (d / "files").mkdir()
+    for i in range(2):
+        (d / f"layer_{i}.safetensors").rename(d / "files" / f"L{i}.safetensors")
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    cfg["transcoders"] = ["files/L0.safetensors", "files/L1.safetensors"]
+    cfg["scan"] = "example-org/example-transcoders"
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "format_version": 1, "model": {"path": str(bundle / "model")},
+        "transcoders": {"path": str(d), "format": "circuit_tracer_transcoder_set"},
+        "prompt": {"tokens": TOKENS}, "targets": [{"top_logits": {"max_n": 2}}],
+        "export": {"json": str(tmp_path / "out" / "g.json"), "neuronpedia": str(tmp_path / "out" / "np.json")}}))
+    result = run(load_spec(spec))
+    assert result.graph.metadata["transcoders"]["format"] == "circuit_tracer_transcoder_set"
+    assert json.loads((tmp_path / "out" / "np.json").read_text())["metadata"]["scan"] == \
+        "example-org/example-transcoders"
+
+
+BAD = [("circuit_tracer_transcoder_set", "missing layer file"), *[(f, w) for f in
+       ("circuit_tracer_transcoder_set", "gemmascope2", "eleuther_topk") for w in ("wrong shape", "NaN weights")]]
+
+
+@pytest.mark.parametrize("fmt,what", BAD, ids=[f"{f}-{w}" for f, w in BAD])
+def test_bad_layer_dictionary_is_one_line_naming_the_file(tmp_path, fmt, what):
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model(**GPT2)
+    act = {"circuit_tracer_transcoder_set": "relu", "gemmascope2": "jump_relu", "eleuther_topk": "topk"}[fmt]
+    d = save_layer_dictionary(tmp_path / fmt, random_layer_dictionary(model, activation=act), fmt)
+    f = {"circuit_tracer_transcoder_set": d / "layer_1.safetensors", "gemmascope2": d / "layer_1" / "params.safetensors",
+         "eleuther_topk": d / "layers.1.mlp" / "sae.safetensors"}[fmt]
+    if what == "missing layer file":  # layer_1 present, layer_0 gone
+        f = d / "layer_0.safetensors"
+        f.unlink()
+    else:
+        t = load_file(str(f))
+        key = next(k for k in t if t[k].ndim == 2 and "skip" not in k)
+        t[key] = t[key][:, :-1].contiguous() if what == "wrong shape" else t[key]
+        if what == "NaN weights":
+            t[key][0, 0] = float("nan")
+        save_file(t, str(f))
+    with pytest.raises((LoadError, ShapeMismatchError, NumericalError)) as info:
+        load_dictionaries(d, ModelAdapter(model))
+    assert f.name in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_folder_names_the_layouts(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "weights.bin").write_text("")
+    with pytest.raises(LoadError, match="no dictionary format recognised"):
+        detect_format(tmp_path / "x")
