@@ -349,8 +349,10 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                   f"{results['peak_bytes_per_edge_assumed']} bytes per edge at the peak, plus the weights and the "
                   "node tables. Above the budget it uses `max_feature_nodes` (the largest of the configured value, "
                   "halved, whose estimate fits); a run that still passes the budget is stopped and retried with "
-                  "half as many feature rows. `circuitgraph run --dry-run`'s own estimate "
-                  "(`circuitgraph.pipeline.estimate.estimate_run`, given the same active fraction) is shown next to it.", "",
+                  "half as many feature rows. `circuitgraph run --dry-run`'s own estimate (run as a command on the "
+                  "same spec: forward pass and node tables measured, edges bounded by what each reader can see, "
+                  "`max_feature_nodes` rows only; `circuitgraph.pipeline.estimate`) is shown next to the measured "
+                  "peak: it should be an upper bound within a small factor.", "",
                   "| run | est. edges (full graph) | edges built | est. peak GB: full graph / run as done | "
                   "dry-run: est. edges, peak GB, fits | measured peak GB |", "|---|---|---|---|---|---|"]
         for r in est:

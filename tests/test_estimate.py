@@ -25,7 +25,7 @@ from circuitgraph.attribution.targets import top_logit_targets
 from circuitgraph.cli.main import EXIT_DOES_NOT_FIT, app
 from circuitgraph.errors import ResourceError
 from circuitgraph.pipeline import estimate
-from circuitgraph.pipeline.estimate import MFN_EDGE_PEAK_BYTES, check_plan, plan_edges
+from circuitgraph.pipeline.estimate import FLOAT64_EXTRA_BYTES, MFN_EDGE_PEAK_BYTES, check_plan, plan_edges
 from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 from tests.test_queries_graphs import stub_transcoders
 
@@ -59,7 +59,7 @@ def test_edge_bound_is_an_upper_bound(mlp, attention):
     if mlp == "transcoders":
         options.max_feature_nodes = 20
         plan = _plan(col, options, n_locs)
-        assert plan.max_feature_nodes == 20 and plan.bytes_per_edge == MFN_EDGE_PEAK_BYTES
+        assert plan.max_feature_nodes == 20 and plan.bytes_per_edge == MFN_EDGE_PEAK_BYTES + FLOAT64_EXTRA_BYTES
         edges, _ = select_and_compute(col, 20, batch_size=8)
         assert edges.target.size <= plan.n_edges_upper < _plan(col, GraphOptions(**{
             **options.__dict__, "max_feature_nodes": None}), n_locs).n_edges_upper
@@ -167,3 +167,22 @@ def test_estimate_bounds_the_measured_peak(tmp_path, shared_bundle, graph):
     est = float(re.search(r"peak at most about ([\d.]+) GB", out["dry"]).group(1)) * 1024**3
     assert est >= out["peak"], (est / 1024**3, out["peak"] / 1024**3)
     assert est <= 2 * out["peak"], (est / 1024**3, out["peak"] / 1024**3)
+
+
+def test_max_feature_nodes_rows_are_watched_as_they_are_computed():
+    """Which rows max_feature_nodes selects is known only as they are computed: the plan gives a
+    lower and an upper bound, the build refuses only when even the narrowest rows cannot fit,
+    and check_rows stops a run whose computed rows show that it will not fit."""
+    from circuitgraph.pipeline.estimate import check_rows, process_memory
+
+    col, options, n_locs = _collected("transcoders", max_feature_nodes=20)
+    plan = _plan(col, options, n_locs)
+    assert plan.n_edges_lower <= plan.n_edges_upper and plan.may_fit
+    plan.limit = plan.bytes_peak_lower  # only the narrowest rows fit
+    assert plan.may_fit and not plan.fits
+    check_plan(plan)  # not refused before the rows are known
+    plan.limit = process_memory() + 10**6
+    with pytest.raises(ResourceError, match=r"after 5 of the 40 rows .* graph\.max_feature_nodes"):
+        check_rows(plan, 5, 5 * 10**5, 40)
+    plan.limit = 10**15
+    check_rows(plan, 5, 5 * 10**5, 40)

@@ -58,8 +58,11 @@ def build_graph(
     if plan.max_feature_nodes is not None:
         from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 
+        from circuitgraph.pipeline.estimate import check_rows
+
         edges, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
-                                             progress=progress)
+                                             progress=progress,
+                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
         nodes, edges, _ = fold_unselected(col, edges, selected)
     else:
         edges = compute_edges(col, batch_size=options.batch_size, progress=progress)

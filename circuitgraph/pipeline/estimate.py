@@ -31,7 +31,7 @@ import numpy as np
 
 from circuitgraph.errors import ResourceError
 
-__all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "available_memory",
+__all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
            "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES"]
 
 #: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored + the
@@ -40,6 +40,8 @@ EDGE_PEAK_BYTES = 48
 #: the same with max_feature_nodes: the computed rows, the ranking rounds' concatenation and
 #: sort of the level keys, and the folding of the unselected features (a sort of the edge keys)
 MFN_EDGE_PEAK_BYTES = 80
+#: more per edge when edges are accumulated in float64 (``graph: {dtype: float64}``)
+FLOAT64_EXTRA_BYTES = 16
 #: share of the available memory a run may plan to use
 USABLE = 0.85
 #: the later stages (scores, pruning, queries, exports) on top of the edges: a fixed allowance
@@ -105,18 +107,38 @@ class EdgePlan:
     base: int
     limit: int
     advice: list[str] = field(default_factory=list)
+    #: with max_feature_nodes: the edges if the narrowest feature rows were selected (which rows
+    #: are selected is known only as they are computed); else equal to ``n_edges_upper``
+    n_edges_lower: int | None = None
 
     @property
     def bytes_edges(self) -> int:
         return self.n_edges_upper * self.bytes_per_edge
 
     @property
+    def bytes_fixed(self) -> int:
+        """Everything but the edges: the measured base and the later stages' allowance."""
+        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES
+
+    @property
     def bytes_peak(self) -> int:
-        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES + self.bytes_edges
+        return self.bytes_fixed + self.bytes_edges
+
+    @property
+    def bytes_peak_lower(self) -> int:
+        lower = self.n_edges_upper if self.n_edges_lower is None else self.n_edges_lower
+        return self.bytes_fixed + lower * self.bytes_per_edge
 
     @property
     def fits(self) -> bool:
+        """The upper bound fits: the run fits."""
         return self.bytes_peak <= self.limit
+
+    @property
+    def may_fit(self) -> bool:
+        """Some selection of the feature rows fits (equal to :attr:`fits` without max_feature_nodes);
+        the run then checks its memory as the rows are computed."""
+        return self.bytes_peak_lower <= self.limit
 
     def refusal(self) -> str:
         return (f"the graph could hold up to {self.n_edges_upper:,} edges; with what is already in memory "
@@ -169,13 +191,15 @@ def _row_bounds(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, rea
     return out
 
 
-def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: int | None) -> tuple[int, int]:
-    """(edges upper bound, rows) when at most ``max_feature_nodes`` feature rows are computed
-    (the ones with the most possible edges: an upper bound whichever are selected)."""
+def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: int | None) -> tuple[int, int, int]:
+    """(edges upper bound, rows, edges lower bound) when at most ``max_feature_nodes`` feature rows
+    are computed: the upper bound takes the rows with the most possible edges (whichever are
+    selected, there are no more), the lower one the rows with the fewest."""
     feat = np.sort(bounds[is_feature])[::-1]
     other = bounds[~is_feature]
     k = feat.size if max_feature_nodes is None else min(max_feature_nodes, feat.size)
-    return int(other.sum() + feat[:k].sum()), int(other.size + k)
+    lower = int(other.sum() + (feat[feat.size - k:].sum() if k else 0))
+    return int(other.sum() + feat[:k].sum()), int(other.size + k), lower
 
 
 def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
@@ -188,19 +212,21 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     n_feat = int(is_feature.sum())
     mfn = options.max_feature_nodes
     selecting = mfn is not None and mfn < n_feat
-    total, rows = _rows_total(bounds, is_feature, mfn if selecting else None)
+    total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
     base = process_memory() if base is None else base
     limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
-    bpe = MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES
+    # 8-byte weights (graph: {dtype: float64}): the stored copy and its working copies
+    extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
+    bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
-                    mfn if selecting else None, base, limit)
+                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None)
     if not plan.fits:
-        plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach)
+        plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra)
     return plan
 
 
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-            bounds: np.ndarray, reach: np.ndarray) -> list[str]:
+            bounds: np.ndarray, reach: np.ndarray, extra: int = 0) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound."""
     room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
     out: list[str] = []
@@ -209,14 +235,14 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         # the largest max_feature_nodes whose rows fit
         feat = np.sort(bounds[is_feature])[::-1]
         fixed = int(bounds[~is_feature].sum())
-        budget = room // MFN_EDGE_PEAK_BYTES - fixed
+        budget = room // (MFN_EDGE_PEAK_BYTES + extra) - fixed
         k = int(np.searchsorted(np.cumsum(feat), budget, side="right")) if budget > 0 else 0
         if k >= 1:
             k = min(k, feat.size - 1) if feat.size > 1 else k
             out.append(f"set graph.max_feature_nodes: {k} (or less)")
     is_neuron = kinds == "neuron"
     if is_neuron.any():
-        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room)
+        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
         if k:
             out.append(f"set graph.neuron_top_k: {k} (or less)")
     # whole-MLP nodes: no MLP readers at all (only the targets read)
@@ -226,13 +252,13 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         coarse[loc] = np.minimum(coarse[loc], 1)
     keep = ~(is_feature | is_neuron)
     if (is_feature | is_neuron).any() and (
-            _row_bounds(coarse, locs[keep], positions[keep], reach).sum() * EDGE_PEAK_BYTES <= room):
+            _row_bounds(coarse, locs[keep], positions[keep], reach).sum() * (EDGE_PEAK_BYTES + extra) <= room):
         out.append("set graph.mlp: mlp (one node per MLP output)")
     return out
 
 
 def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-                          reach: np.ndarray, room: int) -> int:
+                          reach: np.ndarray, room: int, bytes_per_edge: int) -> int:
     """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none)."""
     is_neuron = kinds == "neuron"
     per_site = np.zeros_like(counts)
@@ -249,7 +275,7 @@ def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.nd
         per_reader = _row_bounds(c, site_loc, site_pos, reach)
         total = (readers[site_loc, site_pos] * per_reader).sum() + _row_bounds(c, locs[other], positions[other],
                                                                                  reach).sum()
-        return int(total) * EDGE_PEAK_BYTES
+        return int(total) * bytes_per_edge
 
     lo, hi = 0, int(per_site.max(initial=0))
     while lo < hi:
@@ -262,9 +288,28 @@ def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.nd
 
 
 def check_plan(plan: EdgePlan) -> None:
-    """Refuse an edge sweep that would not fit (:class:`ResourceError` with working advice)."""
-    if not plan.fits:
+    """Refuse an edge sweep that cannot fit (:class:`ResourceError` with working advice).  With
+    ``max_feature_nodes`` a run is refused here only when even the narrowest rows would not fit;
+    :func:`check_rows` then watches the memory as the selected rows are computed."""
+    if not plan.may_fit:
         raise ResourceError(plan.refusal())
+
+
+def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int) -> None:
+    """The guard while ``max_feature_nodes`` rows are computed: measured memory now, plus the
+    remaining rows at the mean width of the rows computed so far and the folding, must fit."""
+    if rows_done <= 0 or rows_done >= rows_total:
+        return
+    width = edges_done / rows_done
+    need = process_memory() + int((rows_total - rows_done) * width * plan.bytes_per_edge)
+    if need <= plan.limit:
+        return
+    # the largest number of rows that fits at the observed width
+    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (plan.n_rows - (plan.max_feature_nodes or 0))
+    advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
+    raise ResourceError(
+        f"after {rows_done} of the {rows_total} rows ({width:,.0f} edges each on average), the run would need "
+        f"about {_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
 
 
 @dataclass
@@ -306,6 +351,10 @@ class RunEstimate:
         out += self.device_lines
         if self.fits:
             out.append("fits: yes")
+        elif p is not None and self.static_fits and self.device_fits and p.may_fit:
+            out.append(f"fits: probably - at most {_gb(p.bytes_peak)} if the widest feature rows are selected, "
+                       f"{_gb(p.bytes_peak_lower)} if the narrowest; which are selected is known only as they are "
+                       "computed, and the run stops with advice if it would pass the memory it may use")
         elif not self.static_fits:
             out.append("fits: NO - the model and dictionaries alone do not fit in the memory available; "
                        "use a machine with more memory")
