@@ -31,6 +31,7 @@ __all__ = [
     "errors",
     "load_graph",
     "load_spec",
+    "open_dataset",
     "run",
 ]
 
@@ -48,6 +49,7 @@ _LAZY = {
     "Spec": ("circuitgraph.spec", "Spec"),
     "load_spec": ("circuitgraph.spec", "load_spec"),
     "errors": ("circuitgraph.errors", None),
+    "open_dataset": ("circuitgraph.datasets.store", "open_dataset"),
 }
 
 

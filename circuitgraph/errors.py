@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CircuitGraphError",
     "SpecError",
+    "DatasetError",
     "LoadError",
     "ShapeMismatchError",
     "TokenError",
@@ -43,6 +44,25 @@ class SpecError(CircuitGraphError):
             text = f"invalid spec: {lines[0]}"
         else:
             text = f"invalid spec ({len(lines)} problems): " + "; ".join(lines)
+        super().__init__(text)
+
+
+class DatasetError(CircuitGraphError):
+    """Rows of a dataset are unusable (bad keys, tokens out of the vocabulary, too long...).
+
+    ``errors`` holds every problem of every row, each as ``(location, message)`` with
+    1-based row numbers; all of them are found before any work starts.
+    """
+
+    def __init__(self, errors: list[tuple[str, str]] | str):
+        if isinstance(errors, str):
+            errors = [("", errors)]
+        self.errors = list(errors)
+        lines = [f"{loc}: {msg}" if loc else msg for loc, msg in self.errors]
+        if len(lines) == 1:
+            text = f"invalid dataset: {lines[0]}"
+        else:
+            text = f"invalid dataset ({len(lines)} problems): " + "; ".join(lines)
         super().__init__(text)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install circuitgraph and everything it needs on a fresh Debian/Ubuntu machine with Python 3.11:
 # Graphviz, Chromium and npm, the CPU build of torch, and the package itself with its test
-# extras.  Idempotent; safe to run again.
+# and dataset extras (pyarrow, pandas, duckdb, ray).  Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,4 +27,4 @@ bash scripts/fetch_viewer_libs.sh || echo "warning: could not fetch the viewer's
 PY="${PYTHON:-python3}"
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build
 "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[test]"
+"$PY" -m pip install -q -e ".[test,dataset]"

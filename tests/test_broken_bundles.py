@@ -97,6 +97,10 @@ def _layer_is_file(bundle: Path) -> None:
     (bundle / "transcoders" / "layer_1").write_text("not a folder")
 
 
+def _layer_unreadable(bundle: Path) -> None:
+    os.chmod(bundle / "transcoders" / "layer_1", 0)
+
+
 def _layer_dangling(bundle: Path) -> None:
     shutil.rmtree(bundle / "transcoders" / "layer_1")
     os.symlink(bundle / "nowhere", bundle / "transcoders" / "layer_1")
@@ -146,9 +150,14 @@ CASES = [
     ("tokenizer pointer binary", _write("model/tokenizer", b"\xff\xfe\x00"), "tokenizer"),
     ("transcoder layer is a file", _layer_is_file, "not a folder"),
     ("transcoder layer dangling link", _layer_dangling, "not a folder"),
+    pytest.param("transcoder layer unreadable", _layer_unreadable, "cannot be read", id="transcoder layer unreadable",
+                 marks=pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                                          reason="permissions do not apply to root")),
     ("transcoder cfg garbage", _write(f"{TC0}/cfg.json", b"{{"), "not valid JSON"),
     ("transcoder cfg a list", _write(f"{TC0}/cfg.json", b"[]"), "JSON object"),
     ("transcoder cfg wrong d_in", _edit_json(f"{TC0}/cfg.json", d_in=16), "layer_0"),
+    ("transcoder cfg without d_sae", _edit_json(f"{TC0}/cfg.json", d_sae=_DROP), "d_sae"),
+    ("transcoder cfg string d_sae", _edit_json(f"{TC0}/cfg.json", d_sae="128"), "d_sae"),
     ("transcoder cfg unknown architecture", _edit_json(f"{TC0}/cfg.json", architecture="banana"), "layer_0"),
     ("transcoder weights truncated", _truncate(f"{TC0}/sae_weights.safetensors", 0.5), "safetensors"),
     ("transcoder weights garbage", _write(f"{TC0}/sae_weights.safetensors", b"\x00" * 64), "safetensors"),
@@ -195,17 +204,24 @@ def test_the_unbroken_bundle_runs(tmp_path):
     assert (tmp_path / "out" / "g.json").is_file()
 
 
-@pytest.mark.parametrize("case,breaker,needle", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case,breaker,needle",
+                         [c if hasattr(c, "marks") else pytest.param(*c, id=c[0]) for c in CASES])
 def test_broken_bundle(tmp_path, case, breaker, needle):
-    spec = _spec(tmp_path, _broken(tmp_path, breaker))
+    bundle = _broken(tmp_path, breaker)
+    spec = _spec(tmp_path, bundle)
     runner = CliRunner()
-    for args in (["validate", str(spec)], ["run", "--dry-run", str(spec)]):
-        res = runner.invoke(app, args)
-        if res.exit_code != 0:
-            _assert_clean(res, "")
-    res = runner.invoke(app, ["run", "-q", str(spec)])
-    _assert_clean(res, needle)
-    assert not (tmp_path / "out").exists(), "a failed run wrote output"
+    try:
+        for args in (["validate", str(spec)], ["run", "--dry-run", str(spec)]):
+            res = runner.invoke(app, args)
+            if res.exit_code != 0:
+                _assert_clean(res, "")
+        res = runner.invoke(app, ["run", "-q", str(spec)])
+        _assert_clean(res, needle)
+        assert not (tmp_path / "out").exists(), "a failed run wrote output"
+    finally:
+        for sub in (bundle / "transcoders").iterdir():
+            if sub.is_dir() and not sub.is_symlink():
+                os.chmod(sub, 0o755)  # so the temporary folder can be removed
 
 
 def _direction(tmp_path: Path, name: str, content) -> Path:

@@ -69,7 +69,9 @@ FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 
 
 def test_every_example_is_tested():
-    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", *FIXTURE_SPECS}  # qk_demo: tests/test_qk.py
+    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", "demo_dataset.yaml",
+                                                           *FIXTURE_SPECS}
+    # qk_demo: tests/test_qk.py; demo_dataset: tests/test_datasets.py
     assert len(FIXTURE_SPECS) >= 2
 
 

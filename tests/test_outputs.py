@@ -154,3 +154,18 @@ def test_graphs_hold_no_absolute_local_paths(tmp_path):
     meta = json.loads((folder / "out" / "g.json").read_text())["metadata"]
     assert meta["spec"]["export"]["json"] == "out/g.json"  # relative to the spec's folder
     assert meta["spec"]["model"]["path"] == "model"  # outside it: the name only
+
+
+def test_a_heatmap_over_a_foreign_file_is_refused(tmp_path):
+    spec = json.loads(_spec(tmp_path).read_text())
+    spec["validate"] = [{"patching": {"corrupted": {"tokens": [1, 36, 37, 24]}, "granularity": "layer",
+                                      "heatmap": "out/patch.png"}}]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "patch.png").write_bytes(b"my picture")
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    res = _run(str(path))
+    assert res.exit_code == 2 and "validate[0].patching.heatmap" in res.output and "--force" in res.output
+    assert (tmp_path / "out" / "patch.png").read_bytes() == b"my picture"
+    OutputSet.record([tmp_path / "out" / "patch.png"])  # as a run that wrote it would
+    assert owned_by_circuitgraph(tmp_path / "out" / "patch.png")

@@ -232,6 +232,13 @@ def check_transcoder_dir(path: str | os.PathLike[str]) -> dict[int, Path]:
         cfg = read_json_file(sub / "cfg.json", "transcoder config")
         if not isinstance(cfg, dict):
             raise LoadError(f"{sub / 'cfg.json'} must hold a JSON object (sae-lens save_model output)")
+        for key in ("d_in", "d_sae", "d_out"):
+            value = cfg.get(key)
+            if value is None and key == "d_out":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
+                raise LoadError(f"{sub / 'cfg.json'}: {key} is {str(value)[:40]}; expected a positive integer "
+                                "(sae-lens save_model output)")
         safetensors_header(sub / "sae_weights.safetensors")
         layer = int(m.group(1))
         if layer in found:

@@ -47,8 +47,10 @@ __all__ = [
     "DemoPrompt",
     "PatchingPair",
     "answer_for",
+    "make_dataset_rows",
     "make_patching_pairs",
     "make_prompts",
+    "write_dataset",
     "make_training_texts",
     "noun_position",
     "vocabulary",
@@ -272,6 +274,38 @@ def make_patching_pairs(
     return pairs
 
 
+def make_dataset_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` dataset rows (``id``, ``prompt``, ``corrupted``) for a dataset run, alternating " an"
+    and " a" prompts; each row's corrupted prompt swaps the noun for one of the other class.
+
+    Ids say the answer: ``"0000-an"``, ``"0001-a"``...  Deterministic in ``seed``.
+
+    >>> [r["id"] for r in make_dataset_rows(3)]
+    ['0000-an', '0001-a', '0002-an']
+    """
+    an = make_patching_pairs((n + 1) // 2, seed=seed, clean_answer=" an")
+    a = make_patching_pairs(n // 2, seed=seed + 1, clean_answer=" a")
+    rows = []
+    for i in range(n):
+        pair = an[i // 2] if i % 2 == 0 else a[i // 2]
+        rows.append({"id": f"{i:04d}-{pair.clean_answer.strip()}", "prompt": pair.clean, "corrupted": pair.corrupted})
+    return rows
+
+
+def write_dataset(path: str, n: int = 300, seed: int = 0) -> str:
+    """Write :func:`make_dataset_rows` as a JSONL dataset file (one row per line); returns the path.
+
+    ``python -m circuitgraph.builtin.demo_task examples/demo_dataset.jsonl --n 300`` writes the
+    dataset of ``examples/demo_dataset.yaml``.
+    """
+    import json
+    from pathlib import Path
+
+    text = "".join(json.dumps(row) + "\n" for row in make_dataset_rows(n, seed))
+    Path(path).write_text(text, encoding="utf-8")
+    return str(path)
+
+
 def noun_position(text: str) -> int:
     """Word index of the task noun in ``text`` (its token position is one more, after ``<bos>``)."""
     return _noun_index(text.split())
@@ -288,3 +322,14 @@ def _noun_index(words: list[str]) -> int:
 def _noun_of(text: str) -> str:
     words = text.split()
     return words[_noun_index(words)]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a JSONL dataset of a/an prompts for a dataset run.")
+    parser.add_argument("path", help="the .jsonl file to write")
+    parser.add_argument("--n", type=int, default=300, help="number of prompts (default 300)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"wrote {write_dataset(args.path, args.n, args.seed)} ({args.n} prompts)")

@@ -7,6 +7,7 @@
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
+    circuitgraph dataset summary DIR
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
 YAML) prints one line ``error: <message>`` to stderr and exits with status 2; ``--debug``
@@ -104,7 +105,8 @@ def run(
                            "changed since it wrote them).")
     ] = False,
 ) -> None:
-    """Run a spec: build the graph, run its queries and checks, write its exports.
+    """Run a spec: build the graph, run its queries and checks, write its exports (or, for a
+    spec with dataset:, every prompt of the dataset and the aggregate).
 
     A query or check that fails is recorded as failed (``status``, ``error``) in the outputs and
     printed; the run still writes everything else and exits 0, or 3 with ``--strict``."""
@@ -227,6 +229,24 @@ def schema(
             from circuitgraph.spec import spec_schema_text
 
             typer.echo(spec_schema_text(), nl=False)
+
+
+dataset_app = typer.Typer(help="Outputs of dataset runs (specs with dataset:).", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("summary")
+def dataset_summary(
+    directory: Annotated[Path, typer.Argument(help="The output folder of a dataset run (export.dataset).",
+                                              show_default=False)],
+    top: Annotated[int, typer.Option("--top", min=1, help="How many top nodes and edges to list.")] = 10,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Summarise a dataset run: prompt counts, score distribution, failures, recurring nodes and edges."""
+    with _reported(debug):
+        from circuitgraph.datasets.store import open_dataset
+
+        _echo_lines(open_dataset(directory).summary_lines(top=top))
 
 
 def main() -> None:

@@ -69,6 +69,11 @@ def owned_by_circuitgraph(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+def _key(kind: str) -> str:
+    """The spec key of an output: ``json`` -> ``export.json``; a full location is kept."""
+    return kind if "." in kind else f"export.{kind}"
+
+
 class OutputSet:
     """The files one run writes, written all together or not at all (see the module doc)."""
 
@@ -85,24 +90,24 @@ class OutputSet:
         seen: dict[Path, str] = {}
         for kind, dest in self.outputs.items():
             if dest in seen:
-                raise ExportError(f"export.{kind} and export.{seen[dest]} are the same file {dest}; give each "
+                raise ExportError(f"{_key(kind)} and {_key(seen[dest])} are the same file {dest}; give each "
                                   "export its own file")
             seen[dest] = kind
             if dest.is_dir():
-                raise ExportError(f"export.{kind}: {dest} is a folder; give a file path")
+                raise ExportError(f"{_key(kind)}: {dest} is a folder; give a file path")
             parent = dest.parent
             existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
             if existing is not None and not existing.is_dir():
-                raise ExportError(f"export.{kind}: cannot create the folder {parent}: {existing} is a file")
+                raise ExportError(f"{_key(kind)}: cannot create the folder {parent}: {existing} is a file")
             if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-                raise ExportError(f"export.{kind}: cannot write in {existing} (permissions)")
+                raise ExportError(f"{_key(kind)}: cannot write in {existing} (permissions)")
             if (dest.exists() or dest.is_symlink()) and not self.force:
                 if dest.is_symlink() or not dest.is_file():
-                    raise ExportError(f"export.{kind}: {dest} exists and is not a regular file; remove it or "
+                    raise ExportError(f"{_key(kind)}: {dest} exists and is not a regular file; remove it or "
                                       "choose another path")
                 if not owned_by_circuitgraph(dest):
                     raise ExportError(
-                        f"export.{kind}: {dest} exists and was not written by circuitgraph (or was changed since); "
+                        f"{_key(kind)}: {dest} exists and was not written by circuitgraph (or was changed since); "
                         "choose another path, remove it, or pass --force (force=True) to replace it"
                     )
 
@@ -164,11 +169,15 @@ class OutputSet:
             with contextlib.suppress(OSError):
                 os.unlink(backup)
         self._staged.clear()
-        self._record(moved)
+        self.record(moved)
 
-    def _record(self, written: list[Path]) -> None:
+    @staticmethod
+    def record(written: list[Path]) -> None:
+        """Note ``written`` (files circuitgraph just wrote) in their folders' manifests, so the next
+        run may replace them."""
         from circuitgraph._io import atomic_write_text
 
+        written = [Path(os.path.abspath(p)) for p in written]
         by_folder: dict[Path, list[Path]] = {}
         for dest in written:
             by_folder.setdefault(dest.parent, []).append(dest)

@@ -217,11 +217,15 @@ class Prepared:
     metadata: dict[str, Any]
 
 
-def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
-    """Load inputs and build the unpruned graph of a spec (no queries, no exports)."""
+def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
+    """Load inputs and build the unpruned graph of a spec (no queries, no exports).
+
+    ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
+    dictionaries (dataset workers load them once and reuse them for every prompt).
+    """
     from circuitgraph.attribution.build import build_graph
 
-    p = prepare(spec)
+    p = prepare(spec, inputs=inputs)
     bar, update = _progress_bar(progress, "attribution")
     try:
         graph = build_graph(p.adapter, p.lin, p.transcoders, p.targets, p.options, progress=update,
@@ -232,8 +236,9 @@ def build(spec: Any, *, progress: bool = False) -> AttributionGraph:
     return graph
 
 
-def prepare(spec: Any) -> Prepared:
-    """Load the model and dictionaries, run the forward pass, resolve targets and options."""
+def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
+    """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
+    resolve targets and options."""
     from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
@@ -242,7 +247,7 @@ def prepare(spec: Any) -> Prepared:
 
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
-    adapter, tcs = load_inputs(spec)
+    adapter, tcs = load_inputs(spec) if inputs is None else inputs
     check_layer_keys(spec, adapter.facts.n_layers)
     run_warnings: list[str] = []
     with _recorded_warnings(run_warnings):
@@ -326,22 +331,31 @@ def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
+def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any = None) -> Any:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
     The exports are written together or not at all (:class:`~circuitgraph.export.outputs.OutputSet`);
     an existing file at an export path that circuitgraph did not write is refused before any
     work unless ``force`` is true.
+
+    A spec with ``dataset:`` runs every prompt of the dataset and returns a
+    :class:`~circuitgraph.datasets.DatasetRunResult` (see docs/dataset.md); otherwise the result
+    is a :class:`RunResult`.  ``inputs``: see :func:`build`.
     """
     from circuitgraph.export.outputs import OutputSet
     from circuitgraph.spec import load_spec
 
     spec = load_spec(spec)
+    if spec.is_dataset:
+        from circuitgraph.datasets import run_dataset
+
+        return run_dataset(spec, progress=progress)
     _check_outputs(spec)
-    OutputSet(spec.export.outputs(), force=force).check()
+    heatmaps = _heatmap_outputs(spec)
+    OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    full = build(spec, progress=progress)
+    full = build(spec, progress=progress, inputs=inputs)
     timings["graph"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -386,6 +400,7 @@ def run(spec: Any, *, progress: bool = False, force: bool = False) -> RunResult:
             validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
                                "result": res})
         timings["validation"] = time.perf_counter() - t0
+        OutputSet.record([path for path in heatmaps.values() if Path(path).is_file()])
     if graph is not full:
         graph.metadata["warnings"] = list(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
@@ -409,6 +424,12 @@ def _attach_scores(graph: AttributionGraph) -> None:
     scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
+
+
+def _heatmap_outputs(spec: Any) -> dict[str, Path]:
+    """The image files validation checks write (``patching.heatmap``), checked like exports."""
+    return {f"validate[{i}].patching.heatmap": c.params.heatmap for i, c in enumerate(spec.validate)
+            if c.kind == "patching" and getattr(c.params, "heatmap", None) is not None}
 
 
 def spec_base_dir(spec: Any) -> Path | None:
@@ -495,4 +516,12 @@ def dry_run(spec: Any) -> list[str]:
     from circuitgraph.adapters.files import check_input_files
 
     check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
+    if spec.is_dataset:
+        from circuitgraph.datasets.rows import load_rows
+
+        rows = load_rows(spec)
+        longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
+        one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
+        return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
+                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(one).lines()
     return estimate_run(spec).lines()

@@ -6,9 +6,9 @@ import os
 import warnings
 from pathlib import Path
 
-from pydantic import Field, model_validator
-
 from typing import Literal
+
+from pydantic import Field, model_validator
 
 from circuitgraph.spec.base import Bool, InputPath, OutputPath, PositiveInt, StrictModel, rule_error
 from circuitgraph.spec.filters import NodeFilter
@@ -56,6 +56,13 @@ with warnings.catch_warnings():
         html: OutputPath | None = Field(
             None, description="One self-contained HTML report: diagram, spec, identity, scores, every query "
             "and validation result, heat maps and control distributions, exactness checks.")
+        dataset: OutputPath | None = Field(
+            None, description="Dataset runs: the output folder (graphs/, results/, manifest.parquet, nodes.parquet, "
+            "edges.parquet)."
+        )
+        dataset_format: Literal["binary", "json"] = Field(
+            "binary", description="Dataset runs: each prompt's graph as binary .npz (default) or pruned graph JSON."
+        )
         max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
         diagram: DiagramSpec = Field(default_factory=DiagramSpec, description="How diagrams are drawn.")
         qk_inset: Bool = Field(False, description="Draw the results of the qk queries in the diagrams (svg, png, "

@@ -306,7 +306,8 @@ def check_inputs(spec: Spec) -> list[tuple[str, str]]:
     """Problems with the files a spec reads, found without loading anything.
 
     Checks that ``model.path`` holds ``config.json`` and ``model.safetensors``, that
-    ``transcoders.path`` is a folder, and that direction files exist.
+    ``transcoders.path`` is a folder, that direction files exist, and that the rows of a
+    ``dataset:`` file are well formed (checks against the model happen when it runs).
     """
     problems: list[tuple[str, str]] = []
     model = spec.model
@@ -323,4 +324,14 @@ def check_inputs(spec: Spec) -> list[tuple[str, str]]:
     for i, target in enumerate(spec.targets):
         if target.kind == "direction" and target.params.file is not None and not target.params.file.is_file():
             problems.append((f"targets[{i}].direction.file", f"direction file not found: {target.params.file}"))
+    if spec.dataset is not None:
+        from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
+
+        if isinstance(spec.dataset, tuple):
+            raw, read_problems = list(spec.dataset), []
+        else:
+            raw, read_problems = read_dataset_rows(Path(spec.dataset))
+        problems += [(f"dataset: {loc}" if loc != "dataset" else loc, msg) for loc, msg in read_problems]
+        if raw:
+            problems += [(f"dataset: {loc}", msg) for loc, msg in parse_rows(raw)[1]]
     return problems

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from circuitgraph.spec.base import RULE_ERROR, StrictModel, _short, rule_error
+from circuitgraph.errors import SpecError
+from circuitgraph.spec.base import RULE_ERROR, InputPath, StrictModel, _short, rule_error
+from circuitgraph.spec.dataset import AggregateSpec, ExecutorSpec
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
 from circuitgraph.spec.model import ModelSpec, TranscodersSpec
@@ -38,6 +40,9 @@ def _exact_version(value: Any) -> Any:
 #: a random seed: an integer (never a bool or a float) that torch accepts
 Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
 
+MISSING_PROMPT = ("missing required key 'prompt' (one prompt), or give dataset: (a .jsonl/.csv file or a list "
+                  "of rows) for many")
+
 
 def _default_targets() -> tuple[Target, ...]:
     return (TopLogitsTarget(),)
@@ -62,7 +67,13 @@ with warnings.catch_warnings():
         seed: Seed = Field(0, description="Random seed (control sets, sampling), 0 to 2**63-1.")
         model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
         transcoders: TranscodersSpec | None = Field(None, description="Transcoders: exactly one of path, release.")
-        prompt: Prompt = Field(description="The prompt: a string, {text, prepend_bos} or {tokens: [...]}.")
+        prompt: Prompt | None = Field(
+            None, description="The prompt: a string, {text, prepend_bos} or {tokens: [...]} (or give dataset:)."
+        )
+        dataset: Union[InputPath, tuple[dict[str, Any], ...], None] = Field(
+            None, description="Many prompts instead of prompt: a .jsonl/.csv file or an inline list of rows "
+            "{prompt | tokens, targets?, corrupted?, id?}.",
+        )
         targets: tuple[Target, ...] = Field(
             default_factory=_default_targets, min_length=1, description="What the graph explains."
         )
@@ -71,6 +82,8 @@ with warnings.catch_warnings():
         queries: tuple[Query, ...] = Field((), description="Queries run on the graph.")
         validate: tuple[Check, ...] = Field((), description="Checks against the real model.")
         export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
+        aggregate: AggregateSpec | None = Field(None, description="Dataset runs: how per-prompt graphs are aggregated.")
+        executor: ExecutorSpec | None = Field(None, description="Dataset runs: local processes or Ray.")
         #: the folder relative paths were resolved against (the spec file's folder), when known
         _base_dir: Path | None = PrivateAttr(default=None)
 
@@ -83,6 +96,61 @@ with warnings.catch_warnings():
         def pruning(self) -> PruneSpec | None:
             """The pruning settings, or ``None`` for ``prune: none``."""
             return self.prune if isinstance(self.prune, PruneSpec) else None
+
+        @property
+        def is_dataset(self) -> bool:
+            """Whether this spec runs a dataset (``dataset:``) rather than one prompt."""
+            return self.dataset is not None
+
+        def _dataset_checks(self) -> list[tuple[str, str]]:
+            problems: list[tuple[str, str]] = []
+            if self.prompt is None and self.dataset is None:
+                problems.append(("prompt", MISSING_PROMPT))
+            elif self.prompt is not None and self.dataset is not None:
+                problems.append(("dataset", "give prompt: (one prompt) or dataset: (many), not both"))
+            patching = [i for i, c in enumerate(self.validate) if c.kind == "patching"]
+            if self.dataset is None:
+                for key in ("aggregate", "executor"):
+                    if getattr(self, key) is not None:
+                        problems.append((key, f"{key}: is only used with dataset:; remove it or give a dataset"))
+                if self.export.dataset is not None:
+                    problems.append(("export.dataset", "export.dataset is the output folder of a dataset run; "
+                                                       "give dataset: or use export.json/graph for one prompt"))
+                for i in patching:
+                    if self.validate[i].params.corrupted is None:
+                        problems.append((f"validate[{i}].patching.corrupted",
+                                         "missing required key 'corrupted' (the corrupted prompt)"))
+                return problems
+            if self.export.dataset is None:
+                problems.append(("export.dataset", "a dataset run needs an output folder: add export: {dataset: DIR}"))
+            single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
+                      if getattr(self.export, k, None)]
+            if single:
+                problems.append((f"export.{single[0]}", f"export.{', '.join(single)} write one graph; a dataset run "
+                                 "writes every graph under export.dataset (dataset_format: binary or json)"))
+            for i in patching:
+                p = self.validate[i].params
+                if p.clean is not None:
+                    problems.append((f"validate[{i}].patching.clean", "in a dataset run clean is each row's prompt; "
+                                     "remove clean"))
+                if p.heatmap is not None:
+                    problems.append((f"validate[{i}].patching.heatmap", "heat maps are not drawn in dataset runs "
+                                     "(one file per prompt); remove heatmap"))
+            return problems
+
+        @model_validator(mode="wrap")
+        @classmethod
+        def _prompt_or_dataset(cls, data: Any, handler: Any) -> Any:
+            # a missing prompt is reported with the other problems, not only once they are fixed
+            try:
+                return handler(data)
+            except ValidationError as exc:
+                if not isinstance(data, dict) or "prompt" in data or "dataset" in data:
+                    raise
+                from circuitgraph.spec.messages import format_validation_error
+
+                problems = format_validation_error(exc, cls, data) + [("prompt", MISSING_PROMPT)]
+                raise SpecError(problems) from None
 
         @model_validator(mode="after")
         def _targets_not_zero(self) -> "Spec":
@@ -103,7 +171,7 @@ with warnings.catch_warnings():
 
         @model_validator(mode="after")
         def _cross_checks(self) -> "Spec":
-            problems: list[tuple[str, str]] = []
+            problems: list[tuple[str, str]] = self._dataset_checks()
             has_tc = self.transcoders is not None
             available = self.transcoders.available_layers() if self.transcoders is not None else None
             named = self.graph.transcoder_layers_named()
@@ -153,7 +221,10 @@ with warnings.catch_warnings():
             """One line: model, prompt, targets, graph, queries, checks, exports."""
             m = self.model
             model = {"path": f"path {m.path}", "name": f"name {m.name}", "builtin": f"builtin {m.builtin}"}[m.source]
-            if isinstance(self.prompt, TextPrompt):
+            if self.dataset is not None:
+                prompt = f"dataset {self.dataset}" if not isinstance(self.dataset, tuple) else (
+                    f"dataset of {len(self.dataset)} inline rows")
+            elif isinstance(self.prompt, TextPrompt):
                 text = self.prompt.text if len(self.prompt.text) <= 40 else self.prompt.text[:37] + "..."
                 prompt = repr(text)
             else:
@@ -161,7 +232,7 @@ with warnings.catch_warnings():
             parts = [
                 f"model {model}",
                 f"transcoders {self.transcoders.source}" if self.transcoders else "no transcoders",
-                f"prompt {prompt}",
+                prompt if self.dataset is not None else f"prompt {prompt}",
                 f"graph mlp {self.graph.mlp or 'default'}, attention {self.graph.attention}",
                 f"targets {', '.join(t.kind for t in self.targets)}",
                 f"queries {', '.join(q.kind for q in self.queries) or 'none'}",

@@ -204,7 +204,10 @@ class Patching(StrictModel):
     (patched - corrupted) / (clean - corrupted) of ``metric`` (default: the first target)."""
 
     clean: Prompt | None = Field(None, description="The clean prompt (null = the main prompt).")
-    corrupted: Prompt = Field(description="The corrupted prompt; same number of tokens as clean.")
+    corrupted: Prompt | None = Field(
+        None, description="The corrupted prompt; same number of tokens as clean (required, except in a dataset "
+        "run whose rows give corrupted:)."
+    )
     metric: Metric | None = Field(None, description="{logit_diff: [a, b]} or {logit: a} (null = the first target).")
     granularity: Annotated[
         tuple[Granularity, ...],
