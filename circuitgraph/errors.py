@@ -29,6 +29,12 @@ class CircuitGraphError(Exception):
     """Base class of every error circuitgraph raises on bad input."""
 
 
+def _one_line(text: str) -> str:
+    """Control characters (a newline inside a key or value of the spec) written as escapes, so
+    the message stays on one line."""
+    return "".join(repr(c)[1:-1] if c < " " or c == "\x7f" else c for c in text)
+
+
 class SpecError(CircuitGraphError):
     """The spec is malformed: unknown keys, wrong types, bad values.
 
@@ -39,7 +45,7 @@ class SpecError(CircuitGraphError):
         if isinstance(errors, str):
             errors = [("", errors)]
         self.errors = list(errors)
-        lines = [f"{loc}: {msg}" if loc else msg for loc, msg in self.errors]
+        lines = [_one_line(f"{loc}: {msg}" if loc else msg) for loc, msg in self.errors]
         if len(lines) == 1:
             text = f"invalid spec: {lines[0]}"
         else:
@@ -58,7 +64,7 @@ class DatasetError(CircuitGraphError):
         if isinstance(errors, str):
             errors = [("", errors)]
         self.errors = list(errors)
-        lines = [f"{loc}: {msg}" if loc else msg for loc, msg in self.errors]
+        lines = [_one_line(f"{loc}: {msg}" if loc else msg) for loc, msg in self.errors]
         if len(lines) == 1:
             text = f"invalid dataset: {lines[0]}"
         else:

@@ -45,6 +45,12 @@ def test_demo_spec(tmp_path):
     assert (tmp_path / "patching.png").read_bytes().startswith(b"\x89PNG")
     if "svg" in spec["export"]:
         assert "<svg" in (tmp_path / "graph.svg").read_text()
+    # the Neuronpedia export: schema, influence everywhere, the logit difference on the output row
+    from tests.test_neuronpedia import check_viewer_invariants
+
+    np_doc = json.loads((tmp_path / "neuronpedia.json").read_text())
+    check_viewer_invariants(np_doc, result.full_graph.metadata["n_layers"])
+    assert [n["clerp"] for n in np_doc["nodes"] if n["is_target_logit"]] == ['Output " an -  a" (p=1.000)']
 
 
 def test_demo_clt_spec(tmp_path):
@@ -83,3 +89,10 @@ def test_fixture_example_runs(tmp_path, name):
     assert result.full_graph.check_completeness().max_violation < 1e-5
     doc = json.loads((tmp_path / "graph.json").read_text())
     assert len(doc["queries"]) == len(spec.queries)
+    # the Neuronpedia export of every fixture example (heads, neurons, biases, a neuron target...)
+    from circuitgraph.export.neuronpedia import graph_to_neuronpedia
+    from tests.test_neuronpedia import check_viewer_invariants
+
+    np_doc = graph_to_neuronpedia(result.graph, full_graph=result.full_graph)
+    check_viewer_invariants(np_doc, result.full_graph.metadata["n_layers"])
+    assert sum(n["is_target_logit"] for n in np_doc["nodes"]) == len(result.graph.targets)

@@ -203,3 +203,33 @@ def test_fuzzed_graph_documents_load_or_fail_cleanly(edits):
     assert all(np.isfinite(n.activation) for n in graph.nodes)
     assert all(t in graph for t, _ in graph.targets)
     graph.to_dot()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.sampled_from(ALL_PATHS), JSON_VALUES, st.booleans()), min_size=1, max_size=2))
+def test_fuzzed_graph_files_through_render(tmp_path, edits):
+    """The same mutations through `circuitgraph render`: exit 0 with a diagram, or exit 2 with one line."""
+    doc = copy.deepcopy(VALID)
+    for path, value, delete in edits:
+        node = doc
+        try:
+            for part in path[:-1]:
+                node = node[part]
+            if delete:
+                del node[path[-1]]
+            else:
+                node[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    graph_file = tmp_path / "g.json"
+    graph_file.write_text(json.dumps(doc))
+    out = tmp_path / "g.svg"
+    if out.exists():
+        out.unlink()
+    res = CliRunner().invoke(app, ["render", str(graph_file), "-o", str(out)])
+    if res.exit_code == 0:
+        assert out.is_file()
+    else:
+        assert res.exit_code == 2, (res.output, repr(res.exception))
+        assert len(res.output.strip().splitlines()) == 1 and res.output.startswith("error: ")

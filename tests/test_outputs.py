@@ -146,10 +146,14 @@ def test_same_path_twice_and_bad_suffixes_are_spec_errors(tmp_path):
 def test_graphs_hold_no_absolute_local_paths(tmp_path):
     folder = tmp_path / "project"
     folder.mkdir()
-    spec = _spec(folder, json="out/g.json", neuronpedia="out/np.json")
+    spec = _spec(folder, json="out/g.json", neuronpedia="out/np.json", html="out/r.html", graph="out/g.npz")
     assert _run(str(spec)).exit_code == 0
-    for name in ("g.json", "np.json"):
-        text = (folder / "out" / name).read_text()
+    import numpy as np
+
+    with np.load(folder / "out" / "g.npz") as archive:
+        header = archive["header"].tobytes().decode("utf-8")
+    for name, text in (("g.json", None), ("np.json", None), ("r.html", None), ("g.npz", header)):
+        text = text if text is not None else (folder / "out" / name).read_text()
         assert str(tmp_path) not in text and str(BUNDLE.parent) not in text, name
     meta = json.loads((folder / "out" / "g.json").read_text())["metadata"]
     assert meta["spec"]["export"]["json"] == "out/g.json"  # relative to the spec's folder

@@ -40,7 +40,9 @@ def report_run():
     spec = fixture_spec(
         "example-gpt2",
         queries=[{"scores": {}}, {"influence": {"top_k": 5}}, {"top_paths": {"source": {"kind": "embedding"}, "k": 3}}],
-        validate=[{"ablate": {"nodes": "top_nodes", "k": 3, "controls": ["matched_magnitude"], "n_controls": 8}}],
+        validate=[{"ablate": {"nodes": "top_nodes", "k": 3, "controls": ["matched_magnitude"], "n_controls": 8}},
+                  {"patching": {"corrupted": {"tokens": [1, 36, 37, 23, 55, 35, 37, 20, 36, 31]},
+                                "granularity": ["layer"]}}],
     )
     return run(spec)
 
@@ -73,7 +75,8 @@ def test_report_renders_in_chromium_with_diagram_and_tables(tmp_path):
     assert dom.count('class="node"') >= 10  # the inline SVG diagram's nodes
     assert "influence" in dom and "activation" in dom  # node tooltips (hover)
     assert "tiny-gpt2-s100" in dom and "replacement_score" in dom
-    assert "data:image/png;base64," in dom  # the control distribution, inline
+    assert 'alt="control distribution' in dom and 'alt="validation 1: patching heat map"' in dom  # inline images
+    assert dom.count("data:image/png;base64,") >= 2
     shot = tmp_path / "report.png"
     run_chromium(path.as_uri(), screenshot=shot, window=(1280, 1600))
     image = Image.open(shot).convert("L")
@@ -142,10 +145,16 @@ def test_reprs_are_one_short_line_and_html_displays():
 
 
 def test_to_json_returns_the_path(tmp_path):
-    g = report_run().graph
+    result = report_run()
+    g = result.graph
     path = tmp_path / "g.json"
     assert g.to_json(path) == str(path) and path.is_file()
     assert g.to_json().startswith("{")
+    assert result.to_json(tmp_path / "run.json") == str(tmp_path / "run.json")
+    assert len(json.loads((tmp_path / "run.json").read_text())["queries"]) == 3
+    q = result.queries[0]["result"]
+    assert q.to_json(tmp_path / "q.json") == str(tmp_path / "q.json")
+    assert json.loads((tmp_path / "q.json").read_text()) == json.loads(q.to_json())
 
 
 def test_every_query_result_has_a_dataframe():

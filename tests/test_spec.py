@@ -419,7 +419,7 @@ def test_target_errors(targets, location, words):
         ({"model": {"name": "gpt2", "dtype": "float8"}}, "model.dtype", ["float32"]),
         ({"transcoders": {"release": "r"}}, "transcoders.ids", ["release needs ids"]),
         ({"transcoders": {"path": "p", "ids": {0: "a"}}}, "transcoders.ids", ["only used with release"]),
-        ({"transcoders": {"path": "p", "release": "r"}}, "transcoders", ["exactly one of path, release or builtin"]),
+        ({"transcoders": {"path": "p", "release": "r"}}, "transcoders", ["exactly one of path, release, builtin or hf"]),
         ({"transcoders": {"release": "r", "ids": {"x": "a"}}}, "transcoders.ids.x", ["layer numbers"]),
         ({"transcoders": {"release": "r", "ids": {0: "a"}, "layers": [0, 2]}}, "transcoders.layers", ["[2]"]),
         ({"graph": {"mlp": "transcoders"}}, "graph.mlp", ["needs a transcoders section"]),

@@ -13,7 +13,7 @@ from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.errors import LoadError
 
-__all__ = ["load_model_dir", "load_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
+__all__ = ["load_model_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -125,6 +125,30 @@ def _load_safetensors(weights: Path) -> dict[str, torch.Tensor]:
                         "re-save the weights with safetensors.torch.save_file") from None
 
 
+def resolve_model_name(name: str) -> str:
+    """TransformerLens's official name for ``name``: its own names and aliases, or a family
+    name matched case-insensitively to an official name or its last part (``llama-3.2-1b`` ->
+    ``meta-llama/Llama-3.2-1B``, ``gemma-2-2b`` -> ``google/gemma-2-2b``, ``qwen3-0.6b`` ->
+    ``Qwen/Qwen3-0.6B``)."""
+    import difflib
+
+    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
+
+    try:
+        return get_official_model_name(name)
+    except ValueError:
+        pass
+    low = name.lower()
+    hits = [n for n in OFFICIAL_MODEL_NAMES if n.lower() == low or n.split("/")[-1].lower() == low]
+    if len(hits) == 1:
+        return hits[0]
+    family = sorted(n for n in OFFICIAL_MODEL_NAMES if n.split("/")[-1].lower().startswith(low))
+    close = family[:8] or difflib.get_close_matches(name, OFFICIAL_MODEL_NAMES, n=5, cutoff=0.5)
+    raise LoadError(f"model name {name!r} is not a TransformerLens model; "
+                    + (f"did you mean one of {', '.join(close)}?" if close else
+                       "see transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"))
+
+
 def load_model_name(
     name: str,
     *,
@@ -135,9 +159,14 @@ def load_model_name(
     center_unembed: bool = False,
     trust_remote_code: bool = False,
 ) -> ModelAdapter:
-    """A TransformerLens pretrained model by name (needs the Hugging Face hub)."""
+    """A TransformerLens pretrained model by name, or by a family name such as ``llama-3.2-1b``
+    (:func:`resolve_model_name`), from the hub or the local Hugging Face cache
+    (``HF_HUB_OFFLINE=1``: cached files only)."""
+    import os
+
     from transformer_lens import HookedTransformer
 
+    name = resolve_model_name(name)
     try:
         model = HookedTransformer.from_pretrained(
             name,
@@ -150,6 +179,16 @@ def load_model_name(
         )
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            from transformer_lens.loading_from_pretrained import get_official_model_name
+
+            repo = get_official_model_name(name)
+            raise LoadError(
+                f"could not load pretrained model {name!r}: it is not (completely) in the local Hugging Face cache "
+                f"and HF_HUB_OFFLINE is set ({type(exc).__name__}: {msg[:200]}); download it with "
+                f"`huggingface-cli download {repo}`, "
+                "or save the model locally and use model: {path: DIR}"
+            ) from None
         raise LoadError(
             f"could not load pretrained model {name!r} ({type(exc).__name__}: {msg}); "
             "this needs the Hugging Face hub: check the name and your connection, "

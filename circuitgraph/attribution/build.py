@@ -35,7 +35,8 @@ class AttributionContext:
         :func:`circuitgraph.attribution.engine.attribute_directions`."""
         from circuitgraph.attribution.engine import attribute_directions
 
-        return attribute_directions(self.collected, location, positions, directions, own_constants)
+        return attribute_directions(self.collected, location, positions, directions, own_constants,
+                                    batch_size=self.options.batch_size)
 
 
 def build_graph(

@@ -132,13 +132,14 @@ def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.n
 class DirectionEdges:
     """Edges from every writer node into ad-hoc readers (see :func:`attribute_directions`).
 
-    ``reader[e]`` indexes the directions, ``writer[e]`` is the writer's node id (as attributed:
-    before ``max_feature_nodes`` folding), ``weight[e]`` the edge; ``constants[i]`` splits reader
-    ``i``'s constant by origin: ``{location: value}`` with ``-1`` for its own constant.
+    ``reader[e]`` indexes the directions, ``writer[e]`` indexes ``writer_ids`` (node ids as
+    attributed: before ``max_feature_nodes`` folding), ``weight[e]`` is the edge; ``constants[i]``
+    splits reader ``i``'s constant by origin: ``{location: value}`` with ``-1`` for its own constant.
     """
 
     reader: np.ndarray
-    writer: list
+    writer: np.ndarray
+    writer_ids: list
     weight: np.ndarray
     constants: list[dict[int, float]]
 
@@ -150,6 +151,8 @@ def attribute_directions(
     positions: Sequence[int],
     directions: torch.Tensor,
     own_constants: Sequence[float],
+    *,
+    batch_size: int = 256,
 ) -> DirectionEdges:
     """Every writer's contribution to readers that are not nodes: reader ``i`` reads
     ``directions[i] . x(location, positions[i]) + own_constants[i]`` in the frozen model.
@@ -164,7 +167,8 @@ def attribute_directions(
         table.add(i, int(location), int(t), g, float(c))
     n = len(table.rows)
     parts: dict[int, dict[int, float]] = {}
-    edges = compute_edges(replace(col, readers=table), batch_size=max(n, 1), constant_parts=parts)
+    edges = compute_edges(replace(col, readers=table), batch_size=batch_size, constant_parts=parts)
     constants = [parts.get(i, {-1: float(own_constants[i])}) for i in range(n)]
-    writer = [col.nodes[r].id for r in edges.source.tolist()]
-    return DirectionEdges(edges.target.astype(np.int64), writer, edges.weight, constants)
+    rows, writer = np.unique(edges.source, return_inverse=True)
+    return DirectionEdges(edges.target.astype(np.int64), writer.astype(np.int64).reshape(-1),
+                          [col.nodes[r].id for r in rows.tolist()], edges.weight, constants)

@@ -255,9 +255,18 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
                      "details": json.dumps(model.get("architecture", {}), default=str)})
     tcs = graph.metadata.get("transcoders")
     if tcs:
-        rows.append({"what": "dictionaries", "name": (tcs.get("kind") if isinstance(tcs, Mapping) else None),
+        details: Any = tcs
+        if isinstance(tcs, Mapping):
+            # per-layer facts; each layer's file path is left out (the source above names the files)
+            details = {k: v for k, v in tcs.items() if k not in ("source", "layers")}
+            layers = tcs.get("layers")
+            if isinstance(layers, list):
+                details["layers"] = [{k: v for k, v in layer.items() if k != "source"} if isinstance(layer, Mapping)
+                                     else layer for layer in layers]
+        rows.append({"what": "dictionaries", "name": (tcs.get("format") or tcs.get("kind")) if isinstance(tcs, Mapping)
+                     else None,
                      "source": json.dumps(tcs.get("source") if isinstance(tcs, Mapping) else tcs, default=str),
-                     "details": json.dumps(tcs, default=str)[:600]})
+                     "details": json.dumps(details, default=str)[:800]})
     versions = graph.metadata.get("versions")
     if isinstance(versions, Mapping):
         rows.append({"what": "versions", "name": "", "source": "",
@@ -280,6 +289,9 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
         graph, full = source.graph, source.full_graph
         queries, validation = source.queries, source.validation
         spec = source.spec.model_dump(mode="json") if hasattr(source.spec, "model_dump") else source.spec
+        from circuitgraph.pipeline.portable import portable_paths
+
+        spec = portable_paths(spec, getattr(source.spec, "base_dir", None))  # no local folders in a report
         stored_q, stored_v = [], []
     prompt = graph.metadata.get("prompt", "")
     title = title or f"circuitgraph report: {prompt}"

@@ -45,6 +45,11 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
 
             tcs = load_dictionaries(t.path, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
                                     dtype=tc_dtype)
+        elif t.source == "hf":
+            from circuitgraph.dictionaries.hub import load_hf_dictionaries
+
+            tcs = load_hf_dictionaries(t.hf, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
+                                       dtype=tc_dtype)
         elif t.source == "release":
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
             tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)

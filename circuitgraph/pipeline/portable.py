@@ -16,8 +16,8 @@ from typing import Any
 __all__ = ["portable_paths", "PATH_KEYS"]
 
 #: keys whose string values are file system paths
-PATH_KEYS = frozenset({"path", "file", "json", "dot", "svg", "png", "neuronpedia", "graph", "heatmap", "source",
-                       "reference_file"})
+PATH_KEYS = frozenset({"path", "file", "json", "dot", "svg", "png", "neuronpedia", "graph", "html", "heatmap",
+                       "source", "labels", "reference_file"})
 
 
 def _portable(text: str, base: Path | None) -> str:

@@ -74,7 +74,9 @@ class RunResult:
                                   "are not in this (pruned) graph")
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
-        return out
+        from circuitgraph.pipeline.portable import portable_paths
+
+        return portable_paths(out, spec_base_dir(self.spec))  # no local folders in shared results
 
     def __repr__(self) -> str:
         failed = len(self.failures)
@@ -85,6 +87,14 @@ class RunResult:
         from circuitgraph.export.html import run_html
 
         return run_html(self)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The exported graph with every query and validation result, in our JSON format. With
+        ``path``: write the file and return the path; without: return the JSON text."""
+        from circuitgraph.export.json_graph import graph_to_json
+
+        text = graph_to_json(self.graph, path, queries=self.queries_json(), validation=self.validation_json())
+        return str(path) if path is not None else text
 
     def report(self, path: str | Path) -> str:
         """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""

@@ -53,6 +53,20 @@ class QueryResult:
                 from None
         return pd.DataFrame.from_records(self.records())
 
+    def to_json(self, path: Any = None) -> str:
+        """:meth:`to_dict` as JSON.  With ``path``: write the file (atomically) and return the
+        path; without: return the JSON text."""
+        import json
+        import os
+
+        text = json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+        if path is None:
+            return text
+        from circuitgraph._io import atomic_write_text
+
+        atomic_write_text(path, text)
+        return os.fspath(path)
+
     def __repr__(self) -> str:
         n = len(self.records())
         return f"<{type(self).__name__} {self.kind or 'query'}: {n} row{'s' if n != 1 else ''}>"

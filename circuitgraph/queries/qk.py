@@ -452,17 +452,17 @@ def qk_decomposition(
     bos_nodes = bool(ctx.options.bos_nodes)
     out = []
     tgt, w = edges.reader, edges.weight.astype(np.float64)
-    src = np.arange(len(edges.writer))
     for j, (h, kp) in enumerate(zip(heads, k_pos)):
         sides = []
         for side in range(2):
             lo = (2 * j + side) * dh
             mask = (tgt >= lo) & (tgt < lo + dh)
-            ids = [_graph_id(graph, edges.writer[e]) for e in src[mask].tolist()]
-            uniq: dict[NodeId, int] = {}
-            idx = np.array([uniq.setdefault(i, len(uniq)) for i in ids], dtype=np.int64)
+            rows, inv = np.unique(edges.writer[mask], return_inverse=True)
+            uniq: dict[NodeId, int] = {}  # graph ids (several writers may share a remainder)
+            to_uniq = np.array([uniq.setdefault(_graph_id(graph, edges.writer_ids[r]), len(uniq))
+                                for r in rows.tolist()], dtype=np.int64)
             vecs = np.zeros((len(uniq), dh))
-            np.add.at(vecs, (idx, tgt[mask] - lo), w[mask])
+            np.add.at(vecs, (to_uniq[inv.reshape(-1)], tgt[mask] - lo), w[mask])
             named: dict[str, np.ndarray] = {}
             for d in range(dh):
                 for loc, value in edges.constants[lo + d].items():

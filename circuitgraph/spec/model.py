@@ -11,7 +11,7 @@ from circuitgraph.spec.base import Bool, InputPath, LayerKey, Name, NonNegativeI
 __all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
 
 ModelSource = Literal["path", "name", "builtin"]
-TranscoderSource = Literal["path", "release", "builtin"]
+TranscoderSource = Literal["path", "release", "builtin", "hf"]
 #: on-disk dictionary formats (circuitgraph.dictionaries.formats.FORMATS)
 DictionaryFormat = Literal["saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope",
                           "gemmascope2", "eleuther_topk"]
@@ -76,7 +76,7 @@ class ModelSpec(StrictModel):
 
 
 class TranscodersSpec(StrictModel):
-    """Per-layer transcoders: exactly one of ``path``, ``release`` (with ``ids``) or ``builtin``.
+    """Dictionaries: exactly one of ``path``, ``release`` (with ``ids``), ``builtin`` or ``hf``.
 
     ``source`` says which one is set.  ``layers`` restricts loading to a subset.
     """
@@ -90,6 +90,10 @@ class TranscodersSpec(StrictModel):
         None, description="With path: the on-disk format (default: detected from the files; the graph's "
         "metadata.transcoders.format records it).")
     release: Name | None = Field(None, description="An sae-lens pretrained release.")
+    hf: Name | None = Field(
+        None, description="A Hugging Face repository holding a dictionary folder (circuit-tracer style): "
+        "ORG/REPO, ORG/REPO/SUBFOLDER, optionally @REVISION; read through the Hugging Face cache "
+        "(HF_HUB_OFFLINE=1: cached files only).")
     builtin: Literal["demo", "demo_clt"] | None = Field(
         None, description="Dictionaries shipped with a built-in model: demo (per-layer transcoders) or demo_clt "
         "(a cross-layer transcoder).")
@@ -105,21 +109,23 @@ class TranscodersSpec(StrictModel):
         """Which of ``path``, ``release``, ``builtin`` is set."""
         if self.builtin is not None:
             return "builtin"
+        if self.hf is not None:
+            return "hf"
         return "path" if self.path is not None else "release"
 
     @model_validator(mode="after")
     def _one_source(self) -> "TranscodersSpec":
         problems: list[tuple[str, str]] = []
-        given = [k for k in ("path", "release", "builtin") if getattr(self, k) is not None]
+        given = [k for k in ("path", "release", "builtin", "hf") if getattr(self, k) is not None]
         if len(given) != 1:
             got = " and ".join(given) if given else "none"
-            problems.append(("", f"give exactly one of path, release or builtin, got {got}"))
+            problems.append(("", f"give exactly one of path, release, builtin or hf, got {got}"))
         elif self.release is not None and not self.ids:
             problems.append(("ids", "release needs ids, the sae-lens id of each layer: {0: '...', 1: '...'}"))
         elif self.path is not None and self.ids is not None:
             problems.append(("ids", "ids are only used with release; with path, layers are found in the folder"))
-        if self.format is not None and self.path is None:
-            problems.append(("format", "format describes a local folder; use it with path"))
+        if self.format is not None and self.path is None and self.hf is None:
+            problems.append(("format", "format describes a dictionary folder; use it with path or hf"))
         if self.layers is not None:
             if len(set(self.layers)) != len(self.layers):
                 problems.append(("layers", f"layers are repeated: {list(self.layers)}"))

@@ -66,7 +66,7 @@ with warnings.catch_warnings():
         )
         seed: Seed = Field(0, description="Random seed (control sets, sampling), 0 to 2**63-1.")
         model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
-        transcoders: TranscodersSpec | None = Field(None, description="Transcoders: exactly one of path, release.")
+        transcoders: TranscodersSpec | None = Field(None, description="Dictionaries (transcoders or a cross-layer transcoder): exactly one of path, release, builtin, hf.")
         prompt: Prompt | None = Field(
             None, description="The prompt: a string, {text, prepend_bos} or {tokens: [...]} (or give dataset:)."
         )
@@ -237,6 +237,7 @@ with warnings.catch_warnings():
                 f"targets {', '.join(t.kind for t in self.targets)}",
                 f"queries {', '.join(q.kind for q in self.queries) or 'none'}",
                 f"checks {', '.join(c.kind for c in self.validate) or 'none'}",
-                f"exports {', '.join(self.export.outputs()) or 'none'}",
+                f"exports {', '.join(self.export.outputs()) or 'none'}" if self.dataset is None else
+                f"exports dataset folder {self.export.dataset}",
             ]
             return "; ".join(parts)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["random_layer_dictionary", "save_layer_dictionary", "tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
+__all__ = ["hf_cache_repo", "random_layer_dictionary", "save_layer_dictionary", "tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
 
 
 def tiny_config(
@@ -352,3 +352,34 @@ def save_layer_dictionary(directory: str | Path, layers: list[dict[str, Any]], f
             "model_kind": "transcoder_set", "feature_input_hook": "mlp.hook_in",
             "feature_output_hook": "mlp.hook_out"}, sort_keys=False))
     return directory
+
+
+def hf_cache_repo(cache_dir: str | Path, repo_id: str, folder: str | Path, *, revision: str = "main") -> Path:
+    """Put the files of ``folder`` into a Hugging Face hub cache at ``cache_dir`` exactly as a
+    download would: ``models--ORG--REPO/blobs/<sha256>``, ``snapshots/<commit>/<path>`` symlinks
+    to the blobs and ``refs/<revision>`` holding the commit.  Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    listing = hashlib.sha1()
+    for p in files:
+        listing.update(str(p.relative_to(folder)).encode() + hashlib.sha256(p.read_bytes()).digest())
+    commit = listing.hexdigest()
+    snap = repo_dir / "snapshots" / commit
+    (repo_dir / "blobs").mkdir(parents=True, exist_ok=True)
+    for p in files:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        blob = repo_dir / "blobs" / digest
+        if not blob.exists():
+            blob.write_bytes(p.read_bytes())
+        dst = snap / p.relative_to(folder)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.exists() or dst.is_symlink():
+            dst.unlink()
+        os.symlink(os.path.relpath(blob, dst.parent), dst)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / revision).write_text(commit)
+    return snap
