@@ -31,23 +31,21 @@ def build_graph(
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    from circuitgraph.pipeline.estimate import check_edge_memory, edge_upper_bound
+    from circuitgraph.pipeline.estimate import check_plan, plan_edges
 
-    upper = edge_upper_bound(col.readers.locs, col.readers.positions, col.writers.groups,
-                             2 * adapter.facts.n_layers + 1, lin.n_pos)
-    n_features = sum(1 for r in col.readers.rows if col.nodes[r].kind == "feature")
+    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    check_plan(plan)  # refuse, with advice that works, before the sweep
     nodes = col.nodes
-    if options.max_feature_nodes is not None and options.max_feature_nodes < n_features:
+    if plan.max_feature_nodes is not None:
         from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 
-        # rows of only max_feature_nodes features: bound the memory by that share
-        check_edge_memory(upper * (options.max_feature_nodes + len(col.targets)) // max(n_features, 1),
-                          limit=options.memory_limit)
+        from circuitgraph.pipeline.estimate import check_rows
+
         edges, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
-                                             progress=progress)
+                                             progress=progress,
+                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
         nodes, edges, _ = fold_unselected(col, edges, selected)
     else:
-        check_edge_memory(upper, limit=options.memory_limit)
         edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
     for row, c in edges.constants.items():
         nodes[row].constant = c

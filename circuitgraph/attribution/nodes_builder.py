@@ -79,6 +79,8 @@ class WriterTable:
             for g, (_, r, v) in enumerate(groups):
                 rows[g, : len(r)] = r
                 vecs[g, : len(r)] = v
+            # the groups keep views into the padded block: every writer vector is held once
+            self.groups[loc] = [(p, r, vecs[g, : len(r)]) for g, (p, r, _) in enumerate(groups)]
             self.padded[loc] = (torch.tensor([p for p, _, _ in groups], dtype=torch.long), rows, vecs)
 
 

@@ -113,12 +113,13 @@ def _kahn_levels(n: int, target: np.ndarray, source: np.ndarray) -> np.ndarray:
 
 
 def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray,
-              level: np.ndarray | None = None) -> DagOrder:
+              level: np.ndarray | None = None, *, trusted: bool = False) -> DagOrder:
     """Visiting order of the edges of a DAG on ``n`` nodes (see the module docstring).
 
     ``level``: candidate levels per node (e.g. residual read locations); nodes without
     incoming edges are set to -1.  When they are not consistent with the edges (or not
-    given), the levels come from a topological sort."""
+    given), the levels come from a topological sort.  ``trusted``: the levels are known to
+    hold on these edges (a subset of edges they were checked on); skip the check."""
     target = np.asarray(target)
     source = np.asarray(source)
     E = target.shape[0]
@@ -127,7 +128,7 @@ def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray
     lv = None
     if level is not None:
         lv = np.where(has_in, np.asarray(level, dtype=np.int64), -1)
-        if E and not _levels_hold(lv, target, source):
+        if E and not trusted and not _levels_hold(lv, target, source):
             lv = None
     if lv is None:
         lv = np.where(has_in, _kahn_levels(n, target, source), -1) if E else np.full(n, -1, dtype=np.int64)
