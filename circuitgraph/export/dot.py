@@ -466,7 +466,7 @@ def reaches_a_target(graph: AttributionGraph) -> np.ndarray:
     reach = np.zeros(graph.n_nodes, dtype=bool)
     frontier = [graph.index_of(t) for t in graph.target_ids]
     reach[frontier] = True
-    order, indptr = graph._csr()
+    order, indptr = graph.csr_order()
     while frontier:
         nxt = []
         for row in frontier:
