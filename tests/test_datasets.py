@@ -419,3 +419,13 @@ def test_validate_and_dry_run_read_the_rows(tmp_path):
     res = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "dataset: 2 rows" in res.output and "row 2" in res.output and not (tmp_path / "out").exists()
+
+
+def test_row_ids():
+    from circuitgraph.spec.dataset import parse_rows
+
+    rows, problems = parse_rows([{"id": 7, "prompt": "a"}, {"id": "7", "prompt": "b"}, {"prompt": "c"},
+                                 {"id": "../x", "prompt": "d"}, {"id": True, "tokens": [1]}])
+    assert [(r.number, r.id) for r in rows] == [(1, "7"), (3, "3")]
+    assert [loc for loc, _ in problems] == ["row 2.id", "row 4.id", "row 5.id"]
+    assert "also the id of row 1" in problems[0][1] and "names the row's files" in problems[1][1]

@@ -67,7 +67,7 @@ def test_format_loads_and_is_exact(tmp_path, arch, fmt, activation, skip):
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
     acts, recons = _reference(model, raw, activation)
     lin = g.context.linearisation
-    col = g.context.collected
+    ctx = g.context
     n_feat = 0
     for l in range(model.cfg.n_layers):
         for t in range(1, len(TOKENS)):
@@ -75,8 +75,8 @@ def test_format_loads_and_is_exact(tmp_path, arch, fmt, activation, skip):
                 node = g.node(NodeId("feature", l, t, j))
                 assert abs(node.activation - float(acts[l][t, j])) < 1e-5
                 n_feat += 1
-            (_, _, vec), = col.writer_locations(NodeId("error", l, t, 0))
-            torch.testing.assert_close(vec, lin.mlp_out[l][t] - recons[l][t], atol=2e-5, rtol=0)
+            (write,) = ctx.writes(NodeId("error", l, t, 0))
+            torch.testing.assert_close(write.vector, lin.mlp_out[l][t] - recons[l][t], atol=2e-5, rtol=0)
     assert n_feat == sum(n.kind == "feature" for n in g.nodes) > 0
 
 
@@ -141,3 +141,53 @@ def test_unknown_folder_names_the_layouts(tmp_path):
     (tmp_path / "x" / "weights.bin").write_text("")
     with pytest.raises(LoadError, match="no dictionary format recognised"):
         detect_format(tmp_path / "x")
+
+
+def _ct_set_from_gemmascope2(model, tmp: Path) -> Path:
+    """GemmaScope-2 tensors (w_enc, w_dec, threshold, affine_skip_connection) as circuit-tracer lists
+    them in a transcoder_set: layer_<i>.safetensors next to a config.yaml reading mlp.hook_in."""
+    import yaml
+
+    d = save_layer_dictionary(tmp / "gs2", random_layer_dictionary(model, activation="jump_relu", skip=True),
+                              "gemmascope2")
+    out = tmp / "gs2-set"
+    out.mkdir()
+    for i in range(model.cfg.n_layers):
+        (d / f"layer_{i}" / "params.safetensors").rename(out / f"layer_{i}.safetensors")
+    (out / "config.yaml").write_text(yaml.safe_dump({"model_kind": "transcoder_set", "feature_input_hook": "mlp.hook_in",
+                                                     "feature_output_hook": "mlp.hook_out"}))
+    return out
+
+
+def test_per_layer_formats_equal_circuit_tracers(tmp_path):
+    """circuit-tracer's own load_transcoder_set (mlp.hook_in, ReLU / JumpReLU / skip, and GemmaScope-2
+    tensors): every edge within 1e-5 of the largest, same features."""
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo / "benchmarks" / "circuit_tracer"))
+    import clt_agreement
+
+    if clt_agreement.ct_python() is None:
+        pytest.skip("circuit-tracer 0.5.0 is not installed (.venv-ct or CIRCUITGRAPH_CT_PYTHON); "
+                    "bash scripts/install_circuit_tracer.sh creates it")
+    jobs = []
+    for name, arch, act, skip in [("gpt2 relu", GPT2, "relu", False), ("llama jump_relu skip", LLAMA, "jump_relu", True),
+                                  ("llama gemmascope2", LLAMA, None, True)]:
+        work = tmp_path / name.replace(" ", "-")
+        model = tiny_model(**arch)
+        bundle = save_bundle(work, model)
+        if act is None:
+            d = _ct_set_from_gemmascope2(model, work)
+        else:
+            d = save_layer_dictionary(work / "ts", random_layer_dictionary(model, activation=act, skip=skip),
+                                      "circuit_tracer_transcoder_set")
+        jobs.append({"name": name, "model": str(bundle / "model"), "clt": str(d), "tokens": json.dumps(TOKENS),
+                     "out": str(work / "ct.npz")})
+    clt_agreement.run_circuit_tracer(jobs, tmp_path, clt_agreement.ct_python())
+    for job in jobs:
+        r = clt_agreement.compare(job)
+        assert r["max_difference_relative_to_largest_edge"] < 1e-5, r
+        assert r["n_features_ct"] == r["n_features_circuitgraph"] > 0, r
+        assert r["our_nodes_not_in_ct"] == [], r
+        assert r["completeness"]["max_relative_violation"] < 1e-5, r

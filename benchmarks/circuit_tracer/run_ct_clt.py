@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Run circuit-tracer 0.5.0 with a CROSS-LAYER transcoder on a local model and dump its graph.
+"""Run circuit-tracer 0.5.0 with a CROSS-LAYER transcoder (or one of its per-layer transcoder_set
+folders) on a local model and dump its graph.
 
 Run it with the circuit-tracer virtualenv (see NOTES.md), not the project's python:
 
@@ -51,9 +52,25 @@ def build(model_dir: Path, clt_dir: Path, standin_dir: Path):
     tok_dir = find_tokenizer_dir(model_dir) or write_standin_tokenizer(standin_dir, cfg.d_vocab)
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     config = yaml.safe_load((clt_dir / "config.yaml").read_text())
-    clt = load_clt(str(clt_dir), feature_input_hook=config["feature_input_hook"],
-                   feature_output_hook=config["feature_output_hook"], scan=config.get("scan", "local"),
-                   device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=True)
+    if config["model_kind"] == "transcoder_set":
+        # circuit-tracer's per-layer sets, with its own loader (load_transcoder_set) on the local files;
+        # the special loader is chosen by the files, as its hub loader does by repository name
+        from safetensors import safe_open
+
+        from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+
+        n = len(list(clt_dir.glob("layer_*.safetensors")))
+        paths = {i: str(clt_dir / f"layer_{i}.safetensors") for i in range(n)}
+        with safe_open(paths[0], framework="pt") as f:
+            special = "gemma-scope-2" if "w_enc" in f.keys() else None
+        clt = load_transcoder_set(paths, scan=config.get("scan", "local"),
+                                  feature_input_hook=config["feature_input_hook"],
+                                  feature_output_hook=config["feature_output_hook"], device=torch.device("cpu"),
+                                  dtype=torch.float32, special_load_fn=special, lazy_encoder=False, lazy_decoder=False)
+    else:
+        clt = load_clt(str(clt_dir), feature_input_hook=config["feature_input_hook"],
+                       feature_output_hook=config["feature_output_hook"], scan=config.get("scan", "local"),
+                       device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=True)
     torch.manual_seed(0)
     model = TransformerLensReplacementModel(cfg, tokenizer=tokenizer)
     buffers = {n for n, _ in model.named_buffers()}

@@ -58,6 +58,12 @@ class DatasetRow(StrictModel):
     targets: tuple[Target, ...] | None = Field(None, min_length=1, description="This row's targets (default: the spec's).")
     corrupted: Prompt | None = Field(None, description="The corrupted prompt of this row's patching checks.")
 
+    @field_validator("id", mode="before")
+    @classmethod
+    def _int_id(cls, value: Any) -> Any:
+        # JSONL and inline rows may number their ids: 7 is the id "7"
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("id")
     @classmethod
     def _id_shape(cls, value: str | None) -> str | None:
@@ -152,6 +158,7 @@ def parse_rows(raw_rows: list[Any]) -> tuple[list[Row], list[tuple[str, str]]]:
                                               f"got {type(raw).__name__}"))
             continue
         raw_id = raw.get("id", str(number))
+        raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
         duplicate = isinstance(raw_id, str) and raw_id in seen
         if duplicate:
             problems.append((f"row {number}.id", f"id {raw_id!r} is also the id of row {seen[raw_id]}; "
