@@ -55,7 +55,7 @@ class BenchParams:
     def __init__(self, bundle: Path, tokens: list[int], out_dir: Path, *, max_feature_nodes: int | None = None,
                  batch_size: int = 256, model_dtype: str = "float32", graph_dtype: str = "float32",
                  node_threshold: float = 0.8, edge_threshold: float = 0.98, export: bool = True,
-                 threads: int | None = 2, memory_limit_gb: float | None = None):
+                 threads: int | None = 2, memory_limit_gb: float | None = None, device: str = "cpu"):
         self.bundle = Path(bundle)
         self.tokens = list(tokens)
         self.out_dir = Path(out_dir)
@@ -68,6 +68,7 @@ class BenchParams:
         self.export = export
         self.threads = threads
         self.memory_limit_gb = memory_limit_gb
+        self.device = device
 
     def spec(self) -> dict[str, Any]:
         """The spec this run corresponds to (``circuitgraph run`` on it builds the same graph)."""
@@ -76,7 +77,7 @@ class BenchParams:
             graph["max_feature_nodes"] = self.max_feature_nodes
         return {
             "format_version": 1,
-            "model": {"path": str(self.bundle / "model"), "dtype": self.model_dtype},
+            "model": {"path": str(self.bundle / "model"), "dtype": self.model_dtype, "device": self.device},
             "transcoders": {"path": str(self.bundle / "transcoders")},
             "prompt": {"tokens": self.tokens},
             "targets": [{"top_logits": {"max_n": 10, "cumulative_probability": 0.95}}],
@@ -102,7 +103,12 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     timings: dict[str, float] = {"import": time.perf_counter() - T_START}
     peak: dict[str, float] = {"import": peak_rss_mb()}
 
+    cuda = p.device.startswith("cuda")
+
     def stage(name: str, t0: float) -> None:
+        if cuda:  # absolute device times: wait for the kernels of the stage
+            torch.cuda.synchronize()
+            peak[name + "_device"] = torch.cuda.max_memory_allocated() / 2**20
         timings[name] = time.perf_counter() - t0
         peak[name] = peak_rss_mb()
 
@@ -118,7 +124,7 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     stage("attribute", t0)
 
     t0 = time.perf_counter()
-    scores = graph_scores(graph)
+    scores = graph_scores(graph, per_target=False)  # what circuitgraph run attaches
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
     stage("scores", t0)
@@ -139,11 +145,10 @@ def run_one(p: BenchParams) -> dict[str, Any]:
         files = {"pruned_json_bytes": _dir_bytes(p.out_dir / "pruned.json"),
                  "full_npz_bytes": _dir_bytes(p.out_dir / "full.npz")}
 
-    col = graph.context.collected
     kinds: dict[str, int] = {}
     for n in graph.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1
-    n_active = sum(1 for n in col.nodes if n.kind == "feature")
+    n_active = sum(1 for n in graph.context.attributed_nodes if n.kind == "feature")
     f = adapter.facts
     return {
         "n_pos": len(p.tokens),
@@ -171,6 +176,8 @@ def run_one(p: BenchParams) -> dict[str, Any]:
         "peak_rss_mb": peak,
         "files": files,
         "threads": torch.get_num_threads(),
+        "device": p.device,
+        "device_name": torch.cuda.get_device_name(0) if cuda else None,
         "versions": graph.metadata.get("versions") or _versions(),
     }
 
@@ -217,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dtype", default="float32")
     ap.add_argument("--graph-dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="model: {device: ...} (cuda: stage times wait for the device)")
     ap.add_argument("--no-export", action="store_true")
     ap.add_argument("--count-only", action="store_true",
                     help="only count the active features per (layer, position) (one forward pass)")
@@ -227,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = raw["tokens"] if isinstance(raw, dict) else raw
     params = BenchParams(args.bundle, tokens, args.out_dir, max_feature_nodes=args.max_feature_nodes,
                          batch_size=args.batch_size, model_dtype=args.model_dtype, graph_dtype=args.graph_dtype,
-                         export=not args.no_export, threads=args.threads, memory_limit_gb=args.memory_limit_gb)
+                         export=not args.no_export, threads=args.threads, memory_limit_gb=args.memory_limit_gb,
+                         device=args.device)
     if args.count_only:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         args.result.write_text(json.dumps(count_active(params)) + "\n")

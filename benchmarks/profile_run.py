@@ -6,7 +6,7 @@
 Runs :func:`circuitgraph.pipeline.runner.run` on the spec (what the ``circuitgraph run`` command does) under
 cProfile and prints, for the functions of the pipeline (loading, linearisation, node
 collection, edge computation and its attention transpose, scores, pruning, export), the
-inclusive time split by caller -- e.g. ``coalesced_edges`` once under the scores and once
+inclusive time split by caller -- e.g. ``sweep`` once under the scores and twice
 under the pruning -- then the top functions by own time.  ``--memory`` instead samples the
 process's resident memory every 20 ms together with the innermost circuitgraph frames of the
 main thread, and prints each new 0.5 GB high-water mark with the code that reached it (no
@@ -36,19 +36,19 @@ PIPELINE = [
     ("select_and_compute (max_feature_nodes)", "attribution/feature_selection.py", "select_and_compute"),
     ("fold_unselected (max_feature_nodes)", "attribution/feature_selection.py", "fold_unselected"),
     ("check_completeness", "graph/graph.py", "check_completeness"),
-    ("  incoming_sums (bincount over every edge)", "graph/graph.py", "incoming_sums"),
+    ("  _incoming (one chunked pass: sums, |sums|)", "graph/graph.py", "_incoming"),
     ("scores: compute_scores", "queries/scores.py", "compute_scores"),
-    ("  total_effects (per-target error effect)", "queries/influence.py", "total_effects"),
+    ("graph_dag (levels, visiting order)", "graph/dag.py", "graph_dag"),
+    ("  dag_order (levels checked on every edge)", "graph/dag.py", "dag_order"),
+    ("sweep (back-substitution, one pass)", "graph/dag.py", "sweep"),
     ("prune_graph", "queries/prune.py", "prune_graph"),
     ("  _build_pruned_graph (remainders)", "queries/prune.py", "_build_pruned_graph"),
     ("  find_threshold (sort, cumsum)", "queries/prune.py", "find_threshold"),
-    ("coalesced_edges (np.unique of edge keys)", "queries/_sparse.py", "coalesced_edges"),
-    ("csr (scipy COO -> CSR)", "queries/_sparse.py", "csr"),
     ("weighted_influence", "queries/_sparse.py", "weighted_influence"),
-    ("power_series (sparse mat-vec series)", "queries/_sparse.py", "power_series"),
     ("export: graph_to_json", "export/json_graph.py", "graph_to_json"),
 ]
 CALLER_NAMES = {"compute_scores": "scores", "prune_graph": "prune", "node_influence": "influence",
+                "weighted_influence": "weighted_influence", "partial_influence": "max_feature_nodes ranking",
                 "reader_gradients": "reader_gradients", "total_effects": "total_effects"}
 
 

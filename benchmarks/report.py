@@ -17,6 +17,9 @@ SUITE_TITLES = {
     "active_features": "Active features",
     "gpt2_small": "GPT-2-small-sized random model",
     "precision": "Precision (model weights; edges accumulated in float32, float64 for float64)",
+    "long_prompt_6l": "Long prompts, 6-layer model (max_feature_nodes fixed)",
+    "long_prompt_gpt2": "Long prompts, GPT-2-small-sized model (max_feature_nodes fixed)",
+    "gpu": "On the GPU (model: {device: cuda}; stage times wait for the device)",
 }
 
 
@@ -107,7 +110,9 @@ def _plot(results: dict[str, Any], out: Path) -> list[str]:
     runs = _ok(results["runs"])
     series = [("prompt_length", "n_pos", "prompt length (tokens)", "time_memory_vs_prompt_length.png"),
               ("active_features", "n_active_features", "active features (before any selection)",
-               "time_memory_vs_active_features.png")]
+               "time_memory_vs_active_features.png"),
+              ("long_prompt_6l", "n_pos", "prompt length (tokens)", "long_prompts_6l.png"),
+              ("long_prompt_gpt2", "n_pos", "prompt length (tokens)", "long_prompts_gpt2.png")]
     for suite, key, xlabel, fname in series:
         rs = sorted([r for r in runs if r["suite"] == suite], key=lambda r: r["result"][key])
         if not rs:
@@ -308,6 +313,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "influential features (the other features folded into remainder nodes), and why.",
         "",
     ]
+    if (results.get("gpu") or {}).get("skipped"):
+        lines += ["## On the GPU", "", f"Not run: {results['gpu']['skipped']}.", ""]
     if results.get("side_by_side"):
         lines += ["## Side by side with circuit-tracer 0.5.0", ""] + _side_by_side(results["side_by_side"]) + [""]
     runs = results["runs"]
@@ -342,8 +349,10 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                   f"{results['peak_bytes_per_edge_assumed']} bytes per edge at the peak, plus the weights and the "
                   "node tables. Above the budget it uses `max_feature_nodes` (the largest of the configured value, "
                   "halved, whose estimate fits); a run that still passes the budget is stopped and retried with "
-                  "half as many feature rows. `circuitgraph run --dry-run`'s own estimate "
-                  "(`circuitgraph.pipeline.estimate.estimate_run`, given the same active fraction) is shown next to it.", "",
+                  "half as many feature rows. `circuitgraph run --dry-run`'s own estimate (run as a command on the "
+                  "same spec: forward pass and node tables measured, edges bounded by what each reader can see, "
+                  "`max_feature_nodes` rows only; `circuitgraph.pipeline.estimate`) is shown next to the measured "
+                  "peak: it should be an upper bound within a small factor.", "",
                   "| run | est. edges (full graph) | edges built | est. peak GB: full graph / run as done | "
                   "dry-run: est. edges, peak GB, fits | measured peak GB |", "|---|---|---|---|---|---|"]
         for r in est:

@@ -113,6 +113,8 @@ class Run:
     model_dtype: str = "float32"
     graph_dtype: str = "float32"
     batch_size: int = 256
+    memory_budget_gb: float | None = None  # None: the suite's --memory-budget-gb
+    device: str = "cpu"
 
 
 @dataclass
@@ -134,6 +136,7 @@ def configurations(quick: bool) -> Suite:
         runs += [Run(f"quick-{dt}-T16", "precision", small, 16, model_dtype=dt,
                      graph_dtype="float64" if dt == "float64" else "float32")
                  for dt in ("float32", "float64", "bfloat16", "float16")]
+        runs += [Run(f"quick-long-T{t}", "long_prompt_6l", small, t, max_feature_nodes=256) for t in (16, 32, 64)]
         return Suite([small, *sparse], runs, Run("quick-T16", "side_by_side", small, 16))
     six = Bundle("6L-256d-4096f", 6, 256, 8, 1024, 1000, 4096, 0.02, 512, calib_len=512, n_calib=16)
     six_af = [Bundle(f"6L-256d-4096f-af{af}", 6, 256, 8, 1024, 1000, 4096, af, 512, calib_len=512, n_calib=16)
@@ -150,7 +153,15 @@ def configurations(quick: bool) -> Suite:
     runs += [Run(f"precision-{dt}-T16", "precision", small, 16, model_dtype=dt,
                  graph_dtype="float64" if dt == "float64" else "float32")
              for dt in ("float32", "float64", "bfloat16", "float16")]
-    return Suite([six, *six_af, gpt2, small], runs, Run("6L-T32", "side_by_side", six, 32))
+    # long prompts (issue 12): a fixed feature budget, 256 to 2048 positions, 20 GiB
+    six_long = Bundle("6L-256d-4096f-2k", 6, 256, 8, 1024, 1000, 4096, 0.02, 2048, calib_len=512, n_calib=16)
+    gpt2_long = Bundle("gpt2-small-size-2k", 12, 768, 12, 3072, 50257, 24576, 0.0011, 2048, calib_len=256,
+                       n_calib=16)
+    runs += [Run(f"6L-long-T{t}", "long_prompt_6l", six_long, t, max_feature_nodes=4096, memory_budget_gb=20.0)
+             for t in (256, 512, 1024, 2048)]
+    runs += [Run(f"gpt2-long-T{t}", "long_prompt_gpt2", gpt2_long, t, max_feature_nodes=8192, memory_budget_gb=20.0)
+             for t in (256, 512, 1024, 2048)]
+    return Suite([six, *six_af, gpt2, small, six_long, gpt2_long], runs, Run("6L-T32", "side_by_side", six, 32))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -313,16 +324,28 @@ def plan(run: Run, bundle_dir: Path, budget_gb: float, counts: list[list[int]]) 
 
 
 def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dict[str, Any] | None:
-    """circuitgraph's own estimate (``circuitgraph run --dry-run``), recorded for comparison."""
-    try:
-        from circuitgraph.pipeline.estimate import estimate_run
-        from circuitgraph.spec import load_spec
+    """circuitgraph's own estimate, ``circuitgraph run SPEC --dry-run`` in a child process (it runs
+    the forward pass and builds the node tables, then bounds the edges), recorded next to the
+    measured peak.  ``active_fraction`` is unused (the dry run counts the active features)."""
+    import re
+    import tempfile
 
-        spec = load_spec(spec_dict(run, bundle_dir, prompt_tokens(run.bundle, run.n_pos), None))
-        e = estimate_run(spec, active_fraction=active_fraction)
-        return {"n_edges_upper": e.n_edges_upper, "peak_gb": e.bytes_peak / GB, "fits": e.fits}
-    except Exception as exc:  # noqa: BLE001 - the estimate is informative only
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    spec = spec_dict(run, bundle_dir, prompt_tokens(run.bundle, run.n_pos), None, mfn=run.max_feature_nodes)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "spec.json"
+        path.write_text(json.dumps(spec))
+        try:
+            proc = subprocess.run([sys.executable, "-m", "circuitgraph", "run", str(path), "--dry-run", "--quiet"],
+                                  capture_output=True, text=True, timeout=1800, cwd=REPO)
+        except subprocess.TimeoutExpired:
+            return {"error": "dry run timed out"}
+    text = proc.stdout + proc.stderr
+    edges = re.search(r"edges at most ([\d,]+)", text)
+    peak = re.search(r"peak at most about ([\d.]+) GB", text)
+    if edges is None or peak is None:
+        return {"error": text.strip().splitlines()[-1] if text.strip() else f"exit {proc.returncode}"}
+    return {"n_edges_upper": int(edges.group(1).replace(",", "")), "peak_gb": float(peak.group(1)),
+            "fits": "fits: yes" in text, "exit_code": proc.returncode}
 
 
 def spec_dict(run: Run, bundle_dir: Path, tokens: list[int], json_out: Path | None,
@@ -359,7 +382,8 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
         cmd = [sys.executable, str(HERE / "bench_one.py"), "--bundle", str(bundle_dir), "--tokens",
                str(rdir / "tokens.json"), "--out-dir", str(rdir), "--result", str(rdir / "result.json"),
                "--batch-size", str(run.batch_size), "--model-dtype", run.model_dtype,
-               "--graph-dtype", run.graph_dtype, "--threads", str(threads), "--memory-limit-gb", str(budget_gb)]
+               "--graph-dtype", run.graph_dtype, "--threads", str(threads), "--memory-limit-gb", str(budget_gb),
+               "--device", run.device]
         if mfn is not None:
             cmd += ["--max-feature-nodes", str(mfn)]
         log(f"{run.name}: {run.n_pos} tokens, {p['reason']}" + (f", max_feature_nodes {mfn}" if mfn else ""))
@@ -384,6 +408,42 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
         log(f"{run.name}: FAILED (exit {proc['returncode']}"
             + (", stopped at the memory budget" if proc["killed_for_memory"] else "") + f"), see {proc['log']}")
     return out
+
+
+def gpu_reason() -> str | None:
+    """Why the GPU runs cannot be made here (None: they can)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    return None
+
+
+def gpu_runs(suite: Suite, bundle_dirs: dict[Bundle, Path], work: Path, args: Any, by_name: dict[str, Any],
+             out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """The side-by-side configuration and the 6-layer long prompts with ``model: {device: cuda}``,
+    each in its own process (times include ``torch.cuda.synchronize``), or the reason they were
+    skipped."""
+    reason = gpu_reason()
+    if reason is not None:
+        log(f"GPU runs skipped: {reason}")
+        return {"skipped": reason}
+    cfgs = [r for r in suite.runs if r.suite == "long_prompt_6l"]
+    if suite.side_by_side is not None:
+        cfgs.insert(0, dataclasses.replace(suite.side_by_side, name=suite.side_by_side.name + "-cuda-sbs"))
+    done = []
+    for r in cfgs:
+        run = dataclasses.replace(r, name=r.name + "-cuda", suite="gpu", device="cuda")
+        if run.bundle not in bundle_dirs:
+            bundle_dirs[run.bundle] = build_bundle(run.bundle, work)
+        res = run_circuitgraph(run, bundle_dirs[run.bundle], work, run.memory_budget_gb or args.memory_budget_gb,
+                               args.threads)
+        results["runs"].append(res)
+        done.append(run.name)
+        _save(results, out)
+    return {"runs": done}
 
 
 # ----------------------------------------------------------------------------- side by side
@@ -504,13 +564,18 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("CIRCUITGRAPH_BENCH_DIR", "/tmp/circuitgraph-bench")),
                     help="bundles, graphs and logs (default /tmp/circuitgraph-bench)")
     ap.add_argument("--only", default=None,
-                    help="comma-separated suites: prompt_length,active_features,gpt2_small,precision,side_by_side")
+                    help="comma-separated suites: prompt_length,active_features,gpt2_small,precision,side_by_side,"
+                         "long_prompt_6l,long_prompt_gpt2")
     ap.add_argument("--ct-python", type=Path, default=Path(os.environ.get("CIRCUITGRAPH_CT_PYTHON", HERE.parent / ".venv-ct" / "bin" / "python")),
                     help="python of the circuit-tracer 0.5.0 venv (scripts/install_circuit_tracer.sh)")
     ap.add_argument("--skip-ct", action="store_true", help="no circuit-tracer side by side")
     ap.add_argument("--memory-budget-gb", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--report-only", action="store_true", help="redraw results.md and plots from results.json")
+    ap.add_argument("--gpu", action="store_true",
+                    help="also run the side-by-side configuration and the 6-layer long prompts on CUDA "
+                         "(model: {device: cuda}; absolute device times); skipped, with the reason recorded, "
+                         "where no GPU is available")
     args = ap.parse_args(argv)
     out = args.out or (REPO / "docs" / "benchmarks" / ("quick" if args.quick else ""))
     sys.path.insert(0, str(HERE))
@@ -547,17 +612,20 @@ def main(argv: list[str] | None = None) -> int:
         results["side_by_side"] = side_by_side(sbs, bundle_dirs[sbs.bundle], work, ct_python, args.threads,
                                                args.memory_budget_gb)
     by_name: dict[str, dict[str, Any]] = {}
-    order = ("prompt_length", "active_features", "precision", "gpt2_small")
+    order = ("prompt_length", "active_features", "precision", "gpt2_small", "long_prompt_6l", "long_prompt_gpt2")
     for run in sorted(suite.runs, key=lambda r: order.index(r.suite)):
         if only is not None and run.suite not in only:
             continue
         if run.name in by_name:  # the same configuration listed in two suites: run once
             results["runs"].append({**by_name[run.name], "suite": run.suite})
             continue
-        res = run_circuitgraph(run, bundle_dirs[run.bundle], work, args.memory_budget_gb, args.threads)
+        res = run_circuitgraph(run, bundle_dirs[run.bundle], work, run.memory_budget_gb or args.memory_budget_gb,
+                               args.threads)
         by_name[run.name] = res
         results["runs"].append(res)
         _save(results, out)  # partial results survive an interrupted run
+    if args.gpu:
+        results["gpu"] = gpu_runs(suite, bundle_dirs, work, args, by_name, out, results)
     results["load_avg_at_end"] = list(os.getloadavg())
     results["code_at_end"] = code_state()
     results["total_seconds"] = time.time() - t_start

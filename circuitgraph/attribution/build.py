@@ -2,47 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.linearisation import Linearisation
-from circuitgraph.attribution.nodes_builder import Collected, GraphOptions, collect_nodes
+from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
 from circuitgraph.attribution.targets import ResolvedTarget
+from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["AttributionContext", "build_graph", "attribute"]
 
 
-@dataclass
-class AttributionContext:
-    """The live objects behind a graph, kept for queries and validation that need the model."""
-
-    adapter: ModelAdapter
-    linearisation: Linearisation
-    transcoders: Any
-    options: GraphOptions
-    collected: Collected
-    targets: list[ResolvedTarget]
-
-    def attribute_directions(self, location: int, positions: Any, directions: torch.Tensor,
-                             own_constants: Any) -> Any:
-        """Edges from every writer into ad-hoc readers at ``location`` (one sweep); see
-        :func:`circuitgraph.attribution.engine.attribute_directions`."""
-        from circuitgraph.attribution.engine import attribute_directions
-
-        return attribute_directions(self.collected, location, positions, directions, own_constants,
-                                    batch_size=self.options.batch_size)
-
-
 def build_graph(
     adapter: ModelAdapter,
     lin: Linearisation,
-    transcoders: Any,
+    transcoders: Dictionary | None,
     targets: list[ResolvedTarget],
     options: GraphOptions,
     *,
@@ -51,23 +31,21 @@ def build_graph(
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    from circuitgraph.pipeline.estimate import check_edge_memory, edge_upper_bound
+    from circuitgraph.pipeline.estimate import check_plan, plan_edges
 
-    upper = edge_upper_bound(col.readers.locs, col.readers.positions, col.writers.groups,
-                             2 * adapter.facts.n_layers + 1, lin.n_pos)
-    n_features = sum(1 for r in col.readers.rows if col.nodes[r].kind == "feature")
+    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    check_plan(plan)  # refuse, with advice that works, before the sweep
     nodes = col.nodes
-    if options.max_feature_nodes is not None and options.max_feature_nodes < n_features:
+    if plan.max_feature_nodes is not None:
         from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 
-        # rows of only max_feature_nodes features: bound the memory by that share
-        check_edge_memory(upper * (options.max_feature_nodes + len(col.targets)) // max(n_features, 1),
-                          limit=options.memory_limit)
+        from circuitgraph.pipeline.estimate import check_rows
+
         edges, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
-                                             progress=progress)
+                                             progress=progress,
+                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
         nodes, edges, _ = fold_unselected(col, edges, selected)
     else:
-        check_edge_memory(upper, limit=options.memory_limit)
         edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
     for row, c in edges.constants.items():
         nodes[row].constant = c
@@ -80,8 +58,8 @@ def build_graph(
         targets=col.targets,
         metadata=dict(metadata or {}),
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
+        edges_unique=True,  # one edge per (reader, writer) pair: queries skip coalescing
     )
-    graph.edges_unique = True  # one edge per (reader, writer) pair: queries skip coalescing
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
@@ -91,7 +69,7 @@ def build_graph(
 def attribute(
     adapter: ModelAdapter,
     tokens: torch.Tensor | list[int],
-    transcoders: Any = None,
+    transcoders: Dictionary | None = None,
     targets: list[ResolvedTarget] | None = None,
     *,
     mlp: str | dict[int, str] | None = None,

@@ -49,8 +49,12 @@ def select_and_compute(
     batch_size: int,
     update_interval: int = 4,
     progress: Callable[[int, int], None] | None = None,
+    watch: Callable[[int, int, int], None] | None = None,
 ) -> tuple[EdgeResult, list[int]]:
-    """Edges of the targets and of the selected features; returns (edges, selected reader indices)."""
+    """Edges of the targets and of the selected features; returns (edges, selected reader indices).
+
+    ``watch(rows_done, edges_done, rows_total)`` is called after each batch of rows (the memory
+    guard: it raises to stop a run that would not fit)."""
     rd = col.readers
     nodes = col.nodes
     n_nodes = len(nodes)
@@ -86,6 +90,8 @@ def select_and_compute(
             n_visited += len(chunk)
             if progress is not None:
                 progress(n_visited, max_feature_nodes)
+            if watch is not None:
+                watch(len(done), sum(p.target.size for p in parts), len(other_readers) + max_feature_nodes)
     constants: dict[int, float] = {}
     for p in parts:
         constants.update(p.constants)

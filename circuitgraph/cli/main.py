@@ -27,12 +27,14 @@ import typer
 
 from circuitgraph.errors import CircuitGraphError, SpecError
 
-__all__ = ["app", "main", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS"]
+__all__ = ["app", "main", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS", "EXIT_DOES_NOT_FIT"]
 
 #: exit status for bad input (the same status click uses for usage errors)
 EXIT_BAD_INPUT = 2
 #: exit status of ``run --strict`` when a query or validation check failed
 EXIT_FAILED_CHECKS = 3
+#: exit status of ``run --dry-run`` when the estimate says the run does not fit ("fits: NO")
+EXIT_DOES_NOT_FIT = 4
 
 app = typer.Typer(
     name="circuitgraph",
@@ -91,7 +93,8 @@ def run(
     debug: Annotated[bool, _DEBUG] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or log messages.")] = False,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would be done (sizes, outputs) without running the model.")
+        bool, typer.Option("--dry-run", help="Estimate the peak memory (forward pass and node tables measured, edges "
+                           f"bounded) without building the graph; exit {EXIT_DOES_NOT_FIT} when it does not fit.")
     ] = False,
     strict: Annotated[
         bool, typer.Option("--strict", help=f"Exit with status {EXIT_FAILED_CHECKS} when a query or validation check failed "
@@ -117,7 +120,10 @@ def run(
         from circuitgraph.pipeline import runner  # imports torch: only here
 
         if dry_run:
-            _echo_lines(list(runner.dry_run(loaded)))
+            lines = list(runner.dry_run(loaded))
+            _echo_lines(lines)
+            if any(line.startswith("fits: NO") for line in lines):
+                raise typer.Exit(EXIT_DOES_NOT_FIT)
         else:
             result = runner.run(loaded, progress=not quiet, force=force)
             _echo_lines(list(result.summary_lines()))

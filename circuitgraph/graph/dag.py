@@ -113,12 +113,13 @@ def _kahn_levels(n: int, target: np.ndarray, source: np.ndarray) -> np.ndarray:
 
 
 def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray,
-              level: np.ndarray | None = None) -> DagOrder:
+              level: np.ndarray | None = None, *, trusted: bool = False) -> DagOrder:
     """Visiting order of the edges of a DAG on ``n`` nodes (see the module docstring).
 
     ``level``: candidate levels per node (e.g. residual read locations); nodes without
     incoming edges are set to -1.  When they are not consistent with the edges (or not
-    given), the levels come from a topological sort."""
+    given), the levels come from a topological sort.  ``trusted``: the levels are known to
+    hold on these edges (a subset of edges they were checked on); skip the check."""
     target = np.asarray(target)
     source = np.asarray(source)
     E = target.shape[0]
@@ -127,7 +128,7 @@ def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray
     lv = None
     if level is not None:
         lv = np.where(has_in, np.asarray(level, dtype=np.int64), -1)
-        if E and not _levels_hold(lv, target, source):
+        if E and not trusted and not _levels_hold(lv, target, source):
             lv = None
     if lv is None:
         lv = np.where(has_in, _kahn_levels(n, target, source), -1) if E else np.full(n, -1, dtype=np.int64)
@@ -314,12 +315,12 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
     """The :class:`GraphDag` of a graph, built once and cached on it (the graph's edge arrays
     are not changed in place by anything in circuitgraph).  Duplicate ``(target, source)``
     pairs of a hand-built graph are summed first (an edge's weight is their sum)."""
-    cached = getattr(graph, "_dag_cache", None)
-    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
-        return cached[2]
+    cached = graph.derived("dag")
+    if cached is not None:
+        return cached
     t, s, w = graph.edge_target, graph.edge_source, graph.edge_weight
     inverse = None
-    if getattr(graph, "edges_unique", False) or t.size == 0:
+    if graph.edges_unique or t.size == 0:
         abs_sums = graph.incoming_abs_sums()
     else:
         key = t.astype(np.int64) * np.int64(graph.n_nodes) + s
@@ -331,5 +332,5 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
         else:
             abs_sums = graph.incoming_abs_sums()
     result = GraphDag(dag_order(graph.n_nodes, t, s, w, graph_levels(graph)), abs_sums, inverse)
-    graph._dag_cache = (graph.edge_target, graph.edge_weight, result)
+    graph.store_derived("dag", result)
     return result

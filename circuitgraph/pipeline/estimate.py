@@ -1,7 +1,22 @@
-"""Memory estimates: before a run (from the spec's sizes) and before the edge sweep (from counts).
+"""Memory estimates and the memory guard, shared by ``circuitgraph run --dry-run`` and the engine.
 
-A run that would not fit is refused with a clear message and a suggestion, instead of being
-killed by the operating system half way.
+The estimate is made where the numbers are known exactly: after the forward pass and the
+node tables (which features are active at which position, which neurons, heads, errors),
+the process's resident memory is *measured*, and the edge sweep still to come is bounded
+from above: a reader can only have edges from writers at or below its residual location and
+at or before its position, so its causal writer count bounds its edges.  With
+``max_feature_nodes`` only the rows of the selected features (and the other readers) are
+computed; the bound takes the ``max_feature_nodes`` feature rows with the most possible
+edges.  Edges cost ``EDGE_PEAK_BYTES`` each at the peak of a full-graph run (stored as int32
+target, int32 source and float32 weight, plus the engine's concatenation and pruning's working
+copies) and ``MFN_EDGE_PEAK_BYTES`` with ``max_feature_nodes`` (the ranking rounds and the
+folding of unselected features), measured on the benchmark runs (docs/benchmarks).
+
+Before loading anything, the model and dictionary files' sizes are checked against the memory
+available, so a model that cannot even be loaded is refused without loading it.  A run that
+would not fit is refused with the advice that would make it fit (computed, not guessed:
+``max_feature_nodes`` only for transcoder features, ``neuron_top_k`` only for neurons, each
+with the largest value whose estimate fits).
 """
 
 from __future__ import annotations
@@ -12,12 +27,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from circuitgraph.errors import ResourceError
 
-__all__ = ["RunEstimate", "estimate_run", "available_memory", "check_edge_memory", "EDGE_BYTES"]
+__all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
+           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES"]
 
-#: bytes per stored edge: int32 target + int32 source + float32 weight, plus working copies
-EDGE_BYTES = 24
+#: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored + the
+#: engine's concatenation (12) + pruning's index arrays; measured 30-35 (docs/benchmarks), with margin
+EDGE_PEAK_BYTES = 48
+#: the same with max_feature_nodes, per edge of the computed rows before the unselected features
+#: are folded: the rows, the ranking rounds' concatenation and level sort, and the fold's sort of
+#: the edge keys; measured 79 (6 layers, 256 tokens, 4096 of 124k features, 38.6 M edges)
+MFN_EDGE_PEAK_BYTES = 96
+#: more per edge when edges are accumulated in float64 (``graph: {dtype: float64}``)
+FLOAT64_EXTRA_BYTES = 16
+#: share of the available memory a run may plan to use
+USABLE = 0.85
+#: the later stages (scores, pruning, queries, exports) on top of the edges: a fixed allowance
+#: plus a share of what is held after the forward pass (their Python objects and strings)
+LATER_STAGES_BYTES = 128 * 1024**2
+LATER_STAGES_SHARE = 0.1
 
 
 def available_memory() -> int:
@@ -31,6 +62,18 @@ def available_memory() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 8 * 1024**3  # pragma: no cover
+
+
+def process_memory() -> int:
+    """Resident memory of this process now, in bytes."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:  # pragma: no cover
+        import os
+
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _safetensors_bytes(path: Path) -> int:
@@ -48,102 +91,349 @@ def _safetensors_bytes(path: Path) -> int:
 
 
 @dataclass
+class EdgePlan:
+    """How many edges the sweep can produce at most, and what they cost at the peak.
+
+    ``n_edges_upper``: the sum over the computed rows of their causal writer counts.
+    ``base``: the process's resident memory when the plan was made (model, dictionaries,
+    forward pass, node tables: measured).  ``limit``: the memory the run may use in all."""
+
+    n_nodes: int
+    n_feature_nodes: int
+    n_neuron_nodes: int
+    n_rows: int
+    n_edges_upper: int
+    bytes_per_edge: int
+    max_feature_nodes: int | None
+    base: int
+    limit: int
+    advice: list[str] = field(default_factory=list)
+    #: with max_feature_nodes: the edges if the narrowest feature rows were selected (which rows
+    #: are selected is known only as they are computed); else equal to ``n_edges_upper``
+    n_edges_lower: int | None = None
+
+    @property
+    def bytes_edges(self) -> int:
+        return self.n_edges_upper * self.bytes_per_edge
+
+    @property
+    def bytes_fixed(self) -> int:
+        """Everything but the edges: the measured base and the later stages' allowance."""
+        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES
+
+    @property
+    def bytes_peak(self) -> int:
+        return self.bytes_fixed + self.bytes_edges
+
+    @property
+    def bytes_peak_lower(self) -> int:
+        lower = self.n_edges_upper if self.n_edges_lower is None else self.n_edges_lower
+        return self.bytes_fixed + lower * self.bytes_per_edge
+
+    @property
+    def fits(self) -> bool:
+        """The upper bound fits: the run fits."""
+        return self.bytes_peak <= self.limit
+
+    @property
+    def may_fit(self) -> bool:
+        """Some selection of the feature rows fits (equal to :attr:`fits` without max_feature_nodes);
+        the run then checks its memory as the rows are computed."""
+        return self.bytes_peak_lower <= self.limit
+
+    def refusal(self) -> str:
+        return (f"the graph could hold up to {self.n_edges_upper:,} edges; with what is already in memory "
+                f"({_gb(self.base)}) the run would need about {_gb(self.bytes_peak)}, more than the "
+                f"{_gb(self.limit)} it may use; " + "; or ".join(self.advice or [_LAST_RESORT]))
+
+
+_LAST_RESORT = "shorten the prompt or use a machine with more memory"
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1024**3:.3f} GB"
+
+
+def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(writer counts (n_locs, n_pos), reader locs, reader positions, reader kinds)."""
+    counts = np.zeros((n_locs, n_pos), dtype=np.int64)
+    for loc, groups in col.writers.groups.items():
+        for pos, rows, _ in groups:
+            counts[loc, pos] += len(rows)
+    locs = np.asarray(col.readers.locs, dtype=np.int64)
+    positions = np.asarray(col.readers.positions, dtype=np.int64)
+    kinds = np.array([col.nodes[r].kind for r in col.readers.rows], dtype=object)
+    return counts, locs, positions, kinds
+
+
+def _reach(options: Any, n_locs: int) -> np.ndarray:
+    """Per residual location: the highest location whose writers at *earlier positions* a reader
+    there can see, -1 for none.  Earlier positions are only reached through a frozen attention
+    layer ``m`` (it reads ``resid_pre(m) = 2m`` and writes ``resid_mid(m) = 2m + 1``); head nodes
+    stop paths."""
+    reach = np.full(n_locs, -1, dtype=np.int64)
+    for m, mode in options.attention.items():
+        if mode == "frozen" and 2 * m + 1 < n_locs:
+            reach[2 * m + 1 :] = np.maximum(reach[2 * m + 1 :], 2 * m)
+    return reach
+
+
+def _row_bounds(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """Per reader: the writers it can see (its possible edges): at its own position every writer
+    at or below its location; at earlier positions those at or below ``reach[loc]``."""
+    if not locs.size:
+        return np.zeros(0, dtype=np.int64)
+    same = counts.cumsum(0)  # (loc, pos): writers at or below loc at that position
+    earlier = same.cumsum(1)  # ... at or before that position
+    r = reach[locs]
+    ok = (r >= 0) & (positions >= 1)
+    out = same[locs, positions].copy()
+    out[ok] += earlier[r[ok], positions[ok] - 1]
+    return out
+
+
+def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: int | None) -> tuple[int, int, int]:
+    """(edges upper bound, rows, edges lower bound) when at most ``max_feature_nodes`` feature rows
+    are computed: the upper bound takes the rows with the most possible edges (whichever are
+    selected, there are no more), the lower one the rows with the fewest."""
+    feat = np.sort(bounds[is_feature])[::-1]
+    other = bounds[~is_feature]
+    k = feat.size if max_feature_nodes is None else min(max_feature_nodes, feat.size)
+    lower = int(other.sum() + (feat[feat.size - k:].sum() if k else 0))
+    return int(other.sum() + feat[:k].sum()), int(other.size + k), lower
+
+
+def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
+               base: int | None = None) -> EdgePlan:
+    """The edge plan of collected nodes (see the module docstring), with advice if it does not fit."""
+    counts, locs, positions, kinds = _counts(col, n_locs, n_pos)
+    reach = _reach(options, n_locs)
+    bounds = _row_bounds(counts, locs, positions, reach)
+    is_feature = kinds == "feature"
+    n_feat = int(is_feature.sum())
+    mfn = options.max_feature_nodes
+    selecting = mfn is not None and mfn < n_feat
+    total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
+    base = process_memory() if base is None else base
+    limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
+    # 8-byte weights (graph: {dtype: float64}): the stored copy and its working copies
+    extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
+    bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
+    plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
+                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None)
+    if not plan.fits:
+        plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra)
+    return plan
+
+
+def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
+            bounds: np.ndarray, reach: np.ndarray, extra: int = 0) -> list[str]:
+    """Changes of the spec that would make the run fit, each checked with the same bound."""
+    room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
+    out: list[str] = []
+    is_feature = kinds == "feature"
+    if is_feature.any():
+        # the largest max_feature_nodes whose rows fit
+        feat = np.sort(bounds[is_feature])[::-1]
+        fixed = int(bounds[~is_feature].sum())
+        budget = room // (MFN_EDGE_PEAK_BYTES + extra) - fixed
+        k = int(np.searchsorted(np.cumsum(feat), budget, side="right")) if budget > 0 else 0
+        if k >= 1:
+            k = min(k, feat.size - 1) if feat.size > 1 else k
+            out.append(f"set graph.max_feature_nodes: {k} (or less)")
+    is_neuron = kinds == "neuron"
+    if is_neuron.any():
+        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
+        if k:
+            out.append(f"set graph.neuron_top_k: {k} (or less)")
+    # whole-MLP nodes: no MLP readers at all (only the targets read)
+    coarse = counts.copy()
+    mlp_locs = np.unique(locs[is_feature | is_neuron]) + 1
+    for loc in mlp_locs:
+        coarse[loc] = np.minimum(coarse[loc], 1)
+    keep = ~(is_feature | is_neuron)
+    if (is_feature | is_neuron).any() and (
+            _row_bounds(coarse, locs[keep], positions[keep], reach).sum() * (EDGE_PEAK_BYTES + extra) <= room):
+        out.append("set graph.mlp: mlp (one node per MLP output)")
+    return out
+
+
+def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
+                          reach: np.ndarray, room: int, bytes_per_edge: int) -> int:
+    """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none)."""
+    is_neuron = kinds == "neuron"
+    per_site = np.zeros_like(counts)
+    np.add.at(per_site, (locs[is_neuron], positions[is_neuron]), 1)
+    read_locs = np.unique(locs[is_neuron])
+    site_loc, site_pos = np.nonzero(per_site)
+    other = ~is_neuron
+
+    def need(k: int) -> int:
+        c = counts.copy()
+        readers = np.minimum(per_site, k)
+        for loc in read_locs:  # the neurons of a layer read at loc and write at loc + 1 (+1 remainder)
+            c[loc + 1] -= per_site[loc] - readers[loc] - (per_site[loc] > k)
+        per_reader = _row_bounds(c, site_loc, site_pos, reach)
+        total = (readers[site_loc, site_pos] * per_reader).sum() + _row_bounds(c, locs[other], positions[other],
+                                                                                 reach).sum()
+        return int(total) * bytes_per_edge
+
+    lo, hi = 0, int(per_site.max(initial=0))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_plan(plan: EdgePlan) -> None:
+    """Refuse an edge sweep that cannot fit (:class:`ResourceError` with working advice).  With
+    ``max_feature_nodes`` a run is refused here only when even the narrowest rows would not fit;
+    :func:`check_rows` then watches the memory as the selected rows are computed."""
+    if not plan.may_fit:
+        raise ResourceError(plan.refusal())
+
+
+def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int) -> None:
+    """The guard while ``max_feature_nodes`` rows are computed: measured memory now, plus the
+    remaining rows at the mean width of the rows computed so far and the folding, must fit."""
+    if rows_done <= 0 or rows_done >= rows_total:
+        return
+    width = edges_done / rows_done
+    need = process_memory() + int((rows_total - rows_done) * width * plan.bytes_per_edge)
+    if need <= plan.limit:
+        return
+    # the largest number of rows that fits at the observed width
+    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (plan.n_rows - (plan.max_feature_nodes or 0))
+    advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
+    raise ResourceError(
+        f"after {rows_done} of the {rows_total} rows ({width:,.0f} edges each on average), the run would need "
+        f"about {_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
+
+
+@dataclass
 class RunEstimate:
+    """What ``circuitgraph run --dry-run`` reports."""
+
     n_pos: int
     n_layers: int
     d_model: int
     d_sae: int | None
-    n_feature_nodes: int
-    n_nodes: int
-    n_edges_upper: int
     bytes_model: int
     bytes_transcoders: int
-    bytes_edges: int
-    bytes_peak: int
     available: int
+    plan: EdgePlan | None
+    static_fits: bool
+    device: str = "cpu"
+    device_lines: list[str] = field(default_factory=list)
+    device_fits: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
-        return self.bytes_peak <= 0.8 * self.available
+        return self.static_fits and self.device_fits and (self.plan is None or self.plan.fits)
 
     def lines(self) -> list[str]:
-        gb = lambda b: f"{b / 1024**3:.2f} GB"  # noqa: E731
-        out = [
-            f"prompt: {self.n_pos} tokens; model: {self.n_layers} layers, d_model {self.d_model}"
-            + (f"; transcoders: d_sae {self.d_sae}" if self.d_sae else ""),
-            f"estimated nodes: {self.n_nodes} (feature nodes {self.n_feature_nodes}); "
-            f"edges at most {self.n_edges_upper:,}",
-            f"memory: model {gb(self.bytes_model)}, transcoders {gb(self.bytes_transcoders)}, "
-            f"edges {gb(self.bytes_edges)}; peak about {gb(self.bytes_peak)} of {gb(self.available)} available",
-            "fits: yes" if self.fits else "fits: NO - " + _suggestion(),
-        ]
+        out = [f"prompt: {self.n_pos} tokens; model: {self.n_layers} layers, d_model {self.d_model}"
+               + (f"; transcoders: d_sae {self.d_sae}" if self.d_sae else "")]
+        out.append(f"files: model {_gb(self.bytes_model)}, dictionaries {_gb(self.bytes_transcoders)}; "
+                   f"{_gb(self.available)} of memory available")
+        p = self.plan
+        if p is not None:
+            rows = (f"rows of {p.max_feature_nodes} of the {p.n_feature_nodes} active features (max_feature_nodes)"
+                    if p.max_feature_nodes is not None else "every row")
+            out.append(f"estimated nodes: {p.n_nodes} (feature nodes {p.n_feature_nodes}, neuron nodes "
+                       f"{p.n_neuron_nodes}); edges at most {p.n_edges_upper:,} ({rows})")
+            out.append(f"memory: {_gb(p.base)} after the forward pass and node tables (measured), edges at most "
+                       f"{_gb(p.bytes_edges)} ({p.bytes_per_edge} bytes each at the peak); peak at most about "
+                       f"{_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
+        out += self.device_lines
+        if self.fits:
+            out.append("fits: yes")
+        elif p is not None and self.static_fits and self.device_fits and p.may_fit:
+            out.append(f"fits: probably - at most {_gb(p.bytes_peak)} if the widest feature rows are selected, "
+                       f"{_gb(p.bytes_peak_lower)} if the narrowest; which are selected is known only as they are "
+                       "computed, and the run stops with advice if it would pass the memory it may use")
+        elif not self.static_fits:
+            out.append("fits: NO - the model and dictionaries alone do not fit in the memory available; "
+                       "use a machine with more memory")
+        elif p is not None and not p.fits:
+            out.append("fits: NO - " + "; or ".join(p.advice or [_LAST_RESORT]))
+        else:
+            out.append("fits: NO - the model and the graph's working set do not fit on the device; "
+                       "use model: {device: cpu} or a device with more memory")
         return out + [f"note: {n}" for n in self.notes]
 
 
-def _suggestion() -> str:
-    return ("set graph.max_feature_nodes (keep only the most influential features), shorten the prompt, "
-            "prune with a coarser granularity (graph.mlp: mlp), or use a machine with more memory")
-
-
-def estimate_run(spec: Any, *, active_fraction: float = 0.02) -> RunEstimate:
-    """Estimate from the spec alone: config sizes, transcoder file sizes and the prompt length.
-
-    The number of active features is not known before the forward pass; it is assumed to be
-    ``active_fraction`` of the dictionary per token (``max_feature_nodes`` caps it).
-    """
-    from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-
+def estimate_run(spec: Any) -> RunEstimate:
+    """The dry run: the files' sizes first; when the model fits, the forward pass and the node
+    tables (what is active where), the resident memory measured, and the edges bounded."""
     from circuitgraph.builtin import BUILTIN_MODELS
 
     m = spec.model
     notes: list[str] = []
-    if m.source == "name":
-        raise ResourceError("dry-run needs the model's config: only local (path/builtin) models are estimated")
-    if m.source == "builtin":
-        model_dir = Path(BUILTIN_MODELS[m.builtin]()) / "model"
-    else:
-        model_dir = Path(m.path)
-    cfg = json.loads((model_dir / "config.json").read_text())
-    L, D = int(cfg["n_layers"]), int(cfg["d_model"])
-    bytes_model = _safetensors_bytes(model_dir / "model.safetensors")
-    prompt = spec.prompt
-    if hasattr(prompt, "tokens"):
-        n_pos = len(prompt.tokens)
-    else:
-        tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
-        n_pos = len(Tokenizer.from_dir(tok_dir).encode(prompt.text)) + 1 if tok_dir else len(prompt.text.split()) + 1
-    d_sae, bytes_tc, tc_layers = None, 0, 0
-    t = spec.transcoders
-    if t is not None and t.source in ("path", "builtin"):
-        from circuitgraph.builtin import builtin_dictionary_dir
+    bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
+    if m.source in ("builtin", "path"):
+        model_dir = Path(BUILTIN_MODELS[m.builtin]()) / "model" if m.source == "builtin" else Path(m.path)
+        cfg = json.loads((model_dir / "config.json").read_text())
+        L, D = int(cfg["n_layers"]), int(cfg["d_model"])
+        bytes_model = _safetensors_bytes(model_dir / "model.safetensors")
+        t = spec.transcoders
+        if t is not None and t.source in ("path", "builtin"):
+            from circuitgraph.builtin import builtin_dictionary_dir
 
-        tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
-        if (tc_dir / "config.yaml").is_file():
-            d_sae, bytes_tc, tc_layers, note = _clt_estimate(tc_dir, L, D, n_pos, active_fraction)
-            notes.append(note)
-        for sub in sorted(tc_dir.glob("layer_*")):
-            bytes_tc += _safetensors_bytes(sub / "sae_weights.safetensors")
-            d_sae = int(json.loads((sub / "cfg.json").read_text())["d_sae"])
-            tc_layers += 1
-    elif t is not None:
-        notes.append("hub transcoders: sizes unknown before download")
-    if d_sae:
-        n_feat = int(active_fraction * d_sae * tc_layers * max(n_pos - 1, 1))
-        notes.append(f"assumes {active_fraction:.0%} of features active per token")
+            tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
+            if (tc_dir / "config.yaml").is_file():
+                d_sae, bytes_tc, _, note = _clt_estimate(tc_dir, L, D, 1, 0.0)
+                notes.append(note)
+            for sub in sorted(tc_dir.glob("layer_*")):
+                bytes_tc += _safetensors_bytes(sub / "sae_weights.safetensors")
+                d_sae = int(json.loads((sub / "cfg.json").read_text())["d_sae"])
     else:
-        n_feat = int(cfg.get("d_mlp", 4 * D)) * L * max(n_pos - 1, 1)
-        notes.append("no transcoders: every neuron is a node (set graph.neuron_top_k to cap it)")
-    if spec.graph.max_feature_nodes:
-        n_feat_rows = min(n_feat, spec.graph.max_feature_nodes)
-    else:
-        n_feat_rows = n_feat
-    n_nodes = n_feat + (L + 1) * n_pos + 10
-    n_edges = n_feat_rows * n_nodes // 2 + 10 * n_nodes
-    bytes_edges = n_edges * EDGE_BYTES
-    bytes_peak = int(bytes_model * 2 + bytes_tc * 2 + bytes_edges + 64 * 1024**2)
-    return RunEstimate(n_pos, L, D, d_sae, n_feat, n_nodes, n_edges, bytes_model, bytes_tc, bytes_edges,
-                       bytes_peak, available_memory(), notes)
+        notes.append("hub model: its size is known only once it is loaded")
+    avail = available_memory()
+    base = process_memory()
+    # loading holds a dictionary twice while it is converted
+    static_fits = base + bytes_model + 2 * bytes_tc <= USABLE * (avail + base)
+    if not static_fits:
+        return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
+
+    from circuitgraph.attribution.nodes_builder import collect_nodes
+    from circuitgraph.pipeline.runner import prepare
+
+    p = prepare(spec)
+    f = p.adapter.facts
+    col = collect_nodes(p.adapter, p.lin, p.transcoders, p.targets, p.options)
+    plan = plan_edges(col, p.options, 2 * f.n_layers + 1, p.lin.n_pos, limit=p.options.memory_limit)
+    est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
+                      str(p.adapter.device), notes=notes)
+    if str(p.adapter.device).startswith("cuda"):
+        need, free = device_working_set(col, p.options), _device_free(p.adapter.device)
+        est.device_fits = need <= USABLE * free
+        est.device_lines = [f"device {p.adapter.device}: about {_gb(need)} more needed for the edge sweep, "
+                            f"{_gb(free)} free"]
+    return est
+
+
+def device_working_set(col: Any, options: Any) -> int:
+    """Bytes the edge sweep allocates on the model's device per batch of readers: the gradient
+    block ``(batch, pos, d_model)`` (three copies while it steps down a layer) and the largest
+    per-location edge block ``(positions, batch, writers)`` with its non-zero indices."""
+    elt = 8 if "64" in str(options.dtype) else 4
+    n_pos = max(col.readers.positions, default=0) + 1
+    d_model = col.frozen.adapter.facts.d_model
+    B = options.batch_size
+    block = max((int(rows.shape[0]) * int(rows.shape[1]) for _, rows, _ in col.writers.padded.values()), default=0)
+    return 3 * B * n_pos * d_model * elt + block * B * (elt + 3 * 8)
+
+
+def _device_free(device: Any) -> int:
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
 
 
 def _clt_estimate(path: Path, L: int, D: int, n_pos: int, active_fraction: float) -> tuple[int, int, int, str]:
@@ -171,28 +461,3 @@ def _clt_estimate(path: Path, L: int, D: int, n_pos: int, active_fraction: float
             "memory (lazy decoder rows of the active features" + (", one encoder layer at a time)"
                                                                     if enc_bytes == enc_layer else ")"))
     return d_tc, total, L, note
-
-
-def check_edge_memory(n_edges_upper: int, *, limit: int | None = None) -> None:
-    """Refuse an edge sweep whose worst-case sparse storage would not fit."""
-    need = n_edges_upper * EDGE_BYTES
-    avail = available_memory() if limit is None else limit
-    if need > 0.8 * avail:
-        raise ResourceError(
-            f"the graph could hold up to {n_edges_upper:,} edges (~{need / 1024**3:.1f} GB), more than the "
-            f"{avail / 1024**3:.1f} GB of memory available; {_suggestion()}"
-        )
-
-
-def edge_upper_bound(locs: list[int], positions: list[int], writer_groups: dict[int, list], n_locs: int,
-                     n_pos: int) -> int:
-    """Worst-case number of edges: for each reader, the writers at or below its location and
-    at or before its position."""
-    import numpy as np
-
-    counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-    for loc, groups in writer_groups.items():
-        for pos, rows, _ in groups:
-            counts[loc, pos] += len(rows)
-    cum = counts.cumsum(0).cumsum(1)
-    return int(sum(cum[l, p] for l, p in zip(locs, positions)))

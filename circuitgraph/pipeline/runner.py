@@ -215,14 +215,41 @@ def _check_outputs(spec: Any) -> None:
         )
 
 
+@dataclass
+class Prepared:
+    """Everything a graph is built from: the loaded inputs, the forward pass, the options."""
+
+    adapter: Any
+    transcoders: Any
+    lin: Any
+    targets: list
+    options: Any
+    metadata: dict[str, Any]
+
+
 def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
     """Load inputs and build the unpruned graph of a spec (no queries, no exports).
 
     ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
     dictionaries (dataset workers load them once and reuse them for every prompt).
     """
-    from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution.build import build_graph
+
+    p = prepare(spec, inputs=inputs)
+    bar, update = _progress_bar(progress, "attribution")
+    try:
+        graph = build_graph(p.adapter, p.lin, p.transcoders, p.targets, p.options, progress=update,
+                            metadata=p.metadata)
+    finally:
+        if bar is not None:
+            bar.close()
+    return graph
+
+
+def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
+    """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
+    resolve targets and options."""
+    from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions
     from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
@@ -278,13 +305,7 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
 
     # a shared graph must not reveal the user's folders: paths relative to the spec, or names
     metadata = portable_paths(metadata, spec_base_dir(spec))
-    bar, update = _progress_bar(progress, "attribution")
-    try:
-        graph = build_graph(adapter, lin, tcs, targets, options, progress=update, metadata=metadata)
-    finally:
-        if bar is not None:
-            bar.close()
-    return graph
+    return Prepared(adapter, tcs, lin, targets, options, metadata)
 
 
 def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
@@ -495,7 +516,9 @@ def _diagram_options(result: RunResult) -> dict[str, Any]:
 
 
 def dry_run(spec: Any) -> list[str]:
-    """Validate a spec and estimate what a run needs, without building the graph."""
+    """Validate a spec and estimate the peak memory of its run without building the graph: the
+    lines ``circuitgraph run --dry-run`` prints, ending with ``fits: yes`` or ``fits: NO - <advice>``
+    (see :mod:`circuitgraph.pipeline.estimate`)."""
     from circuitgraph.pipeline.estimate import estimate_run
     from circuitgraph.spec import load_spec
 

@@ -49,7 +49,7 @@ import numpy as np
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
-from circuitgraph.graph.dag import CHUNK, graph_dag, sweep
+from circuitgraph.graph.dag import CHUNK, dag_order, graph_dag, sweep
 from circuitgraph.queries._sparse import target_weight_vector, weighted_influence
 
 __all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]
@@ -222,7 +222,8 @@ def prune_graph(
     a_in = np.abs(dag.weight[inside_idx].astype(np.float64))
     # rows of dropped nodes divide by infinity: they pass nothing on
     divisor2 = np.where(node_mask, np.maximum(np.bincount(it, weights=a_in, minlength=n), 1e-10), np.inf)
-    influence2 = sweep(dag, abs_start=w, row_divisor=divisor2, source_mask=node_mask)["abs"][:, 0] + w
+    inside = dag_order(n, it, is_, dag.weight[inside_idx], dag.level, trusted=True)  # the same levels hold
+    influence2 = sweep(inside, abs_start=w, row_divisor=divisor2)["abs"][:, 0] + w
     scores = a_in / divisor2[it] * influence2[it]
 
     # ---- step 4: edges
