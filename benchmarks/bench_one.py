@@ -145,11 +145,10 @@ def run_one(p: BenchParams) -> dict[str, Any]:
         files = {"pruned_json_bytes": _dir_bytes(p.out_dir / "pruned.json"),
                  "full_npz_bytes": _dir_bytes(p.out_dir / "full.npz")}
 
-    col = graph.context.collected
     kinds: dict[str, int] = {}
     for n in graph.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1
-    n_active = sum(1 for n in col.nodes if n.kind == "feature")
+    n_active = sum(1 for n in graph.context.attributed_nodes if n.kind == "feature")
     f = adapter.facts
     return {
         "n_pos": len(p.tokens),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from circuitgraph.adapters import ModelAdapter
-from circuitgraph.attribution import attribute
+from circuitgraph.attribution import ResidualLocation, attribute
 from circuitgraph.dictionaries import CrossLayerTranscoder, detect_format, load_dictionaries
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 from circuitgraph.testing.synthetic import random_clt, save_bundle, save_clt, tiny_model
@@ -86,22 +86,21 @@ def test_clt_errors_and_writes_match_the_files(tmp_path, arch, act):
     lin = ctx.linearisation
     L = adapter.facts.n_layers
     recon = _files_reconstruction(d, [lin.resid_mid[l] for l in range(L)], act)
-    col = ctx.collected
     for k in range(L):
         for t in range(1, len(TOKENS)):
-            (loc, pos, vec), = col.writer_locations(_node(g, "error", k, t, 0))
-            torch.testing.assert_close(vec, lin.mlp_out[k][t] - recon[k][t], atol=2e-5, rtol=0)
+            (write,) = ctx.writes(_node(g, "error", k, t, 0))
+            torch.testing.assert_close(write.vector, lin.mlp_out[k][t] - recon[k][t], atol=2e-5, rtol=0)
     from safetensors.torch import load_file
 
     feats = [n for n in g.nodes if n.kind == "feature"]
     assert {n.layer for n in feats} == set(range(L))
     for n in feats[:: max(1, len(feats) // 6)]:
-        writes = col.writer_locations(n.id)
-        assert [loc for loc, _, _ in writes] == [2 * k + 2 for k in range(n.layer, L)]
+        writes = ctx.writes(n.id)
+        assert [w.location for w in writes] == [ResidualLocation.resid_post(k) for k in range(n.layer, L)]
         W_dec = load_file(str(d / f"W_dec_{n.layer}.safetensors"))[f"W_dec_{n.layer}"]
-        for loc, pos, vec in writes:
-            k = loc // 2 - 1
-            torch.testing.assert_close(vec, n.activation * W_dec[n.index, k - n.layer], atol=1e-6, rtol=1e-5)
+        for w in writes:
+            k = w.location.layer
+            torch.testing.assert_close(w.vector, n.activation * W_dec[n.index, k - n.layer], atol=1e-6, rtol=1e-5)
 
 
 def _node(g, kind, layer, pos, index):

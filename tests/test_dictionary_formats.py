@@ -67,7 +67,7 @@ def test_format_loads_and_is_exact(tmp_path, arch, fmt, activation, skip):
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
     acts, recons = _reference(model, raw, activation)
     lin = g.context.linearisation
-    col = g.context.collected
+    ctx = g.context
     n_feat = 0
     for l in range(model.cfg.n_layers):
         for t in range(1, len(TOKENS)):
@@ -75,8 +75,8 @@ def test_format_loads_and_is_exact(tmp_path, arch, fmt, activation, skip):
                 node = g.node(NodeId("feature", l, t, j))
                 assert abs(node.activation - float(acts[l][t, j])) < 1e-5
                 n_feat += 1
-            (_, _, vec), = col.writer_locations(NodeId("error", l, t, 0))
-            torch.testing.assert_close(vec, lin.mlp_out[l][t] - recons[l][t], atol=2e-5, rtol=0)
+            (write,) = ctx.writes(NodeId("error", l, t, 0))
+            torch.testing.assert_close(write.vector, lin.mlp_out[l][t] - recons[l][t], atol=2e-5, rtol=0)
     assert n_feat == sum(n.kind == "feature" for n in g.nodes) > 0
 
 

@@ -433,7 +433,7 @@ def test_dot_truncation_keeps_targets_and_notes_what_was_left_out():
 def test_dot_min_edge_fraction_drops_weak_edges():
     dot = graph_to_dot(make_graph(), min_edge_fraction=0.5)
     assert "showing 8 of 8 nodes and 2 of 9 edges" in dot
-    drawn = [line for line in dot.splitlines() if ", penwidth=" in line and "->" in line]
+    drawn = [line for line in dot.splitlines() if " penwidth=" in line and "->" in line and "width " not in line]
     assert len(drawn) == 2 and all("feature/1/2/5" in line for line in drawn)
 
 

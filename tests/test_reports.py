@@ -208,7 +208,7 @@ def test_diagram_labels_activations_axis_and_legend():
     dot = graph_to_dot(g, labels={(feature.layer, feature.index): "a described feature"})
     assert "a described feature" in dot
     assert f"a={feature.activation:.3g}" in dot  # activation on feature nodes
-    assert '"axis layer 0"' in dot and 'label="Emb"' in dot and 'label="Out"' in dot  # the layer axis
+    assert '"axis layer 0"' in dot and "label=Emb" in dot and "label=Out" in dot  # the layer axis
     assert "edge width = |weight|" in dot  # the width scale in the legend
     assert "influence" in dot  # hover text
 

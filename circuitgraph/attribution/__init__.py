@@ -1,6 +1,11 @@
-"""Linearisation (freezing as a scoped object) and the exact edge computation."""
+"""Linearisation (freezing as a scoped object) and the exact edge computation.
 
-from circuitgraph.attribution.build import AttributionContext, attribute, build_graph
+Code outside this package reads the engine through :mod:`circuitgraph.attribution.context`
+(residual locations, writer vectors, reader directions, propagation), never its tables.
+"""
+
+from circuitgraph.attribution.build import attribute, build_graph
+from circuitgraph.attribution.context import AttributionContext, ReaderDirection, ResidualLocation, WriterVector
 from circuitgraph.attribution.linearisation import Linearisation, frozen, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions
 from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
@@ -9,7 +14,10 @@ __all__ = [
     "AttributionContext",
     "GraphOptions",
     "Linearisation",
+    "ReaderDirection",
+    "ResidualLocation",
     "ResolvedTarget",
+    "WriterVector",
     "attribute",
     "build_graph",
     "frozen",

@@ -2,47 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.linearisation import Linearisation
-from circuitgraph.attribution.nodes_builder import Collected, GraphOptions, collect_nodes
+from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
 from circuitgraph.attribution.targets import ResolvedTarget
+from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["AttributionContext", "build_graph", "attribute"]
 
 
-@dataclass
-class AttributionContext:
-    """The live objects behind a graph, kept for queries and validation that need the model."""
-
-    adapter: ModelAdapter
-    linearisation: Linearisation
-    transcoders: Any
-    options: GraphOptions
-    collected: Collected
-    targets: list[ResolvedTarget]
-
-    def attribute_directions(self, location: int, positions: Any, directions: torch.Tensor,
-                             own_constants: Any) -> Any:
-        """Edges from every writer into ad-hoc readers at ``location`` (one sweep); see
-        :func:`circuitgraph.attribution.engine.attribute_directions`."""
-        from circuitgraph.attribution.engine import attribute_directions
-
-        return attribute_directions(self.collected, location, positions, directions, own_constants,
-                                    batch_size=self.options.batch_size)
-
-
 def build_graph(
     adapter: ModelAdapter,
     lin: Linearisation,
-    transcoders: Any,
+    transcoders: Dictionary | None,
     targets: list[ResolvedTarget],
     options: GraphOptions,
     *,
@@ -78,8 +58,8 @@ def build_graph(
         targets=col.targets,
         metadata=dict(metadata or {}),
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
+        edges_unique=True,  # one edge per (reader, writer) pair: queries skip coalescing
     )
-    graph.edges_unique = True  # one edge per (reader, writer) pair: queries skip coalescing
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
@@ -89,7 +69,7 @@ def build_graph(
 def attribute(
     adapter: ModelAdapter,
     tokens: torch.Tensor | list[int],
-    transcoders: Any = None,
+    transcoders: Dictionary | None = None,
     targets: list[ResolvedTarget] | None = None,
     *,
     mlp: str | dict[int, str] | None = None,

@@ -15,7 +15,8 @@ MLPs are replaced by their nodes (features + error, neurons + remainder, or one 
 no gradient flows through them otherwise: every path between two nodes passes through no
 other node, which is exactly the direct effect (DESIGN.md section 2).
 
-Residual locations: ``0`` = resid_pre(0); ``2l+1`` = resid_mid(l); ``2l+2`` = resid_post(l).
+Residual locations (:class:`~circuitgraph.attribution.context.ResidualLocation`): ``0`` =
+resid_pre(0); ``2l+1`` = resid_mid(l); ``2l+2`` = resid_post(l).
 """
 
 from __future__ import annotations
@@ -25,21 +26,22 @@ from dataclasses import dataclass
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.linearisation import Linearisation
 
 __all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
 
 
-def loc_resid_pre(layer: int) -> int:
-    return 2 * layer
+def loc_resid_pre(layer: int) -> ResidualLocation:
+    return ResidualLocation.resid_pre(layer)
 
 
-def loc_resid_mid(layer: int) -> int:
-    return 2 * layer + 1
+def loc_resid_mid(layer: int) -> ResidualLocation:
+    return ResidualLocation.resid_mid(layer)
 
 
-def loc_resid_post(layer: int) -> int:
-    return 2 * layer + 2
+def loc_resid_post(layer: int) -> ResidualLocation:
+    return ResidualLocation.resid_post(layer)
 
 
 @dataclass

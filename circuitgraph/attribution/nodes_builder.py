@@ -112,18 +112,24 @@ class Collected:
     # the engine then sums its per-location edges into one edge per (reader, writer)
     multi_location_writers: bool = False
 
-    def writer_locations(self, node: NodeId) -> list[tuple[int, int, torch.Tensor]]:
-        """Every ``(location, position, output vector)`` at which ``node`` writes (one for most
-        nodes; one per downstream MLP output for a CLT feature); empty for non-writers."""
-        idx = self.__dict__.get("_writer_index")
-        if idx is None:
-            idx = {}
+    #: node id -> its writes, built on first use (:meth:`writer_index`)
+    _writer_index: dict[NodeId, list[tuple[int, int, torch.Tensor]]] | None = field(default=None, repr=False)
+
+    def writer_index(self) -> dict[NodeId, list[tuple[int, int, torch.Tensor]]]:
+        """node id -> every ``(location, position, output vector)`` at which it writes (one for most
+        nodes; one per downstream MLP output for a CLT feature)."""
+        if self._writer_index is None:
+            idx: dict[NodeId, list[tuple[int, int, torch.Tensor]]] = {}
             for loc, groups in self.writers.groups.items():
                 for pos, rows, vecs in groups:
                     for j, r in enumerate(rows.tolist()):
                         idx.setdefault(self.nodes[r].id, []).append((loc, pos, vecs[j]))
             self._writer_index = idx
-        return idx.get(node, [])
+        return self._writer_index
+
+    def writer_locations(self, node: NodeId) -> list[tuple[int, int, torch.Tensor]]:
+        """Every ``(location, position, output vector)`` at which ``node`` writes; empty for non-writers."""
+        return self.writer_index().get(node, [])
 
 
 class _Builder:
@@ -137,6 +143,8 @@ class _Builder:
         self.nodes: list[Node] = []
         self.index: dict[NodeId, int] = {}
         self.multi_location = False
+        #: per-prompt dictionary values shared by the MLP layers (see _dictionary_state)
+        self.dictionary_state: dict[str, Any] = {"acts": {}, "rows": {}, "dec": {}}
         self.writers = WriterTable()
         self.readers = ReaderTable()
         T, D = lin.n_pos, adapter.facts.d_model
@@ -219,7 +227,7 @@ def collect_nodes(
     # ---------------------------------------------------------------- targets
     target_ids = [_collect_target(b, fm, i, tgt) for i, tgt in enumerate(targets)]
     b.writers.finalise()
-    b.__dict__.pop("_dict_state", None)
+    b.dictionary_state = {}  # the activations and decoder rows are not needed any more
     return Collected(b.nodes, b.writers, b.readers, b.constants,
                      [(tid, tgt.weight) for tid, tgt in zip(target_ids, targets)], fm,
                      multi_location_writers=b.multi_location)
@@ -310,11 +318,7 @@ def _dictionary_state(b: _Builder) -> dict[str, Any]:
     """Per-prompt dictionary values shared by the MLP layers: activations of every encoder
     layer (computed once), the feature rows created so far and the decoder rows of the
     active features (read once per source layer, lazily for large dictionaries)."""
-    st = b.__dict__.get("_dict_state")
-    if st is None:
-        st = {"acts": {}, "rows": {}, "dec": {}}
-        b._dict_state = st
-    return st
+    return b.dictionary_state
 
 
 def _acts(b: _Builder, layer: int) -> torch.Tensor:

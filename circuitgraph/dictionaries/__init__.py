@@ -16,5 +16,8 @@ from circuitgraph.dictionaries.clt import CrossLayerTranscoder, load_clt_dir
 from circuitgraph.dictionaries.formats import FORMATS, detect_format, load_dictionaries
 from circuitgraph.dictionaries.transcoders import TranscoderLayer, TranscoderSet
 
-__all__ = ["CrossLayerTranscoder", "FORMATS", "TranscoderLayer", "TranscoderSet", "detect_format",
+#: what the engine, queries and checks accept as transcoders: either kind (same protocol)
+Dictionary = TranscoderSet | CrossLayerTranscoder
+
+__all__ = ["CrossLayerTranscoder", "Dictionary", "FORMATS", "TranscoderLayer", "TranscoderSet", "detect_format",
            "load_clt_dir", "load_dictionaries"]

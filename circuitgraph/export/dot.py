@@ -1,4 +1,6 @@
-"""Graphviz DOT text for an attribution graph, generated in pure Python (no binary needed).
+"""Graphviz DOT text for an attribution graph, built with the ``graphviz`` package's
+``Digraph`` (no binary needed; :mod:`circuitgraph.export.render` draws it with the same
+package's ``pipe``).
 
 Conventions (docs/export.md, "Diagrams"):
 
@@ -17,8 +19,10 @@ Conventions (docs/export.md, "Diagrams"):
   ``L1H3`` for head 3 of layer 1, token strings in quotes for embeddings and logits,
   plus the node's label on a second line when it says more than the id;
 * above ``max_nodes`` the strongest nodes are kept (targets always; the others ranked
-  by ``attrs["influence"]`` when every one has it, else by their largest ``|edge|``), and
-  the title says how many nodes and edges were left out.
+  by influence on the targets, else by their largest ``|edge|``), and the title says how
+  many nodes and edges were left out;
+* for a paper: feature descriptions as labels, activations, a layer axis, an edge-width
+  scale, supernodes, and nodes with no path to a target hidden (see :func:`graph_to_dot`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import math
 import numbers
 from typing import Any, Iterable, Mapping, Sequence
 
+import graphviz
 import numpy as np
 
 from circuitgraph.errors import ExportError
@@ -166,17 +171,13 @@ def graph_to_dot(
 
     target_ids = set(graph.target_ids)
     ids = [graph.nodes[r].id for r in range(graph.n_nodes)]
-    lines = ["digraph circuitgraph {"]
     title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden), n_unreachable)
-    lines.append(
-        "  graph [rankdir=BT, newrank=true, ranksep=0.8, nodesep=0.15, splines=true, "
-        f'fontname="Helvetica", fontsize=12, labelloc=t, label={_label(title_lines)}];'
-    )
-    lines.append(
-        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, '
-        'margin="0.06,0.03", height=0.28, penwidth=0.8, color="#555555"];'
-    )
-    lines.append('  edge [arrowsize=0.45, color="#999999"];')
+    dot = graphviz.Digraph("circuitgraph")
+    dot.attr("graph", rankdir="BT", newrank="true", ranksep="0.8", nodesep="0.15", splines="true",
+             fontname="Helvetica", fontsize="12", labelloc="t", label=_text(title_lines))
+    dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="9",
+             margin="0.06,0.03", height="0.28", penwidth="0.8", color="#555555")
+    dot.attr("edge", arrowsize="0.45", color="#999999")
 
     ranks: dict[tuple[int, int], list[int]] = {}
     for r in rows:
@@ -190,34 +191,31 @@ def graph_to_dot(
         name = f"layer {layer}" + (" attention" if sub == 0 else "")
         axis = f"axis {name}"
         axis_names.append(axis)
-        lines.append(f"  subgraph {dot_quote('rank ' + name)} {{")
-        lines.append("    rank=same;")
-        # the layer axis: a label at the left end of every rank
-        lines.append(f'    {dot_quote(axis)} [shape=plaintext, style="", fontsize=10, fontcolor="#666666", '
-                     f"label={dot_quote(_axis_label(layer, sub, n_layers))}];")
-        for r in members:
-            lines.append(f"    {_node_statement(graph.nodes[r], ids[r] in target_ids)}")
-        chain = " -> ".join([dot_quote(axis)] + [dot_quote(str(ids[r])) for r in members])
-        lines.append(f"    {chain} [style=invis];")
-        lines.append("  }")
+        with dot.subgraph(name=f"rank {name}") as rank:
+            rank.attr(rank="same")
+            # the layer axis: a label at the left end of every rank
+            rank.node(axis, label=_text([_axis_label(layer, sub, n_layers)]), shape="plaintext", style="",
+                      fontsize="10", fontcolor="#666666")
+            for r in members:
+                _add_node(rank, graph.nodes[r], ids[r] in target_ids)
+            chain = [axis] + [str(ids[r]) for r in members]
+            for u, v in zip(chain, chain[1:]):
+                rank.edge(u, v, style="invis")
     # invisible edges between consecutive ranks keep the layers in order even where no
     # real edge joins them (and stack the axis labels in one column)
     for lower, upper in zip(axis_names, axis_names[1:]):
-        lines.append(f"  {dot_quote(lower)} -> {dot_quote(upper)} [style=invis, weight=10];")
+        dot.edge(lower, upper, style="invis", weight="10")
 
     for k, w in zip(edge_sel.tolist(), weights.tolist()):
         s, t = int(graph.edge_source[k]), int(graph.edge_target[k])
         width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(w) / max_abs if max_abs > 0 else 0.0)
         color = NEGATIVE_COLOR if w < 0 else POSITIVE_COLOR
-        lines.append(
-            f"  {dot_quote(str(ids[s]))} -> {dot_quote(str(ids[t]))} "
-            f'[color="{color}", penwidth={width:.2f}, tooltip={dot_quote(f"{ids[s]} -> {ids[t]}: {w:+.6g}")}];'
-        )
+        dot.edge(str(ids[s]), str(ids[t]), color=color, penwidth=f"{width:.2f}",
+                 tooltip=_text([f"{ids[s]} -> {ids[t]}: {w:+.6g}"]))
 
-    lines.extend(_qk_inset(graph, qk))
-    lines.extend(_legend({graph.nodes[r].kind for r in rows}, max_abs))
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    _qk_inset(dot, graph, qk)
+    _legend(dot, {graph.nodes[r].kind for r in rows}, max_abs)
+    return dot.source
 
 
 def _qk_rows(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -233,9 +231,8 @@ def _qk_rows(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[i
     return list(dict.fromkeys(out))
 
 
-def _qk_inset(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[str]:
+def _qk_inset(dot: graphviz.Digraph, graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> None:
     """The QK inset: per head a cluster with the head and one small node per top pair."""
-    lines: list[str] = []
     for n, result in enumerate(qk):
         for head in result.get("heads", ()):
             l, h, q, k = head["layer"], head["head"], head["query_position"], head["key_position"]
@@ -243,29 +240,26 @@ def _qk_inset(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[
             pairs = [p for p in head.get("pairs", ())
                      if NodeId.parse(p["query_node"]) in graph and NodeId.parse(p["key_node"]) in graph]
             max_abs = max((abs(p["value"]) for p in pairs), default=0.0)
-            edges: list[str] = []  # outside the cluster, so the graph's nodes stay in their ranks
-            lines.append(f"  subgraph {dot_quote('cluster ' + name)} {{")
-            lines.append(f'    label={dot_quote(f"QK L{l}H{h}: query {q} -> key {k}")}; fontsize=10; '
-                         'style="rounded,dashed"; color="#888888";')
-            caption = [f"QK L{l}H{h} @{q}->{k}", f"score {head['score']:.4g}, p={head['probability']:.3f}"]
-            lines.append(f'    {dot_quote(name)} [shape=box, style="rounded,filled,bold", fillcolor="#fff2cc", '
-                         f"label={_label(caption)}];")
-            for i, p in enumerate(pairs):
-                v = float(p["value"])
-                color = NEGATIVE_COLOR if v < 0 else POSITIVE_COLOR
-                width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(v) / max_abs if max_abs > 0 else 0.0)
-                pair = f"{name} pair {i}"
-                tip = dot_quote(f"{p['query_node']} x {p['key_node']}: {v:+.6g}")
-                lines.append(f'    {dot_quote(pair)} [shape=ellipse, style="dashed", fontsize=8, height=0.2, '
-                             f'label={dot_quote(f"{v:+.3g}")}, tooltip={tip}];')
-                lines.append(f'    {dot_quote(pair)} -> {dot_quote(name)} [style=dashed, color="{color}", '
-                             f"penwidth={width:.2f}, tooltip={tip}];")
-                for key, tag in (("query_node", "q"), ("key_node", "k")):
-                    edges.append(f'  {dot_quote(p[key])} -> {dot_quote(pair)} [style=dashed, color="{color}", '
-                                 f'label="{tag}", fontsize=7, penwidth={width:.2f}];')
-            lines.append("  }")
-            lines.extend(edges)
-    return lines
+            outside: list[tuple[str, str, dict[str, str]]] = []  # so the graph's nodes stay in their ranks
+            with dot.subgraph(name=f"cluster {name}") as box:
+                box.attr(label=_text([f"QK L{l}H{h}: query {q} -> key {k}"]), fontsize="10",
+                         style="rounded,dashed", color="#888888")
+                caption = [f"QK L{l}H{h} @{q}->{k}", f"score {head['score']:.4g}, p={head['probability']:.3f}"]
+                box.node(name, label=_text(caption), shape="box", style="rounded,filled,bold", fillcolor="#fff2cc")
+                for i, p in enumerate(pairs):
+                    v = float(p["value"])
+                    color = NEGATIVE_COLOR if v < 0 else POSITIVE_COLOR
+                    width = f"{_MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(v) / max_abs if max_abs > 0 else 0.0):.2f}"
+                    pair = f"{name} pair {i}"
+                    tip = _text([f"{p['query_node']} x {p['key_node']}: {v:+.6g}"])
+                    box.node(pair, label=_text([f"{v:+.3g}"]), shape="ellipse", style="dashed", fontsize="8",
+                             height="0.2", tooltip=tip)
+                    box.edge(pair, name, style="dashed", color=color, penwidth=width, tooltip=tip)
+                    for key, tag in (("query_node", "q"), ("key_node", "k")):
+                        outside.append((p[key], pair, {"style": "dashed", "color": color, "label": tag,
+                                                       "fontsize": "7", "penwidth": width}))
+            for u, v, attrs in outside:
+                dot.edge(u, v, **attrs)
 
 
 def _strongest_edges(graph: AttributionGraph, edge_sel: np.ndarray, weights: np.ndarray,
@@ -319,24 +313,22 @@ def _order_key(node: Node) -> tuple[int, int, int]:
 
 
 # --------------------------------------------------------------------------- text
-def _node_statement(node: Node, is_target: bool) -> str:
-    style = "rounded,filled,dashed" if node.kind in ("error", "remainder") else "rounded,filled"
+def _add_node(dot: graphviz.Digraph, node: Node, is_target: bool) -> None:
+    """One node of the diagram (colour by kind, double border for targets, tooltip)."""
     if "supernode" in node.attrs:
         members = node.attrs.get("members", [])
         tooltip = f"supernode {node.attrs['supernode']}: " + ", ".join(members)
-        return (f"{dot_quote(str(node.id))} [label={_label([_shorten(_show_text(node.attrs['supernode']), 40), f'({len(members)} nodes)'])}, "
-                f'fillcolor="{KIND_COLORS[node.kind]}", style="filled,bold", shape=box, penwidth=2, '
-                f'group="p{node.position}", tooltip={dot_quote(tooltip)}];')
-    attrs = [
-        f"label={_label(_node_lines(node))}",
-        f'fillcolor="{KIND_COLORS[node.kind]}"',
-        f'style="{style}"',
-        f'group="p{node.position}"',
-        f"tooltip={dot_quote(_tooltip(node))}",
-    ]
+        dot.node(str(node.id), label=_text([_shorten(_show_text(node.attrs["supernode"]), 40),
+                                            f"({len(members)} nodes)"]),
+                 fillcolor=KIND_COLORS[node.kind], style="filled,bold", shape="box", penwidth="2",
+                 group=f"p{node.position}", tooltip=_text([tooltip]))
+        return
+    style = "rounded,filled,dashed" if node.kind in ("error", "remainder") else "rounded,filled"
+    attrs = {"fillcolor": KIND_COLORS[node.kind], "style": style, "group": f"p{node.position}",
+             "tooltip": _text([_tooltip(node)])}
     if is_target:
-        attrs += ["peripheries=2", "penwidth=1.4"]
-    return f"{dot_quote(str(node.id))} [{', '.join(attrs)}];"
+        attrs.update(peripheries="2", penwidth="1.4")
+    dot.node(str(node.id), label=_text(_node_lines(node)), **attrs)
 
 
 def _node_lines(node: Node) -> list[str]:
@@ -421,34 +413,27 @@ def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edg
     return lines
 
 
-def _legend(kinds: Iterable[str], max_abs: float = 0.0) -> list[str]:
+def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0) -> None:
     present = sorted(set(kinds), key=_KIND_ORDER.__getitem__)
     names = [f"legend {kind}" for kind in present] + ["legend positive", "legend negative"]
-    lines = [
-        "  subgraph cluster_legend {",
-        '    label="legend"; fontsize=10; style="rounded"; color="#bbbbbb";',
-        "    rank=same;",
-    ]
-    for kind in present:
-        lines.append(f'    {dot_quote("legend " + kind)} [label={dot_quote(kind)}, fillcolor="{KIND_COLORS[kind]}"];')
-    for sign, color in (("positive", POSITIVE_COLOR), ("negative", NEGATIVE_COLOR)):
-        lines.append(f'    "legend {sign}" [shape=plaintext, style="", label="→ {sign}", fontcolor="{color}"];')
-    lines.append("    " + " -> ".join(dot_quote(n) for n in names) + " [style=invis];")
-    lines.append("  }")
+    with dot.subgraph(name="cluster_legend") as legend:
+        legend.attr(label="legend", fontsize="10", style="rounded", color="#bbbbbb", rank="same")
+        for kind in present:
+            legend.node(f"legend {kind}", label=_text([kind]), fillcolor=KIND_COLORS[kind])
+        for sign, color in (("positive", POSITIVE_COLOR), ("negative", NEGATIVE_COLOR)):
+            legend.node(f"legend {sign}", label=_text([f"→ {sign}"]), shape="plaintext", style="", fontcolor=color)
+        for u, v in zip(names, names[1:]):
+            legend.edge(u, v, style="invis")
     if max_abs > 0:
         # the edge width scale: pen widths of three weights, drawn as short edges
-        lines += ["  subgraph cluster_widths {",
-                  '    label="edge width = |weight|"; fontsize=10; style="rounded"; color="#bbbbbb";']
-        for i, frac in enumerate((1.0, 0.5, 0.1)):
-            width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * frac
-            a, b = f"width {i} a", f"width {i} b"
-            lines.append(f'    {dot_quote(a)} [shape=point, width=0.02, style="", color="#ffffff"];')
-            lines.append(f'    {dot_quote(b)} [shape=plaintext, style="", fontsize=9, '
-                         f'label={dot_quote(f"{frac * max_abs:.3g}")}];')
-            lines.append(f'    {dot_quote(a)} -> {dot_quote(b)} [penwidth={width:.2f}, color="#555555", '
-                         f"arrowsize=0.3, minlen=1];")
-        lines.append("  }")
-    return lines
+        with dot.subgraph(name="cluster_widths") as widths:
+            widths.attr(label="edge width = |weight|", fontsize="10", style="rounded", color="#bbbbbb")
+            for i, frac in enumerate((1.0, 0.5, 0.1)):
+                width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * frac
+                a, b = f"width {i} a", f"width {i} b"
+                widths.node(a, shape="point", width="0.02", style="", color="#ffffff")
+                widths.node(b, label=_text([f"{frac * max_abs:.3g}"]), shape="plaintext", style="", fontsize="9")
+                widths.edge(a, b, penwidth=f"{width:.2f}", color="#555555", arrowsize="0.3", minlen="1")
 
 
 def _axis_label(layer: int, sub: int, n_layers: int | None) -> str:
@@ -481,7 +466,7 @@ def reaches_a_target(graph: AttributionGraph) -> np.ndarray:
     reach = np.zeros(graph.n_nodes, dtype=bool)
     frontier = [graph.index_of(t) for t in graph.target_ids]
     reach[frontier] = True
-    order, indptr = graph._csr()
+    order, indptr = graph.csr_order()
     while frontier:
         nxt = []
         for row in frontier:
@@ -619,9 +604,11 @@ def dot_quote(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _label(lines: list[str]) -> str:
-    """A multi-line DOT label: each line escaped, joined by DOT's centred line break."""
-    return '"' + "\\n".join(dot_quote(line)[1:-1] for line in lines) + '"'
+def _text(lines: Iterable[str]) -> str:
+    """A DOT label or tooltip of several lines, for the ``graphviz`` package: each line's
+    backslashes and ``<...>`` made literal (``graphviz.escape``; the package quotes the value),
+    joined by DOT's centred line break."""
+    return "\\n".join(graphviz.escape(line) for line in lines)
 
 
 def _show_text(text: Any) -> str:

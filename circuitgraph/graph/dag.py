@@ -315,12 +315,12 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
     """The :class:`GraphDag` of a graph, built once and cached on it (the graph's edge arrays
     are not changed in place by anything in circuitgraph).  Duplicate ``(target, source)``
     pairs of a hand-built graph are summed first (an edge's weight is their sum)."""
-    cached = getattr(graph, "_dag_cache", None)
-    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
-        return cached[2]
+    cached = graph.derived("dag")
+    if cached is not None:
+        return cached
     t, s, w = graph.edge_target, graph.edge_source, graph.edge_weight
     inverse = None
-    if getattr(graph, "edges_unique", False) or t.size == 0:
+    if graph.edges_unique or t.size == 0:
         abs_sums = graph.incoming_abs_sums()
     else:
         key = t.astype(np.int64) * np.int64(graph.n_nodes) + s
@@ -332,5 +332,5 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
         else:
             abs_sums = graph.incoming_abs_sums()
     result = GraphDag(dag_order(graph.n_nodes, t, s, w, graph_levels(graph)), abs_sums, inverse)
-    graph._dag_cache = (graph.edge_target, graph.edge_weight, result)
+    graph.store_derived("dag", result)
     return result

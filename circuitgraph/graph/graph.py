@@ -21,6 +21,8 @@ from circuitgraph.graph.nodes import Node, NodeId
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
 
+    from circuitgraph.attribution.context import AttributionContext
+
 __all__ = ["AttributionGraph", "CompletenessReport"]
 
 
@@ -62,6 +64,8 @@ class AttributionGraph:
         metadata: spec, model, transcoders, prompt, versions, exactness checks.
         context: the live linearisation that produced the graph (not serialised); some
             queries and validation checks need it, and say so when it is missing.
+        edges_unique: every (target, source) pair occurs at most once (true of graphs built by
+            the engine), so queries need not sum duplicates.
     """
 
     nodes: list[Node]
@@ -70,7 +74,8 @@ class AttributionGraph:
     edge_weight: np.ndarray
     targets: list[tuple[NodeId, float]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
-    context: Any = field(default=None, repr=False, compare=False)
+    context: AttributionContext | None = field(default=None, repr=False, compare=False)
+    edges_unique: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # row indices: int32 when every row fits (half the memory of int64), else int64
@@ -87,6 +92,9 @@ class AttributionGraph:
             self._index[node.id] = i
         self._csr_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._csc_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._nx_cache: networkx.DiGraph | None = None
+        # values derived from the edges by queries (name -> (edge_target, edge_weight, value))
+        self._derived: dict[str, tuple[np.ndarray, np.ndarray, Any]] = {}
 
     # ----------------------------------------------------------------- basics
     @property
@@ -131,8 +139,22 @@ class AttributionGraph:
     def target_ids(self) -> list[NodeId]:
         return [t for t, _ in self.targets]
 
+    # ----------------------------------------------------------------- derived values
+    def derived(self, name: str) -> Any:
+        """A value computed from the edges and kept with :meth:`store_derived` (e.g. the node
+        influence that scores and pruning share), or None: never stored, or the edge arrays
+        were replaced since (nothing in circuitgraph changes them in place)."""
+        hit = self._derived.get(name)
+        if hit is not None and hit[0] is self.edge_target and hit[1] is self.edge_weight:
+            return hit[2]
+        return None
+
+    def store_derived(self, name: str, value: Any) -> None:
+        """Keep ``value``, computed from the current edge arrays, under ``name``."""
+        self._derived[name] = (self.edge_target, self.edge_weight, value)
+
     # ----------------------------------------------------------------- sparse views
-    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
+    def csr_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by target row."""
         if self._csr_cache is None:
             order = np.argsort(self.edge_target, kind="stable")
@@ -140,7 +162,7 @@ class AttributionGraph:
             self._csr_cache = (order, np.concatenate([[0], np.cumsum(counts)]))
         return self._csr_cache
 
-    def _csc(self) -> tuple[np.ndarray, np.ndarray]:
+    def csc_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by source row."""
         if self._csc_cache is None:
             order = np.argsort(self.edge_source, kind="stable")
@@ -151,7 +173,7 @@ class AttributionGraph:
     def in_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
         """Incoming edges of a node as ``(source id, weight)``, strongest first."""
         row = self.index_of(node_id)
-        order, indptr = self._csr()
+        order, indptr = self.csr_order()
         sel = order[indptr[row] : indptr[row + 1]]
         sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
         return [(self.nodes[s].id, float(w)) for s, w in zip(self.edge_source[sel], self.edge_weight[sel])]
@@ -159,7 +181,7 @@ class AttributionGraph:
     def out_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
         """Outgoing edges of a node as ``(target id, weight)``, strongest first."""
         col = self.index_of(node_id)
-        order, indptr = self._csc()
+        order, indptr = self.csc_order()
         sel = order[indptr[col] : indptr[col + 1]]
         sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
         return [(self.nodes[t].id, float(w)) for t, w in zip(self.edge_target[sel], self.edge_weight[sel])]
@@ -167,16 +189,20 @@ class AttributionGraph:
     def edge_weight_between(self, source: NodeId | str, target: NodeId | str) -> float:
         """The weight of the edge ``source -> target`` (0.0 if absent)."""
         s, t = self.index_of(source), self.index_of(target)
-        order, indptr = self._csr()
+        order, indptr = self.csr_order()
         sel = order[indptr[t] : indptr[t + 1]]
         hit = sel[self.edge_source[sel] == s]
         return float(self.edge_weight[hit].sum()) if hit.size else 0.0
 
-    def dense_adjacency(self, max_nodes: int = 20_000, dtype: Any = np.float64) -> np.ndarray:
+    def dense_adjacency(self, max_nodes: int | None = None, dtype: Any = np.float64) -> np.ndarray:
         """Dense ``(n, n)`` adjacency, rows = targets, in the order of :attr:`nodes`.
 
-        Refuses above ``max_nodes`` so a large graph is never densified by accident.
+        Refuses above ``max_nodes`` so a large graph is never densified by accident; the default
+        is the spec's ``graph.max_dense_nodes`` for a graph built by a run (20000 otherwise).
         """
+        if max_nodes is None:
+            spec_graph = (self.metadata.get("spec") or {}).get("graph") or {}
+            max_nodes = int(spec_graph.get("max_dense_nodes") or 20_000)
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
@@ -231,7 +257,7 @@ class AttributionGraph:
     @property
     def nx(self) -> "networkx.DiGraph":
         """The graph as a networkx DiGraph (:meth:`to_networkx`, built once, on first use)."""
-        if getattr(self, "_nx_cache", None) is None:
+        if self._nx_cache is None:
             self._nx_cache = self.to_networkx()
         return self._nx_cache
 

@@ -7,13 +7,16 @@ floats as Python floats); ``table(max_rows)`` is a short plain-text table for th
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt", "records_of"]
 
@@ -145,7 +148,7 @@ def check_fraction(x: Any, name: str) -> float:
     return float(x)
 
 
-def require_context(graph: AttributionGraph, what: str) -> Any:
+def require_context(graph: AttributionGraph, what: str) -> AttributionContext:
     """The live attribution context of ``graph``, or a :class:`QueryError` saying why it is needed."""
     if graph.context is None:
         raise QueryError(f"{what} needs the live model: run the spec, not a loaded JSON")

@@ -47,11 +47,10 @@ def coalesced_edges(graph: AttributionGraph) -> Edges:
     place by anything in circuitgraph); graphs built by the engine are known to have unique
     edges, which skips the sort.
     """
-    cached = getattr(graph, "_coalesced_cache", None)
-    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
-        return cached[2]
-    edges = _coalesce(graph)
-    graph._coalesced_cache = (graph.edge_target, graph.edge_weight, edges)
+    edges = graph.derived("coalesced_edges")
+    if edges is None:
+        edges = _coalesce(graph)
+        graph.store_derived("coalesced_edges", edges)
     return edges
 
 
@@ -63,7 +62,7 @@ def _coalesce(graph: AttributionGraph) -> Edges:
     if t.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Edges(empty, empty, np.zeros(0), empty, n)
-    if getattr(graph, "edges_unique", False):
+    if graph.edges_unique:
         return Edges(t, s, w, np.arange(t.size), n)
     key = t * np.int64(n) + s
     uniq, inverse = np.unique(key, return_inverse=True)
@@ -120,10 +119,9 @@ def weighted_influence(graph: AttributionGraph) -> np.ndarray:
     (:mod:`circuitgraph.graph.dag`) and cached on it: scores and pruning both need it."""
     from circuitgraph.graph.dag import graph_dag, sweep
 
-    cached = getattr(graph, "_influence_cache", None)
-    if cached is not None and cached[0] is graph.edge_target and cached[1] is graph.edge_weight:
-        return cached[2]
-    gd = graph_dag(graph)
-    infl = sweep(gd.dag, abs_start=target_weight_vector(graph), row_divisor=gd.row_divisor)["abs"][:, 0]
-    graph._influence_cache = (graph.edge_target, graph.edge_weight, infl)
+    infl = graph.derived("node_influence")
+    if infl is None:
+        gd = graph_dag(graph)
+        infl = sweep(gd.dag, abs_start=target_weight_vector(graph), row_divisor=gd.row_divisor)["abs"][:, 0]
+        graph.store_derived("node_influence", infl)
     return infl

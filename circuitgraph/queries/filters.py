@@ -77,10 +77,11 @@ def n_positions(graph: AttributionGraph) -> int:
     return max(pool) + 1 if pool else 0
 
 
-def filter_mask(graph: AttributionGraph, filt: FilterLike) -> np.ndarray:
-    """Boolean mask over the graph's node rows (no error when it is empty)."""
+def filter_mask(graph: AttributionGraph, filt: FilterLike, *, prompt_length: int | None = None) -> np.ndarray:
+    """Boolean mask over the graph's node rows (no error when it is empty); negative positions
+    count from the end of the prompt (``prompt_length``, default: read from the graph)."""
     f = as_filter(filt)
-    T = n_positions(graph)
+    T = n_positions(graph) if prompt_length is None else prompt_length
     return np.fromiter(
         (f.matches(n.kind, n.layer, n.position, n.index, n_positions=T) for n in graph.nodes),
         dtype=bool,

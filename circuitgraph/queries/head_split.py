@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.attribution.context import AttributionContext, ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
@@ -104,58 +105,14 @@ class HeadSplitResult(QueryResult):
                             title=f"edge {self.source} -> {self.target} = {self.edge_weight:.6g}, split by last head")
 
 
-def _index(collected: Any) -> dict[str, Any]:
-    """Lookups into the attribution tables (built once; the tables are keyed by the rows of
-    the graph as attributed, so nodes are looked up by id, which survives pruning)."""
-    cache = getattr(collected, "_head_split_index", None)
-    if cache is None:
-        writers: dict[int, tuple[int, int, Any, int]] = {}
-        for loc, items in collected.writers.groups.items():
-            for pos, rows, vecs in items:
-                for j, r in enumerate(rows.tolist()):
-                    writers[r] = (loc, pos, vecs, j)
-        cache = {
-            "row": {n.id: i for i, n in enumerate(collected.nodes)},
-            "writer": writers,
-            "reader": {r: i for i, r in enumerate(collected.readers.rows)},
-        }
-        collected._head_split_index = cache  # a private memo on the live context
-    return cache
-
-
-def _writer(collected: Any, node: NodeId) -> tuple[int, int, Any] | None:
-    """(location, position, output vector) of a writer node, or None."""
-    idx = _index(collected)
-    row = idx["row"].get(node)
-    hit = None if row is None else idx["writer"].get(row)
-    if hit is None:
-        return None
-    loc, pos, vecs, j = hit
-    return loc, pos, vecs[j]
-
-
-def _reader(collected: Any, node: NodeId) -> tuple[int, int, Any] | None:
-    """(location, position, direction g) of a reader node, or None."""
-    idx = _index(collected)
-    row = idx["row"].get(node)
-    i = None if row is None else idx["reader"].get(row)
-    if i is None:
-        return None
-    rd = collected.readers
-    return rd.locs[i], rd.positions[i], rd.directions[i]
-
-
 def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_position: bool = False
                ) -> list[HeadPart]:
     """The parts of the edge ``source -> target`` (unsorted; see the module docstring)."""
     ctx = require_context(graph, "splitting an edge over attention heads")
-    col = ctx.collected
-    fm = col.frozen
-    w = _writer(col, source)
-    if w is None:
+    if not ctx.writes(source):
         raise QueryError(f"head split: {source} is not a writer of the attributed graph (it writes nothing to the "
                          "residual, or was added after attribution, e.g. a remainder of pruning)")
-    r = _reader(col, target)
+    r = ctx.reader(target)
     if r is None:
         if target.kind == "attention_head":
             raise QueryError(f"head split: {target} is a head node, and head nodes have no incoming edges (with "
@@ -163,35 +120,38 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
                              "or target instead, or use attention: frozen and split the edges those heads carry")
         raise QueryError(f"head split: {target} is not a reader of the attributed graph (it has no incoming edges, "
                          "or was added after attribution)")
-    loc_r, pos_t, g = r
+    loc_r, pos_t, g = r.location, r.position, r.direction
     # a cross-layer transcoder feature writes at several locations: split each write the
     # reader can see and add the parts up
-    writes = [x for x in col.writer_locations(source) if x[0] <= loc_r and x[1] <= pos_t]
+    writes = [w for w in ctx.writes(source) if w.location <= loc_r and w.position <= pos_t]
     if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
-    crossed = {m: fm.attention_modes[m] for loc_u, _, _ in writes for m in range(fm.n_layers)
-               if loc_u <= 2 * m < 2 * m + 1 <= loc_r}
+    crossed = {m: ctx.options.attention[m] for w in writes for m in range(ctx.n_layers)
+               if w.location <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r}
     if crossed and all(mode != "frozen" for mode in crossed.values()):
         raise QueryError(f"head split: every attention layer between {source} and {target} (layers {sorted(crossed)}) "
                          "has attention: heads, so its heads are nodes and the edge passes through no frozen head to "
                          "split it over; look at the head nodes' edges (neighbours) or build the graph with attention: "
                          "frozen")
     total: dict[tuple[int | None, int | None, int | None], float] = {}
-    for loc_u, pos_s, vec in writes:
-        for key, v in _split_one(fm, loc_u, pos_s, vec, loc_r, pos_t, g, by_position).items():
+    for w in writes:
+        for key, v in _split_one(ctx, w.location, w.position, w.vector, loc_r, pos_t, g, by_position).items():
             total[key] = total.get(key, 0.0) + v
     return [HeadPart(m, h, p, v) for (m, h, p), v in total.items() if v != 0.0 or m is None]
 
 
-def _split_one(fm: Any, loc_u: int, pos_s: int, vec: Any, loc_r: int, pos_t: int, g: Any,
-               by_position: bool) -> dict[tuple[int | None, int | None, int | None], float]:
+def _split_one(ctx: AttributionContext, loc_u: ResidualLocation, pos_s: int, vec: Any, loc_r: ResidualLocation,
+               pos_t: int, g: Any, by_position: bool) -> dict[tuple[int | None, int | None, int | None], float]:
     """The parts of one write ``vec`` at ``(loc_u, pos_s)`` into reader ``g`` at ``(loc_r, pos_t)``."""
     import torch
 
-    H = fm.adapter.facts.n_heads
-    layers = [m for m in range(fm.n_layers)
-              if loc_u <= 2 * m < 2 * m + 1 <= loc_r and fm.attention_modes[m] == "frozen"]
+    fm = ctx.frozen_model
+    H = ctx.adapter.facts.n_heads
+    # the attention layers between the write and the read whose pattern is frozen
+    layers = [m for m in range(ctx.n_layers)
+              if loc_u <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r
+              and ctx.options.attention[m] == "frozen"]
     positions = list(range(pos_s, pos_t + 1)) if by_position else [None]
     keys: list[tuple[int | None, int | None, int | None]] = [(None, None, None)]
     channel: dict[tuple[int, int, int | None], int] = {}
@@ -202,12 +162,12 @@ def _split_one(fm: Any, loc_u: int, pos_s: int, vec: Any, loc_r: int, pos_t: int
                 keys.append((m, h, p))
     with torch.no_grad():
         T = pos_t + 1
-        G = torch.zeros(len(keys), T, fm.adapter.facts.d_model, dtype=fm.dtype, device=fm.device)
+        G = torch.zeros(len(keys), T, ctx.adapter.facts.d_model, dtype=fm.dtype, device=fm.device)
         G[0, pos_t] += g.to(device=fm.device, dtype=fm.dtype)
-        for loc in range(loc_r, loc_u, -1):
-            if loc % 2 == 1:
-                m = (loc - 1) // 2
-                if fm.attention_modes[m] != "frozen":
+        for loc in map(ResidualLocation, range(loc_r, loc_u, -1)):
+            if loc.sublayer == "attn":
+                m = loc.layer
+                if ctx.options.attention[m] != "frozen":
                     continue
                 if G.shape[0] > 1:
                     G[1:] = G[1:] + fm.attention_transpose(m, G[1:])

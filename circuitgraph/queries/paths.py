@@ -454,7 +454,7 @@ def _check_passable(matched: list[NodeId], any_in: bool, any_out: bool, what: st
 def _check_frozen_attention(graph: AttributionGraph) -> None:
     """``expand_heads`` splits edges over frozen attention: it needs at least one frozen layer."""
     ctx = graph.context
-    modes = getattr(getattr(getattr(ctx, "collected", None), "frozen", None), "attention_modes", None)
+    modes = ctx.options.attention if ctx is not None else None
     if modes is not None and all(m != "frozen" for m in modes.values()):
         raise QueryError("top_paths expand_heads: this graph has attention: heads in every layer, so heads are nodes "
                          "and no edge passes through frozen attention to split; drop expand_heads (paths already name "

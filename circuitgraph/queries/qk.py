@@ -34,15 +34,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKPair", "QKMarginal", "QKDecomposition", "QKHead", "QKResult", "qk", "qk_decomposition",
            "model_attention_scores", "qk_problems"]
@@ -254,7 +259,7 @@ class QKResult(QueryResult):
 
 
 # ----------------------------------------------------------------------------- the model's side
-def _attention_module(adapter: Any, layer: int) -> Any:
+def _attention_module(adapter: ModelAdapter, layer: int) -> Any:
     attn = adapter.model.blocks[layer].attn
     cfg = adapter.model.cfg
     for flag, what in (("use_qk_norm", "query/key norms"), ("clip_qkv", "query/key clipping"),
@@ -265,7 +270,7 @@ def _attention_module(adapter: Any, layer: int) -> Any:
     return attn
 
 
-def rotary_matrices(adapter: Any, layer: int, n_pos: int) -> torch.Tensor | None:
+def rotary_matrices(adapter: ModelAdapter, layer: int, n_pos: int) -> torch.Tensor | None:
     """``R (n_pos, d_head, d_head)`` with the rotated vector ``R[t] @ x`` at position ``t``, taken
     from the model's own ``apply_rotary`` (applied to the basis vectors); None without rotary."""
     if adapter.facts.positional != "rotary":
@@ -284,7 +289,7 @@ class _Stop(Exception):
 
 
 @torch.no_grad()
-def model_attention_scores(adapter: Any, tokens: torch.Tensor, layer: int,
+def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: int,
                            extra_hooks: Sequence[tuple[str, Any]] = ()) -> dict[str, torch.Tensor]:
     """The model's own query and key vectors (rotated, grouped-query heads expanded) and its
     ``hook_attn_scores`` at ``layer``: ``q, k (pos, n_heads, d_head)``, ``scores (n_heads, pos, pos)``.
@@ -320,15 +325,15 @@ def model_attention_scores(adapter: Any, tokens: torch.Tensor, layer: int,
 def _constant_name(loc: int, side: str, bos_nodes: bool) -> str:
     if loc < 0:
         return f"{side} projection bias"  # b_Q / b_K and ln1 beta read through W_Q / W_K
-    if loc == 0:
+    where = ResidualLocation(loc)
+    if where.sublayer == "embed":
         return "positional embeddings"
-    if loc % 2 == 1:
-        return f"attention L{(loc - 1) // 2} biases"
-    layer = loc // 2 - 1
-    return f"MLP L{layer} biases" + ("" if bos_nodes else " and position-0 outputs")
+    if where.sublayer == "attn":
+        return f"attention L{where.layer} biases"
+    return f"MLP L{where.layer} biases" + ("" if bos_nodes else " and position-0 outputs")
 
 
-def _readers(ctx: Any, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequence[int]):
+def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequence[int]):
     """Reader directions ``(n, d_model)`` and own constants ``(n,)`` in the graph's dtype: per head,
     ``d_head`` rotated query dimensions at ``(layer, q_pos)`` then ``d_head`` key dimensions at
     ``(layer, k_pos[j])``.  ``g = P(gamma1 * w) / sigma1``, own constant ``w . beta1 + b``."""
@@ -442,7 +447,8 @@ def qk_decomposition(
         k_pos = [int(key_position) + T if int(key_position) < 0 else int(key_position)] * len(heads)
 
     dirs, consts, positions = _readers(ctx, layer, heads, q_pos, k_pos)
-    edges = ctx.attribute_directions(2 * layer, positions, dirs, consts.tolist())  # resid_pre(layer)
+    # queries and keys read the residual stream before the layer
+    edges = ctx.attribute_directions(ResidualLocation.resid_pre(layer), positions, dirs, consts.tolist())
 
     scores = model_attention_scores(a, lin.tokens, layer)
     attn = _attention_module(a, layer)

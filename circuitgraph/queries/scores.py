@@ -147,7 +147,7 @@ def compute_scores(
                 signed_start=starts[:, 1:] if targets else None,
                 gain=safe_inverse(pass_through_divisors(graph)) if targets else None)
     infl = res["abs"]
-    graph._influence_cache = (graph.edge_target, graph.edge_weight, infl[:, 0].copy())  # for pruning
+    graph.store_derived("node_influence", infl[:, 0].copy())  # for pruning
 
     token_infl = infl[is_in, 0].sum()
     error_infl = infl[is_err, 0].sum()

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context, share
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [
     "DLAResult",
@@ -119,14 +122,14 @@ def direct_logit_attribution(graph: AttributionGraph, target: int | NodeId | str
 
 
 # ---------------------------------------------------------------------------- token helpers
-def _tok_ids(ctx: Any, tokens: Iterable[str | int], where: str) -> list[int]:
+def _tok_ids(ctx: AttributionContext, tokens: Iterable[str | int], where: str) -> list[int]:
     from circuitgraph.attribution.targets import resolve_token
 
     a = ctx.adapter
     return [resolve_token(t, a.tokenizer, a.facts.d_vocab, where) for t in tokens]
 
 
-def _tok_str(ctx: Any, token: int) -> str:
+def _tok_str(ctx: AttributionContext, token: int) -> str:
     tk = ctx.adapter.tokenizer
     return tk.token_str(int(token)) if tk is not None else f"<{int(token)}>"
 
@@ -251,7 +254,7 @@ class CongruenceResult(QueryResult):
                             title=f"output congruence of {self.unit_kind}s with {direction}")
 
 
-def _unit_weights(ctx: Any, kind: str, layer: int) -> tuple[Any, Any] | None:
+def _unit_weights(ctx: AttributionContext, kind: str, layer: int) -> tuple[Any, Any] | None:
     """(W_out (n, d_model), W_in (d_model, n)) of one layer's neurons or transcoder features."""
     if kind == "neuron":
         w = ctx.adapter.mlp_weights(layer)

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from circuitgraph.adapters.architecture import NormWeights
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 from circuitgraph.queries.filters import match_nodes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding"]
 
@@ -84,7 +89,7 @@ def _as_unit(node: Any) -> Unit:
 class _Weights:
     """Weight-only reader and writer directions of one model (float64)."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: AttributionContext):
         self.ctx = ctx
         self.a = ctx.adapter
         self.f = self.a.facts
@@ -107,12 +112,7 @@ class _Weights:
         self._check_index(unit, tc.d_sae, f"the layer-{unit.layer} transcoder")
         return tc
 
-    @staticmethod
-    def _p(v: Any, center: bool, gamma: Any = None) -> Any:
-        out = v * gamma.double() if gamma is not None else v
-        return out - out.mean(-1, keepdim=True) if center else out
-
-    def reader(self, unit: Unit) -> tuple[Any, int]:
+    def reader(self, unit: Unit) -> tuple[Any, ResidualLocation]:
         """``(g (d_model,), residual location read)``."""
         a, f = self.a, self.f
         if unit.kind == "feature":
@@ -120,21 +120,24 @@ class _Weights:
             import torch
 
             w = tc.encoder_rows(torch.tensor([unit.index]))[0].double()
-            g = self._p(w, f.norm == "layernorm") if tc.input_site == "normalized" else w
-            return g, 2 * unit.layer + 1
+            ln2 = a.norm("ln2", unit.layer)
+            if tc.input_site == "normalized":  # ln2's output before gamma: centred only
+                w = NormWeights(None, None, ln2.center).reader_direction(w)
+            elif tc.input_site == "mlp_input":  # the MLP's input, gamma2 * P(x) / sigma2 + beta2
+                w = ln2.reader_direction(w)
+            return w, ResidualLocation.resid_mid(unit.layer)
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
-            n = a.norm("ln2", unit.layer)
-            return self._p(a.mlp_weights(unit.layer)["W_in"][:, unit.index].double(), n.center, n.gamma), \
-                2 * unit.layer + 1
+            g = a.norm("ln2", unit.layer).reader_direction(a.mlp_weights(unit.layer)["W_in"][:, unit.index].double())
+            return g, ResidualLocation.resid_mid(unit.layer)
         if unit.kind == "logit":
             self._check_index(unit, f.d_vocab, "the vocabulary")
-            n = a.norm("ln_final")
-            return self._p(a.W_U[:, unit.index].double(), n.center, n.gamma), 2 * f.n_layers
+            return a.norm("ln_final").reader_direction(a.W_U[:, unit.index].double()), \
+                ResidualLocation.resid_post(f.n_layers - 1)
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a reader unit; expected one of {', '.join(READER_UNITS)}")
 
-    def writer(self, unit: Unit) -> list[tuple[Any, int]]:
+    def writer(self, unit: Unit) -> list[tuple[Any, ResidualLocation]]:
         """``[(direction (d_model,), residual location written)]``: one write for most units, one
         per downstream MLP output for a cross-layer transcoder feature."""
         return self._writer(unit) if unit.kind == "feature" else [self._writer(unit)]
@@ -147,19 +150,19 @@ class _Weights:
             self._transcoder(unit)
             tcs = self.ctx.transcoders
             rows = tcs.decoder_rows(unit.layer, torch.tensor([unit.index]))[0].double()  # (n_out, d_model)
-            return [(rows[j], 2 * k + 2) for j, k in enumerate(tcs.output_layers(unit.layer))]
+            return [(rows[j], ResidualLocation.resid_post(k)) for j, k in enumerate(tcs.output_layers(unit.layer))]
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
             v = a.mlp_weights(unit.layer)["W_out"][unit.index].double()
             if f.post_norms:
-                n = a.norm("ln2_post", unit.layer)
-                v = self._p(v, n.center)
+                n = a.norm("ln2_post", unit.layer)  # the writer through the post-norm: gamma * P(v)
+                v = v - v.mean(-1, keepdim=True) if n.center else v
                 v = v * n.gamma.double() if n.gamma is not None else v
-            return v, 2 * unit.layer + 2
+            return v, ResidualLocation.resid_post(unit.layer)
         if unit.kind == "embedding":
             self._check_index(unit, f.d_vocab, "the vocabulary")
-            return a.W_E[unit.index].double(), 0
+            return a.W_E[unit.index].double(), ResidualLocation.resid_pre(0)
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a writer unit; expected one of {', '.join(WRITER_UNITS)}")
 
 
@@ -288,16 +291,14 @@ def de_embedding(graph: AttributionGraph, node: Any, top_k: int = 10, head: Any 
                              f"(0-{f.n_layers - 1})")
         if not (0 <= h < f.n_heads):
             raise QueryError(f"de_embedding head {h} requested, layer {m} has {f.n_heads} heads (0-{f.n_heads - 1})")
-        if 2 * m + 1 > loc:
+        if ResidualLocation.resid_mid(m) > loc:
             raise QueryError(f"de_embedding: head L{m}H{h} writes after {unit} reads (layer {unit.layer}); "
                              "pick a head in an earlier layer (or the same layer for a feature/neuron)")
         if f.post_norms:
-            n = a.norm("ln1_post", m)
-            g = W._p(g, n.center, n.gamma)
+            g = a.norm("ln1_post", m).reader_direction(g)
         w = a.attn_weights(m)
         v = w["W_V"][h].double() @ (w["W_O"][h].double() @ g)
-        n1 = a.norm("ln1", m)
-        g = W._p(v, n1.center, n1.gamma)
+        g = a.norm("ln1", m).reader_direction(v)
         hl = (m, h)
     scores = a.W_E.double() @ g
     k = min(top_k, scores.shape[0])

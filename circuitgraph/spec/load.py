@@ -145,6 +145,8 @@ def _yaml_loader() -> type:
         """SafeLoader that rejects duplicate keys, reads ``1e-3`` as a float and a plain ``on``
         mapping key as the string ``"on"`` (the spec key), not as the boolean true."""
 
+        _circuitgraph_depth = 0  # nesting depth of the node being composed (see compose_node)
+
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
         loader.flatten_mapping(node)
         out: dict[Any, Any] = {}

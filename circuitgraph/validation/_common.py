@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [
     "jsonable",
@@ -92,7 +95,7 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_ro
     return "\n".join(lines)
 
 
-def graph_context(graph: Any, check: str) -> Any:
+def graph_context(graph: Any, check: str) -> AttributionContext:
     """The live :class:`~circuitgraph.attribution.AttributionContext` of a graph, or a clear error."""
     ctx = getattr(graph, "context", None)
     if ctx is None:

@@ -15,7 +15,7 @@ node whose edge into the target is ``+2`` has a predicted effect of ``-2``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +34,10 @@ from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Mo
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
 
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.adapters.architecture import ModelAdapter
+
 __all__ = [
     "AblationResult",
     "PredictionRow",
@@ -44,15 +48,15 @@ __all__ = [
 ]
 
 
-def frozen_tolerance(adapter: Any) -> float:
+def frozen_tolerance(adapter: ModelAdapter) -> float:
     """Relative tolerance of the frozen-model self-test for the model's dtype."""
     return 1e-9 if adapter.dtype == torch.float64 else 2e-4
 
 
 @dataclass
 class _Setup:
-    ctx: Any
-    adapter: Any
+    ctx: AttributionContext
+    adapter: ModelAdapter
     tokens: list[int]
     transcoders: Any
     metric: Metric
@@ -93,7 +97,7 @@ def _vector_factor(mode: str, scale: float | None, value: float | None) -> float
     return {"zero": 0.0, "scale": scale, "set": value}.get(mode)
 
 
-def _frozen_metric(ctx: Any, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
+def _frozen_metric(ctx: AttributionContext, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
     from circuitgraph.validation.frozen import frozen_reader_values
 
     vals = frozen_reader_values(ctx, list(ablate), scale=scale)

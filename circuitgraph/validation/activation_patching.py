@@ -28,7 +28,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import Intervention, Unit, _cache_run, run_rows, site_values
 from circuitgraph.validation.metrics import Metric
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["Granularity", "PatchRow", "PatchGrid", "PatchingResult", "patching", "patch_recovery", "write_heatmap"]
 
@@ -131,7 +134,7 @@ def _recovery(patched: torch.Tensor, clean: float, corrupted: float) -> list[flo
     return ((patched - corrupted) / (clean - corrupted)).tolist()
 
 
-def patch_recovery(adapter: Any, clean: Sequence[int], corrupted: Sequence[int], units_sets: Sequence[Sequence[Unit]],
+def patch_recovery(adapter: ModelAdapter, clean: Sequence[int], corrupted: Sequence[int], units_sets: Sequence[Sequence[Unit]],
                    metric: Metric, *, transcoders: Any = None, batch_size: int = 64) -> list[float]:
     """Relative recovery of each unit set patched from ``clean`` into ``corrupted`` at once."""
     clean, corrupted = list(clean), list(corrupted)
@@ -170,7 +173,7 @@ def patching(
     metric: Metric | None = None,
     granularity: Sequence[Granularity] = ("layer", "head"),
     heatmap: str | Path | None = None,
-    adapter: Any = None,
+    adapter: ModelAdapter | None = None,
     transcoders: Any = None,
     tokenizer: Any = None,
     batch_size: int = 64,
@@ -302,8 +305,12 @@ def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corru
 def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
     """Draw every grid of ``result`` as a panel (diverging colours, 0 white, +-1 saturated at least)
     and write the image atomically; the format follows the suffix (png, svg, pdf)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # the Agg canvas; no global backend switch
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # the Agg canvas; no global backend switch
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ValidationRunError(f"heat map {path}: matplotlib is not installed; install the plots extra "
+                                 "(pip install 'circuitgraph[plots]') or drop heatmap") from None
 
     path = Path(path)
     fmt_name = path.suffix.lstrip(".").lower() or "png"

@@ -21,17 +21,20 @@ reference prompts uses the mean over the prompt's own positions (but the first).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import graph_context, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
+
 __all__ = ["FaithfulnessResult", "faithfulness", "universe_units"]
 
 
-def universe_units(context: Any) -> list[Unit]:
+def universe_units(context: AttributionContext) -> list[Unit]:
     """Every unit of the model at the graph's granularity (see the module docstring)."""
     a, opts = context.adapter, context.options
     T = context.linearisation.n_pos

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ from circuitgraph.validation.interventions import (
     _needed_hooks,
     site_values,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = [
     "ControlKind",
@@ -70,7 +73,7 @@ ControlKind = Literal["matched_magnitude", "count_matched"]
 
 
 @torch.no_grad()
-def unit_magnitudes(adapter: Any, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[str, int]],
+def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[str, int]],
                     transcoders: Any = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per ``(site, layer)``: ``(magnitude (pos, n), old values (pos, n, e), new values (pos, n, e))``
     for every unit of the site, under ``template``'s mode (its units are ignored)."""

@@ -16,16 +16,23 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from pydantic import BaseModel, ValidationError
 
 from circuitgraph.errors import ValidationRunError
+from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
 from circuitgraph.validation.metrics import Metric
 
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
+
 __all__ = ["CHECK_KINDS", "CheckResult", "run_check", "run_checks"]
 
-CHECK_KINDS: tuple[str, ...] = ("ablate", "predicted_vs_actual", "patching", "faithfulness", "sign_regimes",
-                                "replacement_fidelity", "qk")
+#: the check kinds, in the spec's order: the spec's registry (its union and schema are built from it too)
+CHECK_KINDS: tuple[str, ...] = tuple(t.key for t in CHECK_TYPES)
+_CHECK_TYPES = {t.key: t for t in CHECK_TYPES}
 
 
 @dataclass
@@ -57,19 +64,22 @@ def _split(check: Any) -> tuple[str, Any]:
     )
 
 
-def _fields(params: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Parameter values as Python objects, and their JSON record."""
-    if params is None:
-        return {}, {}
-    if hasattr(params, "model_dump"):
-        values = {name: getattr(params, name) for name in type(params).model_fields}
-        return values, params.model_dump(mode="json")
-    if isinstance(params, dict):
-        return dict(params), jsonable(params)
-    raise ValidationRunError(f"check parameters must be a mapping, got {type(params).__name__}: {params!r}")
+def _params(kind: str, params: Any) -> BaseModel:
+    """The check's parameter block as its spec model, every default filled in by the model (the
+    one place defaults live): a parsed block is kept, a mapping (or None) is validated."""
+    if isinstance(params, BaseModel):
+        return params
+    if params is not None and not isinstance(params, dict):
+        raise ValidationRunError(f"check parameters must be a mapping, got {type(params).__name__}: {params!r}")
+    try:
+        return _CHECK_TYPES[kind].model_validate({kind: params}).params
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ValidationRunError(f"{where}: {first['msg']}") from None
 
 
-def _token(token: Any, adapter: Any, tokenizer: Any, where: str) -> int:
+def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int:
     from circuitgraph.attribution.targets import resolve_token
 
     try:
@@ -78,7 +88,7 @@ def _token(token: Any, adapter: Any, tokenizer: Any, where: str) -> int:
         raise ValidationRunError(str(exc)) from None
 
 
-def _metric(spec: Any, adapter: Any, tokenizer: Any) -> Metric | None:
+def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
@@ -114,10 +124,11 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
         raise ValidationRunError(f"unknown validation check {kind!r}; expected one of {', '.join(CHECK_KINDS)}")
+    p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
     tokenizer = tokenizer if tokenizer is not None else adapter.tokenizer
-    p, record = _fields(raw)
+    record = p.model_dump(mode="json")
 
     def prompt(value: Any, where: str) -> list[int]:
         if prompt_resolver is not None:
@@ -127,53 +138,42 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     def prompts(values: Sequence[Any] | None, where: str) -> list[list[int]]:
         return [prompt(v, f"{where}[{i}]") for i, v in enumerate(values or ())]
 
-    def get(name: str, default: Any) -> Any:
-        value = p.get(name, default)
-        return default if value is None else value
-
     if kind == "ablate":
+        seed = p.seed if p.seed is not None else graph.metadata.get("spec", {}).get("seed", 0)
         result = ablate(
-            graph, get("nodes", "top_nodes"), k=get("k", 10), mode=get("mode", "zero"), value=p.get("value"),
-            scale=p.get("scale"), reference_prompts=prompts(p.get("reference_prompts"), "ablate.reference_prompts"),
-            patch_prompt=None if p.get("patch_prompt") is None else prompt(p["patch_prompt"], "ablate.patch_prompt"),
-            positions=p.get("positions"), controls=tuple(get("controls", ("matched_magnitude", "count_matched"))),
-            n_controls=get("n_controls", 10), tolerance=get("tolerance", 0.1),
-            control_tolerance=get("control_tolerance", 0.05), max_draws=get("max_draws", 1000),
-            match_layers=get("match_layers", False), match_positions=get("match_positions", False),
-            seed=get("seed", graph.metadata.get("spec", {}).get("seed", 0)),
-            tokenizer=tokenizer)
+            graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
+            reference_prompts=prompts(p.reference_prompts, "ablate.reference_prompts"),
+            patch_prompt=None if p.patch_prompt is None else prompt(p.patch_prompt, "ablate.patch_prompt"),
+            positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
+            control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
+            match_positions=p.match_positions, seed=seed, tokenizer=tokenizer)
     elif kind == "predicted_vs_actual":
         result = predicted_vs_actual(
-            graph, k=get("k", 10), mode=get("mode", "zero"),
-            reference_prompts=prompts(p.get("reference_prompts"), "predicted_vs_actual.reference_prompts"),
+            graph, k=p.k, mode=p.mode,
+            reference_prompts=prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
             tokenizer=tokenizer)
     elif kind == "patching":
-        if p.get("corrupted") is None:
-            raise ValidationRunError("patching needs corrupted: a prompt of the same token length as clean")
         result = patching(
-            graph, corrupted=prompt(p["corrupted"], "patching.corrupted"),
-            clean=None if p.get("clean") is None else prompt(p["clean"], "patching.clean"),
-            metric=_metric(p.get("metric"), adapter, tokenizer),
-            granularity=tuple(get("granularity", ("layer", "head"))),
-            heatmap=p.get("heatmap"), tokenizer=tokenizer)
+            graph, corrupted=prompt(p.corrupted, "patching.corrupted"),
+            clean=None if p.clean is None else prompt(p.clean, "patching.clean"),
+            metric=_metric(p.metric, adapter, tokenizer), granularity=tuple(p.granularity),
+            heatmap=p.heatmap, tokenizer=tokenizer)
     elif kind == "faithfulness":
         result = faithfulness(
-            graph, mode=get("mode", "mean"),
-            reference_prompts=prompts(p.get("reference_prompts"), "faithfulness.reference_prompts"),
+            graph, mode=p.mode, reference_prompts=prompts(p.reference_prompts, "faithfulness.reference_prompts"),
             tokenizer=tokenizer)
     elif kind == "sign_regimes":
         result = sign_regimes(
-            graph, prompts=prompts(p.get("prompts"), "sign_regimes.prompts"), layers=p.get("layers"),
-            top_k=get("top_k", 20), echo_threshold=get("echo_threshold", 0.5), tokenizer=tokenizer)
+            graph, prompts=prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
+            echo_threshold=p.echo_threshold, tokenizer=tokenizer)
     elif kind == "qk":
         from circuitgraph.validation.qk_check import qk_check
 
-        head = p.get("head")
-        result = qk_check(graph, p.get("layer"), head if isinstance(head, int) else list(head or ()),
-                          get("query_position", -1), get("key_position", "top"), top_k=get("top_k", 10))
+        head = p.head if isinstance(p.head, int) else list(p.head)
+        result = qk_check(graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
     else:
         result = replacement_fidelity(
-            graph, prompts=prompts(p.get("prompts"), "replacement_fidelity.prompts"), tokenizer=tokenizer)
+            graph, prompts=prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=tokenizer)
     return CheckResult(kind, record, result)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +28,14 @@ from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
+
 __all__ = ["FidelityRow", "ReplacementFidelityResult", "replacement_model", "replacement_fidelity"]
 
 
 @contextlib.contextmanager
-def replacement_model(adapter: Any, transcoders: Any, layers: Sequence[int] | None = None) -> Iterator[Any]:
+def replacement_model(adapter: ModelAdapter, transcoders: Any, layers: Sequence[int] | None = None) -> Iterator[Any]:
     """Scoped: the real model with the MLP outputs of ``layers`` (default: every layer with a
     transcoder) replaced by their transcoders' reconstructions.  Hooks are always removed."""
     if transcoders is None or len(transcoders) == 0:
@@ -141,7 +144,7 @@ def replacement_fidelity(
     graph: Any = None,
     *,
     prompts: Sequence[Any] = (),
-    adapter: Any = None,
+    adapter: ModelAdapter | None = None,
     transcoders: Any = None,
     metric: Metric | None = None,
     tokenizer: Any = None,
@@ -195,7 +198,7 @@ def replacement_fidelity(
     return result
 
 
-def _metric_value(adapter: Any, x: torch.Tensor, metric: Metric, need: set[str], transcoders: Any,
+def _metric_value(adapter: ModelAdapter, x: torch.Tensor, metric: Metric, need: set[str], transcoders: Any,
                   replace_with: Any) -> float:
     captured: dict[str, torch.Tensor] = {}
 

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
+from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.linearisation import dictionary_input, frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
@@ -21,14 +22,8 @@ from circuitgraph.graph.nodes import NodeId
 __all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks"]
 
 
-def _writer_vectors(context: Any, node_id: NodeId) -> list[tuple[int, int, torch.Tensor]]:
-    """(location, position, output vector in the residual) of every write of ``node_id`` (a
-    cross-layer transcoder feature writes into several MLP outputs)."""
-    return context.collected.writer_locations(node_id)
-
-
 @torch.no_grad()
-def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
+def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
     """Every reader's pre-activation in the frozen real model, with the writers in ``ablate``
     scaled by ``scale`` (0 = removed)."""
     a, lin = context.adapter, context.linearisation
@@ -50,7 +45,7 @@ def frozen_reader_values(context: Any, ablate: Iterable[NodeId] = (), scale: flo
     return _read_values(context, captured)
 
 
-def frozen_node_hooks(context: Any, ablate: Iterable[NodeId] = (),
+def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = (),
                       scale: float = 0.0) -> tuple[list[tuple[str, Any]], dict[str, torch.Tensor]]:
     """Hooks that, inside :func:`~circuitgraph.attribution.linearisation.frozen`, freeze every node
     at its recorded output (MLP outputs, attention outputs of layers analysed as heads) and scale
@@ -62,18 +57,17 @@ def frozen_node_hooks(context: Any, ablate: Iterable[NodeId] = (),
     T, D = lin.n_pos, a.facts.d_model
     delta: dict[tuple[str, int], torch.Tensor] = {}
     for node_id in ablate:
-        writes = _writer_vectors(context, node_id)
+        writes = context.writes(node_id)  # several for a cross-layer transcoder feature
         if not writes:
             raise ValidationRunError(f"node {node_id} is not a writer of this graph")
-        for loc, pos, vec in writes:
+        for write in writes:
+            pos, vec = write.position, write.vector
             if node_id.kind == "embedding":
                 key = ("embed", 0)
             elif node_id.kind == "positional":
                 key = ("pos_embed", 0)
-            elif loc % 2 == 1:
-                key = ("attn", (loc - 1) // 2)
             else:
-                key = ("mlp", loc // 2 - 1)
+                key = (write.location.sublayer, write.location.layer)
             if key[0] == "attn" and opts.attention[key[1]] != "heads":
                 raise ValidationRunError(f"node {node_id}: attention writers can be removed only in heads mode")
             d = delta.setdefault(key, torch.zeros(T, D, dtype=vec.dtype))
@@ -119,10 +113,10 @@ def frozen_node_hooks(context: Any, ablate: Iterable[NodeId] = (),
     return hooks, captured
 
 
-def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
+def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
     """Reader pre-activations from the captured hooks of a frozen run (vectorised per kind)."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
-    col = context.collected
+    nodes = {n.id: n for n in context.attributed_nodes}
     out: dict[NodeId, float] = {}
     norm = a.norm("ln_final")
     n = c[a.hook_norm_normalized("ln_final")]
@@ -132,9 +126,8 @@ def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float
     W_U, b_U = a.W_U, a.b_U
     feature_pre: dict[int, torch.Tensor] = {}
     neuron_val: dict[int, torch.Tensor] = {}
-    for k, row in enumerate(col.readers.rows):
-        node = col.nodes[row]
-        nid = node.id
+    for nid, reader in context.readers():
+        node = nodes[nid]
         t = nid.position
         if nid.kind == "feature":
             if nid.layer not in feature_pre:
@@ -165,11 +158,11 @@ def _read_values(context: Any, c: dict[str, torch.Tensor]) -> dict[NodeId, float
             site, layer = node.attrs["site"], nid.layer
             hook = {"resid_pre": a.hook_resid_pre, "resid_mid": a.hook_resid_mid}.get(site, a.hook_resid_post)
             x = c[hook(layer)]
-            out[nid] = float(x[t] @ col.readers.directions[k].to(x.dtype))
+            out[nid] = float(x[t] @ reader.direction.to(x.dtype))
     return out
 
 
-def frozen_ablation_effects(context: Any, writers: Iterable[NodeId]) -> dict[NodeId, dict[NodeId, float]]:
+def frozen_ablation_effects(context: AttributionContext, writers: Iterable[NodeId]) -> dict[NodeId, dict[NodeId, float]]:
     """For each writer: ``{reader: base - ablated}`` in the frozen model (should equal the edges)."""
     base = frozen_reader_values(context)
     effects = {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
@@ -34,6 +34,9 @@ from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.controls import ControlSummary, draw_controls, summarise_controls
 from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric, next_token_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["REGIMES", "EchoNeuron", "SignRegimeResult", "sign_regimes", "echo_removed", "regimes_of"]
 
@@ -48,7 +51,7 @@ def regimes_of(gate: torch.Tensor, value: torch.Tensor, act_gate: torch.Tensor) 
 
 
 @contextlib.contextmanager
-def echo_removed(adapter: Any, masks: dict[int, torch.Tensor], first_position: int = 1) -> Iterator[Any]:
+def echo_removed(adapter: ModelAdapter, masks: dict[int, torch.Tensor], first_position: int = 1) -> Iterator[Any]:
     """Scoped: at the echo activations of the neurons in ``masks`` (layer -> ``(batch, d_mlp)`` bool),
     from ``first_position`` on, ``hook_post`` loses ``act(gate) * value``.  Hooks always removed."""
     seen: dict[str, torch.Tensor] = {}
@@ -155,7 +158,7 @@ def sign_regimes(
     layers: Sequence[int] | None = None,
     top_k: int = 20,
     echo_threshold: float = 0.5,
-    adapter: Any = None,
+    adapter: ModelAdapter | None = None,
     metric: Metric | None = None,
     controls: Sequence[str] = ("matched_magnitude", "count_matched"),
     n_controls: int = 10,
@@ -258,7 +261,7 @@ def sign_regimes(
     return result
 
 
-def _echo_effects(adapter: Any, token_lists: list[list[int]], neuron_sets: list[list[Unit]], layers: list[int],
+def _echo_effects(adapter: ModelAdapter, token_lists: list[list[int]], neuron_sets: list[list[Unit]], layers: list[int],
                   d_mlp: int, first_position: int, metric: Metric | None) -> tuple[list[float], list[float] | None]:
     """Change in mean loss (over prompts) and in the metric (first prompt) per neuron set."""
     B = len(neuron_sets) + 1  # row 0: nothing removed

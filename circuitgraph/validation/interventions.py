@@ -54,13 +54,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import torch
 
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation.metrics import Metric, next_token_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = [
     "Site",
@@ -217,7 +220,7 @@ class Intervention:
 
 
 # ---------------------------------------------------------------------------- sites
-def _site_hook(adapter: Any, site: str, layer: int) -> str:
+def _site_hook(adapter: ModelAdapter, site: str, layer: int) -> str:
     a = adapter
     if site == "embed":
         return a.hook_embed()
@@ -238,7 +241,7 @@ def _site_hook(adapter: Any, site: str, layer: int) -> str:
     return a.hook_mlp_pre_linear(layer)
 
 
-def site_width(adapter: Any, site: str, layer: int, transcoders: Any = None) -> int:
+def site_width(adapter: ModelAdapter, site: str, layer: int, transcoders: Any = None) -> int:
     """Number of indices of a site (1 for one-unit-per-position sites)."""
     f = adapter.facts
     if site == "head":
@@ -250,7 +253,7 @@ def site_width(adapter: Any, site: str, layer: int, transcoders: Any = None) -> 
     return 1
 
 
-def _check_unit(adapter: Any, unit: Unit, n_pos: int, transcoders: Any) -> None:
+def _check_unit(adapter: ModelAdapter, unit: Unit, n_pos: int, transcoders: Any) -> None:
     f = adapter.facts
     where = f"unit {unit}"
     if unit.site in ("embed", "pos_embed"):
@@ -295,7 +298,7 @@ def _unview(site: str, v: torch.Tensor) -> torch.Tensor:
     return v.squeeze(-1)
 
 
-def _needed_hooks(adapter: Any, site: str, layer: int, transcoders: Any) -> set[str]:
+def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Any) -> set[str]:
     if site == "feature":
         return {transcoders[layer].hook_in}
     if site == "error":  # the reconstruction of MLP output `layer` reads every source layer's input
@@ -303,7 +306,7 @@ def _needed_hooks(adapter: Any, site: str, layer: int, transcoders: Any) -> set[
     return {_site_hook(adapter, site, layer)}
 
 
-def site_values(adapter: Any, site: str, layer: int, cache: dict[str, torch.Tensor], transcoders: Any = None,
+def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, torch.Tensor], transcoders: Any = None,
                 ) -> torch.Tensor:
     """The values of every unit of a site, ``(batch, pos, n, e)``, from hook values in ``cache``
     (each ``(batch, pos, ...)``)."""
@@ -320,7 +323,7 @@ def site_values(adapter: Any, site: str, layer: int, cache: dict[str, torch.Tens
 
 
 @torch.no_grad()
-def _cache_run(adapter: Any, tokens: Sequence[int], names: set[str]) -> dict[str, torch.Tensor]:
+def _cache_run(adapter: ModelAdapter, tokens: Sequence[int], names: set[str]) -> dict[str, torch.Tensor]:
     toks = torch.tensor([list(tokens)], dtype=torch.long, device=adapter.device)
     _, cache = adapter.model.run_with_cache(toks, names_filter=lambda n: n in names)
     return {k: v.detach() for k, v in cache.items()}
@@ -360,7 +363,7 @@ def _unit_index(unit: Unit, n_pos: int, width: int) -> tuple[torch.Tensor, torch
     return tt.flatten(), nn.flatten()
 
 
-def _compile(adapter: Any, rows: Sequence[Sequence[Intervention]], n_pos: int, transcoders: Any,
+def _compile(adapter: ModelAdapter, rows: Sequence[Sequence[Intervention]], n_pos: int, transcoders: Any,
              broadcast: bool = False, ref_cache: dict | None = None) -> _Plan:
     """Masks per (intervention key, site, layer) for every row, and the reference values
     (memoised in ``ref_cache`` across the batches of one run)."""
@@ -412,7 +415,7 @@ def _compile(adapter: Any, rows: Sequence[Sequence[Intervention]], n_pos: int, t
     return plan
 
 
-def _references(adapter: Any, iv: Intervention, sites: list[tuple[str, int]], n_pos: int,
+def _references(adapter: ModelAdapter, iv: Intervention, sites: list[tuple[str, int]], n_pos: int,
                 transcoders: Any) -> dict[tuple[str, int], torch.Tensor]:
     if iv.mode not in ("mean", "patch") or not sites:
         return {}
@@ -450,7 +453,7 @@ def _references(adapter: Any, iv: Intervention, sites: list[tuple[str, int]], n_
 
 
 @contextlib.contextmanager
-def _install(adapter: Any, plan: _Plan, transcoders: Any, capture: set[str],
+def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[str],
              captured: dict[str, torch.Tensor]) -> Iterator[Any]:
     """Install the plan's edits (then the capture hooks) and remove them all on exit."""
     hooks: list[tuple[str, Any]] = []
@@ -550,7 +553,7 @@ def _install(adapter: Any, plan: _Plan, transcoders: Any, capture: set[str],
 
 
 @contextlib.contextmanager
-def intervene(adapter: Any, interventions: Intervention | Sequence[Intervention], *, n_pos: int,
+def intervene(adapter: ModelAdapter, interventions: Intervention | Sequence[Intervention], *, n_pos: int,
               transcoders: Any = None) -> Iterator[Any]:
     """Scoped: the real model runs with ``interventions`` applied to every batch row of an
     ``n_pos``-token input.  Yields the model; every hook is removed on exit, even on error.
@@ -576,7 +579,7 @@ class RowsOutput:
 
 
 @torch.no_grad()
-def run_rows(adapter: Any, tokens: Sequence[int], rows: Sequence[Sequence[Intervention]], metric: Metric, *,
+def run_rows(adapter: ModelAdapter, tokens: Sequence[int], rows: Sequence[Sequence[Intervention]], metric: Metric, *,
              transcoders: Any = None, batch_size: int = 32, with_loss: bool = False,
              keep_logits: bool = False) -> RowsOutput:
     """Run ``tokens`` once per row, each row with its own interventions (an empty row is the
@@ -643,7 +646,7 @@ class InterventionResult:
                                 self.change]], max_rows)
 
 
-def measure_intervention(adapter: Any, tokens: Sequence[int], intervention: Intervention, metric: Metric, *,
+def measure_intervention(adapter: ModelAdapter, tokens: Sequence[int], intervention: Intervention, metric: Metric, *,
                          transcoders: Any = None) -> InterventionResult:
     """The metric on ``tokens`` without and with ``intervention`` (real model)."""
     out = run_rows(adapter, tokens, [[], [intervention]], metric, transcoders=transcoders)

@@ -18,12 +18,15 @@ These are exactly the values the graph's target nodes hold, so a metric built wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from circuitgraph.errors import ValidationRunError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["Readout", "Metric", "next_token_loss"]
 
@@ -124,7 +127,7 @@ class Metric:
             parts.append(s if r.weight == 1.0 else f"{r.weight:.3g} x {s}")
         return " + ".join(parts)
 
-    def hook_names(self, adapter: Any, transcoders: Any = None) -> set[str]:
+    def hook_names(self, adapter: ModelAdapter, transcoders: Any = None) -> set[str]:
         """Hooks whose (edited) values the readouts need."""
         names: set[str] = set()
         for r in self.readouts:
@@ -136,7 +139,7 @@ class Metric:
                 names.add(_resid_hook(adapter, r.site, r.layer))
         return names
 
-    def values(self, logits: torch.Tensor, captured: dict[str, torch.Tensor], adapter: Any,
+    def values(self, logits: torch.Tensor, captured: dict[str, torch.Tensor], adapter: ModelAdapter,
                transcoders: Any = None) -> torch.Tensor:
         """Per-readout values ``(batch, n_readouts)`` in float64 from ``logits (batch, pos, d_vocab)``."""
         T = logits.shape[1]
@@ -181,7 +184,7 @@ def _transcoder(transcoders: Any, layer: int | None) -> Any:
     return transcoders[layer]
 
 
-def _resid_hook(adapter: Any, site: str | None, layer: int | None) -> str:
+def _resid_hook(adapter: ModelAdapter, site: str | None, layer: int | None) -> str:
     if site == "resid_pre":
         return adapter.hook_resid_pre(layer)
     if site == "resid_mid":

@@ -57,16 +57,16 @@ def total_effects(graph: Any) -> np.ndarray:
 
 
 def match_filter(graph: Any, node_filter: Any, n_positions: int | None = None) -> list[NodeId]:
-    """Node ids of ``graph`` that pass a spec ``NodeFilter`` (or a dict of its keys)."""
-    from circuitgraph.spec.filters import NodeFilter
+    """Node ids of ``graph`` that pass a spec ``NodeFilter`` (or a dict of its keys): the queries'
+    filter resolution (:func:`circuitgraph.queries.filters.filter_mask`), with validation's errors."""
+    from circuitgraph.errors import QueryError
+    from circuitgraph.queries.filters import as_filter, filter_mask
 
-    if isinstance(node_filter, dict):
-        try:
-            node_filter = NodeFilter.model_validate(node_filter)
-        except Exception as exc:  # noqa: BLE001 - pydantic's message names every problem
-            raise ValidationRunError(f"bad node filter {node_filter!r}: {exc}") from None
-    return [n.id for n in graph.nodes
-            if node_filter.matches(n.kind, n.layer, n.position, n.index, n_positions=n_positions)]
+    try:
+        mask = filter_mask(graph, as_filter(node_filter), prompt_length=n_positions)
+    except QueryError as exc:
+        raise ValidationRunError(str(exc)) from None
+    return [graph.nodes[i].id for i in np.flatnonzero(mask)]
 
 
 def select_nodes(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKCheckRow", "QKCheckResult", "qk_check", "qk_removal_effects"]
 
@@ -98,7 +101,7 @@ def _sigma_hook(value: torch.Tensor):
 
 
 @torch.no_grad()
-def qk_removal_effects(context: Any, layer: int, head: int, query_position: int, key_position: int,
+def qk_removal_effects(context: AttributionContext, layer: int, head: int, query_position: int, key_position: int,
                        nodes: Sequence[tuple[str, NodeId]]) -> list[float]:
     """For each ``(side, node)``: the pre-cap score of ``head`` at (query, key) minus the score
     with ``node`` removed from that side only (``side`` is ``"query"`` or ``"key"``)."""
@@ -191,7 +194,7 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
     return QKCheckResult(int(layer), res.query_position, rows, magnitudes, float(tolerance), _dedupe(notes))
 
 
-def _removable(ctx: Any, node: NodeId) -> bool:
+def _removable(ctx: AttributionContext, node: NodeId) -> bool:
     """Whether the frozen model can remove ``node`` (a writer; attention writers only in heads mode)."""
     from circuitgraph.validation.frozen import frozen_node_hooks
 

@@ -1,0 +1,182 @@
+"""The engine's public face: residual locations, writers, readers and propagation.
+
+A graph built from a model keeps its :class:`AttributionContext` (``graph.context``): the
+model adapter, the linearisation, the dictionaries, the options and the engine's tables.
+Queries, validation checks and anything new read the engine through the methods here, never
+through its tables (a test checks that no module outside ``circuitgraph/attribution/`` does):
+
+* :class:`ResidualLocation`: where in the residual stream a node writes or reads;
+* :meth:`AttributionContext.writes`: a writer's output vectors (already scaled by its activation;
+  one per location it writes at: several for a cross-layer transcoder feature);
+* :meth:`AttributionContext.reader`: a reader's direction ``g`` and own constant, so that
+  ``pre = g . x(location, position) + own_constant`` with the residual ``x`` of the frozen model;
+* :attr:`AttributionContext.frozen_model`: the transpose of the frozen linear model, which carries
+  a reader's gradient from one location down to the one below
+  (:meth:`~circuitgraph.attribution.frozen_model.FrozenLinearModel.step_down`);
+* :meth:`AttributionContext.attribute_directions`: the edges from every writer into extra readers
+  that are not nodes of the graph (one engine sweep), e.g. a head's query and key dimensions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from circuitgraph.graph.nodes import Node, NodeId
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.engine import DirectionEdges
+    from circuitgraph.attribution.frozen_model import FrozenLinearModel
+    from circuitgraph.attribution.linearisation import Linearisation
+    from circuitgraph.attribution.nodes_builder import Collected, GraphOptions
+    from circuitgraph.attribution.targets import ResolvedTarget
+    from circuitgraph.dictionaries import Dictionary
+
+__all__ = ["ResidualLocation", "WriterVector", "ReaderDirection", "AttributionContext"]
+
+Sublayer = Literal["embed", "attn", "mlp"]
+
+
+class ResidualLocation(int):
+    """A point of the residual stream, numbered bottom-up: ``resid_pre(0)`` is 0, then after each
+    block's attention (``resid_mid(l)``) and after its MLP (``resid_post(l) == resid_pre(l + 1)``).
+
+    An ``int`` (so the engine indexes and compares locations at no cost), built and read through
+    names: ``ResidualLocation.resid_mid(2)``, ``loc.sublayer``, ``loc.layer``.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def resid_pre(cls, layer: int) -> ResidualLocation:
+        """Before block ``layer`` (after block ``layer - 1``'s MLP; the embeddings for layer 0)."""
+        return cls(2 * layer)
+
+    @classmethod
+    def resid_mid(cls, layer: int) -> ResidualLocation:
+        """After block ``layer``'s attention, before its MLP."""
+        return cls(2 * layer + 1)
+
+    @classmethod
+    def resid_post(cls, layer: int) -> ResidualLocation:
+        """After block ``layer``'s MLP."""
+        return cls(2 * layer + 2)
+
+    @property
+    def sublayer(self) -> Sublayer:
+        """What writes here: the embeddings, a block's attention or a block's MLP."""
+        if self == 0:
+            return "embed"
+        return "attn" if self % 2 == 1 else "mlp"
+
+    @property
+    def layer(self) -> int:
+        """The block whose sublayer writes here (-1 for the embeddings)."""
+        return -1 if self == 0 else (self - 1) // 2
+
+    def below(self) -> ResidualLocation:
+        """The location before this one's sublayer."""
+        if self == 0:
+            raise ValueError("resid_pre(0) is the bottom of the residual stream")
+        return ResidualLocation(self - 1)
+
+    def __repr__(self) -> str:
+        if self == 0:
+            return "ResidualLocation.resid_pre(0)"
+        return f"ResidualLocation.resid_{'mid' if self.sublayer == 'attn' else 'post'}({self.layer})"
+
+
+@dataclass(frozen=True)
+class WriterVector:
+    """A writer node: what it adds to the residual stream at ``location``, ``position``."""
+
+    location: ResidualLocation
+    position: int
+    vector: torch.Tensor  # (d_model,), in the compute dtype, scaled by the node's activation
+
+
+@dataclass(frozen=True)
+class ReaderDirection:
+    """A reader node: ``pre = direction . x(location, position) + own_constant`` in the frozen model
+    (the direction includes its norm's ``P(gamma * w) / sigma``, and a gated neuron's frozen gate)."""
+
+    location: ResidualLocation
+    position: int
+    direction: torch.Tensor  # (d_model,), in the compute dtype
+    own_constant: float
+
+
+@dataclass
+class AttributionContext:
+    """The live objects behind a graph, kept for queries and validation that need the model."""
+
+    adapter: ModelAdapter
+    linearisation: Linearisation
+    transcoders: Dictionary | None
+    options: GraphOptions
+    _tables: Collected = field(repr=False)
+    targets: list[ResolvedTarget]
+    #: node id -> its reader direction, built on first use
+    _reader_index: dict[NodeId, ReaderDirection] | None = field(default=None, init=False, repr=False)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n_pos(self) -> int:
+        return self.linearisation.n_pos
+
+    @property
+    def n_layers(self) -> int:
+        return self.adapter.facts.n_layers
+
+    @property
+    def attributed_nodes(self) -> list[Node]:
+        """Every node the engine built (before ``max_feature_nodes`` folded unselected features)."""
+        return self._tables.nodes
+
+    # ------------------------------------------------------------------ writers and readers
+    def writers(self) -> Iterator[tuple[NodeId, list[WriterVector]]]:
+        """Every writer node of the attributed graph with its writes."""
+        for node_id, writes in self._tables.writer_index().items():
+            yield node_id, [WriterVector(ResidualLocation(loc), int(pos), v) for loc, pos, v in writes]
+
+    def readers(self) -> Iterator[tuple[NodeId, ReaderDirection]]:
+        """Every reader node of the attributed graph with its direction."""
+        return iter(self._readers().items())
+
+    def writes(self, node: NodeId) -> list[WriterVector]:
+        """Where ``node`` writes and what: one entry for most nodes, one per downstream MLP output
+        for a cross-layer transcoder feature; empty if it writes nothing (or was added after
+        attribution, e.g. a remainder node of pruning)."""
+        return [WriterVector(ResidualLocation(loc), int(pos), v) for loc, pos, v in self._tables.writer_locations(node)]
+
+    def reader(self, node: NodeId) -> ReaderDirection | None:
+        """The read direction of ``node``, or None if it reads nothing."""
+        return self._readers().get(node)
+
+    @property
+    def frozen_model(self) -> FrozenLinearModel:
+        """Propagation between residual locations in the frozen linear model (transposed)."""
+        return self._tables.frozen
+
+    def attribute_directions(self, location: int, positions: Sequence[int], directions: torch.Tensor,
+                             own_constants: Sequence[float]) -> DirectionEdges:
+        """Edges from every writer into ad-hoc readers that are not nodes of the graph (e.g. a head's
+        query and key dimensions), in one sweep of the engine; see
+        :func:`circuitgraph.attribution.engine.attribute_directions`."""
+        from circuitgraph.attribution.engine import attribute_directions
+
+        return attribute_directions(self._tables, location, positions, directions, own_constants,
+                                    batch_size=self.options.batch_size)
+
+    def _readers(self) -> dict[NodeId, ReaderDirection]:
+        if self._reader_index is None:
+            rd, nodes = self._tables.readers, self._tables.nodes
+            self._reader_index = {
+                nodes[row].id: ReaderDirection(ResidualLocation(loc), pos, g, own)
+                for row, loc, pos, g, own in zip(rd.rows, rd.locs, rd.positions, rd.directions, rd.own_constants)
+            }
+        return self._reader_index

@@ -1,0 +1,196 @@
+"""The architecture's rules, checked on the source (AST), and the engine's public context API.
+
+* no module outside ``circuitgraph/attribution/`` reaches into the engine's tables (the
+  collected writer/reader tables, their padded blocks, the integer location encoding): it uses
+  :class:`~circuitgraph.attribution.context.AttributionContext`'s ``writer`` / ``reader`` /
+  ``frozen_model`` and :class:`~circuitgraph.attribution.context.ResidualLocation`;
+* no module sets a private attribute on another object (caches are declared on their class),
+  nor reads a private attribute that its own module does not define;
+* two modules of the package never share a name for different things;
+* the public API is consistent with the edges: propagating a reader's direction down to a
+  writer's location and dotting with its vector gives the edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+PACKAGE = Path(__file__).resolve().parents[1] / "circuitgraph"
+ENGINE = PACKAGE / "attribution"
+
+#: attributes of the engine's tables (Collected, WriterTable, ReaderTable) and the context's privates
+ENGINE_TABLES = {"collected", "_tables", "_writer_index", "_reader_index"}
+TABLE_FIELDS = {"writers": {"groups", "padded"}, "readers": {"rows", "locs", "positions", "directions", "own_constants"}}
+ENGINE_PRIVATE_NAMES = {"Collected", "WriterTable", "ReaderTable", "collect_nodes", "loc_resid_pre", "loc_resid_mid",
+                        "loc_resid_post"}
+
+#: (module, attribute) pairs allowed to set a private attribute on another object (none)
+ALLOWED_PRIVATE_SETS: set[tuple[str, str]] = set()
+
+
+def _modules(outside_engine: bool = False):
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if outside_engine and ENGINE in path.parents:
+            continue
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def test_no_module_outside_the_engine_touches_its_tables():
+    problems = []
+    for path, tree in _modules(outside_engine=True):
+        for node in ast.walk(tree):
+            where = f"{_rel(path)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Attribute):
+                if node.attr in ENGINE_TABLES:
+                    problems.append(f"{where}: .{node.attr}")
+                inner = node.value
+                if isinstance(inner, ast.Attribute) and node.attr in TABLE_FIELDS.get(inner.attr, ()):
+                    problems.append(f"{where}: .{inner.attr}.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("circuitgraph.attribution."):
+                bad = {a.name for a in node.names} & ENGINE_PRIVATE_NAMES
+                if bad:
+                    problems.append(f"{where}: imports {sorted(bad)} from {node.module}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                  and node.args[1].value in ENGINE_TABLES):
+                problems.append(f"{where}: {ast.unparse(node)}")
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
+                names = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
+                if any("loc" in n for n in names) and isinstance(node.right, ast.Constant) and node.right.value == 2:
+                    problems.append(f"{where}: residual-location arithmetic {ast.unparse(node)!r}")
+    assert not problems, "use AttributionContext.writer/reader/frozen_model and ResidualLocation:\n" + "\n".join(
+        problems)
+
+
+def _declared_private_attributes() -> set[str]:
+    """Private attributes some class of the package declares (class body or ``self._x = ...``)."""
+    out = set()
+    for _, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+                    out |= {t.id for t in targets if isinstance(t, ast.Name) and t.id.startswith("_")}
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                if isinstance(node.ctx, ast.Store) and node.attr.startswith("_"):
+                    out.add(node.attr)
+    return out
+
+
+def test_no_private_attributes_across_objects():
+    problems = []
+    declared = _declared_private_attributes()
+    for path, tree in _modules():
+        defined = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self",
+                                                                                                           "cls"):
+                defined.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined.add(node.target.id)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            where = f"{_rel(path)}:{node.lineno}: {ast.unparse(node)}"
+            if isinstance(node.ctx, ast.Store):  # allowed when a class declares the attribute
+                if node.attr not in declared and (_rel(path), node.attr) not in ALLOWED_PRIVATE_SETS:
+                    problems.append(where + " set from outside its class (declare the attribute on the class)")
+            elif node.attr not in defined and (_rel(path), node.attr) not in ALLOWED_PRIVATE_SETS:
+                problems.append(where + " is private to another module")
+    assert not problems, "\n".join(problems)
+
+
+def test_module_names_are_unique_or_mirror_the_spec():
+    """Two modules share a name only as ``spec/X.py`` (the spec section X) and the package X's own
+    module, or as the per-package ``dispatch`` of queries and validation checks."""
+    by_name: dict[str, list[str]] = {}
+    for path, _ in _modules():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, []).append(_rel(path))
+    allowed = {"dispatch": {"queries/dispatch.py", "validation/dispatch.py"}}
+    for name, paths in by_name.items():
+        if len(paths) < 2 or set(paths) == allowed.get(name):
+            continue
+        others = [p for p in paths if not p.startswith("spec/")]
+        assert len(others) <= 1 and len(paths) == 2, f"modules named {name!r}: {paths}"
+
+
+# ---------------------------------------------------------------------------- the public API
+def test_residual_locations():
+    from circuitgraph.attribution import ResidualLocation
+
+    assert ResidualLocation.resid_pre(0) == 0 and ResidualLocation.resid_pre(0).sublayer == "embed"
+    mid, post = ResidualLocation.resid_mid(2), ResidualLocation.resid_post(2)
+    assert (mid.sublayer, mid.layer, post.sublayer, post.layer) == ("attn", 2, "mlp", 2)
+    assert post == ResidualLocation.resid_pre(3) and mid.below() == ResidualLocation.resid_pre(2)
+    assert repr(mid) == "ResidualLocation.resid_mid(2)" and isinstance(mid, int)
+    with pytest.raises(ValueError):
+        ResidualLocation.resid_pre(0).below()
+
+
+@pytest.mark.parametrize("granularity", [{}, dict(mlp="neurons", attention="heads")])
+def test_context_propagation_reproduces_every_edge(tmp_path, granularity):
+    from circuitgraph.attribution import attribute
+    from tests.conftest import load_bundle, make_bundle
+
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned", kind="skip"), "float64")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64, **granularity)
+    ctx = g.context
+    readers, writers = dict(ctx.readers()), dict(ctx.writers())
+    assert set(readers) == {n.id for n in g.nodes if n.pre_activation is not None}
+    assert set(writers) == {n.id for n in g.nodes if n.kind not in ("logit", "target")}
+    fm = ctx.frozen_model
+    dense = g.dense_adjacency(dtype=np.float64)
+    checked = 0
+    for rid, r in readers.items():
+        G = torch.zeros(1, r.position + 1, adapter.facts.d_model, dtype=torch.float64)
+        G[0, r.position] = r.direction
+        at = {r.location: G}
+        for loc in range(r.location, 0, -1):
+            G = fm.step_down(loc, G.clone())
+            at[loc - 1] = G
+        for wid, writes in writers.items():
+            seen = [w for w in writes if w.location <= r.location and w.position <= r.position]
+            expected = sum(float(at[w.location][0, w.position] @ w.vector) for w in seen)
+            assert dense[g.index_of(rid), g.index_of(wid)] == pytest.approx(expected, abs=1e-10)
+            checked += bool(seen)
+    assert checked > 100
+
+
+def test_max_dense_nodes_is_the_dense_limit():
+    """The spec key ``graph.max_dense_nodes`` (recorded in the run's metadata) limits densifying."""
+    from circuitgraph.errors import QueryError
+    from tests.test_queries_graphs import random_dag
+
+    g = random_dag(0)
+    assert g.dense_adjacency().shape == (g.n_nodes, g.n_nodes)
+    g.metadata["spec"] = {"graph": {"max_dense_nodes": g.n_nodes - 1}}
+    with pytest.raises(QueryError, match="max_nodes"):
+        g.dense_adjacency()
+    assert g.dense_adjacency(max_nodes=g.n_nodes).shape == (g.n_nodes, g.n_nodes)
+
+
+def test_tests_scripts_and_benchmarks_use_the_public_context_too():
+    repo = PACKAGE.parent
+    problems = []
+    for folder in ("tests", "benchmarks", "scripts", "examples"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            if path.name == "test_architecture.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Attribute) and node.attr in ENGINE_TABLES:
+                    problems.append(f"{path.relative_to(repo)}:{node.lineno}: .{node.attr}")
+    assert not problems, "use graph.context.writes/reader/frozen_model:\n" + "\n".join(problems)
