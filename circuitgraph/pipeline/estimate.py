@@ -111,6 +111,8 @@ class EdgePlan:
     #: with max_feature_nodes: the edges if the narrowest feature rows were selected (which rows
     #: are selected is known only as they are computed); else equal to ``n_edges_upper``
     n_edges_lower: int | None = None
+    #: the fewest possible edges of one feature row (what the remaining rows are assumed to add)
+    min_row_edges: int = 0
 
     @property
     def bytes_edges(self) -> int:
@@ -156,14 +158,7 @@ def _gb(b: float) -> str:
 
 def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(writer counts (n_locs, n_pos), reader locs, reader positions, reader kinds)."""
-    counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-    for loc, groups in col.writers.groups.items():
-        for pos, rows, _ in groups:
-            counts[loc, pos] += len(rows)
-    locs = np.asarray(col.readers.locs, dtype=np.int64)
-    positions = np.asarray(col.readers.positions, dtype=np.int64)
-    kinds = np.array([col.nodes[r].kind for r in col.readers.rows], dtype=object)
-    return counts, locs, positions, kinds
+    return col.count_tables(n_locs, n_pos)
 
 
 def _reach(options: Any, n_locs: int) -> np.ndarray:
@@ -220,7 +215,8 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
     bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
-                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None)
+                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
+                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0)
     if not plan.fits:
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra)
     return plan
@@ -297,20 +293,23 @@ def check_plan(plan: EdgePlan) -> None:
 
 
 def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int) -> None:
-    """The guard while ``max_feature_nodes`` rows are computed: measured memory now, plus the
-    remaining rows at the mean width of the rows computed so far and the folding, must fit."""
+    """The guard while ``max_feature_nodes`` rows are computed: stop as soon as the run cannot fit
+    any more, i.e. when the edges computed so far plus the remaining rows at their fewest
+    possible edges (:attr:`EdgePlan.min_row_edges`) would pass the memory the run may use.  (The
+    rows computed first are the most influential and usually the widest, so their mean width is
+    no guide to the rest.)"""
     if rows_done <= 0 or rows_done >= rows_total:
         return
-    width = edges_done / rows_done
-    need = process_memory() + int((rows_total - rows_done) * width * plan.bytes_per_edge)
+    need = plan.bytes_fixed + (edges_done + (rows_total - rows_done) * plan.min_row_edges) * plan.bytes_per_edge
     if need <= plan.limit:
         return
-    # the largest number of rows that fits at the observed width
-    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (plan.n_rows - (plan.max_feature_nodes or 0))
+    width = edges_done / rows_done
+    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (
+        plan.n_rows - (plan.max_feature_nodes or 0))
     advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
     raise ResourceError(
-        f"after {rows_done} of the {rows_total} rows ({width:,.0f} edges each on average), the run would need "
-        f"about {_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
+        f"after {rows_done} of the {rows_total} rows ({edges_done:,} edges), the run would need at least "
+        f"{_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
 
 
 @dataclass
@@ -400,33 +399,30 @@ def estimate_run(spec: Any) -> RunEstimate:
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
 
-    from circuitgraph.attribution.nodes_builder import collect_nodes
+    from circuitgraph.attribution.build import plan_run
     from circuitgraph.pipeline.runner import prepare
 
     p = prepare(spec)
     f = p.adapter.facts
-    col = collect_nodes(p.adapter, p.lin, p.transcoders, p.targets, p.options)
-    plan = plan_edges(col, p.options, 2 * f.n_layers + 1, p.lin.n_pos, limit=p.options.memory_limit)
+    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options)
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
                       str(p.adapter.device), notes=notes)
     if str(p.adapter.device).startswith("cuda"):
-        need, free = device_working_set(col, p.options), _device_free(p.adapter.device)
+        free = _device_free(p.adapter.device)
         est.device_fits = need <= USABLE * free
         est.device_lines = [f"device {p.adapter.device}: about {_gb(need)} more needed for the edge sweep, "
                             f"{_gb(free)} free"]
     return est
 
 
-def device_working_set(col: Any, options: Any) -> int:
+def device_working_set(largest_block: int, n_pos: int, d_model: int, options: Any) -> int:
     """Bytes the edge sweep allocates on the model's device per batch of readers: the gradient
     block ``(batch, pos, d_model)`` (three copies while it steps down a layer) and the largest
-    per-location edge block ``(positions, batch, writers)`` with its non-zero indices."""
+    per-location edge block ``(positions, batch, writers)`` (``largest_block`` position x writer
+    slots) with its non-zero indices."""
     elt = 8 if "64" in str(options.dtype) else 4
-    n_pos = max(col.readers.positions, default=0) + 1
-    d_model = col.frozen.adapter.facts.d_model
     B = options.batch_size
-    block = max((int(rows.shape[0]) * int(rows.shape[1]) for _, rows, _ in col.writers.padded.values()), default=0)
-    return 3 * B * n_pos * d_model * elt + block * B * (elt + 3 * 8)
+    return 3 * B * n_pos * d_model * elt + largest_block * B * (elt + 3 * 8)
 
 
 def _device_free(device: Any) -> int:
