@@ -121,3 +121,29 @@ def test_public_api_is_pinned():
     ])
     for name in queries.__all__:
         assert hasattr(queries, name), name
+
+
+def test_dispatch_is_built_from_the_spec_registry():
+    """Every query and check kind of the spec has a runner, and every runner in the dispatch
+    modules is named by a kind of the spec (one registry: QUERY_TYPES / CHECK_TYPES)."""
+    import inspect
+
+    from circuitgraph.queries import dispatch as qd
+    from circuitgraph.spec import validation as sv
+    from circuitgraph.spec.base import implementation_of
+    from circuitgraph.validation import dispatch as vd
+
+    for types, module, table, key_of in (
+        (sq.QUERY_TYPES, qd, qd.QUERY_FUNCTIONS, lambda t: t.model_fields[t.key].annotation),
+        (sv.CHECK_TYPES, vd, vd.CHECK_FUNCTIONS, lambda t: t.key),
+    ):
+        assert len({t.key for t in types}) == len(types)
+        named = {implementation_of(t) for t in types}
+        assert len(named) == len(types), "two kinds name the same runner"
+        assert all(callable(f) for f in named)
+        assert {key_of(t) for t in types} == set(table)
+        assert set(table.values()) == named
+        runners = {f for name, f in inspect.getmembers(module, inspect.isfunction)
+                   if name.startswith("run_") and f.__module__ == module.__name__}
+        assert runners - {module.__dict__.get(n) for n in ("run_query", "run_check", "run_checks")} == named
+    assert vd.CHECK_KINDS == tuple(t.key for t in sv.CHECK_TYPES)

@@ -15,106 +15,95 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries._base import QueryResult
 from circuitgraph.spec import queries as q
-from circuitgraph.spec.base import KeyedModel
+from circuitgraph.spec.base import KeyedModel, implementation_of
 
 __all__ = ["run_query", "QUERY_FUNCTIONS"]
 
 
-def _top_paths(g: AttributionGraph, p: q.TopPaths) -> QueryResult:
+def run_top_paths(g: AttributionGraph, p: q.TopPaths) -> QueryResult:
     from circuitgraph.queries.paths import top_paths
 
     return top_paths(g, p.source, p.target, p.k, rank=p.rank, method=p.method, beam_width=p.beam_width,
                      max_length=p.max_length, through=p.through, avoid=p.avoid, expand_heads=p.expand_heads)
 
 
-def _influence(g: AttributionGraph, p: q.Influence) -> QueryResult:
+def run_influence(g: AttributionGraph, p: q.Influence) -> QueryResult:
     from circuitgraph.queries.influence import influence
 
     return influence(g, top_k=p.top_k, signed=p.signed)
 
 
-def _dla(g: AttributionGraph, p: q.DirectLogitAttribution) -> QueryResult:
+def run_direct_logit_attribution(g: AttributionGraph, p: q.DirectLogitAttribution) -> QueryResult:
     from circuitgraph.queries.tables import direct_logit_attribution
 
     return direct_logit_attribution(g, p.target, top_k=p.top_k, kinds=p.kinds)
 
 
-def _logit_lens(g: AttributionGraph, p: q.LogitLens) -> QueryResult:
+def run_logit_lens(g: AttributionGraph, p: q.LogitLens) -> QueryResult:
     from circuitgraph.queries.tables import logit_lens
 
     return logit_lens(g, tokens=p.tokens, position=p.position, top_k=p.top_k)
 
 
-def _congruence(g: AttributionGraph, p: q.Congruence) -> QueryResult:
+def run_congruence(g: AttributionGraph, p: q.Congruence) -> QueryResult:
     from circuitgraph.queries.tables import congruence
 
     return congruence(g, p.tokens, kind=p.kind, layer=p.layer, mode=p.mode, top_k=p.top_k)
 
 
-def _neighbours(g: AttributionGraph, p: q.Neighbours) -> QueryResult:
+def run_neighbours(g: AttributionGraph, p: q.Neighbours) -> QueryResult:
     from circuitgraph.queries.neighbours import neighbours
 
     return neighbours(g, p.node, direction=p.direction, top_k=p.top_k)
 
 
-def _subgraph(g: AttributionGraph, p: q.Subgraph) -> QueryResult:
+def run_subgraph(g: AttributionGraph, p: q.Subgraph) -> QueryResult:
     from circuitgraph.queries.neighbours import subgraph
 
     return subgraph(g, p.filter)
 
 
-def _supernodes(g: AttributionGraph, p: q.Supernodes) -> QueryResult:
+def run_supernodes(g: AttributionGraph, p: q.Supernodes) -> QueryResult:
     from circuitgraph.queries.neighbours import supernodes
 
     return supernodes(g, dict(p.groups))
 
 
-def _scores(g: AttributionGraph, p: q.Scores) -> QueryResult:
+def run_scores(g: AttributionGraph, p: q.Scores) -> QueryResult:
     from circuitgraph.queries.scores import compute_scores
 
     return compute_scores(g)
 
 
-def _head_split(g: AttributionGraph, p: q.HeadSplit) -> QueryResult:
+def run_head_split(g: AttributionGraph, p: q.HeadSplit) -> QueryResult:
     from circuitgraph.queries.head_split import head_split
 
     return head_split(g, p.source, p.target)
 
 
-def _virtual_weights(g: AttributionGraph, p: q.VirtualWeights) -> QueryResult:
+def run_virtual_weights(g: AttributionGraph, p: q.VirtualWeights) -> QueryResult:
     from circuitgraph.queries.weights import virtual_weights
 
     return virtual_weights(g, p.source, p.target, top_k=p.top_k)
 
 
-def _de_embedding(g: AttributionGraph, p: q.DeEmbedding) -> QueryResult:
+def run_de_embedding(g: AttributionGraph, p: q.DeEmbedding) -> QueryResult:
     from circuitgraph.queries.weights import de_embedding
 
     return de_embedding(g, p.node, top_k=p.top_k, head=p.head)
 
 
-def _qk(g: AttributionGraph, p: q.QK) -> QueryResult:
+def run_qk(g: AttributionGraph, p: q.QK) -> QueryResult:
     from circuitgraph.queries.qk import qk
 
     return qk(g, p.layer, p.head if isinstance(p.head, int) else list(p.head), p.query_position,
               p.key_position, top_k=p.top_k)
 
 
-#: parameter-block class -> the function that runs it
+#: parameter-block class -> the function that runs it, built from the spec's registry
+#: (``QUERY_TYPES``; each item type names its function in ``implementation``)
 QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {
-    q.TopPaths: _top_paths,
-    q.Influence: _influence,
-    q.DirectLogitAttribution: _dla,
-    q.LogitLens: _logit_lens,
-    q.Congruence: _congruence,
-    q.Neighbours: _neighbours,
-    q.Subgraph: _subgraph,
-    q.Supernodes: _supernodes,
-    q.Scores: _scores,
-    q.HeadSplit: _head_split,
-    q.VirtualWeights: _virtual_weights,
-    q.DeEmbedding: _de_embedding,
-    q.QK: _qk,
+    t.model_fields[t.key].annotation: implementation_of(t) for t in q.QUERY_TYPES
 }
 
 

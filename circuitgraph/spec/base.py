@@ -39,6 +39,7 @@ from circuitgraph.spec.kinds import NODE_KINDS
 __all__ = [
     "StrictModel",
     "KeyedModel",
+    "implementation_of",
     "QueryItem",
     "CheckItem",
     "GraphChoice",
@@ -140,7 +141,15 @@ GraphChoice = Literal["full", "pruned"]
 
 
 class QueryItem(KeyedModel):
-    """An item of ``queries``: its kind key, and ``on`` (which graph it runs on)."""
+    """An item of ``queries``: its kind key, and ``on`` (which graph it runs on).
+
+    ``implementation`` names, as ``"package.module.function"``, the function that runs the
+    query: ``function(graph, params) -> QueryResult``. The registry of query kinds is the spec's
+    ``QUERY_TYPES``: its union, its schema and :func:`circuitgraph.queries.run_query`'s dispatch
+    are all built from it (the string keeps the spec free of imports from later stages).
+    """
+
+    implementation: ClassVar[str]
 
     on: GraphChoice = Field(
         "full", description="Run on the full (unpruned) graph or the pruned one; with prune: none both are the "
@@ -149,12 +158,29 @@ class QueryItem(KeyedModel):
 
 
 class CheckItem(KeyedModel):
-    """An item of ``validate``: its kind key, and ``on`` (which graph it runs on)."""
+    """An item of ``validate``: its kind key, and ``on`` (which graph it runs on).
+
+    ``implementation`` names, as ``"package.module.function"``, the function that runs the check:
+    ``function(call, params) -> result`` (``call``: :class:`circuitgraph.validation.dispatch.CheckCall`).
+    The registry of check kinds is the spec's ``CHECK_TYPES``: its union, its schema and
+    :func:`circuitgraph.validation.run_check`'s dispatch are all built from it.
+    """
+
+    implementation: ClassVar[str]
 
     on: GraphChoice = Field(
         "pruned", description="Run on the pruned graph (the circuit) or the full one; with prune: none both are "
         "the same graph."
     )
+
+
+def implementation_of(item_type: type[QueryItem] | type[CheckItem]) -> Any:
+    """The function an item type's ``implementation`` names (imported on call, so that the spec
+    imports nothing from later stages)."""
+    import importlib
+
+    module, _, name = item_type.implementation.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def _tag_name(name: str) -> str:

@@ -91,6 +91,7 @@ class TopPaths(StrictModel):
 
 class TopPathsQuery(QueryItem):
     key: ClassVar[str] = "top_paths"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_top_paths"
     top_paths: Params[TopPaths]
 
 
@@ -103,6 +104,7 @@ class Influence(StrictModel):
 
 class InfluenceQuery(QueryItem):
     key: ClassVar[str] = "influence"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_influence"
     influence: Params[Influence] = Field(default_factory=Influence)
 
 
@@ -116,6 +118,7 @@ class DirectLogitAttribution(StrictModel):
 
 class DirectLogitAttributionQuery(QueryItem):
     key: ClassVar[str] = "direct_logit_attribution"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_direct_logit_attribution"
     direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
 
 
@@ -131,6 +134,7 @@ class LogitLens(StrictModel):
 
 class LogitLensQuery(QueryItem):
     key: ClassVar[str] = "logit_lens"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_logit_lens"
     logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
 
 
@@ -156,6 +160,7 @@ class Congruence(StrictModel):
 
 class CongruenceQuery(QueryItem):
     key: ClassVar[str] = "congruence"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_congruence"
     congruence: Params[Congruence]
 
 
@@ -169,6 +174,7 @@ class Neighbours(StrictModel):
 
 class NeighboursQuery(QueryItem):
     key: ClassVar[str] = "neighbours"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_neighbours"
     neighbours: Params[Neighbours]
 
 
@@ -180,6 +186,7 @@ class Subgraph(StrictModel):
 
 class SubgraphQuery(QueryItem):
     key: ClassVar[str] = "subgraph"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_subgraph"
     subgraph: Params[Subgraph]
 
 
@@ -191,6 +198,7 @@ class Supernodes(StrictModel):
 
 class SupernodesQuery(QueryItem):
     key: ClassVar[str] = "supernodes"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_supernodes"
     supernodes: Params[Supernodes]
 
 
@@ -200,6 +208,7 @@ class Scores(StrictModel):
 
 class ScoresQuery(QueryItem):
     key: ClassVar[str] = "scores"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_scores"
     scores: Params[Scores] = Field(default_factory=Scores)
 
 
@@ -212,6 +221,7 @@ class HeadSplit(StrictModel):
 
 class HeadSplitQuery(QueryItem):
     key: ClassVar[str] = "head_split"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_head_split"
     head_split: Params[HeadSplit]
 
 
@@ -225,6 +235,7 @@ class VirtualWeights(StrictModel):
 
 class VirtualWeightsQuery(QueryItem):
     key: ClassVar[str] = "virtual_weights"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_virtual_weights"
     virtual_weights: Params[VirtualWeights]
 
 
@@ -264,6 +275,7 @@ class DeEmbedding(StrictModel):
 
 class DeEmbeddingQuery(QueryItem):
     key: ClassVar[str] = "de_embedding"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_de_embedding"
     de_embedding: Params[DeEmbedding]
 
 
@@ -300,6 +312,7 @@ class QK(StrictModel):
 
 class QKQuery(QueryItem):
     key: ClassVar[str] = "qk"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_qk"
     qk: Params[QK]
 
 

@@ -149,6 +149,7 @@ class Ablate(StrictModel):
 
 class AblateCheck(CheckItem):
     key: ClassVar[str] = "ablate"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_ablate"
     ablate: Params[Ablate] = Field(default_factory=Ablate)
 
 
@@ -169,6 +170,7 @@ class PredictedVsActual(StrictModel):
 
 class PredictedVsActualCheck(CheckItem):
     key: ClassVar[str] = "predicted_vs_actual"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_predicted_vs_actual"
     predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
 
 
@@ -230,6 +232,7 @@ class Patching(StrictModel):
 
 class PatchingCheck(CheckItem):
     key: ClassVar[str] = "patching"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_patching"
     patching: Params[Patching]
 
 
@@ -253,6 +256,7 @@ class Faithfulness(StrictModel):
 
 class FaithfulnessCheck(CheckItem):
     key: ClassVar[str] = "faithfulness"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_faithfulness"
     faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
 
 
@@ -268,6 +272,7 @@ class SignRegimes(StrictModel):
 
 class SignRegimesCheck(CheckItem):
     key: ClassVar[str] = "sign_regimes"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_sign_regimes"
     sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
 
 
@@ -279,6 +284,7 @@ class ReplacementFidelity(StrictModel):
 
 class ReplacementFidelityCheck(CheckItem):
     key: ClassVar[str] = "replacement_fidelity"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_replacement_fidelity"
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
 
 
@@ -289,6 +295,7 @@ class QKCheck(CheckItem):
     parameters as the ``qk`` query (``top_k`` pairs per head)."""
 
     key: ClassVar[str] = "qk"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_qk"
     qk: Params[QK]
 
 

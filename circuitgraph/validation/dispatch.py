@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from pydantic import BaseModel, ValidationError
 
 from circuitgraph.errors import ValidationRunError
+from circuitgraph.spec.base import implementation_of
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
 from circuitgraph.validation.metrics import Metric
@@ -28,7 +29,7 @@ from circuitgraph.validation.metrics import Metric
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.adapters.architecture import ModelAdapter
 
-__all__ = ["CHECK_KINDS", "CheckResult", "run_check", "run_checks"]
+__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks"]
 
 #: the check kinds, in the spec's order: the spec's registry (its union and schema are built from it too)
 CHECK_KINDS: tuple[str, ...] = tuple(t.key for t in CHECK_TYPES)
@@ -106,6 +107,93 @@ def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
     raise ValidationRunError(f"patching.metric: unknown metric {kind!r}; expected logit_diff or logit")
 
 
+@dataclass
+class CheckCall:
+    """What every check's runner gets besides its parameters: the graph, the model adapter, the
+    tokenizer and the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``)."""
+
+    graph: Any
+    adapter: ModelAdapter
+    tokenizer: Any
+    prompt_resolver: PromptResolver | None = None
+
+    def prompt(self, value: Any, where: str) -> list[int]:
+        if self.prompt_resolver is not None:
+            return list(self.prompt_resolver(value))
+        return resolve_prompt(value, self.tokenizer, where=where)
+
+    def prompts(self, values: Sequence[Any] | None, where: str) -> list[list[int]]:
+        return [self.prompt(v, f"{where}[{i}]") for i, v in enumerate(values or ())]
+
+
+# --- one runner per check kind; the spec's item types name them (``implementation``) ---------
+
+def run_ablate(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.ablation import ablate
+
+    seed = p.seed if p.seed is not None else c.graph.metadata.get("spec", {}).get("seed", 0)
+    return ablate(
+        c.graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
+        reference_prompts=c.prompts(p.reference_prompts, "ablate.reference_prompts"),
+        patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "ablate.patch_prompt"),
+        positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
+        control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
+        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer)
+
+
+def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.ablation import predicted_vs_actual
+
+    return predicted_vs_actual(
+        c.graph, k=p.k, mode=p.mode,
+        reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
+        tokenizer=c.tokenizer)
+
+
+def run_patching(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.activation_patching import patching
+
+    return patching(
+        c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
+        clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
+        metric=_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
+        heatmap=p.heatmap, tokenizer=c.tokenizer)
+
+
+def run_faithfulness(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.circuit_faithfulness import faithfulness
+
+    return faithfulness(
+        c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
+        tokenizer=c.tokenizer)
+
+
+def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.gated_signs import sign_regimes
+
+    return sign_regimes(
+        c.graph, prompts=c.prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
+        echo_threshold=p.echo_threshold, tokenizer=c.tokenizer)
+
+
+def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.fidelity import replacement_fidelity
+
+    return replacement_fidelity(
+        c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
+
+
+def run_qk(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.qk_check import qk_check
+
+    head = p.head if isinstance(p.head, int) else list(p.head)
+    return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
+
+
+#: check kind -> the function that runs it, built from the spec's registry (``CHECK_TYPES``)
+CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementation_of(t) for t in CHECK_TYPES}
+
+
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
               prompt_resolver: PromptResolver | None = None) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
@@ -115,66 +203,15 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     strings into ids; ``prompt_resolver`` (one spec prompt -> token ids) replaces that for
     prompts.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
     """
-    from circuitgraph.validation.ablation import ablate, predicted_vs_actual
-    from circuitgraph.validation.activation_patching import patching
-    from circuitgraph.validation.circuit_faithfulness import faithfulness
-    from circuitgraph.validation.fidelity import replacement_fidelity
-    from circuitgraph.validation.gated_signs import sign_regimes
-
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
         raise ValidationRunError(f"unknown validation check {kind!r}; expected one of {', '.join(CHECK_KINDS)}")
     p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
-    tokenizer = tokenizer if tokenizer is not None else adapter.tokenizer
+    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver)
     record = p.model_dump(mode="json")
-
-    def prompt(value: Any, where: str) -> list[int]:
-        if prompt_resolver is not None:
-            return list(prompt_resolver(value))
-        return resolve_prompt(value, tokenizer, where=where)
-
-    def prompts(values: Sequence[Any] | None, where: str) -> list[list[int]]:
-        return [prompt(v, f"{where}[{i}]") for i, v in enumerate(values or ())]
-
-    if kind == "ablate":
-        seed = p.seed if p.seed is not None else graph.metadata.get("spec", {}).get("seed", 0)
-        result = ablate(
-            graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
-            reference_prompts=prompts(p.reference_prompts, "ablate.reference_prompts"),
-            patch_prompt=None if p.patch_prompt is None else prompt(p.patch_prompt, "ablate.patch_prompt"),
-            positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
-            control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
-            match_positions=p.match_positions, seed=seed, tokenizer=tokenizer)
-    elif kind == "predicted_vs_actual":
-        result = predicted_vs_actual(
-            graph, k=p.k, mode=p.mode,
-            reference_prompts=prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
-            tokenizer=tokenizer)
-    elif kind == "patching":
-        result = patching(
-            graph, corrupted=prompt(p.corrupted, "patching.corrupted"),
-            clean=None if p.clean is None else prompt(p.clean, "patching.clean"),
-            metric=_metric(p.metric, adapter, tokenizer), granularity=tuple(p.granularity),
-            heatmap=p.heatmap, tokenizer=tokenizer)
-    elif kind == "faithfulness":
-        result = faithfulness(
-            graph, mode=p.mode, reference_prompts=prompts(p.reference_prompts, "faithfulness.reference_prompts"),
-            tokenizer=tokenizer)
-    elif kind == "sign_regimes":
-        result = sign_regimes(
-            graph, prompts=prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
-            echo_threshold=p.echo_threshold, tokenizer=tokenizer)
-    elif kind == "qk":
-        from circuitgraph.validation.qk_check import qk_check
-
-        head = p.head if isinstance(p.head, int) else list(p.head)
-        result = qk_check(graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
-    else:
-        result = replacement_fidelity(
-            graph, prompts=prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=tokenizer)
-    return CheckResult(kind, record, result)
+    return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 
 
 def run_checks(graph: Any, checks: Sequence[Any], *, tokenizer: Any = None,
