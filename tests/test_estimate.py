@@ -173,7 +173,7 @@ def test_max_feature_nodes_rows_are_watched_as_they_are_computed():
     """Which rows max_feature_nodes selects is known only as they are computed: the plan gives a
     lower and an upper bound, the build refuses only when even the narrowest rows cannot fit,
     and check_rows stops a run whose computed rows show that it will not fit."""
-    from circuitgraph.pipeline.estimate import check_rows, process_memory
+    from circuitgraph.pipeline.estimate import check_rows
 
     col, options, n_locs = _collected("transcoders", max_feature_nodes=20)
     plan = _plan(col, options, n_locs)
@@ -181,8 +181,9 @@ def test_max_feature_nodes_rows_are_watched_as_they_are_computed():
     plan.limit = plan.bytes_peak_lower  # only the narrowest rows fit
     assert plan.may_fit and not plan.fits
     check_plan(plan)  # not refused before the rows are known
-    plan.limit = process_memory() + 10**6
-    with pytest.raises(ResourceError, match=r"after 5 of the 40 rows .* graph\.max_feature_nodes"):
-        check_rows(plan, 5, 5 * 10**5, 40)
-    plan.limit = 10**15
-    check_rows(plan, 5, 5 * 10**5, 40)
+    done = 5 * 10**5  # edges of the first 5 rows
+    plan.limit = plan.bytes_fixed + (done + 35 * plan.min_row_edges) * plan.bytes_per_edge
+    check_rows(plan, 5, done, 40)  # the remaining rows could still fit
+    plan.limit -= plan.bytes_per_edge
+    with pytest.raises(ResourceError, match=r"after 5 of the 40 rows .*more than"):
+        check_rows(plan, 5, done, 40)

@@ -136,12 +136,19 @@ def fold_unselected(col: Collected, edges: EdgeResult, selected: list[int]) -> t
     tgt_map = np.full(len(nodes), -1, dtype=np.int64)
     for old, new in old_to_new.items():
         tgt_map[old] = new
-    t, s = tgt_map[edges.target], src_map[edges.source]
-    assert (t >= 0).all(), "an edge into an unselected feature was computed"
+    # one int64 key per edge (target, new source), built in chunks: no full-size remapped copies
+    n_new, E, chunk = len(new_nodes), edges.target.size, 1 << 22
+    key = np.empty(E, dtype=np.int64)
+    for c in range(0, E, chunk):
+        t = tgt_map[edges.target[c : c + chunk]]
+        assert (t >= 0).all(), "an edge into an unselected feature was computed"
+        np.multiply(t, n_new, out=t)
+        t += src_map[edges.source[c : c + chunk]]
+        key[c : c + chunk] = t
     # sum the edges that now share (target, remainder source)
-    key = t * len(new_nodes) + s
     uniq, inv = np.unique(key, return_inverse=True)
-    w = np.bincount(inv, weights=edges.weight.astype(np.float64)).astype(edges.weight.dtype)
+    del key
+    w = np.bincount(inv.reshape(-1), weights=edges.weight, minlength=uniq.size).astype(edges.weight.dtype)
     nz = w != 0
     constants = {int(tgt_map[r]): c for r, c in edges.constants.items()}
     return new_nodes, EdgeResult(uniq[nz] // len(new_nodes), uniq[nz] % len(new_nodes), w[nz], constants), old_to_new

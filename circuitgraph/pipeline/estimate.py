@@ -111,6 +111,8 @@ class EdgePlan:
     #: with max_feature_nodes: the edges if the narrowest feature rows were selected (which rows
     #: are selected is known only as they are computed); else equal to ``n_edges_upper``
     n_edges_lower: int | None = None
+    #: the fewest possible edges of one feature row (what the remaining rows are assumed to add)
+    min_row_edges: int = 0
 
     @property
     def bytes_edges(self) -> int:
@@ -220,7 +222,8 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
     bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
-                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None)
+                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
+                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0)
     if not plan.fits:
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra)
     return plan
@@ -297,20 +300,23 @@ def check_plan(plan: EdgePlan) -> None:
 
 
 def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int) -> None:
-    """The guard while ``max_feature_nodes`` rows are computed: measured memory now, plus the
-    remaining rows at the mean width of the rows computed so far and the folding, must fit."""
+    """The guard while ``max_feature_nodes`` rows are computed: stop as soon as the run cannot fit
+    any more, i.e. when the edges computed so far plus the remaining rows at their fewest
+    possible edges (:attr:`EdgePlan.min_row_edges`) would pass the memory the run may use.  (The
+    rows computed first are the most influential and usually the widest, so their mean width is
+    no guide to the rest.)"""
     if rows_done <= 0 or rows_done >= rows_total:
         return
-    width = edges_done / rows_done
-    need = process_memory() + int((rows_total - rows_done) * width * plan.bytes_per_edge)
+    need = plan.bytes_fixed + (edges_done + (rows_total - rows_done) * plan.min_row_edges) * plan.bytes_per_edge
     if need <= plan.limit:
         return
-    # the largest number of rows that fits at the observed width
-    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (plan.n_rows - (plan.max_feature_nodes or 0))
+    width = edges_done / rows_done
+    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (
+        plan.n_rows - (plan.max_feature_nodes or 0))
     advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
     raise ResourceError(
-        f"after {rows_done} of the {rows_total} rows ({width:,.0f} edges each on average), the run would need "
-        f"about {_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
+        f"after {rows_done} of the {rows_total} rows ({edges_done:,} edges), the run would need at least "
+        f"{_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
 
 
 @dataclass
