@@ -16,7 +16,7 @@ from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.graph import AttributionGraph
 
-__all__ = ["AttributionContext", "build_graph", "attribute"]
+__all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
 
 
 def build_graph(
@@ -64,6 +64,19 @@ def build_graph(
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
     return graph
+
+
+def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
+             targets: list[ResolvedTarget], options: GraphOptions) -> tuple[Any, int]:
+    """The dry run's part in the engine: the node tables, the edge plan
+    (:func:`circuitgraph.pipeline.estimate.plan_edges`) and the edge sweep's per-batch working
+    set on the model's device (bytes), without computing any edge."""
+    from circuitgraph.pipeline.estimate import device_working_set, plan_edges
+
+    col = collect_nodes(adapter, lin, transcoders, targets, options)
+    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    n_pos = max(col.readers.positions, default=0) + 1
+    return plan, device_working_set(col.largest_writer_block(), n_pos, adapter.facts.d_model, options)
 
 
 def attribute(

@@ -127,6 +127,25 @@ class Collected:
             self._writer_index = idx
         return self._writer_index
 
+    def count_tables(self, n_locs: int, n_pos: int) -> tuple[Any, Any, Any, Any]:
+        """What the memory estimate needs (numpy): writers per (location, position)
+        ``(n_locs, n_pos)``, and per reader its location, position and node kind."""
+        import numpy as np
+
+        counts = np.zeros((n_locs, n_pos), dtype=np.int64)
+        for loc, groups in self.writers.groups.items():
+            for pos, rows, _ in groups:
+                counts[loc, pos] += len(rows)
+        locs = np.asarray(self.readers.locs, dtype=np.int64)
+        positions = np.asarray(self.readers.positions, dtype=np.int64)
+        kinds = np.array([self.nodes[r].kind for r in self.readers.rows], dtype=object)
+        return counts, locs, positions, kinds
+
+    def largest_writer_block(self) -> int:
+        """The most (position, writer) slots of one residual location's padded writer block."""
+        return max((int(rows.shape[0]) * int(rows.shape[1]) for _, rows, _ in self.writers.padded.values()),
+                   default=0)
+
     def writer_locations(self, node: NodeId) -> list[tuple[int, int, torch.Tensor]]:
         """Every ``(location, position, output vector)`` at which ``node`` writes; empty for non-writers."""
         return self.writer_index().get(node, [])

@@ -158,14 +158,7 @@ def _gb(b: float) -> str:
 
 def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(writer counts (n_locs, n_pos), reader locs, reader positions, reader kinds)."""
-    counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-    for loc, groups in col.writers.groups.items():
-        for pos, rows, _ in groups:
-            counts[loc, pos] += len(rows)
-    locs = np.asarray(col.readers.locs, dtype=np.int64)
-    positions = np.asarray(col.readers.positions, dtype=np.int64)
-    kinds = np.array([col.nodes[r].kind for r in col.readers.rows], dtype=object)
-    return counts, locs, positions, kinds
+    return col.count_tables(n_locs, n_pos)
 
 
 def _reach(options: Any, n_locs: int) -> np.ndarray:
@@ -406,33 +399,30 @@ def estimate_run(spec: Any) -> RunEstimate:
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
 
-    from circuitgraph.attribution.nodes_builder import collect_nodes
+    from circuitgraph.attribution.build import plan_run
     from circuitgraph.pipeline.runner import prepare
 
     p = prepare(spec)
     f = p.adapter.facts
-    col = collect_nodes(p.adapter, p.lin, p.transcoders, p.targets, p.options)
-    plan = plan_edges(col, p.options, 2 * f.n_layers + 1, p.lin.n_pos, limit=p.options.memory_limit)
+    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options)
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
                       str(p.adapter.device), notes=notes)
     if str(p.adapter.device).startswith("cuda"):
-        need, free = device_working_set(col, p.options), _device_free(p.adapter.device)
+        free = _device_free(p.adapter.device)
         est.device_fits = need <= USABLE * free
         est.device_lines = [f"device {p.adapter.device}: about {_gb(need)} more needed for the edge sweep, "
                             f"{_gb(free)} free"]
     return est
 
 
-def device_working_set(col: Any, options: Any) -> int:
+def device_working_set(largest_block: int, n_pos: int, d_model: int, options: Any) -> int:
     """Bytes the edge sweep allocates on the model's device per batch of readers: the gradient
     block ``(batch, pos, d_model)`` (three copies while it steps down a layer) and the largest
-    per-location edge block ``(positions, batch, writers)`` with its non-zero indices."""
+    per-location edge block ``(positions, batch, writers)`` (``largest_block`` position x writer
+    slots) with its non-zero indices."""
     elt = 8 if "64" in str(options.dtype) else 4
-    n_pos = max(col.readers.positions, default=0) + 1
-    d_model = col.frozen.adapter.facts.d_model
     B = options.batch_size
-    block = max((int(rows.shape[0]) * int(rows.shape[1]) for _, rows, _ in col.writers.padded.values()), default=0)
-    return 3 * B * n_pos * d_model * elt + block * B * (elt + 3 * 8)
+    return 3 * B * n_pos * d_model * elt + largest_block * B * (elt + 3 * 8)
 
 
 def _device_free(device: Any) -> int:
