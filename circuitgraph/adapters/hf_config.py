@@ -124,16 +124,18 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
     raw = hooked_config_dict(hf_config)
     arch = raw["original_architecture"]
-    raw.update(dtype=dtype, device=device, tokenizer_name=name)
+    from pathlib import Path
+
+    tokenizer = None
+    if any((Path(folder) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    # else: a snapshot without tokenizer files (transformers would build an empty one): token ids only
+    raw.update(dtype=dtype, device=device, tokenizer_name=name if tokenizer is not None else None)
     cfg = HookedTransformerConfig(**raw)
     hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32,
                                                     attn_implementation="eager")
     state = _converter(ARCHITECTURES[arch][1])(hf_model, cfg)
     del hf_model
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except Exception:  # noqa: BLE001 - a snapshot without tokenizer files: token ids only
-        tokenizer = None
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                       center_unembed=center_unembed, fold_value_biases=True,
