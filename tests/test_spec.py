@@ -655,5 +655,6 @@ def test_the_documented_example_is_valid(tmp_path):
     path.write_text(example)
     spec = load_spec(path)
     assert spec.model.source == "builtin" and [t.kind for t in spec.targets] == ["logit_diff", "top_logits"]
-    assert [q.kind for q in spec.queries] == ["top_paths", "influence", "direct_logit_attribution", "scores"]
+    assert [q.kind for q in spec.queries] == ["top_paths", "influence", "direct_logit_attribution", "logit_lens",
+                                              "scores"]
     assert list(spec.export.outputs()) == ["json", "svg", "neuronpedia"]
