@@ -149,6 +149,31 @@ def resolve_model_name(name: str) -> str:
                        "see transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"))
 
 
+def _architecture_snapshot(repo: str) -> str | None:
+    """The local snapshot folder of ``repo`` when its config.json names an architecture that
+    :mod:`circuitgraph.adapters.hf_config` builds from the files (weights fetched into the cache
+    unless HF_HUB_OFFLINE is set); None otherwise (TransformerLens's own loader is used)."""
+    import json
+
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    from circuitgraph.adapters.hf_config import ARCHITECTURES
+    from circuitgraph.dictionaries.hub import _cache_dir, _offline
+
+    where = {"cache_dir": _cache_dir(), "local_files_only": _offline()}
+    try:
+        cfg = json.loads(Path(hf_hub_download(repo, "config.json", **where)).read_text())
+    except Exception:  # noqa: BLE001 - not reachable / not cached: TransformerLens reports it below
+        return None
+    if (cfg.get("architectures") or [None])[0] not in ARCHITECTURES:
+        return None
+    try:
+        return snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
+                                 **where)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def load_model_name(
     name: str,
     *,
@@ -167,18 +192,30 @@ def load_model_name(
     from transformer_lens import HookedTransformer
 
     name = resolve_model_name(name)
+    snapshot = _architecture_snapshot(name)
     try:
-        model = HookedTransformer.from_pretrained(
-            name,
-            fold_ln=fold_ln,
-            center_writing_weights=center_writing_weights,
-            center_unembed=center_unembed,
-            dtype=torch_dtype(dtype),
-            device=resolve_device(device),
-            **({"trust_remote_code": True} if trust_remote_code else {}),
-        )
+        if snapshot is not None:
+            from circuitgraph.adapters.hf_config import load_snapshot
+
+            model = load_snapshot(snapshot, dtype=torch_dtype(dtype), device=resolve_device(device), fold_ln=fold_ln,
+                                  center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                                  name=name)
+        else:
+            model = HookedTransformer.from_pretrained(
+                name,
+                fold_ln=fold_ln,
+                center_writing_weights=center_writing_weights,
+                center_unembed=center_unembed,
+                dtype=torch_dtype(dtype),
+                device=resolve_device(device),
+                **({"trust_remote_code": True} if trust_remote_code else {}),
+            )
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if snapshot is not None:
+            raise LoadError(f"could not build {name!r} from its Hugging Face snapshot {snapshot} "
+                            f"({type(exc).__name__}: {msg[:300]}); check that its config.json and *.safetensors "
+                            "are complete, or save the model locally and use model: {path: DIR}") from None
         if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
             from transformer_lens.loading_from_pretrained import get_official_model_name
 

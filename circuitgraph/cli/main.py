@@ -259,7 +259,27 @@ def main() -> None:
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _one_line_warnings()
     app()
+
+
+def _one_line_warnings() -> None:
+    """circuitgraph's own warnings (e.g. unknown pieces of a dataset row's prompt) print as one
+    ``warning: <message>`` line on stderr, not with Python's source-line display."""
+    import sys
+    import warnings
+
+    from circuitgraph.errors import UnknownTokenWarning
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if issubclass(category, UnknownTokenWarning):
+            print(f"warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 if __name__ == "__main__":
