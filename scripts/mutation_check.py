@@ -101,8 +101,8 @@ MUTATIONS = [
         "no-centring",
         "LayerNorm's centring left out of the feature reader direction",
         "circuitgraph/attribution/nodes_builder.py",
-        "g = g - g.mean(-1, keepdim=True) if norm.center else g",
-        "g = g",
+        "g = NormWeights(None, None, norm.center).reader_direction(W)",
+        "g = NormWeights(None, None, False).reader_direction(W)",
     ),
 ]
 

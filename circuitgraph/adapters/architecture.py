@@ -62,12 +62,16 @@ class NormWeights:
     def reader_direction(self, w: torch.Tensor) -> torch.Tensor:
         """``P(gamma * w)``: the residual direction read by ``w . N(x)`` (before ``1/sigma``).
 
-        ``w`` has shape ``(..., d_model)``.
+        ``w`` has shape ``(..., d_model)`` and is not modified (the result may be ``w`` itself when
+        there is neither gamma nor centring). The one implementation: the engine's readers, its
+        frozen propagation and the queries all call it.
         """
-        g = w * self.gamma if self.gamma is not None else w
-        if self.center:
-            g = g - g.mean(-1, keepdim=True)
-        return g
+        if self.gamma is not None:
+            g = w * self.gamma
+            if self.center:
+                g -= g.mean(-1, keepdim=True)  # g is a new tensor here
+            return g
+        return w - w.mean(-1, keepdim=True) if self.center else w
 
     def reader_constant(self, w: torch.Tensor) -> torch.Tensor:
         """``w . beta``: the constant part of ``w . N(x)``."""

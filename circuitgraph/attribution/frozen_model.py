@@ -44,20 +44,17 @@ def loc_resid_post(layer: int) -> ResidualLocation:
     return ResidualLocation.resid_post(layer)
 
 
-@dataclass
-class _Norm:
+@dataclass(frozen=True)
+class _Norm(NormWeights):
     """A norm site with frozen sigma: forward linear part ``v -> gamma * P(v) / sigma``."""
 
-    gamma: torch.Tensor | None
-    beta: torch.Tensor | None
-    center: bool
     sigma: torch.Tensor  # (pos,)
 
     def transpose(self, g: torch.Tensor, positions: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """``P(gamma * g) / sigma`` for ``g (..., pos, d_model)`` (``g`` is not modified)."""
-        out = g * self.gamma if self.gamma is not None else g.clone()
-        if self.center:
-            out -= out.mean(-1, keepdim=True)
+        out = self.reader_direction(g)
+        if out is g:
+            return out / self.sigma[positions].unsqueeze(-1)
         out /= self.sigma[positions].unsqueeze(-1)
         return out
 

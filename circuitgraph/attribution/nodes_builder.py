@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
 from circuitgraph.attribution.frozen_model import (
     FrozenLinearModel,
     loc_resid_mid,
@@ -320,13 +320,11 @@ def _feature_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx:
     pre = W @ x + own
     if tc.input_site in ("normalized", "mlp_input"):
         norm = fm.ln2[layer]
-        g = W
         if tc.input_site == "mlp_input":
-            if norm.gamma is not None:
-                g = g * norm.gamma
-            if norm.beta is not None:
-                own = own + W @ norm.beta
-        g = g - g.mean(-1, keepdim=True) if norm.center else g
+            g = norm.reader_direction(W)
+            own = own + norm.reader_constant(W) if norm.beta is not None else own
+        else:  # P(x)/sigma2: the centring without gamma
+            g = NormWeights(None, None, norm.center).reader_direction(W)
         g = g / norm.sigma[t]
     else:
         g = W
@@ -426,9 +424,7 @@ def _neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: 
     norm = a.norm("ln2", layer)
     gamma = None if norm.gamma is None else b.c(norm.gamma)
     beta = None if norm.beta is None else b.c(norm.beta)
-    g = W_in * gamma if gamma is not None else W_in
-    if norm.center:
-        g = g - g.mean(-1, keepdim=True)
+    g = NormWeights(gamma, beta, norm.center).reader_direction(W_in)
     g = g / fm.ln2[layer].sigma[t]
     lin_const = W_in @ beta if beta is not None else torch.zeros_like(b_in)
     if a.facts.gated_mlp:
@@ -522,10 +518,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
             label = f"{b.tok_str(va)} - {b.tok_str(vb)}"
             node_id = NodeId("target", L, t, number)
         norm = fm.ln_final
-        g = w * norm.gamma if norm.gamma is not None else w
-        if norm.center:
-            g = g - g.mean()
-        g = g / norm.sigma[t]
+        g = norm.reader_direction(w) / norm.sigma[t]
         own = (w @ norm.beta if norm.beta is not None else 0.0) + bias
         normalized = b.c(lin.extra["ln_final_normalized"][t])
         resid_in = normalized * norm.gamma if norm.gamma is not None else normalized

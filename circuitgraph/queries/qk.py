@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from circuitgraph.adapters.architecture import NormWeights
 from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
@@ -346,8 +347,8 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
     if R is not None:
         R = R.to(device, dtype)
     norm = a.norm("ln1", layer)
-    gamma = None if norm.gamma is None else norm.gamma.to(device, dtype)
-    beta = None if norm.beta is None else norm.beta.to(device, dtype)
+    norm = NormWeights(None if norm.gamma is None else norm.gamma.to(device, dtype),
+                       None if norm.beta is None else norm.beta.to(device, dtype), norm.center)
     sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos):
@@ -355,11 +356,8 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
             if R is not None:  # rotated dimension j reads sum_i R[t, j, i] (W[:, i] . n + b_i)
                 W, b = W @ R[t].T, R[t] @ b
             w = W.T  # (d_head, d_model)
-            g = w * gamma if gamma is not None else w.clone()
-            if norm.center:
-                g = g - g.mean(-1, keepdim=True)
-            dirs.append(g / sigma[t])
-            consts.append((w @ beta if beta is not None else torch.zeros_like(b)) + b)
+            dirs.append(norm.reader_direction(w) / sigma[t])
+            consts.append(norm.reader_constant(w) + b)
             positions += [t] * w.shape[0]
     return torch.cat(dirs), torch.cat(consts), positions
 
