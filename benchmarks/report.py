@@ -375,7 +375,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
               "python benchmarks/run_benchmarks.py --only side_by_side" + (" --quick" if quick else ""),
               "python benchmarks/run_benchmarks.py --report-only" + (" --quick" if quick else ""),
               "```", "",
-              "Bundles, graphs and logs go to `/tmp/circuitgraph-bench` (`--work`); see benchmarks/README.md.", ""]
+              "Bundles, graphs and logs go to `$TMPDIR/circuitgraph-bench` (`--work`); see benchmarks/README.md.", ""]
     if not quick:
         lines += ["Profiles and suggestions: [profiling.md](profiling.md).", ""]
     (out / "results.md").write_text("\n".join(lines))

@@ -44,6 +44,7 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -52,6 +53,19 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+
+
+def _portable(arg: object) -> str:
+    """A recorded command argument without this machine's folders: the interpreter as
+    ``python``, repository paths relative to the repository, the work folder as ``$WORK``."""
+    text = str(arg)
+    if text == sys.executable:
+        return "python"
+    for root, name in ((REPO, ""), (Path(tempfile.gettempdir()) / "circuitgraph-bench", "$WORK/")):
+        prefix = str(root) + os.sep
+        if text.startswith(prefix):
+            return name + text[len(prefix):]
+    return text
 MAKE_BUNDLE = HERE / "circuit_tracer" / "make_random_bundle.py"
 CT_PIPELINE = HERE / "circuit_tracer" / "ct_pipeline.py"
 GB = 1024**3
@@ -211,7 +225,7 @@ def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = 
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
-        "cmd": [str(c) for c in cmd],
+        "cmd": [_portable(c) for c in cmd],
         "t0_epoch": t0_epoch,
         "wall_s": wall,
         "peak_rss_mb": usage.ru_maxrss / 1024,
@@ -220,7 +234,7 @@ def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = 
         "returncode": proc.returncode,
         "killed_for_memory": killed,
         "load_avg_1min": {"start": loads[0], "mean": sum(loads) / len(loads), "max": max(loads)},
-        "log": str(log_path),
+        "log": _portable(log_path),
         "log_tail": log_path.read_text()[-2000:] if proc.returncode else "",
     }
 
@@ -561,8 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="results folder (default docs/benchmarks, or docs/benchmarks/quick with --quick)")
     ap.add_argument("--work", type=Path,
-                    default=Path(os.environ.get("CIRCUITGRAPH_BENCH_DIR", "/tmp/circuitgraph-bench")),
-                    help="bundles, graphs and logs (default /tmp/circuitgraph-bench)")
+                    default=Path(os.environ.get("CIRCUITGRAPH_BENCH_DIR", Path(tempfile.gettempdir()) / "circuitgraph-bench")),
+                    help="bundles, graphs and logs (default $TMPDIR/circuitgraph-bench, or $CIRCUITGRAPH_BENCH_DIR)")
     ap.add_argument("--only", default=None,
                     help="comma-separated suites: prompt_length,active_features,gpt2_small,precision,side_by_side,"
                          "long_prompt_6l,long_prompt_gpt2")

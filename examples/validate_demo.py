@@ -17,7 +17,7 @@ GELU, so ``sign_regimes`` does not apply):
 Run::
 
     python examples/validate_demo.py                 # writes docs/validation/
-    python examples/validate_demo.py --out /tmp/v    # somewhere else
+    python examples/validate_demo.py --out OUTDIR    # somewhere else
 
 Outputs: ``validate_demo.md`` (every table, in markdown), ``patching_heatmap.png`` and
 ``validation.json`` (the ``{"kind", "params", "result"}`` entries of a graph JSON's

@@ -36,9 +36,9 @@ def portable_paths(value: Any, base: str | os.PathLike[str] | None, *, _key: str
     """A copy of ``value`` (dicts, lists, strings) with every absolute path under a path key
     made relative to ``base`` (when inside it) or reduced to its name (when outside).
 
-    >>> portable_paths({"model": {"path": "/home/ann/specs/m"}, "prompt": "/"}, "/home/ann/specs")
+    >>> portable_paths({"model": {"path": "/srv/ann/specs/m"}, "prompt": "/"}, "/srv/ann/specs")
     {'model': {'path': 'm'}, 'prompt': '/'}
-    >>> portable_paths({"source": {"path": "/data/models/gpt2-small"}}, "/home/ann/specs")
+    >>> portable_paths({"source": {"path": "/data/models/gpt2-small"}}, "/srv/ann/specs")
     {'source': {'path': 'gpt2-small'}}
     """
     base_path = Path(os.path.normpath(os.fspath(base))) if base is not None else None
