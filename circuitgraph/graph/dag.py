@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from circuitgraph.errors import QueryError
+from circuitgraph.graph.edge_index import grouped
 
 __all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK"]
 
@@ -82,9 +83,7 @@ class DagOrder:
 def _kahn_levels(n: int, target: np.ndarray, source: np.ndarray) -> np.ndarray:
     """Levels such that ``level[source] < level[target]`` on every edge (longest path from the
     node to a sink, counted downwards); raises :class:`QueryError` on a cycle."""
-    order = np.argsort(target, kind="stable")
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(target, minlength=n), out=indptr[1:])
+    order, indptr = grouped(target, n)
     src_sorted = source[order]
     outdeg = np.bincount(source, minlength=n).astype(np.int64)
     depth = np.full(n, -1, dtype=np.int64)

@@ -17,6 +17,7 @@ import numpy as np
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.graph.edge_index import grouped
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
@@ -157,17 +158,13 @@ class AttributionGraph:
     def csr_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by target row."""
         if self._csr_cache is None:
-            order = np.argsort(self.edge_target, kind="stable")
-            counts = np.bincount(self.edge_target, minlength=self.n_nodes)
-            self._csr_cache = (order, np.concatenate([[0], np.cumsum(counts)]))
+            self._csr_cache = grouped(self.edge_target, self.n_nodes)
         return self._csr_cache
 
     def csc_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, indptr): edges sorted by source row."""
         if self._csc_cache is None:
-            order = np.argsort(self.edge_source, kind="stable")
-            counts = np.bincount(self.edge_source, minlength=self.n_nodes)
-            self._csc_cache = (order, np.concatenate([[0], np.cumsum(counts)]))
+            self._csc_cache = grouped(self.edge_source, self.n_nodes)
         return self._csc_cache
 
     def in_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
