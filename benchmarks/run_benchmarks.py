@@ -55,13 +55,20 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
+#: the work folder of this invocation (set by main) and exact arguments recorded under a name
+_WORK: list[Path] = [Path(tempfile.gettempdir()) / "circuitgraph-bench"]
+_PORTABLE_NAMES: dict[str, str] = {}
+
+
 def _portable(arg: object) -> str:
     """A recorded command argument without this machine's folders: the interpreter as
     ``python``, repository paths relative to the repository, the work folder as ``$WORK``."""
     text = str(arg)
     if text == sys.executable:
         return "python"
-    for root, name in ((REPO, ""), (Path(tempfile.gettempdir()) / "circuitgraph-bench", "$WORK/")):
+    if text in _PORTABLE_NAMES:
+        return _PORTABLE_NAMES[text]
+    for root, name in ((REPO, ""), (_WORK[0], "$WORK/")):
         prefix = str(root) + os.sep
         if text.startswith(prefix):
             return name + text[len(prefix):]
@@ -591,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(model: {device: cuda}; absolute device times); skipped, with the reason recorded, "
                          "where no GPU is available")
     args = ap.parse_args(argv)
+    _WORK[0] = Path(args.work).resolve()
+    _PORTABLE_NAMES[str(args.ct_python)] = ".venv-ct/bin/python"
+    _PORTABLE_NAMES[shutil.which("circuitgraph") or "circuitgraph"] = "circuitgraph"
     out = args.out or (REPO / "docs" / "benchmarks" / ("quick" if args.quick else ""))
     sys.path.insert(0, str(HERE))
     from report import write_report
