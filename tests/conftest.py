@@ -15,6 +15,15 @@ import torch  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
+try:  # property-based tests: reproducible by default (CI), random with HYPOTHESIS_PROFILE=explore
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("default", derandomize=True, database=None)
+    _hypothesis_settings.register_profile("explore", derandomize=False)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+except ImportError:  # hypothesis is a test extra; the fuzz tests import it themselves
+    pass
+
 REPO = Path(__file__).resolve().parents[1]
 #: copies of the two example bundles (GPT-2 and Llama style), shipped in the repository
 SHARED_FIXTURES = REPO / "examples" / "fixtures"
