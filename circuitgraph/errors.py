@@ -35,6 +35,14 @@ def _one_line(text: str) -> str:
     return "".join(repr(c)[1:-1] if c < " " or c == "\x7f" else c for c in text)
 
 
+def _problems_text(what: str, errors: list[tuple[str, str]]) -> str:
+    """One line for a list of ``(location, message)`` problems: ``invalid WHAT: ...``."""
+    lines = [_one_line(f"{loc}: {msg}" if loc else msg) for loc, msg in errors]
+    if len(lines) == 1:
+        return f"invalid {what}: {lines[0]}"
+    return f"invalid {what} ({len(lines)} problems): " + "; ".join(lines)
+
+
 class SpecError(CircuitGraphError):
     """The spec is malformed: unknown keys, wrong types, bad values.
 
@@ -42,15 +50,8 @@ class SpecError(CircuitGraphError):
     """
 
     def __init__(self, errors: list[tuple[str, str]] | str):
-        if isinstance(errors, str):
-            errors = [("", errors)]
-        self.errors = list(errors)
-        lines = [_one_line(f"{loc}: {msg}" if loc else msg) for loc, msg in self.errors]
-        if len(lines) == 1:
-            text = f"invalid spec: {lines[0]}"
-        else:
-            text = f"invalid spec ({len(lines)} problems): " + "; ".join(lines)
-        super().__init__(text)
+        self.errors = [("", errors)] if isinstance(errors, str) else list(errors)
+        super().__init__(_problems_text("spec", self.errors))
 
 
 class DatasetError(CircuitGraphError):
@@ -61,15 +62,8 @@ class DatasetError(CircuitGraphError):
     """
 
     def __init__(self, errors: list[tuple[str, str]] | str):
-        if isinstance(errors, str):
-            errors = [("", errors)]
-        self.errors = list(errors)
-        lines = [_one_line(f"{loc}: {msg}" if loc else msg) for loc, msg in self.errors]
-        if len(lines) == 1:
-            text = f"invalid dataset: {lines[0]}"
-        else:
-            text = f"invalid dataset ({len(lines)} problems): " + "; ".join(lines)
-        super().__init__(text)
+        self.errors = [("", errors)] if isinstance(errors, str) else list(errors)
+        super().__init__(_problems_text("dataset", self.errors))
 
 
 class LoadError(CircuitGraphError):

@@ -16,11 +16,11 @@ against the weights file before anything is allocated).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable
 
+from circuitgraph.adapters.files import read_json_file
 from circuitgraph.errors import LoadError
 
 __all__ = ["read_model_config", "CONFIG_FIELDS", "IGNORED_CONFIG_FIELDS", "REMOTE_CODE_FIELDS",
@@ -211,22 +211,7 @@ def read_model_config(cfg_file: Path, *, trust_remote_code: bool = False) -> dic
     would silently run as ReLU), or ``tokenizer_name``/``trust_remote_code`` without
     ``model: {trust_remote_code: true}`` in the spec.
     """
-    try:
-        size = cfg_file.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise LoadError(f"{cfg_file} is {size} bytes; a model config is at most {MAX_CONFIG_BYTES} bytes")
-        data = cfg_file.read_bytes()
-    except OSError as exc:
-        raise LoadError(f"cannot read {cfg_file}: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LoadError(f"{cfg_file} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from None
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError, ValueError) as exc:
-        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-        raise LoadError(f"{cfg_file} is not valid JSON: {detail}") from None
+    raw = read_json_file(cfg_file, "model config", MAX_CONFIG_BYTES)
     if not isinstance(raw, dict):
         raise LoadError(f"{cfg_file} must hold a JSON object of HookedTransformerConfig fields, "
                         f"got a {type(raw).__name__}")
