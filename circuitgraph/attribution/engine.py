@@ -25,7 +25,10 @@ import torch
 
 from circuitgraph.attribution.nodes_builder import Collected
 
-__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions"]
+__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES"]
+
+#: bytes of writer vectors (and of their edge block) made at once per location in the sweep
+WRITER_CHUNK_BYTES = 1 << 28
 
 
 @dataclass
@@ -76,22 +79,25 @@ def compute_edges(
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
         batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32)
+        directions = rd.directions_of(batch)
         for loc in range(top, -1, -1):
             for j in by_loc.get(loc, ()):
-                i = batch[j]
-                G[j, rd.positions[i]] += rd.directions[i].to(dtype)
-            block = col.writers.padded.get(loc)
+                G[j, rd.positions[batch[j]]] += directions[j].to(dtype)
+            block = col.writers.blocks.get(loc)
             if block is not None:
-                positions, rows, vecs = block
-                k = int(torch.searchsorted(positions, T))  # writer groups at positions < T
-                if k:
-                    # (k, B, max_n): every reader against every writer, one batched GEMM per location
-                    E = torch.bmm(G[:, positions[:k], :].transpose(0, 1), vecs[:k].transpose(1, 2))
+                k = int(torch.searchsorted(block.positions, T))  # writer groups at positions < T
+                # the writers' vectors are made per chunk of positions (they are not held)
+                step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B) * G.element_size()))
+                for a in range(0, k, step):
+                    e = min(k, a + step)
+                    # (groups, B, max_n): every reader against every writer, one batched GEMM
+                    E = torch.bmm(G[:, block.positions[a:e], :].transpose(0, 1), block.vectors(a, e).transpose(1, 2))
                     g_i, b_i, w_i = E.nonzero(as_tuple=True)
                     if g_i.numel():
                         targets.append(batch_rows[b_i.cpu()])
-                        sources.append(rows[g_i.cpu(), w_i.cpu()].to(torch.int32))
+                        sources.append(block.rows[g_i.cpu() + a, w_i.cpu()].to(torch.int32))
                         weights.append(E[g_i, b_i, w_i].cpu())
+                    del E
             c = col.constants.get(loc)
             if c is not None:
                 part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)

@@ -27,7 +27,7 @@ import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
 from circuitgraph.attribution.context import ResidualLocation
-from circuitgraph.attribution.linearisation import Linearisation
+from circuitgraph.attribution.linearisation import Linearisation, OffloadedPatterns, pattern_block
 
 __all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
 
@@ -98,13 +98,20 @@ class FrozenLinearModel:
         self.ln1_post = [norm("ln1_post", l) for l in range(f.n_layers)] if f.post_norms else None
         self.ln2_post = [norm("ln2_post", l) for l in range(f.n_layers)] if f.post_norms else None
         self.ln_final = norm("ln_final", None)
-        self.patterns = [cast(p) for p in lin.patterns]
+        # offloaded patterns (long prompts) stay in their file: read per layer when needed
+        self.patterns = lin.patterns if isinstance(lin.patterns, OffloadedPatterns) else [cast(p) for p in lin.patterns]
+        self._cast = cast
         self.attn = []
         for l in range(f.n_layers):
             w = adapter.attn_weights(l)
             self.attn.append({k: cast(v) for k, v in w.items()})
         # skip transcoders: layer -> (W_skip (d_out, d_in), input_site)
         self.skip = {l: (cast(W), site) for l, (W, site) in skip_layers.items()}
+
+    def pattern(self, layer: int, n: int | None = None) -> torch.Tensor:
+        """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``."""
+        n = self.n_pos if n is None else n
+        return self._cast(pattern_block(self.patterns, layer, n))
 
     # ------------------------------------------------------------------ transposes
     def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:
@@ -117,7 +124,7 @@ class FrozenLinearModel:
         H, dh = W_O.shape[0], W_O.shape[1]
         u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh)
         u = u.permute(2, 1, 0, 3).reshape(H, T, B * dh)  # (H, t, B * d_head)
-        A = self.patterns[layer][:, :T, :T]  # (H, t, s)
+        A = self.pattern(layer, T)  # (H, t, s)
         return torch.bmm(A.transpose(1, 2), u).view(H, T, B, dh)  # (H, s, B, d_head)
 
     def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
