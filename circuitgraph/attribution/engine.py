@@ -66,7 +66,10 @@ def compute_edges(
     batches: list[list[int]] = []
     start = 0
     for end in range(1, len(idx) + 1):
-        if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size:
+        if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size or (
+                # a batch costs its size times its last position (squared through attention): readers
+                # far apart in position (max_feature_nodes' ranked rows) go in separate batches
+                end - start >= max(1, batch_size // 4) and rd.positions[idx[end]] + 1 > 2 * (rd.positions[idx[start]] + 1)):
             batches.append(idx[start:end])
             start = end
     for n_done, batch in enumerate(batches):

@@ -245,14 +245,14 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
             np.minimum(bounds, cap + mfn), is_feature, mfn)
         plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
         widest = int(bounds[is_feature].max()) if n_feat else 0
-        plan.bytes_part = getattr(options, "batch_size", 256) * widest * (PART_TRANSIENT_BYTES + extra)
+        plan.bytes_part = min(getattr(options, "batch_size", 256), mfn) * widest * (PART_TRANSIENT_BYTES + extra)
         from circuitgraph.attribution.feature_selection import ROWS_IN_MEMORY_BYTES
 
         plan.rows_in_memory = ROWS_IN_MEMORY_BYTES
     if not plan.fits:
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
                               cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
-                              if n_feat else None)
+                              if n_feat else None, batch_size=getattr(options, "batch_size", None))
     return plan
 
 
@@ -268,7 +268,8 @@ def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: n
 
 
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-            bounds: np.ndarray, reach: np.ndarray, extra: int = 0, cap: np.ndarray | None = None) -> list[str]:
+            bounds: np.ndarray, reach: np.ndarray, extra: int = 0, cap: np.ndarray | None = None,
+            batch_size: int | None = None) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound."""
     room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
     out: list[str] = []
@@ -277,10 +278,11 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         # the largest max_feature_nodes whose rows fit (the same bound as plan_edges')
         feat = np.sort(bounds[is_feature])[::-1]
         computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
-        part = plan.bytes_part or 256 * int(feat[0]) * (PART_TRANSIENT_BYTES + extra)
+        batch = batch_size or 256
 
         def need(k: int) -> int:
             folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
+            part = min(batch, k) * int(feat[0]) * (PART_TRANSIENT_BYTES + extra)
             return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
                        folded * (EDGE_PEAK_BYTES + extra))
 
