@@ -330,3 +330,21 @@ def test_release_names_and_layer_choice():
     assert release_layers(entry, ids={17: some}) == {17: some}
     with pytest.raises(LoadError, match="not ids of"):
         release_layers(entry, ids={17: "no-such-id"})
+
+
+def test_release_model_check_for_a_model_loaded_from_a_folder(tmp_path):
+    """A model given by path is compared through its config's model_name."""
+    from circuitgraph.adapters.loading import load_model_dir
+    from circuitgraph.dictionaries.registry import check_release_model
+    from circuitgraph.testing.synthetic import save_bundle, tiny_model
+
+    model = tiny_model(n_layers=2)
+    bundle = save_bundle(tmp_path / "b", model)
+    entry = release_entry("gemma-scope-2b-pt-transcoders")
+    with pytest.raises(LoadError) as info:
+        check_release_model(entry, load_model_dir(bundle / "model"))
+    msg = str(info.value)
+    assert "gemma-2-2b" in msg and str(bundle / "model") in msg and model.cfg.model_name in msg
+    cfg = json.loads((bundle / "model" / "config.json").read_text())
+    (bundle / "model" / "config.json").write_text(json.dumps({**cfg, "model_name": "google/gemma-2-2b"}))
+    check_release_model(entry, load_model_dir(bundle / "model"))  # same model: accepted
