@@ -39,7 +39,7 @@ import torch
 
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
-__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "read_config_yaml"]
+__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "output_hook_name", "output_site", "read_config_yaml"]
 
 Activation = Literal["relu", "jump_relu", "topk"]
 
@@ -64,6 +64,24 @@ def read_config_yaml(path: Path) -> dict[str, Any]:
         raise LoadError(f"{path}: expected a mapping (model_kind, feature_input_hook, ...), got "
                         f"{type(data).__name__}")
     return data
+
+
+def output_site(hook: str, where: str, *, post_norms: bool) -> str:
+    """Where a dictionary writes, from its block-relative output hook: ``mlp_out``
+    (``hook_mlp_out``: what the block adds to the residual stream) or ``before_post_norm``
+    (``mlp.hook_out`` on a model with post-MLP norms, Gemma-2's ``ln2_post``: the MLP's own
+    output, which the frozen post-norm then maps linearly, ``gamma * P(v) / sigma``).  Without
+    post-norms the two hooks hold the same value (``mlp_out``)."""
+    if hook not in _OUTPUT_HOOKS:
+        raise LoadError(f"{where}: feature_output_hook {hook!r} is not supported; expected hook_mlp_out or "
+                        "mlp.hook_out (relative to blocks.<layer>)")
+    return "before_post_norm" if hook == "mlp.hook_out" and post_norms else "mlp_out"
+
+
+def output_hook_name(layer: int, site: str) -> str:
+    """The hook name a dictionary of output site ``site`` writes at (``mlp.hook_out`` is virtual:
+    see :meth:`~circuitgraph.adapters.ModelAdapter.hook_mlp_out_before_post_norm`)."""
+    return f"blocks.{layer}.mlp.hook_out" if site == "before_post_norm" else f"blocks.{layer}.hook_mlp_out"
 
 
 def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
@@ -96,6 +114,10 @@ class CLTLayer:
     @property
     def input_site(self) -> str:
         return self.parent.input_site
+
+    @property
+    def output_site(self) -> str:
+        return self.parent.output_site(self.layer)
 
     @property
     def b_enc(self) -> torch.Tensor:
@@ -134,7 +156,7 @@ class CrossLayerTranscoder:
                  b_enc: torch.Tensor, b_dec: torch.Tensor, threshold: torch.Tensor | None,
                  W_skip: list[torch.Tensor] | None, activation_function: Activation, topk: int | None,
                  feature_input_hook: str, feature_output_hook: str, dtype: torch.dtype,
-                 source: dict[str, Any], config: dict[str, Any], lazy: bool = True):
+                 source: dict[str, Any], config: dict[str, Any], lazy: bool = True, out_site: str = "mlp_out"):
         self.path = Path(path)
         self.n_layers = n_layers
         self.d_transcoder = d_transcoder
@@ -152,6 +174,7 @@ class CrossLayerTranscoder:
         self.source = source
         self.config = config
         self.lazy = lazy
+        self.out_site = out_site
         self._enc: dict[int, torch.Tensor] = {}
         self.layers = {l: CLTLayer(l, self) for l in range(n_layers)}
         self.format = "circuit_tracer_clt"
@@ -170,7 +193,11 @@ class CrossLayerTranscoder:
         return f"blocks.{layer}.{self.feature_input_hook}"
 
     def hook_out(self, layer: int) -> str:
-        return f"blocks.{layer}.hook_mlp_out"
+        return output_hook_name(layer, self.out_site)
+
+    def output_site(self, out_layer: int) -> str:
+        """``mlp_out`` or ``before_post_norm`` (see :func:`output_site`)."""
+        return self.out_site
 
     # ----------------------------------------------------------------- reading the files
     def _file(self, kind: str, layer: int) -> Path:
@@ -289,7 +316,7 @@ class CrossLayerTranscoder:
             W_skip=None if self.W_skip is None else [w.to(dtype) for w in self.W_skip],
             activation_function=self.activation_function, topk=self.topk,
             feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
-            dtype=dtype, source=self.source, config=self.config, lazy=self.lazy,
+            dtype=dtype, source=self.source, config=self.config, lazy=self.lazy, out_site=self.out_site,
         )
         new._enc = {k: v.to(dtype) for k, v in self._enc.items()}
         return new
@@ -304,6 +331,7 @@ class CrossLayerTranscoder:
             "n_layers": self.n_layers,
             "feature_input_hook": self.feature_input_hook,
             "feature_output_hook": self.feature_output_hook,
+            "output_site": self.out_site,
             "skip": self.W_skip is not None,
             "scan": self.config.get("scan"),
             "layers": [{"layer": l, "architecture": self.layers[l].architecture, "d_sae": self.d_transcoder,
@@ -358,9 +386,8 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     hook_in = str(config.get("feature_input_hook", "hook_resid_mid"))
     hook_out = str(config.get("feature_output_hook", "hook_mlp_out"))
     hook_site(hook_in, str(cfg_path))
-    if hook_out not in _OUTPUT_HOOKS:
-        raise LoadError(f"{cfg_path}: feature_output_hook {hook_out!r} is not supported; expected hook_mlp_out")
     f = adapter.facts
+    out_site = output_site(hook_out, str(cfg_path), post_norms=f.post_norms)
     L, D = f.n_layers, f.d_model
     for layer in range(L):
         for h in (f"blocks.{layer}.{hook_in}",):
@@ -456,5 +483,5 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
         path, n_layers=L, d_transcoder=int(d_tc), d_model=D, b_enc=torch.stack(b_enc), b_dec=torch.stack(b_dec),
         threshold=torch.stack(thr) if thr else None, W_skip=skips or None, activation_function=act,
         topk=int(topk) if act == "topk" else None, feature_input_hook=hook_in, feature_output_hook=hook_out,
-        dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy,
+        dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy, out_site=out_site,
     )

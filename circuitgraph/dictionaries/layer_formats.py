@@ -32,7 +32,8 @@ GemmaScope and sparsify transcoders read it) are folded exactly into the encoder
 time so the transcoder reads ``ln2.hook_normalized``: ``W_enc <- gamma * W_enc``, ``b_enc <-
 b_enc + beta . W_enc`` (and for a skip path ``W_skip <- W_skip * gamma``, ``b_dec <- b_dec +
 W_skip beta``).  Output hooks ``hook_mlp_out`` and ``mlp.hook_out`` are the same site for
-models without post-MLP norms; with post-norms only ``hook_mlp_out`` is accepted.
+models without post-MLP norms; with post-norms ``mlp.hook_out`` is the MLP output before the
+post-norm (``output_site: before_post_norm``), which the engine maps through the frozen norm.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any
 
 import torch
 
+from circuitgraph.dictionaries.clt import output_hook_name, output_site
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
 __all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "LAYER_DIR_FORMATS"]
@@ -52,7 +54,6 @@ LAYER_DIR_FORMATS = ("circuit_tracer_transcoder_set", "gemmascope", "gemmascope2
 
 _SITES = {"hook_resid_mid": "raw", "hook_mlp_in": "raw", "ln2.hook_normalized": "normalized",
           "mlp.hook_in": "mlp_input"}
-_OUTS = ("hook_mlp_out", "mlp.hook_out")
 
 
 def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
@@ -81,11 +82,7 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
             raise ShapeMismatchError(f"{where}: {name} has shape {list(t.shape)} (in circuitgraph's orientation), "
                                      f"expected {list(shape)} for d_model {D}, d_sae {d_sae}")
         _finite(t, where, name)
-    if hook_out not in _OUTS:
-        raise LoadError(f"{where}: output hook {hook_out!r} is not supported; expected hook_mlp_out")
-    if hook_out == "mlp.hook_out" and f.post_norms:
-        raise LoadError(f"{where}: output hook mlp.hook_out is before this model's post-MLP norm; only "
-                        "hook_mlp_out is supported for models with post-norms")
+    out_site = output_site(hook_out, str(where), post_norms=f.post_norms)
     conv = lambda t: None if t is None else t.to(torch.float64)  # noqa: E731
     W_enc, b_enc, W_dec, b_dec, threshold, W_skip = map(conv, (W_enc, b_enc, W_dec, b_dec, threshold, W_skip))
     if site == "mlp_input":
@@ -106,8 +103,8 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
     return TranscoderLayer(
         layer=layer, W_enc=back(W_enc), b_enc=back(b_enc), W_dec=back(W_dec), b_dec=back(b_dec),
         W_skip=back(W_skip), threshold=back(threshold), input_site=site, hook_in=hook_in,
-        hook_out=f"blocks.{layer}.hook_mlp_out", architecture=architecture, source=str(where),
-        activation_kind=activation, topk=topk,
+        hook_out=output_hook_name(layer, out_site), architecture=architecture, source=str(where),
+        activation_kind=activation, topk=topk, output_site=out_site,
     )
 
 

@@ -55,6 +55,9 @@ class TranscoderLayer:
     #: GemmaScope); "topk" the top-k of max(h, 0) per position (EleutherAI sparsify)
     activation_kind: str = "saelens"
     topk: int | None = None
+    #: "mlp_out" (writes hook_mlp_out) or "before_post_norm" (writes the MLP output before a
+    #: post-MLP norm, circuit-tracer's mlp.hook_out on Gemma-2-style models)
+    output_site: str = "mlp_out"
 
     @property
     def d_sae(self) -> int:
@@ -95,7 +98,7 @@ class TranscoderLayer:
         return TranscoderLayer(
             self.layer, conv(self.W_enc), conv(self.b_enc), conv(self.W_dec), conv(self.b_dec),
             conv(self.W_skip), conv(self.threshold), self.input_site, self.hook_in, self.hook_out,
-            self.architecture, self.source, sae, self.activation_kind, self.topk,
+            self.architecture, self.source, sae, self.activation_kind, self.topk, self.output_site,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -105,6 +108,7 @@ class TranscoderLayer:
             "d_sae": self.d_sae,
             "hook_in": self.hook_in,
             "hook_out": self.hook_out,
+            "output_site": self.output_site,
             "skip": self.W_skip is not None,
             "source": self.source,
         }
@@ -220,6 +224,10 @@ class TranscoderSet:
 
     def skip_weight(self, out_layer: int) -> torch.Tensor | None:
         return self.layers[out_layer].W_skip
+
+    def output_site(self, out_layer: int) -> str:
+        """``mlp_out`` or ``before_post_norm`` (see :func:`~circuitgraph.dictionaries.clt.output_site`)."""
+        return self.layers[out_layer].output_site
 
     def source_layers(self, out_layer: int) -> list[int]:
         """Encoder layers whose features write into MLP output ``out_layer``."""
