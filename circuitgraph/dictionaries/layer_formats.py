@@ -49,7 +49,8 @@ from circuitgraph.dictionaries.clt import output_hook_name, output_site
 from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
-__all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "LAYER_DIR_FORMATS"]
+__all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "transcoder_files",
+           "gemmascope_files", "LAYER_DIR_FORMATS"]
 
 LAYER_DIR_FORMATS = ("circuit_tracer_transcoder_set", "gemmascope", "gemmascope2", "eleuther_topk")
 
@@ -106,20 +107,18 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
     W_enc, W_dec = (m if isinstance(m, StoredRows) else conv(m) for m in (W_enc, W_dec))
     enc_scale = None
     if site == "mlp_input":
-        norm = adapter.norm("ln2", layer)
-        gamma = None if norm.gamma is None else norm.gamma.detach().to(torch.float64).cpu()
-        beta = None if norm.beta is None else norm.beta.detach().to(torch.float64).cpu()
-        if beta is not None:  # a stored encoder is read once here, then left on disk
-            b_enc = b_enc + (W_enc.all().double() @ beta if isinstance(W_enc, StoredRows) else beta @ W_enc)
-            if W_skip is not None:
-                b_dec = b_dec + W_skip @ beta
-        if gamma is not None:
-            if isinstance(W_enc, StoredRows):
-                enc_scale = gamma  # applied to every encoder row as it is read
-            else:
-                W_enc = gamma[:, None] * W_enc
-            if W_skip is not None:
-                W_skip = W_skip * gamma[None, :]
+        from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
+
+        if isinstance(W_enc, StoredRows):  # gamma scales every row as it is read; beta: one read of the encoder now
+            enc_scale, beta = mlp_input_norm(adapter, layer)
+            if beta is not None:
+                b_enc = b_enc + fold_input(W_enc.all().T, None, beta)[1]
+        else:
+            W_enc, shift = fold_mlp_input(adapter, layer, W_enc)
+            b_enc = b_enc if shift is None else b_enc + shift
+        if W_skip is not None:  # skip = x @ W_skip.T
+            folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
+            W_skip, b_dec = folded.T, (b_dec if shift is None else b_dec + shift)
         site = "normalized"
     hook_in = {"raw": f"blocks.{layer}.hook_resid_mid", "normalized": f"blocks.{layer}.ln2.hook_normalized"}[site]
     back = lambda t: None if t is None else (t if isinstance(t, StoredRows) else t.to(dtype).contiguous())  # noqa: E731
@@ -223,7 +222,6 @@ def _select(layers: dict[int, Any], wanted: list[int] | None, path: Path) -> dic
 def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: list[int] | None = None,
                             dtype: torch.dtype = torch.float32, lazy: bool | None = None):
     """circuit-tracer's per-layer ``transcoder_set`` folder."""
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     cfg_path = path / "config.yaml"
     site = _site(str(config.get("feature_input_hook", "")), cfg_path)
@@ -248,12 +246,24 @@ def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: l
                             f"needs layer_0 .. layer_{top}; copy it into {path}")
         files = found
     files = _select(files, layers, path)
+    scan = config.get("scan")
+    return transcoder_files(files, adapter, site=site, hook_out=hook_out, dtype=dtype,
+                            source={"path": str(path), **({"scan": scan} if scan else {})},
+                            format="circuit_tracer_transcoder_set", lazy=lazy)
+
+
+def transcoder_files(files: dict[int, Path], adapter: Any, *, site: str, hook_out: str, dtype: torch.dtype,
+                     source: dict[str, Any], format: str, lazy: bool | None = None):
+    """A :class:`TranscoderSet` from one file per layer (circuit-tracer ``layer_<i>.safetensors``,
+    GemmaScope ``params.npz`` or GemmaScope-2 ``params.safetensors``; the tensors say which), each
+    reading input ``site`` (see ``_SITES``) and writing ``hook_out``; safetensors files stay on disk
+    (read by feature, ``lazy`` as in :func:`_lazy`)."""
+    from circuitgraph.dictionaries.transcoders import TranscoderSet
+
     loaded = {l: _load(p) for l, p in sorted(files.items())}
     lz = _lazy(loaded, lazy)
     out = {l: _from_tensors(adapter, l, files[l], t, site, hook_out, dtype, lz) for l, t in loaded.items()}
-    scan = config.get("scan")
-    return TranscoderSet(out, {"path": str(path), **({"scan": scan} if scan else {})},
-                         format="circuit_tracer_transcoder_set")
+    return TranscoderSet(out, source, format=format)
 
 
 def _layer_files(path: Path, name: str) -> dict[int, Path]:
@@ -275,14 +285,18 @@ def _layer_files(path: Path, name: str) -> dict[int, Path]:
 def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[int] | None = None,
                         dtype: torch.dtype = torch.float32, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
     """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders."""
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     files = _select(_layer_files(path, "params.npz" if version == 1 else "params.safetensors"), layers, path)
-    site = _site(input_hook, path)
-    loaded = {l: _load(p) for l, p in sorted(files.items())}
-    lz = _lazy(loaded, lazy)
-    out = {l: _from_tensors(adapter, l, files[l], t, site, "hook_mlp_out", dtype, lz) for l, t in loaded.items()}
-    return TranscoderSet(out, {"path": str(path)}, format="gemmascope" if version == 1 else "gemmascope2")
+    return gemmascope_files(files, adapter, version=version, dtype=dtype, input_hook=input_hook,
+                            source={"path": str(path)}, where=path, lazy=lazy)
+
+
+def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtype: torch.dtype,
+                     source: dict[str, Any], where: Path, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
+    """GemmaScope (``params.npz``) / GemmaScope-2 (``params.safetensors``) files, one per layer
+    (from a folder, or fetched from the hub by the sae-lens registry)."""
+    return transcoder_files(files, adapter, site=_site(input_hook, where), hook_out="hook_mlp_out", dtype=dtype,
+                            source=source, format="gemmascope" if version == 1 else "gemmascope2", lazy=lazy)
 
 
 def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32,

@@ -7,6 +7,10 @@ A transcoder of layer ``l`` reads the MLP input side of block ``l`` and writes i
   folded models);
 * input hook ``blocks.l.hook_resid_mid`` or ``blocks.l.hook_mlp_in`` (``input_site="raw"``):
   the raw residual stream at resid_mid;
+* input hook ``blocks.l.mlp.hook_in`` (the MLP's input ``gamma2 * P(x)/sigma2 + beta2``, as
+  circuit-tracer-style transcoders read it): folded exactly into ``W_enc``/``b_enc`` (and the
+  skip path) by :func:`circuitgraph.dictionaries.mlp_input.fold_mlp_input`, so the layer reads
+  ``ln2.hook_normalized``; sae-lens's own ``encode`` still sees the MLP input it was trained on;
 * output hook ``blocks.l.hook_mlp_out``.
 
 Supported: ReLU transcoders, JumpReLU transcoders, and skip transcoders (``W_skip``), as
@@ -22,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from circuitgraph.dictionaries.mlp_input import is_mlp_input_hook
 from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
@@ -50,6 +55,7 @@ class TranscoderLayer:
                  W_skip: torch.Tensor | None, threshold: torch.Tensor | None,
                  input_site: Literal["normalized", "raw"], hook_in: str, hook_out: str, architecture: str,
                  source: str, sae: Any = None, activation_kind: str = "saelens", topk: int | None = None,
+                 sae_input: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
                  output_site: str = "mlp_out", *, enc_scale: torch.Tensor | None = None, lazy: bool = False):
         self.layer = layer
         self._enc = W_enc  # (d_in, d_sae) tensor, or StoredRows (d_sae, d_in) feature-major
@@ -68,6 +74,9 @@ class TranscoderLayer:
         #: GemmaScope); "topk" the top-k of max(h, 0) per position (EleutherAI sparsify)
         self.activation_kind = activation_kind
         self.topk = topk
+        #: ``(gamma, beta)`` of ln2 when an ``mlp.hook_in`` dictionary was folded: the sae-lens object
+        #: gets ``gamma * x + beta`` (the MLP input it reads) from ``x`` = ``ln2.hook_normalized``
+        self.sae_input = sae_input
         #: "mlp_out" (writes hook_mlp_out) or "before_post_norm" (writes the MLP output before a
         #: post-MLP norm, circuit-tracer's mlp.hook_out on Gemma-2-style models)
         self.output_site = output_site
@@ -125,7 +134,7 @@ class TranscoderLayer:
         return TranscoderLayer(
             self.layer, enc, self.b_enc, self.W_dec, self.b_dec, self.W_skip, self.threshold, self.input_site,
             self.hook_in, self.hook_out, self.architecture, self.source, self.sae, self.activation_kind, self.topk,
-            self.output_site,
+            self.sae_input, self.output_site,
         )
 
     def resident_bytes(self) -> int:
@@ -147,7 +156,12 @@ class TranscoderLayer:
         the format's activation (``activation_kind``) for dictionaries read without sae-lens."""
         with torch.no_grad():
             if self.sae is not None:
-                return self.sae.encode(x.to(self.W_enc.dtype))
+                x = x.to(self.W_enc.dtype)
+                if self.sae_input is not None:
+                    gamma, beta = (None if t is None else t.to(device=x.device, dtype=x.dtype) for t in self.sae_input)
+                    x = x * gamma if gamma is not None else x
+                    x = x + beta if beta is not None else x
+                return self.sae.encode(x)
             h = self.pre_activation(x)
             if self.activation_kind == "jump_relu":
                 return h * (h > self.threshold)
@@ -177,7 +191,7 @@ class TranscoderLayer:
         return TranscoderLayer(
             self.layer, keep(self._enc), conv(self.b_enc), keep(self._dec), conv(self.b_dec),
             conv(self.W_skip), conv(self.threshold), self.input_site, self.hook_in, self.hook_out,
-            self.architecture, self.source, sae, self.activation_kind, self.topk, self.output_site,
+            self.architecture, self.source, sae, self.activation_kind, self.topk, self.sae_input, self.output_site,
             enc_scale=conv(self.enc_scale), lazy=self.lazy,
         )
 
@@ -216,10 +230,12 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         lyr = _match_layer(pattern, hook_in)
         if lyr is not None:
             site, layer = kind, lyr
+    if site is None and is_mlp_input_hook(hook_in) is not None:
+        site, layer = "mlp_input", is_mlp_input_hook(hook_in)
     if site is None:
         raise LoadError(
             f"{where}: input hook {hook_in!r} is not supported; expected blocks.<l>.ln2.hook_normalized, "
-            "blocks.<l>.hook_resid_mid or blocks.<l>.hook_mlp_in"
+            "blocks.<l>.hook_resid_mid, blocks.<l>.hook_mlp_in or blocks.<l>.mlp.hook_in"
         )
     out_layer = _match_layer(_OUT_HOOK, hook_out)
     if out_layer is None:
@@ -235,7 +251,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
             f"{where}: hooks {hook_in} / {hook_out} refer to layer {layer}, the model has "
             f"{facts.n_layers} layers (0-{facts.n_layers - 1})"
         )
-    for hook in (hook_in, hook_out):
+    for hook in (hook_in, hook_out) if site != "mlp_input" else (hook_out,):
         if not adapter.has_hook(hook):
             raise ShapeMismatchError(f"{where}: hook {hook!r} does not exist in the model")
     if getattr(cfg, "normalize_activations", "none") not in ("none", None):
@@ -263,13 +279,27 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
             bad = (~torch.isfinite(t)).nonzero()[0].tolist()
             raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad})")
     sae.eval()
+    b_enc, b_dec = sae.b_enc.detach(), sae.b_dec.detach()
+    W_skip = None if W_skip is None else W_skip.detach()
+    sae_input = None
+    if site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
+        from circuitgraph.dictionaries.mlp_input import fold_mlp_input, mlp_input_norm
+
+        dt = W_enc.dtype
+        folded, shift = fold_mlp_input(adapter, layer, W_enc)
+        W_enc, b_enc = folded.to(dt), (b_enc if shift is None else (b_enc.double() + shift).to(dt))
+        if W_skip is not None:  # sae-lens skip: x @ W_skip.T
+            folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
+            W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
+        sae_input = mlp_input_norm(adapter, layer)
+        site, hook_in = "normalized", f"blocks.{layer}.ln2.hook_normalized"
     return TranscoderLayer(
         layer=layer,
         W_enc=W_enc,
-        b_enc=sae.b_enc.detach(),
+        b_enc=b_enc,
         W_dec=W_dec,
-        b_dec=sae.b_dec.detach(),
-        W_skip=None if W_skip is None else W_skip.detach(),
+        b_dec=b_dec,
+        W_skip=W_skip,
         threshold=None if threshold is None else threshold.detach(),
         input_site=site,
         hook_in=hook_in,
@@ -277,6 +307,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         architecture=arch,
         source=where,
         sae=sae,
+        sae_input=sae_input,
     )
 
 
