@@ -127,3 +127,54 @@ def test_clt_reading_mlp_hook_in(tmp_path, arch, act, skip):
         assert abs(n.activation - h) < 1e-5, n.id
         assert abs(_reader_pre(g, n) - h) < 1e-5 * max(1.0, abs(h)), n.id
     _check_interventions(g, 3)
+
+
+def _cli_run(tmp_path, model_dir, tc_dir):
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli import main as cli
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("format_version: 1\n"
+                    f"model: {{path: {model_dir}}}\n"
+                    f"transcoders: {{path: {tc_dir}}}\n"
+                    f"prompt: {{tokens: {TOKENS}}}\n"
+                    "targets: [{top_logits: {max_n: 3}}]\n"
+                    f"export: {{json: {tmp_path / 'out' / 'graph.json'}}}\n")
+    return CliRunner().invoke(cli.app, ["run", str(spec)])
+
+
+def _assert_one_line(res, tmp_path, *needles):
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_mlp_hook_in_dictionaries_are_one_line_exit_2(tmp_path):
+    """sae-lens folder whose mlp.hook_in names another layer; an mlp.hook_in CLT with NaN in the
+    encoder the load-time bias fold reads; an unsupported input hook: one line naming the file."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model(**GPT2)
+    bundle = save_bundle(tmp_path / "b", model, random_transcoders(model, input_site="mlp_input"))
+    cfg = bundle / "transcoders" / "layer_1" / "cfg.json"
+    data = json.loads(cfg.read_text())
+    data["metadata"]["hook_name"] = "blocks.2.mlp.hook_in"
+    cfg.write_text(json.dumps(data))
+    _assert_one_line(_cli_run(tmp_path, bundle / "model", bundle / "transcoders"), tmp_path,
+                     str(bundle / "transcoders" / "layer_1"), "layer 1", "layer 2")
+
+    d = save_clt(tmp_path / "clt", random_clt(model, input_site="mlp_input"))
+    t = load_file(str(d / "W_enc_1.safetensors"))
+    t["W_enc_1"][3, 2] = float("nan")
+    save_file(t, str(d / "W_enc_1.safetensors"))
+    _assert_one_line(_cli_run(tmp_path, bundle / "model", d), tmp_path, "W_enc_1.safetensors", "NaN")
+
+    cfg = d / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("mlp.hook_in", "mlp.hook_pre"))
+    _assert_one_line(_cli_run(tmp_path, bundle / "model", d), tmp_path, str(cfg), "mlp.hook_pre", "mlp.hook_in")
