@@ -92,8 +92,8 @@ MUTATIONS = [
         "transposed-skip",
         "the skip transcoder's W_skip used untransposed (the error node's skip path)",
         "circuitgraph/attribution/nodes_builder.py",
-        "error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip).T",
-        "error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip)",
+        "b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))",
+        "b.c(lin.tc_input[layer]) @ b.c(W_skip), slice(0, T))",
     ),
     Mutation(
         "no-centring",

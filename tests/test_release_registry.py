@@ -170,26 +170,58 @@ def test_gemma_scope_transcoders_release_follows_the_registry(hub, tmp_path):
     g = _run("gemma-2-2b", R)
     meta = g.metadata["transcoders"]
     assert meta["format"] == "gemmascope" and meta["source"]["ids"]["0"] == "layer_0/width_16k/average_l0_76"
+    assert meta["layers"][0]["hook_in"] == "blocks.0.ln2.hook_normalized"  # sae-lens's hook for this conversion
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
-    x = _mlp_inputs(g.context.adapter.model)
+    model = g.context.adapter.model
+    x = _mlp_inputs(model)
+    # the pre-MLP RMSNorm's output before its weight: the MLP's input divided by the norm's weight
+    xn = {l: x[l] / model.blocks[l].ln2.w.detach() for l in x}
     feats = [n for n in g.nodes if n.kind == "feature"]
     assert len({n.layer for n in feats}) > n_layers // 2
     for n in feats:
         t = files[n.layer]
-        h = float(x[n.layer][n.position] @ t["W_enc"][:, n.index] + t["b_enc"][n.index])
+        h = float(xn[n.layer][n.position] @ t["W_enc"][:, n.index] + t["b_enc"][n.index])
         assert h > float(t["threshold"][n.index]) and abs(n.activation - h) < 1e-5 * max(1.0, abs(h)), n.id
         assert abs(_reader_pre(g, n) - h) < 1e-5 * max(1.0, abs(h)), n.id
 
+    # mntss-gemma-2-2b-2.5m-clt-as-per-layer: sae-lens loads each layer of this CLT as a per-layer
+    # transcoder with its decoders summed; circuitgraph loads the repository as the CLT it is
+    R = "mntss-gemma-2-2b-2.5m-clt-as-per-layer"
+    entry = release_entry(R)
+    assert entry.model == "gemma-2-2b"
+    from circuitgraph.testing.synthetic import random_clt, save_clt
+
+    clt = random_clt(g.context.adapter.model, d_transcoder=8, input_site="mlp_input", activation="jump_relu")
+    clt["config"]["model_name"] = "google/gemma-2-2b"
+    d = save_clt(tmp_path / "clt", clt)
+    hf_cache_repo(hub, entry.repo_id, d)
+    g = _run("gemma-2-2b", R)
+    meta = g.metadata["transcoders"]
+    assert meta["format"] == "circuit_tracer_clt" and meta["source"]["release"] == R
+    assert meta["feature_input_hook"] == "mlp.hook_in"
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
+    feats = [n for n in g.nodes if n.kind == "feature"]
+    assert len({n.layer for n in feats}) > n_layers // 2
+    for n in feats:
+        t = clt["layers"][n.layer]
+        h = float(x[n.layer][n.position] @ t["W_enc"][n.index] + t["b_enc"][n.index])
+        assert abs(n.activation - h) < 1e-5 * max(1.0, abs(h)), n.id
+        assert abs(_reader_pre(g, n) - h) < 1e-5 * max(1.0, abs(h)), n.id
+    with pytest.raises(LoadError, match="cross-layer transcoder"):
+        _run("gemma-2-2b", R, layers=[0, 1])
+
 
 def _plain_release(monkeypatch, name: str, repo_id: str, paths: dict[str, str], model: str = "gpt2-small"):
-    """Register a sae-lens-format release (no conversion_func) the way sae-lens's directory holds one."""
-    from sae_lens.loading import pretrained_saes_directory as directory
+    """Add a sae-lens-format release (no conversion_func) to the registry text circuitgraph reads,
+    written as sae-lens's pretrained_saes.yaml writes its entries."""
+    import yaml
 
-    real = directory.get_pretrained_saes_directory()
-    entry = directory.PretrainedSAELookup(
-        release=name, repo_id=repo_id, model=model, conversion_func=None, saes_map=dict(paths),
-        expected_var_explained={}, expected_l0={}, neuronpedia_id={}, norm_scaling_factor={}, config_overrides=None)
-    monkeypatch.setattr(directory, "get_pretrained_saes_directory", lambda: {**real, name: entry})
+    from circuitgraph.dictionaries import registry
+
+    block = yaml.safe_dump({name: {"repo_id": repo_id, "model": model,
+                                   "saes": [{"id": i, "path": p} for i, p in paths.items()]}}, sort_keys=False)
+    real = registry._registry_yaml
+    monkeypatch.setattr(registry, "_registry_yaml", lambda: real().rstrip("\n") + "\n" + block)
 
 
 def _plain_gpt2(hub, tmp_path, monkeypatch, kind: str = "skip") -> tuple[str, str, dict]:
@@ -279,6 +311,14 @@ def test_missing_release_file_and_wrong_model_are_one_line_exit_2(hub, tmp_path,
 
 
 def test_release_names_and_layer_choice():
+    # the entries circuitgraph parses are sae-lens's own (its directory reader on the same file)
+    from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+
+    theirs = get_pretrained_saes_directory()
+    for name in [n for n in theirs if "transcoder" in n or "clt" in n]:
+        ours, ref = release_entry(name), theirs[name]
+        assert (ours.repo_id, ours.model, ours.conversion_func, ours.saes_map) == \
+            (ref.repo_id, ref.model, ref.conversion_func, ref.saes_map), name
     with pytest.raises(LoadError, match="did you mean gemma-scope-2b-pt-transcoders"):
         release_entry("gemma-scope-2b-pt-transcoder")
     # one dictionary per layer: the registry's own, in layer order
@@ -294,3 +334,21 @@ def test_release_names_and_layer_choice():
     assert release_layers(entry, ids={17: some}) == {17: some}
     with pytest.raises(LoadError, match="not ids of"):
         release_layers(entry, ids={17: "no-such-id"})
+
+
+def test_release_model_check_for_a_model_loaded_from_a_folder(tmp_path):
+    """A model given by path is compared through its config's model_name."""
+    from circuitgraph.adapters.loading import load_model_dir
+    from circuitgraph.dictionaries.registry import check_release_model
+    from circuitgraph.testing.synthetic import save_bundle, tiny_model
+
+    model = tiny_model(n_layers=2)
+    bundle = save_bundle(tmp_path / "b", model)
+    entry = release_entry("gemma-scope-2b-pt-transcoders")
+    with pytest.raises(LoadError) as info:
+        check_release_model(entry, load_model_dir(bundle / "model"))
+    msg = str(info.value)
+    assert "gemma-2-2b" in msg and str(bundle / "model") in msg and model.cfg.model_name in msg
+    cfg = json.loads((bundle / "model" / "config.json").read_text())
+    (bundle / "model" / "config.json").write_text(json.dumps({**cfg, "model_name": "google/gemma-2-2b"}))
+    check_release_model(entry, load_model_dir(bundle / "model"))  # same model: accepted

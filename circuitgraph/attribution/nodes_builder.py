@@ -304,6 +304,13 @@ def _post_norm_forward(fm: FrozenLinearModel, norms: list | None, layer: int, ve
     return norms[layer].forward_linear(vecs, positions)
 
 
+def _without_sigma(norm: Any, vecs: torch.Tensor) -> torch.Tensor:
+    """``gamma * P(v)``: a frozen post-norm's linear part before its division by sigma."""
+    if norm.center:
+        vecs = vecs - vecs.mean(-1, keepdim=True)
+    return vecs * norm.gamma if norm.gamma is not None else vecs
+
+
 def collect_nodes(
     adapter: ModelAdapter,
     lin: Linearisation,
@@ -320,7 +327,7 @@ def collect_nodes(
         for layer, tc in transcoders.layers.items():
             W_skip = transcoders.skip_weight(layer)
             if options.mlp.get(layer) == "transcoders" and W_skip is not None:
-                skip_layers[layer] = (W_skip, tc.input_site)
+                skip_layers[layer] = (W_skip, tc.input_site, transcoders.output_site(layer) == "before_post_norm")
         if getattr(transcoders, "kind", "per_layer") == "cross_layer":
             other = sorted(l for l in range(L) if options.mlp.get(l) != "transcoders")
             if other:
@@ -511,25 +518,35 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
             b.readers.add_lazy(row, loc_resid_mid(layer), t, source, i, o)
         rows_at[t] = (rows, active)
     st["rows"][layer] = rows_at
-    # ---- writes into MLP output `layer`
+    # ---- writes into MLP output `layer`; a dictionary writing before the post-MLP norm
+    # (mlp.hook_out on Gemma-2-style models) writes through the frozen norm: v -> gamma P(v) / sigma(t)
+    posts = fm.ln2_post if tc.output_site(layer) == "before_post_norm" else None
     sources = [l for l in sorted(st["rows"]) if l <= layer and layer in tc.output_layers(l)]
-    out = b.c(lin.mlp_out[layer])
-    error = out - b.c(tc.decoder_bias(layer))
+    out = b.c(lin.mlp_out[layer])  # hook_mlp_out: after any post-norm, what the block adds
+    constant = b.c(tc.decoder_bias(layer)).expand(T, -1).clone()
     W_skip = tc.skip_weight(layer)
+    error = out - _post_norm_forward(fm, posts, layer, constant, slice(0, T))
     if W_skip is not None:
-        error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip).T
+        error = error - _post_norm_forward(fm, posts, layer, b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))
+    if posts is not None and posts[layer].beta is not None:
+        error = error - posts[layer].beta
     for l in sources:
         ids, dec = _decoder(b, l)
         j_out = layer - l
         a_l = _acts(b, l)
-        # a feature writes activation * decoder row: the rows are shared, the vectors made per sweep
-        basis = b.writers.add_basis(dec[:, j_out])
+        # a feature writes activation * decoder row: the rows are shared, the vectors made per sweep;
+        # through a frozen post-norm, (activation / sigma(t)) * gamma P(decoder row)
+        dec_out = dec[:, j_out] if posts is None else _without_sigma(posts[layer], dec[:, j_out])
+        basis = b.writers.add_basis(dec_out)
         for t, (rows, active) in st["rows"][l].items():
             at = torch.searchsorted(ids, active)
-            scales = a_l[t, active]
+            scales = a_l[t, active] if posts is None else a_l[t, active] / posts[layer].sigma[t]
             b.writers.add_scaled(loc, t, rows, scales, basis, at)
-            error[t] -= (scales.unsqueeze(-1) * dec[at, j_out]).sum(0)
-    _add_bias(b, loc, layer, "mlp", b.c(tc.decoder_bias(layer)).expand(T, -1).clone())
+            error[t] -= (scales.unsqueeze(-1) * dec_out[at]).sum(0)
+    bias = _post_norm_forward(fm, posts, layer, constant, slice(0, T))
+    if posts is not None and posts[layer].beta is not None:
+        bias = bias + posts[layer].beta
+    _add_bias(b, loc, layer, "mlp", bias)
     for t in range(T):
         if t < b.min_mlp_pos():
             # BOS convention: features and error at position 0 are constants

@@ -45,7 +45,7 @@ import torch
 
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
-__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "read_config_yaml"]
+__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "output_hook_name", "output_site", "read_config_yaml"]
 
 Activation = Literal["relu", "jump_relu", "topk"]
 
@@ -71,6 +71,24 @@ def read_config_yaml(path: Path) -> dict[str, Any]:
         raise LoadError(f"{path}: expected a mapping (model_kind, feature_input_hook, ...), got "
                         f"{type(data).__name__}")
     return data
+
+
+def output_site(hook: str, where: str, *, post_norms: bool) -> str:
+    """Where a dictionary writes, from its block-relative output hook: ``mlp_out``
+    (``hook_mlp_out``: what the block adds to the residual stream) or ``before_post_norm``
+    (``mlp.hook_out`` on a model with post-MLP norms, Gemma-2's ``ln2_post``: the MLP's own
+    output, which the frozen post-norm then maps linearly, ``gamma * P(v) / sigma``).  Without
+    post-norms the two hooks hold the same value (``mlp_out``)."""
+    if hook not in _OUTPUT_HOOKS:
+        raise LoadError(f"{where}: feature_output_hook {hook!r} is not supported; expected hook_mlp_out or "
+                        "mlp.hook_out (relative to blocks.<layer>)")
+    return "before_post_norm" if hook == "mlp.hook_out" and post_norms else "mlp_out"
+
+
+def output_hook_name(layer: int, site: str) -> str:
+    """The hook name a dictionary of output site ``site`` writes at (``mlp.hook_out`` is virtual:
+    see :meth:`~circuitgraph.adapters.ModelAdapter.hook_mlp_out_before_post_norm`)."""
+    return f"blocks.{layer}.mlp.hook_out" if site == "before_post_norm" else f"blocks.{layer}.hook_mlp_out"
 
 
 def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
@@ -103,6 +121,10 @@ class CLTLayer:
     @property
     def input_site(self) -> str:
         return self.parent.input_site
+
+    @property
+    def output_site(self) -> str:
+        return self.parent.output_site(self.layer)
 
     @property
     def b_enc(self) -> torch.Tensor:
@@ -142,7 +164,8 @@ class CrossLayerTranscoder:
                  W_skip: list[torch.Tensor] | None, activation_function: Activation, topk: int | None,
                  feature_input_hook: str, feature_output_hook: str, dtype: torch.dtype,
                  source: dict[str, Any], config: dict[str, Any], lazy: bool = True,
-                 input_norms: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None):
+                 input_norms: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None,
+                 out_site: str = "mlp_out"):
         self.path = Path(path)
         self.n_layers = n_layers
         self.d_transcoder = d_transcoder
@@ -164,6 +187,7 @@ class CrossLayerTranscoder:
         self.source = source
         self.config = config
         self.lazy = lazy
+        self.out_site = out_site
         self._enc: dict[int, torch.Tensor] = {}
         self.layers = {l: CLTLayer(l, self) for l in range(n_layers)}
         self.format = "circuit_tracer_clt"
@@ -193,7 +217,11 @@ class CrossLayerTranscoder:
         return fold_input(rows.T, self.input_norms[layer][0], None)[0].T.to(self.dtype)
 
     def hook_out(self, layer: int) -> str:
-        return f"blocks.{layer}.hook_mlp_out"
+        return output_hook_name(layer, self.out_site)
+
+    def output_site(self, out_layer: int) -> str:
+        """``mlp_out`` or ``before_post_norm`` (see :func:`output_site`)."""
+        return self.out_site
 
     # ----------------------------------------------------------------- reading the files
     def _file(self, kind: str, layer: int) -> Path:
@@ -314,6 +342,7 @@ class CrossLayerTranscoder:
             activation_function=self.activation_function, topk=self.topk,
             feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
             dtype=dtype, source=self.source, config=self.config, lazy=self.lazy, input_norms=self.input_norms,
+            out_site=self.out_site,
         )
         new._enc = {k: v.to(dtype) for k, v in self._enc.items()}
         return new
@@ -328,6 +357,7 @@ class CrossLayerTranscoder:
             "n_layers": self.n_layers,
             "feature_input_hook": self.feature_input_hook,
             "feature_output_hook": self.feature_output_hook,
+            "output_site": self.out_site,
             "skip": self.W_skip is not None,
             "scan": self.config.get("scan"),
             "layers": [{"layer": l, "architecture": self.layers[l].architecture, "d_sae": self.d_transcoder,
@@ -382,9 +412,8 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     hook_in = str(config.get("feature_input_hook", "hook_resid_mid"))
     hook_out = str(config.get("feature_output_hook", "hook_mlp_out"))
     site = hook_site(hook_in, str(cfg_path))
-    if hook_out not in _OUTPUT_HOOKS:
-        raise LoadError(f"{cfg_path}: feature_output_hook {hook_out!r} is not supported; expected hook_mlp_out")
     f = adapter.facts
+    out_site = output_site(hook_out, str(cfg_path), post_norms=f.post_norms)
     L, D = f.n_layers, f.d_model
     read_hook = "ln2.hook_normalized" if site == "mlp_input" else hook_in  # mlp.hook_in is folded
     norms = None
@@ -497,4 +526,5 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
         threshold=torch.stack(thr) if thr else None, W_skip=skips or None, activation_function=act,
         topk=int(topk) if act == "topk" else None, feature_input_hook=hook_in, feature_output_hook=hook_out,
         dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy, input_norms=norms,
+        out_site=out_site,
     )

@@ -1,7 +1,8 @@
 """Transcoders named by an sae-lens registry release: ``transcoders: {release: R}``.
 
-sae-lens's pretrained directory (``sae_lens.loading.pretrained_saes_directory``, the
-``pretrained_saes.yaml`` shipped with sae-lens) says, for release ``R``: the Hugging Face
+sae-lens's pretrained directory (the ``pretrained_saes.yaml`` shipped with sae-lens, which
+``sae_lens.loading.pretrained_saes_directory`` reads; circuitgraph parses only release ``R``'s
+block of it, without importing sae-lens) says, for release ``R``: the Hugging Face
 repository (``repo_id``), the model it was trained on (``model``), how its files are laid out
 (``conversion_func``) and its dictionaries (``saes``: id -> path).  circuitgraph reads that
 entry, picks one dictionary per layer (the registry's, or ``ids`` when a layer has several),
@@ -16,7 +17,8 @@ files, never from names:
 (none: sae-lens format)        ``<path>/cfg.json``,                  ``SAE.load_from_disk`` +
                                ``<path>/sae_weights.safetensors``    the hooks in ``cfg.json``
 ``gemma_2_transcoder``         ``<path>/params.npz``                 ``gemmascope`` (reads
-                                                                     ``mlp.hook_in``)
+                                                                     ``ln2.hook_normalized``, as
+                                                                     sae-lens's config says)
 ``mwhanna_transcoder``         ``<path>`` (``layer_<l>.safetensors``) circuit-tracer
                                                                      ``transcoder_set`` file,
                                                                      ``mlp.hook_in`` ->
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +46,68 @@ import torch
 
 from circuitgraph.errors import LoadError
 
-__all__ = ["release_entry", "release_layers", "load_release"]
+__all__ = ["ReleaseEntry", "release_entry", "release_layers", "load_release"]
 
 #: conversions circuitgraph reads itself (the rest go through sae-lens's own loader)
 OWN_CONVERSIONS = (None, "gemma_2_transcoder", "mwhanna_transcoder", "mntss_clt_layer_transcoder")
 
 
-def release_entry(release: str) -> Any:
-    """sae-lens's ``PretrainedSAELookup`` of ``release`` (one-line LoadError naming close ones)."""
-    from sae_lens.loading import pretrained_saes_directory as directory
+@dataclass
+class ReleaseEntry:
+    """One release of sae-lens's pretrained directory (the fields of sae-lens's
+    ``PretrainedSAELookup`` that circuitgraph uses)."""
 
-    table = directory.get_pretrained_saes_directory()
-    if release not in table:
-        close = difflib.get_close_matches(release, list(table), n=5, cutoff=0.5)
+    release: str
+    repo_id: str
+    model: str
+    conversion_func: str | None
+    saes_map: dict[str, str]  # id -> path in the repository
+    neuronpedia_id: dict[str, str | None]
+    config_overrides: Any
+
+
+def _registry_yaml() -> str:
+    """The text of sae-lens's ``pretrained_saes.yaml``, read from the installed package without
+    importing sae-lens (its import pulls in the training stack: seconds per run)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sae_lens")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "pretrained_saes.yaml"
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise LoadError("sae-lens's registry (sae_lens/pretrained_saes.yaml) is not installed; "
+                    "pip install sae-lens, or give the dictionaries with transcoders: {path: DIR} / {hf: ORG/REPO}")
+
+
+def _blocks(text: str) -> dict[str, tuple[int, int]]:
+    """Top-level release names -> their (start, end) line range in the YAML text."""
+    lines = text.splitlines()
+    starts = [(i, m.group(1)) for i, line in enumerate(lines) if (m := re.match(r"^([^\s#][^:]*):\s*$", line))]
+    return {name: (i, starts[k + 1][0] if k + 1 < len(starts) else len(lines)) for k, (i, name) in enumerate(starts)}
+
+
+def release_entry(release: str) -> ReleaseEntry:
+    """The registry entry of ``release`` (one-line LoadError naming close names).  Only that
+    release's block of the YAML is parsed, exactly as sae-lens's
+    ``get_pretrained_saes_directory`` reads it (ids, paths, model, repo_id, conversion_func)."""
+    import yaml
+
+    text = _registry_yaml()
+    blocks = _blocks(text)
+    if release not in blocks:
+        close = difflib.get_close_matches(release, list(blocks), n=5, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "see sae_lens's pretrained_saes.yaml for the names"
         raise LoadError(f"transcoders.release {release!r} is not in sae-lens's registry; {hint}")
-    return table[release]
+    start, end = blocks[release]
+    value = yaml.safe_load("\n".join(text.splitlines()[start:end]))[release]
+    saes = value.get("saes") or []
+    return ReleaseEntry(
+        release=release, repo_id=str(value["repo_id"]), model=str(value["model"]),
+        conversion_func=value.get("conversion_func"),
+        saes_map={str(h["id"]): str(h["path"]) for h in saes},
+        neuronpedia_id={str(h["id"]): h.get("neuronpedia") for h in saes},
+        config_overrides=value.get("config_overrides"))
 
 
 def _official(name: str) -> str:
@@ -165,8 +214,11 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     if conv == "gemma_2_transcoder":
         from circuitgraph.dictionaries.layer_formats import gemmascope_files
 
+        # hooks as sae-lens's gemma_2_transcoder config gives them (and circuit-tracer's Gemma-2 hook map):
+        # ln2.hook_normalized (the pre-MLP RMSNorm's x / rms, before its weight) -> hook_mlp_out
         files = {l: _file(repo, f"{p}/params.npz", revision) for l, p in paths.items()}
-        return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo))
+        return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo),
+                                input_hook="ln2.hook_normalized")
     if conv == "mwhanna_transcoder":
         from circuitgraph.dictionaries.layer_formats import transcoder_files
 
