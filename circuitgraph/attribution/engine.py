@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected
 
 __all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions"]
@@ -66,6 +67,8 @@ def compute_edges(
         if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size:
             batches.append(idx[start:end])
             start = end
+    # writer row ids per location as int32 on the compute device (the edges' source column)
+    rows32 = {loc: r.to(device=device, dtype=torch.int32) for loc, (_, r, _) in col.writers.padded.items()}
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -75,23 +78,26 @@ def compute_edges(
         by_loc: dict[int, list[int]] = {}
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
-        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32)
+        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device)
+        # until G crosses an attention layer, each row is non-zero at its own position only
+        single = (torch.tensor([rd.positions[i] for i in batch], device=device)
+                  if len(by_loc) == 1 else None)
         for loc in range(top, -1, -1):
             for j in by_loc.get(loc, ()):
                 i = batch[j]
                 G[j, rd.positions[i]] += rd.directions[i].to(dtype)
             block = col.writers.padded.get(loc)
             if block is not None:
-                positions, rows, vecs = block
+                positions, _, vecs = block
                 k = int(torch.searchsorted(positions, T))  # writer groups at positions < T
                 if k:
                     # (k, B, max_n): every reader against every writer, one batched GEMM per location
                     E = torch.bmm(G[:, positions[:k], :].transpose(0, 1), vecs[:k].transpose(1, 2))
-                    g_i, b_i, w_i = E.nonzero(as_tuple=True)
-                    if g_i.numel():
-                        targets.append(batch_rows[b_i.cpu()])
-                        sources.append(rows[g_i.cpu(), w_i.cpu()].to(torch.int32))
-                        weights.append(E[g_i, b_i, w_i].cpu())
+                    # the non-zero entries in (group, reader, writer) order; padding slots are 0
+                    keep = E != 0
+                    targets.append(batch_rows.view(1, B, 1).masked_select(keep).cpu())
+                    sources.append(rows32[loc][:k].unsqueeze(1).masked_select(keep).cpu())
+                    weights.append(E.masked_select(keep).cpu())
             c = col.constants.get(loc)
             if c is not None:
                 part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
@@ -100,7 +106,9 @@ def compute_edges(
                     for j, i in enumerate(batch):
                         constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[j])
             if loc > 0:
-                G = fm.step_down(loc, G)
+                G = fm.step_down(loc, G, single)
+                if ResidualLocation(loc).sublayer == "attn":
+                    single = None
         for j, i in enumerate(batch):
             constants[rd.rows[i]] = float(const[j])
         if progress is not None:
