@@ -67,8 +67,14 @@ def compute_edges(
         if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size:
             batches.append(idx[start:end])
             start = end
-    # writer row ids per location as int32 on the compute device (the edges' source column)
-    rows32 = {loc: r.to(device=device, dtype=torch.int32) for loc, (_, r, _) in col.writers.padded.items()}
+    # per location: the real slots (group, writer) of the padded writer block, their row ids
+    # (int32, the edges' source column) and how many of them lie in the first k groups
+    slots, n_slots = {}, {}
+    for loc, (_, r, _) in col.writers.padded.items():
+        valid = r >= 0
+        g_i, w_i = valid.nonzero(as_tuple=True)
+        slots[loc] = (g_i.to(device), w_i.to(device), r[g_i, w_i].to(device=device, dtype=torch.int32))
+        n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -91,13 +97,20 @@ def compute_edges(
                 positions, _, vecs = block
                 k = int(torch.searchsorted(positions, T))  # writer groups at positions < T
                 if k:
-                    # (k, B, max_n): every reader against every writer, one batched GEMM per location
-                    E = torch.bmm(G[:, positions[:k], :].transpose(0, 1), vecs[:k].transpose(1, 2))
-                    # the non-zero entries in (group, reader, writer) order; padding slots are 0
-                    keep = E != 0
-                    targets.append(batch_rows.view(1, B, 1).masked_select(keep).cpu())
-                    sources.append(rows32[loc][:k].unsqueeze(1).masked_select(keep).cpu())
-                    weights.append(E.masked_select(keep).cpu())
+                    # (k, max_n, B): every writer against every reader, one batched GEMM per location
+                    E = torch.bmm(vecs[:k], G[:, positions[:k], :].permute(1, 2, 0))
+                    # the real (group, writer) slots come first in row-major order: a prefix of them
+                    g_i, w_i, src = slots[loc]
+                    m = int(n_slots[loc][k])
+                    w = E[g_i[:m], w_i[:m]].reshape(-1)  # (m * B,), in (writer, reader) order
+                    s = src[:m].repeat_interleave(B)
+                    t = batch_rows.repeat(m)
+                    nz = w != 0  # exact zeros are not edges
+                    if not bool(nz.all()):
+                        w, s, t = w[nz], s[nz], t[nz]
+                    targets.append(t.cpu())
+                    sources.append(s.cpu())
+                    weights.append(w.cpu())
             c = col.constants.get(loc)
             if c is not None:
                 part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
