@@ -78,9 +78,9 @@ MUTATIONS = [
         "off-by-one-position",
         "feature writers registered one position early",
         "circuitgraph/attribution/nodes_builder.py",
-        "            vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]\n"
+        "            vecs = _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1))\n"
         "            b.writers.add(loc, t, rows, vecs)\n",
-        "            vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]\n"
+        "            vecs = _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1))\n"
         "            b.writers.add(loc, t - 1, rows, vecs)\n",
     ),
     Mutation(
@@ -94,8 +94,8 @@ MUTATIONS = [
         "transposed-skip",
         "the skip transcoder's W_skip used untransposed (the error node's skip path)",
         "circuitgraph/attribution/nodes_builder.py",
-        "error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip).T",
-        "error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip)",
+        "b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))",
+        "b.c(lin.tc_input[layer]) @ b.c(W_skip), slice(0, T))",
     ),
     Mutation(
         "no-centring",

@@ -94,6 +94,9 @@ def test_transcoders_path_and_release():
     spec = load_spec(base(transcoders={"release": "gpt2-tc", "ids": {0: "a", "1": "b"}}))
     assert spec.transcoders.source == "release" and spec.transcoders.ids == {0: "a", 1: "b"}
     assert spec.transcoders.available_layers() == (0, 1)
+    spec = load_spec(base(transcoders={"release": "gemma-scope-2b-pt-transcoders"}))  # ids optional
+    assert spec.transcoders.source == "release" and spec.transcoders.ids is None
+    assert spec.transcoders.available_layers() is None
 
 
 @pytest.mark.parametrize(
@@ -417,7 +420,7 @@ def test_target_errors(targets, location, words):
         ({"model": {"builtin": "other"}}, "model.builtin", ["'demo'", "'other'"]),
         ({"model": {"path": "m", "fold_ln": True}}, "model.fold_ln", ["loaded by name"]),
         ({"model": {"name": "gpt2", "dtype": "float8"}}, "model.dtype", ["float32"]),
-        ({"transcoders": {"release": "r"}}, "transcoders.ids", ["release needs ids"]),
+        ({"transcoders": {"release": "r", "format": "saelens"}}, "transcoders.format", ["use it with path or hf"]),
         ({"transcoders": {"path": "p", "ids": {0: "a"}}}, "transcoders.ids", ["only used with release"]),
         ({"transcoders": {"path": "p", "release": "r"}}, "transcoders", ["exactly one of path, release, builtin or hf"]),
         ({"transcoders": {"release": "r", "ids": {"x": "a"}}}, "transcoders.ids.x", ["layer numbers"]),

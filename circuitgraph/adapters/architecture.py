@@ -11,8 +11,10 @@ layer, and :attr:`ArchitectureFacts.ln_folded` records it.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 
@@ -81,6 +83,13 @@ class NormWeights:
 
 
 _UNSUPPORTED_ARCH = {"BertForMaskedLM", "T5ForConditionalGeneration"}
+
+
+@dataclass(frozen=True)
+class _VirtualHookPoint:
+    """What a virtual hook's function receives as ``hook`` (TransformerLens passes a HookPoint)."""
+
+    name: str
 
 
 class ModelAdapter:
@@ -207,8 +216,64 @@ class ModelAdapter:
     def hook_pos_embed() -> str:
         return "hook_pos_embed"
 
+    @staticmethod
+    def hook_mlp_out_before_post_norm(layer: int) -> str:
+        """circuit-tracer's ``mlp.hook_out``: the MLP's own output, *before* a post-MLP norm
+        (Gemma-2's ``ln2_post``).  TransformerLens has no hook there: on models with post-norms it
+        is a virtual hook that :meth:`hooks` and :meth:`run_with_cache` provide (a forward
+        pre-hook on the block's ``ln2_post`` module, whose input is that value); on models
+        without post-norms it is the same value as :meth:`hook_mlp_out`."""
+        return f"blocks.{layer}.mlp.hook_out"
+
+    def _virtual_layer(self, name: str) -> int | None:
+        """The layer of a virtual ``blocks.<l>.mlp.hook_out`` hook on a post-norm model, else None."""
+        m = re.fullmatch(r"blocks\.(\d+)\.mlp\.hook_out", name)
+        if m and self.facts.post_norms and int(m.group(1)) < self.facts.n_layers:
+            return int(m.group(1))
+        return None
+
     def has_hook(self, name: str) -> bool:
-        return name in self.model.hook_dict
+        return name in self.model.hook_dict or self._virtual_layer(name) is not None
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Sequence[tuple[str, Callable]]) -> Iterator[Any]:
+        """Scoped forward hooks, as TransformerLens's ``model.hooks``, plus the virtual
+        ``blocks.<l>.mlp.hook_out`` of post-norm models (see :meth:`hook_mlp_out_before_post_norm`):
+        its function gets ``(mlp_output, hook)`` and may return a replacement, which the post-norm
+        then normalises.  Every hook is removed on exit, even on error."""
+        real, handles = [], []
+        try:
+            for name, fn in fwd_hooks:
+                layer = self._virtual_layer(name)
+                if layer is None:
+                    real.append((name, fn))
+                    continue
+                point = _VirtualHookPoint(name)
+
+                def pre(module: Any, args: tuple, fn: Callable = fn, point: _VirtualHookPoint = point) -> Any:
+                    out = fn(args[0], point)
+                    return None if out is None else (out, *args[1:])
+
+                handles.append(self.model.blocks[layer].ln2_post.register_forward_pre_hook(pre))
+            with self.model.hooks(fwd_hooks=real):
+                yield self.model
+        finally:
+            for h in handles:
+                h.remove()
+
+    @torch.no_grad()
+    def run_with_cache(self, tokens: torch.Tensor, names: set[str] | Sequence[str]) -> tuple[torch.Tensor, dict]:
+        """``(logits, {name: value})`` of one forward pass on ``tokens (batch, pos)``, for hook
+        names including the virtual ``mlp.hook_out`` ones."""
+        cache: dict[str, torch.Tensor] = {}
+
+        def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+            cache[hook.name] = value.detach()
+            return value
+
+        with self.hooks([(n, keep) for n in sorted(set(names))]) as model:
+            logits = model(tokens)
+        return logits, cache
 
     def check_layer(self, layer: int, what: str = "layer") -> None:
         n = self.facts.n_layers

@@ -132,12 +132,24 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     # else: a snapshot without tokenizer files (transformers would build an empty one): token ids only
     raw.update(dtype=dtype, device=device, tokenizer_name=name if tokenizer is not None else None)
     cfg = HookedTransformerConfig(**raw)
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32,
-                                                    attn_implementation="eager")
+    import contextlib
+    import io
+
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the CLI's output is the result or one error line, no progress bars
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32,
+                                                        attn_implementation="eager")
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     state = _converter(ARCHITECTURES[arch][1])(hf_model, cfg)
     del hf_model
-    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-    model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                      center_unembed=center_unembed, fold_value_biases=True,
-                                      refactor_factored_attn_matrices=False)
-    return model.to(device)
+    with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                          center_unembed=center_unembed, fold_value_biases=True,
+                                          refactor_factored_attn_matrices=False)
+        return model.to(device)

@@ -9,7 +9,8 @@ gradient ``G(loc', s) = d pre / d x(loc', s)``, propagated backwards by the tran
 * frozen attention (when attention is passed through): for destination ``t`` and source ``s``,
   ``G_pre(s) += P(gamma1 * sum_h sum_t A[h, t, s] W_V^h W_O^h G'(t)) / sigma1(s)`` with
   ``G'(t) = P(gamma1_post * G(t)) / sigma1_post(t)`` when the block has post-norms;
-* the linear skip path of skip transcoders.
+* the linear skip path of skip transcoders (through the frozen post-MLP norm's transpose when
+  the transcoder writes before it, circuit-tracer's ``mlp.hook_out`` on Gemma-2-style models).
 
 MLPs are replaced by their nodes (features + error, neurons + remainder, or one vector), so
 no gradient flows through them otherwise: every path between two nodes passes through no
@@ -75,7 +76,7 @@ class FrozenLinearModel:
         lin: Linearisation,
         *,
         attention_modes: dict[int, str],
-        skip_layers: dict[int, tuple[torch.Tensor, str]],
+        skip_layers: dict[int, tuple[torch.Tensor, str, bool]],
         dtype: torch.dtype,
         device: torch.device | str,
     ):
@@ -103,8 +104,8 @@ class FrozenLinearModel:
         for l in range(f.n_layers):
             w = adapter.attn_weights(l)
             self.attn.append({k: cast(v) for k, v in w.items()})
-        # skip transcoders: layer -> (W_skip (d_out, d_in), input_site)
-        self.skip = {l: (cast(W), site) for l, (W, site) in skip_layers.items()}
+        # skip transcoders: layer -> (W_skip (d_out, d_in), input_site, writes before the post-MLP norm)
+        self.skip = {l: (cast(W), site, before_post) for l, (W, site, before_post) in skip_layers.items()}
 
     # ------------------------------------------------------------------ transposes
     def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:
@@ -164,7 +165,9 @@ class FrozenLinearModel:
         linear and stay in the frozen model; everything else is a node."""
         if layer not in self.skip:
             return None
-        W_skip, site = self.skip[layer]
+        W_skip, site, before_post_norm = self.skip[layer]
+        if before_post_norm:  # the skip writes the MLP output before ln2_post: through its transpose first
+            G = self.ln2_post[layer].transpose(G, slice(0, G.shape[1]))
         out = G @ W_skip  # (B, T, d_in) = W_skip^T G
         if site == "normalized":
             T = G.shape[1]

@@ -212,7 +212,7 @@ def collect_nodes(
         for layer, tc in transcoders.layers.items():
             W_skip = transcoders.skip_weight(layer)
             if options.mlp.get(layer) == "transcoders" and W_skip is not None:
-                skip_layers[layer] = (W_skip, tc.input_site)
+                skip_layers[layer] = (W_skip, tc.input_site, transcoders.output_site(layer) == "before_post_norm")
         if getattr(transcoders, "kind", "per_layer") == "cross_layer":
             other = sorted(l for l in range(L) if options.mlp.get(l) != "transcoders")
             if other:
@@ -385,22 +385,31 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
             b.readers.add(row, loc_resid_mid(layer), t, g[j], o)
         rows_at[t] = (rows, active)
     st["rows"][layer] = rows_at
-    # ---- writes into MLP output `layer`
+    # ---- writes into MLP output `layer`; a dictionary writing before the post-MLP norm
+    # (mlp.hook_out on Gemma-2-style models) writes through the frozen norm: v -> gamma P(v) / sigma(t)
+    posts = fm.ln2_post if tc.output_site(layer) == "before_post_norm" else None
     sources = [l for l in sorted(st["rows"]) if l <= layer and layer in tc.output_layers(l)]
-    out = b.c(lin.mlp_out[layer])
-    error = out - b.c(tc.decoder_bias(layer))
+    out = b.c(lin.mlp_out[layer])  # hook_mlp_out: after any post-norm, what the block adds
+    constant = b.c(tc.decoder_bias(layer)).expand(T, -1).clone()
     W_skip = tc.skip_weight(layer)
+    error = out - _post_norm_forward(fm, posts, layer, constant, slice(0, T))
     if W_skip is not None:
-        error = error - b.c(lin.tc_input[layer]) @ b.c(W_skip).T
+        error = error - _post_norm_forward(fm, posts, layer, b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))
+    if posts is not None and posts[layer].beta is not None:
+        error = error - posts[layer].beta
     for l in sources:
         ids, dec = _decoder(b, l)
         j_out = layer - l
         a_l = _acts(b, l)
         for t, (rows, active) in st["rows"][l].items():
             vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]
+            vecs = _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1))
             b.writers.add(loc, t, rows, vecs)
             error[t] -= vecs.sum(0)
-    _add_bias(b, loc, layer, "mlp", b.c(tc.decoder_bias(layer)).expand(T, -1).clone())
+    bias = _post_norm_forward(fm, posts, layer, constant, slice(0, T))
+    if posts is not None and posts[layer].beta is not None:
+        bias = bias + posts[layer].beta
+    _add_bias(b, loc, layer, "mlp", bias)
     for t in range(T):
         if t < b.min_mlp_pos():
             # BOS convention: features and error at position 0 are constants

@@ -24,6 +24,12 @@ JumpReLU (a ``threshold_<i>`` tensor is present) ``h * (h > threshold)``; TopK (
 extension: ``activation_function: topk`` with ``topk: K``) keeps the K largest ``h`` per
 position and zeroes the rest.
 
+``feature_input_hook`` is ``hook_resid_mid`` / ``hook_mlp_in`` (the raw residual stream),
+``ln2.hook_normalized`` or ``mlp.hook_in`` (the MLP's input ``gamma2 * P(x)/sigma2 + beta2``;
+folded exactly into the encoder by :mod:`circuitgraph.dictionaries.mlp_input`: ``gamma`` scales
+each encoder row as it is read, ``beta . W_enc`` joins ``b_enc`` at load -- one read of each
+encoder when the norm has a bias --, and the skip path is folded the same way).
+
 Reading is lazy: encoder matrices are read from the memory-mapped files one layer at a time
 when activations are computed (never all at once), decoder rows only for the features that
 are active (safetensors slices), so memory grows with the active features, not the width.
@@ -39,7 +45,7 @@ import torch
 
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
-__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "read_config_yaml"]
+__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "output_hook_name", "output_site", "read_config_yaml"]
 
 Activation = Literal["relu", "jump_relu", "topk"]
 
@@ -48,6 +54,7 @@ _INPUT_SITES = {
     "hook_resid_mid": "raw",
     "hook_mlp_in": "raw",
     "ln2.hook_normalized": "normalized",
+    "mlp.hook_in": "mlp_input",  # folded into the encoder at load: features read ln2.hook_normalized
 }
 _OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
 
@@ -64,6 +71,24 @@ def read_config_yaml(path: Path) -> dict[str, Any]:
         raise LoadError(f"{path}: expected a mapping (model_kind, feature_input_hook, ...), got "
                         f"{type(data).__name__}")
     return data
+
+
+def output_site(hook: str, where: str, *, post_norms: bool) -> str:
+    """Where a dictionary writes, from its block-relative output hook: ``mlp_out``
+    (``hook_mlp_out``: what the block adds to the residual stream) or ``before_post_norm``
+    (``mlp.hook_out`` on a model with post-MLP norms, Gemma-2's ``ln2_post``: the MLP's own
+    output, which the frozen post-norm then maps linearly, ``gamma * P(v) / sigma``).  Without
+    post-norms the two hooks hold the same value (``mlp_out``)."""
+    if hook not in _OUTPUT_HOOKS:
+        raise LoadError(f"{where}: feature_output_hook {hook!r} is not supported; expected hook_mlp_out or "
+                        "mlp.hook_out (relative to blocks.<layer>)")
+    return "before_post_norm" if hook == "mlp.hook_out" and post_norms else "mlp_out"
+
+
+def output_hook_name(layer: int, site: str) -> str:
+    """The hook name a dictionary of output site ``site`` writes at (``mlp.hook_out`` is virtual:
+    see :meth:`~circuitgraph.adapters.ModelAdapter.hook_mlp_out_before_post_norm`)."""
+    return f"blocks.{layer}.mlp.hook_out" if site == "before_post_norm" else f"blocks.{layer}.hook_mlp_out"
 
 
 def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
@@ -96,6 +121,10 @@ class CLTLayer:
     @property
     def input_site(self) -> str:
         return self.parent.input_site
+
+    @property
+    def output_site(self) -> str:
+        return self.parent.output_site(self.layer)
 
     @property
     def b_enc(self) -> torch.Tensor:
@@ -134,7 +163,9 @@ class CrossLayerTranscoder:
                  b_enc: torch.Tensor, b_dec: torch.Tensor, threshold: torch.Tensor | None,
                  W_skip: list[torch.Tensor] | None, activation_function: Activation, topk: int | None,
                  feature_input_hook: str, feature_output_hook: str, dtype: torch.dtype,
-                 source: dict[str, Any], config: dict[str, Any], lazy: bool = True):
+                 source: dict[str, Any], config: dict[str, Any], lazy: bool = True,
+                 input_norms: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None,
+                 out_site: str = "mlp_out"):
         self.path = Path(path)
         self.n_layers = n_layers
         self.d_transcoder = d_transcoder
@@ -147,11 +178,16 @@ class CrossLayerTranscoder:
         self.topk = topk
         self.feature_input_hook = feature_input_hook
         self.feature_output_hook = feature_output_hook
-        self.input_site = _INPUT_SITES[feature_input_hook]
+        # mlp.hook_in: (gamma, beta) of each layer's ln2, gamma applied to encoder rows as they are read
+        # (beta is already in b_enc, the skip path folded at load): the features read ln2.hook_normalized
+        self.input_norms = input_norms
+        self.input_site = "normalized" if _INPUT_SITES[feature_input_hook] == "mlp_input" else \
+            _INPUT_SITES[feature_input_hook]
         self.dtype = dtype
         self.source = source
         self.config = config
         self.lazy = lazy
+        self.out_site = out_site
         self._enc: dict[int, torch.Tensor] = {}
         self.layers = {l: CLTLayer(l, self) for l in range(n_layers)}
         self.format = "circuit_tracer_clt"
@@ -167,10 +203,25 @@ class CrossLayerTranscoder:
         return self.n_layers
 
     def hook_in(self, layer: int) -> str:
+        if self.input_norms is not None:
+            return f"blocks.{layer}.ln2.hook_normalized"
         return f"blocks.{layer}.{self.feature_input_hook}"
 
+    def _fold_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
+        """Encoder rows ``(n, d_model)`` as read from the file -> the rows applied to
+        ``ln2.hook_normalized`` (``gamma * row``) for an ``mlp.hook_in`` CLT."""
+        if self.input_norms is None or self.input_norms[layer][0] is None:
+            return rows
+        from circuitgraph.dictionaries.mlp_input import fold_input
+
+        return fold_input(rows.T, self.input_norms[layer][0], None)[0].T.to(self.dtype)
+
     def hook_out(self, layer: int) -> str:
-        return f"blocks.{layer}.hook_mlp_out"
+        return output_hook_name(layer, self.out_site)
+
+    def output_site(self, out_layer: int) -> str:
+        """``mlp_out`` or ``before_post_norm`` (see :func:`output_site`)."""
+        return self.out_site
 
     # ----------------------------------------------------------------- reading the files
     def _file(self, kind: str, layer: int) -> Path:
@@ -185,6 +236,7 @@ class CrossLayerTranscoder:
         with safe_open(str(self._file("W_enc", layer)), framework="pt") as f:
             W = f.get_tensor(f"W_enc_{layer}").to(self.dtype)
         _check_finite(W, str(self._file("W_enc", layer)), f"W_enc_{layer}")
+        W = self._fold_rows(layer, W)
         if not self.lazy:
             self._enc[layer] = W
         return W
@@ -192,7 +244,7 @@ class CrossLayerTranscoder:
     def encoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         if layer in self._enc:
             return self._enc[layer][idx]
-        return self._slice("W_enc", layer, idx)
+        return self._fold_rows(layer, self._slice("W_enc", layer, idx))
 
     def _slice(self, kind: str, layer: int, idx: torch.Tensor) -> torch.Tensor:
         from safetensors import safe_open
@@ -289,7 +341,8 @@ class CrossLayerTranscoder:
             W_skip=None if self.W_skip is None else [w.to(dtype) for w in self.W_skip],
             activation_function=self.activation_function, topk=self.topk,
             feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
-            dtype=dtype, source=self.source, config=self.config, lazy=self.lazy,
+            dtype=dtype, source=self.source, config=self.config, lazy=self.lazy, input_norms=self.input_norms,
+            out_site=self.out_site,
         )
         new._enc = {k: v.to(dtype) for k, v in self._enc.items()}
         return new
@@ -304,6 +357,7 @@ class CrossLayerTranscoder:
             "n_layers": self.n_layers,
             "feature_input_hook": self.feature_input_hook,
             "feature_output_hook": self.feature_output_hook,
+            "output_site": self.out_site,
             "skip": self.W_skip is not None,
             "scan": self.config.get("scan"),
             "layers": [{"layer": l, "architecture": self.layers[l].architecture, "d_sae": self.d_transcoder,
@@ -357,13 +411,18 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
         raise LoadError(f"{cfg_path}: model_kind is {kind!r}, expected cross_layer_transcoder")
     hook_in = str(config.get("feature_input_hook", "hook_resid_mid"))
     hook_out = str(config.get("feature_output_hook", "hook_mlp_out"))
-    hook_site(hook_in, str(cfg_path))
-    if hook_out not in _OUTPUT_HOOKS:
-        raise LoadError(f"{cfg_path}: feature_output_hook {hook_out!r} is not supported; expected hook_mlp_out")
+    site = hook_site(hook_in, str(cfg_path))
     f = adapter.facts
+    out_site = output_site(hook_out, str(cfg_path), post_norms=f.post_norms)
     L, D = f.n_layers, f.d_model
+    read_hook = "ln2.hook_normalized" if site == "mlp_input" else hook_in  # mlp.hook_in is folded
+    norms = None
+    if site == "mlp_input":
+        from circuitgraph.dictionaries.mlp_input import fold_input, mlp_input_norm
+
+        norms = [mlp_input_norm(adapter, layer) for layer in range(L)]
     for layer in range(L):
-        for h in (f"blocks.{layer}.{hook_in}",):
+        for h in (f"blocks.{layer}.{read_hook}",):
             if not adapter.has_hook(h):
                 raise ShapeMismatchError(f"{cfg_path}: feature_input_hook {hook_in!r} gives {h}, which the "
                                          "model does not have; fix feature_input_hook")
@@ -436,6 +495,16 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
                         (f"W_skip_{layer}", sk)):
             if t is not None:
                 _check_finite(t, str(p), name)
+        if norms is not None:  # mlp.hook_in: beta into b_enc (one read of the encoder), gamma/beta into the skip
+            gamma, beta = norms[layer]
+            if beta is not None:
+                with safe_open(str(p), framework="pt") as fh:
+                    W = fh.get_tensor(f"W_enc_{layer}")
+                _check_finite(W, str(p), f"W_enc_{layer}")
+                be = be.double() + fold_input(W.T, None, beta)[1]
+            if sk is not None:
+                sk, shift = fold_input(sk, gamma, beta)
+                bd = bd.double() + shift if shift is not None else bd
         b_enc.append(be.to(dtype))
         b_dec.append(bd.to(dtype))
         if th is not None:
@@ -456,5 +525,6 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
         path, n_layers=L, d_transcoder=int(d_tc), d_model=D, b_enc=torch.stack(b_enc), b_dec=torch.stack(b_dec),
         threshold=torch.stack(thr) if thr else None, W_skip=skips or None, activation_function=act,
         topk=int(topk) if act == "topk" else None, feature_input_hook=hook_in, feature_output_hook=hook_out,
-        dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy,
+        dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy, input_norms=norms,
+        out_site=out_site,
     )

@@ -29,7 +29,7 @@ import torch
 
 from circuitgraph.errors import LoadError
 
-__all__ = ["FORMATS", "detect_format", "load_dictionaries"]
+__all__ = ["FORMATS", "detect_format", "dictionary_footprint", "load_dictionaries"]
 
 FORMATS = ("saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope", "gemmascope2",
            "eleuther_topk")
@@ -71,11 +71,15 @@ def detect_format(path: str | Path) -> str:
 
 
 def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = None,
-                      layers: list[int] | None = None, dtype: torch.dtype = torch.float32) -> Any:
+                      layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
+                      lazy: bool | None = None) -> Any:
     """Load the dictionary in ``path`` (its format detected unless given) for ``adapter``'s model.
 
     Returns a :class:`~circuitgraph.dictionaries.TranscoderSet` or a
-    :class:`~circuitgraph.dictionaries.CrossLayerTranscoder`; both record ``format``."""
+    :class:`~circuitgraph.dictionaries.CrossLayerTranscoder`; both record ``format``.  Safetensors
+    layouts stay on disk: decoder rows are read for the active features only, and ``lazy``
+    (default: when the encoders together exceed 1 GiB) re-reads each encoder when it is needed
+    instead of keeping it (sae-lens folders and GemmaScope ``.npz`` files are read whole)."""
     found = detect_format(path)
     fmt = format or found
     if format is not None and format != found:
@@ -87,23 +91,101 @@ def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = No
         if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
             raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                             f"(got {list(layers)})")
-        return load_clt_dir(path, adapter, dtype=dtype)
+        return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
     path = Path(path)
     if fmt == "circuit_tracer_transcoder_set":
         from circuitgraph.dictionaries.clt import read_config_yaml
         from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
 
         return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
-                                       dtype=dtype)
+                                       dtype=dtype, lazy=lazy)
     if fmt in ("gemmascope", "gemmascope2"):
         from circuitgraph.dictionaries.layer_formats import load_gemmascope_dir
 
         return load_gemmascope_dir(path, adapter, version=1 if fmt == "gemmascope" else 2, layers=layers,
-                                   dtype=dtype)
+                                   dtype=dtype, lazy=lazy)
     if fmt == "eleuther_topk":
         from circuitgraph.dictionaries.layer_formats import load_eleuther_dir
 
-        return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype)
+        return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
     from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype)
+
+
+def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
+    """``{tensor: (shape, bytes)}`` of a safetensors file, from its header (nothing is read)."""
+    import json
+    import struct
+
+    with open(path, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+    return {k: (tuple(m["shape"]), m["data_offsets"][1] - m["data_offsets"][0])
+            for k, m in header.items() if k != "__metadata__"}
+
+
+def _layer_files(path: Path, fmt: str) -> list[Path]:
+    if fmt == "circuit_tracer_clt":
+        return sorted(path.glob("W_*.safetensors"))
+    if fmt == "circuit_tracer_transcoder_set":
+        from circuitgraph.dictionaries.clt import read_config_yaml
+
+        listed = read_config_yaml(path / "config.yaml").get("transcoders")
+        if listed:
+            return [path / str(e) for e in listed if not str(e).startswith("hf://")]
+        return sorted(path.glob("layer_*.safetensors"))
+    if fmt == "gemmascope":
+        return sorted(path.glob("layer_*/**/params.npz"))
+    if fmt == "gemmascope2":
+        return sorted(path.glob("layer_*/**/params.safetensors"))
+    if fmt == "eleuther_topk":
+        return sorted(path.glob("*/sae.safetensors"))
+    return sorted(path.glob("layer_*/sae_weights.safetensors"))
+
+
+def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_pos: int = 1) -> tuple[int | None, int, int, str]:
+    """``(d_sae, bytes on disk, bytes read into memory, note)`` of the dictionary in ``path``,
+    from the files' headers (nothing is loaded): what ``--dry-run`` counts.
+
+    Safetensors layouts (circuit-tracer CLT and transcoder_set, GemmaScope-2, EleutherAI) stay
+    on disk (:class:`~circuitgraph.dictionaries.stored.StoredRows`): memory holds the biases and
+    thresholds, the encoders (one layer at a time when they exceed 1 GiB together) and the decoder
+    rows of the active features (``active_fraction`` of each layer's features at ``n_pos``
+    positions); sae-lens folders and GemmaScope ``.npz`` files are read whole."""
+    path = Path(path)
+    fmt = detect_format(path)
+    files = _layer_files(path, fmt)
+    on_disk = sum(p.stat().st_size for p in files if p.is_file())
+    if fmt in ("saelens", "gemmascope") or not files:
+        d_sae = None
+        if fmt == "saelens" and files:
+            import json
+
+            d_sae = int(json.loads((files[0].parent / "cfg.json").read_text())["d_sae"])
+        return d_sae, on_disk, on_disk, f"{fmt} dictionary: {on_disk / 1024**2:.1f} MiB, read whole"
+    enc_keys = {"W_enc", "w_enc", "encoder.weight"}
+    enc_layers, dec_row_bytes, small, d_sae = [], [], 0, None
+    for p in files:
+        if not p.is_file():
+            continue
+        for key, (shape, nbytes) in _header(p).items():
+            base = key.rsplit("_", 1)[0] if fmt == "circuit_tracer_clt" else key
+            if base in enc_keys:
+                enc_layers.append(nbytes)
+                if d_sae is None:
+                    d_sae = shape[1] if key == "w_enc" else shape[0]
+            elif base in ("W_dec", "w_dec"):
+                n_rows = shape[0]
+                dec_row_bytes.append((n_rows, nbytes // max(n_rows, 1)))
+            else:
+                small += nbytes
+    enc_total = sum(enc_layers)
+    enc_bytes = max(enc_layers, default=0) if enc_total > 2**30 else enc_total
+    dec_bytes = sum(min(int(active_fraction * n * max(n_pos - 1, 1)), n) * row for n, row in dec_row_bytes)
+    total = small + enc_bytes + dec_bytes
+    kind = "cross-layer transcoder" if fmt == "circuit_tracer_clt" else f"{fmt} transcoders"
+    note = (f"{kind}: {on_disk / 1024**2:.1f} MiB on disk, ~{total / 1024**2:.1f} MiB read into memory "
+            "(lazy decoder rows of the active features" + (", one encoder layer at a time)"
+                                                            if enc_bytes < enc_total else ")"))
+    return d_sae, on_disk, total, note

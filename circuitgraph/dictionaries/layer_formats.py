@@ -32,7 +32,8 @@ GemmaScope and sparsify transcoders read it) are folded exactly into the encoder
 time so the transcoder reads ``ln2.hook_normalized``: ``W_enc <- gamma * W_enc``, ``b_enc <-
 b_enc + beta . W_enc`` (and for a skip path ``W_skip <- W_skip * gamma``, ``b_dec <- b_dec +
 W_skip beta``).  Output hooks ``hook_mlp_out`` and ``mlp.hook_out`` are the same site for
-models without post-MLP norms; with post-norms only ``hook_mlp_out`` is accepted.
+models without post-MLP norms; with post-norms ``mlp.hook_out`` is the MLP output before the
+post-norm (``output_site: before_post_norm``), which the engine maps through the frozen norm.
 """
 
 from __future__ import annotations
@@ -44,15 +45,17 @@ from typing import Any
 
 import torch
 
+from circuitgraph.dictionaries.clt import output_hook_name, output_site
+from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
-__all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "LAYER_DIR_FORMATS"]
+__all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "transcoder_files",
+           "gemmascope_files", "LAYER_DIR_FORMATS"]
 
 LAYER_DIR_FORMATS = ("circuit_tracer_transcoder_set", "gemmascope", "gemmascope2", "eleuther_topk")
 
 _SITES = {"hook_resid_mid": "raw", "hook_mlp_in": "raw", "ln2.hook_normalized": "normalized",
           "mlp.hook_in": "mlp_input"}
-_OUTS = ("hook_mlp_out", "mlp.hook_out")
 
 
 def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
@@ -62,10 +65,23 @@ def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
                              "re-export the dictionary with finite weights")
 
 
+def _shape(m: Any) -> tuple[int, ...]:
+    """A matrix's shape in circuitgraph's orientation (a stored encoder / decoder is feature-major)."""
+    if isinstance(m, StoredRows):
+        n, *rest = m.shape()
+        return (*rest, n) if m.key in _ENCODER_KEYS else (n, *rest)
+    return tuple(m.shape)
+
+
 def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b_dec, threshold=None,
                 W_skip=None, site: str, hook_out: str, activation: str, topk: int | None = None,
-                architecture: str, dtype: torch.dtype):
-    """Check shapes and values against the model, fold an MLP-input site, build the layer."""
+                architecture: str, dtype: torch.dtype, lazy: bool = False):
+    """Check shapes and values against the model, fold an MLP-input site, build the layer.
+
+    ``W_enc`` ``(d_model, d_sae)`` / ``W_dec`` ``(d_sae, d_model)`` are tensors (npz files) or
+    :class:`StoredRows` left in their safetensors file: a stored decoder is read by active rows;
+    a stored encoder is read whole when activations are computed (kept unless ``lazy``).  Small
+    stored dictionaries (not ``lazy``) are checked for NaN/inf at load; large ones as they are read."""
     from circuitgraph.dictionaries.transcoders import TranscoderLayer
 
     f = adapter.facts
@@ -73,41 +89,47 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
     if not 0 <= layer < f.n_layers:
         raise ShapeMismatchError(f"{where}: layer {layer}, the model has {f.n_layers} layers "
                                  f"(0-{f.n_layers - 1}); use the transcoders trained for this model")
-    d_sae = W_enc.shape[1]
+    d_sae = _shape(W_enc)[1]
     shapes = {"W_enc": (W_enc, (D, d_sae)), "W_dec": (W_dec, (d_sae, D)), "b_enc": (b_enc, (d_sae,)),
               "b_dec": (b_dec, (D,)), "threshold": (threshold, (d_sae,)), "W_skip": (W_skip, (D, D))}
     for name, (t, shape) in shapes.items():
-        if t is not None and tuple(t.shape) != shape:
-            raise ShapeMismatchError(f"{where}: {name} has shape {list(t.shape)} (in circuitgraph's orientation), "
+        if t is not None and _shape(t) != shape:
+            raise ShapeMismatchError(f"{where}: {name} has shape {list(_shape(t))} (in circuitgraph's orientation), "
                                      f"expected {list(shape)} for d_model {D}, d_sae {d_sae}")
-        _finite(t, where, name)
-    if hook_out not in _OUTS:
-        raise LoadError(f"{where}: output hook {hook_out!r} is not supported; expected hook_mlp_out")
-    if hook_out == "mlp.hook_out" and f.post_norms:
-        raise LoadError(f"{where}: output hook mlp.hook_out is before this model's post-MLP norm; only "
-                        "hook_mlp_out is supported for models with post-norms")
-    conv = lambda t: None if t is None else t.to(torch.float64)  # noqa: E731
-    W_enc, b_enc, W_dec, b_dec, threshold, W_skip = map(conv, (W_enc, b_enc, W_dec, b_dec, threshold, W_skip))
+        if isinstance(t, StoredRows):
+            if not lazy:  # small: read once now, so that a bad value fails before any output
+                t.all()
+        else:
+            _finite(t, where, name)
+    out_site = output_site(hook_out, str(where), post_norms=f.post_norms)
+    conv = lambda t: None if t is None or isinstance(t, StoredRows) else t.to(torch.float64)  # noqa: E731
+    b_enc, b_dec, threshold, W_skip = map(conv, (b_enc, b_dec, threshold, W_skip))
+    W_enc, W_dec = (m if isinstance(m, StoredRows) else conv(m) for m in (W_enc, W_dec))
+    enc_scale = None
     if site == "mlp_input":
-        norm = adapter.norm("ln2", layer)
-        gamma = None if norm.gamma is None else norm.gamma.detach().to(torch.float64).cpu()
-        beta = None if norm.beta is None else norm.beta.detach().to(torch.float64).cpu()
-        if beta is not None:
-            b_enc = b_enc + beta @ W_enc
-            if W_skip is not None:
-                b_dec = b_dec + W_skip @ beta
-        if gamma is not None:
-            W_enc = gamma[:, None] * W_enc
-            if W_skip is not None:
-                W_skip = W_skip * gamma[None, :]
+        from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
+
+        if isinstance(W_enc, StoredRows):  # gamma scales every row as it is read; beta: one read of the encoder now
+            enc_scale, beta = mlp_input_norm(adapter, layer)
+            if beta is not None:
+                b_enc = b_enc + fold_input(W_enc.all().T, None, beta)[1]
+        else:
+            W_enc, shift = fold_mlp_input(adapter, layer, W_enc)
+            b_enc = b_enc if shift is None else b_enc + shift
+        if W_skip is not None:  # skip = x @ W_skip.T
+            folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
+            W_skip, b_dec = folded.T, (b_dec if shift is None else b_dec + shift)
         site = "normalized"
     hook_in = {"raw": f"blocks.{layer}.hook_resid_mid", "normalized": f"blocks.{layer}.ln2.hook_normalized"}[site]
-    back = lambda t: None if t is None else t.to(dtype).contiguous()  # noqa: E731
+    back = lambda t: None if t is None else (t if isinstance(t, StoredRows) else t.to(dtype).contiguous())  # noqa: E731
+    for m in (W_enc, W_dec):
+        if isinstance(m, StoredRows):
+            m.dtype, m.bytes_read = dtype, 0
     return TranscoderLayer(
         layer=layer, W_enc=back(W_enc), b_enc=back(b_enc), W_dec=back(W_dec), b_dec=back(b_dec),
         W_skip=back(W_skip), threshold=back(threshold), input_site=site, hook_in=hook_in,
-        hook_out=f"blocks.{layer}.hook_mlp_out", architecture=architecture, source=str(where),
-        activation_kind=activation, topk=topk,
+        hook_out=output_hook_name(layer, out_site), architecture=architecture, source=str(where),
+        activation_kind=activation, topk=topk, output_site=out_site, enc_scale=back(enc_scale), lazy=lazy,
     )
 
 
@@ -118,7 +140,15 @@ def _site(hook: str, where: Path) -> str:
     return _SITES[hook]
 
 
-def _load(path: Path) -> dict[str, torch.Tensor]:
+#: the large matrices of each safetensors layout, read by feature: key -> stored dimension of the features
+#: (circuit-tracer ``W_enc (d_sae, d_model)``, GemmaScope-2 ``w_enc (d_model, d_sae)``, sparsify ``encoder.weight``)
+_STORED = {"W_enc": 0, "W_dec": 0, "w_enc": 1, "w_dec": 0, "encoder.weight": 0}
+_ENCODER_KEYS = ("W_enc", "w_enc", "encoder.weight")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """A layer file's tensors: small ones read, the large matrices of a safetensors file left in it
+    (:class:`StoredRows`, feature-major); a GemmaScope ``.npz`` is read whole (it cannot be mapped)."""
     if not path.is_file():
         raise LoadError(f"{path} is missing; copy the layer's file into the folder (or fix the config)")
     try:
@@ -127,9 +157,13 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
 
             with np.load(path) as z:
                 return {k: torch.from_numpy(z[k].copy()) for k in z.files}
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        return load_file(str(path))
+        out: dict[str, Any] = {}
+        with safe_open(str(path), framework="pt") as f:
+            for k in f.keys():
+                out[k] = StoredRows(path, k, feature_dim=_STORED[k]) if k in _STORED else f.get_tensor(k)
+        return out
     except Exception as exc:  # noqa: BLE001
         raise LoadError(f"{path}: not readable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                         "re-export it") from None
@@ -142,7 +176,18 @@ def _need(t: dict, keys: tuple[str, ...], where: Path) -> None:
                         "this is not the layout its folder says")
 
 
-def _from_tensors(adapter: Any, layer: int, where: Path, t: dict, site: str, hook_out: str, dtype: torch.dtype):
+def _lazy(loaded: dict[int, dict[str, Any]], lazy: bool | None) -> bool:
+    """Whether stored encoders are re-read on every use instead of kept: as for cross-layer
+    transcoders, when the encoders together exceed 1 GiB (unless ``lazy`` says)."""
+    if lazy is not None:
+        return lazy
+    total = sum(m.n_features * m.nbytes_per_feature() for t in loaded.values() for k in _ENCODER_KEYS
+                if isinstance(m := t.get(k), StoredRows))
+    return total > 2**30
+
+
+def _from_tensors(adapter: Any, layer: int, where: Path, t: dict, site: str, hook_out: str, dtype: torch.dtype,
+                  lazy: bool = False):
     """One layer from a circuit-tracer / GemmaScope / GemmaScope-2 file (dispatch on its keys)."""
     if "w_enc" in t:  # GemmaScope-2
         _need(t, ("w_enc", "w_dec", "b_enc", "b_dec", "threshold"), where)
@@ -150,7 +195,7 @@ def _from_tensors(adapter: Any, layer: int, where: Path, t: dict, site: str, hoo
         return _make_layer(adapter, layer, where, W_enc=t["w_enc"], b_enc=t["b_enc"], W_dec=t["w_dec"],
                            b_dec=t["b_dec"], threshold=t["threshold"], W_skip=None if skip is None else skip.T,
                            site=site, hook_out=hook_out, activation="jump_relu",
-                           architecture="gemmascope2_jumprelu_transcoder", dtype=dtype)
+                           architecture="gemmascope2_jumprelu_transcoder", dtype=dtype, lazy=lazy)
     if where.suffix == ".npz":  # GemmaScope: W_enc stored (d_model, d_sae)
         _need(t, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), where)
         return _make_layer(adapter, layer, where, W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"],
@@ -158,11 +203,11 @@ def _from_tensors(adapter: Any, layer: int, where: Path, t: dict, site: str, hoo
                            activation="jump_relu", architecture="gemmascope_jumprelu_transcoder", dtype=dtype)
     _need(t, ("W_enc", "W_dec", "b_enc", "b_dec"), where)  # circuit-tracer: W_enc stored (d_sae, d_model)
     thr = t.get("activation_function.threshold")
-    return _make_layer(adapter, layer, where, W_enc=t["W_enc"].T, b_enc=t["b_enc"], W_dec=t["W_dec"],
+    return _make_layer(adapter, layer, where, W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"],
                        b_dec=t["b_dec"], threshold=thr, W_skip=t.get("W_skip"), site=site, hook_out=hook_out,
                        activation="jump_relu" if thr is not None else "relu",
                        architecture="circuit_tracer_" + ("jumprelu" if thr is not None else "relu") + "_transcoder"
-                       + ("_skip" if "W_skip" in t else ""), dtype=dtype)
+                       + ("_skip" if "W_skip" in t else ""), dtype=dtype, lazy=lazy)
 
 
 def _select(layers: dict[int, Any], wanted: list[int] | None, path: Path) -> dict[int, Any]:
@@ -175,9 +220,8 @@ def _select(layers: dict[int, Any], wanted: list[int] | None, path: Path) -> dic
 
 
 def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: list[int] | None = None,
-                            dtype: torch.dtype = torch.float32):
+                            dtype: torch.dtype = torch.float32, lazy: bool | None = None):
     """circuit-tracer's per-layer ``transcoder_set`` folder."""
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     cfg_path = path / "config.yaml"
     site = _site(str(config.get("feature_input_hook", "")), cfg_path)
@@ -202,10 +246,24 @@ def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: l
                             f"needs layer_0 .. layer_{top}; copy it into {path}")
         files = found
     files = _select(files, layers, path)
-    out = {l: _from_tensors(adapter, l, p, _load(p), site, hook_out, dtype) for l, p in sorted(files.items())}
     scan = config.get("scan")
-    return TranscoderSet(out, {"path": str(path), **({"scan": scan} if scan else {})},
-                         format="circuit_tracer_transcoder_set")
+    return transcoder_files(files, adapter, site=site, hook_out=hook_out, dtype=dtype,
+                            source={"path": str(path), **({"scan": scan} if scan else {})},
+                            format="circuit_tracer_transcoder_set", lazy=lazy)
+
+
+def transcoder_files(files: dict[int, Path], adapter: Any, *, site: str, hook_out: str, dtype: torch.dtype,
+                     source: dict[str, Any], format: str, lazy: bool | None = None):
+    """A :class:`TranscoderSet` from one file per layer (circuit-tracer ``layer_<i>.safetensors``,
+    GemmaScope ``params.npz`` or GemmaScope-2 ``params.safetensors``; the tensors say which), each
+    reading input ``site`` (see ``_SITES``) and writing ``hook_out``; safetensors files stay on disk
+    (read by feature, ``lazy`` as in :func:`_lazy`)."""
+    from circuitgraph.dictionaries.transcoders import TranscoderSet
+
+    loaded = {l: _load(p) for l, p in sorted(files.items())}
+    lz = _lazy(loaded, lazy)
+    out = {l: _from_tensors(adapter, l, files[l], t, site, hook_out, dtype, lz) for l, t in loaded.items()}
+    return TranscoderSet(out, source, format=format)
 
 
 def _layer_files(path: Path, name: str) -> dict[int, Path]:
@@ -225,17 +283,24 @@ def _layer_files(path: Path, name: str) -> dict[int, Path]:
 
 
 def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[int] | None = None,
-                        dtype: torch.dtype = torch.float32, input_hook: str = "mlp.hook_in"):
+                        dtype: torch.dtype = torch.float32, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
     """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders."""
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     files = _select(_layer_files(path, "params.npz" if version == 1 else "params.safetensors"), layers, path)
-    site = _site(input_hook, path)
-    out = {l: _from_tensors(adapter, l, p, _load(p), site, "hook_mlp_out", dtype) for l, p in sorted(files.items())}
-    return TranscoderSet(out, {"path": str(path)}, format="gemmascope" if version == 1 else "gemmascope2")
+    return gemmascope_files(files, adapter, version=version, dtype=dtype, input_hook=input_hook,
+                            source={"path": str(path)}, where=path, lazy=lazy)
 
 
-def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32):
+def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtype: torch.dtype,
+                     source: dict[str, Any], where: Path, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
+    """GemmaScope (``params.npz``) / GemmaScope-2 (``params.safetensors``) files, one per layer
+    (from a folder, or fetched from the hub by the sae-lens registry)."""
+    return transcoder_files(files, adapter, site=_site(input_hook, where), hook_out="hook_mlp_out", dtype=dtype,
+                            source=source, format="gemmascope" if version == 1 else "gemmascope2", lazy=lazy)
+
+
+def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
+                      lazy: bool | None = None):
     """EleutherAI sparsify TopK (skip) transcoders, one ``<hookpoint>/`` folder per layer."""
     from circuitgraph.dictionaries.transcoders import TranscoderSet
 
@@ -249,20 +314,23 @@ def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = No
                             "blocks.<i>.mlp); only transcoders of MLPs are supported")
         found[int(m.group(1))] = sub
     found = _select(found, layers, path)
-    out = {}
+    cfgs, loaded = {}, {}
     for l, sub in sorted(found.items()):
         cfg = json.loads((sub / "cfg.json").read_text())
         if not cfg.get("transcode", False):
             raise LoadError(f"{sub / 'cfg.json'}: transcode is false: this is a sparse autoencoder, not a transcoder")
         if cfg.get("activation", "topk") != "topk":
             raise LoadError(f"{sub / 'cfg.json'}: activation {cfg.get('activation')!r} is not supported (topk only)")
-        t = _load(sub / "sae.safetensors")
-        _need(t, ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), sub / "sae.safetensors")
-        out[l] = _make_layer(adapter, l, sub / "sae.safetensors", W_enc=t["encoder.weight"].T, b_enc=t["encoder.bias"],
+        cfgs[l], loaded[l] = cfg, _load(sub / "sae.safetensors")
+        _need(loaded[l], ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), sub / "sae.safetensors")
+    lz = _lazy(loaded, lazy)
+    out = {}
+    for l, t in loaded.items():
+        out[l] = _make_layer(adapter, l, found[l] / "sae.safetensors", W_enc=t["encoder.weight"], b_enc=t["encoder.bias"],
                              W_dec=t["W_dec"], b_dec=t["b_dec"], W_skip=t.get("W_skip"), site="mlp_input",
-                             hook_out="hook_mlp_out", activation="topk", topk=int(cfg["k"]),
+                             hook_out="hook_mlp_out", activation="topk", topk=int(cfgs[l]["k"]),
                              architecture="eleuther_topk_" + ("skip_" if "W_skip" in t else "") + "transcoder",
-                             dtype=dtype)
+                             dtype=dtype, lazy=lz)
     if not out:
         raise LoadError(f"{path}: no <hookpoint>/cfg.json folders (EleutherAI sparsify layout)")
     return TranscoderSet(out, {"path": str(path)}, format="eleuther_topk")

@@ -7,6 +7,10 @@ A transcoder of layer ``l`` reads the MLP input side of block ``l`` and writes i
   folded models);
 * input hook ``blocks.l.hook_resid_mid`` or ``blocks.l.hook_mlp_in`` (``input_site="raw"``):
   the raw residual stream at resid_mid;
+* input hook ``blocks.l.mlp.hook_in`` (the MLP's input ``gamma2 * P(x)/sigma2 + beta2``, as
+  circuit-tracer-style transcoders read it): folded exactly into ``W_enc``/``b_enc`` (and the
+  skip path) by :func:`circuitgraph.dictionaries.mlp_input.fold_mlp_input`, so the layer reads
+  ``ln2.hook_normalized``; sae-lens's own ``encode`` still sees the MLP input it was trained on;
 * output hook ``blocks.l.hook_mlp_out``.
 
 Supported: ReLU transcoders, JumpReLU transcoders, and skip transcoders (``W_skip``), as
@@ -15,13 +19,15 @@ written by sae-lens's ``save_model`` (``cfg.json`` + ``sae_weights.safetensors``
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from circuitgraph.dictionaries.mlp_input import is_mlp_input_hook
+from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
 __all__ = ["TranscoderLayer", "TranscoderSet"]
@@ -34,46 +40,128 @@ _IN_HOOKS = {
 _OUT_HOOK = r"blocks\.(\d+)\.hook_mlp_out"
 
 
-@dataclass
 class TranscoderLayer:
-    """One layer's transcoder as plain tensors plus the sae-lens object that produced them."""
+    """One layer's transcoder: plain tensors (sae-lens orientation), plus the sae-lens object
+    that produced them when there is one.
 
-    layer: int
-    W_enc: torch.Tensor  # (d_in, d_sae)
-    b_enc: torch.Tensor  # (d_sae,)
-    W_dec: torch.Tensor  # (d_sae, d_out)
-    b_dec: torch.Tensor  # (d_out,)
-    W_skip: torch.Tensor | None  # (d_out, d_in)
-    threshold: torch.Tensor | None  # (d_sae,) for JumpReLU
-    input_site: Literal["normalized", "raw"]
-    hook_in: str
-    hook_out: str
-    architecture: str
-    source: str
-    sae: Any = field(default=None, repr=False)
-    #: without a sae-lens object: "relu" max(h, 0); "jump_relu" h * (h > threshold) (circuit-tracer,
-    #: GemmaScope); "topk" the top-k of max(h, 0) per position (EleutherAI sparsify)
-    activation_kind: str = "saelens"
-    topk: int | None = None
+    ``W_enc`` ``(d_in, d_sae)`` and ``W_dec`` ``(d_sae, d_out)`` are either tensors or
+    :class:`~circuitgraph.dictionaries.stored.StoredRows` left in their safetensors file
+    (lazy: the engine reads the encoder when it computes activations -- kept after the first
+    read unless ``lazy`` -- and only the decoder rows of active features); ``enc_scale``
+    ``(d_in,)`` multiplies every encoder row as it is read (an MLP-input norm's gamma folded in).
+    The ``W_enc`` / ``W_dec`` attributes always give the whole matrix as a tensor."""
+
+    def __init__(self, layer: int, W_enc: Any, b_enc: torch.Tensor, W_dec: Any, b_dec: torch.Tensor,
+                 W_skip: torch.Tensor | None, threshold: torch.Tensor | None,
+                 input_site: Literal["normalized", "raw"], hook_in: str, hook_out: str, architecture: str,
+                 source: str, sae: Any = None, activation_kind: str = "saelens", topk: int | None = None,
+                 sae_input: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                 output_site: str = "mlp_out", *, enc_scale: torch.Tensor | None = None, lazy: bool = False):
+        self.layer = layer
+        self._enc = W_enc  # (d_in, d_sae) tensor, or StoredRows (d_sae, d_in) feature-major
+        self.b_enc = b_enc  # (d_sae,)
+        self._dec = W_dec  # (d_sae, d_out) tensor or StoredRows
+        self.b_dec = b_dec  # (d_out,)
+        self.W_skip = W_skip  # (d_out, d_in)
+        self.threshold = threshold  # (d_sae,) for JumpReLU
+        self.input_site = input_site
+        self.hook_in = hook_in
+        self.hook_out = hook_out
+        self.architecture = architecture
+        self.source = source
+        self.sae = sae
+        #: without a sae-lens object: "relu" max(h, 0); "jump_relu" h * (h > threshold) (circuit-tracer,
+        #: GemmaScope); "topk" the top-k of max(h, 0) per position (EleutherAI sparsify)
+        self.activation_kind = activation_kind
+        self.topk = topk
+        #: ``(gamma, beta)`` of ln2 when an ``mlp.hook_in`` dictionary was folded: the sae-lens object
+        #: gets ``gamma * x + beta`` (the MLP input it reads) from ``x`` = ``ln2.hook_normalized``
+        self.sae_input = sae_input
+        #: "mlp_out" (writes hook_mlp_out) or "before_post_norm" (writes the MLP output before a
+        #: post-MLP norm, circuit-tracer's mlp.hook_out on Gemma-2-style models)
+        self.output_site = output_site
+        self.enc_scale = enc_scale
+        self.lazy = lazy
+        self._enc_cache: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        return (f"TranscoderLayer(layer={self.layer}, d_sae={self.d_sae}, architecture={self.architecture!r}, "
+                f"hook_in={self.hook_in!r}, hook_out={self.hook_out!r}, stored={self.stored})")
+
+    @property
+    def stored(self) -> bool:
+        """True when the matrices stay in their file (read by feature)."""
+        return isinstance(self._dec, StoredRows)
 
     @property
     def d_sae(self) -> int:
-        return int(self.W_enc.shape[1])
+        return int(self._enc.n_features if isinstance(self._enc, StoredRows) else self._enc.shape[1])
+
+    @property
+    def W_enc(self) -> torch.Tensor:
+        """``(d_in, d_sae)``; for a stored encoder, the whole matrix read from the file."""
+        if not isinstance(self._enc, StoredRows):
+            return self._enc
+        if self._enc_cache is not None:
+            return self._enc_cache
+        W = self._enc.all()
+        W = (W * self.enc_scale if self.enc_scale is not None else W).T
+        if not self.lazy:
+            self._enc_cache = W
+        return W
+
+    @property
+    def W_dec(self) -> torch.Tensor:
+        """``(d_sae, d_out)``; for a stored decoder, the whole matrix read from the file."""
+        return self._dec.all() if isinstance(self._dec, StoredRows) else self._dec
 
     def encoder_rows(self, idx: torch.Tensor) -> torch.Tensor:
         """Encoder directions ``(n, d_in)`` of features ``idx``."""
-        return self.W_enc[:, idx].T
+        if not isinstance(self._enc, StoredRows) or self._enc_cache is not None:
+            return self.W_enc[:, idx].T.contiguous()  # laid out as rows read from a file: the same sums
+        rows = self._enc.rows(idx)
+        return rows * self.enc_scale if self.enc_scale is not None else rows
+
+    def decoder_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Decoder rows ``(n, d_out)`` of features ``idx`` (only these are read from a stored decoder)."""
+        if isinstance(self._dec, StoredRows):
+            return self._dec.rows(idx)
+        return self._dec[torch.as_tensor(idx, dtype=torch.long, device=self._dec.device)]
+
+    def in_memory(self) -> "TranscoderLayer":
+        """The same layer with its matrices read into memory (the eager path)."""
+        enc = self.W_enc.clone() if isinstance(self._enc, StoredRows) else self._enc
+        return TranscoderLayer(
+            self.layer, enc, self.b_enc, self.W_dec, self.b_dec, self.W_skip, self.threshold, self.input_site,
+            self.hook_in, self.hook_out, self.architecture, self.source, self.sae, self.activation_kind, self.topk,
+            self.sae_input, self.output_site,
+        )
+
+    def resident_bytes(self) -> int:
+        """Bytes this layer holds in memory now (stored matrices count only if cached)."""
+        ts = [self.b_enc, self.b_dec, self.W_skip, self.threshold, self.enc_scale, self._enc_cache]
+        if not isinstance(self._enc, StoredRows):
+            ts.append(self._enc)
+        if not isinstance(self._dec, StoredRows):
+            ts.append(self._dec)
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W_enc + b_enc`` for inputs ``x (..., d_in)``."""
-        return x.to(self.W_enc.dtype) @ self.W_enc + self.b_enc
+        """``x @ W_enc + b_enc`` for inputs ``x (..., d_in)`` (a lazy stored encoder is read once per call)."""
+        W = self.W_enc
+        return x.to(W.dtype) @ W + self.b_enc
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
         """Feature activations: the sae-lens object's own ``encode`` (its exact nonlinearity), or
         the format's activation (``activation_kind``) for dictionaries read without sae-lens."""
         with torch.no_grad():
             if self.sae is not None:
-                return self.sae.encode(x.to(self.W_enc.dtype))
+                x = x.to(self.W_enc.dtype)
+                if self.sae_input is not None:
+                    gamma, beta = (None if t is None else t.to(device=x.device, dtype=x.dtype) for t in self.sae_input)
+                    x = x * gamma if gamma is not None else x
+                    x = x + beta if beta is not None else x
+                return self.sae.encode(x)
             h = self.pre_activation(x)
             if self.activation_kind == "jump_relu":
                 return h * (h > self.threshold)
@@ -84,18 +172,27 @@ class TranscoderLayer:
             return h
 
     def reconstruction(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        out = acts @ self.W_dec + self.b_dec
+        """``acts @ W_dec + b_dec`` (+ skip), reading only the decoder rows of active features."""
+        if isinstance(self._dec, StoredRows):
+            active = (acts != 0).reshape(-1, acts.shape[-1]).any(0).nonzero().flatten()
+            dec = self.decoder_rows(active.cpu()).to(device=acts.device, dtype=acts.dtype)
+            out = acts[..., active] @ dec + self.b_dec.to(acts.dtype)
+        else:
+            out = acts @ self._dec + self.b_dec
         if self.W_skip is not None:
             out = out + x.to(self.W_skip.dtype) @ self.W_skip.T
         return out
 
     def to(self, dtype: torch.dtype) -> "TranscoderLayer":
         conv = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+        keep = lambda m: dataclasses.replace(m, dtype=dtype, bytes_read=0) if isinstance(m, StoredRows) \
+            else m.to(dtype)  # noqa: E731
         sae = self.sae.to(dtype=dtype) if self.sae is not None else None
         return TranscoderLayer(
-            self.layer, conv(self.W_enc), conv(self.b_enc), conv(self.W_dec), conv(self.b_dec),
+            self.layer, keep(self._enc), conv(self.b_enc), keep(self._dec), conv(self.b_dec),
             conv(self.W_skip), conv(self.threshold), self.input_site, self.hook_in, self.hook_out,
-            self.architecture, self.source, sae, self.activation_kind, self.topk,
+            self.architecture, self.source, sae, self.activation_kind, self.topk, self.sae_input, self.output_site,
+            enc_scale=conv(self.enc_scale), lazy=self.lazy,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -105,6 +202,8 @@ class TranscoderLayer:
             "d_sae": self.d_sae,
             "hook_in": self.hook_in,
             "hook_out": self.hook_out,
+            "output_site": self.output_site,
+            "stored": self.stored,
             "skip": self.W_skip is not None,
             "source": self.source,
         }
@@ -131,10 +230,12 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         lyr = _match_layer(pattern, hook_in)
         if lyr is not None:
             site, layer = kind, lyr
+    if site is None and is_mlp_input_hook(hook_in) is not None:
+        site, layer = "mlp_input", is_mlp_input_hook(hook_in)
     if site is None:
         raise LoadError(
             f"{where}: input hook {hook_in!r} is not supported; expected blocks.<l>.ln2.hook_normalized, "
-            "blocks.<l>.hook_resid_mid or blocks.<l>.hook_mlp_in"
+            "blocks.<l>.hook_resid_mid, blocks.<l>.hook_mlp_in or blocks.<l>.mlp.hook_in"
         )
     out_layer = _match_layer(_OUT_HOOK, hook_out)
     if out_layer is None:
@@ -150,7 +251,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
             f"{where}: hooks {hook_in} / {hook_out} refer to layer {layer}, the model has "
             f"{facts.n_layers} layers (0-{facts.n_layers - 1})"
         )
-    for hook in (hook_in, hook_out):
+    for hook in (hook_in, hook_out) if site != "mlp_input" else (hook_out,):
         if not adapter.has_hook(hook):
             raise ShapeMismatchError(f"{where}: hook {hook!r} does not exist in the model")
     if getattr(cfg, "normalize_activations", "none") not in ("none", None):
@@ -178,13 +279,27 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
             bad = (~torch.isfinite(t)).nonzero()[0].tolist()
             raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad})")
     sae.eval()
+    b_enc, b_dec = sae.b_enc.detach(), sae.b_dec.detach()
+    W_skip = None if W_skip is None else W_skip.detach()
+    sae_input = None
+    if site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
+        from circuitgraph.dictionaries.mlp_input import fold_mlp_input, mlp_input_norm
+
+        dt = W_enc.dtype
+        folded, shift = fold_mlp_input(adapter, layer, W_enc)
+        W_enc, b_enc = folded.to(dt), (b_enc if shift is None else (b_enc.double() + shift).to(dt))
+        if W_skip is not None:  # sae-lens skip: x @ W_skip.T
+            folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
+            W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
+        sae_input = mlp_input_norm(adapter, layer)
+        site, hook_in = "normalized", f"blocks.{layer}.ln2.hook_normalized"
     return TranscoderLayer(
         layer=layer,
         W_enc=W_enc,
-        b_enc=sae.b_enc.detach(),
+        b_enc=b_enc,
         W_dec=W_dec,
-        b_dec=sae.b_dec.detach(),
-        W_skip=None if W_skip is None else W_skip.detach(),
+        b_dec=b_dec,
+        W_skip=W_skip,
         threshold=None if threshold is None else threshold.detach(),
         input_site=site,
         hook_in=hook_in,
@@ -192,6 +307,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         architecture=arch,
         source=where,
         sae=sae,
+        sae_input=sae_input,
     )
 
 
@@ -213,13 +329,17 @@ class TranscoderSet:
 
     def decoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         """``(n, 1, d_model)``: the decoder rows of features ``idx`` (one output layer)."""
-        return self.layers[layer].W_dec[idx].unsqueeze(1)
+        return self.layers[layer].decoder_rows(idx).unsqueeze(1)
 
     def decoder_bias(self, out_layer: int) -> torch.Tensor:
         return self.layers[out_layer].b_dec
 
     def skip_weight(self, out_layer: int) -> torch.Tensor | None:
         return self.layers[out_layer].W_skip
+
+    def output_site(self, out_layer: int) -> str:
+        """``mlp_out`` or ``before_post_norm`` (see :func:`~circuitgraph.dictionaries.clt.output_site`)."""
+        return self.layers[out_layer].output_site
 
     def source_layers(self, out_layer: int) -> list[int]:
         """Encoder layers whose features write into MLP output ``out_layer``."""
@@ -242,6 +362,14 @@ class TranscoderSet:
 
     def __len__(self) -> int:
         return len(self.layers)
+
+    def in_memory(self) -> "TranscoderSet":
+        """The same transcoders with every matrix read into memory (the eager path)."""
+        return TranscoderSet({k: v.in_memory() for k, v in self.layers.items()}, self.source, self.format)
+
+    def resident_bytes(self) -> int:
+        """Bytes held in memory now (matrices left in their files are not counted)."""
+        return sum(v.resident_bytes() for v in self.layers.values())
 
     def to(self, dtype: torch.dtype) -> "TranscoderSet":
         return TranscoderSet({k: v.to(dtype) for k, v in self.layers.items()}, self.source, self.format)

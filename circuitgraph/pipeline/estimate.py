@@ -383,13 +383,11 @@ def estimate_run(spec: Any) -> RunEstimate:
         if t is not None and t.source in ("path", "builtin"):
             from circuitgraph.builtin import builtin_dictionary_dir
 
+            from circuitgraph.dictionaries.formats import dictionary_footprint
+
             tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
-            if (tc_dir / "config.yaml").is_file():
-                d_sae, bytes_tc, _, note = _clt_estimate(tc_dir, L, D, 1, 0.0)
-                notes.append(note)
-            for sub in sorted(tc_dir.glob("layer_*")):
-                bytes_tc += _safetensors_bytes(sub / "sae_weights.safetensors")
-                d_sae = int(json.loads((sub / "cfg.json").read_text())["d_sae"])
+            d_sae, _, bytes_tc, note = dictionary_footprint(tc_dir)  # lazily read layouts: what is read
+            notes.append(note)
     else:
         notes.append("hub model: its size is known only once it is loaded")
     avail = available_memory()
@@ -430,30 +428,3 @@ def _device_free(device: Any) -> int:
 
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     return int(free)
-
-
-def _clt_estimate(path: Path, L: int, D: int, n_pos: int, active_fraction: float) -> tuple[int, int, int, str]:
-    """(d_transcoder, bytes held in memory, layers, note) for a circuit-tracer CLT directory.
-
-    Decoders are read lazily (only the rows of active features, ``n_layers - l`` vectors each)
-    and encoders one layer at a time when the encoders together exceed 1 GiB, so the
-    memory is the biases + the largest encoder layer (or all encoders when small) + the active
-    decoder rows, not the files' size."""
-    from safetensors import safe_open
-
-    enc = path / "W_enc_0.safetensors"
-    if not enc.is_file():
-        return 0, 0, 0, f"{enc} is missing (the run will fail; see docs/dictionaries.md)"
-    with safe_open(str(enc), framework="pt") as f:
-        d_tc = int(f.get_slice("W_enc_0").get_shape()[0])
-    elt = 4
-    enc_layer = d_tc * D * elt
-    enc_bytes = enc_layer if L * enc_layer > 2**30 else L * enc_layer
-    n_active = int(active_fraction * d_tc * max(n_pos - 1, 1))  # per layer
-    dec_bytes = sum(min(n_active, d_tc) * (L - l) * D * elt for l in range(L))
-    on_disk = sum(_safetensors_bytes(p) for p in path.glob("W_*.safetensors"))
-    total = enc_bytes + dec_bytes + 2 * L * (d_tc + D) * elt
-    note = (f"cross-layer transcoder: {on_disk / 1024**2:.1f} MiB on disk, ~{total / 1024**2:.1f} MiB read into "
-            "memory (lazy decoder rows of the active features" + (", one encoder layer at a time)"
-                                                                    if enc_bytes == enc_layer else ")"))
-    return d_tc, total, L, note

@@ -51,8 +51,11 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
             tcs = load_hf_dictionaries(t.hf, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
                                        dtype=tc_dtype)
         elif t.source == "release":
-            ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers}
-            tcs = TranscoderSet.from_release(t.release, ids, adapter, dtype=tc_dtype)
+            from circuitgraph.dictionaries.registry import load_release
+
+            ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers} if t.ids else None
+            tcs = load_release(t.release, adapter, ids=ids, layers=list(t.layers) if t.layers else None,
+                               dtype=tc_dtype)
         else:
             from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
             from circuitgraph.dictionaries import load_dictionaries

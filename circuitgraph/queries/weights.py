@@ -150,7 +150,15 @@ class _Weights:
             self._transcoder(unit)
             tcs = self.ctx.transcoders
             rows = tcs.decoder_rows(unit.layer, torch.tensor([unit.index]))[0].double()  # (n_out, d_model)
-            return [(rows[j], ResidualLocation.resid_post(k)) for j, k in enumerate(tcs.output_layers(unit.layer))]
+            out = []
+            for j, k in enumerate(tcs.output_layers(unit.layer)):
+                v = rows[j]
+                if tcs.output_site(k) == "before_post_norm":  # written before ln2_post: gamma * P(v), as neurons
+                    n = a.norm("ln2_post", k)
+                    v = v - v.mean(-1, keepdim=True) if n.center else v
+                    v = v * n.gamma.double() if n.gamma is not None else v
+                out.append((v, ResidualLocation.resid_post(k)))
+            return out
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")

@@ -76,7 +76,7 @@ class ModelSpec(StrictModel):
 
 
 class TranscodersSpec(StrictModel):
-    """Dictionaries: exactly one of ``path``, ``release`` (with ``ids``), ``builtin`` or ``hf``.
+    """Dictionaries: exactly one of ``path``, ``release`` (optionally with ``ids``), ``builtin`` or ``hf``.
 
     ``source`` says which one is set.  ``layers`` restricts loading to a subset.
     """
@@ -89,7 +89,11 @@ class TranscodersSpec(StrictModel):
     format: DictionaryFormat | None = Field(
         None, description="With path: the on-disk format (default: detected from the files; the graph's "
         "metadata.transcoders.format records it).")
-    release: Name | None = Field(None, description="An sae-lens pretrained release.")
+    release: Name | None = Field(
+        None, description="An sae-lens registry release (e.g. gemma-scope-2b-pt-transcoders, "
+        "mwhanna-qwen3-0.6b-transcoders-lowl0): its repository, files and model are read from sae-lens's pretrained "
+        "directory and fetched through the Hugging Face cache (HF_HUB_OFFLINE=1: cached files only); its model "
+        "must be the spec's model.")
     hf: Name | None = Field(
         None, description="A Hugging Face repository holding a dictionary folder (circuit-tracer style): "
         "ORG/REPO, ORG/REPO/SUBFOLDER, optionally @REVISION; read through the Hugging Face cache "
@@ -98,7 +102,8 @@ class TranscodersSpec(StrictModel):
         None, description="Dictionaries shipped with a built-in model: demo (per-layer transcoders) or demo_clt "
         "(a cross-layer transcoder).")
     ids: dict[LayerKey, Name] | None = Field(
-        None, description="With release: the sae-lens id of each layer's transcoder, {layer: id}."
+        None, description="With release: the sae-lens id of each layer's transcoder, {layer: id} (default: the "
+        "release's one dictionary per layer; needed where the release has several for a layer)."
     )
     layers: tuple[NonNegativeInt, ...] | None = Field(
         None, min_length=1, description="Load only these layers (default: all available)."
@@ -120,8 +125,6 @@ class TranscodersSpec(StrictModel):
         if len(given) != 1:
             got = " and ".join(given) if given else "none"
             problems.append(("", f"give exactly one of path, release, builtin or hf, got {got}"))
-        elif self.release is not None and not self.ids:
-            problems.append(("ids", "release needs ids, the sae-lens id of each layer: {0: '...', 1: '...'}"))
         elif self.path is not None and self.ids is not None:
             problems.append(("ids", "ids are only used with release; with path, layers are found in the folder"))
         if self.format is not None and self.path is None and self.hf is None:

@@ -103,14 +103,16 @@ def random_transcoders(
     *,
     d_sae: int = 48,
     kind: Literal["relu", "jumprelu", "skip", "jumprelu_skip"] = "relu",
-    input_site: Literal["normalized", "raw"] = "normalized",
+    input_site: Literal["normalized", "raw", "mlp_input"] = "normalized",
     active_frac: float = 0.15,
     layers: list[int] | None = None,
     seed: int = 0,
     n_fit_tokens: int = 256,
 ) -> dict[int, Any]:
     """sae-lens transcoders for every layer of ``model``; the encoder bias is set per feature so
-    that about ``active_frac`` of features are active on random tokens."""
+    that about ``active_frac`` of features are active on random tokens.  ``input_site``:
+    ``normalized`` reads ``ln2.hook_normalized``, ``raw`` ``hook_resid_mid``, ``mlp_input``
+    ``mlp.hook_in`` (the MLP's input, ln2's output with its weight and bias)."""
     from sae_lens import JumpReLUTranscoder, SkipTranscoder, Transcoder
     from sae_lens.saes.transcoder import (
         JumpReLUSkipTranscoder,
@@ -133,10 +135,16 @@ def random_transcoders(
     out = {}
     layers = list(range(cfg.n_layers)) if layers is None else layers
     for layer in layers:
-        hook_in = f"blocks.{layer}.ln2.hook_normalized" if input_site == "normalized" else f"blocks.{layer}.hook_resid_mid"
+        hook_in = {"normalized": f"blocks.{layer}.ln2.hook_normalized", "raw": f"blocks.{layer}.hook_resid_mid",
+                   "mlp_input": f"blocks.{layer}.mlp.hook_in"}[input_site]
         hook_out = f"blocks.{layer}.hook_mlp_out"
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == hook_in)
-        x = cache[hook_in].reshape(-1, cfg.d_model)
+        read = f"blocks.{layer}.ln2.hook_normalized" if input_site == "mlp_input" else hook_in
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == read)
+        x = cache[read].reshape(-1, cfg.d_model)
+        if input_site == "mlp_input":
+            ln2 = model.blocks[layer].ln2
+            x = x * ln2.w if hasattr(ln2, "w") else x
+            x = x + ln2.b if hasattr(ln2, "b") else x
         tc_cfg = cfg_cls.from_dict(
             {
                 "d_in": cfg.d_model,
@@ -196,7 +204,7 @@ def save_bundle(directory: str | Path, model: Any, transcoders: dict[int, Any] |
     return directory
 
 
-_CLT_INPUT_HOOKS = {"raw": "hook_resid_mid", "normalized": "ln2.hook_normalized"}
+_CLT_INPUT_HOOKS = {"raw": "hook_resid_mid", "normalized": "ln2.hook_normalized", "mlp_input": "mlp.hook_in"}
 
 
 @torch.no_grad()
@@ -205,7 +213,7 @@ def random_clt(
     *,
     d_transcoder: int = 32,
     activation: Literal["relu", "jump_relu", "topk"] = "relu",
-    input_site: Literal["raw", "normalized"] = "raw",
+    input_site: Literal["raw", "normalized", "mlp_input"] = "raw",
     skip: bool = False,
     active_frac: float = 0.15,
     topk: int = 4,
@@ -227,6 +235,10 @@ def random_clt(
     layers = []
     for l in range(L):
         x = cache[names[l]].reshape(-1, D)
+        if input_site == "mlp_input":  # the MLP's input: ln2's output with its weight and bias
+            ln2 = model.blocks[l].ln2
+            x = x * ln2.w if hasattr(ln2, "w") else x
+            x = x + ln2.b if hasattr(ln2, "b") else x
         W_enc = torch.randn(d_transcoder, D, generator=gen) / D**0.5
         q = torch.quantile(x @ W_enc.T, 1 - active_frac, dim=0)
         t = {

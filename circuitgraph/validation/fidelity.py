@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
+from circuitgraph.validation.interventions import dictionary_out_hook
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,9 +57,9 @@ def replacement_model(adapter: ModelAdapter, transcoders: Any, layers: Sequence[
             # a cross-layer transcoder's MLP output k sums the writes of every layer <= k
             return transcoders.reconstruct_at(layer, acts, inputs).to(value.dtype)
 
-        hooks.append((adapter.hook_mlp_out(layer), replace))
-    with adapter.model.hooks(fwd_hooks=hooks):
-        yield adapter.model
+        hooks.append((dictionary_out_hook(adapter, transcoders, layer), replace))
+    with adapter.hooks(hooks) as model:
+        yield model
 
 
 @dataclass

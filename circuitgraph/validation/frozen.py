@@ -97,16 +97,23 @@ def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = ()
             hooks.append((a.hook_attn_out(layer), fix_attn))
         tc = tcs[layer] if (tcs is not None and layer in tcs and opts.mlp[layer] == "transcoders") else None
         W_skip = tcs.skip_weight(layer) if tc is not None else None
+        before_post = tc is not None and tcs.output_site(layer) == "before_post_norm"
         rec_mlp = lin.mlp_out[layer]
         d = delta.get(("mlp", layer))
 
-        def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer, W_skip=W_skip):
+        def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer, W_skip=W_skip, before_post=before_post):
             out = rec.to(value.dtype)[None].clone()
             if W_skip is not None:
                 x = dictionary_input(a, tc.input_site, layer, captured[a.hook_resid_mid(layer)][None],
                                      captured[a.hook_norm_normalized("ln2", layer)][None])
-                change = x - lin.tc_input[layer].to(value.dtype)[None]
-                out = out + change @ W_skip.to(value.dtype).T
+                change = (x - lin.tc_input[layer].to(value.dtype)[None]) @ W_skip.to(value.dtype).T
+                if before_post:  # the skip writes before ln2_post: its frozen image gamma P(v) / sigma
+                    norm = a.norm("ln2_post", layer)
+                    if norm.center:
+                        change = change - change.mean(-1, keepdim=True)
+                    change = change / lin.sigma[("ln2_post", layer)].to(value.dtype)[None, :, None]
+                    change = change * norm.gamma.to(value.dtype) if norm.gamma is not None else change
+                out = out + change
             return out - d.to(value.dtype)[None] if d is not None else out
 
         hooks.append((a.hook_mlp_out(layer), fix_mlp))

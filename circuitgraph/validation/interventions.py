@@ -17,9 +17,13 @@ site            where (adapter hook)                        value edited
 ``pre``         ``hook_mlp_pre(l)``                         GELU/ReLU pre-activation
 ``gate``        ``hook_mlp_pre(l)`` (gated MLPs)            gate pre-activation
 ``value``       ``hook_mlp_pre_linear(l)`` (gated MLPs)     value (linear branch)
-``feature``     spliced into ``hook_mlp_out(l)``            transcoder feature activation
-``error``       spliced into ``hook_mlp_out(l)``            transcoder error vector
+``feature``     spliced into ``hook_mlp_out(l)`` (*)        transcoder feature activation
+``error``       spliced into ``hook_mlp_out(l)`` (*)        transcoder error vector
 ==============  ==========================================  ==============================
+
+(*) or into the MLP output before the post-MLP norm (the virtual ``mlp.hook_out``, see
+:meth:`~circuitgraph.adapters.ModelAdapter.hook_mlp_out_before_post_norm`) for dictionaries
+that write there (circuit-tracer's ``feature_output_hook: mlp.hook_out`` on Gemma-2-style models).
 
 Features are *spliced*: the real MLP output is kept and only the feature's contribution
 changes, ``mlp_out' = mlp_out + (a_j' - a_j) W_dec[j]``, in every MLP output the feature
@@ -298,11 +302,21 @@ def _unview(site: str, v: torch.Tensor) -> torch.Tensor:
     return v.squeeze(-1)
 
 
+def dictionary_out_hook(adapter: ModelAdapter, transcoders: Any, layer: int) -> str:
+    """Where the dictionary's MLP output ``layer`` is spliced: ``hook_mlp_out``, or the virtual
+    ``mlp.hook_out`` before the post-MLP norm for dictionaries that write there (the edit is then
+    normalised by the post-norm, with sigma frozen or recomputed as the run has it)."""
+    if transcoders.output_site(layer) == "before_post_norm":
+        return adapter.hook_mlp_out_before_post_norm(layer)
+    return adapter.hook_mlp_out(layer)
+
+
 def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Any) -> set[str]:
     if site == "feature":
         return {transcoders[layer].hook_in}
     if site == "error":  # the reconstruction of MLP output `layer` reads every source layer's input
-        return {transcoders[l].hook_in for l in transcoders.source_layers(layer)} | {adapter.hook_mlp_out(layer)}
+        return ({transcoders[l].hook_in for l in transcoders.source_layers(layer)}
+                | {dictionary_out_hook(adapter, transcoders, layer)})
     return {_site_hook(adapter, site, layer)}
 
 
@@ -317,7 +331,7 @@ def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, t
         src = transcoders.source_layers(layer)
         inputs = {l: cache[transcoders[l].hook_in] for l in src}
         acts = {l: transcoders[l].activation(inputs[l]) for l in src}
-        out = cache[adapter.hook_mlp_out(layer)]
+        out = cache[dictionary_out_hook(adapter, transcoders, layer)]
         return _view("error", out - transcoders.reconstruct_at(layer, acts, inputs).to(out.dtype))
     return _view(site, cache[_site_hook(adapter, site, layer)])
 
@@ -325,7 +339,7 @@ def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, t
 @torch.no_grad()
 def _cache_run(adapter: ModelAdapter, tokens: Sequence[int], names: set[str]) -> dict[str, torch.Tensor]:
     toks = torch.tensor([list(tokens)], dtype=torch.long, device=adapter.device)
-    _, cache = adapter.model.run_with_cache(toks, names_filter=lambda n: n in names)
+    _, cache = adapter.run_with_cache(toks, names)
     return {k: v.detach() for k, v in cache.items()}
 
 
@@ -506,7 +520,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
         if site not in ("feature", "error"):
             by_hook.setdefault(_site_hook(adapter, site, layer), []).append((site, layer))
     for k in splice_out:
-        by_hook.setdefault(adapter.hook_mlp_out(k), [])
+        by_hook.setdefault(dictionary_out_hook(adapter, transcoders, k), [])
     for name, sls in by_hook.items():
         def edit(value, hook, sls=sls):  # noqa: ANN001
             for site, layer in sls:
@@ -516,7 +530,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
                 value = _unview(site, v)
             return value
 
-        ks = [k for k in splice_out if adapter.hook_mlp_out(k) == name]
+        ks = [k for k in splice_out if dictionary_out_hook(adapter, transcoders, k) == name]
         if ks:
             k = ks[0]
 
@@ -548,8 +562,8 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
         return value
 
     hooks += [(n, keep) for n in sorted(capture)]
-    with adapter.model.hooks(fwd_hooks=hooks):
-        yield adapter.model
+    with adapter.hooks(hooks) as model:
+        yield model
 
 
 @contextlib.contextmanager
