@@ -170,13 +170,17 @@ def test_gemma_scope_transcoders_release_follows_the_registry(hub, tmp_path):
     g = _run("gemma-2-2b", R)
     meta = g.metadata["transcoders"]
     assert meta["format"] == "gemmascope" and meta["source"]["ids"]["0"] == "layer_0/width_16k/average_l0_76"
+    assert meta["layers"][0]["hook_in"] == "blocks.0.ln2.hook_normalized"  # sae-lens's hook for this conversion
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
-    x = _mlp_inputs(g.context.adapter.model)
+    model = g.context.adapter.model
+    x = _mlp_inputs(model)
+    # the pre-MLP RMSNorm's output before its weight: the MLP's input divided by the norm's weight
+    xn = {l: x[l] / model.blocks[l].ln2.w.detach() for l in x}
     feats = [n for n in g.nodes if n.kind == "feature"]
     assert len({n.layer for n in feats}) > n_layers // 2
     for n in feats:
         t = files[n.layer]
-        h = float(x[n.layer][n.position] @ t["W_enc"][:, n.index] + t["b_enc"][n.index])
+        h = float(xn[n.layer][n.position] @ t["W_enc"][:, n.index] + t["b_enc"][n.index])
         assert h > float(t["threshold"][n.index]) and abs(n.activation - h) < 1e-5 * max(1.0, abs(h)), n.id
         assert abs(_reader_pre(g, n) - h) < 1e-5 * max(1.0, abs(h)), n.id
 

@@ -17,7 +17,8 @@ files, never from names:
 (none: sae-lens format)        ``<path>/cfg.json``,                  ``SAE.load_from_disk`` +
                                ``<path>/sae_weights.safetensors``    the hooks in ``cfg.json``
 ``gemma_2_transcoder``         ``<path>/params.npz``                 ``gemmascope`` (reads
-                                                                     ``mlp.hook_in``)
+                                                                     ``ln2.hook_normalized``, as
+                                                                     sae-lens's config says)
 ``mwhanna_transcoder``         ``<path>`` (``layer_<l>.safetensors``) circuit-tracer
                                                                      ``transcoder_set`` file,
                                                                      ``mlp.hook_in`` ->
@@ -213,8 +214,11 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     if conv == "gemma_2_transcoder":
         from circuitgraph.dictionaries.layer_formats import gemmascope_files
 
+        # hooks as sae-lens's gemma_2_transcoder config gives them (and circuit-tracer's Gemma-2 hook map):
+        # ln2.hook_normalized (the pre-MLP RMSNorm's x / rms, before its weight) -> hook_mlp_out
         files = {l: _file(repo, f"{p}/params.npz", revision) for l, p in paths.items()}
-        return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo))
+        return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo),
+                                input_hook="ln2.hook_normalized")
     if conv == "mwhanna_transcoder":
         from circuitgraph.dictionaries.layer_formats import transcoder_files
 
