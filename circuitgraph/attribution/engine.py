@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected
 
 __all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions"]
@@ -66,6 +67,14 @@ def compute_edges(
         if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size:
             batches.append(idx[start:end])
             start = end
+    # per location: the real slots (group, writer) of the padded writer block, their row ids
+    # (int32, the edges' source column) and how many of them lie in the first k groups
+    slots, n_slots = {}, {}
+    for loc, (_, r, _) in col.writers.padded.items():
+        valid = r >= 0
+        g_i, w_i = valid.nonzero(as_tuple=True)
+        slots[loc] = (g_i.to(device), w_i.to(device), r[g_i, w_i].to(device=device, dtype=torch.int32))
+        n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -75,23 +84,33 @@ def compute_edges(
         by_loc: dict[int, list[int]] = {}
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
-        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32)
+        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device)
+        # until G crosses an attention layer, each row is non-zero at its own position only
+        single = (torch.tensor([rd.positions[i] for i in batch], device=device)
+                  if len(by_loc) == 1 else None)
         for loc in range(top, -1, -1):
             for j in by_loc.get(loc, ()):
                 i = batch[j]
                 G[j, rd.positions[i]] += rd.directions[i].to(dtype)
             block = col.writers.padded.get(loc)
             if block is not None:
-                positions, rows, vecs = block
+                positions, _, vecs = block
                 k = int(torch.searchsorted(positions, T))  # writer groups at positions < T
                 if k:
-                    # (k, B, max_n): every reader against every writer, one batched GEMM per location
-                    E = torch.bmm(G[:, positions[:k], :].transpose(0, 1), vecs[:k].transpose(1, 2))
-                    g_i, b_i, w_i = E.nonzero(as_tuple=True)
-                    if g_i.numel():
-                        targets.append(batch_rows[b_i.cpu()])
-                        sources.append(rows[g_i.cpu(), w_i.cpu()].to(torch.int32))
-                        weights.append(E[g_i, b_i, w_i].cpu())
+                    # (k, max_n, B): every writer against every reader, one batched GEMM per location
+                    E = torch.bmm(vecs[:k], G[:, positions[:k], :].permute(1, 2, 0))
+                    # the real (group, writer) slots come first in row-major order: a prefix of them
+                    g_i, w_i, src = slots[loc]
+                    m = int(n_slots[loc][k])
+                    w = E[g_i[:m], w_i[:m]].reshape(-1)  # (m * B,), in (writer, reader) order
+                    s = src[:m].repeat_interleave(B)
+                    t = batch_rows.repeat(m)
+                    nz = w != 0  # exact zeros are not edges
+                    if not bool(nz.all()):
+                        w, s, t = w[nz], s[nz], t[nz]
+                    targets.append(t.cpu())
+                    sources.append(s.cpu())
+                    weights.append(w.cpu())
             c = col.constants.get(loc)
             if c is not None:
                 part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
@@ -100,7 +119,9 @@ def compute_edges(
                     for j, i in enumerate(batch):
                         constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[j])
             if loc > 0:
-                G = fm.step_down(loc, G)
+                G = fm.step_down(loc, G, single)
+                if ResidualLocation(loc).sublayer == "attn":
+                    single = None
         for j, i in enumerate(batch):
             constants[rd.rows[i]] = float(const[j])
         if progress is not None:
