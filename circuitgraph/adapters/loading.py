@@ -69,6 +69,9 @@ def load_model_dir(
     check_config_against_weights(raw, sum(_numel(s) for s in shapes.values()), path)
     raw["dtype"] = torch_dtype(dtype)
     raw["device"] = resolve_device(device)
+    # every parameter comes from model.safetensors (a missing one is an error below), so
+    # TransformerLens's random initialisation would only cost time (seconds for GPT-2 sizes)
+    raw["init_weights"] = False
     try:
         cfg = HookedTransformerConfig(**raw)
     except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error

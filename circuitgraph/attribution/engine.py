@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected
 
 __all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES"]
@@ -72,6 +73,14 @@ def compute_edges(
                 end - start >= max(1, batch_size // 4) and rd.positions[idx[end]] + 1 > 2 * (rd.positions[idx[start]] + 1)):
             batches.append(idx[start:end])
             start = end
+    # per location: the real slots (group, writer) of the padded writer block, their row ids
+    # (int32, the edges' source column) and how many of them lie in the first k groups
+    slots, n_slots = {}, {}
+    for loc, block in col.writers.blocks.items():
+        valid = block.rows >= 0
+        g_i, w_i = valid.nonzero(as_tuple=True)
+        slots[loc] = (g_i.to(device), w_i.to(device), block.rows[g_i, w_i].to(device=device, dtype=torch.int32))
+        n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -81,26 +90,36 @@ def compute_edges(
         by_loc: dict[int, list[int]] = {}
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
-        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32)
+        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device)
         directions = rd.directions_of(batch)
+        # until G crosses an attention layer, each row is non-zero at its own position only
+        single = (torch.tensor([rd.positions[i] for i in batch], device=device)
+                  if len(by_loc) == 1 else None)
         for loc in range(top, -1, -1):
             for j in by_loc.get(loc, ()):
                 G[j, rd.positions[batch[j]]] += directions[j].to(dtype)
             block = col.writers.blocks.get(loc)
             if block is not None:
                 k = int(torch.searchsorted(block.positions, T))  # writer groups at positions < T
-                # the writers' vectors are made per chunk of positions (they are not held)
+                g_all, w_all, src = slots[loc]
+                # the writers' vectors are made per chunk of position groups (they are not held)
                 step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B) * G.element_size()))
                 for a in range(0, k, step):
                     e = min(k, a + step)
-                    # (groups, B, max_n): every reader against every writer, one batched GEMM
-                    E = torch.bmm(G[:, block.positions[a:e], :].transpose(0, 1), block.vectors(a, e).transpose(1, 2))
-                    g_i, b_i, w_i = E.nonzero(as_tuple=True)
-                    if g_i.numel():
-                        targets.append(batch_rows[b_i.cpu()])
-                        sources.append(block.rows[g_i.cpu() + a, w_i.cpu()].to(torch.int32))
-                        weights.append(E[g_i, b_i, w_i].cpu())
+                    # (groups, max_n, B): every writer against every reader, one batched GEMM
+                    E = torch.bmm(block.vectors(a, e), G[:, block.positions[a:e], :].permute(1, 2, 0))
+                    # the real (group, writer) slots, row-major: those of groups a..e-1 are a range
+                    lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
+                    w = E[g_all[lo:hi] - a, w_all[lo:hi]].reshape(-1)  # ((hi - lo) * B,), (writer, reader) order
                     del E
+                    s = src[lo:hi].repeat_interleave(B)
+                    t = batch_rows.repeat(hi - lo)
+                    nz = w != 0  # exact zeros are not edges
+                    if not bool(nz.all()):
+                        w, s, t = w[nz], s[nz], t[nz]
+                    targets.append(t.cpu())
+                    sources.append(s.cpu())
+                    weights.append(w.cpu())
             c = col.constants.get(loc)
             if c is not None:
                 part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
@@ -109,7 +128,9 @@ def compute_edges(
                     for j, i in enumerate(batch):
                         constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[j])
             if loc > 0:
-                G = fm.step_down(loc, G)
+                G = fm.step_down(loc, G, single)
+                if ResidualLocation(loc).sublayer == "attn":
+                    single = None
         for j, i in enumerate(batch):
             constants[rd.rows[i]] = float(const[j])
         if progress is not None:

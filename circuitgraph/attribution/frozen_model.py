@@ -140,6 +140,26 @@ class FrozenLinearModel:
         out = v.permute(2, 1, 0, 3).reshape(B * T, H * dh) @ self.attn[layer]["W_V_flat"]
         return self.ln1[layer].transpose(out.view(B, T, D), slice(0, T))
 
+    def attention_transpose_single(self, layer: int, G: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`attention_transpose` for a ``G`` that is non-zero only at ``G[b, positions[b]]``
+        (each reader's gradient before it has crossed any attention layer).
+
+        The same sums in another order: ``W_V^h W_O^h`` is applied to one vector per row and
+        head, then spread over the sources with that row's pattern row ``A[h, positions[b], :]``,
+        so the cost is ``B (2 d_model^2 + T H d_model)`` instead of ``B T (2 d_model^2 + T d_model)``."""
+        B, T, D = G.shape
+        rows = torch.arange(B, device=G.device)
+        g = G[rows, positions]  # (B, D)
+        if self.ln1_post is not None:
+            g = self.ln1_post[layer].transpose(g, positions)
+        W_O = self.attn[layer]["W_O"]  # (H, d_head, D)
+        H, dh = W_O.shape[0], W_O.shape[1]
+        u = (g @ W_O.reshape(H * dh, D).T).view(B, H, dh)
+        w = torch.einsum("bhk,hdk->bhd", u, self.attn[layer]["W_V"])  # (B, H, D)
+        A = self.pattern(layer, T)[:, positions, :].permute(1, 2, 0)  # (B, s, H)
+        out = torch.bmm(A, w)  # (B, s, D)
+        return self.ln1[layer].transpose(out, slice(0, T))
+
     def attention_transpose_per_head(self, layer: int, G: torch.Tensor) -> torch.Tensor:
         """As :meth:`attention_transpose` but kept per head: ``(B, H, T, d_model)``."""
         T = G.shape[1]
@@ -164,11 +184,15 @@ class FrozenLinearModel:
             out = self.ln2[layer].transpose(out, slice(0, G.shape[1]))
         return out
 
-    def step_down(self, loc: int, G: torch.Tensor) -> torch.Tensor:
-        """Propagate ``G`` from residual location ``loc`` to ``loc - 1``."""
+    def step_down(self, loc: int, G: torch.Tensor, single: torch.Tensor | None = None) -> torch.Tensor:
+        """Propagate ``G`` from residual location ``loc`` to ``loc - 1``.  ``single``: the
+        position of each row when ``G`` is non-zero at that position only (see
+        :meth:`attention_transpose_single`); the result is the same."""
         if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
             layer = (loc - 1) // 2
             if self.attention_modes[layer] == "frozen":
+                if single is not None:
+                    return self.attention_transpose_single(layer, G, single).add_(G)
                 return self.attention_transpose(layer, G).add_(G)
             return G
         layer = loc // 2 - 1  # resid_post(l) -> resid_mid(l), through the MLP side

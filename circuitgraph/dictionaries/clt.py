@@ -37,13 +37,15 @@ are active (safetensors slices), so memory grows with the active features, not t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+from circuitgraph.dictionaries.stored import StoredRows, check_finite
+from circuitgraph.errors import LoadError, ShapeMismatchError
 
 __all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "output_hook_name", "output_site", "read_config_yaml"]
 
@@ -165,7 +167,8 @@ class CrossLayerTranscoder:
                  feature_input_hook: str, feature_output_hook: str, dtype: torch.dtype,
                  source: dict[str, Any], config: dict[str, Any], lazy: bool = True,
                  input_norms: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None,
-                 out_site: str = "mlp_out"):
+                 out_site: str = "mlp_out", stores: tuple[list[StoredRows], list[StoredRows]] | None = None,
+                 format: str = "circuit_tracer_clt"):
         self.path = Path(path)
         self.n_layers = n_layers
         self.d_transcoder = d_transcoder
@@ -190,7 +193,13 @@ class CrossLayerTranscoder:
         self.out_site = out_site
         self._enc: dict[int, torch.Tensor] = {}
         self.layers = {l: CLTLayer(l, self) for l in range(n_layers)}
-        self.format = "circuit_tracer_clt"
+        self.format = format
+        if stores is None:  # circuit-tracer's files: W_enc_<l> (F, D) and W_dec_<l> (F, L - l, D)
+            stores = ([StoredRows(self.path / f"W_enc_{l}.safetensors", f"W_enc_{l}", dtype=dtype) for l in range(n_layers)],
+                      [StoredRows(self.path / f"W_dec_{l}.safetensors", f"W_dec_{l}", dtype=dtype) for l in range(n_layers)])
+        #: per encoder layer: the encoder (features x d_model) and the decoder (features x L - l x d_model)
+        #: left in their files, read by feature
+        self.enc_rows, self.dec_rows = stores
 
     # ----------------------------------------------------------------- container protocol
     def __contains__(self, layer: int) -> bool:
@@ -224,19 +233,11 @@ class CrossLayerTranscoder:
         return self.out_site
 
     # ----------------------------------------------------------------- reading the files
-    def _file(self, kind: str, layer: int) -> Path:
-        return self.path / f"{kind}_{layer}.safetensors"
-
     def encoder(self, layer: int) -> torch.Tensor:
-        """``W_enc_<layer>`` ``(d_transcoder, d_model)`` (kept in memory only when not lazy)."""
+        """The encoder of ``layer`` ``(d_transcoder, d_model)`` (kept in memory only when not lazy)."""
         if layer in self._enc:
             return self._enc[layer]
-        from safetensors import safe_open
-
-        with safe_open(str(self._file("W_enc", layer)), framework="pt") as f:
-            W = f.get_tensor(f"W_enc_{layer}").to(self.dtype)
-        _check_finite(W, str(self._file("W_enc", layer)), f"W_enc_{layer}")
-        W = self._fold_rows(layer, W)
+        W = self._fold_rows(layer, self.enc_rows[layer].all())
         if not self.lazy:
             self._enc[layer] = W
         return W
@@ -244,26 +245,12 @@ class CrossLayerTranscoder:
     def encoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         if layer in self._enc:
             return self._enc[layer][idx]
-        return self._fold_rows(layer, self._slice("W_enc", layer, idx))
-
-    def _slice(self, kind: str, layer: int, idx: torch.Tensor) -> torch.Tensor:
-        from safetensors import safe_open
-
-        idx = torch.as_tensor(idx, dtype=torch.long).cpu()
-        if idx.numel() == 0:
-            shape = (0, self.d_model) if kind == "W_enc" else (0, self.n_layers - layer, self.d_model)
-            return torch.zeros(shape, dtype=self.dtype)
-        uniq, inv = idx.unique(return_inverse=True)  # sorted rows: one contiguous read per run
-        with safe_open(str(self._file(kind, layer)), framework="pt") as f:
-            sl = f.get_slice(f"{kind}_{layer}")
-            rows = _read_rows(sl, uniq)
-        _check_finite(rows, str(self._file(kind, layer)), f"{kind}_{layer}")
-        return rows.to(self.dtype)[inv]
+        return self._fold_rows(layer, self.enc_rows[layer].rows(idx))
 
     def decoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor:
         """Decoder rows of features ``idx`` of ``layer``: ``(n, n_layers - layer, d_model)``,
-        entry ``[:, k - layer]`` writing into MLP output ``k``."""
-        return self._slice("W_dec", layer, idx)
+        entry ``[:, k - layer]`` writing into MLP output ``k`` (only these rows are read)."""
+        return self.dec_rows[layer].rows(idx)
 
     def output_layers(self, layer: int) -> range:
         return range(layer, self.n_layers)
@@ -342,7 +329,9 @@ class CrossLayerTranscoder:
             activation_function=self.activation_function, topk=self.topk,
             feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
             dtype=dtype, source=self.source, config=self.config, lazy=self.lazy, input_norms=self.input_norms,
-            out_site=self.out_site,
+            out_site=self.out_site, format=self.format,
+            stores=tuple([dataclasses.replace(m, dtype=dtype, bytes_read=0) for m in ms]
+                         for ms in (self.enc_rows, self.dec_rows)),
         )
         new._enc = {k: v.to(dtype) for k, v in self._enc.items()}
         return new
@@ -371,22 +360,22 @@ class CrossLayerTranscoder:
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
-def _read_rows(sl: Any, uniq: torch.Tensor) -> torch.Tensor:
-    """Rows ``uniq`` (sorted, unique) of a safetensors slice, one read per contiguous run."""
-    ids = uniq.tolist()
-    parts, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            parts.append(sl[ids[start]: ids[i - 1] + 1])
-            start = i
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+def fold_layer_input(norms: list | None, layer: int, b_enc: torch.Tensor, b_dec: torch.Tensor,
+                     W_skip: torch.Tensor | None, encoder: StoredRows) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """A CLT reading ``mlp.hook_in``: ln2's beta into ``b_enc`` (one read of the stored encoder,
+    ``(features, d_model)``), gamma and beta into the skip path ``x @ W_skip`` (see
+    :mod:`circuitgraph.dictionaries.mlp_input`; gamma reaches the encoder rows as they are read)."""
+    if norms is None:
+        return b_enc, b_dec, W_skip
+    from circuitgraph.dictionaries.mlp_input import fold_input
 
-
-def _check_finite(t: torch.Tensor, where: str, name: str) -> None:
-    if not torch.isfinite(t).all():
-        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
-        raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad}); "
-                             "re-export the dictionary with finite weights")
+    gamma, beta = norms[layer]
+    if beta is not None:
+        b_enc = b_enc.double() + fold_input(dataclasses.replace(encoder, dtype=torch.float64).all().T, None, beta)[1]
+    if W_skip is not None:
+        W_skip, shift = fold_input(W_skip, gamma, beta)
+        b_dec = b_dec.double() + shift if shift is not None else b_dec
+    return b_enc, b_dec, W_skip
 
 
 def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.float32,
@@ -418,7 +407,7 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     read_hook = "ln2.hook_normalized" if site == "mlp_input" else hook_in  # mlp.hook_in is folded
     norms = None
     if site == "mlp_input":
-        from circuitgraph.dictionaries.mlp_input import fold_input, mlp_input_norm
+        from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 
         norms = [mlp_input_norm(adapter, layer) for layer in range(L)]
     for layer in range(L):
@@ -494,17 +483,8 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
         for name, t in ((f"b_enc_{layer}", be), (f"b_dec_{layer}", bd), (f"threshold_{layer}", th),
                         (f"W_skip_{layer}", sk)):
             if t is not None:
-                _check_finite(t, str(p), name)
-        if norms is not None:  # mlp.hook_in: beta into b_enc (one read of the encoder), gamma/beta into the skip
-            gamma, beta = norms[layer]
-            if beta is not None:
-                with safe_open(str(p), framework="pt") as fh:
-                    W = fh.get_tensor(f"W_enc_{layer}")
-                _check_finite(W, str(p), f"W_enc_{layer}")
-                be = be.double() + fold_input(W.T, None, beta)[1]
-            if sk is not None:
-                sk, shift = fold_input(sk, gamma, beta)
-                bd = bd.double() + shift if shift is not None else bd
+                check_finite(t, str(p), name)
+        be, bd, sk = fold_layer_input(norms, layer, be, bd, sk, StoredRows(p, f"W_enc_{layer}"))
         b_enc.append(be.to(dtype))
         b_dec.append(bd.to(dtype))
         if th is not None:

@@ -10,7 +10,9 @@ format                         directory layout
 ``circuit_tracer_transcoder_set``  ``config.yaml`` (``model_kind: transcoder_set``) +
                                ``layer_<i>.safetensors`` (or the files its ``transcoders:`` lists)
 ``gemmascope``                 ``layer_<i>/.../params.npz``
-``gemmascope2``                ``layer_<i>/.../params.safetensors``
+``gemmascope2``                ``layer_<i>_width_<w>_l0_<s>[_affine]/params.safetensors`` (+ ``config.json``),
+                               or ``layer_<i>/.../params.safetensors``
+``gemmascope2_clt``            ``config.json`` + ``params_layer_<i>.safetensors`` (GemmaScope-2 ``clt/`` folders)
 ``eleuther_topk``              ``<hookpoint>/cfg.json`` + ``<hookpoint>/sae.safetensors`` (sparsify)
 =============================  =================================================================
 
@@ -32,7 +34,7 @@ from circuitgraph.errors import LoadError
 __all__ = ["FORMATS", "detect_format", "dictionary_footprint", "load_dictionaries"]
 
 FORMATS = ("saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope", "gemmascope2",
-           "eleuther_topk")
+           "gemmascope2_clt", "eleuther_topk")
 
 
 def detect_format(path: str | Path) -> str:
@@ -51,6 +53,8 @@ def detect_format(path: str | Path) -> str:
             return "circuit_tracer_transcoder_set"
         raise LoadError(f"{cfg}: model_kind {kind!r} is not supported; expected cross_layer_transcoder or "
                         "transcoder_set")
+    if (path / "config.json").is_file() and next(path.glob("params_layer_*.safetensors"), None):
+        return "gemmascope2_clt"
     layer_dirs = [p for p in path.iterdir() if p.is_dir() and p.name.startswith("layer_")]
     if layer_dirs:
         if any((p / "cfg.json").is_file() for p in layer_dirs):
@@ -65,7 +69,8 @@ def detect_format(path: str | Path) -> str:
     raise LoadError(
         f"{path}: no dictionary format recognised; expected layer_<i>/cfg.json + sae_weights.safetensors "
         "(sae-lens), config.yaml + W_enc_<i>/W_dec_<i>.safetensors (circuit-tracer CLT) or + layer_<i>.safetensors "
-        "(circuit-tracer transcoder_set), layer_<i>/.../params.npz or params.safetensors (GemmaScope / -2), "
+        "(circuit-tracer transcoder_set), layer_<i>/.../params.npz or layer_<i>_width_<w>_l0_<s>/params.safetensors "
+        "(GemmaScope / -2), config.json + params_layer_<i>.safetensors (GemmaScope-2 CLT), "
         "<hookpoint>/cfg.json + sae.safetensors (EleutherAI sparsify); see docs/dictionaries.md"
     )
 
@@ -92,6 +97,13 @@ def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = No
             raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                             f"(got {list(layers)})")
         return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
+    if fmt == "gemmascope2_clt":
+        from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
+
+        if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
+            raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
+                            f"(got {list(layers)})")
+        return load_gemmascope2_clt_dir(Path(path), adapter, dtype=dtype, lazy=lazy)
     path = Path(path)
     if fmt == "circuit_tracer_transcoder_set":
         from circuitgraph.dictionaries.clt import read_config_yaml
@@ -128,6 +140,8 @@ def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
 def _layer_files(path: Path, fmt: str) -> list[Path]:
     if fmt == "circuit_tracer_clt":
         return sorted(path.glob("W_*.safetensors"))
+    if fmt == "gemmascope2_clt":
+        return sorted(path.glob("params_layer_*.safetensors"))
     if fmt == "circuit_tracer_transcoder_set":
         from circuitgraph.dictionaries.clt import read_config_yaml
 
@@ -184,7 +198,7 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     enc_bytes = max(enc_layers, default=0) if enc_total > 2**30 else enc_total
     dec_bytes = sum(min(int(active_fraction * n * max(n_pos - 1, 1)), n) * row for n, row in dec_row_bytes)
     total = small + enc_bytes + dec_bytes
-    kind = "cross-layer transcoder" if fmt == "circuit_tracer_clt" else f"{fmt} transcoders"
+    kind = "cross-layer transcoder" if fmt.endswith("_clt") else f"{fmt} transcoders"
     note = (f"{kind}: {on_disk / 1024**2:.1f} MiB on disk, ~{total / 1024**2:.1f} MiB read into memory "
             "(lazy decoder rows of the active features" + (", one encoder layer at a time)"
                                                             if enc_bytes < enc_total else ")"))

@@ -34,7 +34,7 @@ from typing import Any
 
 from circuitgraph.errors import LoadError
 
-__all__ = ["HF_HOOKS", "read_config_json", "tl_hooks", "per_layer_folders", "clt_layer_files"]
+__all__ = ["HF_HOOKS", "clt_layer_files", "load_gemmascope2_clt_dir", "per_layer_folders", "read_config_json", "tl_hooks"]
 
 #: Hugging Face hook point (Gemma-2/3 module names, ``<l>`` the layer) -> TransformerLens-side hook
 #: relative to ``blocks.<l>`` (circuit-tracer's names)
@@ -116,3 +116,94 @@ def clt_layer_files(path: Path) -> dict[int, Path]:
     """``{layer: params_layer_<i>.safetensors}`` of a GemmaScope-2 CLT folder."""
     return {int(m.group(1)): p for p in path.glob("params_layer_*.safetensors")
             if (m := re.fullmatch(r"params_layer_(\d+)\.safetensors", p.name))}
+
+
+def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, lazy: bool | None = None) -> Any:
+    """A GemmaScope-2 cross-layer transcoder folder (``config.json`` + ``params_layer_<i>.safetensors``)
+    as a :class:`~circuitgraph.dictionaries.clt.CrossLayerTranscoder`: the same engine, queries and
+    checks as circuit-tracer's CLT layout, its matrices left in the files and read by feature."""
+    import torch
+    from safetensors import safe_open
+
+    from circuitgraph.dictionaries.clt import CrossLayerTranscoder, fold_layer_input, hook_site, output_site
+    from circuitgraph.dictionaries.stored import StoredRows, check_finite
+    from circuitgraph.errors import ShapeMismatchError
+
+    dtype = dtype or torch.float32
+    cfg_path = path / "config.json"
+    config = read_config_json(cfg_path)
+    if config.get("type", "clt") != "clt":
+        raise LoadError(f"{cfg_path}: type {config.get('type')!r}; a GemmaScope-2 cross-layer transcoder folder has "
+                        "type clt (per-layer transcoders are layer_<i>_width_*/params.safetensors folders)")
+    hook_in, hook_out = tl_hooks(config, cfg_path, None)
+    f = adapter.facts
+    L, D = f.n_layers, f.d_model
+    site = hook_site(hook_in, str(cfg_path))
+    out_site = output_site(hook_out, str(cfg_path), post_norms=f.post_norms)
+    files = clt_layer_files(path)
+    if files and max(files) >= L:
+        raise ShapeMismatchError(f"{files[max(files)]}: the CLT has layer {max(files)}, the model has {L} layers "
+                                 f"(0-{L - 1}); use the CLT trained for this model")
+    norms = None
+    if site == "mlp_input":
+        from circuitgraph.dictionaries.mlp_input import mlp_input_norm
+
+        norms = [mlp_input_norm(adapter, layer) for layer in range(L)]
+    b_enc, b_dec, thr, skips, enc, dec = [], [], [], [], [], []
+    d_tc = None
+    for layer in range(L):
+        p = path / f"params_layer_{layer}.safetensors"
+        if not p.is_file():
+            raise LoadError(f"{p} is missing: a GemmaScope-2 CLT for this {L}-layer model needs params_layer_0 .. "
+                            f"params_layer_{L - 1}.safetensors; download it into {path}")
+        try:
+            with safe_open(str(p), framework="pt") as fh:
+                keys = set(fh.keys())
+                need = {"w_enc", "w_dec", "b_enc", "b_dec", "threshold"}
+                if not need <= keys:
+                    raise LoadError(f"{p}: tensors {sorted(need - keys)} are missing (it has {sorted(keys)}); "
+                                    "this is not a GemmaScope-2 CLT layer file")
+                shape = tuple(fh.get_slice("w_enc").get_shape())
+                dshape = tuple(fh.get_slice("w_dec").get_shape())
+                be, bd, th = fh.get_tensor("b_enc"), fh.get_tensor("b_dec"), fh.get_tensor("threshold")
+                sk = fh.get_tensor("affine_skip_connection") if "affine_skip_connection" in keys else None
+        except LoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise LoadError(f"{p}: not a readable safetensors file ({type(exc).__name__}); re-download it") from None
+        if len(shape) != 2 or shape[0] != D:
+            raise ShapeMismatchError(f"{p}: w_enc has shape {list(shape)}, expected [{D}, d_sae] (the model's "
+                                     f"d_model is {D})")
+        d_tc = shape[1] if d_tc is None else d_tc
+        if shape[1] != d_tc:
+            raise ShapeMismatchError(f"{p}: w_enc has {shape[1]} features, layer 0 has {d_tc}; every layer of a CLT "
+                                     "has the same width")
+        if dshape != (d_tc, L, D):
+            raise ShapeMismatchError(f"{p}: w_dec has shape {list(dshape)}, expected [{d_tc}, {L}, {D}] (features, "
+                                     "every output layer, d_model)")
+        for name, t, want in (("b_enc", be, (d_tc,)), ("b_dec", bd, (D,)), ("threshold", th, (d_tc,)),
+                              ("affine_skip_connection", sk, (D, D))):
+            if t is not None and tuple(t.shape) != want:
+                raise ShapeMismatchError(f"{p}: {name} has shape {list(t.shape)}, expected {list(want)}")
+            if t is not None:
+                check_finite(t, str(p), name)
+        if layer > 0 and (sk is None) != (len(skips) == 0):
+            raise LoadError(f"{p}: affine_skip_connection is in some layers only; give it in every layer or none")
+        e = StoredRows(p, "w_enc", feature_dim=1, dtype=dtype)  # stored (d_model, d_sae)
+        be, bd, sk = fold_layer_input(norms, layer, be, bd, sk, e)
+        enc.append(e)
+        dec.append(StoredRows(p, "w_dec", tail=(slice(layer, None),), dtype=dtype))  # output layers layer..L-1
+        b_enc.append(be.to(dtype))
+        b_dec.append(bd.to(dtype))
+        thr.append(th.to(dtype))
+        if sk is not None:
+            skips.append(sk.to(dtype))  # x @ affine_skip_connection, the CLT's x @ W_skip
+    if lazy is None:
+        lazy = L * int(d_tc) * D * torch.tensor([], dtype=dtype).element_size() > 2**30
+    return CrossLayerTranscoder(
+        path, n_layers=L, d_transcoder=int(d_tc), d_model=D, b_enc=torch.stack(b_enc), b_dec=torch.stack(b_dec),
+        threshold=torch.stack(thr), W_skip=skips or None, activation_function="jump_relu", topk=None,
+        feature_input_hook=hook_in, feature_output_hook=hook_out, dtype=dtype, source={"path": str(path)},
+        config={"model_kind": "cross_layer_transcoder", **config}, lazy=lazy, input_norms=norms, out_site=out_site,
+        stores=(enc, dec), format="gemmascope2_clt",
+    )

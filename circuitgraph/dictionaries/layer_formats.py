@@ -284,18 +284,38 @@ def _layer_files(path: Path, name: str) -> dict[int, Path]:
 
 def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[int] | None = None,
                         dtype: torch.dtype = torch.float32, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
-    """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders."""
+    """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders.
 
-    files = _select(_layer_files(path, "params.npz" if version == 1 else "params.safetensors"), layers, path)
-    return gemmascope_files(files, adapter, version=version, dtype=dtype, input_hook=input_hook,
-                            source={"path": str(path)}, where=path, lazy=lazy)
+    GemmaScope-2 folders are the published ``layer_<i>_width_<w>_l0_<s>[_affine]/`` (or
+    ``layer_<i>/...``); each one's ``config.json`` names its hook points
+    (:mod:`circuitgraph.dictionaries.gemmascope2`), e.g. ``post_feedforward_layernorm.output`` =
+    ``hook_mlp_out`` or ``mlp.output`` = ``mlp.hook_out`` (before the post-MLP norm)."""
+    if version == 1:
+        files = _select(_layer_files(path, "params.npz"), layers, path)
+        return gemmascope_files(files, adapter, version=1, dtype=dtype, input_hook=input_hook,
+                                source={"path": str(path)}, where=path, lazy=lazy)
+    from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
+
+    folders = _select(per_layer_folders(path), layers, path)
+    if not folders:
+        raise LoadError(f"{path}: no layer_<i>_width_<w>_l0_<s>/params.safetensors folders (GemmaScope-2 layout)")
+    hooks = {l: tl_hooks(read_config_json(d / "config.json"), d / "config.json", l, (input_hook, "hook_mlp_out"))
+             for l, d in folders.items()}
+    if len(set(hooks.values())) > 1:
+        raise LoadError(f"{path}: the layers' config.json name different hook points ({sorted(set(hooks.values()))}); "
+                        "use one transcoder family for every layer")
+    h_in, h_out = next(iter(hooks.values()))
+    return gemmascope_files({l: d / "params.safetensors" for l, d in folders.items()}, adapter, version=2,
+                            dtype=dtype, input_hook=h_in, hook_out=h_out, source={"path": str(path)}, where=path,
+                            lazy=lazy)
 
 
 def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtype: torch.dtype,
-                     source: dict[str, Any], where: Path, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
+                     source: dict[str, Any], where: Path, input_hook: str = "mlp.hook_in", lazy: bool | None = None,
+                     hook_out: str = "hook_mlp_out"):
     """GemmaScope (``params.npz``) / GemmaScope-2 (``params.safetensors``) files, one per layer
     (from a folder, or fetched from the hub by the sae-lens registry)."""
-    return transcoder_files(files, adapter, site=_site(input_hook, where), hook_out="hook_mlp_out", dtype=dtype,
+    return transcoder_files(files, adapter, site=_site(input_hook, where), hook_out=hook_out, dtype=dtype,
                             source=source, format="gemmascope" if version == 1 else "gemmascope2", lazy=lazy)
 
 

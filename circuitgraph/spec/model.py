@@ -14,7 +14,7 @@ ModelSource = Literal["path", "name", "builtin"]
 TranscoderSource = Literal["path", "release", "builtin", "hf"]
 #: on-disk dictionary formats (circuitgraph.dictionaries.formats.FORMATS)
 DictionaryFormat = Literal["saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope",
-                          "gemmascope2", "eleuther_topk"]
+                          "gemmascope2", "gemmascope2_clt", "eleuther_topk"]
 
 
 class ModelSpec(StrictModel):
