@@ -47,7 +47,8 @@ def _cache_dir() -> str | None:
 
 
 def _how(repo: str, filename: str) -> str:
-    return (f"download it with `huggingface-cli download {repo}{' ' + filename if filename else ''}`"
+    args = f"{repo}{' ' + filename if filename else ''}"
+    return (f"download it with `huggingface-cli download {args}` (or `hf download {args}`)"
             + (" (HF_HUB_OFFLINE is set: only cached files are used)" if _offline() else ""))
 
 
