@@ -160,8 +160,9 @@ def _ct_set_from_gemmascope2(model, tmp: Path) -> Path:
 
 
 def test_per_layer_formats_equal_circuit_tracers(tmp_path):
-    """circuit-tracer's own load_transcoder_set (mlp.hook_in, ReLU / JumpReLU / skip, and GemmaScope-2
-    tensors): every edge within 1e-5 of the largest, same features."""
+    """circuit-tracer's own load_transcoder_set (mlp.hook_in, ReLU / JumpReLU / skip, GemmaScope-2 tensors, and a
+    Gemma-2-style model whose transcoders write mlp.hook_out, before the post-MLP norm, with a skip path):
+    every edge within 1e-5 of the largest, same features."""
     import sys
 
     repo = Path(__file__).resolve().parents[1]
@@ -172,8 +173,10 @@ def test_per_layer_formats_equal_circuit_tracers(tmp_path):
         pytest.skip("circuit-tracer 0.5.0 is not installed (.venv-ct or CIRCUITGRAPH_CT_PYTHON); "
                     "bash scripts/install_circuit_tracer.sh creates it")
     jobs = []
+    gemma2 = dict(norm="RMS", mlp="gated", positional="rotary", post_norms=True, n_layers=3)  # writes mlp.hook_out
     for name, arch, act, skip in [("gpt2 relu", GPT2, "relu", False), ("llama jump_relu skip", LLAMA, "jump_relu", True),
-                                  ("llama gemmascope2", LLAMA, None, True)]:
+                                  ("llama gemmascope2", LLAMA, None, True),
+                                  ("gemma2 jump_relu skip before the post-norm", gemma2, "jump_relu", True)]:
         work = tmp_path / name.replace(" ", "-")
         model = tiny_model(**arch)
         bundle = save_bundle(work, model)

@@ -187,23 +187,56 @@ def test_gemmascope2_clt_through_the_spec(tmp_path):
     assert result.graph.metadata["completeness"]["max_relative_violation"] < 1e-5
 
 
-@pytest.mark.parametrize("what", ["missing layer file", "wrong shape", "not a clt"])
-def test_bad_gemmascope2_clt_is_one_line(tmp_path, what):
+@pytest.mark.parametrize("what", ["missing layer file", "wrong shape", "not a clt", "unknown hook point", "NaN weights"])
+def test_bad_gemmascope2_clt_is_one_line_and_no_output(tmp_path, what):
+    """Before any output: one line naming the file, CLI exit 2 (NaN in the lazily read encoder is
+    found when it is read, still before anything is written)."""
     from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli import main as cli
+    from circuitgraph.errors import NumericalError
 
     model = tiny_model(**GEMMA2)
     d = save_gemmascope2_clt(tmp_path / "clt", random_clt(model, activation="jump_relu"))
     f = d / "params_layer_1.safetensors"
     if what == "missing layer file":
         f.unlink()
-    elif what == "wrong shape":
+    elif what in ("wrong shape", "NaN weights"):
         t = load_file(str(f))
-        t["w_dec"] = t["w_dec"][:, 1:].contiguous()
+        if what == "wrong shape":
+            t["w_dec"] = t["w_dec"][:, 1:].contiguous()
+        else:
+            t["w_enc"][2, 3] = float("nan")
         save_file(t, str(f))
     else:
         cfg = json.loads((d / "config.json").read_text())
-        (d / "config.json").write_text(json.dumps({**cfg, "type": "crosscoder"}))
+        cfg = {**cfg, "type": "crosscoder"} if what == "not a clt" else \
+            {**cfg, "hf_hook_point_in": "model.layers.0.self_attn.o_proj.input"}
+        (d / "config.json").write_text(json.dumps(cfg))
         f = d / "config.json"
-    with pytest.raises((LoadError, ShapeMismatchError)) as info:
-        load_dictionaries(d, ModelAdapter(model))
+    adapter = ModelAdapter(model)
+    with pytest.raises((LoadError, ShapeMismatchError, NumericalError)) as info:
+        attribute(adapter, TOKENS, load_dictionaries(d, adapter))
     assert f.name in str(info.value) and "\n" not in str(info.value)
+    bundle = save_bundle(tmp_path / "b", model)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "format_version": 1, "model": {"path": str(bundle / "model")}, "transcoders": {"path": str(d)},
+        "prompt": {"tokens": TOKENS}, "targets": [{"top_logits": {"max_n": 2}}],
+        "export": {"json": str(tmp_path / "out" / "g.json")}}))
+    res = CliRunner().invoke(cli.app, ["run", str(spec)])
+    assert res.exit_code == 2, res.output
+    assert f.name in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_counts_the_clt_rows_not_the_files(tmp_path):
+    from circuitgraph.dictionaries.formats import dictionary_footprint
+
+    model = tiny_model(**GEMMA2)
+    d = save_gemmascope2_clt(tmp_path / "clt", random_clt(model, activation="jump_relu", d_transcoder=1024,
+                                                          n_fit_tokens=48))
+    d_sae, on_disk, in_memory, note = dictionary_footprint(d)
+    assert d_sae == 1024 and in_memory < on_disk / 3  # encoders + biases; no decoder (3 output slots per row)
+    assert note.startswith("cross-layer transcoder") and "read into memory" in note

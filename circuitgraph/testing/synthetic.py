@@ -219,6 +219,7 @@ def random_clt(
     topk: int = 4,
     seed: int = 0,
     n_fit_tokens: int = 256,
+    output_hook: Literal["hook_mlp_out", "mlp.hook_out"] = "hook_mlp_out",
 ) -> dict[str, Any]:
     """A random cross-layer transcoder for ``model`` as circuit-tracer's tensors (the names and
     shapes :func:`save_clt` writes): per layer ``W_enc (d_transcoder, d_model)``,
@@ -255,7 +256,7 @@ def random_clt(
     config: dict[str, Any] = {
         "model_kind": "cross_layer_transcoder",
         "feature_input_hook": hook,
-        "feature_output_hook": "hook_mlp_out",
+        "feature_output_hook": output_hook,
         "model_name": cfg.model_name,
     }
     if activation == "topk":
