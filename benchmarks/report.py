@@ -56,7 +56,8 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
     for r in runs:
         if "result" not in r:
             p = r["process"]
-            why = ", stopped at the memory budget" if p.get("killed_for_memory") else ""
+            why = (", stopped at the memory budget" if p.get("killed_for_memory") else "") + (
+                ", stopped at the time limit" if p.get("killed_for_time") else "")
             lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | "
                          f"{_s(p['wall_s'])} | "
                          f"{_s(p['user_s'] + p['sys_s'])} | {_gb(p['peak_rss_mb'])} | | | |")
@@ -72,6 +73,28 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
             f"{load['mean']:.1f} / {load['max']:.1f} | "
             f"{_e(res['completeness']['max_relative_violation'])} | "
             f"{res['pruned']['n_nodes']:,} / {res['pruned']['n_edges']:,} |")
+    return lines
+
+
+def _scaling_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Long prompts at a fixed feature budget: graph construction time and peak memory per
+    (position x active feature), relative to the shortest prompt (1.0 = linear growth)."""
+    ok = sorted(_ok(runs), key=lambda r: r["result"]["n_pos"])
+    if not ok:
+        return []
+    lines = ["Cost against positions x active features (fixed `max_feature_nodes`; relative to the shortest "
+             "prompt, so 1.0 is linear growth and less is slower than linear):", "",
+             "| tokens | positions x active features | attribute s | attribute s per 1e9 (pos x active) | relative | "
+             "peak RSS GB | largest completeness violation |", "|---|---|---|---|---|---|---|"]
+    first = None
+    for r in ok:
+        res = r["result"]
+        work = res["n_pos"] * res["n_active_features"]
+        per = res["timings_s"]["attribute"] / work * 1e9
+        first = per if first is None else first
+        lines.append(f"| {res['n_pos']} | {work:.3g} | {_s(res['timings_s']['attribute'])} | {per:.1f} | "
+                     f"{per / first:.2f} | {_gb(r['process']['peak_rss_mb'])} | "
+                     f"{_e(res['completeness']['max_relative_violation'])} |")
     return lines
 
 
@@ -333,6 +356,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                       + (" (the same model; transcoders set for different active fractions)" if len(names) > 1 else "")
                       + ".", ""]
             lines += _run_table(rs)
+            if suite.startswith("long_prompt"):
+                lines += ["", *_scaling_table(rs)]
         else:
             lines += [f"Bundle `{rs[0]['bundle']}`: {b['n_layers']} layers, d_model {b['d_model']}, "
                       f"{b['d_sae']} features, {rs[0].get('result', {}).get('n_pos', '?')} tokens.", ""]

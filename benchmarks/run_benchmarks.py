@@ -57,6 +57,8 @@ REPO = HERE.parent
 
 #: the work folder of this invocation (set by main) and exact arguments recorded under a name
 _WORK: list[Path] = [Path(tempfile.gettempdir()) / "circuitgraph-bench"]
+#: wall-clock limit of one timed child (--time-limit-min; None: no limit)
+_TIME_LIMIT_S: list[float | None] = [None]
 _PORTABLE_NAMES: dict[str, str] = {}
 
 
@@ -199,15 +201,17 @@ def child_env(threads: int) -> dict[str, str]:
 
 
 def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None,
-                memory_limit_mb: float | None = None) -> dict[str, Any]:
+                memory_limit_mb: float | None = None, time_limit_s: float | None = None) -> dict[str, Any]:
     """Run ``cmd``; return wall time, the child's own peak RSS (``os.wait4``), exit status and
     the 1-minute load average sampled while it runs.  A child whose resident memory passes
-    ``memory_limit_mb`` is killed (``killed_for_memory``), before the system's OOM killer would."""
+    ``memory_limit_mb`` is killed (``killed_for_memory``), before the system's OOM killer would;
+    one that runs longer than ``time_limit_s`` is killed too (``killed_for_time``)."""
     import psutil
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     loads = [os.getloadavg()[0]]
     killed = False
+    timed_out = False
     t0_epoch = time.time()
     t0 = time.perf_counter()
     with open(log_path, "w") as fh:
@@ -229,6 +233,9 @@ def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = 
                         killed = True
                 except psutil.NoSuchProcess:
                     pass
+            if time_limit_s is not None and not timed_out and time.perf_counter() - t0 > time_limit_s:
+                proc.kill()
+                timed_out = True
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
@@ -240,6 +247,7 @@ def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = 
         "sys_s": usage.ru_stime,
         "returncode": proc.returncode,
         "killed_for_memory": killed,
+        "killed_for_time": timed_out,
         "load_avg_1min": {"start": loads[0], "mean": sum(loads) / len(loads), "max": max(loads)},
         "log": _portable(log_path),
         "log_tail": log_path.read_text()[-2000:] if proc.returncode else "",
@@ -409,7 +417,8 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
             cmd += ["--max-feature-nodes", str(mfn)]
         log(f"{run.name}: {run.n_pos} tokens, {p['reason']}" + (f", max_feature_nodes {mfn}" if mfn else ""))
         (rdir / "result.json").unlink(missing_ok=True)
-        proc = run_process(cmd, log_path=rdir / "log.txt", env=child_env(threads), memory_limit_mb=budget_gb * 1024)
+        proc = run_process(cmd, log_path=rdir / "log.txt", env=child_env(threads), memory_limit_mb=budget_gb * 1024,
+                           time_limit_s=_TIME_LIMIT_S[0])
         out["process"] = proc
         if not proc["killed_for_memory"] or run.max_feature_nodes is not None or (mfn is not None and mfn <= 256):
             break
@@ -427,7 +436,9 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
             f"{r['completeness']['max_relative_violation']:.1e}")
     else:
         log(f"{run.name}: FAILED (exit {proc['returncode']}"
-            + (", stopped at the memory budget" if proc["killed_for_memory"] else "") + f"), see {proc['log']}")
+            + (", stopped at the memory budget" if proc["killed_for_memory"] else "")
+            + (f", stopped at the time limit ({_TIME_LIMIT_S[0]:.0f} s)" if proc.get("killed_for_time") else "")
+            + f"), see {proc['log']}")
     return out
 
 
@@ -593,12 +604,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-budget-gb", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--report-only", action="store_true", help="redraw results.md and plots from results.json")
+    ap.add_argument("--runs", default=None,
+                    help="comma-separated run names (e.g. 6L-long-T1024,gpt2-long-T256): only these, within --only")
+    ap.add_argument("--time-limit-min", type=float, default=None,
+                    help="stop a timed run after this many minutes (recorded as stopped at the time limit)")
     ap.add_argument("--gpu", action="store_true",
                     help="also run the side-by-side configuration and the 6-layer long prompts on CUDA "
                          "(model: {device: cuda}; absolute device times); skipped, with the reason recorded, "
                          "where no GPU is available")
     args = ap.parse_args(argv)
     _WORK[0] = Path(args.work).resolve()
+    _TIME_LIMIT_S[0] = None if args.time_limit_min is None else 60 * args.time_limit_min
     _PORTABLE_NAMES[str(args.ct_python)] = ".venv-ct/bin/python"
     _PORTABLE_NAMES[shutil.which("circuitgraph") or "circuitgraph"] = "circuitgraph"
     out = args.out or (REPO / "docs" / "benchmarks" / ("quick" if args.quick else ""))
@@ -610,11 +626,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     suite = configurations(args.quick)
     only = set(args.only.split(",")) if args.only else None
+    if args.runs:
+        names = set(args.runs.split(","))
+        unknown = names - {r.name for r in suite.runs}
+        if unknown:
+            ap.error(f"--runs: unknown run names {sorted(unknown)}; known: {', '.join(r.name for r in suite.runs)}")
+        suite.runs = [r for r in suite.runs if r.name in names]
     work = args.work / ("quick" if args.quick else "full")
     t_start = time.time()
     results: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
-        "command": "python benchmarks/run_benchmarks.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python benchmarks/run_benchmarks.py"] + [
+            "$WORK" if a == str(args.work) else _portable(a) for a in (sys.argv[1:] if argv is None else argv)]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),
         "load_avg_at_start": list(os.getloadavg()),

@@ -57,8 +57,8 @@ MUTATIONS = [
         "ln1-sigma-for-ln2",
         "a feature's reader direction divided by ln1's sigma instead of ln2's (wrong norm scale)",
         "circuitgraph/attribution/nodes_builder.py",
-        "        norm = fm.ln2[layer]\n",
-        "        norm = fm.ln1[layer]\n",
+        "    tc, norm, device, dtype = b.tc[layer], fm.ln2[layer], b.device, b.dtype\n",
+        "    tc, norm, device, dtype = b.tc[layer], fm.ln1[layer], b.device, b.dtype\n",
     ),
     Mutation(
         "neuron-ln1-sigma",
@@ -78,10 +78,8 @@ MUTATIONS = [
         "off-by-one-position",
         "feature writers registered one position early",
         "circuitgraph/attribution/nodes_builder.py",
-        "            vecs = _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1))\n"
-        "            b.writers.add(loc, t, rows, vecs)\n",
-        "            vecs = _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1))\n"
-        "            b.writers.add(loc, t - 1, rows, vecs)\n",
+        "            b.writers.add_scaled(loc, t, rows, scales, basis, at)\n",
+        "            b.writers.add_scaled(loc, t - 1, rows, scales, basis, at)\n",
     ),
     Mutation(
         "transposed-attention-map",

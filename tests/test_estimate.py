@@ -60,8 +60,8 @@ def test_edge_bound_is_an_upper_bound(mlp, attention):
         options.max_feature_nodes = 20
         plan = _plan(col, options, n_locs)
         assert plan.max_feature_nodes == 20 and plan.bytes_per_edge == MFN_EDGE_PEAK_BYTES + FLOAT64_EXTRA_BYTES
-        edges, _ = select_and_compute(col, 20, batch_size=8)
-        assert edges.target.size <= plan.n_edges_upper < _plan(col, GraphOptions(**{
+        rows, _ = select_and_compute(col, 20, batch_size=8)
+        assert rows.n_edges <= plan.n_edges_upper < _plan(col, GraphOptions(**{
             **options.__dict__, "max_feature_nodes": None}), n_locs).n_edges_upper
 
 

@@ -41,10 +41,11 @@ def build_graph(
 
         from circuitgraph.pipeline.estimate import check_rows
 
-        edges, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
-                                             progress=progress,
-                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
-        nodes, edges, _ = fold_unselected(col, edges, selected)
+        rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
+                                            progress=progress,
+                                            watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
+        nodes, edges, _ = fold_unselected(col, rows, selected)
+        del rows
     else:
         edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
     for row, c in edges.constants.items():

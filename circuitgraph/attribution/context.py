@@ -120,8 +120,8 @@ class AttributionContext:
     options: GraphOptions
     _tables: Collected = field(repr=False)
     targets: list[ResolvedTarget]
-    #: node id -> its reader direction, built on first use
-    _reader_index: dict[NodeId, ReaderDirection] | None = field(default=None, init=False, repr=False)
+    #: node id -> its row in the engine's reader table, built on first use
+    _reader_index: dict[NodeId, int] | None = field(default=None, init=False, repr=False)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -140,12 +140,13 @@ class AttributionContext:
     # ------------------------------------------------------------------ writers and readers
     def writers(self) -> Iterator[tuple[NodeId, list[WriterVector]]]:
         """Every writer node of the attributed graph with its writes."""
-        for node_id, writes in self._tables.writer_index().items():
-            yield node_id, [WriterVector(ResidualLocation(loc), int(pos), v) for loc, pos, v in writes]
+        for node_id in self._tables.writer_index():
+            yield node_id, self.writes(node_id)
 
     def readers(self) -> Iterator[tuple[NodeId, ReaderDirection]]:
         """Every reader node of the attributed graph with its direction."""
-        return iter(self._readers().items())
+        for node_id in self._readers():
+            yield node_id, self.reader(node_id)
 
     def writes(self, node: NodeId) -> list[WriterVector]:
         """Where ``node`` writes and what: one entry for most nodes, one per downstream MLP output
@@ -155,7 +156,11 @@ class AttributionContext:
 
     def reader(self, node: NodeId) -> ReaderDirection | None:
         """The read direction of ``node``, or None if it reads nothing."""
-        return self._readers().get(node)
+        i = self._readers().get(node)
+        if i is None:
+            return None
+        rd = self._tables.readers
+        return ReaderDirection(ResidualLocation(rd.locs[i]), rd.positions[i], rd.direction(i), rd.own_constants[i])
 
     @property
     def frozen_model(self) -> FrozenLinearModel:
@@ -172,11 +177,9 @@ class AttributionContext:
         return attribute_directions(self._tables, location, positions, directions, own_constants,
                                     batch_size=self.options.batch_size)
 
-    def _readers(self) -> dict[NodeId, ReaderDirection]:
+    def _readers(self) -> dict[NodeId, int]:
+        """node id -> its index in the engine's reader table (directions are made on request)."""
         if self._reader_index is None:
-            rd, nodes = self._tables.readers, self._tables.nodes
-            self._reader_index = {
-                nodes[row].id: ReaderDirection(ResidualLocation(loc), pos, g, own)
-                for row, loc, pos, g, own in zip(rd.rows, rd.locs, rd.positions, rd.directions, rd.own_constants)
-            }
+            nodes = self._tables.nodes
+            self._reader_index = {nodes[row].id: i for i, row in enumerate(self._tables.readers.rows)}
         return self._reader_index

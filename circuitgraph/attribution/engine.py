@@ -26,7 +26,10 @@ import torch
 from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected
 
-__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions"]
+__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES"]
+
+#: bytes of writer vectors (and of their edge block) made at once per location in the sweep
+WRITER_CHUNK_BYTES = 1 << 28
 
 
 @dataclass
@@ -64,16 +67,19 @@ def compute_edges(
     batches: list[list[int]] = []
     start = 0
     for end in range(1, len(idx) + 1):
-        if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size:
+        if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size or (
+                # a batch costs its size times its last position (squared through attention): readers
+                # far apart in position (max_feature_nodes' ranked rows) go in separate batches
+                end - start >= max(1, batch_size // 4) and rd.positions[idx[end]] + 1 > 2 * (rd.positions[idx[start]] + 1)):
             batches.append(idx[start:end])
             start = end
     # per location: the real slots (group, writer) of the padded writer block, their row ids
     # (int32, the edges' source column) and how many of them lie in the first k groups
     slots, n_slots = {}, {}
-    for loc, (_, r, _) in col.writers.padded.items():
-        valid = r >= 0
+    for loc, block in col.writers.blocks.items():
+        valid = block.rows >= 0
         g_i, w_i = valid.nonzero(as_tuple=True)
-        slots[loc] = (g_i.to(device), w_i.to(device), r[g_i, w_i].to(device=device, dtype=torch.int32))
+        slots[loc] = (g_i.to(device), w_i.to(device), block.rows[g_i, w_i].to(device=device, dtype=torch.int32))
         n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
     for n_done, batch in enumerate(batches):
         B = len(batch)
@@ -85,26 +91,29 @@ def compute_edges(
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
         batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device)
+        directions = rd.directions_of(batch)
         # until G crosses an attention layer, each row is non-zero at its own position only
         single = (torch.tensor([rd.positions[i] for i in batch], device=device)
                   if len(by_loc) == 1 else None)
         for loc in range(top, -1, -1):
             for j in by_loc.get(loc, ()):
-                i = batch[j]
-                G[j, rd.positions[i]] += rd.directions[i].to(dtype)
-            block = col.writers.padded.get(loc)
+                G[j, rd.positions[batch[j]]] += directions[j].to(dtype)
+            block = col.writers.blocks.get(loc)
             if block is not None:
-                positions, _, vecs = block
-                k = int(torch.searchsorted(positions, T))  # writer groups at positions < T
-                if k:
-                    # (k, max_n, B): every writer against every reader, one batched GEMM per location
-                    E = torch.bmm(vecs[:k], G[:, positions[:k], :].permute(1, 2, 0))
-                    # the real (group, writer) slots come first in row-major order: a prefix of them
-                    g_i, w_i, src = slots[loc]
-                    m = int(n_slots[loc][k])
-                    w = E[g_i[:m], w_i[:m]].reshape(-1)  # (m * B,), in (writer, reader) order
-                    s = src[:m].repeat_interleave(B)
-                    t = batch_rows.repeat(m)
+                k = int(torch.searchsorted(block.positions, T))  # writer groups at positions < T
+                g_all, w_all, src = slots[loc]
+                # the writers' vectors are made per chunk of position groups (they are not held)
+                step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B) * G.element_size()))
+                for a in range(0, k, step):
+                    e = min(k, a + step)
+                    # (groups, max_n, B): every writer against every reader, one batched GEMM
+                    E = torch.bmm(block.vectors(a, e), G[:, block.positions[a:e], :].permute(1, 2, 0))
+                    # the real (group, writer) slots, row-major: those of groups a..e-1 are a range
+                    lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
+                    w = E[g_all[lo:hi] - a, w_all[lo:hi]].reshape(-1)  # ((hi - lo) * B,), (writer, reader) order
+                    del E
+                    s = src[lo:hi].repeat_interleave(B)
+                    t = batch_rows.repeat(hi - lo)
                     nz = w != 0  # exact zeros are not edges
                     if not bool(nz.all()):
                         w, s, t = w[nz], s[nz], t[nz]

@@ -15,16 +15,110 @@ kept reader.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from circuitgraph.attribution.engine import EdgeResult, compute_edges
 from circuitgraph.attribution.nodes_builder import Collected
-from circuitgraph.graph.dag import dag_order, incoming_sums, sweep
+from circuitgraph.errors import ResourceError
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 
-__all__ = ["select_and_compute", "partial_influence"]
+__all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts",
+           "ROWS_IN_MEMORY_BYTES"]
+
+
+#: bytes of computed rows held in memory with max_feature_nodes; the parts beyond are written to
+#: anonymous temporary files and read back one at a time (ranking rounds and folding)
+ROWS_IN_MEMORY_BYTES = 2 * 1024**3
+#: free space the temporary folder must keep when a part is written there
+DISK_RESERVE_BYTES = 1024**3
+
+
+class _SpilledPart:
+    """One part's edge arrays in an anonymous temporary file."""
+
+    def __init__(self, edges: EdgeResult):
+        need = edges.target.nbytes + edges.source.nbytes + edges.weight.nbytes
+        free = shutil.disk_usage(tempfile.gettempdir()).free
+        if free - need < DISK_RESERVE_BYTES:
+            raise ResourceError(
+                f"max_feature_nodes: the computed rows pass {ROWS_IN_MEMORY_BYTES / 1024**3:.1f} GB of memory and the "
+                f"temporary folder {tempfile.gettempdir()} has {free / 1024**3:.1f} GB free for the rest; "
+                "set a smaller graph.max_feature_nodes, shorten the prompt or free disk space")
+        self.n = int(edges.target.size)
+        self.constants = edges.constants
+        self._file = tempfile.TemporaryFile(prefix="circuitgraph-rows-")
+        for a in (edges.target, edges.source, edges.weight):
+            np.save(self._file, a, allow_pickle=False)
+        self._file.flush()
+
+    def load(self) -> EdgeResult:
+        self._file.seek(0)
+        t, s, w = (np.load(self._file, allow_pickle=False) for _ in range(3))
+        return EdgeResult(t, s, w, self.constants)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class RowParts:
+    """Rows computed so far, kept as the engine returned them: one part per residual location of
+    its readers and engine call (each reader row lies in exactly one part), 12 bytes per edge,
+    never concatenated; ranking and folding visit them part by part.  Past
+    :data:`ROWS_IN_MEMORY_BYTES` the parts go to temporary files, so the memory they take is
+    bounded whatever the prompt length."""
+
+    n: int
+    parts: list[tuple[int, EdgeResult | _SpilledPart]] = field(default_factory=list)  # (reader location, edges)
+    #: per node: the sum of the absolute weights of its computed row
+    abs_sums: np.ndarray = field(init=False)
+    n_edges: int = 0
+    bytes_in_memory: int = 0
+
+    def __post_init__(self) -> None:
+        self.abs_sums = np.zeros(self.n)
+
+    def add(self, level: int, edges: EdgeResult) -> None:
+        if edges.target.size:
+            self.abs_sums += np.bincount(edges.target, weights=np.abs(edges.weight.astype(np.float64)),
+                                         minlength=self.n)
+        self.n_edges += int(edges.target.size)
+        size = edges.target.nbytes + edges.source.nbytes + edges.weight.nbytes
+        if self.bytes_in_memory + size > ROWS_IN_MEMORY_BYTES and edges.target.size:
+            self.parts.append((level, _SpilledPart(edges)))
+        else:
+            self.bytes_in_memory += size
+            self.parts.append((level, edges))
+
+    def top_down(self) -> list[tuple[int, EdgeResult | _SpilledPart]]:
+        """The parts by decreasing reader location (stable): a back-substitution order."""
+        return sorted(self.parts, key=lambda lp: -lp[0])
+
+    def edges(self) -> Iterator[tuple[int, EdgeResult]]:
+        """``(location, edges)`` per part, top down (spilled parts read back one at a time)."""
+        for level, p in self.top_down():
+            yield level, (p.load() if isinstance(p, _SpilledPart) else p)
+
+    def release(self) -> Iterator[tuple[int, EdgeResult]]:
+        """As :meth:`edges`, and each part is dropped (its file closed) once the caller moves on."""
+        ordered = self.top_down()
+        self.parts = []
+        self.bytes_in_memory = 0
+        while ordered:
+            level, p = ordered.pop(0)
+            if isinstance(p, _SpilledPart):
+                edges = p.load()
+                p.close()
+            else:
+                edges = p
+            del p
+            yield level, edges
 
 
 def partial_influence(t: np.ndarray, s: np.ndarray, w: np.ndarray, level: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -34,12 +128,40 @@ def partial_influence(t: np.ndarray, s: np.ndarray, w: np.ndarray, level: np.nda
     is normalised by its sum of absolute weights (clamped at 1e-8, as circuit-tracer does
     here); ``level``: the residual location each reader reads; ``start``: the target weights.
     Returns ``sum_k x_k`` with ``x_0 = start`` and ``x_{k+1} = A^T x_k``, by one
-    back-substitution over the levels (:mod:`circuitgraph.graph.dag`).
+    back-substitution over the levels (see :func:`parts_influence`).
     """
-    n = start.shape[0]
-    dag = dag_order(n, t, s, w, level)
-    abs_sums = incoming_sums(t, w, n)[1]
-    return sweep(dag, abs_start=start, row_divisor=np.maximum(abs_sums, 1e-8))["abs"][:, 0]
+    rows = RowParts(start.shape[0])
+    lv = level[t]
+    for l in np.unique(lv)[::-1]:
+        m = lv == l
+        rows.add(int(l), EdgeResult(t[m], s[m], w[m], {}))
+    return parts_influence(rows, start)
+
+
+def parts_influence(rows: RowParts, start: np.ndarray) -> np.ndarray:
+    """:func:`partial_influence` over :class:`RowParts`: the parts top down, each edge once.
+
+    When the parts of one reader location are visited, every row they hold has received all of
+    its influence (its out-edges lead to readers of higher locations, visited before)."""
+    n = rows.n
+    acc = np.zeros(n)
+    z = np.asarray(start, dtype=np.float64).copy()
+    divisor = np.maximum(rows.abs_sums, 1e-8)
+    for _, p in rows.edges():  # top down: a row is final when its part comes (its readers came before)
+        r = np.unique(p.target)
+        z[r] = start[r] + acc[r]
+        v = np.abs(p.weight.astype(np.float64))
+        v *= z[p.target] / divisor[p.target]
+        acc += np.bincount(p.source, weights=v, minlength=n)
+    return acc
+
+
+def _by_location(col: Collected, subset: list[int]) -> list[tuple[int, list[int]]]:
+    """``subset`` (reader indices) split by the residual location each reads, top down."""
+    groups: dict[int, list[int]] = {}
+    for i in subset:
+        groups.setdefault(col.readers.locs[i], []).append(i)
+    return sorted(groups.items(), reverse=True)
 
 
 def select_and_compute(
@@ -50,8 +172,8 @@ def select_and_compute(
     update_interval: int = 4,
     progress: Callable[[int, int], None] | None = None,
     watch: Callable[[int, int, int], None] | None = None,
-) -> tuple[EdgeResult, list[int]]:
-    """Edges of the targets and of the selected features; returns (edges, selected reader indices).
+) -> tuple[RowParts, list[int]]:
+    """Rows of the targets and of the selected features; returns (rows, selected reader indices).
 
     ``watch(rows_done, edges_done, rows_total)`` is called after each batch of rows (the memory
     guard: it raises to stop a run that would not fit)."""
@@ -60,55 +182,47 @@ def select_and_compute(
     n_nodes = len(nodes)
     feature_readers = [i for i, r in enumerate(rd.rows) if nodes[r].kind == "feature"]
     other_readers = [i for i, r in enumerate(rd.rows) if nodes[r].kind != "feature"]
+    rows = RowParts(n_nodes)
     if max_feature_nodes >= len(feature_readers):
-        return compute_edges(col, batch_size=batch_size, progress=progress), list(range(len(rd.rows)))
+        rows.add(-1, compute_edges(col, batch_size=batch_size, progress=progress))
+        return rows, list(range(len(rd.rows)))
     target_rows = {nid: w for nid, w in col.targets}
     start = np.zeros(n_nodes)
     index = {n.id: i for i, n in enumerate(nodes)}
     for nid, w in target_rows.items():
         start[index[nid]] = w
-    parts = [compute_edges(col, batch_size=batch_size, reader_subset=other_readers)]
+    for loc, subset in _by_location(col, other_readers):
+        rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=subset))
     done = list(other_readers)
     visited = np.zeros(len(feature_readers), dtype=bool)
     feature_node_rows = np.array([rd.rows[i] for i in feature_readers])
     n_visited = 0
-    level = np.full(n_nodes, -1, dtype=np.int64)
-    level[np.asarray(rd.rows, dtype=np.int64)] = rd.locs
     while n_visited < max_feature_nodes:
-        t = np.concatenate([p.target for p in parts])
-        s = np.concatenate([p.source for p in parts])
-        w = np.concatenate([p.weight for p in parts])
-        infl = partial_influence(t, s, w, level, start)
+        infl = parts_influence(rows, start)
         rank = np.argsort(-infl[feature_node_rows], kind="stable")
         queue = rank[~visited[rank]][: min(update_interval * batch_size, max_feature_nodes - n_visited)]
         for k in range(0, len(queue), batch_size):
             chunk = queue[k : k + batch_size]
             subset = [feature_readers[j] for j in chunk]
-            parts.append(compute_edges(col, batch_size=batch_size, reader_subset=subset))
+            for loc, part in _by_location(col, subset):
+                rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part))
             done += subset
             visited[chunk] = True
             n_visited += len(chunk)
             if progress is not None:
                 progress(n_visited, max_feature_nodes)
             if watch is not None:
-                watch(len(done), sum(p.target.size for p in parts), len(other_readers) + max_feature_nodes)
-    constants: dict[int, float] = {}
-    for p in parts:
-        constants.update(p.constants)
-    edges = EdgeResult(
-        np.concatenate([p.target for p in parts]),
-        np.concatenate([p.source for p in parts]),
-        np.concatenate([p.weight for p in parts]),
-        constants,
-    )
-    return edges, sorted(done)
+                watch(len(done), rows.n_edges, len(other_readers) + max_feature_nodes)
+    return rows, sorted(done)
 
 
-def fold_unselected(col: Collected, edges: EdgeResult, selected: list[int]) -> tuple[list[Node], EdgeResult, dict[int, int]]:
+def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tuple[list[Node], EdgeResult, dict[int, int]]:
     """Replace unselected features by per-(layer, position) remainder nodes; renumber rows.
 
-    Returns the new node list, the renumbered edges (duplicates summed) and the map old row ->
-    new row for kept nodes."""
+    Returns the new node list, the renumbered edges (duplicates summed; top down by reader
+    location, as the engine stores them) and the map old row -> new row for kept nodes.  The
+    parts of ``rows`` are folded one by one and released (each reader's row lies in one part),
+    so the pre-fold edges are never copied whole."""
     rd = col.readers
     nodes = col.nodes
     keep_reader = {rd.rows[i] for i in selected}
@@ -136,19 +250,31 @@ def fold_unselected(col: Collected, edges: EdgeResult, selected: list[int]) -> t
     tgt_map = np.full(len(nodes), -1, dtype=np.int64)
     for old, new in old_to_new.items():
         tgt_map[old] = new
-    # one int64 key per edge (target, new source), built in chunks: no full-size remapped copies
-    n_new, E, chunk = len(new_nodes), edges.target.size, 1 << 22
-    key = np.empty(E, dtype=np.int64)
-    for c in range(0, E, chunk):
-        t = tgt_map[edges.target[c : c + chunk]]
-        assert (t >= 0).all(), "an edge into an unselected feature was computed"
-        np.multiply(t, n_new, out=t)
-        t += src_map[edges.source[c : c + chunk]]
-        key[c : c + chunk] = t
-    # sum the edges that now share (target, remainder source)
+    n_new = len(new_nodes)
+    constants: dict[int, float] = {}
+    folded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for _, p in rows.release():  # each part dropped once folded
+        constants.update({int(tgt_map[r]): c for r, c in p.constants.items()})
+        if p.target.size:
+            folded.append(_fold_part(p, tgt_map, src_map, n_new))
+        del p
+    if folded:
+        t, s, w = (np.concatenate(x) for x in zip(*folded))
+    else:
+        t = s = np.zeros(0, dtype=np.int32)
+        w = np.zeros(0, dtype=np.float32)
+    return new_nodes, EdgeResult(t, s, w, constants), old_to_new
+
+
+def _fold_part(p: EdgeResult, tgt_map: np.ndarray, src_map: np.ndarray, n_new: int):
+    """One part's edges renumbered, the edges that now share (target, remainder source) summed."""
+    t = tgt_map[p.target]
+    assert (t >= 0).all(), "an edge into an unselected feature was computed"
+    key = t * n_new + src_map[p.source]
+    del t
     uniq, inv = np.unique(key, return_inverse=True)
     del key
-    w = np.bincount(inv.reshape(-1), weights=edges.weight, minlength=uniq.size).astype(edges.weight.dtype)
+    w = np.bincount(inv.reshape(-1), weights=p.weight, minlength=uniq.size).astype(p.weight.dtype)
     nz = w != 0
-    constants = {int(tgt_map[r]): c for r, c in edges.constants.items()}
-    return new_nodes, EdgeResult(uniq[nz] // len(new_nodes), uniq[nz] % len(new_nodes), w[nz], constants), old_to_new
+    uniq = uniq[nz]
+    return (uniq // n_new).astype(np.int32), (uniq % n_new).astype(np.int32), w[nz]

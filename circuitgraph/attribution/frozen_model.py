@@ -28,7 +28,7 @@ import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
 from circuitgraph.attribution.context import ResidualLocation
-from circuitgraph.attribution.linearisation import Linearisation
+from circuitgraph.attribution.linearisation import Linearisation, OffloadedPatterns, pattern_block
 
 __all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
 
@@ -99,13 +99,20 @@ class FrozenLinearModel:
         self.ln1_post = [norm("ln1_post", l) for l in range(f.n_layers)] if f.post_norms else None
         self.ln2_post = [norm("ln2_post", l) for l in range(f.n_layers)] if f.post_norms else None
         self.ln_final = norm("ln_final", None)
-        self.patterns = [cast(p) for p in lin.patterns]
+        # offloaded patterns (long prompts) stay in their file: read per layer when needed
+        self.patterns = lin.patterns if isinstance(lin.patterns, OffloadedPatterns) else [cast(p) for p in lin.patterns]
+        self._cast = cast
         self.attn = []
         for l in range(f.n_layers):
             w = adapter.attn_weights(l)
             self.attn.append({k: cast(v) for k, v in w.items()})
         # skip transcoders: layer -> (W_skip (d_out, d_in), input_site, writes before the post-MLP norm)
         self.skip = {l: (cast(W), site, before_post) for l, (W, site, before_post) in skip_layers.items()}
+
+    def pattern(self, layer: int, n: int | None = None) -> torch.Tensor:
+        """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``."""
+        n = self.n_pos if n is None else n
+        return self._cast(pattern_block(self.patterns, layer, n))
 
     # ------------------------------------------------------------------ transposes
     def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:
@@ -118,7 +125,7 @@ class FrozenLinearModel:
         H, dh = W_O.shape[0], W_O.shape[1]
         u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh)
         u = u.permute(2, 1, 0, 3).reshape(H, T, B * dh)  # (H, t, B * d_head)
-        A = self.patterns[layer][:, :T, :T]  # (H, t, s)
+        A = self.pattern(layer, T)  # (H, t, s)
         return torch.bmm(A.transpose(1, 2), u).view(H, T, B, dh)  # (H, s, B, d_head)
 
     def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
@@ -149,7 +156,7 @@ class FrozenLinearModel:
         H, dh = W_O.shape[0], W_O.shape[1]
         u = (g @ W_O.reshape(H * dh, D).T).view(B, H, dh)
         w = torch.einsum("bhk,hdk->bhd", u, self.attn[layer]["W_V"])  # (B, H, D)
-        A = self.patterns[layer][:, positions, :T].permute(1, 2, 0)  # (B, s, H)
+        A = self.pattern(layer, T)[:, positions, :].permute(1, 2, 0)  # (B, s, H)
         out = torch.bmm(A, w)  # (B, s, D)
         return self.ln1[layer].transpose(out, slice(0, T))
 

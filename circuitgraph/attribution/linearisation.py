@@ -14,15 +14,20 @@ validation and by the tests as an independent check of the engine.
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.errors import NumericalError
 
-__all__ = ["Linearisation", "linearise", "frozen", "norm_sites"]
+__all__ = ["Linearisation", "linearise", "frozen", "norm_sites", "OffloadedPatterns", "offload_patterns",
+           "pattern_block", "OFFLOAD_PATTERNS_BYTES"]
 
 
 def norm_sites(adapter: ModelAdapter) -> list[tuple[str, int | None]]:
@@ -73,6 +78,69 @@ class Linearisation:
     @property
     def n_pos(self) -> int:
         return int(self.tokens.shape[0])
+
+
+#: attention patterns of a prompt (all layers) larger than this (bytes) are kept in a temporary
+#: file on CPU runs and read per layer when needed (:class:`OffloadedPatterns`)
+OFFLOAD_PATTERNS_BYTES = 256 * 1024**2
+
+
+class OffloadedPatterns(Sequence):
+    """Per layer ``(n_heads, pos, pos)`` attention patterns held in an anonymous temporary file
+    instead of memory (they grow as ``layers x heads x pos^2``: 2.4 GB for 12 layers of 12 heads at
+    2,048 tokens).  ``patterns[layer]`` reads one layer; :meth:`block` only the first ``n``
+    query and key positions, what a sweep of readers at positions below ``n`` needs.  The file
+    is read with plain reads (not mapped), so only the layer being used is resident."""
+
+    def __init__(self, patterns: list[torch.Tensor]):
+        self.n_layers = len(patterns)
+        self.shape = tuple(patterns[0].shape)  # (H, T, T)
+        self.dtype = patterns[0].dtype
+        self._np_dtype = patterns[0].cpu().numpy().dtype if patterns else None
+        self._file = tempfile.TemporaryFile(prefix="circuitgraph-patterns-")
+        for p in patterns:
+            self._file.write(p.detach().cpu().contiguous().numpy().tobytes())
+        self._file.flush()
+
+    def __len__(self) -> int:
+        return self.n_layers
+
+    def __getitem__(self, layer: int) -> torch.Tensor:  # type: ignore[override]
+        if isinstance(layer, slice):
+            return [self[i] for i in range(self.n_layers)[layer]]
+        return self.block(layer, self.shape[1])
+
+    def block(self, layer: int, n: int) -> torch.Tensor:
+        """``patterns[layer][:, :n, :n]``, read from the file."""
+        if layer < 0:
+            layer += self.n_layers
+        H, T, _ = self.shape
+        item = self._np_dtype.itemsize
+        out = np.empty((H, n, n), dtype=self._np_dtype)
+        fd = self._file.fileno()
+        for h in range(H):
+            offset = ((layer * H + h) * T * T) * item
+            rows = np.frombuffer(os.pread(fd, n * T * item, offset), dtype=self._np_dtype).reshape(n, T)
+            out[h] = rows[:, :n]
+        return torch.from_numpy(out)
+
+
+def pattern_block(patterns: Sequence, layer: int, n: int) -> torch.Tensor:
+    """``patterns[layer][:, :n, :n]`` for in-memory and offloaded patterns alike."""
+    if isinstance(patterns, OffloadedPatterns):
+        return patterns.block(layer, n)
+    return patterns[layer][:, :n, :n]
+
+
+def offload_patterns(lin: Linearisation) -> None:
+    """Move ``lin.patterns`` to a temporary file (:class:`OffloadedPatterns`) when they are on the
+    CPU and larger than :data:`OFFLOAD_PATTERNS_BYTES`."""
+    ps = lin.patterns
+    if isinstance(ps, OffloadedPatterns) or not ps or ps[0].device.type != "cpu":
+        return
+    if sum(p.numel() * p.element_size() for p in ps) <= OFFLOAD_PATTERNS_BYTES:
+        return
+    lin.patterns = OffloadedPatterns(ps)  # type: ignore[assignment]
 
 
 def _check_finite(name: str, t: torch.Tensor) -> None:
@@ -145,6 +213,7 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         for layer, tc in transcoders.layers.items():
             lin.tc_input[layer] = dictionary_input(adapter, tc.input_site, layer, lin.resid_mid[layer],
                                                    lin.extra["ln2_normalized"][layer])
+    offload_patterns(lin)
     return lin
 
 
@@ -192,10 +261,10 @@ def frozen(
             hooks.append((a.hook_norm_scale(site, layer), fix_scale))
     if freeze_patterns:
         for layer in range(a.facts.n_layers):
-            value = lin.patterns[layer]
 
-            def fix_pattern(pattern, hook, value=value):  # noqa: ANN001
-                return value.to(pattern.dtype)[None].expand_as(pattern).clone()
+            def fix_pattern(pattern, hook, layer=layer):  # noqa: ANN001
+                value = lin.patterns[layer]  # read here: offloaded patterns are not all loaded at once
+                return value.to(device=pattern.device, dtype=pattern.dtype)[None].expand_as(pattern).clone()
 
             hooks.append((a.hook_pattern(layer), fix_pattern))
     hooks += list(extra_hooks or [])

@@ -10,7 +10,7 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,58 +46,154 @@ class GraphOptions:
 
 
 @dataclass
-class WriterTable:
-    """Writer nodes grouped by residual location and position."""
+class WriterBlock:
+    """One residual location's writers, padded per position: slot ``(g, j)`` is node ``rows[g, j]``
+    at ``positions[g]``, and its output vector is ``scale[g, j] * basis[index[g, j]]`` (padding:
+    row -1, scale 0).  Transcoder features share their decoder rows as the basis (a feature's
+    vector is its activation times its decoder row), so the vectors, ``(positions, writers,
+    d_model)`` in all, are only made for the positions a sweep needs (:meth:`vectors`)."""
 
-    # loc -> list of (position, node rows LongTensor, vectors (n, d_model))
-    groups: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    positions: torch.Tensor  # (k,) increasing
+    rows: torch.Tensor  # (k, max_n) long, -1 = padding
+    scale: torch.Tensor  # (k, max_n) compute dtype
+    index: torch.Tensor  # (k, max_n) long, into basis
+    basis: torch.Tensor  # (m, d_model)
+
+    def vectors(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """The output vectors of the position groups ``start:end``: ``(end - start, max_n, d_model)``."""
+        return self.scale[start:end].unsqueeze(-1) * self.basis[self.index[start:end]]
+
+    def vector(self, g: int, j: int) -> torch.Tensor:
+        return self.scale[g, j] * self.basis[self.index[g, j]]
+
+    def n_slots(self) -> int:
+        return int(self.rows.shape[0]) * int(self.rows.shape[1])
+
+
+@dataclass
+class WriterTable:
+    """Writer nodes by residual location and position (:class:`WriterBlock` per location after
+    :meth:`finalise`).  A writer is added with its vector (:meth:`add`) or as a scale of a row of
+    a shared basis (:meth:`add_scaled`, e.g. a feature's activation and decoder row)."""
+
+    #: loc -> list of (position, rows, scales, basis id or None, index into it or the vectors)
+    _items: dict[int, list[tuple[int, torch.Tensor, torch.Tensor | None, int | None, torch.Tensor]]] = field(
+        default_factory=dict, repr=False)
+    _bases: list[torch.Tensor] = field(default_factory=list, repr=False)
+    blocks: dict[int, WriterBlock] = field(default_factory=dict)
 
     def add(self, loc: int, position: int, rows: list[int], vectors: torch.Tensor) -> None:
         if not rows:
             return
-        self.groups.setdefault(loc, []).append((position, torch.tensor(rows, dtype=torch.long), vectors))
+        self._items.setdefault(loc, []).append((position, torch.tensor(rows, dtype=torch.long), None, None, vectors))
 
-    # loc -> (positions (k,), rows (k, max_n) padded with -1, vectors (k, max_n, d_model) padded with 0)
-    padded: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    def add_basis(self, basis: torch.Tensor) -> int:
+        """Register ``basis (m, d_model)``; returns its id for :meth:`add_scaled`."""
+        self._bases.append(basis)
+        return len(self._bases) - 1
+
+    def add_scaled(self, loc: int, position: int, rows: list[int], scales: torch.Tensor, basis: int,
+                   index: torch.Tensor) -> None:
+        """Writers whose vectors are ``scales[i] * basis[index[i]]``."""
+        if not rows:
+            return
+        self._items.setdefault(loc, []).append((position, torch.tensor(rows, dtype=torch.long), scales, basis,
+                                                index.to(torch.long)))
 
     def finalise(self) -> None:
-        """Merge groups that share (loc, position) and build the padded per-location blocks."""
-        for loc, items in self.groups.items():
-            merged: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-            for pos, rows, vecs in items:
-                r, v = merged.setdefault(pos, ([], []))
+        """Merge the writers that share (loc, position) and build each location's padded block."""
+        for loc, items in self._items.items():
+            # this location's basis: the registered bases it uses, then its plain vectors
+            used = sorted({b for _, _, _, b, _ in items if b is not None})
+            parts, offset = [], {}
+            n = 0
+            for b in used:
+                offset[b] = n
+                parts.append(self._bases[b])
+                n += self._bases[b].shape[0]
+            merged: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
+            for pos, rows, scales, b, idx in items:
+                r, s, i = merged.setdefault(pos, ([], [], []))
                 r.append(rows)
-                v.append(vecs)
-            self.groups[loc] = sorted(
-                ((pos, torch.cat(r), torch.cat(v)) for pos, (r, v) in merged.items()), key=lambda x: x[0]
-            )
-            groups = self.groups[loc]
-            k, max_n = len(groups), max(len(r) for _, r, _ in groups)
-            ref = groups[0][2]
+                if b is None:  # plain vectors: appended to the basis, scale 1
+                    parts.append(idx)
+                    i.append(torch.arange(n, n + idx.shape[0]))
+                    s.append(torch.ones(idx.shape[0], dtype=idx.dtype, device=idx.device))
+                    n += idx.shape[0]
+                else:
+                    i.append(idx.cpu() + offset[b])
+                    s.append(scales)
+            basis = torch.cat(parts) if len(parts) > 1 else parts[0]
+            order = sorted(merged)
+            k = len(order)
+            max_n = max(sum(len(x) for x in merged[p][0]) for p in order)
             rows = torch.full((k, max_n), -1, dtype=torch.long)
-            vecs = torch.zeros(k, max_n, ref.shape[-1], dtype=ref.dtype, device=ref.device)
-            for g, (_, r, v) in enumerate(groups):
+            scale = torch.zeros(k, max_n, dtype=basis.dtype, device=basis.device)
+            index = torch.zeros(k, max_n, dtype=torch.long)
+            for g, p in enumerate(order):
+                r, s, i = (torch.cat(x) for x in merged[p])
                 rows[g, : len(r)] = r
-                vecs[g, : len(r)] = v
-            # the groups keep views into the padded block: every writer vector is held once
-            self.groups[loc] = [(p, r, vecs[g, : len(r)]) for g, (p, r, _) in enumerate(groups)]
-            self.padded[loc] = (torch.tensor([p for p, _, _ in groups], dtype=torch.long), rows, vecs)
+                scale[g, : len(r)] = s
+                index[g, : len(r)] = i
+            self.blocks[loc] = WriterBlock(torch.tensor(order, dtype=torch.long), rows, scale,
+                                           index.to(basis.device), basis)
+        self._items = {}
+        self._bases = []
 
 
 @dataclass
 class ReaderTable:
+    """Readers: node row, residual location, position, direction and own constant.
+
+    A direction is held as a tensor (:meth:`add`), or made when a sweep needs it from a shared
+    source (:meth:`add_lazy`: a transcoder feature's encoder row through its frozen norm), so
+    that long prompts do not hold one ``d_model`` vector per active feature."""
+
     rows: list[int] = field(default_factory=list)
     locs: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    directions: list[torch.Tensor] = field(default_factory=list)
     own_constants: list[float] = field(default_factory=list)
+    #: per reader: its direction, or (source id, key) for :meth:`add_lazy`
+    _dirs: list[Any] = field(default_factory=list, repr=False)
+    #: source id -> fn(keys LongTensor (n,), positions LongTensor (n,)) -> directions (n, d_model)
+    _sources: list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=list, repr=False)
 
     def add(self, row: int, loc: int, position: int, g: torch.Tensor, own_constant: float) -> None:
+        self._append(row, loc, position, g, own_constant)
+
+    def add_source(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> int:
+        """Register a direction source for :meth:`add_lazy`; returns its id."""
+        self._sources.append(fn)
+        return len(self._sources) - 1
+
+    def add_lazy(self, row: int, loc: int, position: int, source: int, key: int, own_constant: float) -> None:
+        """A reader whose direction is ``source(key, position)``, made when needed."""
+        self._append(row, loc, position, (source, int(key)), own_constant)
+
+    def _append(self, row: int, loc: int, position: int, g: Any, own_constant: float) -> None:
         self.rows.append(row)
         self.locs.append(loc)
         self.positions.append(position)
-        self.directions.append(g)
+        self._dirs.append(g)
         self.own_constants.append(float(own_constant))
+
+    def direction(self, i: int) -> torch.Tensor:
+        """The direction of reader ``i`` (an index into this table)."""
+        return self.directions_of([i])[0]
+
+    def directions_of(self, indices: list[int]) -> list[torch.Tensor]:
+        """The directions of readers ``indices``, one call per lazy source."""
+        out: list[Any] = [self._dirs[i] for i in indices]
+        lazy: dict[int, list[tuple[int, int, int]]] = {}
+        for j, (i, d) in enumerate(zip(indices, out)):
+            if not isinstance(d, torch.Tensor):
+                lazy.setdefault(d[0], []).append((j, d[1], self.positions[i]))
+        for src, items in lazy.items():
+            js, keys, pos = zip(*items)
+            g = self._sources[src](torch.tensor(keys, dtype=torch.long), torch.tensor(pos, dtype=torch.long))
+            for n, j in enumerate(js):
+                out[j] = g[n]
+        return out
 
 
 @dataclass
@@ -112,18 +208,18 @@ class Collected:
     # the engine then sums its per-location edges into one edge per (reader, writer)
     multi_location_writers: bool = False
 
-    #: node id -> its writes, built on first use (:meth:`writer_index`)
-    _writer_index: dict[NodeId, list[tuple[int, int, torch.Tensor]]] | None = field(default=None, repr=False)
+    #: node id -> its writer slots (location, position group, slot), built on first use
+    _writer_index: dict[NodeId, list[tuple[int, int, int]]] | None = field(default=None, repr=False)
 
-    def writer_index(self) -> dict[NodeId, list[tuple[int, int, torch.Tensor]]]:
-        """node id -> every ``(location, position, output vector)`` at which it writes (one for most
-        nodes; one per downstream MLP output for a CLT feature)."""
+    def writer_index(self) -> dict[NodeId, list[tuple[int, int, int]]]:
+        """node id -> every ``(location, group, slot)`` of its writes in the writer blocks (one for
+        most nodes; one per downstream MLP output for a CLT feature)."""
         if self._writer_index is None:
-            idx: dict[NodeId, list[tuple[int, int, torch.Tensor]]] = {}
-            for loc, groups in self.writers.groups.items():
-                for pos, rows, vecs in groups:
-                    for j, r in enumerate(rows.tolist()):
-                        idx.setdefault(self.nodes[r].id, []).append((loc, pos, vecs[j]))
+            idx: dict[NodeId, list[tuple[int, int, int]]] = {}
+            for loc, block in sorted(self.writers.blocks.items()):
+                g_i, j_i = (block.rows >= 0).nonzero(as_tuple=True)
+                for g, j, r in zip(g_i.tolist(), j_i.tolist(), block.rows[g_i, j_i].tolist()):
+                    idx.setdefault(self.nodes[r].id, []).append((loc, g, j))
             self._writer_index = idx
         return self._writer_index
 
@@ -133,22 +229,34 @@ class Collected:
         import numpy as np
 
         counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-        for loc, groups in self.writers.groups.items():
-            for pos, rows, _ in groups:
-                counts[loc, pos] += len(rows)
+        for loc, block in self.writers.blocks.items():
+            np.add.at(counts[loc], block.positions.numpy(), (block.rows >= 0).sum(1).numpy())
         locs = np.asarray(self.readers.locs, dtype=np.int64)
         positions = np.asarray(self.readers.positions, dtype=np.int64)
         kinds = np.array([self.nodes[r].kind for r in self.readers.rows], dtype=object)
         return counts, locs, positions, kinds
 
+    def feature_writer_counts(self, n_locs: int, n_pos: int) -> Any:
+        """Transcoder feature writers per (location, position) ``(n_locs, n_pos)`` (numpy)."""
+        import numpy as np
+
+        counts = np.zeros((n_locs, n_pos), dtype=np.int64)
+        is_feature = np.array([n.kind == "feature" for n in self.nodes] + [False])  # row -1: padding
+        for loc, block in self.writers.blocks.items():
+            counts[loc, block.positions.numpy()] += is_feature[block.rows.numpy()].sum(1)
+        return counts
+
     def largest_writer_block(self) -> int:
         """The most (position, writer) slots of one residual location's padded writer block."""
-        return max((int(rows.shape[0]) * int(rows.shape[1]) for _, rows, _ in self.writers.padded.values()),
-                   default=0)
+        return max((block.n_slots() for block in self.writers.blocks.values()), default=0)
 
     def writer_locations(self, node: NodeId) -> list[tuple[int, int, torch.Tensor]]:
         """Every ``(location, position, output vector)`` at which ``node`` writes; empty for non-writers."""
-        return self.writer_index().get(node, [])
+        out = []
+        for loc, g, j in self.writer_index().get(node, []):
+            block = self.writers.blocks[loc]
+            out.append((loc, int(block.positions[g]), block.vector(g, j)))
+        return out
 
 
 class _Builder:
@@ -194,6 +302,13 @@ def _post_norm_forward(fm: FrozenLinearModel, norms: list | None, layer: int, ve
     if norms is None:
         return vecs
     return norms[layer].forward_linear(vecs, positions)
+
+
+def _without_sigma(norm: Any, vecs: torch.Tensor) -> torch.Tensor:
+    """``gamma * P(v)``: a frozen post-norm's linear part before its division by sigma."""
+    if norm.center:
+        vecs = vecs - vecs.mean(-1, keepdim=True)
+    return vecs * norm.gamma if norm.gamma is not None else vecs
 
 
 def collect_nodes(
@@ -258,7 +373,7 @@ def _collect_attention(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     loc = loc_resid_mid(layer)
     w = fm.attn[layer]
     posts = fm.ln1_post
-    A = fm.patterns[layer]  # (H, T, T)
+    A = fm.pattern(layer)  # (H, T, T)
     ln1 = fm.ln1[layer]
     bias_raw = w["b_O"].expand(T, -1).clone()
     if b.opt.attention[layer] == "frozen":
@@ -307,28 +422,45 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
         raise AttributionError(f"graph.mlp for layer {layer}: unknown granularity {mode!r}")
 
 
-def _feature_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: torch.Tensor):
-    """Reader directions, own constants and measured pre-activations of features ``idx`` at (layer, t).
-
-    The dictionary's input site decides the norm: ``normalized`` reads ``P(x)/sigma2`` (ln2
-    before gamma/beta), ``mlp_input`` the MLP's input ``gamma2 * P(x)/sigma2 + beta2``, ``raw``
-    the residual stream at resid_mid itself."""
+def _feature_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: torch.Tensor,
+                    direction: bool = True):
+    """Reader directions, own constants and measured pre-activations of features ``idx`` at (layer, t)
+    (directions None when ``direction`` is false: see :func:`_feature_directions`)."""
     tc = b.tc[layer]
     W = b.c(tc.encoder_rows(idx))  # (n, d_model)
     own = b.c(tc.b_enc[idx])
     x = b.c(b.lin.tc_input[layer][t])
     pre = W @ x + own
-    if tc.input_site in ("normalized", "mlp_input"):
-        norm = fm.ln2[layer]
-        if tc.input_site == "mlp_input":
-            g = norm.reader_direction(W)
-            own = own + norm.reader_constant(W) if norm.beta is not None else own
-        else:  # P(x)/sigma2: the centring without gamma
-            g = NormWeights(None, None, norm.center).reader_direction(W)
-        g = g / norm.sigma[t]
-    else:
-        g = W
+    if tc.input_site == "mlp_input" and fm.ln2[layer].beta is not None:
+        own = own + fm.ln2[layer].reader_constant(W)
+    g = _feature_directions(fm.ln2[layer], tc.input_site, W, torch.full((W.shape[0],), t)) if direction else None
     return g, own, pre
+
+
+def _feature_directions(norm: NormWeights, site: str, W: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The read directions of encoder rows ``W (n, d_model)`` at ``positions (n,)``.
+
+    The dictionary's input site decides the norm: ``normalized`` reads ``P(x)/sigma2`` (ln2
+    before gamma/beta), ``mlp_input`` the MLP's input ``gamma2 * P(x)/sigma2 + beta2``, ``raw``
+    the residual stream at resid_mid itself."""
+    if site not in ("normalized", "mlp_input"):
+        return W
+    if site == "mlp_input":
+        g = norm.reader_direction(W)
+    else:  # P(x)/sigma2: the centring without gamma
+        g = NormWeights(None, None, norm.center).reader_direction(W)
+    return g / norm.sigma[positions.to(norm.sigma.device)].unsqueeze(-1)
+
+
+def _feature_direction_source(b: _Builder, fm: FrozenLinearModel, layer: int):
+    """fn(features, positions) -> read directions of ``layer``'s features (made when a sweep needs them)."""
+    tc, norm, device, dtype = b.tc[layer], fm.ln2[layer], b.device, b.dtype
+
+    def directions(features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        W = tc.encoder_rows(features).to(device=device, dtype=dtype)
+        return _feature_directions(norm, tc.input_site, W, positions)
+
+    return directions
 
 
 def _dictionary_state(b: _Builder) -> dict[str, Any]:
@@ -372,17 +504,18 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
     acts = _acts(b, layer)
     # ---- feature nodes of this encoder layer
     rows_at: dict[int, tuple[list[int], torch.Tensor]] = {}
+    source = b.readers.add_source(_feature_direction_source(b, fm, layer))
     for t in range(b.min_mlp_pos(), T):
         active = acts[t].nonzero().flatten()
         if not active.numel():
             continue
-        g, own, pre = _feature_reader(b, fm, layer, t, active)
+        _, own, pre = _feature_reader(b, fm, layer, t, active, direction=False)
         rows = []
-        for j, (i, a, o, p) in enumerate(zip(active.tolist(), acts[t, active].tolist(), own.tolist(), pre.tolist())):
+        for i, a, o, p in zip(active.tolist(), acts[t, active].tolist(), own.tolist(), pre.tolist()):
             row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
                                   label=f"F{i} L{layer}@{t}"))
             rows.append(row)
-            b.readers.add(row, loc_resid_mid(layer), t, g[j], o)
+            b.readers.add_lazy(row, loc_resid_mid(layer), t, source, i, o)
         rows_at[t] = (rows, active)
     st["rows"][layer] = rows_at
     # ---- writes into MLP output `layer`; a dictionary writing before the post-MLP norm
@@ -401,11 +534,15 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
         ids, dec = _decoder(b, l)
         j_out = layer - l
         a_l = _acts(b, l)
+        # a feature writes activation * decoder row: the rows are shared, the vectors made per sweep;
+        # through a frozen post-norm, (activation / sigma(t)) * gamma P(decoder row)
+        dec_out = dec[:, j_out] if posts is None else _without_sigma(posts[layer], dec[:, j_out])
+        basis = b.writers.add_basis(dec_out)
         for t, (rows, active) in st["rows"][l].items():
-            vecs = a_l[t, active].unsqueeze(-1) * dec[torch.searchsorted(ids, active), j_out]
-            vecs = _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1))
-            b.writers.add(loc, t, rows, vecs)
-            error[t] -= vecs.sum(0)
+            at = torch.searchsorted(ids, active)
+            scales = a_l[t, active] if posts is None else a_l[t, active] / posts[layer].sigma[t]
+            b.writers.add_scaled(loc, t, rows, scales, basis, at)
+            error[t] -= (scales.unsqueeze(-1) * dec_out[at]).sum(0)
     bias = _post_norm_forward(fm, posts, layer, constant, slice(0, T))
     if posts is not None and posts[layer].beta is not None:
         bias = bias + posts[layer].beta

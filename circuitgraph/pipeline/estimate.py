@@ -32,15 +32,18 @@ import numpy as np
 from circuitgraph.errors import ResourceError
 
 __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
-           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES"]
+           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "PART_TRANSIENT_BYTES"]
 
 #: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored + the
 #: engine's concatenation (12) + pruning's index arrays; measured 30-35 (docs/benchmarks), with margin
 EDGE_PEAK_BYTES = 48
-#: the same with max_feature_nodes, per edge of the computed rows before the unselected features
-#: are folded: the rows, the ranking rounds' concatenation and level sort, and the fold's sort of
-#: the edge keys; measured 79 (6 layers, 256 tokens, 4096 of 124k features, 38.6 M edges)
-MFN_EDGE_PEAK_BYTES = 96
+#: with max_feature_nodes, per edge of the computed rows before the unselected features are
+#: folded: the rows are kept as the engine returns them (int32 target, int32 source, float32
+#: weight: 12 bytes), ranked and folded part by part, never concatenated whole
+MFN_EDGE_PEAK_BYTES = 16
+#: working copies per edge of one part (one engine call on at most batch_size rows of one
+#: location, and its fold): the engine's pieces and their concatenation, the fold's keys and sort
+PART_TRANSIENT_BYTES = 64
 #: more per edge when edges are accumulated in float64 (``graph: {dtype: float64}``)
 FLOAT64_EXTRA_BYTES = 16
 #: share of the available memory a run may plan to use
@@ -113,10 +116,28 @@ class EdgePlan:
     n_edges_lower: int | None = None
     #: the fewest possible edges of one feature row (what the remaining rows are assumed to add)
     min_row_edges: int = 0
+    #: with max_feature_nodes: the edges left after folding (upper and lower bound: a folded row
+    #: has at most one edge per kept writer and per remainder node it can see) and their bytes each
+    #: in the later stages; the working copies of the largest part of computed rows
+    n_edges_folded_upper: int = 0
+    n_edges_folded_lower: int = 0
+    folded_bytes_per_edge: int = 0
+    bytes_part: int = 0
+    #: the most bytes of computed rows held in memory (the rest go to temporary files)
+    rows_in_memory: int | None = None
+
+    def _edge_bytes(self, computed: int, folded: int) -> int:
+        if self.max_feature_nodes is None:
+            return computed * self.bytes_per_edge
+        # the computed rows (while they are ranked and folded), or the folded graph (later stages)
+        held = computed * self.bytes_per_edge
+        if self.rows_in_memory is not None:
+            held = min(held, self.rows_in_memory * self.bytes_per_edge // 12)
+        return max(held + self.bytes_part, folded * self.folded_bytes_per_edge)
 
     @property
     def bytes_edges(self) -> int:
-        return self.n_edges_upper * self.bytes_per_edge
+        return self._edge_bytes(self.n_edges_upper, self.n_edges_folded_upper)
 
     @property
     def bytes_fixed(self) -> int:
@@ -129,8 +150,9 @@ class EdgePlan:
 
     @property
     def bytes_peak_lower(self) -> int:
-        lower = self.n_edges_upper if self.n_edges_lower is None else self.n_edges_lower
-        return self.bytes_fixed + lower * self.bytes_per_edge
+        if self.n_edges_lower is None:
+            return self.bytes_peak
+        return self.bytes_fixed + self._edge_bytes(self.n_edges_lower, self.n_edges_folded_lower)
 
     @property
     def fits(self) -> bool:
@@ -217,26 +239,62 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
                     mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
                     min_row_edges=int(bounds[is_feature].min()) if n_feat else 0)
+    if selecting:
+        cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
+        plan.n_edges_folded_upper, _, plan.n_edges_folded_lower = _rows_total(
+            np.minimum(bounds, cap + mfn), is_feature, mfn)
+        plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
+        widest = int(bounds[is_feature].max()) if n_feat else 0
+        plan.bytes_part = min(getattr(options, "batch_size", 256), mfn) * widest * (PART_TRANSIENT_BYTES + extra)
+        from circuitgraph.attribution.feature_selection import ROWS_IN_MEMORY_BYTES
+
+        plan.rows_in_memory = ROWS_IN_MEMORY_BYTES
     if not plan.fits:
-        plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra)
+        plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
+                              cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
+                              if n_feat else None, batch_size=getattr(options, "batch_size", None))
     return plan
 
 
+def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: np.ndarray,
+                    n_locs: int, n_pos: int) -> np.ndarray:
+    """Per reader, the edges its row can keep after the unselected features are folded, less the
+    selected features it can see: one per other writer and one per (layer, position) remainder
+    node it can see."""
+    features = col.feature_writer_counts(n_locs, n_pos)
+    others = counts - features
+    sites = (features > 0).astype(np.int64)
+    return _row_bounds(others, locs, positions, reach) + _row_bounds(sites, locs, positions, reach)
+
+
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-            bounds: np.ndarray, reach: np.ndarray, extra: int = 0) -> list[str]:
+            bounds: np.ndarray, reach: np.ndarray, extra: int = 0, cap: np.ndarray | None = None,
+            batch_size: int | None = None) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound."""
     room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
     out: list[str] = []
     is_feature = kinds == "feature"
-    if is_feature.any():
-        # the largest max_feature_nodes whose rows fit
+    if is_feature.any() and cap is not None:
+        # the largest max_feature_nodes whose rows fit (the same bound as plan_edges')
         feat = np.sort(bounds[is_feature])[::-1]
-        fixed = int(bounds[~is_feature].sum())
-        budget = room // (MFN_EDGE_PEAK_BYTES + extra) - fixed
-        k = int(np.searchsorted(np.cumsum(feat), budget, side="right")) if budget > 0 else 0
-        if k >= 1:
-            k = min(k, feat.size - 1) if feat.size > 1 else k
-            out.append(f"set graph.max_feature_nodes: {k} (or less)")
+        computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
+        batch = batch_size or 256
+
+        def need(k: int) -> int:
+            folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
+            part = min(batch, k) * int(feat[0]) * (PART_TRANSIENT_BYTES + extra)
+            return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
+                       folded * (EDGE_PEAK_BYTES + extra))
+
+        lo, hi = 0, max(feat.size - 1, 1) if feat.size > 1 else feat.size
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo >= 1:
+            out.append(f"set graph.max_feature_nodes: {lo} (or less)")
     is_neuron = kinds == "neuron"
     if is_neuron.any():
         k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
@@ -300,7 +358,10 @@ def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int)
     no guide to the rest.)"""
     if rows_done <= 0 or rows_done >= rows_total:
         return
-    need = plan.bytes_fixed + (edges_done + (rows_total - rows_done) * plan.min_row_edges) * plan.bytes_per_edge
+    held = (edges_done + (rows_total - rows_done) * plan.min_row_edges) * plan.bytes_per_edge
+    if plan.rows_in_memory is not None:  # the rest of the computed rows goes to temporary files
+        held = min(held, plan.rows_in_memory * plan.bytes_per_edge // 12)
+    need = plan.bytes_fixed + held
     if need <= plan.limit:
         return
     width = edges_done / rows_done
@@ -345,9 +406,12 @@ class RunEstimate:
                     if p.max_feature_nodes is not None else "every row")
             out.append(f"estimated nodes: {p.n_nodes} (feature nodes {p.n_feature_nodes}, neuron nodes "
                        f"{p.n_neuron_nodes}); edges at most {p.n_edges_upper:,} ({rows})")
+            if p.max_feature_nodes is not None:
+                out.append(f"after folding the unselected features: at most {p.n_edges_folded_upper:,} edges")
             out.append(f"memory: {_gb(p.base)} after the forward pass and node tables (measured), edges at most "
-                       f"{_gb(p.bytes_edges)} ({p.bytes_per_edge} bytes each at the peak); peak at most about "
-                       f"{_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
+                       f"{_gb(p.bytes_edges)} ({p.bytes_per_edge} bytes each at the peak"
+                       + (f"; {p.folded_bytes_per_edge} per folded edge" if p.max_feature_nodes is not None else "")
+                       + f"); peak at most about {_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
         out += self.device_lines
         if self.fits:
             out.append("fits: yes")

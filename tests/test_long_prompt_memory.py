@@ -1,0 +1,203 @@
+"""Long prompts: what grows with the prompt is not held all at once (issue 12, item 3).
+
+* attention patterns above a size are kept in a temporary file and read per layer
+  (:class:`~circuitgraph.attribution.linearisation.OffloadedPatterns`): same edges, same frozen model;
+* a transcoder feature's writer vector (activation x decoder row) and reader direction (encoder
+  row through the frozen norm) are made when a sweep needs them, from tables shared by all
+  positions: the engine holds no ``(features, d_model)`` table;
+* with ``max_feature_nodes`` the computed rows stay in per-location parts that are ranked and
+  folded one by one: the same selection and folded edges as one global fold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from circuitgraph.adapters import ModelAdapter
+from circuitgraph.attribution import build as build_mod
+from circuitgraph.attribution import linearisation as lin_mod
+from circuitgraph.attribution.engine import EdgeResult
+from circuitgraph.attribution.feature_selection import fold_unselected, parts_influence, select_and_compute
+from circuitgraph.attribution.linearisation import OffloadedPatterns, frozen, linearise
+from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
+from circuitgraph.attribution.targets import top_logit_targets
+from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
+from circuitgraph.testing.synthetic import tiny_model
+from tests.test_queries_graphs import stub_transcoders
+
+TOKENS = [1, 5, 7, 2, 9, 3, 11, 4, 8, 6, 10, 12, 13, 14]
+
+
+def _inputs(seed: int = 3):
+    model = tiny_model(seed=seed, n_layers=3, n_ctx=len(TOKENS))
+    tcs = stub_transcoders(model, TOKENS, d_sae=48, active_frac=0.3)
+    return ModelAdapter(model), tcs
+
+
+def _graph(adapter, tcs, **opts):
+    return build_mod.attribute(adapter, TOKENS, tcs, **opts)
+
+
+def _edges(g) -> dict[tuple[str, str], float]:
+    ids = [n.id for n in g.nodes]
+    return {(str(ids[t]), str(ids[s])): float(w) for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight)}
+
+
+def _assert_same_edges(a, b, rtol=1e-6):
+    ea, eb = _edges(a), _edges(b)
+    assert ea.keys() == eb.keys()
+    scale = max(abs(v) for v in ea.values())
+    assert max(abs(ea[k] - eb[k]) for k in ea) <= rtol * scale
+
+
+def test_offloaded_patterns_give_the_same_graph(monkeypatch):
+    adapter, tcs = _inputs()
+    in_memory = _graph(adapter, tcs)
+    assert not isinstance(in_memory.context.linearisation.patterns, OffloadedPatterns)
+    monkeypatch.setattr(lin_mod, "OFFLOAD_PATTERNS_BYTES", 0)
+    offloaded = _graph(adapter, tcs)
+    lin = offloaded.context.linearisation
+    assert isinstance(lin.patterns, OffloadedPatterns) and len(lin.patterns) == 3
+    ref = in_memory.context.linearisation.patterns
+    for layer in range(3):
+        assert torch.equal(lin.patterns[layer], ref[layer])
+        assert torch.equal(lin.patterns.block(layer, 5), ref[layer][:, :5, :5])
+    _assert_same_edges(in_memory, offloaded, rtol=0)
+    assert offloaded.check_completeness().max_violation < 1e-5
+    # the real model frozen on offloaded patterns computes what it computed on the originals
+    toks = torch.tensor([TOKENS])
+    with frozen(adapter, in_memory.context.linearisation) as m:
+        a = m(toks)
+    with frozen(adapter, lin) as m:
+        b = m(toks)
+    assert torch.equal(a, b)
+
+
+def _collected(dtype=torch.float64):
+    model = tiny_model(seed=1, n_layers=3, n_ctx=len(TOKENS))
+    tcs = stub_transcoders(model, TOKENS, d_sae=48, active_frac=0.3)
+    adapter = ModelAdapter(model.to(dtype))
+    lin = linearise(adapter, torch.tensor(TOKENS), tcs)
+    targets = top_logit_targets(lin.logits, position=len(TOKENS) - 1, max_n=3, cumulative_probability=0.95)
+    options = GraphOptions(mlp={l: "transcoders" for l in range(3)}, attention={l: "frozen" for l in range(3)},
+                           dtype=dtype)
+    return collect_nodes(adapter, lin, tcs, targets, options), tcs
+
+
+def test_feature_vectors_are_made_from_shared_tables():
+    col, tcs = _collected()
+    features = [n for n in col.nodes if n.kind == "feature"]
+    n_positions = len({n.position for n in features})
+    for layer in range(3):
+        block = col.writers.blocks[2 * layer + 2]
+        # one basis row per active decoder row and per other writer, not one vector per feature node
+        n_feat = sum(1 for n in features if n.layer == layer)
+        assert block.basis.shape[0] <= tcs[0].d_sae + n_positions < n_feat + n_positions
+    # no feature reader holds a direction: they are made per sweep
+    held = [i for i, r in enumerate(col.readers.rows) if col.nodes[r].kind == "feature"
+            and isinstance(col.readers._dirs[i], torch.Tensor)]
+    assert not held and len(features) > 100
+
+    adapter, tcs = _inputs()
+    g = _graph(adapter, tcs)
+    ctx = g.context
+    features = [n for n in g.nodes if n.kind == "feature"]
+    # what they make is the feature's activation x decoder row, and its encoder row through ln2
+    lin = ctx.linearisation
+    for node in features[:: max(1, len(features) // 25)]:
+        (w,) = ctx.writes(node.id)
+        dec = tcs.decoder_rows(node.layer, torch.tensor([node.index]))[0, 0]
+        torch.testing.assert_close(w.vector, (node.activation * dec).to(w.vector.dtype), rtol=1e-5, atol=1e-6)
+        r = ctx.reader(node.id)
+        x = lin.tc_input[node.layer][node.position]
+        # pre = direction . resid_mid + own constant, with ln2's sigma frozen
+        resid = lin.resid_mid[node.layer][node.position].to(r.direction.dtype)
+        assert float(r.direction @ resid + r.own_constant) == pytest.approx(node.pre_activation, rel=1e-4, abs=1e-5)
+        assert float(tcs[node.layer].encoder_rows(torch.tensor([node.index]))[0] @ x.to(torch.float64)
+                     + tcs[node.layer].b_enc[node.index]) == pytest.approx(node.pre_activation, rel=1e-4, abs=1e-5)
+
+
+def _global_fold(col, rows, selected):
+    """The reference: every computed edge at once, one global sort of (target, new source)."""
+    t = np.concatenate([p.target for _, p in rows.parts])
+    s = np.concatenate([p.source for _, p in rows.parts])
+    w = np.concatenate([p.weight for _, p in rows.parts])
+    nodes, rd = col.nodes, col.readers
+    keep = {rd.rows[i] for i in selected}
+    dropped = [r for r in rd.rows if nodes[r].kind == "feature" and r not in keep]
+    kept = [r for r in range(len(nodes)) if r not in set(dropped)]
+    rem = sorted({(nodes[r].layer, nodes[r].position) for r in dropped})
+    new_ids = [nodes[r].id for r in kept] + [NodeId("remainder", l, p, REMAINDER_INDEX["features"]) for l, p in rem]
+    src = {r: i for i, r in enumerate(kept)}
+    src.update({r: len(kept) + rem.index((nodes[r].layer, nodes[r].position)) for r in dropped})
+    out: dict[tuple[NodeId, NodeId], float] = {}
+    for a, b, c in zip(t.tolist(), s.tolist(), w.tolist()):
+        key = (new_ids[src[a]], new_ids[src[b]])
+        out[key] = out.get(key, 0.0) + c
+    return {k: v for k, v in out.items() if v != 0}
+
+
+def test_max_feature_nodes_parts_fold_like_one_global_fold():
+    col, _ = _collected()
+    rows, selected = select_and_compute(col, 20, batch_size=8)
+    # every part holds the rows of one residual location, each reader row in one part only
+    seen = set()
+    for loc, p in rows.parts:
+        locs = {col.readers.locs[col.readers.rows.index(r)] for r in np.unique(p.target).tolist()}
+        assert locs == {loc}
+        assert not seen & set(np.unique(p.target).tolist())
+        seen |= set(np.unique(p.target).tolist())
+    ref = _global_fold(col, rows, selected)
+    nodes, edges, _ = fold_unselected(col, rows, selected)
+    ids = [n.id for n in nodes]
+    got = {(ids[t], ids[s]): float(w) for t, s, w in zip(edges.target, edges.source, edges.weight)}
+    assert got.keys() == ref.keys()
+    assert max(abs(got[k] - ref[k]) for k in ref) <= 1e-12 * max(abs(v) for v in ref.values())
+    assert rows.parts == []  # released while folding
+
+
+def test_parts_influence_is_the_power_series_over_the_rows():
+    from circuitgraph.attribution.feature_selection import RowParts
+
+    rng = np.random.default_rng(0)
+    # a small layered graph: level k nodes read from levels < k
+    n, level = 12, np.repeat(np.arange(4), 3)
+    rows = RowParts(n)
+    t, s, w = [], [], []
+    for lvl in (3, 2, 1):
+        tt, ss = np.meshgrid(np.flatnonzero(level == lvl), np.flatnonzero(level < lvl), indexing="ij")
+        keep = rng.random(tt.size) < 0.7
+        part = EdgeResult(tt.ravel()[keep].astype(np.int32), ss.ravel()[keep].astype(np.int32),
+                          rng.normal(size=int(keep.sum())).astype(np.float32), {})
+        rows.add(int(lvl), part)
+        t.append(part.target), s.append(part.source), w.append(part.weight)
+    t, s, w = np.concatenate(t), np.concatenate(s), np.concatenate(w).astype(np.float64)
+    start = np.zeros(n)
+    start[9:] = [0.5, 0.3, 0.2]
+    A = np.zeros((n, n))
+    A[t, s] = np.abs(w)
+    A /= np.maximum(A.sum(1, keepdims=True), 1e-8)
+    ref, x = np.zeros(n), start.copy()
+    for _ in range(n):
+        x = A.T @ x
+        ref += x
+    np.testing.assert_allclose(parts_influence(rows, start), ref, rtol=1e-6, atol=1e-12)
+
+
+def test_computed_rows_past_the_memory_budget_go_to_files(monkeypatch):
+    """max_feature_nodes' computed rows beyond ROWS_IN_MEMORY_BYTES are written to temporary files
+    and read back part by part: the same graph as with every row in memory."""
+    from circuitgraph.attribution import feature_selection
+
+    adapter, tcs = _inputs()
+    in_memory = _graph(adapter, tcs, max_feature_nodes=25, batch_size=8)
+    monkeypatch.setattr(feature_selection, "ROWS_IN_MEMORY_BYTES", 0)
+    col, _ = _collected(torch.float32)
+    rows, _ = select_and_compute(col, 25, batch_size=8)
+    assert rows.bytes_in_memory == 0 and all(isinstance(p, feature_selection._SpilledPart)
+                                             for _, p in rows.parts if rows.n_edges)
+    spilled = _graph(adapter, tcs, max_feature_nodes=25, batch_size=8)
+    _assert_same_edges(in_memory, spilled, rtol=0)
+    assert spilled.check_completeness().max_violation < 1e-5
