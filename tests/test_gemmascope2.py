@@ -169,6 +169,46 @@ def test_gemmascope2_clt_published_layout(tmp_path, out, skip):
             assert abs((v - after[r]) - edges.get((r, f), 0.0)) < 1e-5 * scale, (f, r)
 
 
+def test_circuit_tracer_config_listing_gemmascope2_clt_files(tmp_path, monkeypatch):
+    """circuit-tracer's GemmaScope-2 CLT configs (model_kind: cross_layer_transcoder + transcoders: the
+    params_layer_<i> files, hooks in its TransformerLens names): locally, and through the hub cache as
+    a config repository listing hf:// files of the weights repository."""
+    import huggingface_hub.constants
+
+    from circuitgraph.dictionaries.hub import load_hf_dictionaries
+    from circuitgraph.testing.synthetic import hf_cache_repo
+
+    model = tiny_model(**GEMMA2)
+    raw = random_clt(model, activation="jump_relu", skip=True, input_site="normalized")
+    weights = tmp_path / "google" / "clt" / "width_16k_l0_small_affine"
+    save_gemmascope2_clt(weights, raw)
+    adapter = ModelAdapter(model)
+    ref = attribute(adapter, TOKENS, load_dictionaries(weights, adapter))
+    ct = {"model_kind": "cross_layer_transcoder", "feature_input_hook": "mlp.hook_in",
+          "feature_output_hook": "hook_mlp_out", "scan": "example/scan"}
+    (weights / "config.yaml").write_text(yaml.safe_dump({**ct, "transcoders": [
+        f"params_layer_{i}.safetensors" for i in range(3)]}))
+    assert detect_format(weights) == "circuit_tracer_clt"
+    local = load_dictionaries(weights, adapter)
+    assert local.format == "circuit_tracer_clt" and local.describe()["scan"] == "example/scan"
+    np.testing.assert_array_equal(attribute(adapter, TOKENS, local).edge_weight, ref.edge_weight)
+    (weights / "config.yaml").unlink()
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    hf_cache_repo(cache, "example-google/gemma-scope-2-tiny-pt", tmp_path / "google")
+    cfg = tmp_path / "config-repo" / "clt" / "width_16k_l0_small_affine"
+    cfg.mkdir(parents=True)
+    (cfg / "config.yaml").write_text(yaml.safe_dump({**ct, "transcoders": [
+        f"hf://example-google/gemma-scope-2-tiny-pt/clt/width_16k_l0_small_affine/params_layer_{i}.safetensors"
+        for i in range(3)]}))
+    hf_cache_repo(cache, "example-org/gemma-scope-2-tiny-pt", tmp_path / "config-repo")
+    hub = load_hf_dictionaries("example-org/gemma-scope-2-tiny-pt/clt/width_16k_l0_small_affine", adapter)
+    np.testing.assert_array_equal(attribute(adapter, TOKENS, hub).edge_weight, ref.edge_weight)
+
+
 def test_gemmascope2_clt_through_the_spec(tmp_path):
     from circuitgraph.pipeline.runner import run
     from circuitgraph.spec import load_spec

@@ -75,16 +75,28 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def _listed_files(path: Path, config: dict[str, Any]) -> dict[int, Path]:
+    """The layer files a circuit-tracer ``config.yaml`` lists (``transcoders:``), relative to ``path``."""
+    out = {}
+    for i, entry in enumerate(config["transcoders"]):
+        if str(entry).startswith("hf://"):
+            raise LoadError(f"{path / 'config.yaml'}: transcoders[{i}] is the hub file {entry}; download it next to "
+                            "config.yaml and list the local file name instead (or use transcoders: {hf: REPO})")
+        out[i] = Path(str(entry)) if Path(str(entry)).is_absolute() else path / str(entry)
+    return out
+
+
 def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = None,
                       layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
-                      lazy: bool | None = None) -> Any:
+                      lazy: bool | None = None, config: dict[str, Any] | None = None) -> Any:
     """Load the dictionary in ``path`` (its format detected unless given) for ``adapter``'s model.
 
     Returns a :class:`~circuitgraph.dictionaries.TranscoderSet` or a
     :class:`~circuitgraph.dictionaries.CrossLayerTranscoder`; both record ``format``.  Safetensors
     layouts stay on disk: decoder rows are read for the active features only, and ``lazy``
     (default: when the encoders together exceed 1 GiB) re-reads each encoder when it is needed
-    instead of keeping it (sae-lens folders and GemmaScope ``.npz`` files are read whole)."""
+    instead of keeping it (sae-lens folders and GemmaScope ``.npz`` files are read whole).
+    ``config``: a circuit-tracer ``config.yaml`` already read (its hub files resolved)."""
     found = detect_format(path)
     fmt = format or found
     if format is not None and format != found:
@@ -96,6 +108,14 @@ def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = No
         if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
             raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                             f"(got {list(layers)})")
+        from circuitgraph.dictionaries.clt import read_config_yaml
+
+        config = config or read_config_yaml(Path(path) / "config.yaml")
+        if config.get("transcoders"):  # circuit-tracer's config listing GemmaScope-2 CLT layer files
+            from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
+
+            return load_gemmascope2_clt_dir(Path(path), adapter, dtype=dtype, lazy=lazy, ct_config=config,
+                                            files=_listed_files(Path(path), config), format="circuit_tracer_clt")
         return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
     if fmt == "gemmascope2_clt":
         from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
@@ -139,6 +159,11 @@ def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
 
 def _layer_files(path: Path, fmt: str) -> list[Path]:
     if fmt == "circuit_tracer_clt":
+        from circuitgraph.dictionaries.clt import read_config_yaml
+
+        listed = read_config_yaml(path / "config.yaml").get("transcoders")
+        if listed:  # GemmaScope-2 layer files listed by a circuit-tracer config
+            return [path / str(e) for e in listed if not str(e).startswith("hf://")]
         return sorted(path.glob("W_*.safetensors"))
     if fmt == "gemmascope2_clt":
         return sorted(path.glob("params_layer_*.safetensors"))

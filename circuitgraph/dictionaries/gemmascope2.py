@@ -118,10 +118,17 @@ def clt_layer_files(path: Path) -> dict[int, Path]:
             if (m := re.fullmatch(r"params_layer_(\d+)\.safetensors", p.name))}
 
 
-def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, lazy: bool | None = None) -> Any:
+def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, lazy: bool | None = None,
+                             files: dict[int, Path] | None = None, ct_config: dict[str, Any] | None = None,
+                             format: str = "gemmascope2_clt") -> Any:
     """A GemmaScope-2 cross-layer transcoder folder (``config.json`` + ``params_layer_<i>.safetensors``)
     as a :class:`~circuitgraph.dictionaries.clt.CrossLayerTranscoder`: the same engine, queries and
-    checks as circuit-tracer's CLT layout, its matrices left in the files and read by feature."""
+    checks as circuit-tracer's CLT layout, its matrices left in the files and read by feature.
+
+    ``files`` / ``ct_config``: the layer files a circuit-tracer ``config.yaml`` lists
+    (``model_kind: cross_layer_transcoder`` with ``transcoders: [...]``, as circuit-tracer's
+    ``load_gemma_scope_2_clt`` reads them), whose ``feature_input_hook`` / ``feature_output_hook``
+    then give the hooks."""
     import torch
     from safetensors import safe_open
 
@@ -130,17 +137,21 @@ def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, laz
     from circuitgraph.errors import ShapeMismatchError
 
     dtype = dtype or torch.float32
-    cfg_path = path / "config.json"
-    config = read_config_json(cfg_path)
+    cfg_path = path / ("config.yaml" if ct_config is not None else "config.json")
+    config = read_config_json(path / "config.json") if ct_config is None else {}
     if config.get("type", "clt") != "clt":
         raise LoadError(f"{cfg_path}: type {config.get('type')!r}; a GemmaScope-2 cross-layer transcoder folder has "
                         "type clt (per-layer transcoders are layer_<i>_width_*/params.safetensors folders)")
-    hook_in, hook_out = tl_hooks(config, cfg_path, None)
+    if ct_config is not None:
+        hook_in = str(ct_config.get("feature_input_hook", "hook_resid_mid"))
+        hook_out = str(ct_config.get("feature_output_hook", "hook_mlp_out"))
+    else:
+        hook_in, hook_out = tl_hooks(config, cfg_path, None)
     f = adapter.facts
     L, D = f.n_layers, f.d_model
     site = hook_site(hook_in, str(cfg_path))
     out_site = output_site(hook_out, str(cfg_path), post_norms=f.post_norms)
-    files = clt_layer_files(path)
+    files = clt_layer_files(path) if files is None else files
     if files and max(files) >= L:
         raise ShapeMismatchError(f"{files[max(files)]}: the CLT has layer {max(files)}, the model has {L} layers "
                                  f"(0-{L - 1}); use the CLT trained for this model")
@@ -152,7 +163,7 @@ def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, laz
     b_enc, b_dec, thr, skips, enc, dec = [], [], [], [], [], []
     d_tc = None
     for layer in range(L):
-        p = path / f"params_layer_{layer}.safetensors"
+        p = files.get(layer, path / f"params_layer_{layer}.safetensors")
         if not p.is_file():
             raise LoadError(f"{p} is missing: a GemmaScope-2 CLT for this {L}-layer model needs params_layer_0 .. "
                             f"params_layer_{L - 1}.safetensors; download it into {path}")
@@ -204,6 +215,6 @@ def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, laz
         path, n_layers=L, d_transcoder=int(d_tc), d_model=D, b_enc=torch.stack(b_enc), b_dec=torch.stack(b_dec),
         threshold=torch.stack(thr), W_skip=skips or None, activation_function="jump_relu", topk=None,
         feature_input_hook=hook_in, feature_output_hook=hook_out, dtype=dtype, source={"path": str(path)},
-        config={"model_kind": "cross_layer_transcoder", **config}, lazy=lazy, input_norms=norms, out_site=out_site,
-        stores=(enc, dec), format="gemmascope2_clt",
+        config={"model_kind": "cross_layer_transcoder", **config, **(ct_config or {})}, lazy=lazy,
+        input_norms=norms, out_site=out_site, stores=(enc, dec), format=format,
     )

@@ -85,7 +85,7 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
 
     config = read_config_yaml(cfg)
     listed = config.get("transcoders")
-    if config.get("model_kind") == "transcoder_set" and listed:
+    if config.get("model_kind") in ("transcoder_set", "cross_layer_transcoder") and listed:
         local = []
         for entry in listed:
             entry = str(entry)
@@ -119,6 +119,8 @@ def load_hf_dictionaries(ref: str, adapter: Any, *, format: str | None = None, l
                 raise LoadError(f"{ref}: transcoders.format is {format!r} but the repository holds a circuit-tracer "
                                 "transcoder_set; set format: circuit_tracer_transcoder_set")
             out = load_transcoder_set_dir(folder, adapter, config, layers=layers, dtype=dtype)
+        elif config is not None and config.get("transcoders"):  # a CLT config listing (GemmaScope-2) files
+            out = load_dictionaries(folder, adapter, format=format, layers=layers, dtype=dtype, config=config)
         else:
             out = load_dictionaries(folder, adapter, format=format, layers=layers, dtype=dtype)
     except LoadError as exc:
