@@ -366,6 +366,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     for p in plots:
         lines += [f"![{p}]({p})", ""]
     est = [r for r in runs if "result" in r and r["suite"] != "precision"]
+    recheck = any("dry_run_recheck" in r.get("plan", {}) for r in est)
     if est:
         lines += ["## Memory estimates", "",
                   "Before each run the suite counts the active features per (layer, position) on its prompt "
@@ -379,17 +380,25 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                   "`max_feature_nodes` rows only; `circuitgraph.pipeline.estimate`) is shown next to the measured "
                   "peak: it should be an upper bound within a small factor.", "",
                   "| run | est. edges (full graph) | edges built | est. peak GB: full graph / run as done | "
-                  "dry-run: est. edges, peak GB, fits | measured peak GB |", "|---|---|---|---|---|---|"]
+                  "dry-run: est. edges, peak GB, fits | measured peak GB |"
+                  + (" dry run re-made (`--recheck-dry-run`): peak GB (x measured), commit |" if recheck else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if recheck else "")]
         for r in est:
             pl, res = r["plan"], r["result"]
             dr = pl.get("dry_run") or {}
             done = pl.get("est_mfn_peak_gb") if res["max_feature_nodes"] is not None else pl["est_full_peak_gb"]
             built = f"{res['n_edges']:,}" + (f" (max_feature_nodes {res['max_feature_nodes']}, folded)"
                                              if res["max_feature_nodes"] is not None else "")
+            measured = r["process"]["peak_rss_mb"] / 1024
+            again = pl.get("dry_run_recheck") or {}
+            extra = ""
+            if recheck:
+                extra = (f" {again['peak_gb']:.2f} ({again['peak_gb'] / measured:.2f}x), {again.get('commit', '')} |"
+                         if "peak_gb" in again else f" {again.get('error', '-')} |")
             lines.append(f"| {r['name']} | {pl['est_full_edges']:,.0f} | {built} | {pl['est_full_peak_gb']:.1f} / "
                          f"{'-' if done is None else f'{done:.1f}'} | {dr.get('n_edges_upper', 0):,}, "
                          f"{dr.get('peak_gb', float('nan')):.1f}, {dr.get('fits')} | "
-                         f"{_gb(r['process']['peak_rss_mb'])} |")
+                         f"{_gb(r['process']['peak_rss_mb'])} |" + extra)
         lines.append("")
     # a benchmark of minutes: the docs test (tests/test_docs_examples.py) does not run it
     lines += ["## Reproduce", "", "```bash no-run",
