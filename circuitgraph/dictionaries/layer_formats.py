@@ -46,8 +46,8 @@ from typing import Any
 import torch
 
 from circuitgraph.dictionaries.clt import output_hook_name, output_site
-from circuitgraph.dictionaries.stored import StoredRows
-from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+from circuitgraph.dictionaries.stored import StoredRows, check_finite
+from circuitgraph.errors import LoadError, ShapeMismatchError
 
 __all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "transcoder_files",
            "gemmascope_files", "LAYER_DIR_FORMATS"]
@@ -59,10 +59,8 @@ _SITES = {"hook_resid_mid": "raw", "hook_mlp_in": "raw", "ln2.hook_normalized": 
 
 
 def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
-    if t is not None and not torch.isfinite(t).all():
-        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
-        raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad}); "
-                             "re-export the dictionary with finite weights")
+    if t is not None:
+        check_finite(t, str(where), name)
 
 
 def _shape(m: Any) -> tuple[int, ...]:
