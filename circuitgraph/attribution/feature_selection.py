@@ -29,7 +29,7 @@ from circuitgraph.errors import ResourceError
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 
 __all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts",
-           "ROWS_IN_MEMORY_BYTES"]
+           "ROWS_IN_MEMORY_BYTES", "PART_EDGES", "reader_edge_bounds"]
 
 
 #: bytes of computed rows held in memory with max_feature_nodes; the parts beyond are written to
@@ -156,12 +156,42 @@ def parts_influence(rows: RowParts, start: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _by_location(col: Collected, subset: list[int]) -> list[tuple[int, list[int]]]:
-    """``subset`` (reader indices) split by the residual location each reads, top down."""
+#: the most possible edges of one engine call's rows (more rows are split into several calls), so
+#: that one part's working copies stay small whatever the rows' width
+PART_EDGES = 1 << 24
+
+
+def _by_location(col: Collected, subset: list[int], row_bound: np.ndarray | None = None) -> list[tuple[int, list[int]]]:
+    """``subset`` (reader indices) split by the residual location each reads, top down, and into
+    pieces of at most :data:`PART_EDGES` possible edges (``row_bound[i]``: reader ``i``'s)."""
     groups: dict[int, list[int]] = {}
     for i in subset:
         groups.setdefault(col.readers.locs[i], []).append(i)
-    return sorted(groups.items(), reverse=True)
+    out = []
+    for loc, idx in sorted(groups.items(), reverse=True):
+        if row_bound is None:
+            out.append((loc, idx))
+            continue
+        idx.sort(key=lambda i: col.readers.positions[i])
+        piece, total = [], 0
+        for i in idx:
+            if piece and total + int(row_bound[i]) > PART_EDGES:
+                out.append((loc, piece))
+                piece, total = [], 0
+            piece.append(i)
+            total += int(row_bound[i])
+        out.append((loc, piece))
+    return out
+
+
+def reader_edge_bounds(col: Collected) -> np.ndarray:
+    """Per reader: the writers at or below its location and at or before its position (at least
+    its number of edges)."""
+    rd = col.readers
+    n_locs = 2 * col.frozen.n_layers + 1
+    counts = col.count_tables(n_locs, col.frozen.n_pos)[0]
+    seen = counts.cumsum(0).cumsum(1)
+    return seen[np.asarray(rd.locs, dtype=np.int64), np.asarray(rd.positions, dtype=np.int64)]
 
 
 def select_and_compute(
@@ -194,6 +224,7 @@ def select_and_compute(
     for loc, subset in _by_location(col, other_readers):
         rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=subset))
     done = list(other_readers)
+    bound = reader_edge_bounds(col)
     visited = np.zeros(len(feature_readers), dtype=bool)
     feature_node_rows = np.array([rd.rows[i] for i in feature_readers])
     n_visited = 0
@@ -204,7 +235,7 @@ def select_and_compute(
         for k in range(0, len(queue), batch_size):
             chunk = queue[k : k + batch_size]
             subset = [feature_readers[j] for j in chunk]
-            for loc, part in _by_location(col, subset):
+            for loc, part in _by_location(col, subset, bound):
                 rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part))
             done += subset
             visited[chunk] = True

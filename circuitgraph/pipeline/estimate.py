@@ -245,8 +245,11 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
             np.minimum(bounds, cap + mfn), is_feature, mfn)
         plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
         widest = int(bounds[is_feature].max()) if n_feat else 0
-        plan.bytes_part = min(getattr(options, "batch_size", 256), mfn) * widest * (PART_TRANSIENT_BYTES + extra)
-        from circuitgraph.attribution.feature_selection import ROWS_IN_MEMORY_BYTES
+        from circuitgraph.attribution.feature_selection import PART_EDGES, ROWS_IN_MEMORY_BYTES
+
+        # one engine call: at most batch_size rows, split at PART_EDGES possible edges
+        part_edges = min(min(getattr(options, "batch_size", 256), mfn) * widest, max(PART_EDGES, widest))
+        plan.bytes_part = part_edges * (PART_TRANSIENT_BYTES + extra)
 
         plan.rows_in_memory = ROWS_IN_MEMORY_BYTES
     if not plan.fits:
@@ -280,9 +283,11 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
         batch = batch_size or 256
 
+        from circuitgraph.attribution.feature_selection import PART_EDGES
+
         def need(k: int) -> int:
             folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
-            part = min(batch, k) * int(feat[0]) * (PART_TRANSIENT_BYTES + extra)
+            part = min(min(batch, k) * int(feat[0]), max(PART_EDGES, int(feat[0]))) * (PART_TRANSIENT_BYTES + extra)
             return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
                        folded * (EDGE_PEAK_BYTES + extra))
 
