@@ -29,16 +29,20 @@ CASES = [  # (format, activation, skip)
 ]
 
 
-def _reference(model, raw: list[dict], activation: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _reference(model, raw: list[dict], activation: str, *, mlp_input: bool = True
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Activations and reconstructions straight from the raw tensors, on the MLP input computed
-    from TransformerLens's own cache (gamma2 * ln2.hook_normalized + beta2)."""
+    from TransformerLens's own cache (gamma2 * ln2.hook_normalized + beta2), or on
+    ln2.hook_normalized itself (``mlp_input=False``: what GemmaScope transcoders read)."""
     L = model.cfg.n_layers
     names = [f"blocks.{l}.ln2.hook_normalized" for l in range(L)]
     _, cache = model.run_with_cache(torch.tensor([TOKENS]), names_filter=lambda n: n in names)
     acts, recons = [], []
     for l, t in enumerate(raw):
         ln2 = model.blocks[l].ln2
-        x = cache[names[l]][0] * ln2.w + (ln2.b if hasattr(ln2, "b") else 0.0)
+        x = cache[names[l]][0]
+        if mlp_input:
+            x = x * ln2.w + (ln2.b if hasattr(ln2, "b") else 0.0)
         h = x @ t["W_enc"] + t["b_enc"]
         if activation == "jump_relu":
             a = h * (h > t["threshold"])
@@ -65,7 +69,7 @@ def test_format_loads_and_is_exact(tmp_path, arch, fmt, activation, skip):
     assert tcs.format == fmt
     g = attribute(adapter, TOKENS, tcs)
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
-    acts, recons = _reference(model, raw, activation)
+    acts, recons = _reference(model, raw, activation, mlp_input=fmt != "gemmascope")
     lin = g.context.linearisation
     ctx = g.context
     n_feat = 0

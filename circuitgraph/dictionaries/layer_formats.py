@@ -46,8 +46,8 @@ from typing import Any
 import torch
 
 from circuitgraph.dictionaries.clt import output_hook_name, output_site
-from circuitgraph.dictionaries.stored import StoredRows
-from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+from circuitgraph.dictionaries.stored import StoredRows, check_finite
+from circuitgraph.errors import LoadError, ShapeMismatchError
 
 __all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "transcoder_files",
            "gemmascope_files", "LAYER_DIR_FORMATS"]
@@ -59,10 +59,8 @@ _SITES = {"hook_resid_mid": "raw", "hook_mlp_in": "raw", "ln2.hook_normalized": 
 
 
 def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
-    if t is not None and not torch.isfinite(t).all():
-        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
-        raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad}); "
-                             "re-export the dictionary with finite weights")
+    if t is not None:
+        check_finite(t, str(where), name)
 
 
 def _shape(m: Any) -> tuple[int, ...]:
@@ -283,8 +281,13 @@ def _layer_files(path: Path, name: str) -> dict[int, Path]:
 
 
 def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[int] | None = None,
-                        dtype: torch.dtype = torch.float32, input_hook: str = "mlp.hook_in", lazy: bool | None = None):
+                        dtype: torch.dtype = torch.float32, input_hook: str | None = None, lazy: bool | None = None):
     """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders.
+
+    GemmaScope folders hold no hook names: they read ``ln2.hook_normalized`` (the pre-MLP
+    RMSNorm's normalised input before its weight) and write ``hook_mlp_out``, as sae-lens's
+    ``gemma_2_transcoder`` conversion and circuit-tracer's Gemma-2 hook map say (``input_hook``
+    overrides the input).
 
     GemmaScope-2 folders are the published ``layer_<i>_width_<w>_l0_<s>[_affine]/`` (or
     ``layer_<i>/...``); each one's ``config.json`` names its hook points
@@ -292,14 +295,15 @@ def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[
     ``hook_mlp_out`` or ``mlp.output`` = ``mlp.hook_out`` (before the post-MLP norm)."""
     if version == 1:
         files = _select(_layer_files(path, "params.npz"), layers, path)
-        return gemmascope_files(files, adapter, version=1, dtype=dtype, input_hook=input_hook,
+        return gemmascope_files(files, adapter, version=1, dtype=dtype, input_hook=input_hook or GEMMASCOPE_INPUT_HOOK,
                                 source={"path": str(path)}, where=path, lazy=lazy)
     from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
 
     folders = _select(per_layer_folders(path), layers, path)
     if not folders:
         raise LoadError(f"{path}: no layer_<i>_width_<w>_l0_<s>/params.safetensors folders (GemmaScope-2 layout)")
-    hooks = {l: tl_hooks(read_config_json(d / "config.json"), d / "config.json", l, (input_hook, "hook_mlp_out"))
+    hooks = {l: tl_hooks(read_config_json(d / "config.json"), d / "config.json", l,
+                         (input_hook or "mlp.hook_in", "hook_mlp_out"))
              for l, d in folders.items()}
     if len(set(hooks.values())) > 1:
         raise LoadError(f"{path}: the layers' config.json name different hook points ({sorted(set(hooks.values()))}); "
@@ -310,8 +314,13 @@ def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[
                             lazy=lazy)
 
 
+#: what GemmaScope (1) transcoders read: sae-lens's ``gemma_2_transcoder`` conversion config and
+#: circuit-tracer's Gemma-2 hook map (``pre_feedforward_layernorm``'s ``_norm`` output)
+GEMMASCOPE_INPUT_HOOK = "ln2.hook_normalized"
+
+
 def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtype: torch.dtype,
-                     source: dict[str, Any], where: Path, input_hook: str = "mlp.hook_in", lazy: bool | None = None,
+                     source: dict[str, Any], where: Path, input_hook: str = GEMMASCOPE_INPUT_HOOK, lazy: bool | None = None,
                      hook_out: str = "hook_mlp_out"):
     """GemmaScope (``params.npz``) / GemmaScope-2 (``params.safetensors``) files, one per layer
     (from a folder, or fetched from the hub by the sae-lens registry)."""

@@ -217,8 +217,7 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
         # hooks as sae-lens's gemma_2_transcoder config gives them (and circuit-tracer's Gemma-2 hook map):
         # ln2.hook_normalized (the pre-MLP RMSNorm's x / rms, before its weight) -> hook_mlp_out
         files = {l: _file(repo, f"{p}/params.npz", revision) for l, p in paths.items()}
-        return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo),
-                                input_hook="ln2.hook_normalized")
+        return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo))
     if conv == "mwhanna_transcoder":
         from circuitgraph.dictionaries.layer_formats import transcoder_files
 
