@@ -352,6 +352,28 @@ def plan(run: Run, bundle_dir: Path, budget_gb: float, counts: list[list[int]]) 
     return out
 
 
+def recheck_dry_run(suite: Suite, work: Path, out: Path) -> int:
+    """``--recheck-dry-run``: the dry run's estimate of each recorded run, made again with the
+    current code, stored next to the first one (``plan.dry_run_recheck``, with the commit)."""
+    from report import write_report
+
+    results = json.loads((out / "results.json").read_text())
+    by_name = {r.name: r for r in suite.runs}
+    code = code_state()
+    for rec in results["runs"]:
+        run = by_name.get(rec["name"])
+        if run is None or "result" not in rec:
+            continue
+        log(f"{run.name}: dry run at {code['commit']}")
+        dr = _dry_run_estimate(run, build_bundle(run.bundle, work), 0.0) or {}
+        rec["plan"]["dry_run_recheck"] = {**dr, "commit": code["commit"]}
+        _save(results, out)
+    results["dry_run_recheck_code"] = code
+    _save(results, out)
+    write_report(results, out)
+    return 0
+
+
 def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dict[str, Any] | None:
     """circuitgraph's own estimate, ``circuitgraph run SPEC --dry-run`` in a child process (it runs
     the forward pass and builds the node tables, then bounds the edges), recorded next to the
@@ -606,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true", help="redraw results.md and plots from results.json")
     ap.add_argument("--runs", default=None,
                     help="comma-separated run names (e.g. 6L-long-T1024,gpt2-long-T256): only these, within --only")
+    ap.add_argument("--recheck-dry-run", action="store_true",
+                    help="re-make `circuitgraph run --dry-run`'s estimate of every recorded run in --out's "
+                         "results.json with the current code (next to the measured peak), and redraw the report")
     ap.add_argument("--time-limit-min", type=float, default=None,
                     help="stop a timed run after this many minutes (recorded as stopped at the time limit)")
     ap.add_argument("--gpu", action="store_true",
@@ -633,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--runs: unknown run names {sorted(unknown)}; known: {', '.join(r.name for r in suite.runs)}")
         suite.runs = [r for r in suite.runs if r.name in names]
     work = args.work / ("quick" if args.quick else "full")
+    if args.recheck_dry_run:
+        return recheck_dry_run(suite, work, out)
     t_start = time.time()
     results: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
