@@ -249,3 +249,50 @@ def test_virtual_hook_is_the_mlp_output_before_the_norm():
     torch.testing.assert_close(cache["blocks.1.mlp.hook_out"], _pre_norm_mlp_out(model, cache, 1))
     torch.testing.assert_close(logits, model(torch.tensor([TOKENS])))
     assert not ModelAdapter(tiny_model(norm="RMS", mlp="gated", positional="rotary")).has_hook("blocks.0.mlp.hook_out")
+
+
+@pytest.mark.parametrize("input_site", ["mlp_input", "normalized"])
+def test_saelens_transcoders_writing_mlp_hook_out(tmp_path, input_site):
+    """sae-lens-format transcoders whose hook_name_out is blocks.<l>.mlp.hook_out (JumpReLU + skip)
+    on a Gemma-2-style model write before the post-MLP norm, as the per-layer formats do:
+    completeness, activations = sae-lens's own encode, and each error = hook_mlp_out minus the
+    post-norm image of the reconstruction computed here from the sae-lens tensors; on a model
+    without post-norms the same hook is hook_mlp_out."""
+    from circuitgraph.testing.synthetic import random_transcoders, save_bundle
+
+    model = tiny_model(**GEMMA2)
+    tcs = random_transcoders(model, d_sae=24, kind="jumprelu_skip", input_site=input_site, output_hook="mlp.hook_out")
+    bundle = save_bundle(tmp_path / "b", model, tcs)
+    adapter = ModelAdapter(model)
+    loaded = load_dictionaries(bundle / "transcoders", adapter)
+    assert all(loaded.output_site(k) == "before_post_norm" for k in tcs)
+    assert loaded[1].hook_out == "blocks.1.mlp.hook_out"
+    g = attribute(adapter, TOKENS, loaded)
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
+    L = adapter.facts.n_layers
+    names = {f"blocks.{k}.{h}" for k in range(L) for h in ("hook_mlp_out", "ln2.hook_normalized", "ln2_post.hook_scale")}
+    _, cache = model.run_with_cache(torch.tensor([TOKENS]), names_filter=lambda n: n in names)
+    cache = {k: v[0] for k, v in cache.items()}
+    feats = [n for n in g.nodes if n.kind == "feature"]
+    assert {n.layer for n in feats} == set(range(L))
+    for k, tc in tcs.items():
+        x = cache[f"blocks.{k}.ln2.hook_normalized"]
+        if input_site == "mlp_input":
+            x = x * model.blocks[k].ln2.w  # the MLP input (RMSNorm: no bias)
+        with torch.no_grad():
+            acts = tc.encode(x)
+            recon = acts @ tc.W_dec + tc.b_dec + x @ tc.W_skip.T
+        for n in (n for n in feats if n.layer == k):
+            assert abs(n.activation - float(acts[n.position, n.index])) < 1e-5, n.id
+        sigma = cache[f"blocks.{k}.ln2_post.hook_scale"]
+        for p in range(1, len(TOKENS)):
+            (err,) = g.context.writes(NodeId("error", k, p, 0))
+            expect = cache[f"blocks.{k}.hook_mlp_out"][p] - recon[p] / sigma[p] * model.blocks[k].ln2_post.w
+            torch.testing.assert_close(err.vector, expect, atol=2e-5, rtol=0)
+    # no post-norm: mlp.hook_out is hook_mlp_out itself
+    plain = tiny_model(norm="RMS", mlp="gated", positional="rotary", n_layers=2)
+    d = save_bundle(tmp_path / "p", plain, random_transcoders(plain, d_sae=24, output_hook="mlp.hook_out"))
+    plain_tcs = load_dictionaries(d / "transcoders", ModelAdapter(plain))
+    assert plain_tcs.output_site(0) == "mlp_out" and plain_tcs[0].hook_out == "blocks.0.hook_mlp_out"
+    g = attribute(ModelAdapter(plain), TOKENS, plain_tcs)
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-5

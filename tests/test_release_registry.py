@@ -352,3 +352,161 @@ def test_release_model_check_for_a_model_loaded_from_a_folder(tmp_path):
     cfg = json.loads((bundle / "model" / "config.json").read_text())
     (bundle / "model" / "config.json").write_text(json.dumps({**cfg, "model_name": "google/gemma-2-2b"}))
     check_release_model(entry, load_model_dir(bundle / "model"))  # same model: accepted
+
+
+#: a tiny Gemma-2-style TransformerLens model (RMS pre- and post-norms, gated MLP, soft caps)
+_GEMMA_LIKE = dict(norm="RMS", mlp="gated", positional="rotary", post_norms=True, attn_soft_cap=30.0,
+                   logit_soft_cap=20.0, d_vocab=23)
+
+
+def _gemma3_stand_in(tmp_path: Path, n_layers: int) -> tuple[Path, object]:
+    """The release's model is Gemma-3, which circuitgraph cannot build tiny by name (TransformerLens
+    pins gemma-3-270m's real sizes): a tiny Gemma-2-style model saved as a local folder whose
+    config names google/gemma-3-270m stands in for it (the release model check reads that name)."""
+    from circuitgraph.testing.synthetic import save_bundle, tiny_model
+
+    model = tiny_model(n_layers=n_layers, **_GEMMA_LIKE)
+    d = save_bundle(tmp_path / "gemma3", model) / "model"
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "model_name": "google/gemma-3-270m"}))
+    return d, model
+
+
+def _gemma_scope_2_folder(folder: Path, layer: int, gen, *, out_point: str, affine: bool) -> dict:
+    """One published GemmaScope-2 transcoder folder: config.json (hook points) + params.safetensors."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "jump_relu", "type": "transcoder", "affine_connection": affine,
+        "model_name": "gemma-v3-270m-pt", "hf_hook_point_in": f"model.layers.{layer}.pre_feedforward_layernorm.output",
+        "hf_hook_point_out": f"model.layers.{layer}.{out_point}"}))
+    t = {"w_enc": torch.randn(D, F, generator=gen) / D**0.5, "b_enc": 0.3 * torch.randn(F, generator=gen),
+         "threshold": 0.1 * torch.rand(F, generator=gen), "w_dec": torch.randn(F, D, generator=gen) / F**0.5,
+         "b_dec": 0.1 * torch.randn(D, generator=gen)}
+    if affine:
+        t["affine_skip_connection"] = 0.1 * torch.randn(D, D, generator=gen) / D**0.5
+    save_file(t, str(folder / "params.safetensors"))
+    return t
+
+
+def _run_path(model_dir: Path, release: str, **extra):
+    import circuitgraph
+
+    return circuitgraph.run({"format_version": 1, "model": {"path": str(model_dir)},
+                             "transcoders": {"release": release, **extra}, "prompt": {"tokens": TOKENS},
+                             "targets": [{"top_logits": {"max_n": 2}}]}).graph
+
+
+def _check_gemma_scope_2(g, files: dict[int, dict]) -> None:
+    """Completeness, and every feature's activation (and the graph's reader) equal to the raw
+    files' JumpReLU forward on what the model feeds each MLP."""
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
+    x = _mlp_inputs(g.context.adapter.model)
+    feats = [n for n in g.nodes if n.kind == "feature"]
+    assert {n.layer for n in feats} == set(files)
+    for n in feats:
+        t = files[n.layer]
+        h = float(x[n.layer][n.position] @ t["w_enc"][:, n.index] + t["b_enc"][n.index])
+        assert h > float(t["threshold"][n.index]) and abs(n.activation - h) < 1e-5 * max(1.0, abs(h)), n.id
+        assert abs(_reader_pre(g, n) - h) < 1e-5 * max(1.0, abs(h)), n.id
+
+
+def test_gemma_scope_2_transcoders_release(hub, tmp_path):
+    """gemma-scope-2-270m-pt-transcoders (sae-lens conversion gemma_3): the two affine folders
+    sae-lens's registry lists, transcoder/layer_<l>_width_<w>_l0_<s>_affine/{config.json,
+    params.safetensors}, fetched offline; a decoy folder of another width is never read."""
+    R = "gemma-scope-2-270m-pt-transcoders"
+    entry = release_entry(R)
+    assert entry.conversion_func == "gemma_3" and entry.model == "google/gemma-3-270m"
+    chosen = release_layers(entry)
+    model_dir, _ = _gemma3_stand_in(tmp_path, max(chosen) + 1)
+    repo = tmp_path / "gs2"
+    gen = torch.Generator().manual_seed(3)
+    files = {l: _gemma_scope_2_folder(repo / entry.saes_map[i], l, gen, out_point="post_feedforward_layernorm.output",
+                                      affine=entry.saes_map[i].endswith("_affine"))
+             for l, i in chosen.items()}
+    assert all("affine_skip_connection" in t for t in files.values())
+    decoy = repo / "transcoder" / f"layer_{min(chosen)}_width_65k_l0_big"
+    bad = _gemma_scope_2_folder(decoy, min(chosen), gen, out_point="post_feedforward_layernorm.output", affine=False)
+    from safetensors.torch import save_file
+
+    save_file({k: torch.full_like(v, float("nan")) for k, v in bad.items()}, str(decoy / "params.safetensors"))
+    hf_cache_repo(hub, entry.repo_id, repo)
+
+    g = _run_path(model_dir, R)
+    meta = g.metadata["transcoders"]
+    assert meta["format"] == "gemmascope2" and meta["source"]["conversion"] == "gemma_3"
+    assert meta["source"]["ids"] == {str(l): i for l, i in chosen.items()}
+    assert [(layer["hook_in"], layer["hook_out"], layer["output_site"]) for layer in meta["layers"]] == \
+        [(f"blocks.{l}.ln2.hook_normalized", f"blocks.{l}.hook_mlp_out", "mlp_out") for l in chosen]
+    _check_gemma_scope_2(g, files)
+
+    # a listed file missing from the cache: one line naming the repository, the file and the command
+    from circuitgraph.dictionaries.registry import load_release
+
+    snap = next((hub / ("models--" + entry.repo_id.replace("/", "--")) / "snapshots").iterdir())
+    p = entry.saes_map[chosen[max(chosen)]]
+    (snap / p / "params.safetensors").unlink()
+    with pytest.raises(LoadError) as info:
+        load_release(R, g.context.adapter)
+    msg = str(info.value)
+    assert "\n" not in msg and f"huggingface-cli download {entry.repo_id} {p}/params.safetensors" in msg
+
+
+def test_gemma_scope_2_all_release_with_ids_and_mlp_output_hook(hub, tmp_path):
+    """gemma-scope-2-270m-pt-transcoders-all lists several widths / L0s per layer: without ids
+    the one-line "choose ids" error; with ids, folders whose config.json reads
+    model.layers.<l>.mlp.output write the MLP output before the post-MLP norm (mlp.hook_out)."""
+    R = "gemma-scope-2-270m-pt-transcoders-all"
+    entry = release_entry(R)
+    assert entry.conversion_func == "gemma_3"
+    with pytest.raises(LoadError, match=r"dictionaries for layer 0 .*transcoders\.ids"):
+        release_layers(entry)
+    ids = {0: "layer_0_width_16k_l0_small", 2: "layer_2_width_16k_l0_big"}
+    assert all(i in entry.saes_map for i in ids.values())
+    model_dir, model = _gemma3_stand_in(tmp_path, 3)
+    repo = tmp_path / "gs2all"
+    gen = torch.Generator().manual_seed(4)
+    files = {l: _gemma_scope_2_folder(repo / entry.saes_map[i], l, gen, out_point="mlp.output", affine=False)
+             for l, i in ids.items()}
+    hf_cache_repo(hub, entry.repo_id, repo)
+    g = _run_path(model_dir, R, ids=ids)
+    meta = g.metadata["transcoders"]
+    assert [(layer["hook_out"], layer["output_site"]) for layer in meta["layers"]] == \
+        [("blocks.0.mlp.hook_out", "before_post_norm"), ("blocks.2.mlp.hook_out", "before_post_norm")]
+    _check_gemma_scope_2(g, files)
+    # the error of layer 2 is hook_mlp_out minus the post-norm image of the files' reconstruction
+    from circuitgraph.graph.nodes import NodeId
+
+    names = {"blocks.2.hook_mlp_out", "blocks.2.ln2_post.hook_scale"}
+    _, cache = model.run_with_cache(torch.tensor([TOKENS]), names_filter=lambda n: n in names)
+    x = _mlp_inputs(model)[2]
+    t = files[2]
+    h = x @ t["w_enc"] + t["b_enc"]
+    recon = (h * (h > t["threshold"])) @ t["w_dec"] + t["b_dec"]
+    sigma = cache["blocks.2.ln2_post.hook_scale"][0]
+    for p in range(1, len(TOKENS)):
+        (err,) = g.context.writes(NodeId("error", 2, p, 0))
+        expect = cache["blocks.2.hook_mlp_out"][0, p] - recon[p] / sigma[p] * model.blocks[2].ln2_post.w
+        torch.testing.assert_close(err.vector, expect, atol=2e-5, rtol=0)
+
+
+def test_gemma_scope_2_cross_layer_paths_are_refused_with_the_hf_form(monkeypatch):
+    """A gemma_3 entry naming a GemmaScope-2 CLT layer file (sae-lens would sum its decoders) is
+    refused before anything is fetched, naming the exact transcoders: {hf: ...} form instead."""
+    import yaml
+
+    from circuitgraph.adapters import ModelAdapter
+    from circuitgraph.dictionaries import registry
+    from circuitgraph.testing.synthetic import tiny_model
+
+    adapter = ModelAdapter(tiny_model(n_layers=2, **_GEMMA_LIKE))
+    block = yaml.safe_dump({"test-gs2-clt": {
+        "repo_id": "test-org/gs2", "model": adapter.model.cfg.model_name, "conversion_func": "gemma_3",
+        "saes": [{"id": f"clt/width_16k_l0_big/params_layer_{l}", "path": f"clt/width_16k_l0_big/params_layer_{l}"}
+                 for l in range(2)]}}, sort_keys=False)
+    real = registry._registry_yaml
+    monkeypatch.setattr(registry, "_registry_yaml", lambda: real().rstrip("\n") + "\n" + block)
+    with pytest.raises(LoadError, match=r"not a GemmaScope-2 per-layer transcoder folder.*hf: test-org/gs2/clt/width_16k_l0_big} \(the whole CLT\)"):
+        registry.load_release("test-gs2-clt", adapter)

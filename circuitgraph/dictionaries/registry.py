@@ -19,6 +19,9 @@ files, never from names:
 ``gemma_2_transcoder``         ``<path>/params.npz``                 ``gemmascope`` (reads
                                                                      ``ln2.hook_normalized``, as
                                                                      sae-lens's config says)
+``gemma_3`` (GemmaScope-2)     ``<path>/config.json``,               ``gemmascope2`` (hooks from
+                               ``<path>/params.safetensors``         ``config.json``; matrices
+                                                                     read by feature)
 ``mwhanna_transcoder``         ``<path>`` (``layer_<l>.safetensors``) circuit-tracer
                                                                      ``transcoder_set`` file,
                                                                      ``mlp.hook_in`` ->
@@ -49,7 +52,7 @@ from circuitgraph.errors import LoadError
 __all__ = ["ReleaseEntry", "release_entry", "release_layers", "load_release"]
 
 #: conversions circuitgraph reads itself (the rest go through sae-lens's own loader)
-OWN_CONVERSIONS = (None, "gemma_2_transcoder", "mwhanna_transcoder", "mntss_clt_layer_transcoder")
+OWN_CONVERSIONS = (None, "gemma_2_transcoder", "gemma_3", "mwhanna_transcoder", "mntss_clt_layer_transcoder")
 
 
 @dataclass
@@ -218,6 +221,8 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
         # ln2.hook_normalized (the pre-MLP RMSNorm's x / rms, before its weight) -> hook_mlp_out
         files = {l: _file(repo, f"{p}/params.npz", revision) for l, p in paths.items()}
         return gemmascope_files(files, adapter, version=1, dtype=dtype, source=source, where=Path(repo))
+    if conv == "gemma_3":  # GemmaScope-2: <path>/config.json (hook points) + <path>/params.safetensors
+        return _gemma_scope_2(release, repo, revision, paths, adapter, source, dtype)
     if conv == "mwhanna_transcoder":
         from circuitgraph.dictionaries.layer_formats import transcoder_files
 
@@ -249,3 +254,34 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     out = TranscoderSet.from_release(release, chosen, adapter, dtype=dtype)
     out.source = source
     return out
+
+
+def _gemma_scope_2(release: str, repo: str, revision: str | None, paths: dict[int, str], adapter: Any,
+                   source: dict[str, Any], dtype: torch.dtype) -> Any:
+    """GemmaScope-2 per-layer transcoders (sae-lens's ``gemma_3`` conversion, folders
+    ``transcoder[_all]/layer_<l>_width_<w>_l0_<s>[_affine]``): each folder's ``config.json`` names
+    its hook points (:func:`~circuitgraph.dictionaries.gemmascope2.tl_hooks`), ``params.safetensors``
+    is read by feature, as ``transcoders: {path: DIR}`` reads the same folders."""
+    from circuitgraph.dictionaries.gemmascope2 import read_config_json, tl_hooks
+    from circuitgraph.dictionaries.hub import _file
+    from circuitgraph.dictionaries.layer_formats import gemmascope_files
+
+    where = f"transcoders.release {release!r}"
+    for l, p in paths.items():
+        if not re.fullmatch(r"(?:.*/)?layer_\d+[^/]*", p) or "clt" in p.split("/")[0]:
+            raise LoadError(f"{where}: dictionary {p!r} is not a GemmaScope-2 per-layer transcoder folder "
+                            "(transcoder/layer_<l>_width_<w>_l0_<s>); for a GemmaScope-2 cross-layer transcoder use "
+                            f"transcoders: {{hf: {repo}/{p.rsplit('/', 1)[0] if '/' in p else p}}} (the whole CLT)")
+    hooks = {}
+    files = {}
+    for l, p in paths.items():
+        cfg = _file(repo, f"{p}/config.json", revision)
+        hooks[l] = tl_hooks(read_config_json(cfg), Path(f"{repo}/{p}/config.json"), l)
+        files[l] = _file(repo, f"{p}/params.safetensors", revision)
+    if len(set(hooks.values())) > 1:
+        raise LoadError(f"{where}: the chosen dictionaries' config.json name different hook points "
+                        f"({sorted(set(hooks.values()))}); choose one transcoder family for every layer with "
+                        "transcoders.ids")
+    h_in, h_out = next(iter(hooks.values()))
+    return gemmascope_files(files, adapter, version=2, dtype=dtype, input_hook=h_in, hook_out=h_out, source=source,
+                            where=Path(repo))

@@ -37,7 +37,8 @@ _IN_HOOKS = {
     r"blocks\.(\d+)\.hook_resid_mid": "raw",
     r"blocks\.(\d+)\.hook_mlp_in": "raw",
 }
-_OUT_HOOK = r"blocks\.(\d+)\.hook_mlp_out"
+#: output hooks: hook_mlp_out, or mlp.hook_out (before a post-MLP norm; see clt.output_site)
+_OUT_HOOK = r"blocks\.(\d+)\.(?:hook_mlp_out|mlp\.hook_out)"
 
 
 class TranscoderLayer:
@@ -239,13 +240,20 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         )
     out_layer = _match_layer(_OUT_HOOK, hook_out)
     if out_layer is None:
-        raise LoadError(f"{where}: output hook {hook_out!r} is not supported; expected blocks.<l>.hook_mlp_out")
+        raise LoadError(f"{where}: output hook {hook_out!r} is not supported; expected blocks.<l>.hook_mlp_out or "
+                        "blocks.<l>.mlp.hook_out")
     if out_layer != layer:
         raise LoadError(f"{where}: reads layer {layer} ({hook_in}) but writes layer {out_layer} ({hook_out}); "
                         "cross-layer transcoders are not supported")
     if expected_layer is not None and expected_layer != layer:
         raise LoadError(f"{where}: directory says layer {expected_layer} but its hooks are for layer {layer}")
     facts = adapter.facts
+    from circuitgraph.dictionaries.clt import output_hook_name, output_site
+
+    # where it writes, as the per-layer formats and CLTs decide it: mlp.hook_out on a post-norm model
+    # (Gemma-2's ln2_post) is the MLP's output before that norm, the same hook as hook_mlp_out otherwise
+    out_site = output_site(hook_out.split(".", 2)[2], where, post_norms=facts.post_norms)
+    hook_out = output_hook_name(layer, out_site)
     if not (0 <= layer < facts.n_layers):
         raise ShapeMismatchError(
             f"{where}: hooks {hook_in} / {hook_out} refer to layer {layer}, the model has "
@@ -308,6 +316,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         source=where,
         sae=sae,
         sae_input=sae_input,
+        output_site=out_site,
     )
 
 

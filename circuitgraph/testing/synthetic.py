@@ -108,11 +108,14 @@ def random_transcoders(
     layers: list[int] | None = None,
     seed: int = 0,
     n_fit_tokens: int = 256,
+    output_hook: Literal["hook_mlp_out", "mlp.hook_out"] = "hook_mlp_out",
 ) -> dict[int, Any]:
     """sae-lens transcoders for every layer of ``model``; the encoder bias is set per feature so
     that about ``active_frac`` of features are active on random tokens.  ``input_site``:
     ``normalized`` reads ``ln2.hook_normalized``, ``raw`` ``hook_resid_mid``, ``mlp_input``
-    ``mlp.hook_in`` (the MLP's input, ln2's output with its weight and bias)."""
+    ``mlp.hook_in`` (the MLP's input, ln2's output with its weight and bias); ``output_hook``
+    (``hook_name_out`` relative to ``blocks.<l>``): ``mlp.hook_out`` is the MLP's output before a
+    post-MLP norm (Gemma-2's ``ln2_post``)."""
     from sae_lens import JumpReLUTranscoder, SkipTranscoder, Transcoder
     from sae_lens.saes.transcoder import (
         JumpReLUSkipTranscoder,
@@ -137,7 +140,7 @@ def random_transcoders(
     for layer in layers:
         hook_in = {"normalized": f"blocks.{layer}.ln2.hook_normalized", "raw": f"blocks.{layer}.hook_resid_mid",
                    "mlp_input": f"blocks.{layer}.mlp.hook_in"}[input_site]
-        hook_out = f"blocks.{layer}.hook_mlp_out"
+        hook_out = f"blocks.{layer}.{output_hook}"
         read = f"blocks.{layer}.ln2.hook_normalized" if input_site == "mlp_input" else hook_in
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == read)
         x = cache[read].reshape(-1, cfg.d_model)
