@@ -137,7 +137,8 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     if p.export:
         p.out_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        graph_to_json(pr.graph, str(p.out_dir / "pruned.json"))
+        # every pruned edge (long prompts keep millions; the CLI's default limit is for interactive use)
+        graph_to_json(pr.graph, str(p.out_dir / "pruned.json"), max_edges=max(int(pr.graph.n_edges), 1))
         stage("export_json", t0)
         t0 = time.perf_counter()
         save_graph_binary(graph, str(p.out_dir / "full.npz"))
