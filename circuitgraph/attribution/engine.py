@@ -26,10 +26,23 @@ import torch
 from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected
 
-__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES"]
+__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES",
+           "HELD_WRITERS_BYTES", "held_writer_bytes"]
 
 #: bytes of writer vectors (and of their edge block) made at once per location in the sweep
 WRITER_CHUNK_BYTES = 1 << 28
+#: while every writer vector of the graph fits in this many bytes (short prompts), the vectors are
+#: made once per sweep and reused by every batch of readers; above it (long prompts) they are made
+#: per chunk of position groups for each batch and never held all at once
+HELD_WRITERS_BYTES = 1 << 28
+
+
+def held_writer_bytes(col: Collected) -> int:
+    """The bytes :func:`compute_edges` holds for writer vectors (0 when they are made per chunk)."""
+    fm = col.frozen
+    elt = torch.empty((), dtype=fm.dtype).element_size()
+    total = sum(block.n_slots() for block in col.writers.blocks.values()) * fm.adapter.facts.d_model * elt
+    return total if total <= HELD_WRITERS_BYTES else 0
 
 
 @dataclass
@@ -81,6 +94,7 @@ def compute_edges(
         g_i, w_i = valid.nonzero(as_tuple=True)
         slots[loc] = (g_i.to(device), w_i.to(device), block.rows[g_i, w_i].to(device=device, dtype=torch.int32))
         n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
+    held: dict[int, torch.Tensor] | None = {} if held_writer_bytes(col) else None
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -107,7 +121,13 @@ def compute_edges(
                 for a in range(0, k, step):
                     e = min(k, a + step)
                     # (groups, max_n, B): every writer against every reader, one batched GEMM
-                    E = torch.bmm(block.vectors(a, e), G[:, block.positions[a:e], :].permute(1, 2, 0))
+                    if held is None:
+                        V = block.vectors(a, e)
+                    else:
+                        if loc not in held:
+                            held[loc] = block.vectors()
+                        V = held[loc][a:e]
+                    E = torch.bmm(V, G[:, block.positions[a:e], :].permute(1, 2, 0))
                     # the real (group, writer) slots, row-major: those of groups a..e-1 are a range
                     lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
                     w = E[g_all[lo:hi] - a, w_all[lo:hi]].reshape(-1)  # ((hi - lo) * B,), (writer, reader) order

@@ -259,42 +259,41 @@ def main() -> None:
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import atexit
+
+    atexit.register(_end_process)  # registered first, so it runs after every other exit handler
     _one_line_warnings()
     try:
         app()
     except SystemExit as exc:
-        _end_process(exc.code)
-    _end_process(0)
+        code = exc.code
+        _EXIT_STATUS[0] = 0 if code is None else code if isinstance(code, int) else 1
+        raise
+    except BaseException:  # a crash or ^C: the interpreter's own exit, status and teardown
+        atexit.unregister(_end_process)
+        raise
 
 
-def _end_process(code: object) -> None:
-    """End the process with ``code`` once the command is done, without tearing the interpreter
-    down: the exit handlers run (logging, temporary files, multiprocessing, Ray) and the output
-    is flushed, but the objects of a finished run (a graph of tens of millions of edges, the
-    model, torch's thread pool) are not freed one by one, which took 1-3 s after a large run.
-    Falls back to a normal exit while other non-daemon threads still run (they must finish).
-    Embedding circuitgraph's commands in another process: call ``app()``, not ``main()``."""
-    import atexit
+#: the status the command exits with (set when it ends), used by :func:`_end_process`
+_EXIT_STATUS = [0]
+
+
+def _end_process() -> None:
+    """The last exit handler: flush the output and end the process with the command's status,
+    skipping the interpreter's teardown.  Every other exit handler has run by then (logging,
+    temporary files, multiprocessing, Ray) and non-daemon threads have been joined; what is
+    skipped is freeing the objects of a finished run one by one (a graph of tens of millions of
+    edges, the model, torch's thread pool), which took 1.6-2.7 s after a large run.  Embedding
+    circuitgraph's commands in another process: call ``app()``, not ``main()``."""
     import os
     import sys
-    import threading
 
-    if any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()):
-        sys.exit(code)
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:  # sys.exit("message"): printed, status 1 (as the interpreter does)
-        print(code, file=sys.stderr)
-        status = 1
-    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can be written
             pass
-    os._exit(status & 0xFF)
+    os._exit(_EXIT_STATUS[0] & 0xFF)
 
 
 def _one_line_warnings() -> None:

@@ -231,7 +231,12 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     mfn = options.max_feature_nodes
     selecting = mfn is not None and mfn < n_feat
     total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
-    base = process_memory() if base is None else base
+    if base is None:
+        from circuitgraph.attribution.engine import held_writer_bytes
+
+        base = process_memory()
+        limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
+        base += held_writer_bytes(col)  # the writer vectors a short prompt's sweep holds
     limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
     # 8-byte weights (graph: {dtype: float64}): the stored copy and its working copies
     extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
