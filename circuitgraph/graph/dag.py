@@ -124,19 +124,22 @@ def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray
     E = target.shape[0]
     has_in = np.zeros(n, dtype=bool)
     has_in[target] = True
-    lv = None
+    lv = kt = None
     if level is not None:
         lv = np.where(has_in, np.asarray(level, dtype=np.int64), -1)
-        if E and not trusted and not _levels_hold(lv, target, source):
-            lv = None
+        small = _compact(lv)
+        if E and not trusted:
+            kt = _gather_chunked(small, target)  # the targets' levels, also the visiting key below
+            if not _levels_hold(small, kt, source):
+                lv = kt = None
     if lv is None:
         lv = np.where(has_in, _kahn_levels(n, target, source), -1) if E else np.full(n, -1, dtype=np.int64)
-    lo, hi = int(lv.min(initial=-1)), int(lv.max(initial=-1))
-    small = lv.astype(np.int16) if -32768 < lo and hi < 32767 else lv
+        small = _compact(lv)
     order, reverse = None, False
     segments: list[tuple[int, int, int]] = []
     if E:
-        kt = _gather_chunked(small, target)
+        if kt is None:
+            kt = _gather_chunked(small, target)
         step = kt[1:] - kt[:-1] if E > 1 else np.zeros(0, dtype=kt.dtype)
         if not (step > 0).any():
             pass  # already non-increasing: visit as stored
@@ -159,9 +162,16 @@ def _gather_chunked(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     return out
 
 
-def _levels_hold(level: np.ndarray, target: np.ndarray, source: np.ndarray) -> bool:
-    for c in range(0, target.shape[0], CHUNK):
-        if not (level[source[c : c + CHUNK]] < level[target[c : c + CHUNK]]).all():
+def _compact(level: np.ndarray) -> np.ndarray:
+    """``level`` as int16 when it fits (cheaper gathers over every edge)."""
+    lo, hi = int(level.min(initial=-1)), int(level.max(initial=-1))
+    return level.astype(np.int16) if -32768 < lo and hi < 32767 else level
+
+
+def _levels_hold(level: np.ndarray, target_level: np.ndarray, source: np.ndarray) -> bool:
+    """Every edge goes from a lower level to a higher one (``target_level``: the targets' levels)."""
+    for c in range(0, source.shape[0], CHUNK):
+        if not (level[source[c : c + CHUNK]] < target_level[c : c + CHUNK]).all():
             return False
     return True
 

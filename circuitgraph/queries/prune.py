@@ -298,8 +298,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
     span = int(positions.max()) + 1 if n else 1
     node_group = (layers - int(layers.min() if n else 0)) * span + positions
     edge_group = node_group[lost_s]
-    uniq_groups, group_of = np.unique(edge_group, return_inverse=True)
-    group_of = group_of.reshape(-1)
+    uniq_groups, group_of = _unique_small(edge_group, int(node_group.max()) + 1 if n else 1)
     first = np.zeros(uniq_groups.size, dtype=np.int64)
     first[group_of[::-1]] = np.arange(lost_s.size)[::-1]  # a source row of each group
     groups: dict[tuple[int, int], int] = {}
@@ -335,7 +334,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
     kw = np.concatenate([e.weight[edge_mask].astype(np.float64), lost_w])
     # sum duplicates (several pruned edges into one target from one remainder)
     key = kt * np.int64(len(nodes)) + ks
-    uniq, inv = np.unique(key, return_inverse=True)
+    uniq, inv = _unique_small(key, len(nodes) ** 2)
     summed = np.bincount(inv, weights=kw, minlength=uniq.size)
     keep = summed != 0
     meta = dict(graph.metadata)
@@ -353,6 +352,22 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
                        "n_remainder_nodes": len(remainders)}
     meta["completeness"] = pruned.check_completeness().to_dict()
     return pruned, remainders
+
+
+#: key ranges up to this many values are grouped by counting instead of sorting
+_COUNTING_KEYS = 1 << 24
+
+
+def _unique_small(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` for non-negative keys below ``n_keys``: by
+    counting (O(E), no sort) when the key range is small, else by sorting; same result."""
+    if n_keys > _COUNTING_KEYS or keys.size == 0 or int(keys.min()) < 0:
+        uniq, inv = np.unique(keys, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    present = np.bincount(keys, minlength=n_keys) > 0
+    uniq = np.flatnonzero(present)
+    rank = np.cumsum(present) - 1
+    return uniq.astype(keys.dtype, copy=False), rank[keys]
 
 
 def _lost_edges(e, node_mask: np.ndarray, edge_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
