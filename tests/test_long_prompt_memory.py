@@ -17,6 +17,7 @@ import torch
 
 from circuitgraph.adapters import ModelAdapter
 from circuitgraph.attribution import build as build_mod
+from circuitgraph.attribution import frozen_model as fm_mod
 from circuitgraph.attribution import linearisation as lin_mod
 from circuitgraph.attribution.engine import EdgeResult
 from circuitgraph.attribution.feature_selection import fold_unselected, parts_influence, select_and_compute
@@ -73,6 +74,29 @@ def test_offloaded_patterns_give_the_same_graph(monkeypatch):
     with frozen(adapter, lin) as m:
         b = m(toks)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("attention", ["frozen", {0: "heads", 1: "frozen", 2: "frozen"}])
+def test_causal_blocks_give_the_same_graph(monkeypatch, attention):
+    """Past CAUSAL_BLOCK positions the frozen pattern is applied block by block, skipping the
+    destinations before each block (exact zeros): the same edges as one product, and exact."""
+    adapter, tcs = _inputs()
+    one_block = _graph(adapter, tcs, dtype=torch.float64, attention=attention)
+    calls = []
+    real_bmm = torch.bmm
+
+    def counting_bmm(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real_bmm(*args, **kwargs)
+
+    monkeypatch.setattr(fm_mod, "CAUSAL_BLOCK", 3)  # 14 positions: 5 blocks, the last one short
+    monkeypatch.setattr(fm_mod.torch, "bmm", counting_bmm)
+    blocked = _graph(adapter, tcs, dtype=torch.float64, attention=attention)
+    monkeypatch.undo()
+    # the blocks were used: sources s0..s0+2 against destinations s0.. only
+    assert any(shape[1] == 3 and shape[2] < len(TOKENS) for shape in calls)
+    _assert_same_edges(one_block, blocked, rtol=1e-12)
+    assert blocked.check_completeness().max_violation < 1e-10
 
 
 def _collected(dtype=torch.float64):
