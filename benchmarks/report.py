@@ -277,6 +277,17 @@ def _side_by_side(s: dict[str, Any]) -> list[str]:
             f"{p['n_edges_only_ct']}, only circuitgraph {p['n_edges_only_circuitgraph']}) | equal: "
             f"{met(p['kept_edges_equal'])} |",
         ]
+        cut = p.get("edge_cut")
+        if cut and cut.get("rank") is not None:
+            before = cut["cumulative_share_before_cut_minus_threshold"]
+            lines.append(
+                f"| edge cut (circuitgraph, float64): rank, one edge's share, cumulative share - 0.98 at the cut / "
+                f"one rank before | {cut['rank']:,} of {cut['n_scores']:,}, {cut['share_of_one_score_at_cut']:.2e}, "
+                f"{cut['cumulative_share_at_cut_minus_threshold']:+.2e} / "
+                f"{'-' if before is None else f'{before:+.2e}'} | |")
+            if not p["kept_edges_equal"] and "kept_edges_verdict" in p:
+                lines.append(f"| kept edges: verdict | {p['kept_edges_verdict']} (circuit-tracer cuts in float32, where "
+                             "one step of a cumulative share near 1 is 6e-8) | |")
     elif c:
         lines += ["", f"comparison failed: {c['error'][-500:]}"]
     return lines

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ct_node_order", "edge_difference", "pruning_agreement", "compare"]
+__all__ = ["ct_node_order", "edge_difference", "pruning_agreement", "compare", "cut_margin", "kept_edges_verdict"]
 
 
 def ct_node_order(ct: Any) -> list:
@@ -85,10 +85,22 @@ def edge_difference(adjacency: np.ndarray, graph: Any, row_map: np.ndarray) -> d
 def pruning_agreement(ct_prune: Any, graph: Any, row_map: np.ndarray, order: list,
                       node_threshold: float = 0.8, edge_threshold: float = 0.98) -> dict[str, Any]:
     """circuitgraph's prune_graph on ``graph`` against circuit-tracer's saved masks."""
+    from circuitgraph.queries import prune as prune_mod
     from circuitgraph.queries import prune_graph
 
     n = len(order)
-    res = prune_graph(graph, node_threshold=node_threshold, edge_threshold=edge_threshold)
+    cuts: list[tuple[np.ndarray, float]] = []  # the score vectors prune_graph cuts (nodes, then edges)
+    real_find = prune_mod.find_threshold
+
+    def recording_find(scores: np.ndarray, threshold: float) -> float:
+        cuts.append((scores, threshold))
+        return real_find(scores, threshold)
+
+    prune_mod.find_threshold = recording_find
+    try:
+        res = prune_graph(graph, node_threshold=node_threshold, edge_threshold=edge_threshold)
+    finally:
+        prune_mod.find_threshold = real_find
     ours_nodes = {int(r) for r in row_map[np.flatnonzero(res.node_mask)] if r >= 0}
     ct_nodes = set(np.flatnonzero(ct_prune["node_mask"]).tolist())
     em = res.edge_mask
@@ -99,7 +111,7 @@ def pruning_agreement(ct_prune: Any, graph: Any, row_map: np.ndarray, order: lis
     only_ours = np.setdiff1d(ours_edges, ct_edges)
     only_ct = np.setdiff1d(ct_edges, ours_edges)
     name = lambda k: f"{order[int(k) % n]} -> {order[int(k) // n]}"  # noqa: E731
-    return {
+    out = {
         "n_nodes_kept_ct": len(ct_nodes),
         "n_nodes_kept_circuitgraph": len(ours_nodes),
         "kept_nodes_equal": ours_nodes == ct_nodes,
@@ -114,7 +126,48 @@ def pruning_agreement(ct_prune: Any, graph: Any, row_map: np.ndarray, order: lis
         "edges_only_circuitgraph": [name(k) for k in only_ours[:10]],
         "circuitgraph_edge_score_threshold": res.edge_score_threshold,
         "circuitgraph_node_score_threshold": res.node_score_threshold,
+        "edge_cut": cut_margin(*cuts[-1]) if cuts else None,
     }
+    out["kept_edges_verdict"] = kept_edges_verdict(out)
+    return out
+
+
+def cut_margin(scores: np.ndarray, threshold: float) -> dict[str, Any]:
+    """How sharp circuit-tracer's cumulative-share cut is on these scores: the rank of the cut
+    (largest first), the share of the total that one score at the cut holds, and how far the
+    cumulative share is from ``threshold`` at the cut and just before it.  circuit-tracer makes
+    the same cut in float32 (scores, cumulative shares: a float32 step near 1 is 6e-8), so when
+    both distances are a few float32 steps a cut one rank earlier or later is a tie, not a
+    different circuit."""
+    s = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
+    total = float(s.sum())
+    if s.size == 0 or total <= 0:
+        return {"rank": None}
+    cum = np.cumsum(s) / total
+    k = min(int(np.searchsorted(cum, threshold, side="left")), s.size - 1)
+    return {
+        "rank": k,
+        "n_scores": int(s.size),
+        "share_of_one_score_at_cut": float(s[k] / total),
+        "cumulative_share_at_cut_minus_threshold": float(cum[k] - threshold),
+        "cumulative_share_before_cut_minus_threshold": float(cum[k - 1] - threshold) if k else None,
+    }
+
+
+def kept_edges_verdict(p: dict[str, Any]) -> str:
+    """``equal``; ``tie at the cut`` (the kept sets differ only by edges kept one rank before or
+    after the cut and the cut is within float32 resolution of the threshold); or ``different``."""
+    if p["kept_edges_equal"]:
+        return "equal"
+    cut = p.get("edge_cut") or {}
+    n_diff = p["n_edges_only_ct"] + p["n_edges_only_circuitgraph"]
+    near = [cut.get("cumulative_share_at_cut_minus_threshold"), cut.get("cumulative_share_before_cut_minus_threshold")]
+    float32_steps = 4 * 2.0**-24  # a few float32 steps of a cumulative share near 1
+    if (cut.get("rank") is not None and n_diff <= 2 and None not in near
+            and abs(p["n_edges_kept_ct"] - p["n_edges_kept_circuitgraph"]) == n_diff
+            and min(abs(x) for x in near) <= float32_steps):
+        return "tie at the cut"
+    return "different"
 
 
 def compare(ct_dir: Path, graph_npz: Path) -> dict[str, Any]:

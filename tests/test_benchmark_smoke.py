@@ -101,3 +101,22 @@ def test_sparse_edges_equal_a_dense_reference(tmp_path, variant_name, kind):
         k2, w2 = _sorted_edges(other)
         assert np.array_equal(k2, key)
         np.testing.assert_allclose(w2, weight, rtol=0, atol=1e-12 * scale)
+
+
+def test_pruning_comparison_tells_a_float32_tie_at_the_cut_from_a_different_circuit():
+    """The side by side's kept-edge verdict: a cut whose cumulative share is within a few float32
+    steps of the threshold and a kept set that differs by one edge there is a tie; anything
+    else is a different circuit."""
+    sbs = _load("side_by_side")
+    # 10 scores of 1 and one of 2e-8 pushing the cumulative share past 0.9 by a hair
+    scores = np.array([1.0] * 9 + [0.99999995, 0.5])
+    cut = sbs.cut_margin(scores, 9.0 / scores.sum() + 1e-9)
+    assert cut["rank"] == 9 and abs(cut["cumulative_share_before_cut_minus_threshold"]) < 1e-7
+    base = {"kept_edges_equal": False, "edge_cut": cut, "n_edges_kept_ct": 9, "n_edges_kept_circuitgraph": 10,
+            "n_edges_only_ct": 0, "n_edges_only_circuitgraph": 1}
+    assert sbs.kept_edges_verdict(base) == "tie at the cut"
+    assert sbs.kept_edges_verdict({**base, "kept_edges_equal": True}) == "equal"
+    # the same counts with a cut far from the threshold, or edges swapped: a different circuit
+    far = sbs.cut_margin(scores, 0.5)
+    assert sbs.kept_edges_verdict({**base, "edge_cut": far}) == "different"
+    assert sbs.kept_edges_verdict({**base, "n_edges_only_ct": 1, "n_edges_kept_ct": 10}) == "different"
