@@ -73,7 +73,6 @@ def compute_edges(
     # top-down, then by position; a batch never mixes locations, so no reader rides along
     # (as zeros) through layers above the one it reads, and its prefix of positions is short
     idx.sort(key=lambda i: (-rd.locs[i], rd.positions[i]))
-    targets, sources, weights = [], [], []
     constants: dict[int, float] = {}
     dtype, device = fm.dtype, fm.device
     D = fm.adapter.facts.d_model
@@ -95,6 +94,20 @@ def compute_edges(
         slots[loc] = (g_i.to(device), w_i.to(device), block.rows[g_i, w_i].to(device=device, dtype=torch.int32))
         n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
     held: dict[int, torch.Tensor] | None = {} if held_writer_bytes(col) else None
+    # the edges are written straight into three buffers sized for every (writer, reader) pair the
+    # sweep can meet; exact zeros are squeezed out as they come, and the untouched tail of the
+    # buffers is never written, so it takes no memory (no per-batch pieces, no final concatenation)
+    bound = 0
+    for batch in batches:
+        T = max(rd.positions[i] for i in batch) + 1
+        top = max(rd.locs[i] for i in batch)
+        for loc, block in col.writers.blocks.items():
+            if loc <= top:
+                bound += int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
+    out_t = torch.empty(bound, dtype=torch.int32)
+    out_s = torch.empty(bound, dtype=torch.int32)
+    out_w = torch.empty(bound, dtype=dtype)
+    n_out = 0
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
@@ -130,16 +143,25 @@ def compute_edges(
                     E = torch.bmm(V, G[:, block.positions[a:e], :].permute(1, 2, 0))
                     # the real (group, writer) slots, row-major: those of groups a..e-1 are a range
                     lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
-                    w = E[g_all[lo:hi] - a, w_all[lo:hi]].reshape(-1)  # ((hi - lo) * B,), (writer, reader) order
+                    m = (hi - lo) * B
+                    rows = (g_all[lo:hi] - a) * E.shape[1] + w_all[lo:hi]
+                    w = out_w[n_out:n_out + m]  # (writer, reader) order
+                    if E.device == w.device:
+                        torch.index_select(E.view(-1, B), 0, rows, out=w.view(hi - lo, B))
+                    else:
+                        w.copy_(E.view(-1, B).index_select(0, rows).view(-1))
                     del E
-                    s = src[lo:hi].repeat_interleave(B)
-                    t = batch_rows.repeat(hi - lo)
+                    s = out_s[n_out:n_out + m]
+                    t = out_t[n_out:n_out + m]
+                    s.view(hi - lo, B).copy_(src[lo:hi, None].expand(-1, B))
+                    t.view(hi - lo, B).copy_(batch_rows[None, :].expand(hi - lo, -1))
                     nz = w != 0  # exact zeros are not edges
-                    if not bool(nz.all()):
-                        w, s, t = w[nz], s[nz], t[nz]
-                    targets.append(t.cpu())
-                    sources.append(s.cpu())
-                    weights.append(w.cpu())
+                    kept = int(nz.sum())
+                    if kept < m:  # squeezed in place (the selection is a new tensor, then copied back)
+                        w[:kept] = w[nz]
+                        s[:kept] = s[nz]
+                        t[:kept] = t[nz]
+                    n_out += kept
             c = col.constants.get(loc)
             if c is not None:
                 part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
@@ -155,13 +177,9 @@ def compute_edges(
             constants[rd.rows[i]] = float(const[j])
         if progress is not None:
             progress(n_done + 1, len(batches))
-    if targets:
-        t = torch.cat(targets).numpy()
-        s = torch.cat(sources).numpy()
-        w = torch.cat(weights).numpy()
-    else:
-        t = s = np.zeros(0, dtype=np.int32)
-        w = np.zeros(0, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    t = out_t[:n_out].numpy()
+    s = out_s[:n_out].numpy()
+    w = out_w[:n_out].numpy()
     if col.multi_location_writers and len(t):
         t, s, w = _coalesce(t, s, w, len(col.nodes))
     return EdgeResult(t, s, w, constants)
