@@ -17,6 +17,7 @@ import torch
 
 from circuitgraph.adapters import ModelAdapter
 from circuitgraph.attribution import build as build_mod
+from circuitgraph.attribution import engine as engine_mod
 from circuitgraph.attribution import frozen_model as fm_mod
 from circuitgraph.attribution import linearisation as lin_mod
 from circuitgraph.attribution.engine import EdgeResult
@@ -97,6 +98,33 @@ def test_causal_blocks_give_the_same_graph(monkeypatch, attention):
     assert any(shape[1] == 3 and shape[2] < len(TOKENS) for shape in calls)
     _assert_same_edges(one_block, blocked, rtol=1e-12)
     assert blocked.check_completeness().max_violation < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_writer_vectors_made_per_chunk_give_the_same_graph(monkeypatch, dtype):
+    """Long prompts do not hold the writer vectors: each chunk of position groups gathers its
+    decoder rows into a reused buffer and the activations scale the edge block. Same edges as the
+    held vectors of short prompts, with chunks of one or a few position groups."""
+    adapter, tcs = _inputs()
+    held = _graph(adapter, tcs, dtype=dtype)
+    gathers = []
+    real = engine_mod.torch.index_select
+
+    def counting(*args, **kwargs):
+        gathers.append((args[0].shape, args[0].dtype))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "HELD_WRITERS_BYTES", 0)
+    monkeypatch.setattr(engine_mod, "WRITER_CHUNK_BYTES", 1)  # one position group per chunk
+    monkeypatch.setattr(engine_mod.torch, "index_select", counting)
+    per_chunk = _graph(adapter, tcs, dtype=dtype)
+    monkeypatch.undo()
+    d_model = adapter.facts.d_model
+    # basis rows (d_model wide, in the graph dtype) were gathered; the edge blocks are batch-wide
+    assert any(shape[1] == d_model and dt == dtype for shape, dt in gathers)
+    assert any(shape[1] != d_model for shape, _ in gathers)
+    _assert_same_edges(held, per_chunk, rtol=1e-12 if dtype == torch.float64 else 1e-6)
+    assert per_chunk.check_completeness().max_violation < (1e-10 if dtype == torch.float64 else 1e-5)
 
 
 def _collected(dtype=torch.float64):
@@ -225,3 +253,23 @@ def test_computed_rows_past_the_memory_budget_go_to_files(monkeypatch):
     spilled = _graph(adapter, tcs, max_feature_nodes=25, batch_size=8)
     _assert_same_edges(in_memory, spilled, rtol=0)
     assert spilled.check_completeness().max_violation < 1e-5
+
+
+def test_engine_row_abs_sums_equal_the_sums_over_the_stored_edges(monkeypatch):
+    """The engine sums each row's absolute weights as it makes them (the ranking's row
+    normalisation): equal to summing the stored edges, held vectors or per-chunk gathers."""
+    from circuitgraph.attribution.engine import compute_edges
+
+    col, _ = _collected()
+    for held in (True, False):
+        if not held:
+            monkeypatch.setattr(engine_mod, "HELD_WRITERS_BYTES", 0)
+            monkeypatch.setattr(engine_mod, "WRITER_CHUNK_BYTES", 1)
+        res = compute_edges(col, batch_size=7)
+        expected = np.bincount(res.target, weights=np.abs(res.weight), minlength=len(col.nodes))
+        assert res.abs_sums is not None and set(res.abs_sums) == set(res.constants)
+        got = np.zeros(len(col.nodes))
+        for row, v in res.abs_sums.items():
+            got[row] = v
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+        assert expected.max() > 0

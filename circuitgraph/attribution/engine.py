@@ -51,6 +51,9 @@ class EdgeResult:
     source: np.ndarray
     weight: np.ndarray
     constants: dict[int, float]  # reader row -> constant
+    #: reader row -> sum of the absolute weights of its edges (float64), when the engine summed them
+    #: as it made them (None: not known, e.g. after coalescing a cross-layer transcoder's parts)
+    abs_sums: dict[int, float] | None = None
 
 
 @torch.no_grad()
@@ -108,12 +111,16 @@ def compute_edges(
     out_s = torch.empty(bound, dtype=torch.int32)
     out_w = torch.empty(bound, dtype=dtype)
     n_out = 0
+    w_dev = out_w.device
+    abs_sums: dict[int, float] = {}
+    gather_buf: torch.Tensor | None = None
     for n_done, batch in enumerate(batches):
         B = len(batch)
         T = max(rd.positions[i] for i in batch) + 1
         top = max(rd.locs[i] for i in batch)
         G = torch.zeros(B, T, D, dtype=dtype, device=device)
         const = torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device)
+        abs_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
         by_loc: dict[int, list[int]] = {}
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
@@ -134,13 +141,27 @@ def compute_edges(
                 for a in range(0, k, step):
                     e = min(k, a + step)
                     # (groups, max_n, B): every writer against every reader, one batched GEMM
-                    if held is None:
-                        V = block.vectors(a, e)
-                    else:
+                    scale = None
+                    if held is not None:
                         if loc not in held:
                             held[loc] = block.vectors()
                         V = held[loc][a:e]
+                    elif block.basis.dtype == dtype and block.basis.device == G.device:
+                        # long prompts: the basis rows (decoder rows) gathered into one reused buffer
+                        # and the activations applied to the (smaller) edge block: one pass over the
+                        # vectors instead of two, and no fresh allocation per chunk
+                        idx = block.index[a:e].reshape(-1)
+                        n_el = idx.numel() * D
+                        if gather_buf is None or gather_buf.numel() < n_el:
+                            gather_buf = torch.empty(n_el, dtype=dtype, device=G.device)
+                        V = torch.index_select(block.basis, 0, idx, out=gather_buf[:n_el].view(-1, D))
+                        V = V.view(e - a, -1, D)
+                        scale = block.scale[a:e].unsqueeze(-1)
+                    else:
+                        V = block.vectors(a, e)
                     E = torch.bmm(V, G[:, block.positions[a:e], :].permute(1, 2, 0))
+                    if scale is not None:
+                        E.mul_(scale)
                     # the real (group, writer) slots, row-major: those of groups a..e-1 are a range
                     lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
                     m = (hi - lo) * B
@@ -155,6 +176,7 @@ def compute_edges(
                     t = out_t[n_out:n_out + m]
                     s.view(hi - lo, B).copy_(src[lo:hi, None].expand(-1, B))
                     t.view(hi - lo, B).copy_(batch_rows[None, :].expand(hi - lo, -1))
+                    abs_b += w.view(hi - lo, B).abs().sum(0, dtype=torch.float64)
                     nz = w != 0  # exact zeros are not edges
                     kept = int(nz.sum())
                     if kept < m:  # squeezed in place (the selection is a new tensor, then copied back)
@@ -175,14 +197,18 @@ def compute_edges(
                     single = None
         for j, i in enumerate(batch):
             constants[rd.rows[i]] = float(const[j])
+            abs_sums[rd.rows[i]] = float(abs_b[j])
         if progress is not None:
             progress(n_done + 1, len(batches))
     t = out_t[:n_out].numpy()
     s = out_s[:n_out].numpy()
     w = out_w[:n_out].numpy()
     if col.multi_location_writers and len(t):
+        # a writer met at several locations: its edge is the sum of its parts, whose absolute
+        # values do not add up to the edge's
         t, s, w = _coalesce(t, s, w, len(col.nodes))
-    return EdgeResult(t, s, w, constants)
+        return EdgeResult(t, s, w, constants)
+    return EdgeResult(t, s, w, constants, abs_sums)
 
 
 def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -85,7 +85,10 @@ class RowParts:
         self.abs_sums = np.zeros(self.n)
 
     def add(self, level: int, edges: EdgeResult) -> None:
-        if edges.target.size:
+        if edges.abs_sums is not None:  # summed by the engine as it made the edges
+            for row, v in edges.abs_sums.items():
+                self.abs_sums[row] += v
+        elif edges.target.size:
             self.abs_sums += np.bincount(edges.target, weights=np.abs(edges.weight.astype(np.float64)),
                                          minlength=self.n)
         self.n_edges += int(edges.target.size)
@@ -158,7 +161,7 @@ def parts_influence(rows: RowParts, start: np.ndarray) -> np.ndarray:
 
 #: the most possible edges of one engine call's rows (more rows are split into several calls), so
 #: that one part's working copies stay small whatever the rows' width
-PART_EDGES = 1 << 24
+PART_EDGES = 1 << 26
 
 
 def _by_location(col: Collected, subset: list[int], row_bound: np.ndarray | None = None) -> list[tuple[int, list[int]]]:
