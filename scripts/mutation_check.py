@@ -85,8 +85,8 @@ MUTATIONS = [
         "transposed-attention-map",
         "frozen attention propagated with A instead of A^T (the OV map applied from the wrong side)",
         "circuitgraph/attribution/frozen_model.py",
-        "return torch.bmm(A.transpose(1, 2), u).view(H, T, B, dh)",
-        "return torch.bmm(A, u).view(H, T, B, dh)",
+        "At = self.pattern(layer, T).transpose(1, 2)",
+        "At = self.pattern(layer, T)",
     ),
     Mutation(
         "transposed-skip",
