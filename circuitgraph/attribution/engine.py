@@ -100,13 +100,11 @@ def compute_edges(
     # the edges are written straight into three buffers sized for every (writer, reader) pair the
     # sweep can meet; exact zeros are squeezed out as they come, and the untouched tail of the
     # buffers is never written, so it takes no memory (no per-batch pieces, no final concatenation)
-    bound = 0
-    for batch in batches:
-        T = max(rd.positions[i] for i in batch) + 1
-        top = max(rd.locs[i] for i in batch)
-        for loc, block in col.writers.blocks.items():
-            if loc <= top:
-                bound += int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
+    # per batch: its positions' prefix (the last position + 1) and its highest location
+    spans = [(max(rd.positions[i] for i in batch) + 1, max(rd.locs[i] for i in batch)) for batch in batches]
+    bound = sum(int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
+                for batch, (T, top) in zip(batches, spans)
+                for loc, block in col.writers.blocks.items() if loc <= top)
     out_t = torch.empty(bound, dtype=torch.int32)
     out_s = torch.empty(bound, dtype=torch.int32)
     out_w = torch.empty(bound, dtype=dtype)
@@ -114,10 +112,8 @@ def compute_edges(
     w_dev = out_w.device
     abs_sums: dict[int, float] = {}
     gather_buf: torch.Tensor | None = None
-    for n_done, batch in enumerate(batches):
+    for n_done, (batch, (T, top)) in enumerate(zip(batches, spans)):
         B = len(batch)
-        T = max(rd.positions[i] for i in batch) + 1
-        top = max(rd.locs[i] for i in batch)
         G = torch.zeros(B, T, D, dtype=dtype, device=device)
         const = torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device)
         abs_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
@@ -150,12 +146,10 @@ def compute_edges(
                         # long prompts: the basis rows (decoder rows) gathered into one reused buffer
                         # and the activations applied to the (smaller) edge block: one pass over the
                         # vectors instead of two, and no fresh allocation per chunk
-                        idx = block.index[a:e].reshape(-1)
-                        n_el = idx.numel() * D
+                        n_el = (e - a) * block.index.shape[1] * D
                         if gather_buf is None or gather_buf.numel() < n_el:
                             gather_buf = torch.empty(n_el, dtype=dtype, device=G.device)
-                        V = torch.index_select(block.basis, 0, idx, out=gather_buf[:n_el].view(-1, D))
-                        V = V.view(e - a, -1, D)
+                        V = block.basis_rows(a, e, out=gather_buf[:n_el])
                         scale = block.scale[a:e].unsqueeze(-1)
                     else:
                         V = block.vectors(a, e)

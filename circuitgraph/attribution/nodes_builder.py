@@ -63,6 +63,13 @@ class WriterBlock:
         """The output vectors of the position groups ``start:end``: ``(end - start, max_n, d_model)``."""
         return self.scale[start:end].unsqueeze(-1) * self.basis[self.index[start:end]]
 
+    def basis_rows(self, start: int, end: int, out: torch.Tensor) -> torch.Tensor:
+        """The unscaled basis rows of the position groups ``start:end`` (:meth:`vectors` before the
+        ``scale``), gathered into the flat buffer ``out``: ``(end - start, max_n, d_model)``."""
+        idx = self.index[start:end].reshape(-1)
+        d = self.basis.shape[1]
+        return torch.index_select(self.basis, 0, idx, out=out.view(-1, d)).view(end - start, -1, d)
+
     def vector(self, g: int, j: int) -> torch.Tensor:
         return self.scale[g, j] * self.basis[self.index[g, j]]
 

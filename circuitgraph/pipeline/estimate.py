@@ -25,7 +25,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -250,11 +250,9 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
             np.minimum(bounds, cap + mfn), is_feature, mfn)
         plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
         widest = int(bounds[is_feature].max()) if n_feat else 0
-        from circuitgraph.attribution.feature_selection import PART_EDGES, ROWS_IN_MEMORY_BYTES
+        from circuitgraph.attribution.feature_selection import ROWS_IN_MEMORY_BYTES
 
-        # one engine call: at most batch_size rows, split at PART_EDGES possible edges
-        part_edges = min(min(getattr(options, "batch_size", 256), mfn) * widest, max(PART_EDGES, widest))
-        plan.bytes_part = part_edges * (PART_TRANSIENT_BYTES + extra)
+        plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
 
         plan.rows_in_memory = ROWS_IN_MEMORY_BYTES
     if not plan.fits:
@@ -288,23 +286,15 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
         batch = batch_size or 256
 
-        from circuitgraph.attribution.feature_selection import PART_EDGES
-
         def need(k: int) -> int:
             folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
-            part = min(min(batch, k) * int(feat[0]), max(PART_EDGES, int(feat[0]))) * (PART_TRANSIENT_BYTES + extra)
+            part = _part_bytes(batch, k, int(feat[0]), extra)
             return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
                        folded * (EDGE_PEAK_BYTES + extra))
 
-        lo, hi = 0, max(feat.size - 1, 1) if feat.size > 1 else feat.size
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if need(mid) <= room:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo >= 1:
-            out.append(f"set graph.max_feature_nodes: {lo} (or less)")
+        k = _largest_fitting(max(feat.size - 1, 1) if feat.size > 1 else feat.size, need, room)
+        if k >= 1:
+            out.append(f"set graph.max_feature_nodes: {k} (or less)")
     is_neuron = kinds == "neuron"
     if is_neuron.any():
         k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
@@ -342,7 +332,13 @@ def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.nd
                                                                                  reach).sum()
         return int(total) * bytes_per_edge
 
-    lo, hi = 0, int(per_site.max(initial=0))
+    return _largest_fitting(int(per_site.max(initial=0)), need, room)
+
+
+def _largest_fitting(hi: int, need: Callable[[int], int], room: int) -> int:
+    """The largest ``k`` in ``0..hi`` with ``need(k) <= room`` (``need`` grows with ``k``; 0 when
+    none fits), by bisection."""
+    lo = 0
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if need(mid) <= room:
@@ -350,6 +346,16 @@ def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.nd
         else:
             hi = mid - 1
     return lo
+
+
+def _part_bytes(batch_size: int, max_feature_nodes: int, widest: int, extra: int) -> int:
+    """The working copies of one engine call with ``max_feature_nodes``: at most ``batch_size``
+    rows (and no more than the selected features) of the widest row's width, split at
+    ``PART_EDGES`` possible edges (a single row wider than that is one call)."""
+    from circuitgraph.attribution.feature_selection import PART_EDGES
+
+    part_edges = min(min(batch_size, max_feature_nodes) * widest, max(PART_EDGES, widest))
+    return part_edges * (PART_TRANSIENT_BYTES + extra)
 
 
 def check_plan(plan: EdgePlan) -> None:
