@@ -61,6 +61,18 @@ def build_graph(
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
         edges_unique=True,  # one edge per (reader, writer) pair: queries skip coalescing
     )
+    if edges.sums is not None and edges.abs_sums is not None:
+        # the engine summed every row as it wrote it and knows its order: no pass over the edges
+        # for the completeness check and the scores' level order
+        from circuitgraph.graph.dag import adopt_engine_order
+
+        sums, abs_sums = np.zeros(len(nodes)), np.zeros(len(nodes))
+        rows = np.fromiter(edges.sums.keys(), dtype=np.int64, count=len(edges.sums))
+        sums[rows] = np.fromiter(edges.sums.values(), dtype=np.float64, count=len(edges.sums))
+        abs_sums[rows] = np.fromiter((edges.abs_sums[r] for r in edges.sums), dtype=np.float64, count=len(edges.sums))
+        graph.adopt_incoming_sums(sums, abs_sums)
+        if edges.segments is not None:
+            adopt_engine_order(graph, edges.segments, np.asarray(col.readers.rows), np.asarray(col.readers.locs))
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")

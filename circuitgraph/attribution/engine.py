@@ -54,6 +54,11 @@ class EdgeResult:
     #: reader row -> sum of the absolute weights of its edges (float64), when the engine summed them
     #: as it made them (None: not known, e.g. after coalescing a cross-layer transcoder's parts)
     abs_sums: dict[int, float] | None = None
+    #: reader row -> sum of the weights of its edges (float64), made with ``abs_sums``
+    sums: dict[int, float] | None = None
+    #: ``(location, start, end)``: the ranges of the edge arrays whose readers read one residual
+    #: location, highest first (the engine's order; None when the edges were reordered)
+    segments: list[tuple[int, int, int]] | None = None
 
 
 @torch.no_grad()
@@ -111,12 +116,16 @@ def compute_edges(
     n_out = 0
     w_dev = out_w.device
     abs_sums: dict[int, float] = {}
+    sums: dict[int, float] = {}
+    segments: list[tuple[int, int, int]] = []
     gather_buf: torch.Tensor | None = None
     for n_done, (batch, (T, top)) in enumerate(zip(batches, spans)):
         B = len(batch)
         G = torch.zeros(B, T, D, dtype=dtype, device=device)
         const = torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device)
         abs_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
+        sum_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
+        first = n_out
         by_loc: dict[int, list[int]] = {}
         for j, i in enumerate(batch):
             by_loc.setdefault(rd.locs[i], []).append(j)
@@ -125,9 +134,13 @@ def compute_edges(
         # until G crosses an attention layer, each row is non-zero at its own position only
         single = (torch.tensor([rd.positions[i] for i in batch], device=device)
                   if len(by_loc) == 1 else None)
+        inject = {loc: (torch.tensor(js, device=device), torch.tensor([rd.positions[batch[j]] for j in js], device=device),
+                        torch.stack([directions[j] for j in js]).to(device=device, dtype=dtype))
+                  for loc, js in by_loc.items()}
         for loc in range(top, -1, -1):
-            for j in by_loc.get(loc, ()):
-                G[j, rd.positions[batch[j]]] += directions[j].to(dtype)
+            if loc in inject:  # each reader's direction at its own position (one indexed add)
+                js, ps, dirs = inject[loc]
+                G.index_put_((js, ps), dirs, accumulate=True)
             block = col.writers.blocks.get(loc)
             if block is not None:
                 k = int(torch.searchsorted(block.positions, T))  # writer groups at positions < T
@@ -168,15 +181,19 @@ def compute_edges(
                     del E
                     s = out_s[n_out:n_out + m]
                     t = out_t[n_out:n_out + m]
-                    s.view(hi - lo, B).copy_(src[lo:hi, None].expand(-1, B))
-                    t.view(hi - lo, B).copy_(batch_rows[None, :].expand(hi - lo, -1))
+                    sum_b += w.view(hi - lo, B).sum(0, dtype=torch.float64)
                     abs_b += w.view(hi - lo, B).abs().sum(0, dtype=torch.float64)
                     nz = w != 0  # exact zeros are not edges
                     kept = int(nz.sum())
-                    if kept < m:  # squeezed in place (the selection is a new tensor, then copied back)
-                        w[:kept] = w[nz]
-                        s[:kept] = s[nz]
-                        t[:kept] = t[nz]
+                    if kept == m:
+                        s.view(hi - lo, B).copy_(src[lo:hi, None].expand(-1, B))
+                        t.view(hi - lo, B).copy_(batch_rows[None, :].expand(hi - lo, -1))
+                    else:  # squeezed in place: the kept (writer, reader) entries' flat indices, found once
+                        keep = nz.nonzero().squeeze(1)
+                        w[:kept] = w[keep]
+                        writer = keep // B
+                        torch.index_select(src[lo:hi], 0, writer, out=s[:kept])
+                        torch.index_select(batch_rows, 0, keep.sub_(writer.mul_(B)), out=t[:kept])
                     n_out += kept
             c = col.constants.get(loc)
             if c is not None:
@@ -192,6 +209,12 @@ def compute_edges(
         for j, i in enumerate(batch):
             constants[rd.rows[i]] = float(const[j])
             abs_sums[rd.rows[i]] = float(abs_b[j])
+            sums[rd.rows[i]] = float(sum_b[j])
+        loc_b = rd.locs[batch[0]]  # a batch never mixes locations
+        if segments and segments[-1][0] == loc_b:
+            segments[-1] = (loc_b, segments[-1][1], n_out)
+        else:
+            segments.append((loc_b, first, n_out))
         if progress is not None:
             progress(n_done + 1, len(batches))
     t = out_t[:n_out].numpy()
@@ -202,7 +225,7 @@ def compute_edges(
         # values do not add up to the edge's
         t, s, w = _coalesce(t, s, w, len(col.nodes))
         return EdgeResult(t, s, w, constants)
-    return EdgeResult(t, s, w, constants, abs_sums)
+    return EdgeResult(t, s, w, constants, abs_sums, sums, segments)
 
 
 def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

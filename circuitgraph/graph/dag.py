@@ -37,7 +37,8 @@ import numpy as np
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.edge_index import grouped
 
-__all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK"]
+__all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK",
+           "adopt_engine_order"]
 
 #: edges per chunk: bounds the float64 working copies (a few times 8 bytes x CHUNK)
 CHUNK = 1 << 22
@@ -246,22 +247,28 @@ def sweep(
     smask = None if sum_mask is None else np.asarray(sum_mask, dtype=bool)
     done = np.zeros(n, dtype=bool)
     current = None
+    single = do_abs and z_abs.shape[1] == 1 and mask is None
     for level, t, s, w in dag.chunks():
         if level != current:
             rows = rows_at(level)
             done[rows] = True
             if do_abs:
                 z_abs[rows] = _rows(abs_start, rows, n) + acc_abs[rows]
+                if single:  # z / divisor per row, so that each edge needs one gather
+                    factor = z_abs[:, 0] / divisor
             if do_sig:
                 y[rows] = _rows(signed_start, rows, n) + g[rows, None] * acc_sig[rows]
             current = level
-        w64 = w.astype(np.float64)
+        if do_sig or msum is not None or not single:
+            w64 = w.astype(np.float64)
         if do_sig:
             _scatter(acc_sig, s, y[t] * w64[:, None])
         if msum is not None:
             sel = smask[s]
             msum += np.bincount(t[sel], weights=np.abs(w64[sel]), minlength=n)
-        if do_abs:
+        if single:  # the common case (one influence, no mask): |w| (its own dtype) times one gather
+            acc_abs[:, 0] += np.bincount(s, weights=factor[t] * np.abs(w), minlength=n)
+        elif do_abs:
             v = np.abs(w64, out=w64)
             v /= divisor[t]
             if mask is not None:
@@ -343,3 +350,36 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
     result = GraphDag(dag_order(graph.n_nodes, t, s, w, graph_levels(graph)), abs_sums, inverse)
     graph.store_derived("dag", result)
     return result
+
+
+def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows: np.ndarray,  # noqa: ANN001
+                       reader_locs: np.ndarray) -> bool:
+    """Give ``graph`` the :class:`GraphDag` of the engine's edge order without a pass over the edges.
+
+    ``segments``: ``(location, start, end)`` ranges of the edge arrays whose readers read one
+    residual location, highest first, as :func:`circuitgraph.attribution.engine.compute_edges`
+    writes them; ``reader_rows`` / ``reader_locs``: every reader's node row and location.  Every
+    source of the engine is a writer below its reader, so the levels hold by construction; what is
+    checked here (per node, not per edge) is that the engine's locations are the levels
+    :func:`graph_levels` gives the readers and that the segments tile the edges top down.
+    Returns False (nothing stored; :func:`graph_dag` will derive the order) when not."""
+    E = graph.n_edges
+    lv_all = graph_levels(graph)
+    rows = np.asarray(reader_rows, dtype=np.int64)
+    locs = np.asarray(reader_locs, dtype=np.int64)
+    if rows.size and not (lv_all[rows] == locs).all():
+        return False
+    ends = [0] + [b for _, _, b in segments]
+    if any(a != ends[k] for k, (_, a, _) in enumerate(segments)) or ends[-1] != E:
+        return False
+    levels = [lvl for lvl, a, b in segments if b > a]
+    if any(x <= y for x, y in zip(levels, levels[1:])):
+        return False
+    abs_sums = graph.incoming_abs_sums()  # the engine's (adopted), or one pass
+    has_in = abs_sums > 0  # the engine keeps no zero edge
+    lv = np.where(has_in, lv_all, -1)
+    segs = tuple((int(lvl), int(a), int(b)) for lvl, a, b in segments if b > a)
+    order = DagOrder(graph.n_nodes, graph.edge_target, graph.edge_source, np.asarray(graph.edge_weight), lv,
+                     None, False, segs)
+    graph.store_derived("dag", GraphDag(order, abs_sums))
+    return True

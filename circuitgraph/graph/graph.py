@@ -225,6 +225,16 @@ class AttributionGraph:
         self._incoming_cache = (self.edge_target, self.edge_weight, (sums, abs_sums))
         return sums, abs_sums
 
+    def adopt_incoming_sums(self, sums: np.ndarray, abs_sums: np.ndarray) -> None:
+        """Take the per-node (sum, sum of |w|) of the incoming edges from whoever made the edges
+        (the engine sums each row as it writes it), so that :meth:`check_completeness` and the
+        queries need no pass over the edges; kept while the edge arrays are the same objects."""
+        sums = np.asarray(sums, dtype=np.float64)
+        abs_sums = np.asarray(abs_sums, dtype=np.float64)
+        if sums.shape != (self.n_nodes,) or abs_sums.shape != (self.n_nodes,):
+            raise ValueError(f"incoming sums must have one value per node ({self.n_nodes})")
+        self._incoming_cache = (self.edge_target, self.edge_weight, (sums, abs_sums))
+
     def incoming_sums(self) -> np.ndarray:
         """Sum of incoming edge weights per node (float64)."""
         return self._incoming()[0].copy()

@@ -217,7 +217,8 @@ def prune_graph(
     node_mask = node_mask | always
 
     # ---- step 3: edge scores on the node-pruned matrix (rows and columns of dropped nodes zeroed)
-    inside_idx = _inside_edges(dag, node_mask)
+    into_kept = _edges_into(dag, node_mask)  # one pass over every edge; the later selections are subsets
+    inside_idx = into_kept[node_mask[dag.source[into_kept]]]
     it, is_ = dag.target[inside_idx], dag.source[inside_idx]
     a_in = np.abs(dag.weight[inside_idx].astype(np.float64))
     # rows of dropped nodes divide by infinity: they pass nothing on
@@ -251,7 +252,7 @@ def prune_graph(
 
     edge_mask_unique = np.zeros(dag.target.shape[0], dtype=bool)
     edge_mask_unique[kept_idx] = True
-    pruned, remainders = _build_pruned_graph(graph, dag, node_mask, edge_mask_unique, params)
+    pruned, remainders = _build_pruned_graph(graph, dag, node_mask, edge_mask_unique, params, kept_idx, into_kept)
     inverse = gd.inverse
     return PruneResult(
         graph=pruned,
@@ -268,19 +269,22 @@ def prune_graph(
     )
 
 
-def _inside_edges(dag, node_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    """Indices of the edges whose target and source are both kept (chunked: no full-size
-    temporaries besides the result)."""
+def _edges_into(dag, node_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    """Indices of the edges whose target is kept (chunked: no full-size temporaries besides the
+    result)."""
     parts = []
     for c in range(0, dag.target.shape[0], CHUNK):
-        sel = node_mask[dag.target[c : c + CHUNK]] & node_mask[dag.source[c : c + CHUNK]]
-        parts.append(np.flatnonzero(sel) + c)
+        parts.append(np.flatnonzero(node_mask[dag.target[c : c + CHUNK]]) + c)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, edge_mask: np.ndarray,
-                        params: dict[str, Any]) -> tuple[AttributionGraph, list[NodeId]]:
-    """Kept nodes and edges, plus one remainder node per (layer, position) of pruned sources."""
+                        params: dict[str, Any], kept_idx: np.ndarray,
+                        candidates: np.ndarray) -> tuple[AttributionGraph, list[NodeId]]:
+    """Kept nodes and edges, plus one remainder node per (layer, position) of pruned sources.
+
+    ``kept_idx``: the kept edges (``edge_mask``'s true entries); ``candidates``: edges that
+    include every edge into a kept node (the lost edges are looked for among them only)."""
     n = graph.n_nodes
     kept_rows = np.flatnonzero(node_mask)
     remap = -np.ones(n, dtype=np.int64)
@@ -288,7 +292,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
     nodes: list[Node] = [graph.nodes[r] for r in kept_rows]
 
     # pruned contributions into kept nodes, grouped by (target, source layer, source position)
-    lost = _lost_edges(e, node_mask, edge_mask)
+    lost = candidates[node_mask[e.target[candidates]] & ~edge_mask[candidates]]
     lost_t, lost_s, lost_w = e.target[lost], e.source[lost], e.weight[lost].astype(np.float64)
     layers = np.array([nd.layer for nd in graph.nodes], dtype=np.int64)
     positions = np.array([nd.position for nd in graph.nodes], dtype=np.int64)
@@ -329,9 +333,10 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
                                  "n_pruned_nodes": dropped_by_group.get(key, 0)}))
     group_row = np.array([remainder_rows[k] for k in sorted(groups, key=groups.get)], dtype=np.int64)
 
-    kt = np.concatenate([remap[e.target[edge_mask]], remap[lost_t]])
-    ks = np.concatenate([remap[e.source[edge_mask]], group_row[group_of] if lost_s.size else lost_s])
-    kw = np.concatenate([e.weight[edge_mask].astype(np.float64), lost_w])
+    kept_idx = np.sort(kept_idx)  # the stored order, as a boolean selection gives it
+    kt = np.concatenate([remap[e.target[kept_idx]], remap[lost_t]])
+    ks = np.concatenate([remap[e.source[kept_idx]], group_row[group_of] if lost_s.size else lost_s])
+    kw = np.concatenate([e.weight[kept_idx].astype(np.float64), lost_w])
     # sum duplicates (several pruned edges into one target from one remainder)
     key = kt * np.int64(len(nodes)) + ks
     uniq, inv = _unique_small(key, len(nodes) ** 2)
@@ -370,10 +375,3 @@ def _unique_small(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray
     return uniq.astype(keys.dtype, copy=False), rank[keys]
 
 
-def _lost_edges(e, node_mask: np.ndarray, edge_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    """Indices of the edges into kept nodes that were not kept (chunked)."""
-    parts = []
-    for c in range(0, e.target.shape[0], CHUNK):
-        sel = node_mask[e.target[c : c + CHUNK]] & ~edge_mask[c : c + CHUNK]
-        parts.append(np.flatnonzero(sel) + c)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

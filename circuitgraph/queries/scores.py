@@ -143,7 +143,7 @@ def compute_scores(
     for j, t in enumerate(targets):
         starts[graph.index_of(t), j + 1] = 1.0
     gd = graph_dag(graph)
-    res = sweep(gd.dag, abs_start=starts, row_divisor=gd.row_divisor, sum_mask=is_err,
+    res = sweep(gd.dag, abs_start=starts, row_divisor=gd.row_divisor,
                 signed_start=starts[:, 1:] if targets else None,
                 gain=safe_inverse(pass_through_divisors(graph)) if targets else None)
     infl = res["abs"]
@@ -153,9 +153,14 @@ def compute_scores(
     error_infl = infl[is_err, 0].sum()
     replacement = _ratio(token_infl, token_infl + error_infl)
 
-    from_error = res["masked_abs_sums"] / gd.row_divisor  # per row: the normalised weight from error nodes
+    # circuit-tracer's completeness, sum_r (1 - from_error_r) out_r / sum_r out_r, with from_error_r
+    # = sum_{s error} |E[r, s]| / divisor_r (the normalised weight row r takes from error nodes) and
+    # out = influence + target weight: since out_r is exactly the z_r the sweep propagates,
+    # sum_r out_r from_error_r = sum_{s error} sum_r z_r |E[r, s]| / divisor_r = the error nodes'
+    # influence, so no second sum over the edges is needed
     output_influence = infl[:, 0] + w
-    completeness = _ratio(float(((1.0 - from_error) * output_influence).sum()), float(output_influence.sum()))
+    total_out = float(output_influence.sum())
+    completeness = _ratio(total_out - float(error_infl), total_out)
 
     if not per_target:
         return ScoresResult(replacement, completeness, (), error_kinds, input_kinds)
