@@ -121,6 +121,7 @@ def compute_edges(
     gather_buf: torch.Tensor | None = None
     for n_done, (batch, (T, top)) in enumerate(zip(batches, spans)):
         B = len(batch)
+        p_first = min(rd.positions[i] for i in batch)
         G = torch.zeros(B, T, D, dtype=dtype, device=device)
         const = torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device)
         abs_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
@@ -147,8 +148,12 @@ def compute_edges(
                 g_all, w_all, src = slots[loc]
                 # the writers' vectors are made per chunk of position groups (they are not held)
                 step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B) * G.element_size()))
-                for a in range(0, k, step):
-                    e = min(k, a + step)
+                # writer groups at or before the batch's first reader position feed every reader of
+                # the batch; later ones only the readers at or after them (the rest are exact zeros to
+                # squeeze out): chunks never mix the two, so the first kind is written as it comes
+                k0 = min(k, int(torch.searchsorted(block.positions, p_first, right=True)))
+                for a, e in [(a, min(k0, a + step)) for a in range(0, k0, step)] + [
+                        (a, min(k, a + step)) for a in range(k0, k, step)]:
                     # (groups, max_n, B): every writer against every reader, one batched GEMM
                     scale = None
                     if held is not None:

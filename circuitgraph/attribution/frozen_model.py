@@ -148,10 +148,13 @@ class FrozenLinearModel:
         v = self._attention_values(layer, G)
         W_V = self.attn[layer]["W_V"]  # (H, D, d_head)
         H, dh = W_V.shape[0], W_V.shape[2]
-        if "W_V_flat" not in self.attn[layer]:
-            self.attn[layer]["W_V_flat"] = W_V.permute(0, 2, 1).reshape(H * dh, D).contiguous()
-        out = v.permute(2, 1, 0, 3).reshape(B * T, H * dh) @ self.attn[layer]["W_V_flat"]
-        return self.ln1[layer].transpose(out.view(B, T, D), slice(0, T))
+        if "W_V_ln1" not in self.attn[layer]:
+            # ln1's gamma and centring are linear maps of each output row: folded into W_V once, so that
+            # only the per-position 1/sigma is left to apply (ln1.transpose = P(gamma * .) / sigma)
+            flat = W_V.permute(0, 2, 1).reshape(H * dh, D)
+            self.attn[layer]["W_V_ln1"] = self.ln1[layer].reader_direction(flat).contiguous()
+        out = (v.permute(2, 1, 0, 3).reshape(B * T, H * dh) @ self.attn[layer]["W_V_ln1"]).view(B, T, D)
+        return out.div_(self.ln1[layer].sigma[:T].unsqueeze(-1))
 
     def attention_transpose_single(self, layer: int, G: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """:meth:`attention_transpose` for a ``G`` that is non-zero only at ``G[b, positions[b]]``
