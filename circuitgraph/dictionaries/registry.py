@@ -232,9 +232,7 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     if conv is None:  # sae-lens's own format, as save_model writes it
-        from sae_lens import SAE
-
-        from circuitgraph.dictionaries.transcoders import _from_sae
+        from circuitgraph.dictionaries.transcoders import _from_sae, load_sae_folder
 
         out = {}
         for l, p in paths.items():
@@ -244,7 +242,7 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
                 raise LoadError(f"{repo}/{p}: cfg.json and sae_weights.safetensors are in different snapshots; "
                                 f"download the folder again with `huggingface-cli download {repo} --include '{p}/*'`")
             try:
-                sae = SAE.load_from_disk(str(cfg.parent), device=str(adapter.device))
+                sae = load_sae_folder(cfg.parent, device=str(adapter.device))
             except Exception as exc:  # noqa: BLE001
                 msg = str(exc).splitlines()[0] if str(exc) else ""
                 raise LoadError(f"{repo}/{p}: sae-lens could not load it ({type(exc).__name__}: {msg[:200]}); "

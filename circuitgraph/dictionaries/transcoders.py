@@ -1,4 +1,4 @@
-"""Transcoders loaded through sae-lens and checked against the model.
+"""Transcoders in sae-lens's format (read from their files, or by sae-lens) checked against the model.
 
 A transcoder of layer ``l`` reads the MLP input side of block ``l`` and writes its output:
 
@@ -43,7 +43,8 @@ _OUT_HOOK = r"blocks\.(\d+)\.(?:hook_mlp_out|mlp\.hook_out)"
 
 class TranscoderLayer:
     """One layer's transcoder: plain tensors (sae-lens orientation), plus the sae-lens object
-    that produced them when there is one.
+    that produced them when there is one (or, for a folder read without sae-lens, a
+    :class:`~circuitgraph.dictionaries.saelens_native.NativeTranscoder` with the same ``encode``).
 
     ``W_enc`` ``(d_in, d_sae)`` and ``W_dec`` ``(d_sae, d_out)`` are either tensors or
     :class:`~circuitgraph.dictionaries.stored.StoredRows` left in their safetensors file
@@ -213,6 +214,20 @@ class TranscoderLayer:
 def _match_layer(pattern: str, hook: str) -> int | None:
     m = re.fullmatch(pattern, hook)
     return int(m.group(1)) if m else None
+
+
+def load_sae_folder(path: str | Path, device: str = "cpu") -> Any:
+    """The transcoder in a sae-lens ``save_model`` folder, as ``SAE.load_from_disk(path, device=device)``
+    gives it: read natively (no sae-lens import) when :func:`~circuitgraph.dictionaries.saelens_native.read_folder`
+    recognises the folder exactly, else by sae-lens itself (which raises what it always raised)."""
+    from circuitgraph.dictionaries import saelens_native
+
+    native = saelens_native.read_folder(path, device=device)
+    if native is not None:
+        return native
+    from sae_lens import SAE
+
+    return SAE.load_from_disk(str(path), device=device)
 
 
 def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any) -> TranscoderLayer:
@@ -393,9 +408,9 @@ class TranscoderSet:
     @classmethod
     def from_dir(cls, path: str | Path, adapter: Any, *, layers: list[int] | None = None,
                  dtype: torch.dtype | None = None) -> "TranscoderSet":
-        """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output)."""
-        from sae_lens import SAE
-
+        """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output): read directly from
+        their files (:mod:`~circuitgraph.dictionaries.saelens_native`), with sae-lens only for a
+        folder that reader does not recognise."""
         from circuitgraph.adapters.files import check_transcoder_dir
 
         path = Path(path)
@@ -417,7 +432,7 @@ class TranscoderSet:
                     raise LoadError(f"{sub} has no {fname} (expected sae-lens save_model output)")
             adapter.check_layer(lyr, what=f"transcoder folder {sub.name}: layer")
             try:
-                sae = SAE.load_from_disk(str(sub), device=str(adapter.device))
+                sae = load_sae_folder(sub, device=str(adapter.device))
             except Exception as exc:  # noqa: BLE001
                 raise LoadError(f"{sub}: sae-lens could not load it ({type(exc).__name__}: {exc})") from None
             if dtype is not None:
