@@ -21,6 +21,7 @@ from circuitgraph.attribution import engine as engine_mod
 from circuitgraph.attribution import frozen_model as fm_mod
 from circuitgraph.attribution import linearisation as lin_mod
 from circuitgraph.attribution.engine import EdgeResult
+from circuitgraph.attribution.dense_rows import DenseRows
 from circuitgraph.attribution.feature_selection import fold_unselected, parts_influence, select_and_compute
 from circuitgraph.attribution.linearisation import OffloadedPatterns, frozen, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
@@ -171,11 +172,25 @@ def test_feature_vectors_are_made_from_shared_tables():
                      + tcs[node.layer].b_enc[node.index]) == pytest.approx(node.pre_activation, rel=1e-4, abs=1e-5)
 
 
+def _part_edges(p, slot_rows):
+    """A part's (target, source, weight) arrays, squeezed edges or dense blocks alike (zeros dropped)."""
+    if not isinstance(p, DenseRows):
+        return p.target, p.source, p.weight
+    t, s, w = [], [], []
+    for loc, lo, hi, j, v in p.blocks:
+        wi, ri = np.nonzero(v)
+        t.append(p.reader_rows[j][ri]), s.append(slot_rows[loc][lo:hi][wi]), w.append(v[wi, ri])
+    return np.concatenate(t), np.concatenate(s), np.concatenate(w)
+
+
+def _part_rows(p):
+    return p.rows() if isinstance(p, DenseRows) else np.unique(p.target)
+
+
 def _global_fold(col, rows, selected):
     """The reference: every computed edge at once, one global sort of (target, new source)."""
-    t = np.concatenate([p.target for _, p in rows.parts])
-    s = np.concatenate([p.source for _, p in rows.parts])
-    w = np.concatenate([p.weight for _, p in rows.parts])
+    parts = [_part_edges(p, rows.slot_rows) for _, p in rows.parts]
+    t, s, w = (np.concatenate(x) for x in zip(*parts))
     nodes, rd = col.nodes, col.readers
     keep = {rd.rows[i] for i in selected}
     dropped = [r for r in rd.rows if nodes[r].kind == "feature" and r not in keep]
@@ -191,16 +206,18 @@ def _global_fold(col, rows, selected):
     return {k: v for k, v in out.items() if v != 0}
 
 
-def test_max_feature_nodes_parts_fold_like_one_global_fold():
+@pytest.mark.parametrize("dense", [True, False])
+def test_max_feature_nodes_parts_fold_like_one_global_fold(dense):
     col, _ = _collected()
-    rows, selected = select_and_compute(col, 20, batch_size=8)
+    rows, selected = select_and_compute(col, 20, batch_size=8, dense=dense)
+    assert any(isinstance(p, DenseRows) for _, p in rows.parts) == dense
     # every part holds the rows of one residual location, each reader row in one part only
     seen = set()
     for loc, p in rows.parts:
-        locs = {col.readers.locs[col.readers.rows.index(r)] for r in np.unique(p.target).tolist()}
+        locs = {col.readers.locs[col.readers.rows.index(r)] for r in _part_rows(p).tolist()}
         assert locs == {loc}
-        assert not seen & set(np.unique(p.target).tolist())
-        seen |= set(np.unique(p.target).tolist())
+        assert not seen & set(_part_rows(p).tolist())
+        seen |= set(_part_rows(p).tolist())
     ref = _global_fold(col, rows, selected)
     nodes, edges, _ = fold_unselected(col, rows, selected)
     ids = [n.id for n in nodes]
@@ -273,3 +290,26 @@ def test_engine_row_abs_sums_equal_the_sums_over_the_stored_edges(monkeypatch):
             got[row] = v
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
         assert expected.max() > 0
+
+
+def test_dense_rows_select_and_fold_like_squeezed_edges():
+    """max_feature_nodes' rows kept as the engine's dense blocks rank, select and fold exactly as
+    the squeezed (target, source, weight) rows do; the dense blocks hold the values only."""
+    col, _ = _collected()
+    dense_rows, dense_sel = select_and_compute(col, 20, batch_size=8, dense=True)
+    sparse_rows, sparse_sel = select_and_compute(col, 20, batch_size=8, dense=False)
+    assert dense_sel == sparse_sel
+    np.testing.assert_allclose(dense_rows.abs_sums, sparse_rows.abs_sums, rtol=1e-12, atol=0)
+    n_dense = sum(p.n_entries for _, p in dense_rows.parts)
+    item = next(v for _, p in dense_rows.parts for *_, v in p.blocks).itemsize
+    assert sum(v.nbytes for _, p in dense_rows.parts for *_, v in p.blocks) == item * n_dense  # no indices
+    # the dense blocks hold every edge and a few structural zeros
+    assert sparse_rows.n_edges <= n_dense <= 1.5 * sparse_rows.n_edges
+    a = fold_unselected(col, dense_rows, dense_sel)
+    b = fold_unselected(col, sparse_rows, sparse_sel)
+    assert [n.id for n in a[0]] == [n.id for n in b[0]]
+    got = {(int(t), int(s)): float(w) for t, s, w in zip(a[1].target, a[1].source, a[1].weight)}
+    ref = {(int(t), int(s)): float(w) for t, s, w in zip(b[1].target, b[1].source, b[1].weight)}
+    assert got.keys() == ref.keys()
+    assert max(abs(got[k] - ref[k]) for k in ref) <= 1e-12 * max(abs(v) for v in ref.values())
+    assert a[1].constants == b[1].constants

@@ -69,8 +69,14 @@ def compute_edges(
     reader_subset: list[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     constant_parts: dict[int, dict[int, float]] | None = None,
-) -> EdgeResult:
+    dense: bool = False,
+) -> "EdgeResult | DenseRows":
     """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``).
+
+    ``dense``: return the edges as :class:`~circuitgraph.attribution.dense_rows.DenseRows` (one
+    ``(writers, readers)`` block per writer chunk, 4 bytes per entry and no indices; exact zeros
+    kept) instead of squeezed ``(target, source, weight)`` arrays; not with writers met at several
+    locations (cross-layer transcoders), which get the arrays.
 
     When ``constant_parts`` is a dict it receives, per reader row, the reader's constant split
     by origin: ``{row: {loc: value}}`` with ``loc`` the residual location of the constant
@@ -81,6 +87,10 @@ def compute_edges(
     # top-down, then by position; a batch never mixes locations, so no reader rides along
     # (as zeros) through layers above the one it reads, and its prefix of positions is short
     idx.sort(key=lambda i: (-rd.locs[i], rd.positions[i]))
+    dense = dense and not col.multi_location_writers
+    # dense blocks store a batch's structural zeros (readers before a writer's position): tighter
+    # position bands per batch keep them few
+    spread = 1.25 if dense else 2.0
     constants: dict[int, float] = {}
     dtype, device = fm.dtype, fm.device
     D = fm.adapter.facts.d_model
@@ -90,7 +100,7 @@ def compute_edges(
         if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size or (
                 # a batch costs its size times its last position (squared through attention): readers
                 # far apart in position (max_feature_nodes' ranked rows) go in separate batches
-                end - start >= max(1, batch_size // 4) and rd.positions[idx[end]] + 1 > 2 * (rd.positions[idx[start]] + 1)):
+                end - start >= max(1, batch_size // 4) and rd.positions[idx[end]] + 1 > spread * (rd.positions[idx[start]] + 1)):
             batches.append(idx[start:end])
             start = end
     # per location: the real slots (group, writer) of the padded writer block, their row ids
@@ -107,9 +117,10 @@ def compute_edges(
     # buffers is never written, so it takes no memory (no per-batch pieces, no final concatenation)
     # per batch: its positions' prefix (the last position + 1) and its highest location
     spans = [(max(rd.positions[i] for i in batch) + 1, max(rd.locs[i] for i in batch)) for batch in batches]
-    bound = sum(int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
-                for batch, (T, top) in zip(batches, spans)
-                for loc, block in col.writers.blocks.items() if loc <= top)
+    bound = 0 if dense else sum(int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
+                                for batch, (T, top) in zip(batches, spans)
+                                for loc, block in col.writers.blocks.items() if loc <= top)
+    dense_blocks: list = []
     out_t = torch.empty(bound, dtype=torch.int32)
     out_s = torch.empty(bound, dtype=torch.int32)
     out_w = torch.empty(bound, dtype=dtype)
@@ -178,6 +189,13 @@ def compute_edges(
                     lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
                     m = (hi - lo) * B
                     rows = (g_all[lo:hi] - a) * E.shape[1] + w_all[lo:hi]
+                    if dense:
+                        block_w = E.view(-1, B).index_select(0, rows).cpu()
+                        del E
+                        sum_b += block_w.sum(0, dtype=torch.float64)
+                        abs_b += block_w.abs().sum(0, dtype=torch.float64)
+                        dense_blocks.append((loc, lo, hi, n_done, block_w.numpy()))
+                        continue
                     w = out_w[n_out:n_out + m]  # (writer, reader) order
                     if E.device == w.device:
                         torch.index_select(E.view(-1, B), 0, rows, out=w.view(hi - lo, B))
@@ -222,6 +240,12 @@ def compute_edges(
             segments.append((loc_b, first, n_out))
         if progress is not None:
             progress(n_done + 1, len(batches))
+    if dense:
+        from circuitgraph.attribution.dense_rows import DenseRows
+
+        return DenseRows(
+            reader_rows=[np.array([rd.rows[i] for i in batch], dtype=np.int64) for batch in batches],
+            blocks=dense_blocks, constants=constants, abs_sums=abs_sums, sums=sums)
     t = out_t[:n_out].numpy()
     s = out_s[:n_out].numpy()
     w = out_w[:n_out].numpy()

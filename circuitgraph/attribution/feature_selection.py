@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from circuitgraph.attribution.dense_rows import DenseRows, dense_influence, fold_dense, writer_slot_rows
 from circuitgraph.attribution.engine import EdgeResult, compute_edges
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
@@ -39,26 +40,43 @@ ROWS_IN_MEMORY_BYTES = 2 * 1024**3
 DISK_RESERVE_BYTES = 1024**3
 
 
-class _SpilledPart:
-    """One part's edge arrays in an anonymous temporary file."""
+def _nbytes(part: EdgeResult | DenseRows) -> int:
+    if isinstance(part, DenseRows):
+        return part.nbytes
+    return part.target.nbytes + part.source.nbytes + part.weight.nbytes
 
-    def __init__(self, edges: EdgeResult):
-        need = edges.target.nbytes + edges.source.nbytes + edges.weight.nbytes
+
+class _SpilledPart:
+    """One part's arrays (squeezed edges or dense blocks) in an anonymous temporary file."""
+
+    def __init__(self, edges: EdgeResult | DenseRows):
+        need = _nbytes(edges)
         free = shutil.disk_usage(tempfile.gettempdir()).free
         if free - need < DISK_RESERVE_BYTES:
             raise ResourceError(
                 f"max_feature_nodes: the computed rows pass {ROWS_IN_MEMORY_BYTES / 1024**3:.1f} GB of memory and the "
                 f"temporary folder {tempfile.gettempdir()} has {free / 1024**3:.1f} GB free for the rest; "
                 "set a smaller graph.max_feature_nodes, shorten the prompt or free disk space")
-        self.n = int(edges.target.size)
         self.constants = edges.constants
         self._file = tempfile.TemporaryFile(prefix="circuitgraph-rows-")
-        for a in (edges.target, edges.source, edges.weight):
+        if isinstance(edges, DenseRows):
+            self.dense = ([(loc, lo, hi, j) for loc, lo, hi, j, _ in edges.blocks], len(edges.reader_rows),
+                          edges.abs_sums, edges.sums)
+            arrays = list(edges.reader_rows) + [v for *_, v in edges.blocks]
+        else:
+            self.dense = None
+            arrays = [edges.target, edges.source, edges.weight]
+        for a in arrays:
             np.save(self._file, a, allow_pickle=False)
         self._file.flush()
 
-    def load(self) -> EdgeResult:
+    def load(self) -> EdgeResult | DenseRows:
         self._file.seek(0)
+        if self.dense is not None:
+            keys, n_batches, abs_sums, sums = self.dense
+            readers = [np.load(self._file, allow_pickle=False) for _ in range(n_batches)]
+            blocks = [(*k, np.load(self._file, allow_pickle=False)) for k in keys]
+            return DenseRows(readers, blocks, self.constants, abs_sums, sums)
         t, s, w = (np.load(self._file, allow_pickle=False) for _ in range(3))
         return EdgeResult(t, s, w, self.constants)
 
@@ -75,7 +93,9 @@ class RowParts:
     bounded whatever the prompt length."""
 
     n: int
-    parts: list[tuple[int, EdgeResult | _SpilledPart]] = field(default_factory=list)  # (reader location, edges)
+    parts: list[tuple[int, EdgeResult | DenseRows | _SpilledPart]] = field(default_factory=list)  # (reader location, edges)
+    #: per writer location, the node row of each slot (needed by dense parts)
+    slot_rows: dict[int, np.ndarray] | None = None
     #: per node: the sum of the absolute weights of its computed row
     abs_sums: np.ndarray = field(init=False)
     n_edges: int = 0
@@ -84,31 +104,34 @@ class RowParts:
     def __post_init__(self) -> None:
         self.abs_sums = np.zeros(self.n)
 
-    def add(self, level: int, edges: EdgeResult) -> None:
+    def add(self, level: int, edges: EdgeResult | DenseRows) -> None:
         if edges.abs_sums is not None:  # summed by the engine as it made the edges
             for row, v in edges.abs_sums.items():
                 self.abs_sums[row] += v
         elif edges.target.size:
             self.abs_sums += np.bincount(edges.target, weights=np.abs(edges.weight.astype(np.float64)),
                                          minlength=self.n)
-        self.n_edges += int(edges.target.size)
-        size = edges.target.nbytes + edges.source.nbytes + edges.weight.nbytes
-        if self.bytes_in_memory + size > ROWS_IN_MEMORY_BYTES and edges.target.size:
+        if isinstance(edges, DenseRows) and self.slot_rows is None:
+            raise ValueError("RowParts.slot_rows must be set before dense parts are added")
+        count = edges.n_entries if isinstance(edges, DenseRows) else int(edges.target.size)
+        self.n_edges += count
+        size = _nbytes(edges)
+        if self.bytes_in_memory + size > ROWS_IN_MEMORY_BYTES and count:
             self.parts.append((level, _SpilledPart(edges)))
         else:
             self.bytes_in_memory += size
             self.parts.append((level, edges))
 
-    def top_down(self) -> list[tuple[int, EdgeResult | _SpilledPart]]:
+    def top_down(self) -> list[tuple[int, EdgeResult | DenseRows | _SpilledPart]]:
         """The parts by decreasing reader location (stable): a back-substitution order."""
         return sorted(self.parts, key=lambda lp: -lp[0])
 
-    def edges(self) -> Iterator[tuple[int, EdgeResult]]:
+    def edges(self) -> Iterator[tuple[int, EdgeResult | DenseRows]]:
         """``(location, edges)`` per part, top down (spilled parts read back one at a time)."""
         for level, p in self.top_down():
             yield level, (p.load() if isinstance(p, _SpilledPart) else p)
 
-    def release(self) -> Iterator[tuple[int, EdgeResult]]:
+    def release(self) -> Iterator[tuple[int, EdgeResult | DenseRows]]:
         """As :meth:`edges`, and each part is dropped (its file closed) once the caller moves on."""
         ordered = self.top_down()
         self.parts = []
@@ -150,7 +173,14 @@ def parts_influence(rows: RowParts, start: np.ndarray) -> np.ndarray:
     acc = np.zeros(n)
     z = np.asarray(start, dtype=np.float64).copy()
     divisor = np.maximum(rows.abs_sums, 1e-8)
+    factor = np.zeros(n)
     for _, p in rows.edges():  # top down: a row is final when its part comes (its readers came before)
+        if isinstance(p, DenseRows):
+            r = p.rows()
+            z[r] = start[r] + acc[r]
+            factor[r] = z[r] / divisor[r]
+            dense_influence(p, rows.slot_rows, factor, acc)
+            continue
         r = np.unique(p.target)
         z[r] = start[r] + acc[r]
         v = np.abs(p.weight.astype(np.float64))
@@ -205,8 +235,12 @@ def select_and_compute(
     update_interval: int = 4,
     progress: Callable[[int, int], None] | None = None,
     watch: Callable[[int, int, int], None] | None = None,
+    dense: bool = True,
 ) -> tuple[RowParts, list[int]]:
     """Rows of the targets and of the selected features; returns (rows, selected reader indices).
+
+    ``dense``: keep the rows as the engine's dense blocks (:mod:`~circuitgraph.attribution.dense_rows`,
+    4 bytes per entry) rather than as squeezed edge arrays (12 bytes per edge); the same graph.
 
     ``watch(rows_done, edges_done, rows_total)`` is called after each batch of rows (the memory
     guard: it raises to stop a run that would not fit)."""
@@ -215,7 +249,7 @@ def select_and_compute(
     n_nodes = len(nodes)
     feature_readers = [i for i, r in enumerate(rd.rows) if nodes[r].kind == "feature"]
     other_readers = [i for i, r in enumerate(rd.rows) if nodes[r].kind != "feature"]
-    rows = RowParts(n_nodes)
+    rows = RowParts(n_nodes, slot_rows=writer_slot_rows(col))
     if max_feature_nodes >= len(feature_readers):
         rows.add(-1, compute_edges(col, batch_size=batch_size, progress=progress))
         return rows, list(range(len(rd.rows)))
@@ -225,7 +259,7 @@ def select_and_compute(
     for nid, w in target_rows.items():
         start[index[nid]] = w
     for loc, subset in _by_location(col, other_readers):
-        rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=subset))
+        rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=subset, dense=dense))
     done = list(other_readers)
     bound = reader_edge_bounds(col)
     visited = np.zeros(len(feature_readers), dtype=bool)
@@ -239,7 +273,7 @@ def select_and_compute(
             chunk = queue[k : k + batch_size]
             subset = [feature_readers[j] for j in chunk]
             for loc, part in _by_location(col, subset, bound):
-                rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part))
+                rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part, dense=dense))
             done += subset
             visited[chunk] = True
             n_visited += len(chunk)
@@ -289,7 +323,11 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
     folded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for _, p in rows.release():  # each part dropped once folded
         constants.update({int(tgt_map[r]): c for r, c in p.constants.items()})
-        if p.target.size:
+        if isinstance(p, DenseRows):
+            t, s, w = fold_dense(p, rows.slot_rows, tgt_map, src_map)
+            assert (t >= 0).all(), "an edge into an unselected feature was computed"
+            folded.append((t.astype(np.int32), s.astype(np.int32), w))
+        elif p.target.size:
             folded.append(_fold_part(p, tgt_map, src_map, n_new))
         del p
     if folded:
