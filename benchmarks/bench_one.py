@@ -88,6 +88,9 @@ class BenchParams:
 
 def run_one(p: BenchParams) -> dict[str, Any]:
     """Run every stage once; return timings (s), peak RSS (MiB) per stage, sizes and checks."""
+    import gc
+
+    gc.disable()  # as `circuitgraph run` does: no collector scans over the library imports (cli.main._settle_heap)
     import torch
 
     from circuitgraph.adapters.loading import torch_dtype
@@ -98,6 +101,9 @@ def run_one(p: BenchParams) -> dict[str, Any]:
     from circuitgraph.queries.scores import graph_scores
     from circuitgraph.spec import load_spec
 
+    from circuitgraph.cli.main import _settle_heap
+
+    _settle_heap()
     if p.threads:
         torch.set_num_threads(p.threads)
     timings: dict[str, float] = {"import": time.perf_counter() - T_START}
