@@ -30,6 +30,8 @@ usually no permutation is needed; otherwise one stable radix sort of the small l
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -243,6 +245,8 @@ def sweep(
         k = level - base
         return order_nodes[bounds[k] : bounds[k + 1]]
 
+    if do_abs and not do_sig and sum_mask is None and mask is None and z_abs.shape[1] == 1:
+        return {"abs": _single_influence(dag, z_abs[:, 0], divisor, rows_at)[:, None]}
     msum = None if sum_mask is None else np.zeros(n)
     smask = None if sum_mask is None else np.asarray(sum_mask, dtype=bool)
     done = np.zeros(n, dtype=bool)
@@ -285,6 +289,51 @@ def sweep(
         out["signed"] = acc_sig
         out["y"] = y
     return out
+
+
+def _workers() -> int:
+    """Threads for the chunks of one level (numpy releases the GIL in the gathers and bincounts)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _chunk_influence(t: np.ndarray, s: np.ndarray, w: np.ndarray, factor: np.ndarray, n: int) -> np.ndarray:
+    return np.bincount(s, weights=factor[t] * np.abs(w), minlength=n)
+
+
+def _single_influence(dag: DagOrder, start: np.ndarray, divisor: np.ndarray, rows_at) -> np.ndarray:  # noqa: ANN001
+    """:func:`sweep`'s most common case, one influence ``acc_s = sum_r z_r |w_rs| / divisor_r``
+    with ``z = start + acc``: the chunks of one level are independent (they read the final ``z``
+    of that level's rows and add to lower levels), so they run on several threads, each into its
+    own array, summed before the next level's ``z`` is made."""
+    n = dag.n
+    acc = np.zeros(n)
+    z = np.array(start, dtype=np.float64)
+    workers = _workers()
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    pending: list = []
+    current, factor = None, None
+    try:
+        for level, t, s, w in dag.chunks():
+            if level != current:
+                for f in pending:  # the level above is complete
+                    acc += f.result()
+                pending = []
+                rows = rows_at(level)
+                z[rows] = start[rows] + acc[rows]
+                factor = z / divisor  # z / divisor per row: one gather per edge
+                current = level
+            if pool is None:
+                acc += _chunk_influence(t, s, w, factor, n)
+                continue
+            if len(pending) >= 2 * workers:  # bounded: each result is one array of n
+                acc += pending.pop(0).result()
+            pending.append(pool.submit(_chunk_influence, t, s, w, factor, n))
+        for f in pending:
+            acc += f.result()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    return acc
 
 
 def _rows(start: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
