@@ -85,6 +85,28 @@ def test_engine_graphs_are_visited_in_stored_order(granularity):
     np.testing.assert_allclose(node_influence(p), dense_influence(p), rtol=1e-9, atol=1e-13)
 
 
+@pytest.mark.parametrize("arch", ["ln-gelu", "rms-gated"])
+@pytest.mark.parametrize("granularity", ["neurons", "transcoders", "heads"])
+def test_engine_sums_and_order_equal_a_pass_over_the_stored_edges(arch, granularity):
+    """The engine hands the graph its per-row sums and its location segments (no pass over the
+    edges at build time); they must equal what a pass over the stored arrays gives."""
+    g = attributed(arch, granularity)
+    sums, abs_sums = g.incoming_sums(), g.incoming_abs_sums()
+    assert g.derived("dag") is not None  # adopted from the engine, not derived yet
+    ref_sums = np.bincount(g.edge_target, weights=g.edge_weight, minlength=g.n_nodes)
+    ref_abs = np.bincount(g.edge_target, weights=np.abs(g.edge_weight), minlength=g.n_nodes)
+    np.testing.assert_allclose(sums, ref_sums, rtol=1e-6, atol=1e-9 * np.abs(ref_abs).max())
+    np.testing.assert_allclose(abs_sums, ref_abs, rtol=1e-6, atol=0)
+    adopted = graph_dag(g).dag
+    derived = dag_order(g.n_nodes, g.edge_target, g.edge_source, g.edge_weight, dagmod.graph_levels(g))
+    assert derived.order is None and not derived.reverse
+    np.testing.assert_array_equal(adopted.level, derived.level)
+    assert adopted.segments == derived.segments
+    # a graph whose arrays were replaced forgets both
+    h = AttributionGraph(g.nodes, g.edge_target.copy(), g.edge_source, g.edge_weight.copy(), targets=list(g.targets))
+    assert h.derived("dag") is None
+
+
 def test_duplicate_edges_are_summed_before_the_absolute_value():
     e = Node(NodeId("embedding", -1, 0, 1), 1.0)
     x = Node(NodeId("error", 0, 0, 0), 1.0)

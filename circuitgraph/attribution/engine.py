@@ -192,8 +192,9 @@ def compute_edges(
                     if dense:
                         block_w = E.view(-1, B).index_select(0, rows).cpu()
                         del E
-                        sum_b += block_w.sum(0, dtype=torch.float64)
-                        abs_b += block_w.abs().sum(0, dtype=torch.float64)
+                        ones = torch.ones(hi - lo, dtype=block_w.dtype, device=block_w.device)
+                        sum_b += ones @ block_w
+                        abs_b += ones @ block_w.abs()
                         dense_blocks.append((loc, lo, hi, n_done, block_w.numpy()))
                         continue
                     w = out_w[n_out:n_out + m]  # (writer, reader) order
@@ -204,8 +205,11 @@ def compute_edges(
                     del E
                     s = out_s[n_out:n_out + m]
                     t = out_t[n_out:n_out + m]
-                    sum_b += w.view(hi - lo, B).sum(0, dtype=torch.float64)
-                    abs_b += w.view(hi - lo, B).abs().sum(0, dtype=torch.float64)
+                    # per reader: the block's sum and sum of |w| (float32 within a block, by one GEMV each;
+                    # float64 across blocks)
+                    ones = torch.ones(hi - lo, dtype=w.dtype, device=w.device)
+                    sum_b += ones @ w.view(hi - lo, B)
+                    abs_b += ones @ w.view(hi - lo, B).abs()
                     nz = w != 0  # exact zeros are not edges
                     kept = int(nz.sum())
                     if kept == m:
