@@ -87,8 +87,10 @@ class _SpilledPart:
 @dataclass
 class RowParts:
     """Rows computed so far, kept as the engine returned them: one part per residual location of
-    its readers and engine call (each reader row lies in exactly one part), 12 bytes per edge,
-    never concatenated; ranking and folding visit them part by part.  Past
+    its readers and engine call (each reader row lies in exactly one part) -- the engine's dense
+    blocks (:class:`~circuitgraph.attribution.dense_rows.DenseRows`, 4 bytes per entry) or
+    squeezed edge arrays (12 bytes per edge) -- never concatenated; ranking and folding visit them
+    part by part.  Past
     :data:`ROWS_IN_MEMORY_BYTES` the parts go to temporary files, so the memory they take is
     bounded whatever the prompt length."""
 
