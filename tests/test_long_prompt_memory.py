@@ -313,3 +313,22 @@ def test_dense_rows_select_and_fold_like_squeezed_edges():
     assert got.keys() == ref.keys()
     assert max(abs(got[k] - ref[k]) for k in ref) <= 1e-12 * max(abs(v) for v in ref.values())
     assert a[1].constants == b[1].constants
+
+
+def test_folded_graph_adopts_its_sums_and_order():
+    """After max_feature_nodes folding the graph takes the fold's per-row sums and top-down
+    location segments (no pass over the edges): equal to a pass over the stored arrays."""
+    from circuitgraph.graph import dag as dagmod
+
+    adapter, tcs = _inputs()
+    g = _graph(adapter, tcs, max_feature_nodes=25, batch_size=8)
+    assert g.derived("dag") is not None
+    ref_abs = np.bincount(g.edge_target, weights=np.abs(g.edge_weight.astype(np.float64)), minlength=g.n_nodes)
+    ref_sum = np.bincount(g.edge_target, weights=g.edge_weight.astype(np.float64), minlength=g.n_nodes)
+    np.testing.assert_allclose(g.incoming_abs_sums(), ref_abs, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(g.incoming_sums(), ref_sum, rtol=1e-12, atol=1e-12 * ref_abs.max())
+    adopted = g.derived("dag").dag
+    derived = dagmod.dag_order(g.n_nodes, g.edge_target, g.edge_source, g.edge_weight, dagmod.graph_levels(g))
+    np.testing.assert_array_equal(adopted.level, derived.level)
+    assert adopted.segments == derived.segments and derived.order is None
+    assert g.check_completeness().max_violation < 1e-5

@@ -66,13 +66,21 @@ def build_graph(
         # for the completeness check and the scores' level order
         from circuitgraph.graph.dag import adopt_engine_order
 
-        sums, abs_sums = np.zeros(len(nodes)), np.zeros(len(nodes))
-        rows = np.fromiter(edges.sums.keys(), dtype=np.int64, count=len(edges.sums))
-        sums[rows] = np.fromiter(edges.sums.values(), dtype=np.float64, count=len(edges.sums))
-        abs_sums[rows] = np.fromiter((edges.abs_sums[r] for r in edges.sums), dtype=np.float64, count=len(edges.sums))
+        if isinstance(edges.sums, dict):  # the engine's, per reader row
+            sums, abs_sums = np.zeros(len(nodes)), np.zeros(len(nodes))
+            rows = np.fromiter(edges.sums.keys(), dtype=np.int64, count=len(edges.sums))
+            sums[rows] = np.fromiter(edges.sums.values(), dtype=np.float64, count=len(edges.sums))
+            abs_sums[rows] = np.fromiter((edges.abs_sums[r] for r in edges.sums), dtype=np.float64,
+                                         count=len(edges.sums))
+        else:  # fold_unselected's, per row of the folded graph
+            sums, abs_sums = edges.sums, edges.abs_sums
         graph.adopt_incoming_sums(sums, abs_sums)
         if edges.segments is not None:
-            adopt_engine_order(graph, edges.segments, np.asarray(col.readers.rows), np.asarray(col.readers.locs))
+            row_of = {id(n): i for i, n in enumerate(nodes)}
+            readers = [(row_of[id(col.nodes[r])], loc) for r, loc in zip(col.readers.rows, col.readers.locs)
+                       if id(col.nodes[r]) in row_of]
+            adopt_engine_order(graph, edges.segments, np.array([r for r, _ in readers], dtype=np.int64),
+                               np.array([loc for _, loc in readers], dtype=np.int64))
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")

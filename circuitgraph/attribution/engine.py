@@ -53,9 +53,10 @@ class EdgeResult:
     constants: dict[int, float]  # reader row -> constant
     #: reader row -> sum of the absolute weights of its edges (float64), when the engine summed them
     #: as it made them (None: not known, e.g. after coalescing a cross-layer transcoder's parts)
-    abs_sums: dict[int, float] | None = None
-    #: reader row -> sum of the weights of its edges (float64), made with ``abs_sums``
-    sums: dict[int, float] | None = None
+    abs_sums: "dict[int, float] | np.ndarray | None" = None
+    #: reader row -> sum of the weights of its edges (float64), made with ``abs_sums`` (after
+    #: ``max_feature_nodes`` folding both are arrays with one value per node of the folded graph)
+    sums: "dict[int, float] | np.ndarray | None" = None
     #: ``(location, start, end)``: the ranges of the edge arrays whose readers read one residual
     #: location, highest first (the engine's order; None when the edges were reordered)
     segments: list[tuple[int, int, int]] | None = None

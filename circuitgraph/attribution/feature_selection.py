@@ -323,21 +323,42 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
     n_new = len(new_nodes)
     constants: dict[int, float] = {}
     folded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for _, p in rows.release():  # each part dropped once folded
+    # per row of the folded graph: the sum and the sum of |w| of its edges, and the location
+    # segments (parts come top down): the graph adopts them instead of passing over the edges again
+    sums, abs_sums = np.zeros(n_new), np.zeros(n_new)
+    segments: list[tuple[int, int, int]] = []
+    n_out = 0
+    for level, p in rows.release():  # each part dropped once folded
         constants.update({int(tgt_map[r]): c for r, c in p.constants.items()})
         if isinstance(p, DenseRows):
             t, s, w = fold_dense(p, rows.slot_rows, tgt_map, src_map)
             assert (t >= 0).all(), "an edge into an unselected feature was computed"
-            folded.append((t.astype(np.int32), s.astype(np.int32), w))
+            part = (t.astype(np.int32), s.astype(np.int32), w)
         elif p.target.size:
-            folded.append(_fold_part(p, tgt_map, src_map, n_new))
+            part = _fold_part(p, tgt_map, src_map, n_new)
+        else:
+            part = None
         del p
+        if part is None or not part[0].size:
+            continue
+        folded.append(part)
+        w64 = part[2].astype(np.float64)
+        sums += np.bincount(part[0], weights=w64, minlength=n_new)
+        abs_sums += np.bincount(part[0], weights=np.abs(w64, out=w64), minlength=n_new)
+        end = n_out + part[0].size
+        if segments and segments[-1][0] == level:
+            segments[-1] = (level, segments[-1][1], end)
+        else:
+            segments.append((level, n_out, end))
+        n_out = end
     if folded:
         t, s, w = (np.concatenate(x) for x in zip(*folded))
     else:
         t = s = np.zeros(0, dtype=np.int32)
         w = np.zeros(0, dtype=np.float32)
-    return new_nodes, EdgeResult(t, s, w, constants), old_to_new
+    levels = [lvl for lvl, *_ in segments]
+    ordered = all(a > b for a, b in zip(levels, levels[1:])) and -1 not in levels
+    return new_nodes, EdgeResult(t, s, w, constants, abs_sums, sums, segments if ordered else None), old_to_new
 
 
 def _fold_part(p: EdgeResult, tgt_map: np.ndarray, src_map: np.ndarray, n_new: int):
