@@ -131,120 +131,96 @@ def compute_edges(
     sums: dict[int, float] = {}
     segments: list[tuple[int, int, int]] = []
     gather_buf: torch.Tensor | None = None
-    for n_done, (batch, (T, top)) in enumerate(zip(batches, spans)):
-        B = len(batch)
-        p_first = min(rd.positions[i] for i in batch)
-        G = torch.zeros(B, T, D, dtype=dtype, device=device)
-        const = torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device)
-        abs_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
-        sum_b = torch.zeros(B, dtype=torch.float64, device=w_dev)
-        first = n_out
-        by_loc: dict[int, list[int]] = {}
-        for j, i in enumerate(batch):
-            by_loc.setdefault(rd.locs[i], []).append(j)
-        batch_rows = torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device)
-        directions = rd.directions_of(batch)
-        # until G crosses an attention layer, each row is non-zero at its own position only
-        single = (torch.tensor([rd.positions[i] for i in batch], device=device)
-                  if len(by_loc) == 1 else None)
-        inject = {loc: (torch.tensor(js, device=device), torch.tensor([rd.positions[batch[j]] for j in js], device=device),
-                        torch.stack([directions[j] for j in js]).to(device=device, dtype=dtype))
-                  for loc, js in by_loc.items()}
+    elt = torch.empty((), dtype=dtype).element_size()
+    n_done = 0
+    for wave in _waves(batches, spans, D * elt):
+        # the batches of one wave read one location and go down together: each writer chunk is
+        # gathered once and each attention pattern read once for all of them
+        sts = [_BatchState.start(col, j, batches[j], spans[j], device, w_dev) for j in wave]
+        top = sts[0].top
+        wave_first = n_out
         for loc in range(top, -1, -1):
-            if loc in inject:  # each reader's direction at its own position (one indexed add)
-                js, ps, dirs = inject[loc]
-                G.index_put_((js, ps), dirs, accumulate=True)
+            if loc == top:  # every reader of the wave reads this location
+                for st in sts:
+                    js, ps, dirs = st.inject
+                    st.G.index_put_((js, ps), dirs, accumulate=True)
             block = col.writers.blocks.get(loc)
             if block is not None:
-                k = int(torch.searchsorted(block.positions, T))  # writer groups at positions < T
                 g_all, w_all, src = slots[loc]
+                ks = [int(torch.searchsorted(block.positions, st.T)) for st in sts]  # groups at positions < T
+                # writer groups at or before a batch's first reader position feed every reader of the
+                # batch; later ones only the readers at or after them (the rest are exact zeros to
+                # squeeze out): the two ranges are written separately, the first as it comes
+                k0s = [min(k, int(torch.searchsorted(block.positions, st.p_first, right=True)))
+                       for st, k in zip(sts, ks)]
+                k_max = max(ks)
+                B_max = max(st.B for st in sts)
                 # the writers' vectors are made per chunk of position groups (they are not held)
-                step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B) * G.element_size()))
-                # writer groups at or before the batch's first reader position feed every reader of
-                # the batch; later ones only the readers at or after them (the rest are exact zeros to
-                # squeeze out): chunks never mix the two, so the first kind is written as it comes
-                k0 = min(k, int(torch.searchsorted(block.positions, p_first, right=True)))
-                for a, e in [(a, min(k0, a + step)) for a in range(0, k0, step)] + [
-                        (a, min(k, a + step)) for a in range(k0, k, step)]:
-                    # (groups, max_n, B): every writer against every reader, one batched GEMM
+                step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B_max) * elt))
+                for a in range(0, k_max, step):
+                    e = min(k_max, a + step)
                     scale = None
                     if held is not None:
                         if loc not in held:
                             held[loc] = block.vectors()
                         V = held[loc][a:e]
-                    elif block.basis.dtype == dtype and block.basis.device == G.device:
+                    elif block.basis.dtype == dtype and block.basis.device == device:
                         # long prompts: the basis rows (decoder rows) gathered into one reused buffer
-                        # and the activations applied to the (smaller) edge block: one pass over the
+                        # and the activations applied to the (smaller) edge blocks: one pass over the
                         # vectors instead of two, and no fresh allocation per chunk
                         n_el = (e - a) * block.index.shape[1] * D
                         if gather_buf is None or gather_buf.numel() < n_el:
-                            gather_buf = torch.empty(n_el, dtype=dtype, device=G.device)
+                            gather_buf = torch.empty(n_el, dtype=dtype, device=device)
                         V = block.basis_rows(a, e, out=gather_buf[:n_el])
                         scale = block.scale[a:e].unsqueeze(-1)
                     else:
                         V = block.vectors(a, e)
-                    E = torch.bmm(V, G[:, block.positions[a:e], :].permute(1, 2, 0))
-                    if scale is not None:
-                        E.mul_(scale)
-                    # the real (group, writer) slots, row-major: those of groups a..e-1 are a range
-                    lo, hi = int(n_slots[loc][a]), int(n_slots[loc][e])
-                    m = (hi - lo) * B
-                    rows = (g_all[lo:hi] - a) * E.shape[1] + w_all[lo:hi]
-                    if dense:
-                        block_w = E.view(-1, B).index_select(0, rows).cpu()
-                        del E
-                        ones = torch.ones(hi - lo, dtype=block_w.dtype, device=block_w.device)
-                        sum_b += ones @ block_w
-                        abs_b += ones @ block_w.abs()
-                        dense_blocks.append((loc, lo, hi, n_done, block_w.numpy()))
-                        continue
-                    w = out_w[n_out:n_out + m]  # (writer, reader) order
-                    if E.device == w.device:
-                        torch.index_select(E.view(-1, B), 0, rows, out=w.view(hi - lo, B))
-                    else:
-                        w.copy_(E.view(-1, B).index_select(0, rows).view(-1))
-                    del E
-                    s = out_s[n_out:n_out + m]
-                    t = out_t[n_out:n_out + m]
-                    # per reader: the block's sum and sum of |w| (float32 within a block, by one GEMV each;
-                    # float64 across blocks)
-                    ones = torch.ones(hi - lo, dtype=w.dtype, device=w.device)
-                    sum_b += ones @ w.view(hi - lo, B)
-                    abs_b += ones @ w.view(hi - lo, B).abs()
-                    nz = w != 0  # exact zeros are not edges
-                    kept = int(nz.sum())
-                    if kept == m:
-                        s.view(hi - lo, B).copy_(src[lo:hi, None].expand(-1, B))
-                        t.view(hi - lo, B).copy_(batch_rows[None, :].expand(hi - lo, -1))
-                    else:  # squeezed in place: the kept (writer, reader) entries' flat indices, found once
-                        keep = nz.nonzero().squeeze(1)
-                        w[:kept] = w[keep]
-                        writer = keep // B
-                        torch.index_select(src[lo:hi], 0, writer, out=s[:kept])
-                        torch.index_select(batch_rows, 0, keep.sub_(writer.mul_(B)), out=t[:kept])
-                    n_out += kept
+                    for st, k, k0 in zip(sts, ks, k0s):
+                        for a2, e2 in ((a, min(e, k0)), (max(a, k0), min(e, k))):
+                            if e2 <= a2:
+                                continue
+                            # (groups, max_n, B): every writer against every reader, one batched GEMM
+                            E = torch.bmm(V[a2 - a:e2 - a], st.G[:, block.positions[a2:e2], :].permute(1, 2, 0))
+                            if scale is not None:
+                                E.mul_(scale[a2 - a:e2 - a])
+                            # the real (group, writer) slots, row-major: those of groups a2..e2-1 are a range
+                            lo, hi = int(n_slots[loc][a2]), int(n_slots[loc][e2])
+                            rows = (g_all[lo:hi] - a2) * E.shape[1] + w_all[lo:hi]
+                            if dense:
+                                block_w = E.view(-1, st.B).index_select(0, rows).cpu()
+                                del E
+                                st.add_sums(block_w)
+                                dense_blocks.append((loc, lo, hi, st.j, block_w.numpy()))
+                                continue
+                            n_out += _write_squeezed(E, rows, st, src[lo:hi], out_t, out_s, out_w, n_out)
+                            del E
             c = col.constants.get(loc)
             if c is not None:
-                part = (G.reshape(B, T * D) @ c[:T].reshape(T * D)).to(torch.float64)
-                const += part
-                if constant_parts is not None:
-                    for j, i in enumerate(batch):
-                        constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[j])
+                for st in sts:
+                    part = (st.G.reshape(st.B, st.T * D) @ c[:st.T].reshape(st.T * D)).to(torch.float64)
+                    st.const += part
+                    if constant_parts is not None:
+                        for jj, i in enumerate(st.batch):
+                            constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[jj])
             if loc > 0:
-                G = fm.step_down(loc, G, single)
-                if ResidualLocation(loc).sublayer == "attn":
-                    single = None
-        for j, i in enumerate(batch):
-            constants[rd.rows[i]] = float(const[j])
-            abs_sums[rd.rows[i]] = float(abs_b[j])
-            sums[rd.rows[i]] = float(sum_b[j])
-        loc_b = rd.locs[batch[0]]  # a batch never mixes locations
-        if segments and segments[-1][0] == loc_b:
-            segments[-1] = (loc_b, segments[-1][1], n_out)
+                # the widest batch first: the pattern block read for it serves the narrower ones
+                for st in sorted(sts, key=lambda x: -x.T):
+                    st.G = fm.step_down(loc, st.G, st.single)
+                    if ResidualLocation(loc).sublayer == "attn":
+                        st.single = None
+        for st in sts:
+            for jj, i in enumerate(st.batch):
+                constants[rd.rows[i]] = float(st.const[jj])
+                abs_sums[rd.rows[i]] = float(st.abs_b[jj])
+                sums[rd.rows[i]] = float(st.sum_b[jj])
+            n_done += 1
+            if progress is not None:
+                progress(n_done, len(batches))
+        if segments and segments[-1][0] == top:
+            segments[-1] = (top, segments[-1][1], n_out)
         else:
-            segments.append((loc_b, first, n_out))
-        if progress is not None:
-            progress(n_done + 1, len(batches))
+            segments.append((top, wave_first, n_out))
+    fm.release_pattern_cache()
     if dense:
         from circuitgraph.attribution.dense_rows import DenseRows
 
@@ -260,6 +236,107 @@ def compute_edges(
         t, s, w = _coalesce(t, s, w, len(col.nodes))
         return EdgeResult(t, s, w, constants)
     return EdgeResult(t, s, w, constants, abs_sums, sums, segments)
+
+
+#: bytes of the gradients ``G (batch, positions, d_model)`` of the batches that go down together
+#: (one wave: the batches of one location, the writer gathers and pattern reads shared)
+WAVE_BYTES = 1 << 30
+
+
+def _waves(batches: list[list[int]], spans: list[tuple[int, int]], row_bytes: int) -> list[list[int]]:
+    """Consecutive batches of one location (``spans[j] = (T, loc)``) grouped while their
+    gradients fit in :data:`WAVE_BYTES` (a wave holds at least one batch)."""
+    waves: list[list[int]] = []
+    size = 0
+    for j, batch in enumerate(batches):
+        T, loc = spans[j]
+        b = len(batch) * T * row_bytes
+        if waves and spans[waves[-1][0]][1] == loc and size + b <= WAVE_BYTES:
+            waves[-1].append(j)
+            size += b
+        else:
+            waves.append([j])
+            size = b
+    return waves
+
+
+@dataclass
+class _BatchState:
+    """One batch of readers on its way down: its gradient ``G``, constants and row sums."""
+
+    j: int
+    batch: list[int]
+    T: int
+    top: int
+    p_first: int
+    G: torch.Tensor
+    const: torch.Tensor
+    abs_b: torch.Tensor
+    sum_b: torch.Tensor
+    batch_rows: torch.Tensor
+    inject: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    #: each row's position while ``G`` is non-zero there only (before it crosses attention)
+    single: torch.Tensor | None
+
+    @property
+    def B(self) -> int:
+        return len(self.batch)
+
+    @classmethod
+    def start(cls, col: Collected, j: int, batch: list[int], span: tuple[int, int], device: torch.device,
+              sums_device: torch.device) -> "_BatchState":
+        rd, fm = col.readers, col.frozen
+        T, top = span
+        B = len(batch)
+        positions = [rd.positions[i] for i in batch]
+        directions = rd.directions_of(batch)
+        return cls(
+            j=j, batch=batch, T=T, top=top, p_first=min(positions),
+            G=torch.zeros(B, T, fm.adapter.facts.d_model, dtype=fm.dtype, device=device),
+            const=torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device),
+            abs_b=torch.zeros(B, dtype=torch.float64, device=sums_device),
+            sum_b=torch.zeros(B, dtype=torch.float64, device=sums_device),
+            batch_rows=torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device),
+            inject=(torch.arange(B, device=device), torch.tensor(positions, device=device),
+                    torch.stack(list(directions)).to(device=device, dtype=fm.dtype)),
+            single=torch.tensor(positions, device=device),
+        )
+
+    def add_sums(self, w: torch.Tensor) -> None:
+        """Per reader: a block's sum and sum of |w| (float32 within the block, by one GEMV each;
+        float64 across blocks)."""
+        ones = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
+        self.sum_b += ones @ w
+        self.abs_b += ones @ w.abs()
+
+
+def _write_squeezed(E: torch.Tensor, rows: torch.Tensor, st: _BatchState, src: torch.Tensor, out_t: torch.Tensor,
+                    out_s: torch.Tensor, out_w: torch.Tensor, n_out: int) -> int:
+    """The block's real slots written at ``n_out`` in (writer, reader) order, exact zeros squeezed
+    out in place; returns how many edges were kept."""
+    B = st.B
+    n_w = rows.shape[0]
+    m = n_w * B
+    w = out_w[n_out:n_out + m]
+    if E.device == w.device:
+        torch.index_select(E.view(-1, B), 0, rows, out=w.view(n_w, B))
+    else:
+        w.copy_(E.view(-1, B).index_select(0, rows).view(-1))
+    s = out_s[n_out:n_out + m]
+    t = out_t[n_out:n_out + m]
+    st.add_sums(w.view(n_w, B))
+    nz = w != 0  # exact zeros are not edges
+    kept = int(nz.sum())
+    if kept == m:
+        s.view(n_w, B).copy_(src[:, None].expand(-1, B))
+        t.view(n_w, B).copy_(st.batch_rows[None, :].expand(n_w, -1))
+    else:  # squeezed in place: the kept (writer, reader) entries' flat indices, found once
+        keep = nz.nonzero().squeeze(1)
+        w[:kept] = w[keep]
+        writer = keep // B
+        torch.index_select(src, 0, writer, out=s[:kept])
+        torch.index_select(st.batch_rows, 0, keep.sub_(writer.mul_(B)), out=t[:kept])
+    return kept
 
 
 def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -194,11 +194,15 @@ def parts_influence(rows: RowParts, start: np.ndarray) -> np.ndarray:
 #: the most possible edges of one engine call's rows (more rows are split into several calls), so
 #: that one part's working copies stay small whatever the rows' width
 PART_EDGES = 1 << 26
+#: the same for dense parts (4 bytes an entry instead of 12 and no squeeze copies: 1 GB of values);
+#: more rows per call means fewer passes over the writers' vectors and the attention patterns
+PART_EDGES_DENSE = 1 << 28
 
 
-def _by_location(col: Collected, subset: list[int], row_bound: np.ndarray | None = None) -> list[tuple[int, list[int]]]:
+def _by_location(col: Collected, subset: list[int], row_bound: np.ndarray | None = None,
+                 part_edges: int = PART_EDGES) -> list[tuple[int, list[int]]]:
     """``subset`` (reader indices) split by the residual location each reads, top down, and into
-    pieces of at most :data:`PART_EDGES` possible edges (``row_bound[i]``: reader ``i``'s)."""
+    pieces of at most ``part_edges`` possible edges (``row_bound[i]``: reader ``i``'s)."""
     groups: dict[int, list[int]] = {}
     for i in subset:
         groups.setdefault(col.readers.locs[i], []).append(i)
@@ -210,7 +214,7 @@ def _by_location(col: Collected, subset: list[int], row_bound: np.ndarray | None
         idx.sort(key=lambda i: col.readers.positions[i])
         piece, total = [], 0
         for i in idx:
-            if piece and total + int(row_bound[i]) > PART_EDGES:
+            if piece and total + int(row_bound[i]) > part_edges:
                 out.append((loc, piece))
                 piece, total = [], 0
             piece.append(i)
@@ -274,7 +278,7 @@ def select_and_compute(
         for k in range(0, len(queue), batch_size):
             chunk = queue[k : k + batch_size]
             subset = [feature_readers[j] for j in chunk]
-            for loc, part in _by_location(col, subset, bound):
+            for loc, part in _by_location(col, subset, bound, PART_EDGES_DENSE if dense else PART_EDGES):
                 rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part, dense=dense))
             done += subset
             visited[chunk] = True

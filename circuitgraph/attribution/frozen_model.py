@@ -115,9 +115,23 @@ class FrozenLinearModel:
         self.skip = {l: (cast(W), site, before_post) for l, (W, site, before_post) in skip_layers.items()}
 
     def pattern(self, layer: int, n: int | None = None) -> torch.Tensor:
-        """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``."""
+        """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``.
+
+        The last block made is kept (one layer's at most) and a request for the same layer and
+        no more positions is served from it: the engine sends the batches of one wave down
+        together, widest first, so each offloaded layer is read (and cast) once per wave."""
         n = self.n_pos if n is None else n
-        return self._cast(pattern_block(self.patterns, layer, n))
+        cached = getattr(self, "_pattern_cache", None)
+        if cached is not None and cached[0] == layer and cached[1] >= n:
+            return cached[2] if cached[1] == n else cached[2][:, :n, :n]
+        self._pattern_cache = None  # the old block is released before the new one is read
+        block = self._cast(pattern_block(self.patterns, layer, n))
+        self._pattern_cache = (layer, n, block)
+        return block
+
+    def release_pattern_cache(self) -> None:
+        """Drop the kept pattern block (:meth:`pattern`)."""
+        self._pattern_cache = None
 
     # ------------------------------------------------------------------ transposes
     def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:

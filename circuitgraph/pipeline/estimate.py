@@ -351,11 +351,16 @@ def _largest_fitting(hi: int, need: Callable[[int], int], room: int) -> int:
 def _part_bytes(batch_size: int, max_feature_nodes: int, widest: int, extra: int) -> int:
     """The working copies of one engine call with ``max_feature_nodes``: at most ``batch_size``
     rows (and no more than the selected features) of the widest row's width, split at
-    ``PART_EDGES`` possible edges (a single row wider than that is one call)."""
-    from circuitgraph.attribution.feature_selection import PART_EDGES
+    ``PART_EDGES_DENSE`` possible edges (a single row wider than that is one call).  The rows are
+    kept as dense blocks: 4 bytes an entry (8 in float64), counted twice for slack, plus the
+    per-chunk transients of the engine and of the fold (the edge block, the gather buffer, the
+    fold's reordered and float64 copies of one block), a few times ``WRITER_CHUNK_BYTES``."""
+    from circuitgraph.attribution.engine import WRITER_CHUNK_BYTES
+    from circuitgraph.attribution.feature_selection import PART_EDGES_DENSE
 
-    part_edges = min(min(batch_size, max_feature_nodes) * widest, max(PART_EDGES, widest))
-    return part_edges * (PART_TRANSIENT_BYTES + extra)
+    part_edges = min(min(batch_size, max_feature_nodes) * widest, max(PART_EDGES_DENSE, widest))
+    entry = 4 + extra // 4
+    return part_edges * 2 * entry + 6 * min(WRITER_CHUNK_BYTES, part_edges * entry)
 
 
 def check_plan(plan: EdgePlan) -> None:
