@@ -13,6 +13,14 @@ residual locations from the top down:
 
 No autograd, no per-edge work: the cost is one transposed pass per batch, and edges are
 stored sparsely (exact zeros dropped), never as a dense N x N matrix.
+
+The batches of one location go down together in *waves* (their gradients up to
+:data:`WAVE_BYTES`): at each location a chunk of writer vectors is made once for all of them,
+and each layer's attention pattern is read (from its file, on long prompts) once per wave.
+As it writes them the engine sums every row (signed and absolute) and records the ranges of
+the edge arrays per reader location (top down), which the graph adopts instead of passing over
+the edges again.  ``dense=True`` (``max_feature_nodes``) keeps the ``(writers, readers)`` blocks
+as they are (:mod:`~circuitgraph.attribution.dense_rows`).
 """
 
 from __future__ import annotations
