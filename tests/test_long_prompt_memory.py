@@ -312,7 +312,9 @@ def test_dense_rows_select_and_fold_like_squeezed_edges():
     ref = {(int(t), int(s)): float(w) for t, s, w in zip(b[1].target, b[1].source, b[1].weight)}
     assert got.keys() == ref.keys()
     assert max(abs(got[k] - ref[k]) for k in ref) <= 1e-12 * max(abs(v) for v in ref.values())
-    assert a[1].constants == b[1].constants
+    assert a[1].constants.keys() == b[1].constants.keys()
+    for k, v in b[1].constants.items():  # batches differ (dense mode bands positions tighter): rounding only
+        assert a[1].constants[k] == pytest.approx(v, rel=1e-12, abs=1e-12)
 
 
 def test_folded_graph_adopts_its_sums_and_order():

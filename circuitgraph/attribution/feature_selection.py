@@ -275,14 +275,15 @@ def select_and_compute(
         infl = parts_influence(rows, start)
         rank = np.argsort(-infl[feature_node_rows], kind="stable")
         queue = rank[~visited[rank]][: min(update_interval * batch_size, max_feature_nodes - n_visited)]
-        for k in range(0, len(queue), batch_size):
-            chunk = queue[k : k + batch_size]
-            subset = [feature_readers[j] for j in chunk]
-            for loc, part in _by_location(col, subset, bound, PART_EDGES_DENSE if dense else PART_EDGES):
-                rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part, dense=dense))
-            done += subset
-            visited[chunk] = True
-            n_visited += len(chunk)
+        # the ranking is refreshed only after the whole queue, so the order in which its rows are
+        # computed does not matter: all of them at once, by location (larger engine calls, fewer
+        # passes over the writers and the patterns than batch_size rows at a time)
+        reader_of = {feature_readers[j]: j for j in queue}
+        for loc, part in _by_location(col, list(reader_of), bound, PART_EDGES_DENSE if dense else PART_EDGES):
+            rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part, dense=dense))
+            done += part
+            visited[[reader_of[i] for i in part]] = True
+            n_visited += len(part)
             if progress is not None:
                 progress(n_visited, max_feature_nodes)
             if watch is not None:
