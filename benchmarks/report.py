@@ -414,7 +414,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
                          if "peak_gb" in again else f" {again.get('error', '-')} |")
             lines.append(f"| {r['name']} | {pl['est_full_edges']:,.0f} | {built} | {pl['est_full_peak_gb']:.1f} / "
                          f"{'-' if done is None else f'{done:.1f}'} | {dr.get('n_edges_upper', 0):,}, "
-                         f"{dr.get('peak_gb', float('nan')):.1f}, {dr.get('fits')} | "
+                         f"{dr.get('peak_gb', float('nan')):.1f}, {dr.get('verdict') or dr.get('fits')} | "
                          f"{_gb(r['process']['peak_rss_mb'])} |" + extra)
         lines.append("")
     # a benchmark of minutes: the docs test (tests/test_docs_examples.py) does not run it

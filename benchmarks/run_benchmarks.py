@@ -395,8 +395,12 @@ def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dic
     peak = re.search(r"peak at most about ([\d.]+) GB", text)
     if edges is None or peak is None:
         return {"error": text.strip().splitlines()[-1] if text.strip() else f"exit {proc.returncode}"}
+    verdict = re.search(r"^fits: (yes|probably|NO)", text, re.M)
+    # "probably" (max_feature_nodes): the widest selectable rows would pass the limit, the run is not
+    # refused and stops with advice only if the rows it does compute would
     return {"n_edges_upper": int(edges.group(1).replace(",", "")), "peak_gb": float(peak.group(1)),
-            "fits": "fits: yes" in text, "exit_code": proc.returncode}
+            "fits": "fits: yes" in text, "verdict": verdict.group(1) if verdict else None,
+            "exit_code": proc.returncode}
 
 
 def spec_dict(run: Run, bundle_dir: Path, tokens: list[int], json_out: Path | None,
