@@ -333,14 +333,28 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
                                  "n_pruned_nodes": dropped_by_group.get(key, 0)}))
     group_row = np.array([remainder_rows[k] for k in sorted(groups, key=groups.get)], dtype=np.int64)
 
+    n_new = len(nodes)
     kept_idx = np.sort(kept_idx)  # the stored order, as a boolean selection gives it
-    kt = np.concatenate([remap[e.target[kept_idx]], remap[lost_t]])
-    ks = np.concatenate([remap[e.source[kept_idx]], group_row[group_of] if lost_s.size else lost_s])
-    kw = np.concatenate([e.weight[kept_idx].astype(np.float64), lost_w])
-    # sum duplicates (several pruned edges into one target from one remainder)
-    key = kt * np.int64(len(nodes)) + ks
-    uniq, inv = _unique_small(key, len(nodes) ** 2)
-    summed = np.bincount(inv, weights=kw, minlength=uniq.size)
+    kt, ks = remap[e.target[kept_idx]], remap[e.source[kept_idx]]
+    kw = e.weight[kept_idx].astype(np.float64)
+    if lost_s.size:
+        # the pruned contributions summed per (kept target, remainder), counted over the small
+        # range kept targets x source groups (not over every (target, source) pair)
+        n_groups = int(uniq_groups.size)
+        lost_uniq, lost_inv = _unique_small(remap[lost_t] * np.int64(n_groups) + group_of,
+                                            int(kept_rows.size) * n_groups)
+        lt, ls = lost_uniq // n_groups, group_row[lost_uniq % n_groups]
+        lw = np.bincount(lost_inv, weights=lost_w, minlength=lost_uniq.size)
+        kt, ks, kw = np.concatenate([kt, lt]), np.concatenate([ks, ls]), np.concatenate([kw, lw])
+    key = kt * np.int64(n_new) + ks
+    if len(remainders) == len(groups):
+        # kept edges come from kept nodes, summed pruned edges from new remainder rows: no pair is
+        # met twice, so only the order (by target, then source) is made
+        order = np.argsort(key, kind="stable")
+        uniq, summed = key[order], kw[order]
+    else:  # a kept remainder of the input also receives pruned edges: sum the pairs met twice
+        uniq, inv = _unique_small(key, n_new ** 2)
+        summed = np.bincount(inv, weights=kw, minlength=uniq.size)
     keep = summed != 0
     meta = dict(graph.metadata)
     pruned = AttributionGraph(
