@@ -188,7 +188,10 @@ def compute_edges(
                             if e2 <= a2:
                                 continue
                             # (groups, max_n, B): every writer against every reader, one batched GEMM
-                            E = torch.bmm(V[a2 - a:e2 - a], st.G[:, block.positions[a2:e2], :].permute(1, 2, 0))
+                            p0, p1 = int(block.positions[a2]), int(block.positions[e2 - 1]) + 1
+                            # positions a2..e2-1 are usually a run of consecutive positions: a view of G
+                            Gs = st.G[:, p0:p1] if p1 - p0 == e2 - a2 else st.G[:, block.positions[a2:e2], :]
+                            E = torch.bmm(V[a2 - a:e2 - a], Gs.permute(1, 2, 0))
                             if scale is not None:
                                 E.mul_(scale[a2 - a:e2 - a])
                             # the real (group, writer) slots, row-major: those of groups a2..e2-1 are a range
