@@ -319,7 +319,8 @@ def _code_line(results: dict[str, Any]) -> str:
                  f"`{end.get('package_diff_sha1')}`): later rows measure later code.")
     policy = results.get("omp_wait_policy")
     if policy:
-        line += (f" Every process, circuitgraph's and circuit-tracer's, ran with `OMP_WAIT_POLICY={policy}` "
+        shown = policy if "=" in policy else f"OMP_WAIT_POLICY={policy}"  # older records: the policy alone
+        line += (f" Every process, circuitgraph's and circuit-tracer's, ran with `{shown}` "
                  "(what `circuitgraph run` sets for itself) and the same number of threads.")
     return line
 

@@ -29,8 +29,8 @@ prompt; a run whose full graph would not fit the memory budget by that count
 (``--memory-budget-gb``, default 16; the estimate is in the results) is run with
 ``max_feature_nodes`` instead, the other features folded into remainder nodes, and a run that
 passes the budget anyway is stopped and retried with half as many feature rows.  Every child,
-circuit-tracer's included, runs with ``OMP_WAIT_POLICY=PASSIVE`` (as ``circuitgraph run`` sets
-for itself) and the same number of threads.  ``benchmarks/report.py`` writes ``results.md``,
+circuit-tracer's included, runs with the OpenMP wait policy ``circuitgraph run`` sets for itself
+(``circuitgraph.cli.main.openmp_defaults``) and the same number of threads.  ``benchmarks/report.py`` writes ``results.md``,
 ``results.json`` and the plots; ``--report-only`` redraws them from ``results.json``.
 """
 
@@ -193,11 +193,14 @@ def log(msg: str) -> None:
 
 
 def child_env(threads: int) -> dict[str, str]:
-    """The environment of every timed child, circuitgraph's and circuit-tracer's alike: OpenMP
-    threads sleep rather than spin while waiting (what ``circuitgraph run`` sets for itself;
-    on shared cores spinning made runs up to ten times slower), ``threads`` OpenMP threads."""
-    return dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                OMP_NUM_THREADS=str(threads))
+    """The environment of every timed child, circuitgraph's and circuit-tracer's alike: the
+    OpenMP wait policy ``circuitgraph run`` sets for itself (``circuitgraph.cli.main.openmp_defaults``:
+    a brief spin, then sleep; unless the caller set one) and ``threads`` OpenMP threads."""
+    from circuitgraph.cli.main import openmp_defaults
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    openmp_defaults(env)
+    return env
 
 
 def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None,
@@ -673,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "load_avg_at_start": list(os.getloadavg()),
         "code_at_start": code_state(),
-        "omp_wait_policy": child_env(args.threads)["OMP_WAIT_POLICY"],
+        "omp_wait_policy": " ".join(f"{k}={child_env(args.threads).get(k)}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                                    if child_env(args.threads).get(k)),
         "memory_budget_gb": args.memory_budget_gb,
         "peak_bytes_per_edge_assumed": PEAK_BYTES_PER_EDGE,
         "runs": [],

@@ -217,3 +217,15 @@ def test_validate_and_schema_do_not_import_torch(tmp_path):
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_openmp_defaults_only_when_the_user_set_neither():
+    from circuitgraph.cli.main import OPENMP_DEFAULTS, openmp_defaults
+
+    env: dict[str, str] = {}
+    openmp_defaults(env)
+    assert env == OPENMP_DEFAULTS == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "20000"}
+    for mine in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        env = dict(mine)
+        openmp_defaults(env)
+        assert env == mine  # a user's choice is kept as it is

@@ -6,7 +6,7 @@
         [--batch-size 512] [--max-feature-nodes N] [--t0-epoch SECONDS] [--threads N]
 
 ``run_benchmarks.py`` starts it with the same environment as circuitgraph's runs
-(``OMP_WAIT_POLICY=PASSIVE``, which ``circuitgraph run`` sets for itself, and the same thread
+(the OpenMP wait policy ``circuitgraph run`` sets for itself, and the same thread
 count).  The end-to-end window is what a circuit-tracer user runs to get a pruned graph JSON on disk:
 process start and imports, loading (``run_ct.build_replacement_model``, the same loader as
 ``run_ct.py``), ``attribute`` and ``create_graph_files`` (which calls ``prune_graph`` with node

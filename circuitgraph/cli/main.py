@@ -27,7 +27,7 @@ import typer
 
 from circuitgraph.errors import CircuitGraphError, SpecError
 
-__all__ = ["app", "main", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS", "EXIT_DOES_NOT_FIT"]
+__all__ = ["app", "main", "openmp_defaults", "OPENMP_DEFAULTS", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS", "EXIT_DOES_NOT_FIT"]
 
 #: exit status for bad input (the same status click uses for usage errors)
 EXIT_BAD_INPUT = 2
@@ -251,6 +251,18 @@ def dataset_summary(
         _echo_lines(open_dataset(directory).summary_lines(top=top))
 
 
+#: how OpenMP threads wait between parallel regions, unless the user set either variable: spin
+#: briefly (~tens of microseconds), then sleep
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "20000"}
+
+
+def openmp_defaults(environ) -> None:  # noqa: ANN001 - os.environ or a dict
+    """Set :data:`OPENMP_DEFAULTS` in ``environ`` when it sets neither variable (before torch
+    is imported; the benchmarks give circuit-tracer's processes the same)."""
+    if not any(k in environ for k in OPENMP_DEFAULTS):
+        environ.update(OPENMP_DEFAULTS)
+
+
 def _settle_heap() -> None:
     """Import the model library, freeze what the imports left out of the garbage collector's
     scans (:func:`gc.freeze`) and turn the collector on again with larger generations: what a
@@ -270,9 +282,12 @@ def _settle_heap() -> None:
 def main() -> None:
     """Console-script entry point.
 
-    Before torch is imported, OpenMP threads are told to sleep rather than spin while they
-    wait (``OMP_WAIT_POLICY=PASSIVE``, unless set already): on a machine whose cores are shared
-    with other work, spinning threads made graph construction up to ten times slower.
+    Before torch is imported, OpenMP threads are told to spin only briefly before they sleep
+    (:func:`openmp_defaults`: ``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=20000``, unless
+    either is set already): waking sleeping threads for each of the engine's many small ops cost
+    ~0.9 s of a 9 s run (``PASSIVE``), while unbounded spinning made runs on shared cores up to
+    ten times slower; the bounded spin was as fast as ``PASSIVE`` with two busy processes on the
+    two cores (docs/benchmarks/profiling.md).
 
     Python's cyclic garbage collector is off while the libraries are imported, and the objects
     they leave are then frozen out of its scans (:func:`_settle_heap`): torch, transformer-lens
@@ -283,7 +298,7 @@ def main() -> None:
     import os
 
     gc.disable()  # until _settle_heap (a command that imports no library never turns it back on: it ends soon)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    openmp_defaults(os.environ)
     import atexit
 
     atexit.register(_end_process)  # registered first, so it runs after every other exit handler
