@@ -30,9 +30,10 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 
+from circuitgraph.cli.main import openmp_defaults  # noqa: E402 - imports no torch
+
 # as ``circuitgraph run`` does: OpenMP threads spin briefly, then sleep (set before torch loads)
-if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):  # as circuitgraph run (cli.main.openmp_defaults)
-    os.environ.update(OMP_WAIT_POLICY="ACTIVE", GOMP_SPINCOUNT="20000")
+openmp_defaults(os.environ)
 import resource  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402

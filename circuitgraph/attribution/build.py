@@ -44,10 +44,11 @@ def build_graph(
         rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
                                             progress=progress,
                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
-        nodes, edges, _ = fold_unselected(col, rows, selected)
+        nodes, edges, new_row = fold_unselected(col, rows, selected)
         del rows
     else:
         edges = compute_edges(col, batch_size=options.batch_size, progress=progress)
+        new_row = None
     for row, c in edges.constants.items():
         nodes[row].constant = c
     np_dtype = np.float32 if options.dtype == torch.float32 else np.float64
@@ -66,25 +67,27 @@ def build_graph(
         # for the completeness check and the scores' level order
         from circuitgraph.graph.dag import adopt_engine_order
 
-        if isinstance(edges.sums, dict):  # the engine's, per reader row
-            sums, abs_sums = np.zeros(len(nodes)), np.zeros(len(nodes))
-            rows = np.fromiter(edges.sums.keys(), dtype=np.int64, count=len(edges.sums))
-            sums[rows] = np.fromiter(edges.sums.values(), dtype=np.float64, count=len(edges.sums))
-            abs_sums[rows] = np.fromiter((edges.abs_sums[r] for r in edges.sums), dtype=np.float64,
-                                         count=len(edges.sums))
-        else:  # fold_unselected's, per row of the folded graph
-            sums, abs_sums = edges.sums, edges.abs_sums
-        graph.adopt_incoming_sums(sums, abs_sums)
+        graph.adopt_incoming_sums(_per_node(edges.sums, len(nodes)), _per_node(edges.abs_sums, len(nodes)))
         if edges.segments is not None:
-            row_of = {id(n): i for i, n in enumerate(nodes)}
-            readers = [(row_of[id(col.nodes[r])], loc) for r, loc in zip(col.readers.rows, col.readers.locs)
-                       if id(col.nodes[r]) in row_of]
+            # the readers' rows in the graph (after folding, the selected ones, renumbered)
+            row = (lambda r: r) if new_row is None else new_row.get
+            readers = [(row(r), loc) for r, loc in zip(col.readers.rows, col.readers.locs) if row(r) is not None]
             adopt_engine_order(graph, edges.segments, np.array([r for r, _ in readers], dtype=np.int64),
                                np.array([loc for _, loc in readers], dtype=np.int64))
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
     return graph
+
+
+def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:
+    """Per-row sums as one float64 value per node: the engine's ``{row: value}`` or the fold's array."""
+    if not isinstance(values, dict):
+        return values
+    out = np.zeros(n)
+    out[np.fromiter(values.keys(), dtype=np.int64, count=len(values))] = np.fromiter(
+        values.values(), dtype=np.float64, count=len(values))
+    return out
 
 
 def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,

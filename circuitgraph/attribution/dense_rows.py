@@ -57,12 +57,7 @@ class DenseRows:
 def writer_slot_rows(col) -> dict[int, np.ndarray]:  # noqa: ANN001 - Collected
     """Per writer location: the node row of each slot, in the engine's slot order (the real
     ``(group, writer)`` entries of the padded writer block, row-major)."""
-    out = {}
-    for loc, block in col.writers.blocks.items():
-        valid = block.rows >= 0
-        g_i, w_i = valid.nonzero(as_tuple=True)
-        out[loc] = block.rows[g_i, w_i].cpu().numpy().astype(np.int64)
-    return out
+    return {loc: block.slots()[2].cpu().numpy().astype(np.int64) for loc, block in col.writers.blocks.items()}
 
 
 def dense_influence(part: DenseRows, slot_rows: dict[int, np.ndarray], factor: np.ndarray, acc: np.ndarray) -> None:
@@ -82,13 +77,12 @@ def fold_dense(part: DenseRows, slot_rows: dict[int, np.ndarray], tgt_map: np.nd
     ts, ss, ws = [], [], []
     for loc, lo, hi, j, values in part.blocks:
         new_src = src_map[slot_rows[loc][lo:hi]]
-        uniq, inv = np.unique(new_src, return_inverse=True)
+        uniq, inv, counts = np.unique(new_src, return_inverse=True, return_counts=True)
+        order = np.argsort(inv, kind="stable")  # the columns grouped by their new source
         if uniq.size < new_src.size:  # columns summed by their new source
-            order = np.argsort(inv, kind="stable")
-            starts = np.flatnonzero(np.r_[True, np.diff(inv[order]) != 0])
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
             summed = np.add.reduceat(values[order].astype(np.float64), starts, axis=0).astype(values.dtype)
         else:
-            order = np.argsort(inv, kind="stable")
             summed = values[order]
         w_idx, r_idx = np.nonzero(summed)
         tgt = tgt_map[part.reader_rows[j]]

@@ -33,6 +33,7 @@ import torch
 
 from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected
+from circuitgraph.graph.dag import add_segment
 
 __all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES",
            "HELD_WRITERS_BYTES", "held_writer_bytes"]
@@ -116,10 +117,9 @@ def compute_edges(
     # (int32, the edges' source column) and how many of them lie in the first k groups
     slots, n_slots = {}, {}
     for loc, block in col.writers.blocks.items():
-        valid = block.rows >= 0
-        g_i, w_i = valid.nonzero(as_tuple=True)
-        slots[loc] = (g_i.to(device), w_i.to(device), block.rows[g_i, w_i].to(device=device, dtype=torch.int32))
-        n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), valid.sum(1).cumsum(0)]).tolist()
+        g_i, w_i, node_rows = block.slots()
+        slots[loc] = (g_i.to(device), w_i.to(device), node_rows.to(device=device, dtype=torch.int32))
+        n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), (block.rows >= 0).sum(1).cumsum(0)]).tolist()
     held: dict[int, torch.Tensor] | None = {} if held_writer_bytes(col) else None
     # the edges are written straight into three buffers sized for every (writer, reader) pair the
     # sweep can meet; exact zeros are squeezed out as they come, and the untouched tail of the
@@ -227,10 +227,7 @@ def compute_edges(
             n_done += 1
             if progress is not None:
                 progress(n_done, len(batches))
-        if segments and segments[-1][0] == top:
-            segments[-1] = (top, segments[-1][1], n_out)
-        else:
-            segments.append((top, wave_first, n_out))
+        add_segment(segments, top, wave_first, n_out)
     fm.release_pattern_cache()
     if dense:
         from circuitgraph.attribution.dense_rows import DenseRows

@@ -27,6 +27,7 @@ from circuitgraph.attribution.dense_rows import DenseRows, dense_influence, fold
 from circuitgraph.attribution.engine import EdgeResult, compute_edges
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
+from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 
 __all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts",
@@ -350,12 +351,8 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
         w64 = part[2].astype(np.float64)
         sums += np.bincount(part[0], weights=w64, minlength=n_new)
         abs_sums += np.bincount(part[0], weights=np.abs(w64, out=w64), minlength=n_new)
-        end = n_out + part[0].size
-        if segments and segments[-1][0] == level:
-            segments[-1] = (level, segments[-1][1], end)
-        else:
-            segments.append((level, n_out, end))
-        n_out = end
+        add_segment(segments, level, n_out, n_out + part[0].size)
+        n_out += part[0].size
     if folded:
         t, s, w = (np.concatenate(x) for x in zip(*folded))
     else:

@@ -70,6 +70,12 @@ class WriterBlock:
         d = self.basis.shape[1]
         return torch.index_select(self.basis, 0, idx, out=out.view(-1, d)).view(end - start, -1, d)
 
+    def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The real (non-padding) slots, row-major: ``(group, writer, node row)`` per slot; the
+        slots of groups ``a..e-1`` are a contiguous range (the engine's edge blocks)."""
+        g_i, w_i = (self.rows >= 0).nonzero(as_tuple=True)
+        return g_i, w_i, self.rows[g_i, w_i]
+
     def vector(self, g: int, j: int) -> torch.Tensor:
         return self.scale[g, j] * self.basis[self.index[g, j]]
 

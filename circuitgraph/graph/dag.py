@@ -40,7 +40,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.edge_index import grouped
 
 __all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK",
-           "adopt_engine_order"]
+           "adopt_engine_order", "add_segment"]
 
 #: edges per chunk: bounds the float64 working copies (a few times 8 bytes x CHUNK)
 CHUNK = 1 << 22
@@ -210,7 +210,6 @@ def sweep(
     source_mask: np.ndarray | None = None,
     signed_start: np.ndarray | None = None,
     gain: np.ndarray | None = None,
-    sum_mask: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """One pass over the edges for up to two propagations at once.
 
@@ -218,9 +217,6 @@ def sweep(
       (``* source_mask[s]`` when given), ``z = abs_start + acc_abs``;
     * ``signed_start (n, m')`` with ``gain (n,)``: ``acc_signed[s] = sum_r y[r] w_rs``,
       ``y = signed_start + gain * acc_signed``.
-
-    With ``sum_mask (n,)`` (bool) the same pass also sums, per node, the absolute incoming
-    weights from the sources in the mask (``"masked_abs_sums"``).
 
     Returns ``{"abs": acc_abs, "signed": acc_signed, "y": y, ...}`` for what was asked.
     """
@@ -245,42 +241,29 @@ def sweep(
         k = level - base
         return order_nodes[bounds[k] : bounds[k + 1]]
 
-    if do_abs and not do_sig and sum_mask is None and mask is None and z_abs.shape[1] == 1:
+    if do_abs and not do_sig and mask is None and z_abs.shape[1] == 1:  # the common case: one influence
         return {"abs": _single_influence(dag, z_abs[:, 0], divisor, rows_at)[:, None]}
-    msum = None if sum_mask is None else np.zeros(n)
-    smask = None if sum_mask is None else np.asarray(sum_mask, dtype=bool)
     done = np.zeros(n, dtype=bool)
     current = None
-    single = do_abs and z_abs.shape[1] == 1 and mask is None
     for level, t, s, w in dag.chunks():
         if level != current:
             rows = rows_at(level)
             done[rows] = True
             if do_abs:
                 z_abs[rows] = _rows(abs_start, rows, n) + acc_abs[rows]
-                if single:  # z / divisor per row, so that each edge needs one gather
-                    factor = z_abs[:, 0] / divisor
             if do_sig:
                 y[rows] = _rows(signed_start, rows, n) + g[rows, None] * acc_sig[rows]
             current = level
-        if do_sig or msum is not None or not single:
-            w64 = w.astype(np.float64)
+        w64 = w.astype(np.float64)
         if do_sig:
             _scatter(acc_sig, s, y[t] * w64[:, None])
-        if msum is not None:
-            sel = smask[s]
-            msum += np.bincount(t[sel], weights=np.abs(w64[sel]), minlength=n)
-        if single:  # the common case (one influence, no mask): |w| (its own dtype) times one gather
-            acc_abs[:, 0] += np.bincount(s, weights=factor[t] * np.abs(w), minlength=n)
-        elif do_abs:
+        if do_abs:
             v = np.abs(w64, out=w64)
             v /= divisor[t]
             if mask is not None:
                 v *= mask[s]
             _scatter(acc_abs, s, z_abs[t] * v[:, None])
     out: dict[str, np.ndarray] = {}
-    if msum is not None:
-        out["masked_abs_sums"] = msum
     if do_abs:
         out["abs"] = acc_abs
     if do_sig:
@@ -399,6 +382,15 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
     result = GraphDag(dag_order(graph.n_nodes, t, s, w, graph_levels(graph)), abs_sums, inverse)
     graph.store_derived("dag", result)
     return result
+
+
+def add_segment(segments: list[tuple[int, int, int]], level: int, start: int, end: int) -> None:
+    """Record that edges ``start..end-1`` have readers of ``level`` (merged with the last range
+    when it has the same level): the ``segments`` of :func:`adopt_engine_order`."""
+    if segments and segments[-1][0] == level:
+        segments[-1] = (level, segments[-1][1], end)
+    else:
+        segments.append((level, start, end))
 
 
 def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows: np.ndarray,  # noqa: ANN001

@@ -32,18 +32,16 @@ import numpy as np
 from circuitgraph.errors import ResourceError
 
 __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
-           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "PART_TRANSIENT_BYTES"]
+           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES"]
 
 #: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored + the
 #: engine's concatenation (12) + pruning's index arrays; measured 30-35 (docs/benchmarks), with margin
 EDGE_PEAK_BYTES = 48
 #: with max_feature_nodes, per edge of the computed rows before the unselected features are
-#: folded: the rows are kept as the engine returns them (int32 target, int32 source, float32
-#: weight: 12 bytes), ranked and folded part by part, never concatenated whole
+#: folded: the rows are kept as the engine's dense blocks (4 bytes an entry; 12 as squeezed int32
+#: target, int32 source, float32 weight), ranked and folded part by part, never concatenated whole:
+#: an upper bound for either
 MFN_EDGE_PEAK_BYTES = 16
-#: working copies per edge of one part (one engine call on at most batch_size rows of one
-#: location, and its fold): the engine's pieces and their concatenation, the fold's keys and sort
-PART_TRANSIENT_BYTES = 64
 #: more per edge when edges are accumulated in float64 (``graph: {dtype: float64}``)
 FLOAT64_EXTRA_BYTES = 16
 #: share of the available memory a run may plan to use
