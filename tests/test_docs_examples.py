@@ -13,8 +13,8 @@ Blocks are read from the Markdown files and executed in a scratch folder holding
 * ``json``: parsed; a check or query item (``{"ablate": {...}}``) is also validated as a spec item;
 * ``bash`` / ``console``: each ``circuitgraph ...`` or ``python -m circuitgraph ...`` command
   runs through the CLI in-process and must exit 0 (``> FILE`` redirects its output);
-  ``bash scripts/install.sh`` and ``python3 -m pytest`` (README's set-up commands: this test
-  suite is the second) are skipped;
+  ``bash scripts/install.sh`` and ``.venv/bin/python -m pytest`` (README's set-up commands: this test
+  suite is the second) are skipped, and ``.venv/bin/python -m circuitgraph`` is the CLI;
 * ``text``: output listings and formulas, not code.
 
 A block that must not run here (it installs software, trains a model, runs a benchmark for
@@ -48,7 +48,11 @@ MAX_NO_RUN = 13
 SKIPPED_COMMANDS = {
     "bash scripts/install.sh": "installs system packages; the test environment is installed already",
     "python3 -m pytest": "the test suite, which this test is part of",
+    ".venv/bin/python -m pytest": "the test suite, which this test is part of",
 }
+#: how the docs call the CLI (the README's set-up commands use the virtual environment's interpreter)
+CLI_PREFIXES = (["python", "-m", "circuitgraph"], ["python3", "-m", "circuitgraph"],
+                [".venv/bin/python", "-m", "circuitgraph"])
 
 
 def _blocks(path: Path) -> list[tuple[int, str, bool, str, bool]]:
@@ -177,7 +181,7 @@ def _run_shell(code: str, where: str) -> None:
                 words, out_file = words[:i], words[i + 1]
             if words[:1] == ["circuitgraph"]:
                 args = words[1:]
-            elif words[:3] in (["python", "-m", "circuitgraph"], ["python3", "-m", "circuitgraph"]):
+            elif words[:3] in CLI_PREFIXES:
                 args = words[3:]
             else:
                 raise AssertionError(f"{where}: cannot run {command!r} here; mark the block `no-run` if it "
