@@ -32,12 +32,19 @@ PROMPT = [1, 5, 7, 9, 4, 3, 11]
 TARGET = (3, 4)
 N_NEW = 4
 ARCH = dict(norm="LN", mlp="gelu", positional="learned", n_layers=3, n_ctx=16)
+#: more architectures (Llama-style; Gemma-style post-norms and soft-caps)
+ARCHS = {
+    "gpt2": ARCH,
+    "llama": dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2, n_layers=3, n_ctx=16),
+    "gemma": dict(norm="RMS", mlp="gated", positional="rotary", post_norms=True, attn_soft_cap=30.0,
+                  logit_soft_cap=20.0, n_layers=3, n_ctx=16),
+}
 
 
 @functools.lru_cache(maxsize=None)
-def _setup(kind: str):
+def _setup(kind: str, arch: str = "gpt2"):
     """(adapter, dictionary, raw weights, graph): float64, loaded from files like any local model."""
-    model = tiny_model(**ARCH)
+    model = tiny_model(**ARCHS[arch])
     tmp = Path(tempfile.mkdtemp(prefix="cg-steer-"))
     if kind == "transcoders":
         raw = random_transcoders(model, active_frac=0.3)
@@ -148,8 +155,8 @@ def _reference(model, what, mode, value, spec_positions, weights, freeze):
     return seq[T:], probs, metric
 
 
-def _check_against_reference(kind, what, mode, value, positions, freeze):
-    adapter, dictionary, weights, graph = _setup(kind)
+def _check_against_reference(kind, what, mode, value, positions, freeze, arch="gpt2"):
+    adapter, dictionary, weights, graph = _setup(kind, arch)
     site, layer, own, index = what
     node = {"feature": "feature", "neuron": "neuron", "head": "attention_head"}[site]
     iv = {"node": f"{node}/{layer}/{own}/{index}", "mode": mode, "positions": positions}
@@ -185,6 +192,17 @@ def test_feature_interventions_equal_an_independent_computation(kind, mode, valu
     _, _, _, graph = _setup(kind)
     f = _top_feature(graph)
     _check_against_reference(kind, ("feature", f.layer, f.position, f.index), mode, value, positions, freeze)
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["live-attention", "frozen-attention"])
+@pytest.mark.parametrize("arch", ["llama", "gemma"])
+@pytest.mark.parametrize("kind", ["transcoders", "clt"])
+def test_feature_interventions_on_other_architectures(kind, arch, freeze):
+    _, _, _, graph = _setup(kind, arch)
+    f = _top_feature(graph)
+    _check_against_reference(kind, ("feature", f.layer, f.position, f.index), "scale", -1.5, "all", freeze, arch)
+    _check_against_reference(kind, ("neuron", 1, 6, 3), "set", 1.5, "all", freeze, arch)
+    _check_against_reference(kind, ("head", 1, 6, 1), "zero", None, "prompt", freeze, arch)
 
 
 UNIT_CASES = [("neuron", 1, 5, "zero", None, "prompt"), ("neuron", 0, 6, "set", 2.0, "all"),
@@ -359,3 +377,33 @@ def test_spec_steer_items_go_into_the_graph_json_and_the_summary(tmp_path):
     from circuitgraph.export.json_graph import read_graph_json
 
     assert read_graph_json(tmp_path / "g.json").steering == doc["steering"]
+
+
+def test_the_steer_command(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli.main import EXIT_FAILED_CHECKS, app
+
+    model = tiny_model(**ARCH)
+    root = save_bundle(tmp_path / "b", model, random_transcoders(model, active_frac=0.3))
+    spec = {"format_version": 1, "model": {"path": str(root / "model")},
+            "transcoders": {"path": str(root / "transcoders")}, "prompt": {"tokens": PROMPT},
+            "targets": [{"logit_diff": list(TARGET)}],
+            "steer": [{"interventions": [{"nodes": {"kind": "feature", "layer": 0, "position": -1}, "mode": "zero"}],
+                       "generate": {"max_new_tokens": 2}}]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    runner = CliRunner()
+    out = runner.invoke(app, ["steer", str(path), "-q", "-o", str(tmp_path / "s.json")])
+    assert out.exit_code == 0, out.output
+    assert "steer[0]:" in out.output and "graph predicts" in out.output
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc[0]["status"] == "ok" and len(doc[0]["result"]["intervened"]["tokens"]) == 2
+    spec["steer"].append({"interventions": [{"node": "neuron/0/50/1"}]})
+    path.write_text(yaml.safe_dump(spec))
+    out = runner.invoke(app, ["steer", str(path), "-q"])
+    assert out.exit_code == EXIT_FAILED_CHECKS and "failed: steer[1]" in out.output
+    path.write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "steer"}))
+    out = runner.invoke(app, ["steer", str(path), "-q"])
+    assert out.exit_code == 2 and "no steer: items" in out.output
