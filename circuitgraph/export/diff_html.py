@@ -70,7 +70,10 @@ def _label(rec: Any, side: str) -> str:
     kind_short = {"feature": "F", "neuron": "N", "attention_head": "H", "error": "err", "embedding": "emb",
                   "logit": "logit", "target": "target", "mlp": "MLP", "bias": "bias", "positional": "pos"}
     pos = "" if rec.position is None else f" @{rec.position}"
-    head = f"{kind_short.get(rec.kind, rec.kind)}{rec.index} L{rec.layer}{pos}"
+    if rec.token:
+        head = f"{rec.token!r}{pos}" if rec.kind == "embedding" else f"logit {rec.token!r}{pos}"
+    else:
+        head = f"{kind_short.get(rec.kind, rec.kind)}{rec.index} L{rec.layer}{pos}"
     return f"{head}\ninf {getattr(rec, f'influence_{side}'):.3g}"
 
 

@@ -11,7 +11,8 @@ corrupted prompt, two checkpoints or dictionaries, or dataset aggregates):
   - ``identity``: ``(kind, layer, index)``, position-free as in dataset aggregation
     (:mod:`circuitgraph.datasets.reduce`): a node's values are summed over its positions;
 
-  each key has its ``activation`` and ``influence`` (circuit-tracer's influence on the targets,
+  each key has its ``token`` (the token string of an embedding or logit), ``activation`` and
+  ``influence`` (circuit-tracer's influence on the targets,
   :func:`~circuitgraph.queries.influence.node_influence`; an aggregate's mean influence) in
   ``a`` and ``b`` (0 where absent), their differences ``b - a``, and ``present`` (``both``,
   ``a`` or ``b``);
@@ -112,8 +113,10 @@ def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
         "index": [nd.index for nd in graph.nodes],
         "activation": np.asarray([nd.activation for nd in graph.nodes], dtype=np.float64),
         "influence": np.asarray(influence, dtype=np.float64),
+        "token": [str(nd.attrs.get("token_str", "")) for nd in graph.nodes],
     })
-    node_sums = nodes.groupby(list(_KEY), sort=False, as_index=False)[["activation", "influence"]].sum()
+    node_sums = nodes.groupby(list(_KEY), sort=False, as_index=False).agg(
+        activation=("activation", "sum"), influence=("influence", "sum"), token=("token", "first"))
     src, tgt = np.asarray(graph.edge_source), np.asarray(graph.edge_target)
     edges = pd.DataFrame({
         **{f"source_{c}": nodes[c].to_numpy()[src] for c in _KEY},
@@ -240,6 +243,8 @@ def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "pos
     nodes = pd.merge(na, nb, on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
     nodes["present"] = nodes["_merge"].map({"both": "both", "left_only": "a", "right_only": "b"}).astype(str)
     nodes = nodes.drop(columns="_merge")
+    nodes["token"] = nodes["token_a"].fillna(nodes["token_b"]).fillna("")
+    nodes = nodes.drop(columns=["token_a", "token_b"])
     for col in ("activation", "influence"):
         nodes[[f"{col}_a", f"{col}_b"]] = nodes[[f"{col}_a", f"{col}_b"]].fillna(0.0)
         nodes[f"{col}_difference"] = nodes[f"{col}_b"] - nodes[f"{col}_a"]
