@@ -354,7 +354,8 @@ def test_spec_steer_items_go_into_the_graph_json_and_the_summary(tmp_path):
             "steer": [{"name": "off", "interventions": [{"nodes": {"kind": "feature", "position": -1}, "mode": "zero"}],
                        "generate": {"max_new_tokens": 3}},
                       {"interventions": [{"node": "feature/0/99/1"}]}],
-            "export": {"json": str(tmp_path / "g.json"), "html": str(tmp_path / "r.html")}}
+            "export": {"json": str(tmp_path / "g.json"), "html": str(tmp_path / "r.html"),
+                       "graph": str(tmp_path / "g.npz")}}
     result = circuitgraph.run(spec)
     doc = json.loads((tmp_path / "g.json").read_text())
     ok, bad = doc["steering"]
@@ -377,6 +378,13 @@ def test_spec_steer_items_go_into_the_graph_json_and_the_summary(tmp_path):
     from circuitgraph.export.json_graph import read_graph_json
 
     assert read_graph_json(tmp_path / "g.json").steering == doc["steering"]
+    from circuitgraph.export.binary import read_graph_binary
+
+    assert read_graph_binary(tmp_path / "g.npz").steering == doc["steering"]
+    from circuitgraph.export.html import write_report
+
+    write_report(tmp_path / "g.json", tmp_path / "from_file.html")
+    assert "Steering" in (tmp_path / "from_file.html").read_text()
 
 
 def test_the_steer_command(tmp_path):

@@ -533,7 +533,8 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
             graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
                           max_edges=ex.max_json_edges, steering=steering)
         if ex.graph is not None:
-            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation)
+            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation,
+                              steering=portable_paths(result.steering_json(), base) if result.steering else None)
         if ex.neuronpedia is not None:
             p = result.spec.pruning
             thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
