@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import LoadError
+from circuitgraph.export.html import read_graph_file
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries.diff import GraphDiff, Match, diff_graphs
 
@@ -31,14 +33,10 @@ def load_comparable(source: Any) -> tuple[AttributionGraph, str]:
     if path.is_file() and path.name in _AGGREGATE_FILES:
         path = path.parent
     if path.is_dir():
-        from circuitgraph.datasets.store import open_dataset
-
         return open_dataset(path).graph(), f"dataset {path.name}"
     if not path.is_file():
         raise LoadError(f"{path}: no such graph file or dataset folder; give a graph file (.json/.npz) written by "
                         "circuitgraph or a dataset run's output folder")
-    from circuitgraph.export.html import read_graph_file
-
     graph = read_graph_file(path).graph
     return graph, f"{path.name}: {graph.metadata.get('prompt', '')}".rstrip(": ")
 

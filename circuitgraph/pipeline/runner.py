@@ -22,6 +22,7 @@ import torch
 
 from circuitgraph.errors import RenderError
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.validation.steering import steer_item
 
 __all__ = ["RunResult", "run", "dry_run", "build", "steer_spec"]
 
@@ -443,8 +444,6 @@ def _run_steering(spec: Any, full: AttributionGraph, run_warnings: list[str],
     """Run the spec's ``steer:`` items on the unpruned graph (each one a result or a failure)."""
     if not spec.steer:
         return []
-    from circuitgraph.validation.steering import steer_item
-
     t0 = time.perf_counter()
     out = []
     for i, item in enumerate(spec.steer):

@@ -97,9 +97,16 @@ def _positions(graph: AttributionGraph, match: str, which: str) -> np.ndarray | 
     return pos
 
 
-def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
-    import pandas as pd
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:  # pragma: no cover - pandas is in the notebook, dataset and test extras
+        raise QueryError("comparing graphs needs pandas: pip install 'circuitgraph[notebook]'") from None
+    return pandas
 
+
+def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
+    pd = _pandas()
     pos = _positions(graph, match, which)
     n = graph.n_nodes
     if graph.metadata.get("aggregate") is not None and all("influence" in nd.attrs for nd in graph.nodes):
@@ -219,8 +226,7 @@ class GraphDiff:
 def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "position",
                 allow_different: bool = False, names: tuple[str, str] | None = None) -> GraphDiff:
     """Compare graph ``a`` with graph ``b`` (see the module docstring)."""
-    import pandas as pd
-
+    pd = _pandas()
     if match not in MATCHES:
         raise QueryError(f"match {match!r}: expected one of {', '.join(MATCHES)}")
     names = names or (str(a.metadata.get("prompt", "a")), str(b.metadata.get("prompt", "b")))

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
+from circuitgraph.adapters.files import read_direction_file
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem
@@ -144,8 +145,6 @@ def _direction_vector(iv: SteerIntervention, d_model: int, where: str) -> torch.
     if isinstance(iv.direction, tuple):
         v = torch.tensor(iv.direction, dtype=torch.float64)
     else:
-        from circuitgraph.adapters.files import read_direction_file
-
         v = torch.from_numpy(read_direction_file(iv.direction, where))
     if v.ndim != 1 or v.shape[0] != d_model:
         raise ValidationRunError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}; "
