@@ -170,8 +170,9 @@ def _check_against_reference(kind, what, mode, value, positions, freeze, arch="g
         got = torch.zeros_like(p)
         for entry in step["top"]:
             got[entry["token"]] = entry["probability"]
-        assert (got - p).abs().max() <= 1e-12, (step, p)
-        assert step["probability"] == pytest.approx(float(p[step["token"]]), abs=1e-12)
+        # exactly: the same float64 numbers, not merely close
+        assert torch.equal(got, p), float((got - p).abs().max())
+        assert step["probability"] == float(p[step["token"]])
     base_tokens, base_probs, base_metric = _reference(adapter.model, what, "scale", 1.0, positions, weights, False)
     assert res.baseline.tokens == base_tokens
     assert [s["probability"] for s in res.baseline.steps] == pytest.approx(
