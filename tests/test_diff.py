@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 import circuitgraph
 from circuitgraph.attribution import attribute

@@ -156,7 +156,7 @@ def _reference(model, what, mode, value, spec_positions, weights, freeze):
 
 
 def _check_against_reference(kind, what, mode, value, positions, freeze, arch="gpt2"):
-    adapter, dictionary, weights, graph = _setup(kind, arch)
+    adapter, _, weights, graph = _setup(kind, arch)
     site, layer, own, index = what
     node = {"feature": "feature", "neuron": "neuron", "head": "attention_head"}[site]
     iv = {"node": f"{node}/{layer}/{own}/{index}", "mode": mode, "positions": positions}

@@ -475,11 +475,3 @@ def steer_item(graph: Any, item: SteerItem, *, seed: int = 0) -> SteeringResult:
     """One ``steer:`` item of a spec (``seed``: the spec's, for sampling without ``generate.seed``)."""
     return steer(graph, item.interventions, generate=item.generate, freeze_attention=item.freeze_attention,
                  seed=seed, name=item.name)
-
-
-def summary_line(result: SteeringResult) -> str:
-    """One line: what the continuation became."""
-    m = result.metric
-    return (f"{result.baseline.text!r} -> {result.intervened.text!r}; metric change {fmt(m['actual'])} "
-            f"(predicted {fmt(m['predicted_direct'])} direct, {fmt(m['predicted_total'])} total)")
-
