@@ -416,3 +416,24 @@ def test_the_steer_command(tmp_path):
     path.write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "steer"}))
     out = runner.invoke(app, ["steer", str(path), "-q"])
     assert out.exit_code == 2 and "no steer: items" in out.output
+
+
+def test_clamped_total_effects_count_each_path_once():
+    """e -> f1 -> f2 -> T and f1 -> T: zeroing f1 and f2 together removes f1's direct edge and
+    f2's whole contribution (-3 - 4), not f1's total effect (7, which includes the path through
+    f2) plus f2's (4)."""
+    import numpy as np
+
+    from circuitgraph.graph.graph import AttributionGraph
+    from circuitgraph.graph.nodes import Node, NodeId
+    from circuitgraph.validation.steering import clamped_total_effects
+
+    ids = [NodeId("embedding", -1, 0, 5), NodeId("feature", 0, 0, 1), NodeId("feature", 1, 0, 2),
+           NodeId("logit", 2, 0, 7)]
+    nodes = [Node(ids[0], 1.0), Node(ids[1], 2.0, pre_activation=2.0), Node(ids[2], 1.0, pre_activation=1.0),
+             Node(ids[3], 8.0, pre_activation=8.0)]
+    g = AttributionGraph(nodes, np.array([1, 2, 3, 3]), np.array([0, 1, 1, 2]), np.array([2.0, 1.0, 3.0, 4.0]),
+                         [(ids[3], 1.0)], {"n_layers": 2})
+    assert clamped_total_effects(g, [1]).tolist()[1:3] == [7.0, 4.0]  # alone: every path
+    both = clamped_total_effects(g, [1, 2])
+    assert -(both[1] + both[2]) == -7.0

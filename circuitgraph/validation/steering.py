@@ -44,9 +44,11 @@ activation in the graph, 1 for vector nodes).  ``predicted_direct = sum_s (c_s -
 model with only the direct paths.  ``predicted_total = sum_s (c_s - 1) V_s`` with ``V_s`` the
 node's total effect on the targets in the graph's linear model (every path, each downstream
 reader responding with its nonlinearity frozen: :func:`~circuitgraph.validation.predictions.
-total_effects`).  Both are sums over the intervened nodes (interactions between them are not
-counted) and are ``None`` when an intervention is not a rescaling of a graph node at a prompt
-position (a direction, a node that is not in the graph, ``positions: new``) — ``notes`` says why.
+total_effects`), with the intervened nodes held at their new values: the edges into them are
+cut (:func:`clamped_total_effects`), so a path from one intervened node through another counts
+once.  Both are ``None`` when an intervention at a prompt position is not a rescaling of a
+graph node (a direction, a node that is not in the graph, ``set``/``add`` on a node of activation
+0) — ``notes`` says why; interventions at generated positions only predict 0.
 """
 
 from __future__ import annotations
@@ -55,10 +57,12 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from circuitgraph.adapters.files import read_direction_file
 from circuitgraph.errors import ValidationRunError
+from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
@@ -69,7 +73,7 @@ from circuitgraph.validation.predictions import INTERVENABLE_KINDS, direct_effec
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.adapters.architecture import ModelAdapter
 
-__all__ = ["ResolvedIntervention", "Continuation", "SteeringResult", "steer", "steer_item"]
+__all__ = ["ResolvedIntervention", "Continuation", "SteeringResult", "steer", "steer_item", "clamped_total_effects"]
 
 
 # ---------------------------------------------------------------------------- resolution
@@ -398,10 +402,25 @@ class SteeringResult:
                 f"{fmt(m['predicted_direct'])} direct, {fmt(m['predicted_total'])} total)")
 
 
+def clamped_total_effects(graph: Any, rows: Sequence[int]) -> np.ndarray:
+    """Target-weighted total effects (as :func:`~circuitgraph.validation.predictions.total_effects`)
+    in the graph's linear model with the nodes ``rows`` held at their intervened values: the
+    edges *into* those nodes are cut, so a path from one intervened node through another is not
+    counted twice.  ``(N,)`` float64; equal to ``total_effects`` for a single node."""
+    clamped = np.zeros(graph.n_nodes, dtype=bool)
+    clamped[list(rows)] = True
+    keep = ~clamped[np.asarray(graph.edge_target)]
+    cut = AttributionGraph(list(graph.nodes), np.asarray(graph.edge_target)[keep],
+                           np.asarray(graph.edge_source)[keep], np.asarray(graph.edge_weight)[keep],
+                           list(graph.targets), dict(graph.metadata))
+    return total_effects(cut)
+
+
 def _predictions(graph: Any, resolved: Sequence[ResolvedIntervention], n_prompt: int,
                  notes: list[str]) -> tuple[float | None, float | None]:
-    D, V = direct_effects(graph), total_effects(graph)
-    direct = total = 0.0
+    """``(predicted_direct, predicted_total)``: see the module docstring."""
+    D = direct_effects(graph)
+    changes: dict[int, float] = {}
     ok = True
     for r in resolved:
         prompt_positions = [p for p in r.positions if p < n_prompt]
@@ -422,9 +441,18 @@ def _predictions(graph: Any, resolved: Sequence[ResolvedIntervention], n_prompt:
                 notes.append(f"{nid} has activation 0: {r.mode} is not a rescaling, no prediction")
                 ok = False
                 continue
-            direct += (c - 1) * float(D[row])
-            total += (c - 1) * float(V[row])
-    return (direct, total) if ok else (None, None)
+            if row in changes:
+                notes.append(f"{nid} is intervened on more than once: no prediction")
+                ok = False
+                continue
+            changes[row] = c - 1
+    if not ok:
+        return None, None
+    if not changes:
+        return 0.0, 0.0
+    V = clamped_total_effects(graph, list(changes))
+    return (float(sum(d * D[row] for row, d in changes.items())),
+            float(sum(d * V[row] for row, d in changes.items())))
 
 
 def steer(graph: Any, interventions: Sequence[Any], *, generate: Generate | dict | None = None,
