@@ -27,12 +27,14 @@ __all__ = [
     "Spec",
     "attribute",
     "build",
+    "diff",
     "dry_run",
     "errors",
     "load_graph",
     "load_spec",
     "open_dataset",
     "run",
+    "steer",
 ]
 
 _LAZY = {
@@ -50,6 +52,8 @@ _LAZY = {
     "load_spec": ("circuitgraph.spec", "load_spec"),
     "errors": ("circuitgraph.errors", None),
     "open_dataset": ("circuitgraph.datasets.store", "open_dataset"),
+    "steer": ("circuitgraph.validation.steering", "steer"),
+    "diff": ("circuitgraph.pipeline.compare", "diff"),
 }
 
 

@@ -72,11 +72,29 @@ def test_demo_clt_spec(tmp_path):
     assert "cross layer transcoder" in {n["feature_type"] for n in np_doc["nodes"]}
 
 
+def test_demo_steer_spec(tmp_path):
+    """docs/steering.md: the vowel-class features off leave " an" (the logit difference drops);
+    with a consonant-class feature on as well, the continuation starts with " a"."""
+    spec = _spec_into(tmp_path, "demo_steer.yaml")
+    result = circuitgraph.run(spec)
+    assert not result.failures, result.failures
+    doc = json.loads((tmp_path / "graph.json").read_text())
+    off, swap, reversed_ = (e["result"] for e in doc["steering"])
+    assert [e["status"] for e in doc["steering"]] == ["ok", "ok", "ok"]
+    for r in (off, swap, reversed_):
+        assert r["baseline"]["steps"][0]["text"] == " an" and r["metric"]["baseline"] > 10
+    assert off["intervened"]["steps"][0]["text"] == " an" and -4 < off["metric"]["actual"] < -2
+    assert off["metric"]["predicted_direct"] < off["metric"]["actual"]
+    assert swap["intervened"]["text"].startswith(" a ") and swap["intervened"]["steps"][0]["probability"] > 0.99
+    assert swap["metric"]["intervened"] < 0
+    assert reversed_["generate"]["seed"] == 1 and reversed_["freeze_attention"] is True
+
+
 FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 
 
 def test_every_example_is_tested():
-    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", "demo_dataset.yaml",
+    assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", "demo_dataset.yaml", "demo_steer.yaml",
                                                            *FIXTURE_SPECS}
     # qk_demo: tests/test_qk.py; demo_dataset: tests/test_datasets.py
     assert len(FIXTURE_SPECS) >= 2

@@ -7,6 +7,8 @@
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
+    circuitgraph steer SPEC [-o steering.json]
+    circuitgraph diff A B [-o diff.html] [--json diff.json] [--match position|identity|from_end]
     circuitgraph dataset summary DIR
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
@@ -199,6 +201,80 @@ def report(
 
             write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
         typer.echo(f"wrote {output}")
+
+
+@app.command()
+def steer(
+    spec: Annotated[Path, _SPEC],
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Also write the steering results as JSON (.json).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Build a spec's graph and run its steer: items (interventions with generation,
+    docs/steering.md): print each continuation without and with the interventions, and the
+    metric change beside the graph's prediction.  Exits 3 if an item failed."""
+    with _reported(debug):
+        from circuitgraph.spec import load_spec
+
+        loaded = load_spec(spec)
+        from circuitgraph.pipeline import runner  # imports torch: only here
+
+        entries = runner.steer_spec(loaded, progress=not quiet)
+        failed = False
+        for i, e in enumerate(entries):
+            if e["status"] == "failed":
+                typer.echo(f"failed: steer[{i}]: {e['error']}", err=True)
+                failed = True
+                continue
+            typer.echo(f"steer[{i}]" + (f" {e['result'].name}" if e["result"].name else "") + ":")
+            _echo_lines(["  " + line for line in e["result"].table().splitlines()])
+        if output is not None:
+            import json
+
+            from circuitgraph._io import atomic_write_text
+            from circuitgraph.validation._common import jsonable
+
+            doc = [{**{k: v for k, v in e.items() if k != "result"},
+                    "result": None if e["result"] is None else jsonable(e["result"].to_dict())} for e in entries]
+            atomic_write_text(output, json.dumps(doc, indent=1) + "\n")
+            typer.echo(f"wrote {output}")
+        if failed:
+            raise typer.Exit(EXIT_FAILED_CHECKS)
+
+
+@app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(help="A graph file (.json/.npz) or a dataset folder / aggregate file.",
+                                      show_default=False)],
+    b: Annotated[Path, typer.Argument(help="The graph or aggregate to compare it with.", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the HTML page (.html).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the diff as JSON.")] = None,
+    match: Annotated[str, typer.Option("--match", help="How nodes are matched: position (same position), identity "
+                                       "(position-free, summed over positions) or from_end (positions counted "
+                                       "from the prompt's end).")] = "position",
+    top: Annotated[int, typer.Option("--top", min=1, help="How many top changes to print.")] = 10,
+    allow_different_models: Annotated[bool, typer.Option(
+        "--allow-different-models", help="Compare graphs of different models or dictionaries.")] = False,
+    max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Nodes per diagram in the HTML page.")] = 60,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Compare two graphs (or dataset aggregates): matched nodes' activation and influence in
+    both, edges in both, what is only in one, the top changes by |difference in influence|."""
+    with _reported(debug):
+        from circuitgraph.pipeline.compare import diff as diff_sources
+
+        result = diff_sources(a, b, match=match, allow_different=allow_different_models)
+        _echo_lines(result.summary_lines(top=top))
+        if json_out is not None:
+            result.to_json(json_out)
+            typer.echo(f"wrote {json_out}")
+        if output is not None:
+            from circuitgraph.export.diff_html import write_diff_html
+
+            write_diff_html(result, output, max_nodes=max_nodes)
+            typer.echo(f"wrote {output}")
 
 
 def _is_graph_file(path: Path) -> bool:

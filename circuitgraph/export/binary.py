@@ -25,6 +25,7 @@ from circuitgraph.export.json_graph import (
     _check_format,
     _dumps,
     _header,
+    _jsonable,
     _metadata_from_header,
     _nodes_from_header,
     _targets_from_header,
@@ -43,16 +44,19 @@ def save_graph_binary(
     queries: Sequence[Mapping[str, Any]] | None = None,
     validation: Sequence[Mapping[str, Any]] | None = None,
     compressed: bool = False,
+    steering: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """Write ``graph`` as one ``.npz`` file: edge arrays in their dtype + a JSON header.
 
     The archive holds ``edge_source`` and ``edge_target`` (int64 rows into the node
     table), ``edge_weight`` (the stored dtype) and ``header`` (UTF-8 JSON bytes as a
     uint8 array) with the same ``nodes``, ``targets``, ``metadata``, ``queries`` and
-    ``validation`` fields as the JSON format.  No edge limit; no pickling.  Returns the
-    path written.
+    ``validation`` fields as the JSON format (and ``steering`` when given).  No edge limit; no
+    pickling.  Returns the path written.
     """
     header = _header(graph, queries, validation)
+    if steering is not None:
+        header["steering"] = _jsonable(list(steering), "steering")
     header["format"] = BINARY_FORMAT
     header_bytes = _dumps(header, None).encode("utf-8")
     arrays = {
@@ -111,7 +115,7 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         metadata=_metadata_from_header(header),
     )
     return GraphDocument(graph, _results(header, "queries"), _results(header, "validation"),
-                         int(header["format_version"]))
+                         int(header["format_version"]), _results(header, "steering"))
 
 
 def load_graph_binary(path: str | os.PathLike[str]) -> AttributionGraph:

@@ -92,6 +92,8 @@ def graph_json_schema() -> dict[str, Any]:
             "targets": {"type": "array", "items": {"$ref": "#/$defs/target"}},
             "queries": {"type": "array", "items": json_object, "description": "query results"},
             "validation": {"type": "array", "items": json_object, "description": "validation results"},
+            "steering": {"type": "array", "items": json_object,
+                         "description": "steering results (the spec's steer: items; docs/steering.md)"},
         },
         "required": ["format", "format_version", "edge_dtype", "metadata", "nodes", "edges", "targets",
                      "queries", "validation"],

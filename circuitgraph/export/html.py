@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from circuitgraph._io import atomic_write_text
+from circuitgraph.export.steering_html import steering_html
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = [
@@ -276,7 +277,7 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
 
 def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
                 queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
-                diagram: Mapping[str, Any] | None = None) -> str:
+                diagram: Mapping[str, Any] | None = None, steering: Sequence[Mapping[str, Any]] = ()) -> str:
     """The report of a run (a :class:`~circuitgraph.pipeline.runner.RunResult`) or of a graph
     (with the query and validation results stored in its file, as JSON), as one
     self-contained HTML document (see the module docstring).  ``diagram`` holds more
@@ -324,6 +325,10 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
     body += _entries_html(queries, stored_q, "query")
     body.append("<h2>Validation</h2>")
     body += _entries_html(validation, stored_v, "validation")
+    steering = list(steering) or (source.steering_json() if getattr(source, "steering", None) else [])
+    if steering:  # the spec's steer: items (docs/steering.md)
+        body.append("<h2>Steering</h2>")
+        body += steering_html(steering)
 
     body.append("<h2>Spec</h2>")
     if spec is not None:
@@ -369,7 +374,7 @@ def write_report(source: Any, path: str | os.PathLike[str], **kwargs: Any) -> st
     if isinstance(source, (str, os.PathLike)):
         doc = read_graph_file(source)
         source = doc.graph
-        kwargs = {"queries": doc.queries, "validation": doc.validation, **kwargs}
+        kwargs = {"queries": doc.queries, "validation": doc.validation, "steering": doc.steering, **kwargs}
     atomic_write_text(path, report_html(source, **kwargs))
     return os.fspath(path)
 

@@ -60,6 +60,7 @@ class GraphDocument:
     queries: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
+    steering: list[dict[str, Any]] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- writing
@@ -69,6 +70,7 @@ def graph_to_dict(
     queries: Sequence[Mapping[str, Any]] | None = None,
     validation: Sequence[Mapping[str, Any]] | None = None,
     max_edges: int | None = DEFAULT_MAX_EDGES,
+    steering: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSON document of ``graph`` as plain Python objects (see :func:`graph_to_json`)."""
     if max_edges is not None and graph.n_edges > max_edges:
@@ -79,6 +81,8 @@ def graph_to_dict(
             "save_graph_binary), or raise the limit (export.max_json_edges in a spec, max_edges= in Python)"
         )
     header = _header(graph, queries, validation)
+    if steering is not None:
+        header["steering"] = _jsonable(list(steering), "steering")
     ids = [rec["id"] for rec in header["nodes"]]
     weights = graph.edge_weight.tolist()
     header["edges"] = [
@@ -96,6 +100,7 @@ def graph_to_json(
     validation: Sequence[Mapping[str, Any]] | None = None,
     max_edges: int | None = DEFAULT_MAX_EDGES,
     indent: int | None = None,
+    steering: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """Serialise ``graph`` to the ``circuitgraph.graph`` JSON format; write it to ``path`` if given.
 
@@ -107,6 +112,8 @@ def graph_to_json(
         max_edges: refuse graphs with more edges than this (JSON costs ~80 bytes an
             edge); ``None`` disables the check.
         indent: pretty-print with this indent; ``None`` writes compact JSON.
+        steering: results of the spec's ``steer:`` items (top-level ``steering``), default none
+            (the key is then absent).
 
     Returns:
         The JSON text (ending in a newline).
@@ -121,7 +128,7 @@ def graph_to_json(
     >>> graph_from_json(graph_to_json(g)).nodes == g.nodes
     True
     """
-    doc = graph_to_dict(graph, queries=queries, validation=validation, max_edges=max_edges)
+    doc = graph_to_dict(graph, queries=queries, validation=validation, max_edges=max_edges, steering=steering)
     text = _dumps(doc, indent)
     if path is not None:
         atomic_write_text(path, text)
@@ -160,7 +167,8 @@ def graph_from_dict(doc: Mapping[str, Any]) -> GraphDocument:
         targets=_targets_from_header(doc, index),
         metadata=_metadata_from_header(doc),
     )
-    return GraphDocument(graph, _results(doc, "queries"), _results(doc, "validation"), int(doc["format_version"]))
+    return GraphDocument(graph, _results(doc, "queries"), _results(doc, "validation"), int(doc["format_version"]),
+                         _results(doc, "steering"))
 
 
 def read_graph_json(source: str | os.PathLike[str]) -> GraphDocument:

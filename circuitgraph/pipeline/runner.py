@@ -22,8 +22,9 @@ import torch
 
 from circuitgraph.errors import RenderError
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.validation.steering import steer_item
 
-__all__ = ["RunResult", "run", "dry_run", "build"]
+__all__ = ["RunResult", "run", "dry_run", "build", "steer_spec"]
 
 logger = logging.getLogger("circuitgraph")
 
@@ -40,6 +41,8 @@ class RunResult:
             ``status`` is ``"ok"`` (``result`` is the result object, ``error`` None) or ``"failed"``
             (``error`` is the one-line message, ``result`` None).
         validation: one entry per declared check, same shape.
+        steering: one entry per ``steer:`` item, same shape (``result`` a
+            :class:`~circuitgraph.validation.steering.SteeringResult`).
         exports: ``{kind: path}`` of every file written.
         timings: seconds per stage.
         warnings: what the run warned about (unknown pieces of prompt texts...), also in the
@@ -54,12 +57,14 @@ class RunResult:
     exports: dict[str, Path] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    steering: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def failures(self) -> list[str]:
-        """One line per failed query or check: ``queries[i] kind: error``."""
+        """One line per failed query, check or steer item: ``queries[i] kind: error``."""
         return [f"{where}[{i}] {e['kind']}: {e['error']}"
-                for where, entries in (("queries", self.queries), ("validate", self.validation))
+                for where, entries in (("queries", self.queries), ("validate", self.validation),
+                                       ("steer", self.steering))
                 for i, e in enumerate(entries) if e["status"] == "failed"]
 
     def _entries_json(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -93,7 +98,8 @@ class RunResult:
         ``path``: write the file and return the path; without: return the JSON text."""
         from circuitgraph.export.json_graph import graph_to_json
 
-        text = graph_to_json(self.graph, path, queries=self.queries_json(), validation=self.validation_json())
+        text = graph_to_json(self.graph, path, queries=self.queries_json(), validation=self.validation_json(),
+                             steering=self.steering_json() if self.steering else None)
         return str(path) if path is not None else text
 
     def report(self, path: str | Path) -> str:
@@ -107,6 +113,12 @@ class RunResult:
 
     def validation_json(self) -> list[dict[str, Any]]:
         return self._entries_json(self.validation)
+
+    def steering_json(self) -> list[dict[str, Any]]:
+        """The ``steering`` list of the graph JSON: per item ``{kind, params, on, status, error, result}``
+        (``error`` null unless failed; ``result`` holds ``interventions``, ``baseline``, ``intervened``
+        and ``metric``)."""
+        return [{**e, "error": e.get("error")} for e in self._entries_json(self.steering)]
 
     def summary_lines(self) -> list[str]:
         g, full = self.graph, self.full_graph
@@ -133,6 +145,12 @@ class RunResult:
                     continue
                 lines.append(f"{what} {e['kind']}{on}:")
                 lines += ["  " + line for line in e["result"].table().splitlines()]
+        for i, e in enumerate(self.steering):
+            if e["status"] == "failed":
+                lines.append(f"steer[{i}]: FAILED: {e['error']}")
+                continue
+            lines.append(f"steer[{i}]" + (f" {e['result'].name}" if e["result"].name else "") + ":")
+            lines += ["  " + line for line in e["result"].table().splitlines()]
         for w in self.warnings:
             lines.append(f"warning: {w}")
         for kind, path in self.exports.items():
@@ -411,13 +429,46 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
                                "result": res})
         timings["validation"] = time.perf_counter() - t0
         OutputSet.record([path for path in heatmaps.values() if Path(path).is_file()])
+    steering = _run_steering(spec, full, run_warnings, timings)
     if graph is not full:
         graph.metadata["warnings"] = list(run_warnings)
-    result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings))
+    result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings), steering)
     t0 = time.perf_counter()
     result.exports = _write_exports(result, force=force)
     timings["export"] = time.perf_counter() - t0
     return result
+
+
+def _run_steering(spec: Any, full: AttributionGraph, run_warnings: list[str],
+                  timings: dict[str, float]) -> list[dict[str, Any]]:
+    """Run the spec's ``steer:`` items on the unpruned graph (each one a result or a failure)."""
+    if not spec.steer:
+        return []
+    t0 = time.perf_counter()
+    out = []
+    for i, item in enumerate(spec.steer):
+        with _recorded_warnings(run_warnings):
+            status, error, res = _attempt(lambda item=item: steer_item(full, item, seed=spec.seed), f"steer[{i}]")
+        out.append({"kind": "steer", "params": item.model_dump(mode="json"), "on": "full", "status": status,
+                    "error": error, "result": res})
+    timings["steering"] = time.perf_counter() - t0
+    return out
+
+
+def steer_spec(spec: Any, *, progress: bool = False, inputs: Any = None) -> list[dict[str, Any]]:
+    """Build a spec's graph and run only its ``steer:`` items (no queries, checks or exports):
+    one entry per item, as :meth:`RunResult.steering_json` writes them, with ``result`` the
+    :class:`~circuitgraph.validation.steering.SteeringResult` (``status``/``error`` on failure).
+    ``circuitgraph steer SPEC`` prints them.  For one experiment on a graph in hand, see
+    :func:`circuitgraph.steer`."""
+    from circuitgraph.errors import SpecError
+    from circuitgraph.spec import load_spec
+
+    spec = load_spec(spec)
+    if not spec.steer:
+        raise SpecError("the spec has no steer: items; add steer: [{interventions: [...], generate: {...}}]")
+    full = build(spec, progress=progress, inputs=inputs)
+    return _run_steering(spec, full, full.metadata.setdefault("warnings", []), {})
 
 
 def _params(item: Any) -> Any:
@@ -477,10 +528,12 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
         getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
     with OutputSet(outputs, force=force).writing() as out:
         if ex.json is not None:
+            steering = portable_paths(result.steering_json(), base) if result.steering else None
             graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
-                          max_edges=ex.max_json_edges)
+                          max_edges=ex.max_json_edges, steering=steering)
         if ex.graph is not None:
-            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation)
+            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation,
+                              steering=portable_paths(result.steering_json(), base) if result.steering else None)
         if ex.neuronpedia is not None:
             p = result.spec.pruning
             thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}

@@ -48,6 +48,7 @@ from circuitgraph.spec.queries import (
     VirtualWeightsQuery,
 )
 from circuitgraph.spec.root import FORMAT_VERSION, Spec
+from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem
 from circuitgraph.spec.json_schema import spec_json_schema, spec_schema_text, write_spec_schema
 from circuitgraph.spec.targets import (
     Direction,
@@ -170,4 +171,8 @@ __all__ = [
     "ReplacementFidelityCheck",
     "ReplacementFidelity",
     "QKCheck",
+    # steering
+    "SteerItem",
+    "SteerIntervention",
+    "Generate",
 ]

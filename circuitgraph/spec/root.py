@@ -17,6 +17,7 @@ from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
 from circuitgraph.spec.model import ModelSpec, TranscodersSpec
 from circuitgraph.spec.prompts import Prompt, TextPrompt
 from circuitgraph.spec.queries import Query
+from circuitgraph.spec.steering import SteerItem
 from circuitgraph.spec.targets import Target, TopLogitsTarget
 from circuitgraph.spec.validation import Check
 
@@ -81,6 +82,8 @@ with warnings.catch_warnings():
         prune: Prune = Field("none", description="'none' or pruning thresholds.")
         queries: tuple[Query, ...] = Field((), description="Queries run on the graph.")
         validate: tuple[Check, ...] = Field((), description="Checks against the real model.")
+        steer: tuple[SteerItem, ...] = Field((), description="Interventions on the real model, watched through "
+                                             "generation (docs/steering.md).")
         export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
         aggregate: AggregateSpec | None = Field(None, description="Dataset runs: how per-prompt graphs are aggregated.")
         executor: ExecutorSpec | None = Field(None, description="Dataset runs: local processes or Ray.")
@@ -109,6 +112,9 @@ with warnings.catch_warnings():
             elif self.prompt is not None and self.dataset is not None:
                 problems.append(("dataset", "give prompt: (one prompt) or dataset: (many), not both"))
             patching = [i for i, c in enumerate(self.validate) if c.kind == "patching"]
+            if self.dataset is not None and self.steer:
+                problems.append(("steer", "steer: runs on one prompt's graph; remove it or give prompt: instead of "
+                                 "dataset:"))
             if self.dataset is None:
                 for key in ("aggregate", "executor"):
                     if getattr(self, key) is not None:

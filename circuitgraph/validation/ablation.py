@@ -94,7 +94,7 @@ def _scale_factors(units: Sequence[Unit], mode: str, scale: float | None, value:
 
 
 def _vector_factor(mode: str, scale: float | None, value: float | None) -> float | None:
-    return {"zero": 0.0, "scale": scale, "set": value}.get(mode)
+    return {"zero": 0.0, "scale": scale, "set": value, "add": None if value is None else 1 + value}.get(mode)
 
 
 def _frozen_metric(ctx: AttributionContext, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:

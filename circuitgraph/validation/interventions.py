@@ -39,6 +39,8 @@ An :class:`Intervention` applies one mode to a set of units (minus ``exclude``):
 * ``scale``: multiplied by ``scale``;
 * ``set``: set to ``value`` (for vector units, which have activation 1 in the graph, the
   vector is scaled by ``value``);
+* ``add``: ``value`` added (for vector units, activation 1 becomes ``1 + value``: the vector is
+  scaled by ``1 + value``);
 * ``mean``: its mean over ``reference`` prompts (per position when every reference prompt
   has the run's length, else over every position but the first; see ``pooling``);
 * ``patch``: its value on ``patch`` (a prompt of the same length).
@@ -88,8 +90,8 @@ Site = Literal["embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron
                "feature", "error"]
 SITES: tuple[str, ...] = ("embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron", "pre", "gate",
                           "value", "feature", "error")
-Mode = Literal["zero", "mean", "scale", "set", "patch"]
-MODES: tuple[str, ...] = ("zero", "mean", "scale", "set", "patch")
+Mode = Literal["zero", "mean", "scale", "set", "patch", "add"]
+MODES: tuple[str, ...] = ("zero", "mean", "scale", "set", "patch", "add")
 
 #: sites whose units are vectors (activation 1 in the graph); the others are scalars
 VECTOR_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "error"})
@@ -167,7 +169,8 @@ class Intervention:
             object.__setattr__(self, "patch", tuple(int(t) for t in self.patch))
         if self.mode not in MODES:
             raise ValidationRunError(f"unknown intervention mode {self.mode!r}; expected one of {', '.join(MODES)}")
-        need = {"scale": ("scale", self.scale), "set": ("value", self.value), "patch": ("patch", self.patch)}
+        need = {"scale": ("scale", self.scale), "set": ("value", self.value), "patch": ("patch", self.patch),
+                "add": ("value", self.value)}
         if self.mode in need and need[self.mode][1] is None:
             raise ValidationRunError(f"mode {self.mode} needs {need[self.mode][0]}=...; give it or choose another mode")
         if self.mode == "mean" and not self.reference:
@@ -185,6 +188,10 @@ class Intervention:
     @classmethod
     def set_to(cls, units: Sequence[Unit], value: float, **kw: Any) -> "Intervention":
         return cls(tuple(units), "set", value=float(value), **kw)
+
+    @classmethod
+    def added(cls, units: Sequence[Unit], value: float, **kw: Any) -> "Intervention":
+        return cls(tuple(units), "add", value=float(value), **kw)
 
     @classmethod
     def mean(cls, units: Sequence[Unit], reference: Sequence[Sequence[int]], **kw: Any) -> "Intervention":
@@ -360,6 +367,8 @@ class _Edit:
             new = v * self.scale
         elif self.mode == "set":
             new = v * self.value if self.vector else torch.full((), self.value, dtype=v.dtype, device=v.device)
+        elif self.mode == "add":
+            new = v * (1 + self.value) if self.vector else v + self.value
         else:
             new = self.ref.to(device=v.device, dtype=v.dtype)
         return torch.where(self.mask, new, v)
@@ -568,15 +577,17 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
 
 @contextlib.contextmanager
 def intervene(adapter: ModelAdapter, interventions: Intervention | Sequence[Intervention], *, n_pos: int,
-              transcoders: Any = None) -> Iterator[Any]:
+              transcoders: Any = None, capture: Sequence[str] = (),
+              captured: dict[str, torch.Tensor] | None = None) -> Iterator[Any]:
     """Scoped: the real model runs with ``interventions`` applied to every batch row of an
     ``n_pos``-token input.  Yields the model; every hook is removed on exit, even on error.
 
-    Mean and patch values are computed (clean runs) on entry.
+    Mean and patch values are computed (clean runs) on entry.  ``capture``: hook names whose
+    values (after every edit) each forward pass stores into ``captured``.
     """
     ivs = [interventions] if isinstance(interventions, Intervention) else list(interventions)
     plan = _compile(adapter, [ivs], n_pos, transcoders, broadcast=True)
-    with _install(adapter, plan, transcoders, set(), {}) as model:
+    with _install(adapter, plan, transcoders, set(capture), {} if captured is None else captured) as model:
         yield model
 
 
