@@ -232,4 +232,6 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
         model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                           center_unembed=center_unembed, fold_value_biases=True,
                                           refactor_factored_attn_matrices=False)
+        if cfg.num_experts:  # TransformerLens's MoE makes its nn.Linear layers in torch's default dtype
+            model = model.to(dtype)
         return model.to(device)
