@@ -101,7 +101,8 @@ def _moe_layers_all_sparse(c: Any, family: str) -> None:
 def _mixtral(c: Any) -> dict[str, Any]:
     cfg = _llama(c)
     window = getattr(c, "sliding_window", None)
-    cfg.update(d_mlp=c.intermediate_size, num_experts=c.num_local_experts, experts_per_token=c.num_experts_per_tok,
+    # TransformerLens's Mixtral and OLMoE converters need n_key_value_heads set, even without grouping
+    cfg.update(n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, num_experts=c.num_local_experts, experts_per_token=c.num_experts_per_tok,
                # MixtralTopKRouter renormalises the top-k weights unconditionally (no config field)
                norm_topk_prob=True)
     if window:
@@ -112,8 +113,8 @@ def _mixtral(c: Any) -> dict[str, Any]:
 def _olmoe(c: Any) -> dict[str, Any]:
     # q/k norms over the whole projection: TransformerLens keys them on original_architecture
     cfg = _llama(c)
-    cfg.update(num_experts=c.num_experts, experts_per_token=c.num_experts_per_tok,
-               norm_topk_prob=bool(c.norm_topk_prob), clip_qkv=getattr(c, "clip_qkv", None),
+    cfg.update(n_key_value_heads=c.num_key_value_heads, num_experts=c.num_experts,
+               experts_per_token=c.num_experts_per_tok, norm_topk_prob=bool(c.norm_topk_prob), clip_qkv=getattr(c, "clip_qkv", None),
                initializer_range=c.initializer_range)
     return cfg
 
