@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from circuitgraph.errors import LoadError
+
 N_CTX_CAP = 2048  # TransformerLens allocates n_ctx x n_ctx masks per layer; its own tables cap these models too
 
 
@@ -94,7 +96,7 @@ def _moe_layers_all_sparse(c: Any, family: str) -> None:
     dense = list(getattr(c, "mlp_only_layers", None) or [])
     step = int(getattr(c, "decoder_sparse_step", 1) or 1)
     if dense or step != 1:
-        raise ValueError(f"{family}: layers with a dense MLP (mlp_only_layers={dense}, decoder_sparse_step={step}) "
+        raise LoadError(f"{family}: layers with a dense MLP (mlp_only_layers={dense}, decoder_sparse_step={step}) "
                          "are not supported; every layer must be a mixture-of-experts layer")
 
 

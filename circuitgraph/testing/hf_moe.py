@@ -55,4 +55,8 @@ def moe_checkpoint(family: str, folder: str | Path | None = None, *, n_kv_heads:
         p.add_(noise * torch.randn_like(p))
     if folder is not None:
         model.save_pretrained(folder)
+    # the reference forward: eager attention and experts (the grouped GEMM has no float64)
+    model.set_attn_implementation("eager")
+    if hasattr(model, "set_experts_implementation") and family != "qwen3":
+        model.set_experts_implementation("eager")
     return model

@@ -1,0 +1,269 @@
+"""Mixture-of-experts models (Mixtral, OLMoE, Qwen3-MoE): tiny random checkpoints made by
+transformers' own classes and ``save_pretrained`` (2 layers, 4 experts, top-2, d_model 32), loaded
+through the adapter's family table (:mod:`circuitgraph.adapters.hf_config`).
+
+The references are transformers' own forward and its MoE block (router and experts), and
+TransformerLens's frozen forward rebuilt from hooks; none reuses the engine's vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from circuitgraph.adapters import ModelAdapter
+from circuitgraph.adapters.hf_config import hooked_config_dict, load_snapshot
+from circuitgraph.attribution import attribute
+from circuitgraph.errors import LoadError
+from circuitgraph.graph.nodes import NodeId
+from circuitgraph.queries.qk import qk
+from circuitgraph.testing.hf_moe import moe_checkpoint
+
+FAMILIES = ["mixtral", "olmoe", "qwen3_moe"]
+TOKENS = [1, 5, 7, 9, 4, 3, 11, 6]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """family -> (folder, transformers model in float64)."""
+    out = {}
+    for family in FAMILIES:
+        folder = tmp_path_factory.mktemp(family)
+        out[family] = (folder, moe_checkpoint(family, folder).double())
+    return out
+
+
+def _load(folder, dtype=torch.float64) -> ModelAdapter:
+    model = load_snapshot(str(folder), dtype=dtype, device="cpu", fold_ln=False, center_writing_weights=False,
+                          center_unembed=False, name="tiny")
+    return ModelAdapter(model)
+
+
+@torch.no_grad()
+def _hf_moe(hf, adapter: ModelAdapter, tokens: list[int]) -> dict[int, dict[str, torch.Tensor]]:
+    """Per layer, transformers' own MoE block (its router, its experts' weights, its forward) applied
+    to the MLP input TransformerLens computed (ln2's output, float64; transformers' RMSNorm would
+    round to float32): the chosen experts and weights ``(T, k)``, each chosen expert's gate
+    pre-activation and ``act(gate) * up`` ``(T, k, d_mlp)``, its up and down rows, and the block's
+    output ``(T, D)``."""
+    m = adapter.model
+    _, cache = m.run_with_cache(torch.tensor([tokens]))
+    got: dict[int, dict[str, torch.Tensor]] = {}
+    for l, layer in enumerate(hf.model.layers):
+        x = cache[f"blocks.{l}.ln2.hook_normalized"][0] * m.blocks[l].ln2.w
+        _, weights, indices = layer.mlp.gate(x)  # the router: softmax in float32, top-k, renormalised or not
+        ex = layer.mlp.experts
+        gate_up = ex.gate_up_proj[indices]  # (T, k, 2 d_mlp, D)
+        gate, up = torch.einsum("tkmd,td->tkm", gate_up, x).chunk(2, dim=-1)
+        got[l] = {"weights": weights.to(x.dtype), "indices": indices, "gate": gate, "post": ex.act_fn(gate) * up,
+                  "up": gate_up[:, :, gate_up.shape[2] // 2:], "down": ex.down_proj[indices],  # (T, k, D, d_mlp)
+                  "out": layer.mlp(x[None])[0]}
+    return got
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers(family, checkpoints):
+    folder, hf = checkpoints[family]
+    raw = hooked_config_dict(hf.config)
+    assert raw["num_experts"] == 4 and raw["experts_per_token"] == 2
+    adapter = _load(folder, torch.float32)
+    assert adapter.facts.num_experts == 4 and adapter.facts.n_neurons == 4 * adapter.facts.d_mlp
+    with torch.no_grad():
+        ours = adapter.model(torch.tensor([TOKENS]))[0].double()
+        theirs = hf(torch.tensor([TOKENS])).logits[0]
+    assert (ours - theirs).abs().max() < 1e-5 * max(1.0, float(theirs.abs().max()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expert_neurons_are_the_routed_experts_and_sum_to_the_layer_output(family, checkpoints):
+    folder, hf = checkpoints[family]
+    adapter = _load(folder)
+    g = attribute(adapter, TOKENS, mlp="neurons", dtype=torch.float64)
+    ref = _hf_moe(hf, adapter, TOKENS)
+    d = adapter.facts.d_mlp
+    for l in range(2):
+        for t in range(1, len(TOKENS)):
+            nodes = [n for n in g.nodes if n.kind == "neuron" and n.layer == l and n.position == t]
+            chosen = dict(zip(ref[l]["indices"][t].tolist(), ref[l]["weights"][t].tolist()))
+            # the nodes are the neurons of the experts the router chose, with its weights
+            assert {n.attrs["expert"] for n in nodes} == set(chosen)
+            total = torch.zeros(adapter.facts.d_model, dtype=torch.float64)
+            for n in nodes:
+                e, i = n.attrs["expert"], n.attrs["neuron"]
+                assert n.index == e * d + i and n.attrs["routing_weight"] == pytest.approx(chosen[e], abs=1e-12)
+                slot = ref[l]["indices"][t].tolist().index(e)
+                assert n.activation == pytest.approx(chosen[e] * float(ref[l]["post"][t, slot, i]), abs=1e-10)
+                (w,) = g.context.writes(n.id)
+                total += w.vector.cpu()
+            # the routed experts' neurons sum exactly to the layer's output (transformers' MoE block)
+            assert (total - ref[l]["out"][t]).abs().max() < 1e-10, (l, t)
+    assert g.check_completeness().max_violation < 1e-12
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_completeness_on_every_reader(family, dtype, tol, checkpoints):
+    adapter = _load(checkpoints[family][0], dtype)
+    for mlp in ("neurons", "mlp"):
+        g = attribute(adapter, TOKENS, mlp=mlp, dtype=dtype)
+        report = g.check_completeness()
+        assert report.n_readers > 0 and report.max_violation < tol, (mlp, report)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mlp_granularity_gives_one_node_per_moe_layer(family, checkpoints):
+    folder, hf = checkpoints[family]
+    adapter = _load(folder)
+    g = attribute(adapter, TOKENS, mlp="mlp", dtype=torch.float64)
+    ref = _hf_moe(hf, adapter, TOKENS)
+    mlp_nodes = [n for n in g.nodes if n.kind == "mlp"]
+    assert {(n.layer, n.position) for n in mlp_nodes} == {(l, t) for l in range(2) for t in range(1, len(TOKENS))}
+    assert not any(n.kind == "neuron" for n in g.nodes)
+    for n in mlp_nodes:
+        (w,) = g.context.writes(n.id)
+        assert (w.vector.cpu() - ref[n.layer]["out"][n.position]).abs().max() < 1e-10
+
+
+def test_transcoders_attach_to_moe_layers(checkpoints, tmp_path):
+    from circuitgraph.dictionaries import TranscoderSet
+    from circuitgraph.testing.synthetic import random_transcoders
+
+    for layer, tc in random_transcoders(_load(checkpoints["qwen3_moe"][0], torch.float32).model, seed=0).items():  # ln2.hook_normalized -> hook_mlp_out
+        tc.save_model(str(tmp_path / f"layer_{layer}"))
+    adapter = _load(checkpoints["qwen3_moe"][0])
+    tcs = TranscoderSet.from_dir(tmp_path, adapter, dtype=torch.float64)
+    g = attribute(adapter, TOKENS, tcs, dtype=torch.float64)
+    assert any(n.kind == "feature" for n in g.nodes) and any(n.kind == "error" for n in g.nodes)
+    assert g.check_completeness().max_violation < 1e-12
+
+
+# ----------------------------------------------------------------------------- independent edges
+class _Reference:
+    """Every edge recomputed without the engine: writers and expert-neuron readers from transformers'
+    MoE block (router weights, ``act(gate) * up``, ``down_proj``), the frozen model from
+    TransformerLens's forward with ln1/ln2/ln_final's ``hook_scale`` and every ``hook_pattern``
+    fixed at their cached values and every MLP output fixed; one batch row per removed writer."""
+
+    def __init__(self, adapter: ModelAdapter, hf, tokens: list[int]):
+        self.m, self.tokens = adapter.model, torch.tensor([tokens])
+        _, self.cache = self.m.run_with_cache(self.tokens)
+        self.hf = _hf_moe(hf, adapter, tokens)
+        self.T, self.D, self.d = len(tokens), self.m.cfg.d_model, self.m.cfg.d_mlp
+
+    def writer(self, node: NodeId) -> tuple[str, torch.Tensor]:
+        if node.kind == "embedding":
+            return "hook_embed", self.cache["hook_embed"][0, node.position]
+        assert node.kind == "neuron", node
+        ref, t = self.hf[node.layer], node.position
+        e, i = divmod(node.index, self.d)
+        slot = ref["indices"][t].tolist().index(e)
+        vec = ref["weights"][t, slot] * ref["post"][t, slot, i] * ref["down"][t, slot, :, i]
+        return f"blocks.{node.layer}.hook_mlp_out", vec
+
+    @torch.no_grad()
+    def run(self, removals):
+        B, c, m = len(removals) + 1, self.cache, self.m
+        delta: dict[str, torch.Tensor] = {}
+        for k, (hook, t, vec) in enumerate(removals, start=1):
+            delta.setdefault(hook, torch.zeros(B, self.T, self.D, dtype=vec.dtype))[k, t] += vec
+        captured: dict[str, torch.Tensor] = {}
+
+        def fixed(name):
+            return lambda value, hook: c[name].expand_as(value).clone()
+
+        def keep(value, hook):
+            captured[hook.name] = value
+            return value
+
+        names = [n for n in c.keys() if (n.endswith("hook_scale") and ".attn." not in n) or n.endswith("hook_pattern")]
+        hooks = [(n, fixed(n)) for n in names]
+        hooks += [(f"blocks.{l}.hook_mlp_out", fixed(f"blocks.{l}.hook_mlp_out")) for l in range(m.cfg.n_layers)]
+        hooks += [(name, lambda value, hook, d=d: value - d) for name, d in delta.items()]
+        hooks += [(n, keep) for n in ["ln_final.hook_normalized"] +
+                  [f"blocks.{l}.ln2.hook_normalized" for l in range(m.cfg.n_layers)]]
+        m.run_with_hooks(self.tokens.expand(B, -1), fwd_hooks=hooks)
+        return captured
+
+    @torch.no_grad()
+    def reader(self, node, captured) -> torch.Tensor:
+        nid, t, m = node.id, node.position, self.m
+        if nid.kind == "neuron":  # routing weight * act(gate) (frozen) * (up row . ln2's output)
+            ref = self.hf[nid.layer]
+            e, i = divmod(nid.index, self.d)
+            slot = ref["indices"][t].tolist().index(e)
+            x2 = captured[f"blocks.{nid.layer}.ln2.hook_normalized"][:, t] * m.blocks[nid.layer].ln2.w
+            act = self.m.blocks[nid.layer].mlp.experts[e].act_fn(ref["gate"][t, slot, i])
+            return ref["weights"][t, slot] * act * (x2 @ ref["up"][t, slot, i])
+        assert nid.kind == "logit", nid
+        final = captured["ln_final.hook_normalized"][:, t] * m.ln_final.w
+        w, b = m.W_U[:, nid.index], m.b_U[nid.index]
+        if node.attrs.get("relative_to_mean"):
+            w, b = w - m.W_U.mean(-1), b - m.b_U.mean()
+        return final @ w + b
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_edge_equals_an_independent_removal(family, checkpoints):
+    folder, hf = checkpoints[family]
+    adapter = _load(folder)
+    g = attribute(adapter, TOKENS, mlp="neurons", dtype=torch.float64)
+    ref = _Reference(adapter, hf, TOKENS)
+    writers = [n.id for n in g.nodes if n.kind in ("embedding", "neuron")]
+    removals = [(hook, w.position, vec) for w in writers for hook, vec in [ref.writer(w)]]
+    captured = ref.run(removals)
+    readers = [n for n in g.nodes if n.pre_activation is not None]
+    assert {n.kind for n in readers} == {"logit", "neuron"}
+    expected = np.zeros((len(readers), len(writers)))
+    for i, r in enumerate(readers):
+        values = ref.reader(r, captured).double()
+        assert float(values[0]) == pytest.approx(r.pre_activation, abs=1e-9)
+        expected[i] = (values[0] - values[1:]).numpy()
+    dense = g.dense_adjacency(dtype=np.float64)
+    got = dense[np.ix_([g.index_of(r.id) for r in readers], [g.index_of(w) for w in writers])]
+    scale = np.abs(expected).max()
+    assert scale > 0.1
+    worst = np.unravel_index(np.abs(got - expected).argmax(), got.shape)
+    assert np.abs(got - expected).max() < 1e-9 * scale, (
+        f"edge {writers[worst[1]]} -> {readers[worst[0]].id}: graph {got[worst]:.6g}, reference {expected[worst]:.6g}")
+    # expert neurons reach expert neurons of the next layer and the logits, across positions
+    assert any(expected[i, j] != 0 and writers[j].kind == "neuron" and readers[i].kind == "neuron"
+               and writers[j].position < readers[i].position for i in range(len(readers)) for j in range(len(writers)))
+
+
+# ----------------------------------------------------------------------------- QK
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n_kv_heads", [2, 4])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_qk_sums_equal_the_models_scores(family, n_kv_heads, dtype, tol, tmp_path):
+    moe_checkpoint(family, tmp_path, n_kv_heads=n_kv_heads)
+    adapter = _load(tmp_path, dtype)
+    g = attribute(adapter, TOKENS, mlp="neurons", dtype=dtype)
+    _, cache = adapter.model.run_with_cache(torch.tensor([TOKENS]))
+    for layer in range(2):
+        for h in qk(g, layer=layer, head=[0, 1, 2, 3], query_position=-1, key_position="top").heads:
+            s = float(cache[f"blocks.{layer}.attn.hook_attn_scores"][0, h.head, h.query_position, h.key_position])
+            for total in (h.pairs_sum_plus_constant, h.query_marginals_sum_plus_constant,
+                          h.key_marginals_sum_plus_constant):
+                assert abs(total - s) < tol * max(1.0, abs(s)), (layer, h.head, total, s)
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_dense_layers_in_a_moe_model_are_refused_in_one_line():
+    import transformers
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0],
+                                      architectures=["Qwen3MoeForCausalLM"])
+    with pytest.raises(LoadError, match=r"mlp_only_layers=\[0\].*every layer must be a mixture-of-experts layer"):
+        hooked_config_dict(cfg)
+
+
+def test_gpt_oss_is_refused_in_one_line():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=8, d_vocab=20, n_ctx=8,
+                                  act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+                                  gated_mlp=True, num_experts=2, experts_per_token=1, n_key_value_heads=2,
+                                  original_architecture="GptOssForCausalLM", use_attention_sinks=True)
+    with pytest.raises(LoadError, match="GPT-OSS mixture-of-experts layers"):
+        ModelAdapter(HookedTransformer(cfg))
