@@ -267,3 +267,53 @@ def test_gpt_oss_is_refused_in_one_line():
                                   original_architecture="GptOssForCausalLM", use_attention_sinks=True)
     with pytest.raises(LoadError, match="GPT-OSS mixture-of-experts layers"):
         ModelAdapter(HookedTransformer(cfg))
+
+
+# ----------------------------------------------------------------------------- the spec, by hub name
+@pytest.mark.parametrize("family,repo", [("mixtral", "mistralai/Mixtral-8x7B-v0.1"),
+                                         ("olmoe", "allenai/OLMoE-1B-7B-0924")])
+def test_spec_by_hub_name_from_a_local_cache(family, repo, checkpoints, tmp_path, monkeypatch):
+    """``model: {name: ...}`` of a MoE family, from a local Hugging Face cache holding a tiny
+    checkpoint (configured from its own config.json, not TransformerLens's table of the real
+    sizes): expert neurons as nodes, and a QK query on the same run."""
+    import circuitgraph
+    from circuitgraph.testing.synthetic import hf_cache_repo
+
+    folder, hf = checkpoints[family]
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hf_cache_repo(cache, repo, folder)
+    result = circuitgraph.run({"format_version": 1, "model": {"name": repo}, "prompt": {"tokens": TOKENS},
+                               "graph": {"mlp": "neurons"}, "targets": [{"top_logits": {"max_n": 3}}],
+                               "queries": [{"qk": {"layer": 1, "head": [0, 1]}}]})
+    g = result.graph
+    assert g.context.adapter.facts.num_experts == 4 and g.context.adapter.model.cfg.d_model == 32
+    neurons = [n for n in g.nodes if n.kind == "neuron"]
+    assert neurons and all({"expert", "neuron", "routing_weight"} <= set(n.attrs) for n in neurons)
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
+    (entry,) = result.queries
+    assert entry["status"] == "ok", entry["error"]
+    for h in entry["result"].heads:
+        assert abs(h.pairs_sum_plus_constant - h.score) < 1e-4 * max(1.0, h.magnitude)
+
+
+def test_frozen_validation_reads_expert_neurons(checkpoints):
+    """circuitgraph's own frozen-model check (validation/frozen.py) on a MoE graph: removing a writer
+    changes each expert-neuron reader by its edge."""
+    from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
+
+    adapter = _load(checkpoints["olmoe"][0])
+    g = attribute(adapter, TOKENS, mlp="neurons", dtype=torch.float64)
+    base = frozen_reader_values(g.context)
+    readers = [n for n in g.nodes if n.pre_activation is not None]
+    assert all(base[n.id] == pytest.approx(n.pre_activation, abs=1e-10) for n in readers)
+    writers = [n.id for n in g.nodes if n.kind == "neuron" and n.layer == 0][:5]
+    effects = frozen_ablation_effects(g.context, writers)
+    dense = g.dense_adjacency(dtype=np.float64)
+    n_checked = 0
+    for w in writers:
+        for r, value in effects[w].items():
+            assert value == pytest.approx(dense[g.index_of(r), g.index_of(w)], abs=1e-10)
+            n_checked += r.kind == "neuron"
+    assert n_checked > 0
