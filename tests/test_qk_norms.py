@@ -99,3 +99,16 @@ def test_decomposed_query_equals_the_models_rotated_query():
     for d in qk_decomposition(g, layer=1, head=[0, 3], query_position=-1, key_position=2):
         assert abs(d.query - d.model_query).max() < 1e-12 * max(1.0, abs(d.model_query).max())
         assert abs(d.key - d.model_key).max() < 1e-12 * max(1.0, abs(d.model_key).max())
+
+
+@pytest.mark.parametrize("variant", ["qwen3-style-gqa", "gemma3-style"])
+def test_qk_intervention_check_with_frozen_qk_norms(variant):
+    """validate: qk on a q/k-norm model: removing a node from one side of the score in the real
+    model (ln1's and the q/k norms' sigma frozen) changes the score by that node's marginal."""
+    from circuitgraph.validation.qk_check import qk_check
+
+    adapter = ModelAdapter(_native(variant, torch.float64))
+    g = attribute(adapter, TOKENS, dtype=torch.float64, mlp="neurons")
+    res = qk_check(g, layer=1, head=[0, 3], top_k=3)
+    assert res.rows and res.ok, res.table()
+    assert {r.side for r in res.rows} == {"query", "key"}
