@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (Mixtral, OLMoE, Qwen3-MoE): tiny random checkpoints made by
+"""Mixture-of-experts models (Mixtral, OLMoE, Qwen3-MoE, GPT-OSS): tiny random checkpoints made by
 transformers' own classes and ``save_pretrained`` (2 layers, 4 experts, top-2, d_model 32), loaded
 through the adapter's family table (:mod:`circuitgraph.adapters.hf_config`).
 
@@ -19,7 +19,7 @@ from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries.qk import qk
 from circuitgraph.testing.hf_moe import moe_checkpoint
 
-FAMILIES = ["mixtral", "olmoe", "qwen3_moe"]
+FAMILIES = ["mixtral", "olmoe", "qwen3_moe", "gpt_oss"]
 TOKENS = [1, 5, 7, 9, 4, 3, 11, 6]
 
 
@@ -41,23 +41,41 @@ def _load(folder, dtype=torch.float64) -> ModelAdapter:
 
 @torch.no_grad()
 def _hf_moe(hf, adapter: ModelAdapter, tokens: list[int]) -> dict[int, dict[str, torch.Tensor]]:
-    """Per layer, transformers' own MoE block (its router, its experts' weights, its forward) applied
-    to the MLP input TransformerLens computed (ln2's output, float64; transformers' RMSNorm would
-    round to float32): the chosen experts and weights ``(T, k)``, each chosen expert's gate
-    pre-activation and ``act(gate) * up`` ``(T, k, d_mlp)``, its up and down rows, and the block's
-    output ``(T, D)``."""
+    """Per layer, transformers' own MoE block (its router, its experts' weights and activation, its
+    forward) applied to the MLP input TransformerLens computed (ln2's output, float64;
+    transformers' RMSNorm would round to float32): the chosen experts and weights ``(T, k)``, each
+    chosen expert's gate pre-activation, value branch (with its bias) and activation
+    ``(T, k, d_mlp)``, its value rows ``(T, k, d_mlp, D)`` and biases, its down rows
+    ``(T, k, D, d_mlp)`` and bias ``(T, k, D)``, and the block's output ``(T, D)``."""
     m = adapter.model
     _, cache = m.run_with_cache(torch.tensor([tokens]))
     got: dict[int, dict[str, torch.Tensor]] = {}
     for l, layer in enumerate(hf.model.layers):
         x = cache[f"blocks.{l}.ln2.hook_normalized"][0] * m.blocks[l].ln2.w
-        _, weights, indices = layer.mlp.gate(x)  # the router: softmax in float32, top-k, renormalised or not
         ex = layer.mlp.experts
-        gate_up = ex.gate_up_proj[indices]  # (T, k, 2 d_mlp, D)
-        gate, up = torch.einsum("tkmd,td->tkm", gate_up, x).chunk(2, dim=-1)
-        got[l] = {"weights": weights.to(x.dtype), "indices": indices, "gate": gate, "post": ex.act_fn(gate) * up,
-                  "up": gate_up[:, :, gate_up.shape[2] // 2:], "down": ex.down_proj[indices],  # (T, k, D, d_mlp)
-                  "out": layer.mlp(x[None])[0]}
+        if hasattr(layer.mlp, "router"):  # GPT-OSS: biased router, softmax after the top-k; interleaved gate/up
+            logits, _, indices = layer.mlp.router(x)
+            # TransformerLens's GptOssMoE takes the softmax of the top-k logits in float32 (transformers in
+            # the input's dtype): the same here, so that float64 edges compare at 1e-9
+            weights = torch.softmax(logits.gather(1, indices), dim=-1, dtype=torch.float32)
+            W = ex.gate_up_proj[indices].transpose(-1, -2)  # (T, k, 2 d_mlp, D), gate/up interleaved
+            bias = ex.gate_up_proj_bias[indices]
+            gate_up = torch.einsum("tkmd,td->tkm", W, x) + bias
+            post = ex._apply_gate(gate_up)  # transformers' clamped SwiGLU
+            gate, value, up, up_bias = gate_up[..., ::2], gate_up[..., 1::2], W[:, :, 1::2], bias[..., 1::2]
+            down, down_bias = ex.down_proj[indices].transpose(-1, -2), ex.down_proj_bias[indices]
+        else:
+            _, weights, indices = layer.mlp.gate(x)  # softmax in float32, top-k, renormalised or not
+            W = ex.gate_up_proj[indices]  # (T, k, 2 d_mlp, D), gate first
+            d = W.shape[2] // 2
+            gate, value = torch.einsum("tkmd,td->tkm", W, x).chunk(2, dim=-1)
+            post, up, up_bias = ex.act_fn(gate) * value, W[:, :, d:], torch.zeros_like(value)
+            down, down_bias = ex.down_proj[indices], torch.zeros(*indices.shape, x.shape[-1], dtype=x.dtype)
+        got[l] = {"weights": weights.to(x.dtype), "indices": indices, "gate": gate, "value": value, "post": post,
+                  "up": up, "up_bias": up_bias, "down": down, "down_bias": down_bias,
+                  "gpt_oss": hasattr(layer.mlp, "router"),
+                  # transformers' experts forward, with these routing weights
+                  "out": ex(x, indices, weights.to(x.dtype))}
     return got
 
 
@@ -95,7 +113,9 @@ def test_expert_neurons_are_the_routed_experts_and_sum_to_the_layer_output(famil
                 assert n.activation == pytest.approx(chosen[e] * float(ref[l]["post"][t, slot, i]), abs=1e-10)
                 (w,) = g.context.writes(n.id)
                 total += w.vector.cpu()
-            # the routed experts' neurons sum exactly to the layer's output (transformers' MoE block)
+            # the routed experts' neurons (plus their output biases, GPT-OSS) sum exactly to the layer's
+            # output (transformers' MoE block)
+            total += (ref[l]["weights"][t, :, None] * ref[l]["down_bias"][t]).sum(0)
             assert (total - ref[l]["out"][t]).abs().max() < 1e-10, (l, t)
     assert g.check_completeness().max_violation < 1e-12
 
@@ -192,8 +212,16 @@ class _Reference:
             e, i = divmod(nid.index, self.d)
             slot = ref["indices"][t].tolist().index(e)
             x2 = captured[f"blocks.{nid.layer}.ln2.hook_normalized"][:, t] * m.blocks[nid.layer].ln2.w
-            act = self.m.blocks[nid.layer].mlp.experts[e].act_fn(ref["gate"][t, slot, i])
-            return ref["weights"][t, slot] * act * (x2 @ ref["up"][t, slot, i])
+            value = x2 @ ref["up"][t, slot, i] + ref["up_bias"][t, slot, i]
+            r, gate = ref["weights"][t, slot], ref["gate"][t, slot, i]
+            if not ref["gpt_oss"]:
+                return r * self.m.blocks[nid.layer].mlp.experts[e].act_fn(gate) * value
+            # GPT-OSS: glu(min(gate, 7)) * (clamp(value, -7, 7) + 1), the gate and the clamp frozen
+            g = gate.clamp(max=7.0)
+            glu = g * torch.sigmoid(1.702 * g)
+            base = ref["value"][t, slot, i]
+            value = value if -7.0 < base < 7.0 else base.clamp(-7.0, 7.0).expand_as(value)
+            return r * glu * (value + 1)
         assert nid.kind == "logit", nid
         final = captured["ln_final.hook_normalized"][:, t] * m.ln_final.w
         w, b = m.W_U[:, nid.index], m.b_U[nid.index]
@@ -258,20 +286,11 @@ def test_dense_layers_in_a_moe_model_are_refused_in_one_line():
         hooked_config_dict(cfg)
 
 
-def test_gpt_oss_is_refused_in_one_line():
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=8, d_vocab=20, n_ctx=8,
-                                  act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
-                                  gated_mlp=True, num_experts=2, experts_per_token=1, n_key_value_heads=2,
-                                  original_architecture="GptOssForCausalLM", use_attention_sinks=True)
-    with pytest.raises(LoadError, match="GPT-OSS mixture-of-experts layers"):
-        ModelAdapter(HookedTransformer(cfg))
 
 
 # ----------------------------------------------------------------------------- the spec, by hub name
 @pytest.mark.parametrize("family,repo", [("mixtral", "mistralai/Mixtral-8x7B-v0.1"),
-                                         ("olmoe", "allenai/OLMoE-1B-7B-0924")])
+                                         ("olmoe", "allenai/OLMoE-1B-7B-0924"), ("gpt_oss", "openai/gpt-oss-20b")])
 def test_spec_by_hub_name_from_a_local_cache(family, repo, checkpoints, tmp_path, monkeypatch):
     """``model: {name: ...}`` of a MoE family, from a local Hugging Face cache holding a tiny
     checkpoint (configured from its own config.json, not TransformerLens's table of the real
@@ -298,12 +317,13 @@ def test_spec_by_hub_name_from_a_local_cache(family, repo, checkpoints, tmp_path
         assert abs(h.pairs_sum_plus_constant - h.score) < 1e-4 * max(1.0, h.magnitude)
 
 
-def test_frozen_validation_reads_expert_neurons(checkpoints):
+@pytest.mark.parametrize("family", ["olmoe", "gpt_oss"])
+def test_frozen_validation_reads_expert_neurons(family, checkpoints):
     """circuitgraph's own frozen-model check (validation/frozen.py) on a MoE graph: removing a writer
     changes each expert-neuron reader by its edge."""
     from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
 
-    adapter = _load(checkpoints["olmoe"][0])
+    adapter = _load(checkpoints[family][0])
     g = attribute(adapter, TOKENS, mlp="neurons", dtype=torch.float64)
     base = frozen_reader_values(g.context)
     readers = [n for n in g.nodes if n.pre_activation is not None]

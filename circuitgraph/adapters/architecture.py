@@ -168,9 +168,8 @@ class ModelAdapter:
             num_experts=int(getattr(cfg, "num_experts", None) or 0),
             experts_per_token=int(getattr(cfg, "experts_per_token", None) or 0),
         )
-        if self.facts.num_experts and getattr(cfg, "original_architecture", None) == "GptOssForCausalLM":
-            raise LoadError("GPT-OSS mixture-of-experts layers (biased experts, clamped SwiGLU) are not supported "
-                            "yet; supported MoE families: Mixtral, OLMoE, Qwen3-MoE")
+        #: GPT-OSS experts (TransformerLens ``GptOssMoE``): biased, clamped SwiGLU, softmax after the top-k
+        self._gpt_oss = bool(self.facts.num_experts) and type(model.blocks[0].mlp).__name__ == "GptOssMoE"
         if self.facts.parallel_attn_mlp:
             raise LoadError("parallel attention/MLP blocks are not supported yet")
 
@@ -286,6 +285,28 @@ class ModelAdapter:
             names |= {self.hook_expert(layer, e, w) for w in ("gate", "pre", "post")}
         return names
 
+    def expert_value_map(self, layer: int, gate: torch.Tensor, linear: torch.Tensor,
+                         b_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, offset)`` with an expert neuron's ``act(gate) * value`` equal to
+        ``scale * (W_in[:, i] . x) + offset`` once its gate (and clamp) is frozen; ``gate`` and
+        ``linear`` are its recorded gate pre-activation and value branch (``hook_gate``, ``hook_pre``,
+        the value including ``b_in``), ``b_in`` its value bias.
+
+        SwiGLU experts (Mixtral, OLMoE, Qwen3-MoE): ``scale = act(gate)``, ``offset = 0``. GPT-OSS:
+        ``glu(min(gate, 7)) * (clamp(value, -7, 7) + 1)``: ``scale = glu`` and ``offset = glu * (b_in + 1)``
+        where the value is inside the clamp; where it is clamped the neuron reads nothing
+        (``scale = 0``, ``offset`` = its value)."""
+        if not self._gpt_oss:
+            return self.mlp_act_fn(layer)(gate), torch.zeros_like(gate)
+        from transformer_lens.components.mlps.gpt_oss_moe import GPT_OSS_ALPHA, GPT_OSS_LIMIT
+
+        g = gate.clamp(max=GPT_OSS_LIMIT)
+        glu = g * torch.sigmoid(g * GPT_OSS_ALPHA)
+        live = (linear > -GPT_OSS_LIMIT) & (linear < GPT_OSS_LIMIT)
+        scale = torch.where(live, glu, torch.zeros_like(glu))
+        offset = torch.where(live, glu * (b_in + 1), glu * (linear.clamp(-GPT_OSS_LIMIT, GPT_OSS_LIMIT) + 1))
+        return scale, offset
+
     def moe_activations(self, cache: dict[str, torch.Tensor], layer: int, n_pos: int) -> dict[str, torch.Tensor]:
         """The routing and the expert neurons of MoE layer ``layer`` on one prompt (batch 1), from
         TransformerLens's MoE hooks in ``cache`` (names as :meth:`moe_hooks`, batch dimension kept).
@@ -304,8 +325,8 @@ class ModelAdapter:
         E, d = f.num_experts, f.d_mlp
         indices = cache[self.hook_expert_indices(layer)].reshape(n_pos, -1)
         probs = cache[self.hook_expert_weights(layer)].reshape(n_pos, E)
-        weights = probs.gather(1, indices)
-        if self.model.cfg.norm_topk_prob:
+        weights = probs.gather(1, indices)  # GPT-OSS: its hook holds the routing weights themselves
+        if self.model.cfg.norm_topk_prob and not self._gpt_oss:
             weights = weights / weights.sum(-1, keepdim=True)
         weights = weights.to(self.dtype)
         routing = torch.zeros(n_pos, E, dtype=self.dtype, device=weights.device).scatter(1, indices, weights)
@@ -313,6 +334,8 @@ class ModelAdapter:
         mask = torch.nn.functional.one_hot(indices, num_classes=E).permute(2, 1, 0)  # (E, k, pos)
         for e in range(E):
             _, tok = torch.where(mask[e])
+            if not tok.numel():  # GPT-OSS skips an expert no token chose (no hook call)
+                continue
             for key, what in (("gate", "gate"), ("linear", "pre"), ("post", "post")):
                 value = cache[self.hook_expert(layer, e, what)].reshape(-1, d)
                 out[key][tok, e * d:(e + 1) * d] = value.to(self.dtype)
@@ -445,24 +468,32 @@ class ModelAdapter:
 
     def expert_weights(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         """One expert of MoE layer ``layer``: ``W_gate``, ``W_in (d_model, d_mlp)``, ``W_out (d_mlp,
-        d_model)`` (TransformerLens's ``MoEGatedMLP``: no biases)."""
+        d_model)`` and ``b_gate``, ``b_in``, ``b_out`` (zeros for TransformerLens's ``MoEGatedMLP``, which
+        has none; GPT-OSS's experts have them)."""
         e = self.model.blocks[layer].mlp.experts[expert]
-        return {"W_gate": e.W_gate.weight.detach().T, "W_in": e.W_in.weight.detach().T,
-                "W_out": e.W_out.weight.detach().T}
+        out = {"W_gate": e.W_gate.weight.detach().T, "W_in": e.W_in.weight.detach().T,
+               "W_out": e.W_out.weight.detach().T}
+        zeros = lambda n: torch.zeros(n, dtype=self.dtype, device=self.device)  # noqa: E731
+        for key, lin, n in (("b_gate", e.W_gate, self.facts.d_mlp), ("b_in", e.W_in, self.facts.d_mlp),
+                            ("b_out", e.W_out, self.facts.d_model)):
+            out[key] = lin.bias.detach() if lin.bias is not None else zeros(n)
+        return out
 
     def expert_neuron_weights(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``W_in (d_model, n)`` and ``W_out (n, d_model)`` of the flat expert neuron indices ``idx``
+        """``W_in (d_model, n)``, ``W_out (n, d_model)`` and ``b_in (n,)`` of the flat expert neuron indices ``idx``
         (``expert * d_mlp + neuron``), in the order given."""
         d = self.facts.d_mlp
         experts = idx // d
         W_in = torch.empty(self.facts.d_model, idx.numel(), dtype=self.dtype, device=self.device)
         W_out = torch.empty(idx.numel(), self.facts.d_model, dtype=self.dtype, device=self.device)
+        b_in = torch.empty(idx.numel(), dtype=self.dtype, device=self.device)
         for e in experts.unique().tolist():
             sel = (experts == e).nonzero().flatten()
             w = self.expert_weights(layer, e)
             W_in[:, sel] = w["W_in"][:, idx[sel] - e * d]
             W_out[sel] = w["W_out"][idx[sel] - e * d]
-        return {"W_in": W_in, "W_out": W_out}
+            b_in[sel] = w["b_in"][idx[sel] - e * d]
+        return {"W_in": W_in, "W_out": W_out, "b_in": b_in}
 
     def describe(self) -> dict[str, Any]:
         """Identity for metadata: name, source and facts."""

@@ -129,6 +129,34 @@ def _qwen3_moe(c: Any) -> dict[str, Any]:
     return cfg
 
 
+def _gpt_oss(c: Any) -> dict[str, Any]:
+    """GPT-OSS: attention sinks and biases, alternating sliding-window / full layers, YaRN rope, a
+    biased router with the softmax after the top-k, biased experts with a clamped SwiGLU
+    (TransformerLens's ``GptOssMoE``, whose clamp and alpha are fixed at 7.0 and 1.702)."""
+    limit, alpha = float(getattr(c, "swiglu_limit", 7.0)), float(getattr(c, "swiglu_alpha", 1.702))
+    if (limit, alpha) != (7.0, 1.702):
+        raise LoadError(f"GptOssForCausalLM: swiglu_limit={limit}, swiglu_alpha={alpha} are not supported "
+                        "(TransformerLens's GPT-OSS experts fix them at 7.0 and 1.702)")
+    cfg = _llama(c)
+    layer_types = getattr(c, "layer_types", None) or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                      for i in range(c.num_hidden_layers)]
+    cfg.update(n_key_value_heads=c.num_key_value_heads, num_experts=c.num_local_experts,
+               experts_per_token=c.num_experts_per_tok, use_attention_sinks=True,
+               use_local_attn=True, window_size=int(c.sliding_window),
+               attn_types=["local" if t == "sliding_attention" else "global" for t in layer_types])
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    if rope.get("rope_type") == "yarn":
+        factor = float(rope["factor"])
+        attention = rope.get("attention_factor")
+        if attention is None:  # transformers' default: 0.1 ln(factor) + 1
+            attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        cfg.update(use_yarn_rope=True, yarn_factor=factor, yarn_attention_factor=float(attention),
+                   yarn_beta_fast=float(rope.get("beta_fast") or 32.0), yarn_beta_slow=float(rope.get("beta_slow") or 1.0),
+                   yarn_original_max_position_embeddings=rope["original_max_position_embeddings"],
+                   yarn_truncate=rope.get("truncate", True))
+    return cfg
+
+
 def convert_qwen3_moe_weights(hf_model: Any, cfg: Any) -> dict[str, Any]:
     """Qwen3-MoE -> TransformerLens: Qwen3's attention (per-head q/k norms, no biases), as
     TransformerLens's ``convert_qwen3_weights``, and Mixtral's experts, as ``convert_mixtral_weights``
@@ -183,6 +211,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[Any], dict[str, Any]], str | Callable[.
     "MixtralForCausalLM": (_mixtral, "convert_mixtral_weights"),
     "OlmoeForCausalLM": (_olmoe, "convert_olmoe_weights"),
     "Qwen3MoeForCausalLM": (_qwen3_moe, convert_qwen3_moe_weights),
+    "GptOssForCausalLM": (_gpt_oss, "convert_gpt_oss_weights"),
 }
 
 
@@ -233,7 +262,9 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
         model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                          center_unembed=center_unembed, fold_value_biases=True,
+                                          center_unembed=center_unembed,
+                                          # b_V -> b_O is exact only when every pattern row sums to 1: not with sinks
+                                          fold_value_biases=not cfg.use_attention_sinks,
                                           refactor_factored_attn_matrices=False)
         if cfg.num_experts:  # TransformerLens's MoE makes its nn.Linear layers in torch's default dtype
             model = model.to(dtype)

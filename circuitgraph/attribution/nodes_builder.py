@@ -653,15 +653,19 @@ def _expert_neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int
 
     With the routing weight ``r_e(t)`` and the gate frozen, a neuron's activation
     ``r_e(t) * act(gate_i) * (W_in^e[:, i] . N2(x))`` is a reader of ln2's output (no ``b_in``:
-    the experts have none); its value is the activation itself, as for a dense gated neuron."""
+    the experts have none); its value is the activation itself, as for a dense gated neuron.
+    GPT-OSS's clamped SwiGLU: ``ModelAdapter.expert_value_map`` (its value bias is an own constant)."""
     a, lin = b.a, b.lin
-    W_in = b.c(a.expert_neuron_weights(layer, idx)["W_in"]).T  # (n, d_model)
+    w = a.expert_neuron_weights(layer, idx)
+    W_in = b.c(w["W_in"]).T  # (n, d_model)
     norm = fm.ln2[layer]
     g = norm.reader_direction(W_in) / norm.sigma[t]
     lin_const = norm.reader_constant(W_in)
     route = b.c(lin.routing[layer][t, idx // a.facts.d_mlp])
-    gate = a.mlp_act_fn(layer)(b.c(lin.mlp_pre[layer][t, idx])) * route
-    return g * gate.unsqueeze(-1), gate * lin_const, b.c(lin.mlp_post[layer][t, idx])
+    scale, offset = a.expert_value_map(layer, b.c(lin.mlp_pre[layer][t, idx]), b.c(lin.mlp_pre_linear[layer][t, idx]),
+                                       b.c(w["b_in"]))
+    gate = scale * route
+    return g * gate.unsqueeze(-1), gate * lin_const + offset * route, b.c(lin.mlp_post[layer][t, idx])
 
 
 def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
@@ -672,6 +676,11 @@ def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
     loc, d = loc_resid_post(layer), a.facts.d_mlp
     posts = fm.ln2_post
     post = b.c(lin.mlp_post[layer])  # (T, E * d_mlp): routing weight * act(gate) * linear
+    # the experts' output biases (GPT-OSS) write routing_weight * b_out^e: a constant writer
+    b_out = torch.stack([b.c(a.expert_weights(layer, e)["b_out"]) for e in range(a.facts.num_experts)])
+    bias = _post_norm_forward(fm, posts, layer, b.c(lin.routing[layer]) @ b_out, slice(0, T))
+    if bool(b_out.any()):
+        _add_bias(b, loc, layer, "mlp", bias)
     for t in range(T):
         active = post[t].nonzero().flatten()
         W_out = b.c(a.expert_neuron_weights(layer, active)["W_out"])

@@ -20,6 +20,7 @@ MOE_FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 
@@ -35,6 +36,12 @@ def _config(family: str, n_kv_heads: int) -> dict[str, Any]:
     if family == "qwen3_moe":  # per-head q/k norms, head_dim != hidden / heads, renormalised top-k
         return dict(common, intermediate_size=40, moe_intermediate_size=24, head_dim=16, num_experts=4,
                     num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "gpt_oss":  # attention sinks, sliding window 4 on even layers, YaRN, biased router and experts
+        return dict(common, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"], attention_bias=True,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False, "original_max_position_embeddings": 16,
+                                     "rope_theta": 150000.0})
     if family == "qwen3":
         return dict(common, head_dim=16)
     raise ValueError(f"unknown family {family!r}; known: {sorted(MOE_FAMILIES)}")
@@ -53,6 +60,9 @@ def moe_checkpoint(family: str, folder: str | Path | None = None, *, n_kv_heads:
     model = getattr(transformers, cls_name)(cfg).eval()
     for p in model.parameters():  # off the init's ones and zeros: every weight must land in its place
         p.add_(noise * torch.randn_like(p))
+    if family == "gpt_oss":  # large enough expert projections that the SwiGLU clamps (|value| > 7, gate > 7) are hit
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.mul_(10.0)
     if folder is not None:
         model.save_pretrained(folder)
     # the reference forward: eager attention and experts (the grouped GEMM has no float64)

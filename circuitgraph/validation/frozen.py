@@ -150,9 +150,12 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
             layer, e = nid.layer, nid.index // a.facts.d_mlp
             x2 = dictionary_input(a, "mlp_input", layer, c[a.hook_resid_mid(layer)],
                                   c[a.hook_norm_normalized("ln2", layer)])[t]
-            w_in = a.expert_neuron_weights(layer, torch.tensor([nid.index]))["W_in"][:, 0].to(x2.dtype)
-            gate = a.mlp_act_fn(layer)(lin.mlp_pre[layer][t, nid.index]) * lin.routing[layer][t, e]
-            out[nid] = float(gate * (x2 @ w_in))
+            w = a.expert_neuron_weights(layer, torch.tensor([nid.index]))
+            i = nid.index
+            scale, offset = a.expert_value_map(layer, lin.mlp_pre[layer][t, i:i + 1],
+                                               lin.mlp_pre_linear[layer][t, i:i + 1], w["b_in"])
+            route = lin.routing[layer][t, e]
+            out[nid] = float(route * (scale[0] * (x2 @ w["W_in"][:, 0].to(x2.dtype)) + offset[0]))
         elif nid.kind == "neuron":
             if nid.layer not in neuron_val:
                 if a.facts.gated_mlp:
