@@ -124,10 +124,17 @@ def test_expert_neurons_are_the_routed_experts_and_sum_to_the_layer_output(famil
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
 def test_completeness_on_every_reader(family, dtype, tol, checkpoints):
     adapter = _load(checkpoints[family][0], dtype)
-    for mlp in ("neurons", "mlp"):
-        g = attribute(adapter, TOKENS, mlp=mlp, dtype=dtype)
+    for mlp, extra in (("neurons", {}), ("mlp", {}), ("neurons", {"neuron_top_k": 5, "bias_nodes": True})):
+        g = attribute(adapter, TOKENS, mlp=mlp, dtype=dtype, **extra)
         report = g.check_completeness()
-        assert report.n_readers > 0 and report.max_violation < tol, (mlp, report)
+        assert report.n_readers > 0 and report.max_violation < tol, (mlp, extra, report)
+    assert any(n.kind == "remainder" for n in g.nodes)
+    # the graph file keeps the expert neurons and their attributes
+    from circuitgraph.graph.graph import AttributionGraph
+
+    back = AttributionGraph.from_json(g.to_json())
+    node = next(n for n in back.nodes if n.kind == "neuron")
+    assert {"expert", "neuron", "routing_weight"} <= set(node.attrs)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
