@@ -344,3 +344,21 @@ def test_frozen_validation_reads_expert_neurons(family, checkpoints):
             assert value == pytest.approx(dense[g.index_of(r), g.index_of(w)], abs=1e-10)
             n_checked += r.kind == "neuron"
     assert n_checked > 0
+
+
+def test_gpt_oss_constants_are_transformer_lens_own():
+    from transformer_lens.components.mlps import gpt_oss_moe
+
+    from circuitgraph.adapters.hf_config import GPT_OSS_ALPHA, GPT_OSS_LIMIT
+
+    assert (GPT_OSS_LIMIT, GPT_OSS_ALPHA) == (gpt_oss_moe.GPT_OSS_LIMIT, gpt_oss_moe.GPT_OSS_ALPHA)
+
+
+def test_gpt_oss_other_swiglu_constants_are_refused():
+    import transformers
+
+    cfg = transformers.GptOssConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                                    swiglu_limit=5.0, architectures=["GptOssForCausalLM"])
+    with pytest.raises(LoadError, match="swiglu_limit=5.0"):
+        hooked_config_dict(cfg)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 
+from circuitgraph.adapters.hf_config import GPT_OSS_ALPHA, GPT_OSS_LIMIT
 from circuitgraph.errors import LoadError
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
@@ -298,8 +299,6 @@ class ModelAdapter:
         (``scale = 0``, ``offset`` = its value)."""
         if not self._gpt_oss:
             return self.mlp_act_fn(layer)(gate), torch.zeros_like(gate)
-        from transformer_lens.components.mlps.gpt_oss_moe import GPT_OSS_ALPHA, GPT_OSS_LIMIT
-
         g = gate.clamp(max=GPT_OSS_LIMIT)
         glu = g * torch.sigmoid(g * GPT_OSS_ALPHA)
         live = (linear > -GPT_OSS_LIMIT) & (linear < GPT_OSS_LIMIT)

@@ -15,6 +15,10 @@ from typing import Any, Callable
 
 from circuitgraph.errors import LoadError
 
+#: GPT-OSS's clamped SwiGLU ``glu(min(gate, L)) * (clamp(value, -L, L) + 1)``, ``glu(g) = g sigmoid(alpha g)``:
+#: TransformerLens's ``GptOssExpert`` constants (``gpt_oss_moe.GPT_OSS_LIMIT`` / ``GPT_OSS_ALPHA``)
+GPT_OSS_LIMIT, GPT_OSS_ALPHA = 7.0, 1.702
+
 N_CTX_CAP = 2048  # TransformerLens allocates n_ctx x n_ctx masks per layer; its own tables cap these models too
 
 
@@ -134,7 +138,7 @@ def _gpt_oss(c: Any) -> dict[str, Any]:
     biased router with the softmax after the top-k, biased experts with a clamped SwiGLU
     (TransformerLens's ``GptOssMoE``, whose clamp and alpha are fixed at 7.0 and 1.702)."""
     limit, alpha = float(getattr(c, "swiglu_limit", 7.0)), float(getattr(c, "swiglu_alpha", 1.702))
-    if (limit, alpha) != (7.0, 1.702):
+    if (limit, alpha) != (GPT_OSS_LIMIT, GPT_OSS_ALPHA):
         raise LoadError(f"GptOssForCausalLM: swiglu_limit={limit}, swiglu_alpha={alpha} are not supported "
                         "(TransformerLens's GPT-OSS experts fix them at 7.0 and 1.702)")
     cfg = _llama(c)
