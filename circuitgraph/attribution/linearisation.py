@@ -61,7 +61,7 @@ class Linearisation:
         routing: per MoE layer, ``(pos, num_experts)`` routing weights (0 for experts not chosen);
             ``mlp_pre``/``mlp_pre_linear``/``mlp_post`` of a MoE layer are over the flat expert neuron
             index ``e * d_mlp + i`` (gate, linear branch, and activation *including the routing
-            weight*), 0 for experts not chosen; ``extra["expert_post"]`` holds ``act(gate) * linear``.
+            weight*), 0 for experts not chosen.
     """
 
     tokens: torch.Tensor
@@ -230,8 +230,6 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         extra={"ln_final_normalized": c[a.hook_norm_normalized("ln_final")],
                "ln2_normalized": [c[a.hook_norm_normalized("ln2", l)] for l in range(L)]},
     )
-    if moe:
-        lin.extra["expert_post"] = {l: m["post"] for l, m in moe.items()}
     for layer in range(L):
         _check_finite(f"blocks.{layer}.hook_resid_post", c[a.hook_resid_post(layer)])
     if transcoders is not None:

@@ -26,6 +26,10 @@ The vectors ``u_a`` come from the engine's transposed sweep
 with its frozen sigma; the "edges" into it are every node's query-side components.  The same
 for the key side at ``(l, k)``.  One sweep for all the heads asked; no per-pair work.
 
+Query/key norms (Qwen3, Gemma-3 per head; OLMo-2, OLMoE over the whole projection) are frozen
+like every norm: with their sigma fixed per head (or per projection) and position they are the
+diagonal map ``gamma / sigma`` (:func:`qk_norm_scale`), folded into the reader directions.
+
 With an attention soft-cap ``cap * tanh(s / cap)`` the capped score is not bilinear: the
 pre-cap score ``s`` is decomposed and the capped one is reported as ``score_capped``.
 """
