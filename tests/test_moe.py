@@ -124,7 +124,8 @@ def test_expert_neurons_are_the_routed_experts_and_sum_to_the_layer_output(famil
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
 def test_completeness_on_every_reader(family, dtype, tol, checkpoints):
     adapter = _load(checkpoints[family][0], dtype)
-    for mlp, extra in (("neurons", {}), ("mlp", {}), ("neurons", {"neuron_top_k": 5, "bias_nodes": True})):
+    for mlp, extra in (("neurons", {}), ("mlp", {}), ("neurons", {"attention": "heads"}),
+                       ("neurons", {"neuron_top_k": 5, "bias_nodes": True})):
         g = attribute(adapter, TOKENS, mlp=mlp, dtype=dtype, **extra)
         report = g.check_completeness()
         assert report.n_readers > 0 and report.max_violation < tol, (mlp, extra, report)
