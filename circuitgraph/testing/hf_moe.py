@@ -30,7 +30,7 @@ def _config(family: str, n_kv_heads: int) -> dict[str, Any]:
                   num_key_value_heads=n_kv_heads, max_position_embeddings=64, rms_norm_eps=1e-6,
                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "mixtral":
-        return dict(common, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)
+        return dict(common, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6, sliding_window=4)
     if family == "olmoe":  # q/k norms over the whole projection; no top-k renormalisation (as OLMoE-1B-7B)
         return dict(common, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)
     if family == "qwen3_moe":  # per-head q/k norms, head_dim != hidden / heads, renormalised top-k
