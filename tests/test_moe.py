@@ -363,3 +363,16 @@ def test_gpt_oss_other_swiglu_constants_are_refused():
                                     swiglu_limit=5.0, architectures=["GptOssForCausalLM"])
     with pytest.raises(LoadError, match="swiglu_limit=5.0"):
         hooked_config_dict(cfg)
+
+
+@pytest.mark.parametrize("family", ["olmoe", "qwen3_moe"])
+def test_qk_intervention_check_on_moe(family, checkpoints):
+    """validate: qk on MoE models with q/k norms (whole projection, per head): removing an expert
+    neuron or an embedding from one side of the score changes it by that node's marginal."""
+    from circuitgraph.validation.qk_check import qk_check
+
+    adapter = _load(checkpoints[family][0])
+    g = attribute(adapter, TOKENS, mlp="neurons", dtype=torch.float64)
+    res = qk_check(g, layer=1, head=[0, 2], top_k=4)
+    assert res.rows and res.ok, res.table()
+    assert any(r.node.startswith("neuron") for r in res.rows)
