@@ -13,6 +13,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from circuitgraph.errors import LoadError
+
+#: GPT-OSS's clamped SwiGLU ``glu(min(gate, L)) * (clamp(value, -L, L) + 1)``, ``glu(g) = g sigmoid(alpha g)``:
+#: TransformerLens's ``GptOssExpert`` constants (``gpt_oss_moe.GPT_OSS_LIMIT`` / ``GPT_OSS_ALPHA``)
+GPT_OSS_LIMIT, GPT_OSS_ALPHA = 7.0, 1.702
+
 N_CTX_CAP = 2048  # TransformerLens allocates n_ctx x n_ctx masks per layer; its own tables cap these models too
 
 
@@ -88,18 +94,128 @@ def _gpt2(c: Any) -> dict[str, Any]:
     }
 
 
-def _converter(name: str) -> Callable[..., dict]:
+# ----------------------------------------------------------------------------- mixture of experts
+def _moe_layers_all_sparse(c: Any, family: str) -> None:
+    """TransformerLens's MoE config is global: every layer must be a routed-expert layer."""
+    dense = list(getattr(c, "mlp_only_layers", None) or [])
+    step = int(getattr(c, "decoder_sparse_step", 1) or 1)
+    if dense or step != 1:
+        raise LoadError(f"{family}: layers with a dense MLP (mlp_only_layers={dense}, decoder_sparse_step={step}) "
+                         "are not supported; every layer must be a mixture-of-experts layer")
+
+
+def _mixtral(c: Any) -> dict[str, Any]:
+    cfg = _llama(c)
+    window = getattr(c, "sliding_window", None)
+    # TransformerLens's Mixtral and OLMoE converters need n_key_value_heads set, even without grouping
+    cfg.update(n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, num_experts=c.num_local_experts, experts_per_token=c.num_experts_per_tok,
+               # MixtralTopKRouter renormalises the top-k weights unconditionally (no config field)
+               norm_topk_prob=True)
+    if window:
+        cfg.update(use_local_attn=True, window_size=int(window), attn_types=["local"] * c.num_hidden_layers)
+    return cfg
+
+
+def _olmoe(c: Any) -> dict[str, Any]:
+    # q/k norms over the whole projection: TransformerLens keys them on original_architecture
+    cfg = _llama(c)
+    cfg.update(n_key_value_heads=c.num_key_value_heads, num_experts=c.num_experts,
+               experts_per_token=c.num_experts_per_tok, norm_topk_prob=bool(c.norm_topk_prob), clip_qkv=getattr(c, "clip_qkv", None),
+               initializer_range=c.initializer_range)
+    return cfg
+
+
+def _qwen3_moe(c: Any) -> dict[str, Any]:
+    _moe_layers_all_sparse(c, "Qwen3MoeForCausalLM")
+    cfg = _qwen3(c)
+    cfg.update(d_mlp=c.moe_intermediate_size, num_experts=c.num_experts, experts_per_token=c.num_experts_per_tok,
+               norm_topk_prob=bool(c.norm_topk_prob))
+    return cfg
+
+
+def _gpt_oss(c: Any) -> dict[str, Any]:
+    """GPT-OSS: attention sinks and biases, alternating sliding-window / full layers, YaRN rope, a
+    biased router with the softmax after the top-k, biased experts with a clamped SwiGLU
+    (TransformerLens's ``GptOssMoE``, whose clamp and alpha are fixed at 7.0 and 1.702)."""
+    limit, alpha = float(getattr(c, "swiglu_limit", 7.0)), float(getattr(c, "swiglu_alpha", 1.702))
+    if (limit, alpha) != (GPT_OSS_LIMIT, GPT_OSS_ALPHA):
+        raise LoadError(f"GptOssForCausalLM: swiglu_limit={limit}, swiglu_alpha={alpha} are not supported "
+                        "(TransformerLens's GPT-OSS experts fix them at 7.0 and 1.702)")
+    cfg = _llama(c)
+    layer_types = getattr(c, "layer_types", None) or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                      for i in range(c.num_hidden_layers)]
+    cfg.update(n_key_value_heads=c.num_key_value_heads, num_experts=c.num_local_experts,
+               experts_per_token=c.num_experts_per_tok, use_attention_sinks=True,
+               use_local_attn=True, window_size=int(c.sliding_window),
+               attn_types=["local" if t == "sliding_attention" else "global" for t in layer_types])
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    if rope.get("rope_type") == "yarn":
+        factor = float(rope["factor"])
+        attention = rope.get("attention_factor")
+        if attention is None:  # transformers' default: 0.1 ln(factor) + 1
+            attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        cfg.update(use_yarn_rope=True, yarn_factor=factor, yarn_attention_factor=float(attention),
+                   yarn_beta_fast=float(rope.get("beta_fast") or 32.0), yarn_beta_slow=float(rope.get("beta_slow") or 1.0),
+                   yarn_original_max_position_embeddings=rope["original_max_position_embeddings"],
+                   yarn_truncate=rope.get("truncate", True))
+    return cfg
+
+
+def convert_qwen3_moe_weights(hf_model: Any, cfg: Any) -> dict[str, Any]:
+    """Qwen3-MoE -> TransformerLens: Qwen3's attention (per-head q/k norms, no biases), as
+    TransformerLens's ``convert_qwen3_weights``, and Mixtral's experts, as ``convert_mixtral_weights``
+    (transformers 5 fuses each expert's gate and up projections, ``gate_up_proj (E, 2 d_mlp,
+    d_model)``, gate first; ``down_proj (E, d_model, d_mlp)``; the router is ``mlp.gate.weight``)."""
+    import einops
+    import torch
+
+    H, n_kv, dh, D = cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads, cfg.d_head, cfg.d_model
+    kv = "_" if cfg.n_key_value_heads is not None else ""
+    zeros = lambda *shape: torch.zeros(*shape, dtype=cfg.dtype)  # noqa: E731
+    m = hf_model.model
+    state: dict[str, Any] = {"embed.W_E": m.embed_tokens.weight, "ln_final.w": m.norm.weight,
+                             "unembed.W_U": hf_model.lm_head.weight.T, "unembed.b_U": zeros(cfg.d_vocab)}
+    for l, layer in enumerate(m.layers):
+        att, moe = layer.self_attn, layer.mlp
+        state.update({
+            f"blocks.{l}.ln1.w": layer.input_layernorm.weight,
+            f"blocks.{l}.ln2.w": layer.post_attention_layernorm.weight,
+            f"blocks.{l}.attn.W_Q": einops.rearrange(att.q_proj.weight, "(n h) m->n m h", n=H),
+            f"blocks.{l}.attn.{kv}W_K": einops.rearrange(att.k_proj.weight, "(n h) m->n m h", n=n_kv),
+            f"blocks.{l}.attn.{kv}W_V": einops.rearrange(att.v_proj.weight, "(n h) m->n m h", n=n_kv),
+            f"blocks.{l}.attn.W_O": einops.rearrange(att.o_proj.weight, "m (n h)->n h m", n=H),
+            f"blocks.{l}.attn.q_norm.w": att.q_norm.weight, f"blocks.{l}.attn.k_norm.w": att.k_norm.weight,
+            f"blocks.{l}.attn.b_Q": zeros(H, dh), f"blocks.{l}.attn.{kv}b_K": zeros(n_kv, dh),
+            f"blocks.{l}.attn.{kv}b_V": zeros(n_kv, dh), f"blocks.{l}.attn.b_O": zeros(D),
+            f"blocks.{l}.mlp.W_gate.weight": moe.gate.weight,
+        })
+        gate_up, down, d_mlp = moe.experts.gate_up_proj, moe.experts.down_proj, cfg.d_mlp
+        for e in range(cfg.num_experts):
+            state[f"blocks.{l}.mlp.experts.{e}.W_gate.weight"] = gate_up[e, :d_mlp, :]
+            state[f"blocks.{l}.mlp.experts.{e}.W_in.weight"] = gate_up[e, d_mlp:, :]
+            state[f"blocks.{l}.mlp.experts.{e}.W_out.weight"] = down[e]
+    return state
+
+
+def _converter(name: str | Callable[..., dict]) -> Callable[..., dict]:
+    if callable(name):
+        return name
     from transformer_lens.pretrained import weight_conversions
 
     return getattr(weight_conversions, name)
 
 
 #: architecture (config.json ``architectures[0]``) -> (config mapping, TransformerLens weight converter)
-ARCHITECTURES: dict[str, tuple[Callable[[Any], dict[str, Any]], str]] = {
+ARCHITECTURES: dict[str, tuple[Callable[[Any], dict[str, Any]], str | Callable[..., dict]]] = {
     "LlamaForCausalLM": (_llama, "convert_llama_weights"),
     "Gemma2ForCausalLM": (_gemma2, "convert_gemma_weights"),
     "Qwen3ForCausalLM": (_qwen3, "convert_qwen3_weights"),
     "GPT2LMHeadModel": (_gpt2, "convert_gpt2_weights"),
+    # mixture of experts (issue 22b; docs/models.md "Mixture of experts")
+    "MixtralForCausalLM": (_mixtral, "convert_mixtral_weights"),
+    "OlmoeForCausalLM": (_olmoe, "convert_olmoe_weights"),
+    "Qwen3MoeForCausalLM": (_qwen3_moe, convert_qwen3_moe_weights),
+    "GptOssForCausalLM": (_gpt_oss, "convert_gpt_oss_weights"),
 }
 
 
@@ -150,6 +266,10 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
         model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                                          center_unembed=center_unembed, fold_value_biases=True,
+                                          center_unembed=center_unembed,
+                                          # b_V -> b_O is exact only when every pattern row sums to 1: not with sinks
+                                          fold_value_biases=not cfg.use_attention_sinks,
                                           refactor_factored_attn_matrices=False)
+        if cfg.num_experts:  # TransformerLens's MoE makes its nn.Linear layers in torch's default dtype
+            model = model.to(dtype)
         return model.to(device)

@@ -55,6 +55,13 @@ class Linearisation:
         mlp_pre, mlp_post: per layer ``(pos, d_mlp)``; ``mlp_pre_linear`` for gated MLPs.
         tc_input: per transcoder layer, the transcoder's input ``(pos, d_in)``.
         logits: ``(pos, d_vocab)`` real logits (after any soft-cap).
+        qk_sigma: ``{("q" | "k", layer): sigma}`` of query/key norms: ``(pos, heads)`` for per-head
+            norms (key heads: the model's key/value heads), ``(pos, 1)`` for norms over the whole
+            projection; empty without query/key norms.
+        routing: per MoE layer, ``(pos, num_experts)`` routing weights (0 for experts not chosen);
+            ``mlp_pre``/``mlp_pre_linear``/``mlp_post`` of a MoE layer are over the flat expert neuron
+            index ``e * d_mlp + i`` (gate, linear branch, and activation *including the routing
+            weight*), 0 for experts not chosen.
     """
 
     tokens: torch.Tensor
@@ -74,6 +81,8 @@ class Linearisation:
     embed: torch.Tensor
     pos_embed: torch.Tensor | None
     extra: dict[str, Any] = field(default_factory=dict)
+    qk_sigma: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    routing: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_pos(self) -> int:
@@ -176,14 +185,26 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         names |= {
             a.hook_resid_pre(layer), a.hook_resid_mid(layer), a.hook_resid_post(layer),
             a.hook_pattern(layer), a.hook_z(layer), a.hook_attn_out(layer), a.hook_mlp_out(layer),
-            a.hook_mlp_pre(layer), a.hook_mlp_post(layer),
             a.hook_norm_normalized("ln2", layer),
         }
-        if a.facts.gated_mlp:
-            names.add(a.hook_mlp_pre_linear(layer))
+        if a.facts.num_experts:  # mixture of experts: the routing and the experts' hooks
+            names |= a.moe_hooks(layer)
+        else:
+            names |= {a.hook_mlp_pre(layer), a.hook_mlp_post(layer)}
+            if a.facts.gated_mlp:
+                names.add(a.hook_mlp_pre_linear(layer))
+        if a.facts.qk_norm != "none":
+            names |= {a.hook_qk_norm_scale("q", layer), a.hook_qk_norm_scale("k", layer)}
     toks = tokens.to(a.device).unsqueeze(0)
     logits, cache = a.model.run_with_cache(toks, names_filter=lambda n: n in names)
-    c = {k: v[0].detach() for k, v in cache.items()}
+    moe = {l: a.moe_activations(cache, l, toks.shape[1]) for l in range(L)} if a.facts.num_experts else {}
+    qk_sigma = {(side, l): cache[a.hook_qk_norm_scale(side, l)].reshape(toks.shape[1], -1).detach()
+                for l in range(L) for side in ("q", "k") if a.facts.qk_norm != "none"}
+    flat = {n for l in range(L) for n in (a.moe_hooks(l) if a.facts.num_experts else ())}  # no batch dimension
+    flat |= {a.hook_qk_norm_scale(side, layer) for side, layer in qk_sigma}
+    c = {k: v[0].detach() for k, v in cache.items() if k not in flat}
+    for l, m in moe.items():
+        c[a.hook_mlp_pre(l)], c[a.hook_mlp_pre_linear(l)], c[a.hook_mlp_post(l)] = m["gate"], m["linear"], m["activation"]
     logits = logits[0].detach()
     _check_finite("logits", logits)
     sigma = {(site, layer): c[a.hook_norm_scale(site, layer)][..., 0] for site, layer in norm_sites(a)}
@@ -201,6 +222,8 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         mlp_post=[c[a.hook_mlp_post(l)] for l in range(L)],
         mlp_pre_linear=[c.get(a.hook_mlp_pre_linear(l)) for l in range(L)],
         tc_input={},
+        qk_sigma=qk_sigma,
+        routing={l: m["routing"] for l, m in moe.items()},
         logits=logits,
         embed=c[a.hook_embed()],
         pos_embed=c.get(a.hook_pos_embed()),

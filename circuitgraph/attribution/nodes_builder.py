@@ -427,6 +427,8 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     mode = b.opt.mlp[layer]
     if mode == "transcoders":
         _collect_transcoder_layer(b, fm, layer)
+    elif mode == "neurons" and b.a.facts.num_experts:
+        _collect_expert_layer(b, fm, layer)
     elif mode == "neurons":
         _collect_neuron_layer(b, fm, layer)
     elif mode == "mlp":
@@ -575,8 +577,10 @@ def _neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: 
     """Reader directions, own constants and measured values of neurons ``idx`` at (layer, t).
 
     GELU/ReLU: the pre-activation (hook_pre).  Gated: with the gate frozen, the activation
-    itself (hook_post = act(gate) * (W_in . N2(x)) + b_in)."""
+    itself (hook_post = act(gate) * (W_in . N2(x)) + b_in).  MoE layers: :func:`_expert_neuron_reader`."""
     a, lin = b.a, b.lin
+    if a.facts.num_experts:
+        return _expert_neuron_reader(b, fm, layer, t, idx)
     w = a.mlp_weights(layer)
     W_in = b.c(w["W_in"][:, idx]).T  # (n, d_model)
     b_in = b.c(w["b_in"][idx])
@@ -638,6 +642,75 @@ def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
             b.writers.add(loc, t, rows, _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1)))
         if rest is not None and rest.numel():
             vec = (post[t, rest].unsqueeze(-1) * W_out[rest]).sum(0, keepdim=True)
+            row = b.add_node(Node(NodeId("remainder", layer, t, REMAINDER_INDEX["neurons"]), activation=1.0,
+                                  label=f"other neurons L{layer}@{t}", attrs={"n_neurons": int(rest.numel())}))
+            b.writers.add(loc, t, [row], _post_norm_forward(fm, posts, layer, vec, slice(t, t + 1)))
+
+
+# -------------------------------------------------------------------- mixture of experts
+def _expert_neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: torch.Tensor):
+    """Expert neurons ``idx`` (flat: ``expert * d_mlp + neuron``) of MoE layer ``layer`` at ``t``.
+
+    With the routing weight ``r_e(t)`` and the gate frozen, a neuron's activation
+    ``r_e(t) * act(gate_i) * (W_in^e[:, i] . N2(x))`` is a reader of ln2's output (no ``b_in``:
+    the experts have none); its value is the activation itself, as for a dense gated neuron.
+    GPT-OSS's clamped SwiGLU: ``ModelAdapter.expert_value_map`` (its value bias is an own constant)."""
+    a, lin = b.a, b.lin
+    w = a.expert_neuron_weights(layer, idx)
+    W_in = b.c(w["W_in"]).T  # (n, d_model)
+    norm = fm.ln2[layer]
+    g = norm.reader_direction(W_in) / norm.sigma[t]
+    lin_const = norm.reader_constant(W_in)
+    route = b.c(lin.routing[layer][t, idx // a.facts.d_mlp])
+    scale, offset = a.expert_value_map(layer, b.c(lin.mlp_pre[layer][t, idx]), b.c(lin.mlp_pre_linear[layer][t, idx]),
+                                       b.c(w["b_in"]))
+    gate = scale * route
+    return g * gate.unsqueeze(-1), gate * lin_const + offset * route, b.c(lin.mlp_post[layer][t, idx])
+
+
+def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
+    """``graph.mlp: neurons`` on a MoE layer: the neurons of the experts routed at each position,
+    kind ``neuron``, index ``expert * d_mlp + neuron``; each writes ``r_e(t) * act * W_out^e[i]``
+    (its activation includes the routing weight), so they sum to the layer's output."""
+    a, lin, T = b.a, b.lin, b.lin.n_pos
+    loc, d = loc_resid_post(layer), a.facts.d_mlp
+    posts = fm.ln2_post
+    post = b.c(lin.mlp_post[layer])  # (T, E * d_mlp): routing weight * act(gate) * linear
+    # the experts' output biases (GPT-OSS) write routing_weight * b_out^e: a constant writer
+    b_out = torch.stack([b.c(a.expert_weights(layer, e)["b_out"]) for e in range(a.facts.num_experts)])
+    bias = _post_norm_forward(fm, posts, layer, b.c(lin.routing[layer]) @ b_out, slice(0, T))
+    if bool(b_out.any()):
+        _add_bias(b, loc, layer, "mlp", bias)
+    for t in range(T):
+        active = post[t].nonzero().flatten()
+        W_out = b.c(a.expert_neuron_weights(layer, active)["W_out"])
+        if t < b.min_mlp_pos():
+            out = (post[t, active].unsqueeze(-1) * W_out).sum(0, keepdim=True)
+            b.constants[loc][t] += _post_norm_forward(fm, posts, layer, out, slice(t, t + 1))[0]
+            continue
+        keep = torch.arange(active.numel())
+        rest = None
+        k = b.opt.neuron_top_k
+        if k is not None and active.numel() > k:
+            order = post[t, active].abs().argsort(descending=True, stable=True)
+            rest, keep = order[k:], order[:k].sort().values
+        if keep.numel():
+            idx = active[keep]
+            g, own, measured = _expert_neuron_reader(b, fm, layer, t, idx)
+            rows = []
+            for j, i in enumerate(idx.tolist()):
+                e = i // d
+                attrs = {"expert": e, "neuron": i - e * d, "routing_weight": float(lin.routing[layer][t, e]),
+                         "gate": float(lin.mlp_pre[layer][t, i]), "linear": float(lin.mlp_pre_linear[layer][t, i])}
+                row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=float(post[t, i]),
+                                      pre_activation=float(measured[j]), label=f"E{e}N{i - e * d} L{layer}@{t}",
+                                      attrs=attrs))
+                rows.append(row)
+                b.readers.add(row, loc_resid_mid(layer), t, g[j], float(own[j]))
+            vecs = post[t, idx].unsqueeze(-1) * W_out[keep]
+            b.writers.add(loc, t, rows, _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1)))
+        if rest is not None and rest.numel():
+            vec = (post[t, active[rest]].unsqueeze(-1) * W_out[rest]).sum(0, keepdim=True)
             row = b.add_node(Node(NodeId("remainder", layer, t, REMAINDER_INDEX["neurons"]), activation=1.0,
                                   label=f"other neurons L{layer}@{t}", attrs={"n_neurons": int(rest.numel())}))
             b.writers.add(loc, t, [row], _post_norm_forward(fm, posts, layer, vec, slice(t, t + 1)))

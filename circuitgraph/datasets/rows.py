@@ -71,7 +71,7 @@ def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, w
                         raise CircuitGraphError(f"{loc}: no transcoder is loaded for layer {p.layer}")
                     size = transcoders[p.layer].d_sae
                 elif t.kind == "neuron":
-                    size = f.d_mlp
+                    size = f.n_neurons
                 else:
                     _direction_vector(p, f.d_model, loc)
                     size = None

@@ -177,7 +177,7 @@ def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet
                     raise AttributionError(f"{where}: no transcoder is loaded for layer {loc.layer}")
                 size = transcoders[loc.layer].d_sae
             else:
-                size = f.d_mlp
+                size = f.n_neurons  # num_experts * d_mlp on mixture-of-experts layers
             if loc.index >= size:
                 raise AttributionError(f"{where}.index: {t.kind} {loc.index} requested, layer {loc.layer} has "
                                        f"{size} {t.kind}s (0-{size - 1})")

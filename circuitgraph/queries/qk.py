@@ -26,6 +26,10 @@ The vectors ``u_a`` come from the engine's transposed sweep
 with its frozen sigma; the "edges" into it are every node's query-side components.  The same
 for the key side at ``(l, k)``.  One sweep for all the heads asked; no per-pair work.
 
+Query/key norms (Qwen3, Gemma-3 per head; OLMo-2, OLMoE over the whole projection) are frozen
+like every norm: with their sigma fixed per head (or per projection) and position they are the
+diagonal map ``gamma / sigma`` (:func:`qk_norm_scale`), folded into the reader directions.
+
 With an attention soft-cap ``cap * tanh(s / cap)`` the capped score is not bilinear: the
 pre-cap score ``s`` is decomposed and the capped one is reported as ``score_capped``.
 """
@@ -51,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKPair", "QKMarginal", "QKDecomposition", "QKHead", "QKResult", "qk", "qk_decomposition",
-           "model_attention_scores", "qk_problems"]
+           "model_attention_scores", "qk_problems", "qk_norm_scale"]
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ class QKResult(QueryResult):
 def _attention_module(adapter: ModelAdapter, layer: int) -> Any:
     attn = adapter.model.blocks[layer].attn
     cfg = adapter.model.cfg
-    for flag, what in (("use_qk_norm", "query/key norms"), ("clip_qkv", "query/key clipping"),
+    for flag, what in (("clip_qkv", "query/key clipping"),
                        ("use_logn_attn", "log-n query scaling")):
         if getattr(cfg, flag, None) not in (None, False):
             raise QueryError(f"qk: the model uses {what} ({flag}={getattr(cfg, flag)!r}), which makes the score "
@@ -297,12 +301,16 @@ def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: i
     The forward pass stops after ``layer``'s scores."""
     _attention_module(adapter, layer)
     rotary = adapter.facts.positional == "rotary"
-    names = {f"blocks.{layer}.attn.hook_{'rot_' if rotary else ''}{s}": s for s in ("q", "k")}
+    qk_norm = adapter.facts.qk_norm != "none"
+    if rotary or not qk_norm:
+        names = {f"blocks.{layer}.attn.hook_{'rot_' if rotary else ''}{s}": s for s in ("q", "k")}
+    else:  # learned positions with q/k norms: the norm's P(x)/sigma (TransformerLens's hook_q is before it)
+        names = {f"blocks.{layer}.attn.{s}_norm.hook_normalized": s for s in ("q", "k")}
     scores_name = f"blocks.{layer}.attn.hook_attn_scores"
     got: dict[str, torch.Tensor] = {}
 
     def keep(value, hook):  # noqa: ANN001
-        got[names[hook.name]] = value.detach()[0]
+        got[names[hook.name]] = value.detach()  # batch 1
         return value
 
     def stop(value, hook):  # noqa: ANN001
@@ -316,6 +324,13 @@ def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: i
     except _Stop:
         pass
     H = adapter.facts.n_heads
+    if qk_norm and not rotary:
+        T, dh = tokens.shape[-1], adapter.facts.d_head
+        for side in ("q", "k"):  # per head (pos * heads, d_head), whole (pos, heads * d_head): times gamma
+            gamma = adapter.qk_norm(side, layer).gamma
+            got[side] = (got[side].reshape(-1, gamma.numel()) * gamma).reshape(T, -1, dh)
+    else:
+        got["q"], got["k"] = got["q"][0], got["k"][0]
     k = got["k"]
     if k.shape[1] != H:  # grouped-query attention: one key per group of query heads
         k = k.repeat_interleave(H // k.shape[1], dim=1)
@@ -352,7 +367,10 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
     sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos):
-        for W, b, t in ((W_Q[h], b_Q[h], q_pos), (W_K[h], b_K[h], kp)):
+        for side, W, b, t in (("q", W_Q[h], b_Q[h], q_pos), ("k", W_K[h], b_K[h], kp)):
+            if a.facts.qk_norm != "none":  # the frozen q/k norm scales each dimension: W e_i -> W e_i gamma_i / sigma
+                scale = qk_norm_scale(a, ctx.linearisation, layer, side, h, t).to(device, dtype)
+                W, b = W * scale, b * scale
             if R is not None:  # rotated dimension j reads sum_i R[t, j, i] (W[:, i] . n + b_i)
                 W, b = W @ R[t].T, R[t] @ b
             w = W.T  # (d_head, d_model)
@@ -360,6 +378,24 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
             consts.append(norm.reader_constant(w) + b)
             positions += [t] * w.shape[0]
     return torch.cat(dirs), torch.cat(consts), positions
+
+
+def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: str, head: int, t: int) -> torch.Tensor:
+    """``gamma / sigma (d_head,)``: the frozen query (``side="q"``) or key norm of query head ``head``
+    at position ``t``.  An RMSNorm ``gamma * v / sigma(v)`` with ``sigma`` frozen at its value on the
+    prompt is the diagonal linear map ``v -> (gamma / sigma) * v``, so ``q`` and ``k`` stay affine in
+    the residual stream and the score stays bilinear.  ``per_head`` norms (Qwen3, Gemma-3) have one
+    sigma per head and position and a ``d_head`` gamma; ``whole`` norms (OLMo-2, OLMoE) one sigma per
+    position over the whole projection (all heads) and the head's slice of its gamma.  Keys of
+    grouped-query models use their key/value head ``head // (n_heads / n_kv_heads)``."""
+    f = adapter.facts
+    group = head if side == "q" else head // (f.n_heads // f.n_kv_heads)
+    gamma = adapter.qk_norm(side, layer).gamma
+    sigma = lin.qk_sigma[(side, layer)]  # (pos, heads) or (pos, 1)
+    if f.qk_norm == "per_head":
+        return gamma / sigma[t, group]
+    dh = f.d_head
+    return gamma[group * dh:(group + 1) * dh] / sigma[t, 0]
 
 
 def _graph_id(graph: AttributionGraph, node_id: NodeId) -> NodeId:

@@ -30,10 +30,12 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
     hooks, captured = frozen_node_hooks(context, ablate, scale)
     names = {a.hook_norm_normalized("ln_final")}
     for layer in range(a.facts.n_layers):
-        names |= {a.hook_mlp_pre(layer), a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
+        names |= {a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
                   a.hook_resid_pre(layer), a.hook_resid_post(layer)}
-        if a.facts.gated_mlp:
-            names.add(a.hook_mlp_pre_linear(layer))
+        if not a.facts.num_experts:  # MoE layers: expert neurons are read from ln2's output (below)
+            names.add(a.hook_mlp_pre(layer))
+            if a.facts.gated_mlp:
+                names.add(a.hook_mlp_pre_linear(layer))
 
     def keep(value, hook):
         captured[hook.name] = value.detach()[0]
@@ -143,6 +145,17 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
                                      c[a.hook_norm_normalized("ln2", nid.layer)])
                 feature_pre[nid.layer] = tc.pre_activation(x)
             out[nid] = float(feature_pre[nid.layer][t, nid.index])
+        elif nid.kind == "neuron" and a.facts.num_experts:
+            # expert neuron: routing weight and gate frozen, W_in^e[:, i] read on ln2's output
+            layer, e = nid.layer, nid.index // a.facts.d_mlp
+            x2 = dictionary_input(a, "mlp_input", layer, c[a.hook_resid_mid(layer)],
+                                  c[a.hook_norm_normalized("ln2", layer)])[t]
+            w = a.expert_neuron_weights(layer, torch.tensor([nid.index]))
+            i = nid.index
+            scale, offset = a.expert_value_map(layer, lin.mlp_pre[layer][t, i:i + 1],
+                                               lin.mlp_pre_linear[layer][t, i:i + 1], w["b_in"])
+            route = lin.routing[layer][t, e]
+            out[nid] = float(route * (scale[0] * (x2 @ w["W_in"][:, 0].to(x2.dtype)) + offset[0]))
         elif nid.kind == "neuron":
             if nid.layer not in neuron_val:
                 if a.facts.gated_mlp:

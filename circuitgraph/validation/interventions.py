@@ -278,6 +278,9 @@ def _check_unit(adapter: ModelAdapter, unit: Unit, n_pos: int, transcoders: Any)
             extra = f", or {f.n_layers} for the final residual" if top > f.n_layers - 1 else ""
             raise ValidationRunError(f"{where}: layer {unit.layer} requested, the model has {f.n_layers} layers "
                                      f"(0-{f.n_layers - 1}{extra})")
+    if unit.site in ("neuron", "pre", "gate", "value") and f.num_experts:
+        raise ValidationRunError(f"{where}: this model's MLPs are mixtures of experts, whose neurons have no "
+                                 "dense hook to intervene on; use site 'mlp' (the layer's output) or a transcoder")
     if unit.site in ("gate", "value") and not f.gated_mlp:
         raise ValidationRunError(f"{where}: gates and values exist only in gated MLPs; this model's MLP is "
                                  f"{f.act_fn}; use site 'pre' (hook_pre) or 'neuron' (hook_post)")

@@ -100,6 +100,15 @@ def _sigma_hook(value: torch.Tensor):
     return fix
 
 
+def _qk_sigma_hook(value: torch.Tensor):
+    """Fix a query/key norm's ``hook_scale`` at its frozen ``(pos, heads)`` or ``(pos, 1)`` value in a
+    batched run (per-head norms see ``(batch * pos * heads, 1)``, whole-projection ones ``(batch, pos, 1)``)."""
+    def fix(scale, hook):  # noqa: ANN001
+        n = scale.numel() // value.numel()
+        return value.to(scale.dtype).expand(n, *value.shape).reshape(scale.shape).clone()
+    return fix
+
+
 @torch.no_grad()
 def qk_removal_effects(context: AttributionContext, layer: int, head: int, query_position: int, key_position: int,
                        nodes: Sequence[tuple[str, NodeId]]) -> list[float]:
@@ -146,6 +155,9 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
              (f"{block}.hook_q_input", side_hook("query", query_position)),
              (f"{block}.hook_k_input", side_hook("key", key_position)),
              (f"{block}.attn.hook_attn_scores", grab)]
+    # query/key norms: their sigma frozen too, as in the decomposition (queries/qk.py)
+    hooks += [(a.hook_qk_norm_scale(side, layer), _qk_sigma_hook(lin.qk_sigma[(side, layer)]))
+              for side in ("q", "k") if (side, layer) in lin.qk_sigma]
     previous = model.cfg.use_split_qkv_input
     model.set_use_split_qkv_input(True)
     try:
