@@ -8,6 +8,7 @@
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
     circuitgraph dataset summary DIR
+    circuitgraph features summary DIR
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
 YAML) prints one line ``error: <message>`` to stderr and exits with status 2; ``--debug``
@@ -249,6 +250,24 @@ def dataset_summary(
         from circuitgraph.datasets.store import open_dataset
 
         _echo_lines(open_dataset(directory).summary_lines(top=top))
+
+
+features_app = typer.Typer(help="Feature dashboards (specs with dataset: and features:).", no_args_is_help=True)
+app.add_typer(features_app, name="features")
+
+
+@features_app.command("summary")
+def features_summary(
+    directory: Annotated[Path, typer.Argument(help="The output folder of a features run (export.features).",
+                                              show_default=False)],
+    top: Annotated[int, typer.Option("--top", min=1, help="How many features to list.")] = 10,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Summarise feature dashboards: counts, densities, the most frequent and strongest features."""
+    with _reported(debug):
+        from circuitgraph.features.summary import open_features
+
+        _echo_lines(open_features(directory).summary_lines(top=top))
 
 
 #: how OpenMP threads wait between parallel regions, unless the user set either variable: spin

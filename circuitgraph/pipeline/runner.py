@@ -358,8 +358,16 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     spec = load_spec(spec)
     if spec.is_dataset:
         from circuitgraph.datasets import run_dataset
+        from circuitgraph.features import run_features
 
-        return run_dataset(spec, progress=progress)
+        result = run_dataset(spec, progress=progress) if spec.runs_graphs else None
+        if spec.features is None:
+            return result
+        features = run_features(spec, progress=progress)
+        if result is None:
+            return features
+        result.features = features
+        return result
     _check_outputs(spec)
     heatmaps = _heatmap_outputs(spec)
     OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
