@@ -32,6 +32,7 @@ __all__ = [
     "load_graph",
     "load_spec",
     "open_dataset",
+    "open_features",
     "run",
 ]
 
@@ -50,6 +51,7 @@ _LAZY = {
     "load_spec": ("circuitgraph.spec", "load_spec"),
     "errors": ("circuitgraph.errors", None),
     "open_dataset": ("circuitgraph.datasets.store", "open_dataset"),
+    "open_features": ("circuitgraph.features.summary", "open_features"),
 }
 
 

@@ -96,25 +96,25 @@ def select_features(spec: Any, dictionaries: Any) -> Selection:
     f = spec.features
     available = sorted(dictionaries.layers) if dictionaries is not None else []
     if not available:
-        raise SpecError(("transcoders", "features: needs dictionaries (transcoders or a CLT); add transcoders:"))
+        raise SpecError([("transcoders", "features: needs dictionaries (transcoders or a CLT); add transcoders:")])
     layers = available if f.layers == "all" else list(f.layers)
     missing = [layer for layer in layers if layer not in available]
     if missing:
-        raise SpecError(("features.layers", f"layers {missing} have no dictionary; the dictionaries have layers "
-                                            f"{available}"))
+        raise SpecError([("features.layers", f"layers {missing} have no dictionary; the dictionaries have layers "
+                                            f"{available}")])
     wanted: dict[int, set[int]] | None = None
     if f.features != "all":
         path = f.features.from_graph
         try:
             graph = read_graph_file(path).graph
         except Exception as exc:  # noqa: BLE001 - any unreadable graph file is one line
-            raise SpecError(("features.features.from_graph", f"cannot read the graph file {path}: {one_line(exc)}"))
+            raise SpecError([("features.features.from_graph", f"cannot read the graph file {path}: {one_line(exc)}")])
         wanted = {}
         for node in graph.nodes:
             if node.kind == "feature" and node.layer in layers:
                 wanted.setdefault(node.layer, set()).add(int(node.index))
         if not wanted:
-            raise SpecError(("features.features.from_graph", f"{path} has no feature node in layers {layers}"))
+            raise SpecError([("features.features.from_graph", f"{path} has no feature node in layers {layers}")])
         layers = sorted(wanted)
     sizes, indices = [], []
     for layer in layers:
@@ -125,8 +125,8 @@ def select_features(spec: Any, dictionaries: Any) -> Selection:
             continue
         idx = np.array(sorted(wanted[layer]), dtype=np.int64)
         if idx.size and (idx[-1] >= size or idx[0] < 0):
-            raise SpecError(("features.features.from_graph", f"feature {int(idx[-1])} of layer {layer} is out of "
-                             f"range: the dictionary has {size} features (0-{size - 1})"))
+            raise SpecError([("features.features.from_graph", f"feature {int(idx[-1])} of layer {layer} is out of "
+                             f"range: the dictionary has {size} features (0-{size - 1})")])
         indices.append(idx)
     return Selection(tuple(layers), tuple(sizes), tuple(indices))
 
