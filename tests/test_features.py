@@ -279,3 +279,70 @@ def test_summary_command(runs):
     assert "most frequent features:" in result.output
     info = json.loads((runs["local1"].directory / "features.json").read_text())
     assert info["format"] == "circuitgraph-features"
+
+
+# ------------------------------------------------------------------ the demo, and labels everywhere
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+N_DEMO_ROWS = 60
+
+
+@pytest.fixture(scope="module")
+def demo_features(tmp_path_factory):
+    """examples/demo_features.yaml in a reduced form (its first rows, one worker), with the demo's
+    labels file put beside the parquet files."""
+    import yaml
+
+    out = tmp_path_factory.mktemp("demo") / "demo_features"
+    spec = yaml.safe_load((EXAMPLES / "demo_features.yaml").read_text())
+    lines = (EXAMPLES / spec["dataset"]).read_text().splitlines()[:N_DEMO_ROWS]
+    spec.update(dataset=[json.loads(line) for line in lines], executor={"kind": "local", "workers": 1})
+    spec["export"]["features"] = str(out)
+    result = circuitgraph.run(circuitgraph.load_spec(spec, base_dir=EXAMPLES))
+    assert result.n_rows == N_DEMO_ROWS and result.n_features == 1024
+    shutil.copy(EXAMPLES / "demo_feature_labels.csv", out / "labels.csv")
+    return out
+
+
+def test_demo_dashboards_skip_bos_and_mark_the_token(demo_features):
+    fd = open_features(demo_features)
+    ex = fd.examples
+    assert (ex["position"] > 0).all()  # the BOS position is not ranked (include_bos: false)
+    first = ex.iloc[0]
+    assert "\u00ab" in first["text"] and "\u00bb" in first["text"]
+    assert fd.labels[(0, 142)] == 'on the top path from " owl"'
+    board = fd.dashboard(0, 142)
+    assert board["label"] == fd.labels[(0, 142)] and board["examples"] and board["n_active"] > 0
+
+
+def test_labels_appear_in_diagrams_reports_and_exports(demo_features, tmp_path):
+    import yaml
+
+    spec = yaml.safe_load((EXAMPLES / "demo.yaml").read_text())
+    spec.pop("validate")
+    spec["export"] = {"json": str(tmp_path / "g.json"), "svg": str(tmp_path / "g.svg"), "dot": str(tmp_path / "g.dot"),
+                      "neuronpedia": str(tmp_path / "np.json"), "html": str(tmp_path / "r.html"),
+                      "features": str(demo_features)}
+    result = circuitgraph.run(circuitgraph.load_spec(spec, base_dir=EXAMPLES))
+    label = 'on the top path from " owl"'
+    labelled = [n for n in result.graph.nodes if n.kind == "feature" and (n.layer, n.index) == (0, 142)]
+    assert labelled and all(n.label == label for n in labelled)
+    # the graph JSON
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert any(n.get("label") == label for n in doc["nodes"])
+    # the diagrams
+    assert "on the top path from" in (tmp_path / "g.svg").read_text()
+    assert "on the top path from" in (tmp_path / "g.dot").read_text()
+    # the path listing names nodes by token string and label
+    paths = next(q["result"] for q in result.queries if q["kind"] == "top_paths")
+    table = paths.table()
+    assert '" owl"' in table and label in table
+    # the Neuronpedia export: clerp and the embedded dashboard
+    np_doc = json.loads((tmp_path / "np.json").read_text())
+    feats = [n for n in np_doc["nodes"] if n["feature_type"] == "cross layer transcoder"]
+    assert feats and all("dashboard" in n for n in feats)
+    n142 = [n for n in feats if n["dashboard"]["layer"] == 0 and n["dashboard"]["index"] == 142]
+    assert n142 and n142[0]["clerp"] == label and n142[0]["dashboard"]["examples"]
+    # the report: dashboards, linked from the diagram and the tables, names in the tables
+    html = (tmp_path / "r.html").read_text()
+    assert 'id="feature-L0-142"' in html and 'href="#feature-L0-142"' in html
+    assert "Feature dashboards" in html and "&quot; owl&quot;" in html
