@@ -346,3 +346,47 @@ def test_labels_appear_in_diagrams_reports_and_exports(demo_features, tmp_path):
     html = (tmp_path / "r.html").read_text()
     assert 'id="feature-L0-142"' in html and 'href="#feature-L0-142"' in html
     assert "Feature dashboards" in html and "&quot; owl&quot;" in html
+    # the CLI: a saved graph's report with the features folder, a diagram with the labels
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli.main import app
+
+    for node in doc["nodes"]:  # a graph file without the labels
+        node["label"] = ""
+        node.get("attrs", {}).pop("description", None)
+    (tmp_path / "bare.json").write_text(json.dumps(doc))
+    runner = CliRunner()
+    res = runner.invoke(app, ["render", str(tmp_path / "bare.json"), "-o", str(tmp_path / "bare.svg"),
+                              "--labels", str(demo_features)])
+    assert res.exit_code == 0, res.output
+    assert "on the top path from" in (tmp_path / "bare.svg").read_text()
+    res = runner.invoke(app, ["report", str(tmp_path / "bare.json"), "-o", str(tmp_path / "bare.html"),
+                              "--features", str(demo_features)])
+    assert res.exit_code == 0, res.output
+    bare = (tmp_path / "bare.html").read_text()
+    assert 'id="feature-L0-142"' in bare and "on the top path from" in bare
+
+
+def test_demo_clt_features_spec_runs(tmp_path):
+    """examples/demo_features_clt.yaml, reduced to its first 20 rows."""
+    import yaml
+
+    spec = yaml.safe_load((EXAMPLES / "demo_features_clt.yaml").read_text())
+    lines = (EXAMPLES / spec["dataset"]).read_text().splitlines()[:20]
+    spec.update(dataset=[json.loads(line) for line in lines], executor={"kind": "local", "workers": 1})
+    spec["export"]["features"] = str(tmp_path / "clt")
+    result = circuitgraph.run(circuitgraph.load_spec(spec, base_dir=EXAMPLES))
+    fd = open_features(result.directory)
+    assert fd.info["dictionaries"] == "cross_layer_transcoder" and len(fd.features) == 1024
+    assert len(fd.examples) > 0
+
+
+def test_graphs_and_dashboards_in_one_spec(bundle, tmp_path):
+    """With export.dataset as well, the dataset run builds the graphs and then the dashboards."""
+    spec = _spec(bundle, tmp_path / "features", {"kind": "local", "workers": 1})
+    spec["dataset"] = bundle["rows"][:12]
+    spec["export"]["dataset"] = str(tmp_path / "dataset")
+    result = circuitgraph.run(spec)
+    assert result.n_ok == 12 and result.features is not None and result.features.n_rows == 12
+    assert (tmp_path / "dataset" / "nodes.parquet").is_file() and (tmp_path / "features" / "examples.parquet").is_file()
+    assert any(line.startswith("features: 48 features over 12 rows") for line in result.summary_lines())

@@ -4,8 +4,8 @@
 
     circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
     circuitgraph validate SPEC
-    circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
-    circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
+    circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N] [--labels FILE_OR_FEATURES_DIR]
+    circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N] [--features DIR]
     circuitgraph schema [--graph]
     circuitgraph dataset summary DIR
     circuitgraph features summary DIR
@@ -162,6 +162,10 @@ def render(
     max_nodes: Annotated[
         Optional[int], typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")
     ] = None,
+    labels: Annotated[
+        Optional[Path], typer.Option("--labels", help="Feature labels: a CSV/JSON of layer, index, label, or a "
+                                     "features folder (its labels.csv).", show_default=False)
+    ] = None,
     debug: Annotated[bool, _DEBUG] = False,
 ) -> None:
     """Draw a saved graph with Graphviz."""
@@ -169,6 +173,10 @@ def render(
         from circuitgraph.graph.graph import AttributionGraph
 
         loaded = AttributionGraph.from_json(graph)
+        if labels is not None:
+            from circuitgraph.export.labels import apply_feature_labels, load_feature_labels
+
+            apply_feature_labels(loaded, load_feature_labels(labels))
         if max_nodes is None:
             loaded.render(output)
         else:
@@ -182,6 +190,11 @@ def report(
                                            "circuitgraph (.json or .npz).", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The report file (.html).", show_default=False)],
     max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")] = 80,
+    features: Annotated[
+        Optional[Path], typer.Option("--features", help="A features folder (export.features of a features run): "
+                                     "its labels.csv names the features, and each feature gets its dashboard.",
+                                     show_default=False)
+    ] = None,
     debug: Annotated[bool, _DEBUG] = False,
 ) -> None:
     """Write one self-contained HTML report of a spec's run or of a saved graph."""
@@ -190,7 +203,20 @@ def report(
             raise SpecError(f"report output {str(output)!r} should end in .html; rename it")
         from circuitgraph.export.html import write_report
 
-        if _is_graph_file(source):
+        boards = None
+        if features is not None:
+            from circuitgraph.features.summary import open_features
+
+            boards = open_features(features)
+        if _is_graph_file(source) and boards is not None:
+            from circuitgraph.export.html import read_graph_file
+            from circuitgraph.export.labels import apply_feature_labels
+
+            doc = read_graph_file(source)
+            apply_feature_labels(doc.graph, boards.labels, kinds=("feature",))
+            write_report(doc.graph, output, max_nodes=max_nodes, queries=doc.queries, validation=doc.validation,
+                         features=boards)
+        elif _is_graph_file(source):
             write_report(source, output, max_nodes=max_nodes)
         else:
             from circuitgraph.spec import load_spec
@@ -198,7 +224,11 @@ def report(
             loaded = load_spec(source)
             from circuitgraph.pipeline import runner  # imports torch: only here
 
-            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
+            if boards is None and loaded.export.features is not None:
+                from circuitgraph.features.summary import open_features
+
+                boards = open_features(loaded.export.features)
+            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes, features=boards)
         typer.echo(f"wrote {output}")
 
 

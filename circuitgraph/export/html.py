@@ -20,6 +20,7 @@ import io
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -446,10 +447,12 @@ class _NodeNames:
     def table(self, rows: list[dict[str, Any]]) -> str:
         """:func:`html_table` with each named feature's id linked to its dashboard section."""
         text = html_table(rows)
-        for node_id, anchor in self.links.items():
-            text = text.replace(_esc(node_id) + " ", f'<a href="#{anchor}">{_esc(node_id)}</a> ')
-            text = text.replace(_esc(node_id) + "<", f'<a href="#{anchor}">{_esc(node_id)}</a><')
-        return text
+        if not self.links:
+            return text
+        links = {_esc(k): v for k, v in self.links.items()}
+        ids = "|".join(re.escape(k) for k in sorted(links, key=len, reverse=True))
+        return re.sub(rf"(?<=[>\s])({ids})(?=[\s<])", lambda m: f'<a href="#{links[m.group(1)]}">{m.group(1)}</a>',
+                      text)
 
 
 def _marked(text: str) -> str:

@@ -12,7 +12,7 @@ workers and shards (see docs/features.md).
     >>> fd.dashboard(1, 453)["examples"][0]["text"]                    # doctest: +SKIP
 """
 
-from circuitgraph.features.run import FeaturesRunResult, run_features
+from circuitgraph.features.driver import FeaturesRunResult, run_features
 from circuitgraph.features.summary import FeatureDashboards, open_features
 
 __all__ = ["run_features", "FeaturesRunResult", "open_features", "FeatureDashboards"]

@@ -268,6 +268,7 @@ with warnings.catch_warnings():
                 f"queries {', '.join(q.kind for q in self.queries) or 'none'}",
                 f"checks {', '.join(c.kind for c in self.validate) or 'none'}",
                 f"exports {', '.join(self.export.outputs()) or 'none'}" if self.dataset is None else
-                f"exports dataset folder {self.export.dataset}",
+                f"exports dataset folder {self.export.dataset}" if self.export.dataset is not None else
+                f"exports features folder {self.export.features}",
             ]
             return "; ".join(parts)
