@@ -194,6 +194,12 @@ def test_merge_is_independent_of_the_split():
                                          win_a[sel])
 
     whole = state(np.arange(n))
+    # ties (few distinct values) are broken by row, then position
+    expected = []
+    for feature in range(7):
+        items = sorted((-float(act[i]), int(row[i]), int(pos[i])) for i in range(n) if g[i] == feature)[:4]
+        expected += [(feature, -a, r, p) for a, r, p in items]
+    assert list(zip(whole.g.tolist(), whole.act.tolist(), whole.row.tolist(), whole.pos.tolist())) == expected
     parts = FeatureState.empty(4, 3)
     for chunk in np.array_split(gen.permutation(n), 9):
         parts = state(chunk).merge(parts)
