@@ -258,6 +258,7 @@ def test_features_from_a_graph(bundle, tmp_path):
     ({"features": {"layers": [5]}}, "layers \\[5\\] have no dictionary"),
     ({"features": {"quantiles": [1.5]}}, "outside \\[0, 1\\]"),
     ({"queries": [{"scores": {}}]}, "a features-only run builds none"),
+    ({"export": {"features": "same", "dataset": "same"}}, "give the dashboards their own folder"),
 ])
 def test_bad_features_specs(bundle, tmp_path, change, message):
     spec = _spec(bundle, tmp_path / "bad", {"kind": "local", "workers": 1})
@@ -335,6 +336,8 @@ def test_labels_appear_in_diagrams_reports_and_exports(demo_features, tmp_path):
     # the graph JSON
     doc = json.loads((tmp_path / "g.json").read_text())
     assert any(n.get("label") == label for n in doc["nodes"])
+    for name in ("g.json", "r.html"):  # the features folder is named, not where it lies
+        assert str(demo_features.parent) not in (tmp_path / name).read_text(), name
     # the diagrams
     assert "on the top path from" in (tmp_path / "g.svg").read_text()
     assert "on the top path from" in (tmp_path / "g.dot").read_text()
@@ -348,6 +351,9 @@ def test_labels_appear_in_diagrams_reports_and_exports(demo_features, tmp_path):
     assert feats and all("dashboard" in n for n in feats)
     n142 = [n for n in feats if n["dashboard"]["layer"] == 0 and n["dashboard"]["index"] == 142]
     assert n142 and n142[0]["clerp"] == label and n142[0]["dashboard"]["examples"]
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((EXAMPLES.parent / "schemas" / "neuronpedia" / "graph-schema.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(np_doc)  # the extra node key keeps the file valid
     # the report: dashboards, linked from the diagram and the tables, names in the tables
     html = (tmp_path / "r.html").read_text()
     assert 'id="feature-L0-142"' in html and 'href="#feature-L0-142"' in html

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -158,6 +159,11 @@ with warnings.catch_warnings():
             if self.features is None and self.export.features is not None:
                 problems.append(("features", "export.features is the output folder of feature dashboards; add "
                                              "features: {} (or remove export.features)"))
+            ex = self.export
+            if ex.features is not None and ex.dataset is not None and \
+                    Path(os.path.normpath(ex.features)) == Path(os.path.normpath(ex.dataset)):
+                problems.append(("export.features", f"export.features {str(ex.features)!r} is also export.dataset; "
+                                                     "give the dashboards their own folder"))
             if self.features is not None and self.export.dataset is None:
                 for key in ("queries", "validate"):
                     if getattr(self, key):
