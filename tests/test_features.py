@@ -21,11 +21,17 @@ import torch
 pa = pytest.importorskip("pyarrow", reason="feature dashboards need pyarrow (pip install '.[dataset]')")
 pq = pytest.importorskip("pyarrow.parquet")
 
-import circuitgraph  # noqa: E402
-from circuitgraph.errors import CircuitGraphError  # noqa: E402
-from circuitgraph.features import open_features  # noqa: E402
-from circuitgraph.features.topk import FeatureState  # noqa: E402
-from circuitgraph.testing.synthetic import random_clt, random_transcoders, save_bundle, save_clt, tiny_model  # noqa: E402
+import circuitgraph
+from circuitgraph.errors import CircuitGraphError
+from circuitgraph.features import open_features
+from circuitgraph.features.topk import FeatureState
+from circuitgraph.testing.synthetic import (
+    random_clt,
+    random_transcoders,
+    save_bundle,
+    save_clt,
+    tiny_model,
+)
 
 N_ROWS = 300
 TOP_K = 6

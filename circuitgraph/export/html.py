@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import Node, display_name
 
 __all__ = [
     "result_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
@@ -400,8 +401,6 @@ def _linked(graph: AttributionGraph, boards: Mapping[tuple[int, int], Any]) -> A
     """A shallow copy whose feature nodes link (``attrs["href"]``) to their dashboard section."""
     if not boards:
         return graph
-    from circuitgraph.graph.nodes import Node
-
     nodes = [Node(n.id, n.activation, n.pre_activation, n.constant, n.label,
                   {**n.attrs, "href": f"#{_anchor(n.layer, n.index)}"})
              if n.kind == "feature" and (n.layer, n.index) in boards else n for n in graph.nodes]
@@ -415,8 +414,6 @@ class _NodeNames:
 
     def __init__(self, graph: AttributionGraph, full: AttributionGraph | None,
                  boards: Mapping[tuple[int, int], Any]):
-        from circuitgraph.graph.nodes import display_name
-
         self.names: dict[str, str] = {}
         self.links: dict[str, str] = {}
         for g in (full, graph):

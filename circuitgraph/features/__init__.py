@@ -15,4 +15,4 @@ workers and shards (see docs/features.md).
 from circuitgraph.features.driver import FeaturesRunResult, run_features
 from circuitgraph.features.summary import FeatureDashboards, open_features
 
-__all__ = ["run_features", "FeaturesRunResult", "open_features", "FeatureDashboards"]
+__all__ = ["FeatureDashboards", "FeaturesRunResult", "open_features", "run_features"]

@@ -30,12 +30,24 @@ from circuitgraph._io import atomic_write_bytes, atomic_write_text
 from circuitgraph.datasets.executors import make_executor
 from circuitgraph.datasets.rows import model_problems, row_problems
 from circuitgraph.errors import DatasetError
-from circuitgraph.features.stream import ShardJob, make_shards, select_features, shard_path
+from circuitgraph.features.stream import (
+    ShardJob,
+    make_shards,
+    select_features,
+    shard_path,
+)
+from circuitgraph.features.summary import open_features
 from circuitgraph.features.topk import FeatureState
-from circuitgraph.features.write import examples_table, features_table, table_bytes, token_lists
+from circuitgraph.features.write import (
+    examples_table,
+    features_table,
+    table_bytes,
+    token_lists,
+)
 from circuitgraph.pipeline.inputs import load_inputs
+from circuitgraph.spec import load_spec
 
-__all__ = ["run_features", "FeaturesRunResult", "features_fingerprint"]
+__all__ = ["FeaturesRunResult", "features_fingerprint", "run_features"]
 
 FORMAT = "circuitgraph-features"
 
@@ -55,8 +67,6 @@ class FeaturesRunResult:
     failures: list[str] = field(default_factory=list)
 
     def open(self) -> Any:
-        from circuitgraph.features.summary import open_features
-
         return open_features(self.directory)
 
     def summary_lines(self) -> list[str]:
@@ -126,8 +136,6 @@ class _Progress:
 def run_features(spec: Any, *, progress: bool = False) -> FeaturesRunResult:
     """Compute the feature dashboards of a spec with ``dataset:`` and ``features:`` (see the
     module docstring and docs/features.md)."""
-    from circuitgraph.spec import load_spec
-
     t_start = time.perf_counter()
     spec = load_spec(spec)
     rows, problems = row_problems(spec)

@@ -30,7 +30,7 @@ from circuitgraph.features.topk import FeatureState
 from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt_like
 from circuitgraph.spec.dataset import Row
 
-__all__ = ["Shard", "ShardJob", "Selection", "shard_path", "make_shards", "row_activations"]
+__all__ = ["Selection", "Shard", "ShardJob", "make_shards", "row_activations", "shard_path"]
 
 #: reduce a shard's buffered entries to their top-k when they exceed this many
 _FLUSH_ENTRIES = 1 << 20

@@ -15,10 +15,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from circuitgraph.errors import LoadError
 from circuitgraph.export.labels import load_feature_labels
 
-__all__ = ["open_features", "FeatureDashboards", "FEATURE_FILES"]
+__all__ = ["FEATURE_FILES", "FeatureDashboards", "open_features"]
 
 #: the files a finished features run has written
 FEATURE_FILES = ("features.json", "features.parquet", "examples.parquet")
@@ -96,14 +98,23 @@ class FeatureDashboards:
         out["quantiles"] = {c: _plain(r[c]) for c in qcols}
         for key in ("top_output_tokens", "bottom_output_tokens", "top_input_tokens"):
             out[key] = [_plain(dict(t)) for t in r[key]]
-        ex = self.examples
-        sel = ex[(ex["layer"] == layer) & (ex["index"] == index)].sort_values("rank")
+        sel = self._examples_of(int(layer), int(index))
         out["examples"] = [
             {"rank": int(e["rank"]), "row_id": str(e["row_id"]), "row": int(e["row"]), "position": int(e["position"]),
              "activation": float(e["activation"]), "tokens": [int(t) for t in e["tokens"]], "start": int(e["start"]),
              "activations": [float(a) for a in e["activations"]], "text": str(e["text"])}
             for _, e in sel.iterrows()]
         return out
+
+    def _examples_of(self, layer: int, index: int) -> Any:
+        """The example rows of one feature (the file is sorted by layer, index, rank)."""
+        ex = self.examples
+        if "_keys" not in self._frames:
+            self._frames["_keys"] = ex["layer"].to_numpy(np.int64) * (1 << 32) + ex["index"].to_numpy(np.int64)
+        keys = self._frames["_keys"]
+        key = layer * (1 << 32) + index
+        lo, hi = np.searchsorted(keys, key, side="left"), np.searchsorted(keys, key, side="right")
+        return ex.iloc[lo:hi]
 
     def summary_lines(self, top: int = 10) -> list[str]:
         """A short report: what ran, densities, the most frequent and strongest features."""
@@ -132,8 +143,7 @@ class FeatureDashboards:
     def _line(self, r: Any) -> str:
         key = (int(r["layer"]), int(r["index"]))
         label = self.labels.get(key)
-        ex = self.examples
-        first = ex[(ex["layer"] == key[0]) & (ex["index"] == key[1]) & (ex["rank"] == 1)]
+        first = self._examples_of(*key)
         text = str(first["text"].iloc[0]).replace("\n", "\\n") if len(first) else ""
         promoted = ", ".join(repr(t["token"]) for t in list(r["top_output_tokens"])[:3])
         return (f"  L{key[0]} #{key[1]}" + (f" ({label})" if label else "")

@@ -30,7 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["FeatureState", "HIST_SHIFT", "exact_means", "quantiles", "float_keys"]
+__all__ = ["HIST_SHIFT", "FeatureState", "exact_means", "float_keys", "quantiles"]
 
 #: low bits of the order-preserving float32 key dropped by the histogram (bins of 2**12 ulp:
 #: 2**-11 relative width; a quantile read from a bin is within 2**-12 relative of the value)
@@ -85,7 +85,7 @@ class FeatureState:
     min_value: np.ndarray
 
     @classmethod
-    def empty(cls, k: int, width: int) -> "FeatureState":
+    def empty(cls, k: int, width: int) -> FeatureState:
         i64, f32 = np.zeros(0, np.int64), np.zeros(0, np.float32)
         return cls(k, width, 0, i64, f32, i64, i64, i64, np.zeros((0, width), np.int32),
                    np.zeros((0, width), np.float32), i64, i64, i64, i64, i64, f32)
@@ -94,7 +94,7 @@ class FeatureState:
     @classmethod
     def from_entries(cls, k: int, width: int, n_tokens: int, g: np.ndarray, act: np.ndarray, row: np.ndarray,
                      pos: np.ndarray, start: np.ndarray, win_tokens: np.ndarray,
-                     win_acts: np.ndarray) -> "FeatureState":
+                     win_acts: np.ndarray) -> FeatureState:
         """The state of a set of active entries (every active (feature, row, position))."""
         act = act.astype(np.float32)
         g = g.astype(np.int64)
@@ -117,7 +117,7 @@ class FeatureState:
                     hist_keys, hist_counts, sum_keys, sum_values, min_g, min_value)
         return state._cut()
 
-    def _cut(self) -> "FeatureState":
+    def _cut(self) -> FeatureState:
         """Keep the top ``k`` entries per feature, in ``(g, -act, row, pos)`` order."""
         if self.g.size == 0:
             return self
@@ -130,7 +130,7 @@ class FeatureState:
             setattr(self, name, getattr(self, name)[keep])
         return self
 
-    def merge(self, other: "FeatureState") -> "FeatureState":
+    def merge(self, other: FeatureState) -> FeatureState:
         """The state of the union of the two sets of rows (exact; see the module docstring)."""
         if (other.k, other.width) != (self.k, self.width):
             raise ValueError(f"cannot merge states of top_k/width {(self.k, self.width)} and {(other.k, other.width)}")
@@ -160,7 +160,7 @@ class FeatureState:
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "FeatureState":
+    def from_bytes(cls, data: bytes) -> FeatureState:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             k, width, n_tokens = (int(x) for x in z["meta"])
             return cls(k, width, n_tokens, **{name: z[name] for name in z.files if name != "meta"})

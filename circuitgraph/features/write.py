@@ -20,7 +20,8 @@ Each is a list of ``{token, token_id, value}`` structs, strongest first.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,10 +30,13 @@ import torch
 from circuitgraph.datasets.reduce import parquet_bytes
 from circuitgraph.features.stream import Selection
 from circuitgraph.features.topk import FeatureState, exact_means, quantiles
-from circuitgraph.queries.weights import feature_reader_directions, feature_writer_directions
+from circuitgraph.queries.weights import (
+    feature_reader_directions,
+    feature_writer_directions,
+)
 from circuitgraph.spec.features import quantile_column
 
-__all__ = ["features_table", "examples_table", "token_lists", "MARK_OPEN", "MARK_CLOSE", "TOKEN_STRUCT"]
+__all__ = ["MARK_CLOSE", "MARK_OPEN", "TOKEN_STRUCT", "examples_table", "features_table", "token_lists"]
 
 #: the marks around the activating token in ``examples.parquet``'s ``text``
 MARK_OPEN, MARK_CLOSE = "\u00ab", "\u00bb"
