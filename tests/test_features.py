@@ -408,3 +408,42 @@ def test_graphs_and_dashboards_in_one_spec(bundle, tmp_path):
     assert result.n_ok == 12 and result.features is not None and result.features.n_rows == 12
     assert (tmp_path / "dataset" / "nodes.parquet").is_file() and (tmp_path / "features" / "examples.parquet").is_file()
     assert any(line.startswith("features: 48 features over 12 rows") for line in result.summary_lines())
+
+
+@pytest.mark.parametrize("model_kwargs, kind, input_site", [
+    (dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2), "jumprelu", "mlp_input"),
+    (dict(norm="LN", mlp="gelu", positional="learned"), "skip", "raw"),
+])
+def test_other_dictionaries_and_models_match_the_independent_top_k(tmp_path, model_kwargs, kind, input_site):
+    """JumpReLU reading the MLP's input on an RMSNorm gated model; a skip transcoder reading the raw
+    residual: the examples still equal sae-lens's encode on TransformerLens's activations."""
+    model = tiny_model(seed=5, n_layers=2, d_vocab=30, n_ctx=12, **model_kwargs)
+    tcs = random_transcoders(model, d_sae=16, seed=5, kind=kind, input_site=input_site, active_frac=0.25)
+    save_bundle(tmp_path / "b", model, tcs)
+    gen = np.random.default_rng(1)
+    rows = [{"tokens": gen.integers(0, 30, size=int(gen.integers(2, 13))).tolist()} for _ in range(40)]
+    spec = {"format_version": 1, "model": {"path": str(tmp_path / "b" / "model")},
+            "transcoders": {"path": str(tmp_path / "b" / "transcoders")}, "dataset": rows,
+            "features": {"top_k": 4, "context": 2, "shard_size": 9}, "executor": {"kind": "local", "workers": 1},
+            "export": {"features": str(tmp_path / "out")}}
+    circuitgraph.run(spec)
+    expected = {}
+    for number, row in enumerate(rows, start=1):
+        _, cache = model.run_with_cache(torch.tensor([row["tokens"]]))
+        for layer, tc in tcs.items():
+            if input_site == "raw":
+                x = cache[f"blocks.{layer}.hook_resid_mid"][0]
+            else:  # the MLP's input: ln2's normalised output times its weight (and plus its bias)
+                ln2 = model.blocks[layer].ln2
+                x = cache[f"blocks.{layer}.ln2.hook_normalized"][0] * ln2.w
+                x = x + ln2.b if hasattr(ln2, "b") else x
+            acts = tc.encode(x)
+            for pos, j in torch.nonzero(acts).tolist():
+                expected.setdefault((layer, j), []).append((float(acts[pos, j]), number, pos))
+    ex = open_features(tmp_path / "out").examples
+    assert expected and len(ex) == sum(min(4, len(v)) for v in expected.values())
+    for key, items in expected.items():
+        top = sorted(items, key=lambda x: (-x[0], x[1], x[2]))[:4]
+        got = ex[(ex["layer"] == key[0]) & (ex["index"] == key[1])].sort_values("rank")
+        assert list(zip(got["row"], got["position"])) == [(r, p) for _, r, p in top], key
+        np.testing.assert_allclose(got["activation"], [a for a, _, _ in top], rtol=1e-5, atol=1e-6)
