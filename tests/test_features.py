@@ -447,3 +447,41 @@ def test_other_dictionaries_and_models_match_the_independent_top_k(tmp_path, mod
         got = ex[(ex["layer"] == key[0]) & (ex["index"] == key[1])].sort_values("rank")
         assert list(zip(got["row"], got["position"])) == [(r, p) for _, r, p in top], key
         np.testing.assert_allclose(got["activation"], [a for a, _, _ in top], rtol=1e-5, atol=1e-6)
+
+
+def test_a_killed_run_resumes_to_the_same_bytes(runs, bundle, tmp_path):
+    """The driver, its fork server and workers killed mid-run (SIGKILL); the rerun skips the
+    finished shards and writes the bytes of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    out = tmp_path / "killed"
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(_spec(bundle, out, {"kind": "local", "workers": 1}, shard_size=3)))
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "circuitgraph", "run", str(spec_path), "--quiet"], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            done = list((out / "shards").glob("*.npz")) if (out / "shards").is_dir() else []
+            if len(done) >= 3 or proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    n_done = len(list((out / "shards").glob("*.npz")))
+    assert not (out / "examples.parquet").exists() and 3 <= n_done < N_ROWS // 3
+    result = circuitgraph.run(_spec(bundle, out, {"kind": "local", "workers": 2}, shard_size=3))
+    assert result.n_skipped >= 3
+    for name in FILES:
+        assert (out / name).read_bytes() == (runs["local1"].directory / name).read_bytes(), name
+    assert not list(out.glob("**/.*.tmp"))
