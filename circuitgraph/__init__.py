@@ -33,6 +33,7 @@ __all__ = [
     "load_graph",
     "load_spec",
     "open_dataset",
+    "open_features",
     "run",
     "steer",
 ]
@@ -54,6 +55,7 @@ _LAZY = {
     "open_dataset": ("circuitgraph.datasets.store", "open_dataset"),
     "steer": ("circuitgraph.validation.steering", "steer"),
     "diff": ("circuitgraph.pipeline.compare", "diff"),
+    "open_features": ("circuitgraph.features.summary", "open_features"),
 }
 
 

@@ -95,8 +95,9 @@ FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 
 def test_every_example_is_tested():
     assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", "demo_dataset.yaml", "demo_steer.yaml",
+                                                           "demo_features.yaml", "demo_features_clt.yaml",
                                                            *FIXTURE_SPECS}
-    # qk_demo: tests/test_qk.py; demo_dataset: tests/test_datasets.py
+    # qk_demo: tests/test_qk.py; demo_dataset: tests/test_datasets.py; demo_features(_clt): tests/test_features.py
     assert len(FIXTURE_SPECS) >= 2
 
 

@@ -4,12 +4,13 @@
 
     circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
     circuitgraph validate SPEC
-    circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
-    circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
+    circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N] [--labels FILE_OR_FEATURES_DIR]
+    circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N] [--features DIR]
     circuitgraph schema [--graph]
     circuitgraph steer SPEC [-o steering.json]
     circuitgraph diff A B [-o diff.html] [--json diff.json] [--match position|identity|from_end]
     circuitgraph dataset summary DIR
+    circuitgraph features summary DIR
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
 YAML) prints one line ``error: <message>`` to stderr and exits with status 2; ``--debug``
@@ -163,6 +164,10 @@ def render(
     max_nodes: Annotated[
         Optional[int], typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")
     ] = None,
+    labels: Annotated[
+        Optional[Path], typer.Option("--labels", help="Feature labels: a CSV/JSON of layer, index, label, or a "
+                                     "features folder (its labels.csv).", show_default=False)
+    ] = None,
     debug: Annotated[bool, _DEBUG] = False,
 ) -> None:
     """Draw a saved graph with Graphviz."""
@@ -170,6 +175,10 @@ def render(
         from circuitgraph.graph.graph import AttributionGraph
 
         loaded = AttributionGraph.from_json(graph)
+        if labels is not None:
+            from circuitgraph.export.labels import apply_feature_labels, load_feature_labels
+
+            apply_feature_labels(loaded, load_feature_labels(labels))
         if max_nodes is None:
             loaded.render(output)
         else:
@@ -183,6 +192,11 @@ def report(
                                            "circuitgraph (.json or .npz).", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The report file (.html).", show_default=False)],
     max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")] = 80,
+    features: Annotated[
+        Optional[Path], typer.Option("--features", help="A features folder (export.features of a features run): "
+                                     "its labels.csv names the features, and each feature gets its dashboard.",
+                                     show_default=False)
+    ] = None,
     debug: Annotated[bool, _DEBUG] = False,
 ) -> None:
     """Write one self-contained HTML report of a spec's run or of a saved graph."""
@@ -191,7 +205,20 @@ def report(
             raise SpecError(f"report output {str(output)!r} should end in .html; rename it")
         from circuitgraph.export.html import write_report
 
-        if _is_graph_file(source):
+        boards = None
+        if features is not None:
+            from circuitgraph.features.summary import open_features
+
+            boards = open_features(features)
+        if _is_graph_file(source) and boards is not None:
+            from circuitgraph.export.html import read_graph_file
+            from circuitgraph.export.labels import apply_feature_labels
+
+            doc = read_graph_file(source)
+            apply_feature_labels(doc.graph, boards.labels, kinds=("feature",))
+            write_report(doc.graph, output, max_nodes=max_nodes, queries=doc.queries, validation=doc.validation,
+                         features=boards)
+        elif _is_graph_file(source):
             write_report(source, output, max_nodes=max_nodes)
         else:
             from circuitgraph.spec import load_spec
@@ -199,7 +226,11 @@ def report(
             loaded = load_spec(source)
             from circuitgraph.pipeline import runner  # imports torch: only here
 
-            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
+            if boards is None and loaded.export.features is not None:
+                from circuitgraph.features.summary import open_features
+
+                boards = open_features(loaded.export.features)
+            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes, features=boards)
         typer.echo(f"wrote {output}")
 
 
@@ -325,6 +356,24 @@ def dataset_summary(
         from circuitgraph.datasets.store import open_dataset
 
         _echo_lines(open_dataset(directory).summary_lines(top=top))
+
+
+features_app = typer.Typer(help="Feature dashboards (specs with dataset: and features:).", no_args_is_help=True)
+app.add_typer(features_app, name="features")
+
+
+@features_app.command("summary")
+def features_summary(
+    directory: Annotated[Path, typer.Argument(help="The output folder of a features run (export.features).",
+                                              show_default=False)],
+    top: Annotated[int, typer.Option("--top", min=1, help="How many features to list.")] = 10,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Summarise feature dashboards: counts, densities, the most frequent and strongest features."""
+    with _reported(debug):
+        from circuitgraph.features.summary import open_features
+
+        _echo_lines(open_features(directory).summary_lines(top=top))
 
 
 #: how OpenMP threads wait between parallel regions, unless the user set either variable: spin

@@ -12,6 +12,12 @@
 
 Both call ``on_result(record)`` in the driver as prompts finish (in any order); the
 aggregate does not depend on that order (see :mod:`circuitgraph.datasets.reduce`).
+
+What a task is and does is a *job* (:class:`PromptJob` by default: a task is a dataset row,
+run through the pipeline).  A job is a picklable object with ``load(spec)`` (once per worker),
+``run(spec, task, inputs) -> PromptOutput``, ``commit(out_dir, output, attempts)`` and
+``failed(task, error) -> PromptOutput``; the feature dashboards
+(:mod:`circuitgraph.features`) hand shards of rows to the same executors this way.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any, Callable
 
 from circuitgraph.spec.dataset import Row
 
-__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers"]
+__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers", "PromptJob"]
 
 OnResult = Callable[[dict[str, Any]], None]
 
@@ -43,6 +49,7 @@ _PRELOAD = (
     "circuitgraph.datasets.prompt",
     "circuitgraph.datasets.reduce",
     "circuitgraph.datasets.executors",
+    "circuitgraph.features.stream",
 )
 
 
@@ -59,15 +66,39 @@ def _prepare_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-# ------------------------------------------------------------------ local processes
-def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int) -> None:
-    """A worker process: load once, then run and commit prompts until told to stop."""
-    from circuitgraph.datasets.prompt import commit, one_line, run_prompt
-    from circuitgraph.pipeline.inputs import load_inputs
+class PromptJob:
+    """The job of a dataset run: a task is a :class:`Row`, run through the pipeline."""
 
+    def load(self, spec: Any) -> Any:
+        from circuitgraph.pipeline.inputs import load_inputs
+
+        return load_inputs(spec)
+
+    def run(self, spec: Any, task: Row, inputs: Any) -> Any:
+        from circuitgraph.datasets.prompt import run_prompt
+
+        return run_prompt(spec, task, inputs)
+
+    def commit(self, out_dir: Path, output: Any, attempts: int = 1) -> dict[str, Any]:
+        from circuitgraph.datasets.prompt import commit
+
+        return commit(out_dir, output, attempts)
+
+    def failed(self, task: Row, error: str) -> Any:
+        from circuitgraph.datasets.prompt import PromptOutput
+
+        return PromptOutput({"id": task.id, "row": task.number, "status": "failed", "error": error})
+
+
+# ------------------------------------------------------------------ local processes
+def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int, job: Any = None) -> None:
+    """A worker process: load once, then run and commit tasks until told to stop."""
+    from circuitgraph.datasets.prompt import one_line
+
+    job = job or PromptJob()
     _prepare_worker(threads)
     try:
-        inputs = load_inputs(spec)
+        inputs = job.load(spec)
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which stops the run
         conn.send(("fatal", one_line(exc)))
         return
@@ -80,8 +111,8 @@ def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int) -> None:
         if task is None:
             return
         row, attempts = task
-        output = run_prompt(spec, row, inputs)
-        record = commit(Path(out_dir), output, attempts)
+        output = job.run(spec, row, inputs)
+        record = job.commit(Path(out_dir), output, attempts)
         try:
             conn.send(("done", record))
         except (BrokenPipeError, OSError):
@@ -96,7 +127,7 @@ class LocalExecutor:
         self.threads = threads
         self.max_retries = max_retries
 
-    def run(self, spec: Any, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
+    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: OnResult, job: Any = None) -> None:
         import multiprocessing as mp
         from multiprocessing.connection import wait
 
@@ -104,6 +135,7 @@ class LocalExecutor:
 
         if not rows:
             return
+        job = job or PromptJob()
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by the server, then the workers
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(_PRELOAD))
@@ -112,7 +144,8 @@ class LocalExecutor:
 
         def start() -> None:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_local_worker, args=(child, spec, str(out_dir), self.threads), daemon=True)
+            proc = ctx.Process(target=_local_worker, args=(child, spec, str(out_dir), self.threads, job),
+                               daemon=True)
             proc.start()
             child.close()
             slots[parent] = {"process": proc, "task": None, "ready": False}
@@ -146,7 +179,7 @@ class LocalExecutor:
                     except (EOFError, OSError):
                         dead = True
                     if conn in slots and (dead or not slot["process"].is_alive()):
-                        self._worker_died(conn, slot, slots, queue, on_result, out_dir)
+                        self._worker_died(conn, slot, slots, queue, on_result, out_dir, job)
                         if queue and len(slots) < self.workers:
                             start()
         finally:
@@ -154,9 +187,8 @@ class LocalExecutor:
                 _stop(conn, slot, kill=True)
 
     def _worker_died(self, conn: Any, slot: dict[str, Any], slots: dict[Any, Any], queue: deque, on_result: OnResult,
-                     out_dir: Path) -> None:
-        from circuitgraph.datasets.prompt import PromptOutput, commit
-
+                     out_dir: Path, job: Any = None) -> None:
+        job = job or PromptJob()
         proc = slot["process"]
         proc.join(timeout=5)
         del slots[conn]
@@ -170,9 +202,7 @@ class LocalExecutor:
             return
         error = (f"the worker running this prompt died {attempts} times (last exit code {proc.exitcode}); "
                  "the prompt may need more memory than a worker has")
-        record = commit(out_dir, PromptOutput({"id": row.id, "row": row.number, "status": "failed", "error": error}),
-                        attempts)
-        on_result(record)
+        on_result(job.commit(out_dir, job.failed(row, error), attempts))
 
 
 def _stop(conn: Any, slot: dict[str, Any], kill: bool = False) -> None:
@@ -192,17 +222,16 @@ def _stop(conn: Any, slot: dict[str, Any], kill: bool = False) -> None:
 _RAY_INPUTS: dict[str, Any] = {}
 
 
-def _ray_prompt(spec_bytes: bytes, key: str, row: Row, threads: int) -> Any:
-    """A Ray task: load the model once per worker process (cached by spec), run one prompt."""
-    from circuitgraph.datasets.prompt import run_prompt
-    from circuitgraph.pipeline.inputs import load_inputs
-
+def _ray_prompt(spec_bytes: bytes, key: str, row: Any, threads: int, job: Any = None) -> Any:
+    """A Ray task: load the model once per worker process (cached by spec and job), run one task."""
+    job = job or PromptJob()
     spec = pickle.loads(spec_bytes)  # noqa: S301 - our own bytes, from the driver
+    key = f"{key}:{type(job).__module__}.{type(job).__qualname__}"
     if key not in _RAY_INPUTS:
         _prepare_worker(threads)
         _RAY_INPUTS.clear()
-        _RAY_INPUTS[key] = load_inputs(spec)
-    return run_prompt(spec, row, _RAY_INPUTS[key])
+        _RAY_INPUTS[key] = job.load(spec)
+    return job.run(spec, row, _RAY_INPUTS[key])
 
 
 class RayExecutor:
@@ -244,11 +273,12 @@ class RayExecutor:
         ray.init(**kwargs)
         return True
 
-    def run(self, spec: Any, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
-        from circuitgraph.datasets.prompt import PromptOutput, commit, one_line
+    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: OnResult, job: Any = None) -> None:
+        from circuitgraph.datasets.prompt import one_line
 
         if not rows:
             return
+        job = job or PromptJob()
         started = self._init()
         import ray
 
@@ -258,22 +288,20 @@ class RayExecutor:
             key = hashlib.sha256(spec_bytes).hexdigest()
             spec_ref = ray.put(spec_bytes)
             limit = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-            pending: deque[Row] = deque(rows)
-            running: dict[Any, Row] = {}
+            pending: deque[Any] = deque(rows)
+            running: dict[Any, Any] = {}
             while pending or running:
                 while pending and len(running) < limit:
                     row = pending.popleft()
-                    running[task.remote(spec_ref, key, row, self.threads)] = row
+                    running[task.remote(spec_ref, key, row, self.threads, job)] = row
                 done, _ = ray.wait(list(running), num_returns=1)
                 for ref in done:
                     row = running.pop(ref)
                     try:
                         output = ray.get(ref)
                     except Exception as exc:  # noqa: BLE001 - worker lost after every retry
-                        output = PromptOutput({"id": row.id, "row": row.number, "status": "failed",
-                                               "error": f"the Ray task failed {self.max_retries + 1} times: "
-                                                        f"{one_line(exc)}"})
-                    on_result(commit(out_dir, output))
+                        output = job.failed(row, f"the Ray task failed {self.max_retries + 1} times: {one_line(exc)}")
+                    on_result(job.commit(out_dir, output))
         finally:
             if started:
                 ray.shutdown()

@@ -56,6 +56,8 @@ class DatasetRunResult:
     n_skipped: int
     timings: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    #: the feature dashboards computed by the same spec (``features:``), if any
+    features: Any = None
 
     def open(self) -> Any:
         """The outputs as a :class:`~circuitgraph.datasets.Dataset`."""
@@ -75,13 +77,16 @@ class DatasetRunResult:
         if self.n_failed:
             lines.append(f"{self.n_failed} failed prompts are listed in the manifest (status, error): "
                          f"circuitgraph dataset summary {self.directory}")
+        if self.features is not None:
+            lines += self.features.summary_lines()
         return lines
 
 
 def spec_fingerprint(spec: Any, rows: list[Any]) -> str:
     """What makes two runs' outputs the same: the spec (but not its executor) and the rows."""
-    dump = spec.model_dump(mode="json", exclude={"executor", "dataset"})
+    dump = spec.model_dump(mode="json", exclude={"executor", "dataset", "features"})
     dump["export"].pop("dataset", None)
+    dump["export"].pop("features", None)  # feature dashboards are written to their own folder
     rows_json = [{"id": r.id, "prompt": r.prompt.model_dump(mode="json"),
                   "targets": None if r.targets is None else [t.model_dump(mode="json") for t in r.targets],
                   "corrupted": None if r.corrupted is None else r.corrupted.model_dump(mode="json")} for r in rows]

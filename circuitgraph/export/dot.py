@@ -328,6 +328,8 @@ def _add_node(dot: graphviz.Digraph, node: Node, is_target: bool) -> None:
              "tooltip": _text([_tooltip(node)])}
     if is_target:
         attrs.update(peripheries="2", penwidth="1.4")
+    if isinstance(node.attrs.get("href"), str):  # a link, e.g. to the feature's dashboard in the HTML report
+        attrs["URL"] = node.attrs["href"]
     dot.node(str(node.id), label=_text(_node_lines(node)), **attrs)
 
 

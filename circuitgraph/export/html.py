@@ -20,12 +20,14 @@ import io
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph.export.steering_html import steering_html
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import Node, display_name
 
 __all__ = [
     "result_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
@@ -277,11 +279,15 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
 
 def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
                 queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
-                diagram: Mapping[str, Any] | None = None, steering: Sequence[Mapping[str, Any]] = ()) -> str:
+                diagram: Mapping[str, Any] | None = None, steering: Sequence[Mapping[str, Any]] = (),
+                features: Any = None) -> str:
     """The report of a run (a :class:`~circuitgraph.pipeline.runner.RunResult`) or of a graph
     (with the query and validation results stored in its file, as JSON), as one
     self-contained HTML document (see the module docstring).  ``diagram`` holds more
-    :func:`~circuitgraph.export.dot.graph_to_dot` options (labels, supernodes...)."""
+    :func:`~circuitgraph.export.dot.graph_to_dot` options (labels, supernodes...).
+    ``features``: a features folder (:class:`~circuitgraph.features.FeatureDashboards`): the
+    report gets a dashboard section per feature of the graph, linked from the diagram's nodes
+    and from the tables."""
     if isinstance(source, AttributionGraph):
         graph, full, spec = source, None, source.metadata.get("spec")
         stored_q, stored_v = list(queries), list(validation)
@@ -305,7 +311,8 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
         from circuitgraph.export.dot import raw_influence
 
         options["influence"] = raw_influence(full)
-    svg = graph_svg(graph, max_nodes=max_nodes, **options)
+    boards = _feature_boards(graph, features)
+    svg = graph_svg(_linked(graph, boards), max_nodes=max_nodes, **options)
     if svg is None:
         body.append('<p class="cg-bad">Graphviz `dot` is not installed: no diagram (apt-get install graphviz)</p>')
     else:
@@ -321,14 +328,21 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
     body.append("<h2>Scores</h2>" + html_table(scores))
     body.append("<h2>Exactness checks</h2>" + html_table(_checks_rows(graph, full)))
 
+    names = _NodeNames(graph, full, boards)
     body.append("<h2>Queries</h2>")
-    body += _entries_html(queries, stored_q, "query")
+    body += _entries_html(queries, stored_q, "query", names)
     body.append("<h2>Validation</h2>")
-    body += _entries_html(validation, stored_v, "validation")
+    body += _entries_html(validation, stored_v, "validation", names)
     steering = list(steering) or (source.steering_json() if getattr(source, "steering", None) else [])
     if steering:  # the spec's steer: items (docs/steering.md)
         body.append("<h2>Steering</h2>")
         body += steering_html(steering)
+    if boards:
+        body.append("<h2>Feature dashboards</h2>")
+        body.append(f'<p class="cg-note">From {_esc(Path(features.directory).name)}: each feature of the graph, its '
+                    "top activating tokens over the dataset (the activating token in bold), density, activation "
+                    "quantiles, the tokens it promotes and suppresses and the tokens that drive it directly.</p>")
+        body += [_dashboard_html(board) for board in boards.values()]
 
     body.append("<h2>Spec</h2>")
     if spec is not None:
@@ -341,14 +355,20 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
             + "\n".join(body) + "</body></html>\n")
 
 
-def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str) -> list[str]:
+def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
     out: list[str] = []
     for i, e in enumerate(live):
         label = f"{what} {i}: {e['kind']}"
         if e["status"] == "failed":
             out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e["error"])}</p>')
             continue
-        out.append(result_html(label, e["result"]))
+        if names is not None:
+            rows = names.annotate(_records(e["result"]))
+            out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3><p class="cg-note">'
+                       f'{_esc(type(e["result"]).__name__)}: {len(rows)} row{"s" if len(rows) != 1 else ""}</p>'
+                       f"{names.table(rows)}</div>")
+        else:
+            out.append(result_html(label, e["result"]))
         out += _heatmap_figures(e["result"], label)
         out += _control_figures(e["result"].to_dict(), label)
     for i, e in enumerate(stored):
@@ -361,11 +381,108 @@ def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str) 
         from circuitgraph.queries._base import records_of
 
         rows = records_of(e["result"])
-        out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3>{html_table(rows)}</div>')
+        table = names.table(names.annotate(rows)) if names is not None else html_table(rows)
+        out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3>{table}</div>')
         out += _control_figures(e["result"], label)
     if not out:
         out.append(f'<p class="cg-note">(no {what} in this run)</p>')
     return out
+
+
+# --------------------------------------------------------------------------- node names, dashboards
+def _anchor(layer: int, index: int) -> str:
+    return f"feature-L{layer}-{index}"
+
+
+def _feature_boards(graph: AttributionGraph, features: Any) -> dict[tuple[int, int], dict[str, Any]]:
+    """``{(layer, index): dashboard}`` of the graph's features that the features folder has."""
+    if features is None:
+        return {}
+    keys = sorted({(n.layer, n.index) for n in graph.nodes if n.kind == "feature"})
+    boards = {key: features.dashboard(*key) for key in keys}
+    return {key: board for key, board in boards.items() if board is not None}
+
+
+def _linked(graph: AttributionGraph, boards: Mapping[tuple[int, int], Any]) -> AttributionGraph:
+    """A shallow copy whose feature nodes link (``attrs["href"]``) to their dashboard section."""
+    if not boards:
+        return graph
+    nodes = [Node(n.id, n.activation, n.pre_activation, n.constant, n.label,
+                  {**n.attrs, "href": f"#{_anchor(n.layer, n.index)}"})
+             if n.kind == "feature" and (n.layer, n.index) in boards else n for n in graph.nodes]
+    return AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
+                            targets=list(graph.targets), metadata=graph.metadata)
+
+
+class _NodeNames:
+    """Names nodes in report tables: a cell holding a node id (or a list of them, a path) gets
+    the node's token string or label next to it, and a feature with a dashboard links to it."""
+
+    def __init__(self, graph: AttributionGraph, full: AttributionGraph | None,
+                 boards: Mapping[tuple[int, int], Any]):
+        self.names: dict[str, str] = {}
+        self.links: dict[str, str] = {}
+        for g in (full, graph):
+            for n in (g.nodes if g is not None else ()):
+                text = display_name(n) or (boards.get((n.layer, n.index), {}).get("label", "")
+                                           if n.kind == "feature" else "")
+                self.names[str(n.id)] = text
+                if n.kind == "feature" and (n.layer, n.index) in boards:
+                    self.links[str(n.id)] = _anchor(n.layer, n.index)
+
+    def _named(self, value: str) -> str:
+        name = self.names.get(value)
+        return f'{value} "{name}"' if name else value
+
+    def annotate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in rows:
+            new = {}
+            for k, v in r.items():
+                if isinstance(v, str) and v in self.names:
+                    v = self._named(v)
+                elif isinstance(v, list) and v and all(isinstance(x, str) and x in self.names for x in v):
+                    v = " -> ".join(self._named(x) for x in v)
+                new[k] = v
+            out.append(new)
+        return out
+
+    def table(self, rows: list[dict[str, Any]]) -> str:
+        """:func:`html_table` with each named feature's id linked to its dashboard section."""
+        text = html_table(rows)
+        if not self.links:
+            return text
+        links = {_esc(k): v for k, v in self.links.items()}
+        ids = "|".join(re.escape(k) for k in sorted(links, key=len, reverse=True))
+        return re.sub(rf"(?<=[>\s])({ids})(?=[\s<])", lambda m: f'<a href="#{links[m.group(1)]}">{m.group(1)}</a>',
+                      text)
+
+
+def _marked(text: str) -> str:
+    """An example's text with the activating token (between \u00ab and \u00bb) in bold."""
+    escaped = _esc(text)
+    return escaped.replace("\u00ab", "<b>").replace("\u00bb", "</b>")
+
+
+def _dashboard_html(board: Mapping[str, Any]) -> str:
+    layer, index = board["layer"], board["index"]
+    title = f"feature L{layer} #{index}" + (f": {board['label']}" if board.get("label") else "")
+    facts = [{"n_active": board["n_active"], "n_tokens": board["n_tokens"], "density": board["density"],
+              "max": board["max_activation"], "mean (active)": board["mean_active_activation"],
+              **board.get("quantiles", {})}]
+
+    def tokens(key: str) -> str:
+        return ", ".join(f"{t['token']!r} ({t['value']:+.3g})" for t in board.get(key, [])[:8])
+
+    lists = [{"promotes (output)": tokens("top_output_tokens"), "suppresses (output)": tokens("bottom_output_tokens"),
+              "driven by (input)": tokens("top_input_tokens")}]
+    examples = "".join(f"<tr><td class=\"num\">{e['rank']}</td><td class=\"num\">{e['activation']:.4g}</td>"
+                       f"<td>{_esc(e['row_id'])} @{e['position']}</td><td>{_marked(e['text'])}</td></tr>"
+                       for e in board.get("examples", []))
+    return (f'<div class="cg-feature" id="{_anchor(layer, index)}"><h3>{_esc(title)}</h3>'
+            f"{html_table(facts)}{html_table(lists)}"
+            '<table class="cg"><thead><tr><th>rank</th><th>activation</th><th>row</th><th>context</th></tr></thead>'
+            f"<tbody>{examples}</tbody></table></div>")
 
 
 def write_report(source: Any, path: str | os.PathLike[str], **kwargs: Any) -> str:

@@ -10,6 +10,11 @@ Accepted files:
 
 Every row must name a layer, an index and a non-empty label; the first bad row is reported
 with its number and the fix.
+
+A features folder (``export: {features: DIR}``, docs/features.md) may hold ``DIR/labels.csv``:
+giving the folder reads that file.  :func:`apply_feature_labels` puts labels on a graph's
+nodes (``label`` and ``attrs["description"]``), so every diagram, report table and export
+made from the graph names them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from typing import Any, Iterable, Mapping
 
 from circuitgraph.errors import ExportError
 
-__all__ = ["load_feature_labels"]
+__all__ = ["load_feature_labels", "apply_feature_labels", "LABELS_FILE"]
+
+#: the labels file of a features folder
+LABELS_FILE = "labels.csv"
 
 _INDEX_KEYS = ("index", "feature", "feature_index")
 _LABEL_KEYS = ("label", "description", "explanation", "clerp")
@@ -32,6 +40,11 @@ _LABEL_KEYS = ("label", "description", "explanation", "clerp")
 def load_feature_labels(path: str | os.PathLike[str]) -> dict[tuple[int, int], str]:
     """Read a descriptions file (see the module docstring); later rows win over earlier ones."""
     p = Path(path)
+    if p.is_dir():
+        if not (p / LABELS_FILE).is_file():
+            raise ExportError(f"feature labels: the folder {p} has no {LABELS_FILE}; add one (layer,index,label) or "
+                              "give a labels file")
+        p = p / LABELS_FILE
     if not p.is_file():
         raise ExportError(f"feature labels file not found: {p}; give a CSV or JSON of layer, index, label")
     text = p.read_text(encoding="utf-8")
@@ -75,3 +88,19 @@ def _layer(value: Any) -> int | None:
         return value
     match = re.match(r"\s*(-?\d+)", str(value)) if value is not None else None
     return int(match.group(1)) if match else None
+
+
+def apply_feature_labels(graph: Any, labels: Mapping[tuple[int, int], str],
+                         kinds: tuple[str, ...] = ("feature", "neuron")) -> int:
+    """Label the nodes of ``kinds`` whose ``(layer, index)`` has a label, in place: ``node.label``
+    (drawn by the diagrams, the Neuronpedia ``clerp``) and ``node.attrs["description"]`` (what
+    report tables and path listings show next to the id).  Returns how many nodes were labelled."""
+    n = 0
+    for node in graph.nodes:
+        if node.kind in kinds:
+            text = labels.get((node.layer, node.index))
+            if text:
+                node.label = str(text)
+                node.attrs["description"] = str(text)
+                n += 1
+    return n

@@ -125,6 +125,7 @@ def graph_to_neuronpedia(
     keep_remainders: bool = False,
     max_links: int | None = DEFAULT_MAX_LINKS,
     qk: Sequence[Mapping[str, Any]] = (),
+    dashboards: Any = None,
 ) -> dict[str, Any]:
     """The graph in circuit-tracer's / Neuronpedia's attribution-graph JSON format.
 
@@ -146,6 +147,11 @@ def graph_to_neuronpedia(
         qk: results of the ``qk`` query (``QKResult.to_dict()``): each head's top pairs and
             marginals go, as ``qk_tracing_results``, onto the head's node at the query
             position (added, without links, when the graph has none); see :func:`attach_qk`.
+        dashboards: a features folder (:class:`~circuitgraph.features.FeatureDashboards`, or
+            anything with ``dashboard(layer, index)``): each feature node it has gets its
+            dashboard as ``dashboard`` (top examples, density, quantiles, output and input
+            tokens; see docs/features.md), so a viewer shows it without a server, and its
+            ``labels.csv`` label as ``clerp`` when the node has none.
 
     Returns:
         The document as a dict (``metadata``, ``qParams``, ``nodes``, ``links``).
@@ -182,6 +188,12 @@ def graph_to_neuronpedia(
             continue
         records[row] = _node_record(node, n_layers, d_vocab, tokens, influence.get(node.id, 1.0),
                                     targets.get(node.id))
+        if dashboards is not None and node.kind == "feature":
+            board = dashboards.dashboard(node.layer, node.index)
+            if board is not None:
+                records[row]["dashboard"] = board
+                if not records[row]["clerp"] and board.get("label"):
+                    records[row]["clerp"] = board["label"]
     if qk:
         ids = {str(graph.nodes[row].id): rec["node_id"] for row, rec in records.items()}
         extra = attach_qk(list(records.values()), ids, qk, n_layers, d_vocab, tokens, influence)

@@ -26,6 +26,7 @@ __all__ = [
     "VECTOR_KINDS",
     "NodeId",
     "Node",
+    "display_name",
     "REMAINDER_INDEX",
     "BIAS_INDEX",
 ]
@@ -119,3 +120,16 @@ class Node:
     @property
     def index(self) -> int:
         return self.id.index
+
+
+def display_name(node: Node) -> str:
+    """What a reader calls a node besides its id: the token string of an embedding or logit, a
+    feature's or neuron's description (``attrs["description"]``, from a labels file), a target's
+    label; ``""`` when there is nothing more than the id."""
+    if node.kind in ("embedding", "logit"):
+        text = node.attrs.get("token_str")
+        return text if isinstance(text, str) else node.label
+    if node.kind == "target":
+        return node.label
+    text = node.attrs.get("description")
+    return text if isinstance(text, str) else ""

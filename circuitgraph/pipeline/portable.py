@@ -17,7 +17,7 @@ __all__ = ["portable_paths", "PATH_KEYS"]
 
 #: keys whose string values are file system paths
 PATH_KEYS = frozenset({"path", "file", "json", "dot", "svg", "png", "neuronpedia", "graph", "html", "heatmap",
-                       "source", "labels", "reference_file"})
+                       "source", "labels", "reference_file", "features", "from_graph"})
 
 
 def _portable(text: str, base: Path | None) -> str:

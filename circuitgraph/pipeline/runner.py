@@ -226,6 +226,10 @@ def _check_outputs(spec: Any) -> None:
         from circuitgraph.export.labels import load_feature_labels
 
         load_feature_labels(ex.diagram.labels)
+    if ex.features is not None:
+        from circuitgraph.features.summary import open_features
+
+        open_features(ex.features)  # a folder written by a features run, checked before any work
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
             "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
@@ -376,8 +380,16 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     spec = load_spec(spec)
     if spec.is_dataset:
         from circuitgraph.datasets import run_dataset
+        from circuitgraph.features import run_features
 
-        return run_dataset(spec, progress=progress)
+        result = run_dataset(spec, progress=progress) if spec.runs_graphs else None
+        if spec.features is None:
+            return result
+        features = run_features(spec, progress=progress)
+        if result is None:
+            return features
+        result.features = features
+        return result
     _check_outputs(spec)
     heatmaps = _heatmap_outputs(spec)
     OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
@@ -385,6 +397,7 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     t0 = time.perf_counter()
     full = build(spec, progress=progress, inputs=inputs)
     timings["graph"] = time.perf_counter() - t0
+    _label_features(spec, full)
 
     t0 = time.perf_counter()
     _attach_scores(full)
@@ -469,6 +482,17 @@ def steer_spec(spec: Any, *, progress: bool = False, inputs: Any = None) -> list
         raise SpecError("the spec has no steer: items; add steer: [{interventions: [...], generate: {...}}]")
     full = build(spec, progress=progress, inputs=inputs)
     return _run_steering(spec, full, full.metadata.setdefault("warnings", []), {})
+def _label_features(spec: Any, graph: AttributionGraph) -> None:
+    """Put the labels of ``export.features``'s ``labels.csv`` (feature nodes) and of
+    ``export.diagram.labels`` (feature and neuron nodes; these win) on the graph's nodes, so every
+    diagram, report table, path listing and export names them."""
+    from circuitgraph.export.labels import LABELS_FILE, apply_feature_labels, load_feature_labels
+
+    ex = spec.export
+    if ex.features is not None and (Path(ex.features) / LABELS_FILE).is_file():
+        apply_feature_labels(graph, load_feature_labels(ex.features), kinds=("feature",))
+    if ex.diagram.labels is not None:
+        apply_feature_labels(graph, load_feature_labels(ex.diagram.labels))
 
 
 def _params(item: Any) -> Any:
@@ -524,6 +548,11 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
     outputs = ex.outputs()
     if not outputs:
         return {}
+    dashboards = None
+    if ex.features is not None:
+        from circuitgraph.features.summary import open_features
+
+        dashboards = open_features(ex.features)
     diagram = _diagram_options(result) if any(
         getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
     with OutputSet(outputs, force=force).writing() as out:
@@ -537,7 +566,8 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
         if ex.neuronpedia is not None:
             p = result.spec.pruning
             thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-            graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk, **thresholds)
+            graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk,
+                                 dashboards=dashboards, **thresholds)
         if ex.dot is not None:
             atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
         for fmt in ("svg", "png"):
@@ -547,7 +577,7 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
             from circuitgraph.export.html import write_report
 
             write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
-                         diagram={**diagram, "qk": inset})
+                         diagram={**diagram, "qk": inset}, features=dashboards)
     return {kind: Path(path) for kind, path in outputs.items()}
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
 import numpy as np
@@ -47,7 +47,7 @@ import scipy.sparse as sp
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import NodeId
+from circuitgraph.graph.nodes import NodeId, display_name
 from circuitgraph.queries._base import QueryResult, check_k, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges, pass_through_divisors, row_normalised_abs
 from circuitgraph.queries.filters import filter_mask, match_nodes, resolve_target_set
@@ -115,6 +115,12 @@ class PathsResult(QueryResult):
     n_targets: int
     max_length: int | None = None
     beam_width: int | None = None
+    #: what the paths' nodes are called besides their ids (token strings, feature labels)
+    names: dict[NodeId, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def _named(self, node: NodeId) -> str:
+        name = self.names.get(node)
+        return f'{node} "{name}"' if name else str(node)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +135,7 @@ class PathsResult(QueryResult):
         }
 
     def table(self, max_rows: int = 10) -> str:
-        rows = [(" -> ".join(str(n) for n in p.nodes), p.contribution, p.share, p.normalized_weight)
+        rows = [(" -> ".join(self._named(n) for n in p.nodes), p.contribution, p.share, p.normalized_weight)
                 for p in self.paths]
         return format_table(["path", "contribution", "share", "normalized"], rows, max_rows=max_rows,
                             title=f"top {self.k} paths (rank {self.rank}, method {self.method})")
@@ -431,8 +437,9 @@ def top_paths(
     if expand_heads:
         _check_frozen_attention(graph)
         paths = [_expand(graph, p) for p in paths]
+    names = {n: display_name(graph.node(n)) for p in paths for n in p.nodes}
     return PathsResult(tuple(paths), chosen, rank, k, int(is_source.sum()), int(is_target.sum()), max_length,
-                       beam_width if chosen == "beam" else None)
+                       beam_width if chosen == "beam" else None, names={n: t for n, t in names.items() if t})
 
 
 def _check_passable(matched: list[NodeId], any_in: bool, any_out: bool, what: str) -> None:

@@ -36,7 +36,8 @@ from circuitgraph.queries.filters import match_nodes
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.attribution.context import AttributionContext
 
-__all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding"]
+__all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding",
+           "feature_reader_directions", "feature_writer_directions"]
 
 _NEEDS = "needs the live model: run the spec, not a loaded JSON"
 
@@ -116,15 +117,10 @@ class _Weights:
         """``(g (d_model,), residual location read)``."""
         a, f = self.a, self.f
         if unit.kind == "feature":
-            tc = self._transcoder(unit)
+            self._transcoder(unit)
             import torch
 
-            w = tc.encoder_rows(torch.tensor([unit.index]))[0].double()
-            ln2 = a.norm("ln2", unit.layer)
-            if tc.input_site == "normalized":  # ln2's output before gamma: centred only
-                w = NormWeights(None, None, ln2.center).reader_direction(w)
-            elif tc.input_site == "mlp_input":  # the MLP's input, gamma2 * P(x) / sigma2 + beta2
-                w = ln2.reader_direction(w)
+            w = feature_reader_directions(a, self.ctx.transcoders, unit.layer, torch.tensor([unit.index]))[0]
             return w, ResidualLocation.resid_mid(unit.layer)
         if unit.kind == "neuron":
             self._check_layer(unit)
@@ -148,17 +144,8 @@ class _Weights:
             import torch
 
             self._transcoder(unit)
-            tcs = self.ctx.transcoders
-            rows = tcs.decoder_rows(unit.layer, torch.tensor([unit.index]))[0].double()  # (n_out, d_model)
-            out = []
-            for j, k in enumerate(tcs.output_layers(unit.layer)):
-                v = rows[j]
-                if tcs.output_site(k) == "before_post_norm":  # written before ln2_post: gamma * P(v), as neurons
-                    n = a.norm("ln2_post", k)
-                    v = v - v.mean(-1, keepdim=True) if n.center else v
-                    v = v * n.gamma.double() if n.gamma is not None else v
-                out.append((v, ResidualLocation.resid_post(k)))
-            return out
+            writes = feature_writer_directions(a, self.ctx.transcoders, unit.layer, torch.tensor([unit.index]))
+            return [(v[0], location) for v, location in writes]
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
@@ -172,6 +159,37 @@ class _Weights:
             self._check_index(unit, f.d_vocab, "the vocabulary")
             return a.W_E[unit.index].double(), ResidualLocation.resid_pre(0)
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a writer unit; expected one of {', '.join(WRITER_UNITS)}")
+
+
+def feature_reader_directions(adapter: Any, dictionaries: Any, layer: int, idx: Any) -> Any:
+    """Weight-only reader directions ``g`` ``(n, d_model)`` (float64) of features ``idx`` of
+    ``layer``: the encoder rows through the norm their input hook implies (see the module
+    docstring).  The one implementation: :class:`_Weights` and the feature dashboards'
+    de-embeddings (:mod:`circuitgraph.features`) call it."""
+    tc = dictionaries[layer]
+    w = tc.encoder_rows(idx).double()
+    ln2 = adapter.norm("ln2", layer)
+    if tc.input_site == "normalized":  # ln2's output before gamma: centred only
+        w = NormWeights(None, None, ln2.center).reader_direction(w)
+    elif tc.input_site == "mlp_input":  # the MLP's input, gamma2 * P(x) / sigma2 + beta2
+        w = ln2.reader_direction(w)
+    return w
+
+
+def feature_writer_directions(adapter: Any, dictionaries: Any, layer: int, idx: Any) -> list[tuple[Any, Any]]:
+    """``[(directions (n, d_model) float64, residual location written)]`` of features ``idx`` of
+    ``layer``: one write per output layer (several for a cross-layer transcoder), through the
+    post-MLP norm's ``gamma * P(v)`` where the dictionary writes before it."""
+    rows = dictionaries.decoder_rows(layer, idx).double()  # (n, n_out, d_model)
+    out = []
+    for j, k in enumerate(dictionaries.output_layers(layer)):
+        v = rows[:, j]
+        if dictionaries.output_site(k) == "before_post_norm":  # written before ln2_post: gamma * P(v), as neurons
+            n = adapter.norm("ln2_post", k)
+            v = v - v.mean(-1, keepdim=True) if n.center else v
+            v = v * n.gamma.double() if n.gamma is not None else v
+        out.append((v, ResidualLocation.resid_post(k)))
+    return out
 
 
 def _units(graph: AttributionGraph, filt: Any, allowed: tuple[str, ...], what: str) -> tuple[list[Unit], int]:

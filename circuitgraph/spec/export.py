@@ -60,6 +60,11 @@ with warnings.catch_warnings():
             None, description="Dataset runs: the output folder (graphs/, results/, manifest.parquet, nodes.parquet, "
             "edges.parquet)."
         )
+        features: OutputPath | None = Field(
+            None, description="Feature dashboards: with dataset: and features:, the folder the run writes "
+            "(features.parquet, examples.parquet); in a one-prompt run, a folder written by such a run whose "
+            "dashboards and labels.csv the report, the diagrams and the Neuronpedia export use."
+        )
         dataset_format: Literal["binary", "json"] = Field(
             "binary", description="Dataset runs: each prompt's graph as binary .npz (default) or pruned graph JSON."
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -13,6 +14,7 @@ from circuitgraph.errors import SpecError
 from circuitgraph.spec.base import RULE_ERROR, InputPath, StrictModel, _short, rule_error
 from circuitgraph.spec.dataset import AggregateSpec, ExecutorSpec
 from circuitgraph.spec.export import ExportSpec
+from circuitgraph.spec.features import FeaturesSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
 from circuitgraph.spec.model import ModelSpec, TranscodersSpec
 from circuitgraph.spec.prompts import Prompt, TextPrompt
@@ -87,6 +89,9 @@ with warnings.catch_warnings():
         export: ExportSpec = Field(default_factory=ExportSpec, description="Output files.")
         aggregate: AggregateSpec | None = Field(None, description="Dataset runs: how per-prompt graphs are aggregated.")
         executor: ExecutorSpec | None = Field(None, description="Dataset runs: local processes or Ray.")
+        features: FeaturesSpec | None = Field(
+            None, description="Dataset runs: feature dashboards (top activating tokens, density, quantiles, output "
+            "and input tokens) written to export.features.")
         #: the folder relative paths were resolved against (the spec file's folder), when known
         _base_dir: Path | None = PrivateAttr(default=None)
 
@@ -116,7 +121,7 @@ with warnings.catch_warnings():
                 problems.append(("steer", "steer: runs on one prompt's graph; remove it or give prompt: instead of "
                                  "dataset:"))
             if self.dataset is None:
-                for key in ("aggregate", "executor"):
+                for key in ("aggregate", "executor", "features"):
                     if getattr(self, key) is not None:
                         problems.append((key, f"{key}: is only used with dataset:; remove it or give a dataset"))
                 if self.export.dataset is not None:
@@ -127,7 +132,8 @@ with warnings.catch_warnings():
                         problems.append((f"validate[{i}].patching.corrupted",
                                          "missing required key 'corrupted' (the corrupted prompt)"))
                 return problems
-            if self.export.dataset is None:
+            problems += self._features_checks()
+            if self.export.dataset is None and self.features is None:
                 problems.append(("export.dataset", "a dataset run needs an output folder: add export: {dataset: DIR}"))
             single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
                       if getattr(self.export, k, None)]
@@ -142,6 +148,36 @@ with warnings.catch_warnings():
                 if p.heatmap is not None:
                     problems.append((f"validate[{i}].patching.heatmap", "heat maps are not drawn in dataset runs "
                                      "(one file per prompt); remove heatmap"))
+            return problems
+
+        @property
+        def runs_graphs(self) -> bool:
+            """Whether a dataset spec builds every prompt's graph (``export.dataset``); a spec with
+            only ``features:`` and ``export.features`` computes feature dashboards alone."""
+            return self.dataset is not None and self.export.dataset is not None
+
+        def _features_checks(self) -> list[tuple[str, str]]:
+            """A dataset spec's ``features:`` and ``export.features`` go together; without
+            ``export.dataset`` no graph is built, so graph-only sections are refused."""
+            problems: list[tuple[str, str]] = []
+            if self.features is not None and self.export.features is None:
+                problems.append(("export.features", "features: needs an output folder: add export: {features: DIR}"))
+            if self.features is None and self.export.features is not None:
+                problems.append(("features", "export.features is the output folder of feature dashboards; add "
+                                             "features: {} (or remove export.features)"))
+            ex = self.export
+            if ex.features is not None and ex.dataset is not None and \
+                    Path(os.path.normpath(ex.features)) == Path(os.path.normpath(ex.dataset)):
+                problems.append(("export.features", f"export.features {str(ex.features)!r} is also export.dataset; "
+                                                     "give the dashboards their own folder"))
+            if self.features is not None and self.export.dataset is None:
+                for key in ("queries", "validate"):
+                    if getattr(self, key):
+                        problems.append((key, f"{key}: runs on graphs; a features-only run builds none: add "
+                                              "export.dataset to build the graphs too, or remove it"))
+                if self.aggregate is not None:
+                    problems.append(("aggregate", "aggregate: is for graph dataset runs; add export.dataset or "
+                                                  "remove it"))
             return problems
 
         @model_validator(mode="wrap")
@@ -244,6 +280,7 @@ with warnings.catch_warnings():
                 f"queries {', '.join(q.kind for q in self.queries) or 'none'}",
                 f"checks {', '.join(c.kind for c in self.validate) or 'none'}",
                 f"exports {', '.join(self.export.outputs()) or 'none'}" if self.dataset is None else
-                f"exports dataset folder {self.export.dataset}",
+                f"exports dataset folder {self.export.dataset}" if self.export.dataset is not None else
+                f"exports features folder {self.export.features}",
             ]
             return "; ".join(parts)
