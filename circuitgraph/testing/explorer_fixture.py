@@ -4,6 +4,9 @@ tested without running the dashboards pipeline.
 
 * :func:`demo_graph_file` -- the built-in demo's graph (a/an agreement), optionally with QK
   results and heads as nodes, written as graph JSON;
+* :func:`demo_dataset_run` -- a dataset run of the demo over a few prompts, its prompts run in
+  this process (the pipeline's own prompt runner and aggregation; only the worker processes are
+  left out, which take tens of seconds to start on a busy machine);
 * :func:`write_features_folder` -- ``features.parquet``, ``examples.parquet`` and ``labels.csv``
   for a list of ``(layer, index)`` features, with made-up but distinct values; returns what it
   wrote, so a test knows each feature's top example and label.
@@ -17,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["demo_spec", "demo_graph_file", "write_features_folder", "DEMO_PROMPT"]
+__all__ = ["demo_spec", "demo_graph_file", "demo_dataset_run", "write_features_folder", "DEMO_PROMPT"]
 
 DEMO_PROMPT = "mia saw the owl in the park . later she wants"
 
@@ -49,6 +52,35 @@ def demo_graph_file(path: str | os.PathLike[str], **options: Any) -> Path:
     spec["export"] = {"json": os.fspath(path)}
     run(spec, progress=False)
     return Path(path)
+
+
+class _InProcessExecutor:
+    """Runs a dataset's prompts one after another in this process, as a local worker would."""
+
+    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: Any) -> None:
+        from circuitgraph.datasets.prompt import commit, run_prompt
+        from circuitgraph.pipeline.inputs import load_inputs
+
+        inputs = load_inputs(spec)
+        for row in rows:
+            on_result(commit(Path(out_dir), run_prompt(spec, row, inputs)))
+
+
+def demo_dataset_run(directory: str | os.PathLike[str], prompts: Iterable[str] = (
+        "mia saw the owl . later she wants", "ben saw the dog . later he wants")) -> Path:
+    """A dataset run of the demo spec over ``prompts`` (``export: {dataset: directory}``)."""
+    from unittest import mock
+
+    from circuitgraph.datasets import executors
+    from circuitgraph.pipeline.runner import run
+
+    spec = demo_spec()
+    del spec["prompt"]
+    spec.update({"dataset": [{"prompt": p} for p in prompts], "executor": {"kind": "local", "workers": 1},
+                 "export": {"dataset": os.fspath(directory)}})
+    with mock.patch.object(executors, "make_executor", lambda spec: _InProcessExecutor()):
+        run(spec, progress=False)
+    return Path(directory)
 
 
 def _token_list(k: int, seed: int, kind: str) -> list[dict[str, Any]]:
