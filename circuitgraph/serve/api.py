@@ -169,7 +169,8 @@ class Explorer:
         return self.catalog.graphs[name]
 
     def graph(self, name: str) -> AttributionGraph:
-        """The graph ``name`` as loaded, with the features folder's labels on its feature nodes."""
+        """The graph ``name`` as loaded, with the features folder's labels (``labels.csv``) on its
+        feature nodes."""
         self._entry(name)
         with self._lock:
             if name not in self._labelled:
@@ -187,7 +188,7 @@ class Explorer:
         nodes = []
         for node in graph.nodes:
             label = dash.labels.get((node.layer, node.index)) if node.kind == "feature" else None
-            if label and is_structural_label(node):
+            if label:  # the features folder's description wins over an id-like or count label
                 node = Node(node.id, node.activation, node.pre_activation, node.constant, label, node.attrs)
             nodes.append(node)
         out = AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
@@ -332,6 +333,7 @@ class Explorer:
             "qk": [h for h in self._qk_heads(name) if node.kind == "attention_head" and int(h["layer"]) == node.layer
                    and int(h["head"]) == node.index and int(h["query_position"]) == node.position],
         })
+        rec["qk_names"] = self._qk_names(name, rec["qk"])
         dash = self.catalog.dashboards()
         if dash is not None and node.kind == "feature":
             rec["dashboard"] = dash.dashboard(node.layer, node.index)
@@ -383,10 +385,27 @@ class Explorer:
         return heads
 
     def qk(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
-        """``GET /api/qk/NAME``: the QK decompositions stored with the graph (``qk`` queries)."""
+        """``GET /api/qk/NAME``: the QK decompositions stored with the graph (``qk`` queries), and
+        ``names``: a display name of every node they mention."""
         _params(query, ())
-        self.graph(name)
-        return {"name": name, "heads": self._qk_heads(name)}
+        heads = self._qk_heads(name)
+        return {"name": name, "heads": heads, "names": self._qk_names(name, heads)}
+
+    def _qk_names(self, name: str, heads: list[dict[str, Any]]) -> dict[str, str]:
+        graph = self.graph(name)
+        names = {}
+        for h in heads:
+            ids = [p[k] for p in h.get("pairs", ()) for k in ("query_node", "key_node")]
+            ids += [m["node"] for key in ("query_marginals", "key_marginals") for m in h.get(key, ())]
+            for text in ids:
+                try:
+                    node = graph.node(text)
+                except CircuitGraphError:
+                    continue
+                token = node.attrs.get("token_str")
+                names[text] = node_caption(node) + (f" {json.dumps(token, ensure_ascii=False)}"
+                                                    if isinstance(token, str) else "")
+        return names
 
     def dataset(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
         """``GET /api/dataset/NAME``: the run's manifest (scores per prompt) and its graphs."""

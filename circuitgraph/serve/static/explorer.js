@@ -4,7 +4,8 @@
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-const NODE_W = 84, NODE_H = 30, GAP = 6, COL_GAP = 18, ROW_H = 78, MARGIN_L = 70, MARGIN_T = 34, MARGIN_B = 20;
+const NODE_W = 72, NODE_H = 30, GAP = 5, COL_GAP = 10, ROW_GAP = 46, PER_LINE = 8, MARGIN_L = 44, MARGIN_T = 26,
+  MARGIN_B = 10;
 const KIND_ORDER = ["embedding", "positional", "feature", "error", "neuron", "attention_head", "mlp", "bias",
                     "remainder", "logit", "target"];
 
@@ -147,13 +148,20 @@ async function loadView(useDefaults) {
     fillSearchFilters();
     runSearch();
     renderPinned();
-    setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges`);
+    showCounts();
     document.body.dataset.state = "ready";
   } catch (err) {
     if (ticket !== state.request) return;
     setStatus(err.message, true);
     document.body.dataset.state = "error";
   }
+}
+
+function showCounts() {
+  const view = state.view;
+  const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
+  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges` +
+    (hidden ? ` (${hidden} remainder nodes hidden)` : ""));
 }
 
 function renderPrompt(view) {
@@ -171,6 +179,8 @@ function rankKey(n) {
 }
 
 function layout(nodes) {
+  // rows: one per (layer, attention side), bottom to top; columns: one per position, left to right;
+  // a cell of more than PER_LINE nodes wraps onto further lines
   const rows = [...new Set(nodes.map((n) => rankKey(n).join(":")))]
     .map((k) => k.split(":").map(Number)).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
   const rowIndex = new Map(rows.map((r, i) => [r.join(":"), i]));
@@ -182,9 +192,11 @@ function layout(nodes) {
   }
   const positions = [...new Set(nodes.map((n) => n.position))].sort((a, b) => a - b);
   const width = new Map(positions.map((p) => [p, 1]));
+  const lines = rows.map(() => 1);
   for (const [key, members] of cells) {
-    const p = Number(key.split("|")[1]);
-    width.set(p, Math.max(width.get(p), members.length));
+    const [r, p] = key.split("|").map(Number);
+    width.set(p, Math.max(width.get(p), Math.min(members.length, PER_LINE)));
+    lines[r] = Math.max(lines[r], Math.ceil(members.length / PER_LINE));
   }
   const colX = new Map();
   let x = MARGIN_L;
@@ -192,17 +204,23 @@ function layout(nodes) {
     colX.set(p, x);
     x += width.get(p) * (NODE_W + GAP) + COL_GAP;
   }
-  const height = MARGIN_T + rows.length * ROW_H + MARGIN_B;
+  const rowTop = new Array(rows.length);
+  let y = MARGIN_T;
+  for (let r = rows.length - 1; r >= 0; r--) {
+    rowTop[r] = y;
+    y += lines[r] * (NODE_H + GAP) + ROW_GAP;
+  }
   const place = new Map();
   for (const [key, members] of cells) {
     const [r, p] = key.split("|").map(Number);
     members.sort((a, b) => KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind) || a.index - b.index);
-    const free = (width.get(p) - members.length) * (NODE_W + GAP) / 2;
     members.forEach((n, i) => {
-      place.set(n.id, { x: colX.get(p) + free + i * (NODE_W + GAP), y: MARGIN_T + (rows.length - 1 - r) * ROW_H + 10 });
+      const line = Math.floor(i / PER_LINE), inLine = Math.min(PER_LINE, members.length - line * PER_LINE);
+      const free = (width.get(p) - inLine) * (NODE_W + GAP) / 2;
+      place.set(n.id, { x: colX.get(p) + free + (i % PER_LINE) * (NODE_W + GAP), y: rowTop[r] + line * (NODE_H + GAP) });
     });
   }
-  return { place, rows, positions, colX, width, totalW: x, totalH: height };
+  return { place, rows, positions, colX, rowTop, lines, totalW: x, totalH: y - ROW_GAP + MARGIN_B };
 }
 
 function render() {
@@ -215,9 +233,9 @@ function render() {
   const root = $("graph");
   root.replaceChildren();
   root.setAttribute("viewBox", `0 0 ${lay.totalW} ${lay.totalH}`);
-  if (state.zoom === null) {
-    const avail = $("canvas").clientWidth - 8;
-    state.zoom = Math.max(0.35, Math.min(1.25, avail / lay.totalW));
+  if (state.zoom === null) {  // fit the canvas, within reason
+    const canvas = $("canvas");
+    state.zoom = Math.max(0.3, Math.min(1.3, (canvas.clientWidth - 8) / lay.totalW, (canvas.clientHeight - 8) / lay.totalH));
   }
   root.setAttribute("width", Math.round(lay.totalW * state.zoom));
   root.setAttribute("height", Math.round(lay.totalH * state.zoom));
@@ -228,7 +246,7 @@ function render() {
   const tokens = view.prompt_tokens || [];
   const outputLayers = new Set(nodes.filter((n) => n.kind === "logit" || n.kind === "target").map((n) => n.layer));
   lay.rows.forEach(([layer, sub], i) => {
-    const y = MARGIN_T + (lay.rows.length - 1 - i) * ROW_H + 10 + NODE_H / 2 + 4;
+    const y = lay.rowTop[i] + lay.lines[i] * (NODE_H + GAP) / 2 + 2;
     const name = layer < 0 ? "Emb" : outputLayers.has(layer) && sub === 1 ? "Out" : `L${layer}` + (sub === 0 ? " attn" : "");
     const t = svg("text", { x: 6, y, class: "axis" });
     t.textContent = name;
@@ -270,10 +288,11 @@ function render() {
     const g = svg("g", { class: classes.join(" "), "data-id": n.id, transform: `translate(${p.x},${p.y})` });
     g.append(svg("rect", { width: NODE_W, height: NODE_H, rx: 5, fill: state.colors[n.kind] || "#fff" }));
     const main = svg("text", { x: NODE_W / 2, y: 12, "text-anchor": "middle" });
-    main.textContent = truncate(nodeText(n), 15);
+    main.textContent = truncate(nodeText(n), 13);
     const sub = svg("text", { x: NODE_W / 2, y: 24, "text-anchor": "middle", class: "sub" });
-    sub.textContent = truncate(n.supernode ? `${n.members.length} nodes` : n.label ||
-      (n.kind === "feature" || n.kind === "neuron" ? "a=" + fmt(n.activation, 2) : `@${n.position}`), 18);
+    const token = n.kind === "embedding" || n.kind === "logit";
+    sub.textContent = truncate(n.supernode ? `${n.members.length} nodes` : (!token && n.label) ||
+      (n.kind === "feature" || n.kind === "neuron" ? "a=" + fmt(n.activation, 2) : `@${n.position}`), 16);
     const title = svg("title");
     title.textContent = nodeTitle(n);
     g.append(main, sub, title);
@@ -347,7 +366,7 @@ function nodePanel(n) {
   ];
   if (n.members) out.push(el("div", { class: "tag" }, "members: " + n.members.join(", ")));
   if (n.dashboard) out.push(...dashboardPanel(n.dashboard));
-  for (const head of n.qk || []) out.push(...qkPanel(head));
+  for (const head of n.qk || []) out.push(...qkPanel(head, n.qk_names || {}));
   out.push(...edgeTable("inputs", n.inputs, n.n_inputs), ...edgeTable("outputs", n.outputs, n.n_outputs));
   return out;
 }
@@ -387,11 +406,12 @@ function dashboardPanel(d) {
   return out;
 }
 
-function qkPanel(h) {
+function qkPanel(h, names) {
   const out = [el("h4", {}, `QK L${h.layer}H${h.head}: query ${h.query_position} → key ${h.key_position}`),
                el("div", { class: "tag" }, `score ${fmt(h.score)}, p=${fmt(h.probability, 3)}; pairs + constants ` +
                  fmt(h.pairs_sum_plus_constant))];
-  const link = (id) => el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); selectNode(id); } }, id);
+  const link = (id) => el("a", { href: "#", title: id, onclick: (ev) => { ev.preventDefault(); selectNode(id); } },
+    (names && names[id]) || id);
   out.push(el("table", {}, el("tr", {}, el("th", {}, "query node"), el("th", {}, "key node"), el("th", {}, "value")),
     (h.pairs || []).map((p) => el("tr", {}, el("td", {}, link(p.query_node)), el("td", {}, link(p.key_node)),
       el("td", { class: "num" }, signed(p.value))))));
@@ -502,7 +522,7 @@ async function showQK() {
   if (section.hidden) return;
   const answer = await api(nameUrl("qk", state.name));
   $("qk-list").replaceChildren(...answer.heads.map((h) => el("div", { class: "item", onclick: () => {
-    $("details").replaceChildren(...qkPanel(h));
+    $("details").replaceChildren(...qkPanel(h, answer.names));
     $("details").dataset.node = "";
   } }, el("span", { class: "grow" }, `L${h.layer}H${h.head} ${h.query_position}→${h.key_position}`),
     el("span", { class: "tag" }, `score ${fmt(h.score, 3)} p=${fmt(h.probability, 2)}`))));
@@ -516,10 +536,9 @@ async function showDataset() {
   const ds = await api(nameUrl("dataset", g.dataset));
   $("dataset-name").textContent = `${ds.name}: ${ds.n_ok} of ${ds.n_prompts} ok`;
   $("dataset-scores").replaceChildren(el("table", {}, el("tr", {}, el("th", {}, "score"), el("th", {}, "mean"),
-    el("th", {}, "median"), el("th", {}, "min"), el("th", {}, "max")), Object.entries(ds.scores).map(([k, v]) =>
-    el("tr", {}, el("td", {}, k.replace("_score", "")), el("td", { class: "num" }, fmt(v.mean, 3)),
-      el("td", { class: "num" }, fmt(v.median, 3)), el("td", { class: "num" }, fmt(v.min, 3)),
-      el("td", { class: "num" }, fmt(v.max, 3))))));
+    el("th", {}, "median")), Object.entries(ds.scores).map(([k, v]) =>
+    el("tr", { title: `min ${fmt(v.min, 4)}, max ${fmt(v.max, 4)}` }, el("td", {}, k.replace("_score", "")),
+      el("td", { class: "num" }, fmt(v.mean, 3)), el("td", { class: "num" }, fmt(v.median, 3))))));
   const rows = [el("div", { class: "item", onclick: () => selectGraph(ds.aggregate) },
     el("span", { class: "grow" }, "▦ aggregate"), el("span", { class: "tag" }, `${ds.n_aggregated} prompts`))];
   for (const r of ds.rows) {
@@ -545,7 +564,7 @@ function onSlider() {
 $("graph-select").addEventListener("change", (ev) => selectGraph(ev.target.value));
 $("node-threshold").addEventListener("input", onSlider);
 $("edge-threshold").addEventListener("input", onSlider);
-$("show-remainders").addEventListener("change", () => { render(); runSearch(); });
+$("show-remainders").addEventListener("change", () => { render(); runSearch(); showCounts(); });
 $("search").addEventListener("input", runSearch);
 $("search-kind").addEventListener("change", runSearch);
 $("search-layer").addEventListener("change", runSearch);
