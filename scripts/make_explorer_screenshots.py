@@ -152,6 +152,8 @@ def shoot(folder: Path, out: Path) -> list[Path]:
         page.select_option("#graph-select", "demo_dataset/aggregate")
         page.wait_for_function(ready)
         page.wait_for_selector("#dataset-rows .item")
+        page.click('#graph g.node[data-id="feature/0/0/292"]')
+        page.wait_for_function("document.getElementById('details').dataset.state === 'ready'")
         shots.append(_shot(page, out / "explorer_dataset.png"))
     return shots
 
