@@ -269,6 +269,14 @@ def test_bad_parameters_are_400_with_one_line(server, path):
     assert set(err) == {"error"} and "\n" not in err["error"] and err["error"]
 
 
+def test_views_too_large_to_draw_are_refused(server, monkeypatch):
+    from circuitgraph.serve import api
+
+    monkeypatch.setattr(api, "MAX_VIEW_EDGES", 10)
+    err = get_json(server, "/api/graph/heads/graph.json?node_threshold=0.9&edge_threshold=0.9", status=400)
+    assert "lower the thresholds" in err["error"]
+
+
 @pytest.mark.parametrize("path,status", [
     ("/api/graph/nope.json", 404), ("/api/nothing/x", 404), ("/nothing", 404), ("/api/graph/", 404),
     ("/static/explorer.css.bak", 404), ("/static/../server.py", 404), ("/static/%2e%2e%2fserver.py", 404),

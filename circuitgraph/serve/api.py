@@ -57,6 +57,8 @@ DEFAULT_EDGE_THRESHOLD = PruneSpec.model_fields["edge_threshold"].default
 EXPORT_FORMATS = ("json", "neuronpedia", "svg")
 #: a node's inputs and outputs listed by default (the strongest)
 DEFAULT_EDGE_LIMIT = 30
+#: the largest pruned view the API sends to the page (a browser draws about this many SVG paths)
+MAX_VIEW_EDGES = 100_000
 #: pruned views kept per explorer (the slider asks for many)
 _CACHE_SIZE = 32
 _THRESHOLD_KEYS = ("node_threshold", "edge_threshold")
@@ -266,6 +268,9 @@ class Explorer:
         groups = _groups(params)
         result = self.pruned(name, nt, et)
         view = result.graph
+        if view.n_edges > MAX_VIEW_EDGES:
+            raise ApiError(400, f"the graph pruned at node_threshold={nt}, edge_threshold={et} has {view.n_edges:,} "
+                                f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds")
         kept = result.node_influence[result.node_mask]
         influence = {n.id: float(v) for n, v in zip(view.nodes, kept)}
         if groups:
