@@ -172,6 +172,20 @@ def test_features_endpoint(server, folder):
     get_json(server, f"/api/features/{layer}/{index}?features=nope", status=404)
 
 
+def test_feature_listing(server, folder):
+    _, written = folder
+    info = get_json(server, "/api/features")
+    layers = sorted({k[0] for k in written})
+    assert info["layers"] == {str(l): sum(1 for k in written if k[0] == l) for l in layers}
+    listing = get_json(server, f"/api/features/{layers[0]}?offset=1&limit=2")
+    indices = sorted(k[1] for k in written if k[0] == layers[0])
+    assert [f["index"] for f in listing["features"]] == indices[1:3] and listing["n_features"] == len(indices)
+    assert listing["features"][0]["label"] == written[(layers[0], indices[1])]["label"]
+    get_json(server, "/api/features/x", status=400)
+    get_json(server, "/api/features/0?limit=0", status=400)
+    get_json(server, "/api/features/0/1/2", status=400)
+
+
 def test_head_nodes_show_their_qk(server, folder):
     root, _ = folder
     doc = read_graph_json(root / "heads" / "graph.json")
@@ -263,6 +277,7 @@ def test_dataset_endpoint(server, folder):
     "/api/export/demo/graph.json?format=pdf&nodes=feature/0/11/142",
     "/api/export/demo/graph.json?format=json",
     "/api/features/0/1/2",
+    "/api/features?colour=1",
 ])
 def test_bad_parameters_are_400_with_one_line(server, path):
     err = get_json(server, path, status=400)

@@ -31,7 +31,7 @@ def _browser_or_skip() -> None:
 @pytest.fixture(scope="module")
 def explorer(tmp_path_factory):
     """The explorer over the demo graph (with QK), a two-prompt dataset run and a features folder,
-    and a Chromium page; yields (server, page, written features)."""
+    and a Chromium page; yields (server, page, written features, the served folder)."""
     _browser_or_skip()
     root = tmp_path_factory.mktemp("explore")
     demo_graph_file(root / "demo" / "graph.json", qk=True)
@@ -46,7 +46,7 @@ def explorer(tmp_path_factory):
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(server.url + "#graph=" + urllib.parse.quote("demo/graph.json", safe=""))
         wait_ready(page)
-        yield server, page, written
+        yield server, page, written, root
         assert not errors, errors
 
 
@@ -76,7 +76,7 @@ def press(page, selector: str, key: str, times: int) -> None:
 
 
 def test_sliders_prune_through_the_api(explorer):
-    server, page, _ = explorer
+    server, page, *_ = explorer
     first = view_of(server, "demo/graph.json", "1", "1")
     n_rem = sum(n["kind"] == "remainder" for n in first["nodes"])
     assert n_rem > 0
@@ -112,7 +112,7 @@ def test_sliders_prune_through_the_api(explorer):
 
 
 def test_click_a_node_shows_its_dashboard_then_pin_group_and_save(explorer, tmp_path):
-    server, page, written = explorer
+    server, page, written, _ = explorer
     nt, et = page.input_value("#node-threshold"), page.input_value("#edge-threshold")
     view = view_of(server, "demo/graph.json", nt, et)
     features = sorted((n for n in view["nodes"] if n["kind"] == "feature"), key=lambda n: -n["influence"])
@@ -169,7 +169,7 @@ def test_click_a_node_shows_its_dashboard_then_pin_group_and_save(explorer, tmp_
 
 
 def test_search_by_label_kind_and_layer(explorer):
-    server, page, _ = explorer
+    server, page, *_ = explorer
     nt, et = page.input_value("#node-threshold"), page.input_value("#edge-threshold")
     view = view_of(server, "demo/graph.json", nt, et)
     page.fill("#search", "test feature 1/")
@@ -189,7 +189,7 @@ def test_search_by_label_kind_and_layer(explorer):
 
 
 def test_qk_decompositions_are_shown(explorer):
-    server, page, _ = explorer
+    server, page, *_ = explorer
     answer = api(server, "/api/qk/demo/graph.json")
     heads = answer["heads"]
     assert page.locator("#qk-list .item").count() == len(heads) > 0
@@ -201,7 +201,7 @@ def test_qk_decompositions_are_shown(explorer):
 
 
 def test_dataset_run_aggregate_scores_and_prompt_graphs(explorer):
-    server, page, _ = explorer
+    server, page, *_ = explorer
     page.select_option("#graph-select", "ds/aggregate")
     wait_ready(page)
     page.wait_for_selector("#dataset-section:not([hidden]) #dataset-rows .item")
@@ -217,3 +217,22 @@ def test_dataset_run_aggregate_scores_and_prompt_graphs(explorer):
     view = view_of(server, "ds/graphs/2.npz", page.input_value("#node-threshold"), page.input_value("#edge-threshold"))
     assert page.locator("#graph g.node").count() == len(view["nodes"]) > 0
     assert "ben saw the dog" in page.text_content("#prompt")
+
+
+def test_a_features_folder_alone(explorer):
+    _, page, written, root = explorer
+    (layer, index), info = sorted(written.items())[-1]
+    with running_server(root / "features") as server:
+        page.goto(server.url)
+        wait_ready(page)
+        page.wait_for_selector("#features-section:not([hidden]) #feature-list .item")
+        assert page.locator("#graph g.node").count() == 0
+        page.select_option("#feature-layer", str(layer))
+        page.wait_for_selector(f'#feature-list .item[data-feature="{index}"]')
+        n_layer = sum(1 for k in written if k[0] == layer)
+        assert page.locator("#feature-list .item").count() == n_layer
+        page.fill("#feature-index", str(index))
+        page.click("#feature-show")
+        page.wait_for_function("document.getElementById('details').dataset.state === 'ready'")
+        assert page.text_content("#details .example mark") == info["top_token"]
+        assert info["label"] in page.text_content("#details")

@@ -358,7 +358,33 @@ class Explorer:
         if not re.fullmatch(r"-?\d{1,9}", layer_text) or not re.fullmatch(r"\d{1,12}", index_text):
             raise ApiError(400, f"a feature is /api/features/LAYER/INDEX with integers, got {layer_text[:20]!r}/"
                                 f"{index_text[:20]!r}")
-        source = params.get("features")
+        dash = self._dashboards(params.get("features"))
+        board = dash.dashboard(int(layer_text), int(index_text))
+        if board is None:
+            raise ApiError(404, f"feature {index_text} of layer {layer_text} is not in {dash.directory.name}")
+        return board
+
+    def features(self, rest: list[str], query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/features`` (the folders and their layers), ``GET /api/features/LAYER``
+        (a layer's features, ``offset``/``limit``) or ``GET /api/features/LAYER/INDEX`` (a dashboard)."""
+        if len(rest) == 2:
+            return self.feature(rest[0], rest[1], query)
+        if len(rest) > 2:
+            raise ApiError(400, "a feature is /api/features/LAYER/INDEX")
+        params = _params(query, ("features", "offset", "limit"))
+        dash = self._dashboards(params.get("features"))
+        if not rest:
+            _params(query, ("features",))
+            return {"folders": list(self.catalog.features), "source": dash.directory.name,
+                    "layers": {str(k): v for k, v in dash.layers().items()}}
+        if not re.fullmatch(r"-?\d{1,9}", rest[0]):
+            raise ApiError(400, f"a layer's features are /api/features/LAYER with an integer, got {rest[0][:20]!r}")
+        offset, limit = _int(params, "offset", 0, low=0), _int(params, "limit", 200)
+        layer = int(rest[0])
+        return {"source": dash.directory.name, "layer": layer, "n_features": dash.layers().get(layer, 0),
+                "offset": offset, "features": dash.listing(layer, offset, limit)}
+
+    def _dashboards(self, source: str | None) -> Any:
         if source is not None and source not in self.catalog.features:
             raise ApiError(404, f"no features folder named {source[:200]!r}; GET /api/graphs lists them")
         try:
@@ -367,10 +393,7 @@ class Explorer:
             raise ApiError(400, str(exc)) from None
         if dash is None:
             raise ApiError(404, "no features folder is being served; serve a folder holding one, or pass --features")
-        board = dash.dashboard(int(layer_text), int(index_text))
-        if board is None:
-            raise ApiError(404, f"feature {index_text} of layer {layer_text} is not in {dash.directory.name}")
-        return board
+        return dash
 
     def supernode_proposals(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
         """``GET /api/supernodes/NAME?...``: :func:`propose_supernodes` of the pruned graph."""

@@ -126,6 +126,24 @@ class FeatureDashboards:
     def __contains__(self, key: tuple[int, int]) -> bool:
         return key in self.stats or key in self.examples or key in self.labels
 
+    def layers(self) -> dict[int, int]:
+        """``{layer: number of features}`` of the folder."""
+        counts: dict[int, int] = {}
+        for layer, _ in sorted(set(self.stats) | set(self.examples)):
+            counts[layer] = counts.get(layer, 0) + 1
+        return counts
+
+    def listing(self, layer: int, offset: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        """The features of ``layer`` by index, ``limit`` from ``offset``: index, label and the
+        numbers a list shows (density, max_activation, n_active when present)."""
+        keys = sorted(k for k in set(self.stats) | set(self.examples) if k[0] == layer)[offset:offset + limit]
+        out = []
+        for key in keys:
+            stats = self.stats.get(key, {})
+            out.append({"layer": key[0], "index": key[1], "label": self.labels.get(key, ""),
+                        **{c: stats[c] for c in ("density", "max_activation", "n_active") if c in stats}})
+        return out
+
     def label(self, layer: int, index: int) -> str:
         return self.labels.get((layer, index), "")
 

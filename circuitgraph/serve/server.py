@@ -160,7 +160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         parts = raw.split("/")
         if len(parts) < 3 or parts[1] != "api":
             raise ApiError(404, f"no such page {raw[:200]!r}; the explorer is at / and its API under /api/")
-        endpoint, rest = parts[2], parts[3:]
+        endpoint, rest = parts[2], parts[3:] if parts[3:] != [""] else []
         name = _unquote("/".join(rest))
         routes: dict[str, Callable[[], Any]] = {
             "graphs": lambda: api.list_graphs(query) if not rest else self._not_found(raw),
@@ -170,11 +170,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "dataset": lambda: api.dataset(name, query),
             "export": lambda: api.export(name, query),
             "node": lambda: self._node(api, rest, query),
-            "features": lambda: self._feature(api, rest, query),
+            "features": lambda: api.features([_unquote(r) for r in rest], query),
         }
         if endpoint not in routes:
             raise ApiError(404, f"no API endpoint {endpoint[:60]!r}; see docs/explorer.md")
-        if endpoint not in ("graphs",) and not rest:
+        if endpoint not in ("graphs", "features") and not rest:
             raise ApiError(404, f"/api/{endpoint}/ needs a name after it")
         answer = routes[endpoint]()
         if isinstance(answer, Download):
@@ -193,12 +193,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if len(rest) < 5:
             raise ApiError(400, "a node is /api/node/NAME/KIND/LAYER/POSITION/INDEX")
         return api.node(_unquote("/".join(rest[:-4])), _unquote("/".join(rest[-4:])), query)
-
-    @staticmethod
-    def _feature(api: Explorer, rest: list[str], query: dict[str, list[str]]) -> Any:
-        if len(rest) != 2:
-            raise ApiError(400, "a feature is /api/features/LAYER/INDEX")
-        return api.feature(_unquote(rest[0]), _unquote(rest[1]), query)
 
     # ------------------------------------------------------------------ files
     def _static(self, name: str) -> None:

@@ -99,6 +99,7 @@ async function start() {
       state.byName[g.name] = g;
       select.append(el("option", { value: g.name }, g.kind === "aggregate" ? `${g.name} (aggregate)` : g.name));
     }
+    if (listing.features.length) await loadFeatures();
     if (!listing.graphs.length) {
       setStatus(listing.features.length ? "no graphs; features: " + listing.features.join(", ") : "nothing to show");
       document.body.dataset.state = "ready";
@@ -551,6 +552,42 @@ async function showDataset() {
   $("dataset-rows").replaceChildren(...rows);
 }
 
+// ------------------------------------------------------------------ feature dashboards without a graph
+async function loadFeatures() {
+  const info = await api("/api/features");
+  $("features-section").hidden = false;
+  $("features-source").textContent = info.source;
+  const select = $("feature-layer");
+  select.replaceChildren(...Object.entries(info.layers).map(([layer, n]) =>
+    el("option", { value: layer }, `layer ${layer} (${n})`)));
+  await listFeatures();
+}
+
+async function listFeatures() {
+  const layer = $("feature-layer").value;
+  if (layer === "") return;
+  const answer = await api(`/api/features/${encodeURIComponent(layer)}?limit=300`);
+  $("feature-list").replaceChildren(...answer.features.map((f) => el("div", { class: "item", "data-feature": f.index,
+    onclick: () => showFeature(f.layer, f.index) }, el("span", { class: "grow" }, `F${f.index}` + (f.label ? " — " + f.label : "")),
+    el("span", { class: "tag" }, f.density !== undefined ? `d=${fmt(f.density, 4)}` : ""))),
+    answer.n_features > answer.features.length ? el("div", { class: "tag" },
+      `${answer.features.length} of ${answer.n_features}; give an index above`) : "");
+}
+
+async function showFeature(layer, index) {
+  const panel = $("details");
+  panel.dataset.node = `feature ${layer} ${index}`;
+  panel.dataset.state = "loading";
+  try {
+    const d = await api(`/api/features/${encodeURIComponent(layer)}/${encodeURIComponent(index)}`);
+    panel.replaceChildren(...dashboardPanel(d));
+    panel.dataset.state = "ready";
+  } catch (err) {
+    panel.replaceChildren(el("p", { class: "neg" }, err.message));
+    panel.dataset.state = "error";
+  }
+}
+
 // ------------------------------------------------------------------ wiring
 let sliderTimer = null;
 function onSlider() {
@@ -569,6 +606,8 @@ $("search").addEventListener("input", runSearch);
 $("search-kind").addEventListener("change", runSearch);
 $("search-layer").addEventListener("change", runSearch);
 $("group-button").addEventListener("click", groupPinned);
+$("feature-layer").addEventListener("change", listFeatures);
+$("feature-show").addEventListener("click", () => showFeature($("feature-layer").value, $("feature-index").value));
 $("propose-button").addEventListener("click", propose);
 $("zoom-in").addEventListener("click", () => { state.zoom *= 1.25; render(); });
 $("zoom-out").addEventListener("click", () => { state.zoom /= 1.25; render(); });
