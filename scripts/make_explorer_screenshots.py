@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 TOP_K, CONTEXT = 5, 6
 
 
-def demo_features(out: Path, prompts: list[str]) -> None:
+def demo_features(out: Path, prompts: list[str], row_ids: list[str]) -> None:
     """Top-``TOP_K`` activating tokens of every demo transcoder feature over ``prompts``."""
     import numpy as np
     import pyarrow as pa
@@ -93,8 +93,9 @@ def demo_features(out: Path, prompts: list[str]) -> None:
                 pieces = [tok.token_str(t) for t in window]
                 at = pos - lo
                 text = "".join(pieces[:at]) + "«" + pieces[at] + "»" + "".join(pieces[at + 1:])
-                examples.append({"layer": layer, "index": feat, "rank": rank, "row_id": row, "position": pos,
-                                 "activation": act, "tokens": window, "text": text})
+                examples.append({"layer": layer, "index": feat, "rank": rank + 1, "row_id": row_ids[row],
+                                 "row": row + 1, "position": pos, "start": lo, "activation": act, "tokens": window,
+                                 "text": text})
     out.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(features), out / "features.parquet")
     pq.write_table(pa.Table.from_pylist(examples), out / "examples.parquet")
@@ -111,7 +112,7 @@ def build(folder: Path) -> None:
     rows = [json.loads(line) for line in (REPO / "examples" / "demo_dataset.jsonl").read_text().splitlines() if line]
     demo_graph_file(folder / "demo" / "graph.json", qk=True)
     demo_dataset_run(folder / "demo_dataset", [r["prompt"] for r in rows[:12]])
-    demo_features(folder / "demo_features", [r["prompt"] for r in rows])
+    demo_features(folder / "demo_features", [r["prompt"] for r in rows], [r["id"] for r in rows])
 
 
 def shoot(folder: Path, out: Path) -> list[Path]:

@@ -117,12 +117,15 @@ def test_default_thresholds(server, folder):
     assert len(heads["nodes"]) == prune_graph(graph).graph.n_nodes
 
 
-def test_graph_listing(server):
+def test_graph_listing(server, folder):
     listing = get_json(server, "/api/graphs")
     names = {g["name"]: g for g in listing["graphs"]}
     assert set(names) == {"demo/graph.json", "heads/graph.json", "heads/graph.npz", "ds/aggregate",
                           "ds/graphs/1.npz", "ds/graphs/2.npz"}
     assert names["ds/aggregate"]["kind"] == "aggregate" and names["ds/graphs/2.npz"]["row_id"] == "2"
+    assert names["ds/aggregate"]["file"] is None and names["ds/graphs/2.npz"]["file"] == "ds/graphs/2.npz"
+    code, body, _ = request(server, "/files/" + names["heads/graph.npz"]["file"])
+    assert code == 200 and body == (folder[0] / "heads" / "graph.npz").read_bytes()
     assert listing["datasets"] == ["ds"] and listing["features"] == ["features"]
     assert listing["kind_colors"]["feature"].startswith("#")
 

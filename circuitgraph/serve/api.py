@@ -252,7 +252,7 @@ class Explorer:
         """``GET /api/graphs``."""
         _params(query, ())
         return {
-            "graphs": [e.info() for e in self.catalog.graphs.values()],
+            "graphs": [e.info(self.catalog.root_dir) for e in self.catalog.graphs.values()],
             "datasets": sorted(self.catalog.datasets),
             "features": list(self.catalog.features),
             "truncated": self.catalog.truncated,

@@ -75,8 +75,11 @@ class GraphEntry:
     dataset: str | None = None
     row_id: str | None = None
 
-    def info(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "dataset": self.dataset, "row_id": self.row_id}
+    def info(self, root_dir: Path) -> dict[str, Any]:
+        """What ``GET /api/graphs`` lists: the name, kind, dataset and row, and ``file``, the
+        graph file's path under the served folder (``/files/<file>``; None for an aggregate)."""
+        file = None if self.kind == "aggregate" else self.path.relative_to(root_dir).as_posix()
+        return {"name": self.name, "kind": self.kind, "dataset": self.dataset, "row_id": self.row_id, "file": file}
 
 
 @dataclass

@@ -8,7 +8,8 @@ The folder holds (docs/explorer.md, "Feature dashboards"):
   (lists of ``{token, token_id, value}``);
 * ``examples.parquet``: the top activating tokens of each feature, one row each: ``layer,
   index, rank, row_id, position, activation, tokens, text`` (``text``: the decoded context with
-  the activating token marked);
+  the activating token between ``«`` and ``»``), and optionally ``row``, ``start``,
+  ``activations``;
 * ``labels.csv`` (optional): ``layer, index, label``.
 
 Every column but ``layer`` and ``index`` is optional: what a folder lacks is left out of the
@@ -39,7 +40,7 @@ STAT_COLUMNS = ("n_tokens", "n_active", "density", "max_activation", "mean_activ
 #: the token-list columns of features.parquet
 TOKEN_COLUMNS = ("top_output_tokens", "bottom_output_tokens", "top_input_tokens")
 #: the columns of examples.parquet a dashboard passes on (when present)
-EXAMPLE_COLUMNS = ("rank", "row_id", "position", "activation", "tokens", "text")
+EXAMPLE_COLUMNS = ("rank", "row_id", "row", "position", "start", "activation", "tokens", "activations", "text")
 _QUANTILE = re.compile(r"^q(\d+(\.\d+)?|\.\d+)$")
 #: pairs of markers around the activating token in an example's ``text``, tried in order
 TEXT_MARKERS = (("«", "»"), ("⟦", "⟧"), ("[[", "]]"), ("<<", ">>"))

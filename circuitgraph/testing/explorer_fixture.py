@@ -95,7 +95,7 @@ def write_features_folder(directory: str | os.PathLike[str], features: Iterable[
     """Write a features folder for ``features`` into ``directory``.
 
     Every feature gets ``n_examples`` examples whose text marks the activating token as
-    ``«token»`` (rank 0 has the largest activation), output/input token lists and quantile
+    ``«token»`` (rank 1 has the largest activation; the columns of the features runs' files), output/input token lists and quantile
     columns ``q0.5``...; ``labels`` writes ``labels.csv``.  ``minimal``: only the ``layer`` and
     ``index`` columns and the examples' ``text`` (what a reader must tolerate).
 
@@ -128,9 +128,11 @@ def write_features_folder(directory: str | os.PathLike[str], features: Iterable[
             text = f"{before} «{token}» after{rank}"
             ex = {"layer": layer, "index": index, "text": text}
             if not minimal:
-                ex.update({"rank": rank, "row_id": 100 + seed * 10 + rank, "position": context + rank,
-                           "activation": round(3.0 + 0.1 * seed - 0.5 * rank, 6),
-                           "tokens": list(range(rank, rank + context + 2))})
+                act = round(3.0 + 0.1 * seed - 0.5 * rank, 6)
+                ex.update({"rank": rank + 1, "row_id": f"r{100 + seed * 10 + rank}", "row": 101 + seed * 10 + rank,
+                           "position": context + rank, "start": rank, "activation": act,
+                           "tokens": list(range(rank, rank + context + 2)),
+                           "activations": [0.0] * context + [act, 0.0]})
             examples.append(ex)
             exs.append(ex)
         written[(layer, index)] = {"label": f"test feature {layer}/{index}", "top_text": exs[0]["text"],

@@ -167,6 +167,11 @@ function showCounts() {
 
 function renderPrompt(view) {
   const parts = [];
+  const entry = state.byName[view.name];
+  if (entry && entry.file) {
+    parts.push(el("a", { href: "/files/" + entry.file.split("/").map(encodeURIComponent).join("/"), download: true,
+      title: "the graph file as served" }, "file"), " · ");
+  }
   if (view.model) parts.push(el("span", { class: "tag" }, view.model + " · "));
   if (view.prompt) parts.push(el("span", {}, JSON.stringify(view.prompt)));
   for (const [k, v] of Object.entries(view.scores || {})) parts.push(el("span", { class: "tag" }, ` · ${k} ${fmt(v, 3)}`));
