@@ -7,8 +7,8 @@
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
-    circuitgraph dataset summary DIR
     circuitgraph serve PATH [--port P] [--host H] [--features DIR]
+    circuitgraph dataset summary DIR
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
 YAML) prints one line ``error: <message>`` to stderr and exits with status 2; ``--debug``
@@ -234,24 +234,6 @@ def schema(
             typer.echo(spec_schema_text(), nl=False)
 
 
-dataset_app = typer.Typer(help="Outputs of dataset runs (specs with dataset:).", no_args_is_help=True)
-app.add_typer(dataset_app, name="dataset")
-
-
-@dataset_app.command("summary")
-def dataset_summary(
-    directory: Annotated[Path, typer.Argument(help="The output folder of a dataset run (export.dataset).",
-                                              show_default=False)],
-    top: Annotated[int, typer.Option("--top", min=1, help="How many top nodes and edges to list.")] = 10,
-    debug: Annotated[bool, _DEBUG] = False,
-) -> None:
-    """Summarise a dataset run: prompt counts, score distribution, failures, recurring nodes and edges."""
-    with _reported(debug):
-        from circuitgraph.datasets.store import open_dataset
-
-        _echo_lines(open_dataset(directory).summary_lines(top=top))
-
-
 @app.command()
 def serve(
     path: Annotated[Path, typer.Argument(help="A graph file (.json or .npz), a dataset run's folder, a features "
@@ -283,6 +265,24 @@ def serve(
         finally:
             server.server_close()
         typer.echo("stopped")
+
+
+dataset_app = typer.Typer(help="Outputs of dataset runs (specs with dataset:).", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("summary")
+def dataset_summary(
+    directory: Annotated[Path, typer.Argument(help="The output folder of a dataset run (export.dataset).",
+                                              show_default=False)],
+    top: Annotated[int, typer.Option("--top", min=1, help="How many top nodes and edges to list.")] = 10,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Summarise a dataset run: prompt counts, score distribution, failures, recurring nodes and edges."""
+    with _reported(debug):
+        from circuitgraph.datasets.store import open_dataset
+
+        _echo_lines(open_dataset(directory).summary_lines(top=top))
 
 
 #: how OpenMP threads wait between parallel regions, unless the user set either variable: spin
