@@ -3,11 +3,11 @@
 ::
 
     circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
+    circuitgraph serve PATH [--port P] [--host H] [--features DIR]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N]
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N]
     circuitgraph schema [--graph]
-    circuitgraph serve PATH [--port P] [--host H] [--features DIR]
     circuitgraph dataset summary DIR
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
