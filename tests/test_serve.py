@@ -372,6 +372,19 @@ def test_dashboards_tolerate_missing_columns(tmp_path):
         FeatureDashboards.open(tmp_path)
 
 
+def test_a_broken_features_folder_leaves_the_graphs_usable(folder, tmp_path):
+    shutil.copy(folder[0] / "heads" / "graph.npz", tmp_path / "graph.npz")
+    (tmp_path / "feats").mkdir()
+    (tmp_path / "feats" / "features.parquet").write_bytes(b"not parquet")
+    with running_server(tmp_path) as srv:
+        listing = get_json(srv, "/api/graphs")
+        assert "cannot read" in listing["feature_errors"]["feats"]
+        view = get_json(srv, "/api/graph/graph.npz")
+        assert view["nodes"] and not any(n["has_dashboard"] for n in view["nodes"])
+        err = get_json(srv, "/api/features/0/1", status=400)
+        assert "features.parquet" in err["error"]
+
+
 # ------------------------------------------------------------------ the command
 def test_cli_serve_prints_the_url_and_stops_on_ctrl_c(folder):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -163,6 +163,7 @@ class Explorer:
         self._lock = threading.RLock()
         self._pruned: OrderedDict[tuple[str, float, float], PruneResult] = OrderedDict()
         self._labelled: dict[str, AttributionGraph] = {}
+        self._feature_errors: dict[str, str] = {}
 
     # ------------------------------------------------------------------ helpers
     def _entry(self, name: str) -> Any:
@@ -183,8 +184,17 @@ class Explorer:
                 self._labelled[name] = self._with_labels(graph)
             return self._labelled[name]
 
+    def _dash(self) -> Any:
+        """The default features folder, or None when there is none or it cannot be read (then
+        ``GET /api/graphs`` says why in ``feature_errors``, and graphs are shown without it)."""
+        try:
+            return self.catalog.dashboards()
+        except CircuitGraphError as exc:
+            self._feature_errors[next(iter(self.catalog.features))] = str(exc)
+            return None
+
     def _with_labels(self, graph: AttributionGraph) -> AttributionGraph:
-        dash = self.catalog.dashboards()
+        dash = self._dash()
         if dash is None or not dash.labels:
             return graph
         nodes = []
@@ -227,7 +237,7 @@ class Explorer:
 
     def _node_json(self, node: Node, influence: float | None, targets: set[NodeId]) -> dict[str, Any]:
         token = node.attrs.get("token_str")
-        dash = self.catalog.dashboards()
+        dash = self._dash()
         rec = {
             "id": str(node.id),
             "kind": node.kind,
@@ -251,8 +261,10 @@ class Explorer:
     def list_graphs(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
         """``GET /api/graphs``."""
         _params(query, ())
+        self._dash()
         return {
             "graphs": [e.info(self.catalog.root_dir) for e in self.catalog.graphs.values()],
+            "feature_errors": dict(self._feature_errors),
             "datasets": sorted(self.catalog.datasets),
             "features": list(self.catalog.features),
             "truncated": self.catalog.truncated,
@@ -339,7 +351,7 @@ class Explorer:
                    and int(h["head"]) == node.index and int(h["query_position"]) == node.position],
         })
         rec["qk_names"] = self._qk_names(name, rec["qk"])
-        dash = self.catalog.dashboards()
+        dash = self._dash()
         if dash is not None and node.kind == "feature":
             rec["dashboard"] = dash.dashboard(node.layer, node.index)
         return rec
@@ -503,7 +515,7 @@ class Explorer:
                               if np_id in present]] for gname, members in groups.items()]
                 text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
                 return Download(text.encode("utf-8"), "application/json", f"{stem}-subgraph.neuronpedia.json")
-            dash = self.catalog.dashboards()
+            dash = self._dash()
             dot = graph_to_dot(sub, max_nodes=None, max_edges=None, show_remainders=True, show_unreachable=True,
                                labels=dash.labels if dash is not None and dash.labels else None,
                                supernodes=groups or None)

@@ -110,6 +110,7 @@ class Catalog:
         self.truncated = False
         self._docs: dict[str, GraphDocument] = {}
         self._dashboards: dict[str, FeatureDashboards] = {}
+        self._dashboard_errors: dict[str, LoadError] = {}
         self._lock = threading.RLock()
         if self.root.is_file():
             if not sniff_graph_file(self.root):
@@ -201,6 +202,12 @@ class Catalog:
         key = name if name is not None else next(iter(self.features))
         path = self.features[key]
         with self._lock:
+            if key in self._dashboard_errors:
+                raise self._dashboard_errors[key]
             if key not in self._dashboards:
-                self._dashboards[key] = FeatureDashboards.open(path)
+                try:
+                    self._dashboards[key] = FeatureDashboards.open(path)
+                except LoadError as exc:  # kept: a broken folder is not read again at every request
+                    self._dashboard_errors[key] = exc
+                    raise
             return self._dashboards[key]
