@@ -35,6 +35,7 @@ def explorer(tmp_path_factory):
     _browser_or_skip()
     root = tmp_path_factory.mktemp("explore")
     demo_graph_file(root / "demo" / "graph.json", qk=True)
+    demo_graph_file(root / "heads" / "graph.json", qk=True, heads=True)
     demo_dataset_run(root / "ds")
     feats = {(n.layer, n.index) for n in circuitgraph.load_graph(str(root / "demo" / "graph.json")).nodes
              if n.kind == "feature"}
@@ -198,6 +199,20 @@ def test_qk_decompositions_are_shown(explorer):
     assert f"QK L{heads[0]['layer']}H{heads[0]['head']}" in text
     query_node = heads[0]["pairs"][0]["query_node"]
     assert answer["names"][query_node].startswith("emb ") and answer["names"][query_node] in text
+
+
+def test_a_head_node_shows_its_qk_decomposition(explorer):
+    server, page, *_ = explorer
+    page.select_option("#graph-select", "heads/graph.json")
+    wait_ready(page)
+    head = api(server, "/api/qk/heads/graph.json")["heads"][0]
+    node_id = f"attention_head/{head['layer']}/{head['query_position']}/{head['head']}"
+    page.click(f'#graph g.node[data-id="{node_id}"]')
+    page.wait_for_function(f"document.getElementById('details').dataset.node === '{node_id}' && "
+                           "document.getElementById('details').dataset.state === 'ready'")
+    text = page.text_content("#details")
+    assert f"QK L{head['layer']}H{head['head']}: query {head['query_position']} → key {head['key_position']}" in text
+    assert "query marginals" in text and "key marginals" in text
 
 
 def test_dataset_run_aggregate_scores_and_prompt_graphs(explorer):
