@@ -281,6 +281,8 @@ def test_dataset_endpoint(server, folder):
     "/api/export/demo/graph.json?format=json",
     "/api/features/0/1/2",
     "/api/features?colour=1",
+    "/api/graph/%ff%fe",
+    "/files/%ff",
 ])
 def test_bad_parameters_are_400_with_one_line(server, path):
     err = get_json(server, path, status=400)

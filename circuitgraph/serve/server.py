@@ -135,6 +135,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._route(raw, query)
         except ApiError as exc:
             self._error(exc.status, exc.message)
+        except UnicodeDecodeError:
+            self._error(400, "the request's percent-encoded path is not UTF-8")
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # a bug: answer 500 with one line, keep serving

@@ -140,10 +140,12 @@ async function loadView(useDefaults) {
     const view = await api(nameUrl("graph", state.name, params));
     if (ticket !== state.request) return;  // a newer request is on its way
     state.view = view;
-    $("node-threshold").value = view.node_threshold;
-    $("edge-threshold").value = view.edge_threshold;
-    $("node-threshold-value").textContent = Number(view.node_threshold).toFixed(2);
-    $("edge-threshold-value").textContent = Number(view.edge_threshold).toFixed(2);
+    if (useDefaults) {  // a new graph: the sliders start at its defaults (later, the user moves them)
+      $("node-threshold").value = view.node_threshold;
+      $("edge-threshold").value = view.edge_threshold;
+      $("node-threshold-value").textContent = Number(view.node_threshold).toFixed(2);
+      $("edge-threshold-value").textContent = Number(view.edge_threshold).toFixed(2);
+    }
     renderPrompt(view);
     render();
     fillSearchFilters();
