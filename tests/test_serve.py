@@ -347,6 +347,13 @@ def test_other_hosts_are_refused(server):
     assert request(server, "/api/graphs", host=f"localhost:{server.server_address[1]}")[0] == 200
 
 
+def test_the_page_ships_in_the_package():
+    from circuitgraph.serve.server import STATIC_FILES
+
+    assert STATIC_FILES == {"index.html", "explorer.js", "explorer.css"}
+    assert '"serve/static/*"' in (REPO / "pyproject.toml").read_text()  # package-data: installed with the code
+
+
 def test_static_page_needs_no_network(server):
     code, body, headers = request(server, "/")
     assert code == 200 and headers["content-type"].startswith("text/html")
@@ -385,6 +392,21 @@ def test_a_broken_features_folder_leaves_the_graphs_usable(folder, tmp_path):
         assert view["nodes"] and not any(n["has_dashboard"] for n in view["nodes"])
         err = get_json(srv, "/api/features/0/1", status=400)
         assert "features.parquet" in err["error"]
+
+
+def test_a_graph_without_targets_is_shown_whole(folder, tmp_path):
+    graph = circuitgraph.load_graph(str(folder[0] / "demo" / "graph.json"))
+    sub = graph.subgraph([n.id for n in graph.nodes if n.kind == "feature"])
+    assert not sub.targets and sub.n_edges > 0
+    sub.to_json(tmp_path / "sub.json")
+    with running_server(tmp_path / "sub.json") as srv:
+        view = get_json(srv, "/api/graph/sub.json?node_threshold=0.5")
+        assert view["prunable"] is False
+        assert [n["id"] for n in view["nodes"]] == [str(i) for i in sub.node_ids()]
+        assert sorted(e["weight"] for e in view["edges"]) == sorted(sub.edge_weight.tolist())
+        node = get_json(srv, f"/api/node/sub.json/{view['nodes'][0]['id']}")
+        assert node["influence"] is None
+        get_json(srv, "/api/supernodes/sub.json")
 
 
 # ------------------------------------------------------------------ the command

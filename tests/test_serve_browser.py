@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import urllib.parse
 import urllib.request
 
@@ -149,6 +151,12 @@ def test_click_a_node_shows_its_dashboard_then_pin_group_and_save(explorer, tmp_
         page.click("#save-neuronpedia")
     download.value.save_as(tmp_path / "np.json")
     assert json.loads((tmp_path / "np.json").read_text())["qParams"]["pinnedIds"] is not None
+    if shutil.which("dot"):
+        with page.expect_download() as download:
+            page.click("#save-svg")
+        download.value.save_as(tmp_path / "pinned.svg")
+        titles = re.findall(r"<title>([a-z_]+/-?\d+/\d+/\d+)</title>", (tmp_path / "pinned.svg").read_text())
+        assert sorted(titles) == sorted([a["id"], b["id"]])  # the diagram's nodes: the pinned ones
 
     # group the pinned pair into one supernode: the server merges it
     page.fill("#group-name", "pair")

@@ -235,6 +235,15 @@ class Explorer:
                 self._pruned.popitem(last=False)
             return result
 
+    def view(self, name: str, node_threshold: float, edge_threshold: float) -> tuple[AttributionGraph, PruneResult | None]:
+        """What the page shows of graph ``name``: ``prune_graph`` at these thresholds, or, for a graph
+        without targets (pruning ranks nodes by their influence on the targets), the graph whole."""
+        graph = self.graph(name)
+        if not graph.targets:
+            return graph, None
+        result = self.pruned(name, node_threshold, edge_threshold)
+        return result.graph, result
+
     def _node_json(self, node: Node, influence: float | None, targets: set[NodeId]) -> dict[str, Any]:
         token = node.attrs.get("token_str")
         dash = self._dash()
@@ -278,13 +287,14 @@ class Explorer:
         graph = self.graph(name)
         nt, et = self._thresholds(graph, params)
         groups = _groups(params)
-        result = self.pruned(name, nt, et)
-        view = result.graph
+        view, result = self.view(name, nt, et)
         if view.n_edges > MAX_VIEW_EDGES:
             raise ApiError(400, f"the graph pruned at node_threshold={nt}, edge_threshold={et} has {view.n_edges:,} "
                                 f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds")
-        kept = result.node_influence[result.node_mask]
-        influence = {n.id: float(v) for n, v in zip(view.nodes, kept)}
+        influence: dict[NodeId, float] = {}
+        if result is not None:
+            kept = result.node_influence[result.node_mask]
+            influence = {n.id: float(v) for n, v in zip(view.nodes, kept)}
         if groups:
             try:
                 view = merge_supernodes(view, groups)
@@ -303,10 +313,11 @@ class Explorer:
             "edge_threshold": et,
             "default_node_threshold": default[0],
             "default_edge_threshold": default[1],
-            "n_nodes_before": result.n_nodes_before,
-            "n_edges_before": result.n_edges_before,
-            "node_score_threshold": _number(result.node_score_threshold),
-            "edge_score_threshold": _number(result.edge_score_threshold),
+            "prunable": result is not None,
+            "n_nodes_before": graph.n_nodes,
+            "n_edges_before": graph.n_edges,
+            "node_score_threshold": _number(result.node_score_threshold) if result is not None else None,
+            "edge_score_threshold": _number(result.edge_score_threshold) if result is not None else None,
             "prompt": meta.get("prompt") if isinstance(meta.get("prompt"), str) else None,
             "prompt_tokens": meta.get("prompt_token_strs") if isinstance(meta.get("prompt_token_strs"), list) else None,
             "scores": {k: _number(meta[k]) for k in ("replacement_score", "completeness_score")
@@ -326,12 +337,13 @@ class Explorer:
         graph = self.graph(name)
         limit = _int(params, "limit", DEFAULT_EDGE_LIMIT)
         nt, et = self._thresholds(graph, params)
-        result = self.pruned(name, nt, et)
+        view, result = self.view(name, nt, et)
         source, influence = graph, None
         if node_id in graph:  # prune's node influence is that of the graph it was given
-            influence = float(result.node_influence[graph.index_of(node_id)])
+            if result is not None:
+                influence = float(result.node_influence[graph.index_of(node_id)])
         else:  # a remainder node of the pruned view
-            source = result.graph
+            source = view
             if node_id not in source:
                 raise ApiError(404, f"node {node_id} is not in graph {name!r}")
         node = source.node(node_id)
@@ -412,7 +424,7 @@ class Explorer:
         params = _params(query, _THRESHOLD_KEYS)
         graph = self.graph(name)
         nt, et = self._thresholds(graph, params)
-        proposals = propose_supernodes(self.pruned(name, nt, et).graph)
+        proposals = propose_supernodes(self.view(name, nt, et)[0])
         return {"name": name, "node_threshold": nt, "edge_threshold": et,
                 "proposals": {k: [str(m) for m in v] for k, v in proposals.items()}}
 
@@ -485,7 +497,7 @@ class Explorer:
             raise ApiError(400, "nodes must list the node ids to save, separated by commas (pin some nodes)")
         graph = self.graph(name)
         nt, et = self._thresholds(graph, params)
-        view = self.pruned(name, nt, et).graph
+        view = self.view(name, nt, et)[0]
         missing = [i for i in ids if i not in view]
         if missing:
             raise ApiError(400, f"node {missing[0]} is not in the pruned graph at node_threshold={nt}, "

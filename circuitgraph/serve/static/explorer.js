@@ -163,8 +163,9 @@ async function loadView(useDefaults) {
 function showCounts() {
   const view = state.view;
   const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
+  $("node-threshold").disabled = $("edge-threshold").disabled = !view.prunable;
   setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges` +
-    (hidden ? ` (${hidden} remainder nodes hidden)` : ""));
+    (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
 }
 
 function renderPrompt(view) {
