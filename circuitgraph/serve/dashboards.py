@@ -95,8 +95,8 @@ class FeatureDashboards:
         """Read ``directory`` (see the module docstring); :class:`LoadError` naming what is wrong."""
         directory = Path(directory)
         if not is_features_folder(directory):
-            raise LoadError(f"{directory} is not a features folder (no {FEATURES_FILE}); write one with a spec's "
-                            "export: {features: DIR}")
+            raise LoadError(f"{directory} is not a features folder (no {FEATURES_FILE}); give the folder a "
+                            "features run wrote")
         try:
             import pyarrow.parquet as pq
         except ImportError:
