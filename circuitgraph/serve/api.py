@@ -25,8 +25,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
-
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.export.dot import (

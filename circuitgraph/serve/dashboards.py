@@ -171,7 +171,7 @@ class FeatureDashboards:
 def _read(pq: Any, path: Path) -> Any:
     try:
         return pq.read_table(path)
-    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError types
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError and others: one LoadError
         raise LoadError(f"cannot read {path}: {' '.join(str(exc).split())[:300]}") from None
 
 

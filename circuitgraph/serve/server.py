@@ -98,7 +98,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "circuitgraph-explorer"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         _LOG.debug("%s - %s", self.address_string(), format % args)
 
     # ------------------------------------------------------------------ responses
@@ -122,10 +122,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._json(status, {"error": " ".join(message.split())})
 
     # ------------------------------------------------------------------ routing
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+    def do_HEAD(self) -> None:
         self.do_GET()
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         try:
             if self.server.loopback and not self._loopback_host():
                 raise ApiError(403, "this explorer answers requests for 127.0.0.1 or localhost only")
@@ -139,7 +139,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(400, "the request's percent-encoded path is not UTF-8")
         except (BrokenPipeError, ConnectionResetError):
             pass
-        except Exception as exc:  # a bug: answer 500 with one line, keep serving
+        except Exception as exc:  # noqa: BLE001 - a bug: answer 500 with one line and keep serving
             _LOG.exception("explorer request %s failed", self.path)
             self._error(500, f"internal error: {type(exc).__name__}: {exc}")
 
