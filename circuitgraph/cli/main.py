@@ -3,6 +3,7 @@
 ::
 
     circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
+    circuitgraph serve PATH [--port P] [--host H] [--features DIR]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N] [--labels FILE_OR_FEATURES_DIR]
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N] [--features DIR]
@@ -338,6 +339,39 @@ def schema(
             from circuitgraph.spec import spec_schema_text
 
             typer.echo(spec_schema_text(), nl=False)
+
+
+@app.command()
+def serve(
+    path: Annotated[Path, typer.Argument(help="A graph file (.json or .npz), a dataset run's folder, a features "
+                                         "folder, or a folder of them.", show_default=False)],
+    port: Annotated[Optional[int], typer.Option("--port", "-p", min=0, max=65535, show_default=False,
+                                                help="The port (default: 8765; 0: any free port).")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", show_default=False, help=(
+        "The address to listen on (default: 127.0.0.1); any other makes the explorer reachable from other "
+        "machines."))] = None,
+    features: Annotated[Optional[list[Path]], typer.Option(
+        "--features", help="A features folder to show dashboards from (besides those under PATH).")] = None,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Explore graphs, dataset runs and feature dashboards in a browser (a local web app; Ctrl-C stops it)."""
+    with _reported(debug):
+        from circuitgraph.serve.server import make_server
+
+        given = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+        server = make_server(path, features=list(features or []), **given)
+        typer.echo(f"circuitgraph explorer: {server.url}  ({len(server.explorer.catalog.graphs)} graphs, "
+                   f"{len(server.explorer.catalog.features)} features folders; Ctrl-C stops it)")
+        if not server.loopback:
+            typer.echo(f"warning: listening on {server.server_address[0]}: other machines can read every graph "
+                       f"under {path}", err=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+        typer.echo("stopped")
 
 
 dataset_app = typer.Typer(help="Outputs of dataset runs (specs with dataset:).", no_args_is_help=True)

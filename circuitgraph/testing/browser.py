@@ -5,6 +5,9 @@ circuit-tracer's bundled attribution-graph frontend.
   flags a sandboxed CI machine needs (``--headless --no-sandbox --disable-gpu
   --disable-background-networking --disable-component-update --no-first-run`` and a fresh
   ``--user-data-dir``), to dump the DOM after scripts ran or to take a screenshot.
+* :func:`playwright_unavailable` / :func:`playwright_chromium` -- the same Chromium driven by
+  Playwright for Python (real clicks and key presses; used by the explorer's tests and
+  screenshots); Playwright's own browsers are never downloaded.
 * :func:`serve_viewer` -- circuit-tracer's frontend (``circuit_tracer/frontend/assets`` of the
   circuit-tracer 0.5.0 virtualenv, see :mod:`circuitgraph.testing.circuit_tracer`) served on
   ``127.0.0.1`` with graph files, as its ``local_server`` serves them.  The frontend loads
@@ -36,6 +39,8 @@ __all__ = [
     "run_chromium",
     "viewer_unavailable",
     "serve_viewer",
+    "playwright_unavailable",
+    "playwright_chromium",
     "VIEWER_LIB_FILES",
 ]
 
@@ -83,6 +88,37 @@ def run_chromium(url: str, *, dump_dom: bool = False, screenshot: str | os.PathL
     if done.returncode != 0:
         raise RuntimeError(f"chromium failed (exit {done.returncode}): {done.stderr[-2000:]}")
     return done.stdout
+
+
+# --------------------------------------------------------------------------- Playwright
+def playwright_unavailable() -> str | None:
+    """Why Playwright cannot drive Chromium here (None when it can)."""
+    reason = chromium_unavailable()
+    if reason:
+        return reason
+    try:
+        import playwright.sync_api  # noqa: F401 - the test extra
+    except ImportError:
+        return ("Playwright for Python is not installed (pip install playwright, in the test extra; it drives the "
+                "system's Chromium and needs no browser download)")
+    return None
+
+
+@contextmanager
+def playwright_chromium() -> Iterator[object]:
+    """A headless ``playwright`` Browser running the system's Chromium (:func:`find_chromium`)."""
+    reason = playwright_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    from playwright.sync_api import sync_playwright
+
+    flags = [f for f in _FLAGS if f != "--headless"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=find_chromium(), headless=True, args=flags)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 # --------------------------------------------------------------------------- the viewer

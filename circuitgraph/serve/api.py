@@ -1,0 +1,547 @@
+"""The explorer's JSON API, as plain functions of a :class:`~circuitgraph.serve.catalog.Catalog`.
+
+The HTTP layer (:mod:`circuitgraph.serve.server`) only routes requests here; every answer is
+JSON (or a file to download) computed by circuitgraph's own functions:
+
+* the pruned graph is :func:`circuitgraph.queries.prune.prune_graph` of the loaded graph at the
+  thresholds asked (the page never prunes by itself);
+* groups are :func:`~circuitgraph.export.dot.merge_supernodes`, the automatic proposals
+  :func:`~circuitgraph.export.dot.propose_supernodes` (as the diagrams use them);
+* a saved subgraph is written by the exporters: :func:`~circuitgraph.export.json_graph.graph_to_json`,
+  :func:`~circuitgraph.export.neuronpedia.graph_to_neuronpedia` and
+  :func:`~circuitgraph.export.dot.graph_to_dot` rendered with Graphviz.
+
+Bad parameters raise :class:`ApiError` (status 400, one line); unknown graphs, nodes and
+features status 404.  docs/explorer.md documents every endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from circuitgraph.datasets.store import open_dataset
+from circuitgraph.errors import CircuitGraphError
+from circuitgraph.export.dot import (
+    KIND_COLORS,
+    NEGATIVE_COLOR,
+    POSITIVE_COLOR,
+    graph_to_dot,
+    is_structural_label,
+    merge_supernodes,
+    node_caption,
+    propose_supernodes,
+)
+from circuitgraph.export.json_graph import graph_to_json
+from circuitgraph.export.neuronpedia import graph_to_neuronpedia, n_layers_of, neuronpedia_node_id
+from circuitgraph.export.render import render_dot_bytes
+from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
+from circuitgraph.queries.prune import PruneResult, prune_graph
+from circuitgraph.serve.catalog import Catalog
+from circuitgraph.spec.graph import PruneSpec
+
+__all__ = ["ApiError", "Explorer", "Download", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS"]
+
+#: the thresholds of an unpruned graph's first view: the spec's pruning defaults
+DEFAULT_NODE_THRESHOLD = PruneSpec.model_fields["node_threshold"].default
+DEFAULT_EDGE_THRESHOLD = PruneSpec.model_fields["edge_threshold"].default
+#: what a pinned subgraph can be saved as
+EXPORT_FORMATS = ("json", "neuronpedia", "svg")
+#: a node's inputs and outputs listed by default (the strongest)
+DEFAULT_EDGE_LIMIT = 30
+#: the largest pruned view the API sends to the page (a browser draws about this many SVG paths)
+MAX_VIEW_EDGES = 100_000
+#: pruned views kept per explorer (the slider asks for many)
+_CACHE_SIZE = 32
+_THRESHOLD_KEYS = ("node_threshold", "edge_threshold")
+
+
+class ApiError(Exception):
+    """A request the API refuses: ``status`` (400 bad parameters, 404 unknown) and one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = " ".join(str(message).split())
+
+
+@dataclass(frozen=True)
+class Download:
+    """A file the API hands out: its bytes, content type and file name."""
+
+    data: bytes
+    content_type: str
+    filename: str
+
+
+# --------------------------------------------------------------------------- parameters
+def _params(query: Mapping[str, list[str]], allowed: tuple[str, ...]) -> dict[str, str]:
+    """One value per parameter; unknown or repeated parameters are refused."""
+    out = {}
+    for key, values in query.items():
+        if key not in allowed:
+            expected = ", ".join(allowed) if allowed else "none"
+            raise ApiError(400, f"unknown parameter {key!r}; expected {expected}")
+        if len(values) != 1:
+            raise ApiError(400, f"parameter {key!r} is given {len(values)} times; give it once")
+        out[key] = values[0]
+    return out
+
+
+def _fraction(params: Mapping[str, str], key: str, default: float) -> float:
+    text = params.get(key)
+    if text is None:
+        return float(default)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ApiError(400, f"{key} must be a number in (0, 1], got {text[:40]!r}") from None
+    if not math.isfinite(value) or not 0.0 < value <= 1.0:
+        raise ApiError(400, f"{key} must be a number in (0, 1], got {text[:40]!r}")
+    return value
+
+
+def _int(params: Mapping[str, str], key: str, default: int, low: int = 1) -> int:
+    text = params.get(key)
+    if text is None:
+        return default
+    if not re.fullmatch(r"-?\d{1,9}", text):
+        raise ApiError(400, f"{key} must be an integer, got {text[:40]!r}")
+    value = int(text)
+    if value < low:
+        raise ApiError(400, f"{key} must be at least {low}, got {value}")
+    return value
+
+
+def _node_id(text: str) -> NodeId:
+    try:
+        return NodeId.parse(text)
+    except ValueError as exc:
+        raise ApiError(400, f"bad node id {text[:80]!r}: {exc}") from None
+
+
+def _groups(params: Mapping[str, str]) -> dict[str, list[str]]:
+    """``supernodes``: a JSON object ``{name: [node id, ...]}``."""
+    text = params.get("supernodes")
+    if not text:
+        return {}
+    try:
+        groups = json.loads(text)
+    except ValueError:
+        raise ApiError(400, "supernodes must be a JSON object {name: [node id, ...]}") from None
+    if not isinstance(groups, dict) or not all(
+            isinstance(k, str) and k.strip() and isinstance(v, list) and v and all(isinstance(x, str) for x in v)
+            for k, v in groups.items()):
+        raise ApiError(400, "supernodes must be a JSON object {name: [node id, ...]} with non-empty names and lists")
+    for members in groups.values():
+        for m in members:
+            _node_id(m)
+    return groups
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+# --------------------------------------------------------------------------- the API
+class Explorer:
+    """The API over one catalog (thread-safe: the server answers requests in threads)."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self._lock = threading.RLock()
+        self._pruned: OrderedDict[tuple[str, float, float], PruneResult] = OrderedDict()
+        self._labelled: dict[str, AttributionGraph] = {}
+        self._feature_errors: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _entry(self, name: str) -> Any:
+        if name not in self.catalog.graphs:
+            raise ApiError(404, f"no graph named {name[:200]!r}; GET /api/graphs lists them")
+        return self.catalog.graphs[name]
+
+    def graph(self, name: str) -> AttributionGraph:
+        """The graph ``name`` as loaded, with the features folder's labels (``labels.csv``) on its
+        feature nodes."""
+        self._entry(name)
+        with self._lock:
+            if name not in self._labelled:
+                try:
+                    graph = self.catalog.document(name).graph
+                except CircuitGraphError as exc:
+                    raise ApiError(400, f"cannot read graph {name!r}: {exc}") from None
+                self._labelled[name] = self._with_labels(graph)
+            return self._labelled[name]
+
+    def _dash(self) -> Any:
+        """The default features folder, or None when there is none or it cannot be read (then
+        ``GET /api/graphs`` says why in ``feature_errors``, and graphs are shown without it)."""
+        try:
+            return self.catalog.dashboards()
+        except CircuitGraphError as exc:
+            self._feature_errors[next(iter(self.catalog.features))] = str(exc)
+            return None
+
+    def _with_labels(self, graph: AttributionGraph) -> AttributionGraph:
+        dash = self._dash()
+        if dash is None or not dash.labels:
+            return graph
+        nodes = []
+        for node in graph.nodes:
+            label = dash.labels.get((node.layer, node.index)) if node.kind == "feature" else None
+            if label:  # the features folder's description wins over an id-like or count label
+                node = Node(node.id, node.activation, node.pre_activation, node.constant, label, node.attrs)
+            nodes.append(node)
+        out = AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
+                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique)
+        return out
+
+    def default_thresholds(self, graph: AttributionGraph) -> tuple[float, float]:
+        """A graph pruned already (it has pruning's remainder nodes) starts unpruned further (1, 1);
+        any other starts at the spec's pruning defaults."""
+        pruned = any(n.kind == "remainder" and n.index == REMAINDER_INDEX["pruned"] for n in graph.nodes)
+        return (1.0, 1.0) if pruned else (DEFAULT_NODE_THRESHOLD, DEFAULT_EDGE_THRESHOLD)
+
+    def _thresholds(self, graph: AttributionGraph, params: Mapping[str, str]) -> tuple[float, float]:
+        node_default, edge_default = self.default_thresholds(graph)
+        return (_fraction(params, "node_threshold", node_default), _fraction(params, "edge_threshold", edge_default))
+
+    def pruned(self, name: str, node_threshold: float, edge_threshold: float) -> PruneResult:
+        """``prune_graph`` of the graph ``name`` at these thresholds (cached)."""
+        graph = self.graph(name)
+        key = (name, float(node_threshold), float(edge_threshold))
+        with self._lock:
+            hit = self._pruned.get(key)
+            if hit is not None:
+                self._pruned.move_to_end(key)
+                return hit
+            try:
+                result = prune_graph(graph, node_threshold=node_threshold, edge_threshold=edge_threshold)
+            except CircuitGraphError as exc:
+                raise ApiError(400, str(exc)) from None
+            self._pruned[key] = result
+            while len(self._pruned) > _CACHE_SIZE:
+                self._pruned.popitem(last=False)
+            return result
+
+    def view(self, name: str, node_threshold: float, edge_threshold: float) -> tuple[AttributionGraph, PruneResult | None]:
+        """What the page shows of graph ``name``: ``prune_graph`` at these thresholds, or, for a graph
+        without targets (pruning ranks nodes by their influence on the targets), the graph whole."""
+        graph = self.graph(name)
+        if not graph.targets:
+            return graph, None
+        result = self.pruned(name, node_threshold, edge_threshold)
+        return result.graph, result
+
+    def _node_json(self, node: Node, influence: float | None, targets: set[NodeId]) -> dict[str, Any]:
+        token = node.attrs.get("token_str")
+        dash = self._dash()
+        rec = {
+            "id": str(node.id),
+            "kind": node.kind,
+            "layer": node.layer,
+            "position": node.position,
+            "index": node.index,
+            "activation": _number(node.activation),
+            "label": node.label if not is_structural_label(node) else "",
+            "token": token if isinstance(token, str) else None,
+            "caption": node_caption(node),
+            "influence": _number(influence),
+            "is_target": node.id in targets,
+            "has_dashboard": bool(dash is not None and node.kind == "feature" and (node.layer, node.index) in dash),
+        }
+        if "supernode" in node.attrs:
+            rec["supernode"] = node.attrs["supernode"]
+            rec["members"] = list(node.attrs.get("members", []))
+        return rec
+
+    # ------------------------------------------------------------------ endpoints
+    def list_graphs(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/graphs``."""
+        _params(query, ())
+        self._dash()
+        return {
+            "graphs": [e.info(self.catalog.root_dir) for e in self.catalog.graphs.values()],
+            "feature_errors": dict(self._feature_errors),
+            "datasets": sorted(self.catalog.datasets),
+            "features": list(self.catalog.features),
+            "truncated": self.catalog.truncated,
+            "kind_colors": KIND_COLORS,
+            "edge_colors": {"positive": POSITIVE_COLOR, "negative": NEGATIVE_COLOR},
+        }
+
+    def graph_view(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/graph/NAME?node_threshold=T&edge_threshold=E[&supernodes=JSON]``: the pruned graph."""
+        params = _params(query, (*_THRESHOLD_KEYS, "supernodes"))
+        graph = self.graph(name)
+        nt, et = self._thresholds(graph, params)
+        groups = _groups(params)
+        view, result = self.view(name, nt, et)
+        if view.n_edges > MAX_VIEW_EDGES:
+            raise ApiError(400, f"the graph pruned at node_threshold={nt}, edge_threshold={et} has {view.n_edges:,} "
+                                f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds")
+        influence: dict[NodeId, float] = {}
+        if result is not None:
+            kept = result.node_influence[result.node_mask]
+            influence = {n.id: float(v) for n, v in zip(view.nodes, kept)}
+        if groups:
+            try:
+                view = merge_supernodes(view, groups)
+            except CircuitGraphError as exc:
+                raise ApiError(400, str(exc)) from None
+            for node in view.nodes:
+                if "supernode" in node.attrs:
+                    influence[node.id] = sum(influence.get(NodeId.parse(m), 0.0) for m in node.attrs["members"])
+        targets = set(view.target_ids)
+        ids = [str(n.id) for n in view.nodes]
+        meta = graph.metadata
+        default = self.default_thresholds(graph)
+        return {
+            "name": name,
+            "node_threshold": nt,
+            "edge_threshold": et,
+            "default_node_threshold": default[0],
+            "default_edge_threshold": default[1],
+            "prunable": result is not None,
+            "n_nodes_before": graph.n_nodes,
+            "n_edges_before": graph.n_edges,
+            "node_score_threshold": _number(result.node_score_threshold) if result is not None else None,
+            "edge_score_threshold": _number(result.edge_score_threshold) if result is not None else None,
+            "prompt": meta.get("prompt") if isinstance(meta.get("prompt"), str) else None,
+            "prompt_tokens": meta.get("prompt_token_strs") if isinstance(meta.get("prompt_token_strs"), list) else None,
+            "scores": {k: _number(meta[k]) for k in ("replacement_score", "completeness_score")
+                       if isinstance(meta.get(k), (int, float))},
+            "model": (meta.get("model") or {}).get("name") if isinstance(meta.get("model"), dict) else None,
+            "has_qk": bool(self._qk_heads(name)),
+            "nodes": [self._node_json(n, influence.get(n.id), targets) for n in view.nodes],
+            "edges": [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
+                      zip(view.edge_source.tolist(), view.edge_target.tolist(), view.edge_weight.tolist())],
+            "supernodes": groups,
+        }
+
+    def node(self, name: str, node_text: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/node/NAME/NODE_ID``: the node, its inputs and outputs, its dashboard and QK."""
+        params = _params(query, (*_THRESHOLD_KEYS, "limit"))
+        node_id = _node_id(node_text)
+        graph = self.graph(name)
+        limit = _int(params, "limit", DEFAULT_EDGE_LIMIT)
+        nt, et = self._thresholds(graph, params)
+        view, result = self.view(name, nt, et)
+        source, influence = graph, None
+        if node_id in graph:  # prune's node influence is that of the graph it was given
+            if result is not None:
+                influence = float(result.node_influence[graph.index_of(node_id)])
+        else:  # a remainder node of the pruned view
+            source = view
+            if node_id not in source:
+                raise ApiError(404, f"node {node_id} is not in graph {name!r}")
+        node = source.node(node_id)
+        rec = self._node_json(node, influence, set(source.target_ids))
+        ins, outs = source.in_edges(node_id), source.out_edges(node_id)
+        rec.update({
+            "pre_activation": _number(node.pre_activation),
+            "constant": _number(node.constant),
+            "attrs": _jsonable_attrs(node.attrs),
+            "n_inputs": len(ins),
+            "n_outputs": len(outs),
+            "inputs": [self._edge_json(source, s, w) for s, w in ins[:limit]],
+            "outputs": [self._edge_json(source, t, w) for t, w in outs[:limit]],
+            "sum_inputs": float(sum(w for _, w in ins)),
+            "dashboard": None,
+            "qk": [h for h in self._qk_heads(name) if node.kind == "attention_head" and int(h["layer"]) == node.layer
+                   and int(h["head"]) == node.index and int(h["query_position"]) == node.position],
+        })
+        rec["qk_names"] = self._qk_names(name, rec["qk"])
+        dash = self._dash()
+        if dash is not None and node.kind == "feature":
+            rec["dashboard"] = dash.dashboard(node.layer, node.index)
+        return rec
+
+    @staticmethod
+    def _edge_json(graph: AttributionGraph, other: NodeId, weight: float) -> dict[str, Any]:
+        node = graph.node(other)
+        token = node.attrs.get("token_str")
+        return {"id": str(other), "kind": other.kind, "caption": node_caption(node), "weight": weight,
+                "token": token if isinstance(token, str) else None,
+                "label": node.label if not is_structural_label(node) else ""}
+
+    def feature(self, layer_text: str, index_text: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/features/LAYER/INDEX[?features=NAME]``: one feature's dashboard."""
+        params = _params(query, ("features",))
+        if not re.fullmatch(r"-?\d{1,9}", layer_text) or not re.fullmatch(r"\d{1,12}", index_text):
+            raise ApiError(400, f"a feature is /api/features/LAYER/INDEX with integers, got {layer_text[:20]!r}/"
+                                f"{index_text[:20]!r}")
+        dash = self._dashboards(params.get("features"))
+        board = dash.dashboard(int(layer_text), int(index_text))
+        if board is None:
+            raise ApiError(404, f"feature {index_text} of layer {layer_text} is not in {dash.directory.name}")
+        return board
+
+    def features(self, rest: list[str], query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/features`` (the folders and their layers), ``GET /api/features/LAYER``
+        (a layer's features, ``offset``/``limit``) or ``GET /api/features/LAYER/INDEX`` (a dashboard)."""
+        if len(rest) == 2:
+            return self.feature(rest[0], rest[1], query)
+        if len(rest) > 2:
+            raise ApiError(400, "a feature is /api/features/LAYER/INDEX")
+        params = _params(query, ("features", "offset", "limit"))
+        dash = self._dashboards(params.get("features"))
+        if not rest:
+            _params(query, ("features",))
+            return {"folders": list(self.catalog.features), "source": dash.directory.name,
+                    "layers": {str(k): v for k, v in dash.layers().items()}}
+        if not re.fullmatch(r"-?\d{1,9}", rest[0]):
+            raise ApiError(400, f"a layer's features are /api/features/LAYER with an integer, got {rest[0][:20]!r}")
+        offset, limit = _int(params, "offset", 0, low=0), _int(params, "limit", 200)
+        layer = int(rest[0])
+        return {"source": dash.directory.name, "layer": layer, "n_features": dash.layers().get(layer, 0),
+                "offset": offset, "features": dash.listing(layer, offset, limit)}
+
+    def _dashboards(self, source: str | None) -> Any:
+        if source is not None and source not in self.catalog.features:
+            raise ApiError(404, f"no features folder named {source[:200]!r}; GET /api/graphs lists them")
+        try:
+            dash = self.catalog.dashboards(source)
+        except CircuitGraphError as exc:
+            raise ApiError(400, str(exc)) from None
+        if dash is None:
+            raise ApiError(404, "no features folder is being served; serve a folder holding one, or pass --features")
+        return dash
+
+    def supernode_proposals(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/supernodes/NAME?...``: :func:`propose_supernodes` of the pruned graph."""
+        params = _params(query, _THRESHOLD_KEYS)
+        graph = self.graph(name)
+        nt, et = self._thresholds(graph, params)
+        proposals = propose_supernodes(self.view(name, nt, et)[0])
+        return {"name": name, "node_threshold": nt, "edge_threshold": et,
+                "proposals": {k: [str(m) for m in v] for k, v in proposals.items()}}
+
+    def _qk_heads(self, name: str) -> list[dict[str, Any]]:
+        doc = self.catalog.document(name)
+        heads = []
+        for q in doc.queries:
+            if q.get("kind") == "qk" and isinstance(q.get("result"), dict):
+                heads.extend(h for h in q["result"].get("heads", ()) if isinstance(h, dict))
+        return heads
+
+    def qk(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/qk/NAME``: the QK decompositions stored with the graph (``qk`` queries), and
+        ``names``: a display name of every node they mention."""
+        _params(query, ())
+        heads = self._qk_heads(name)
+        return {"name": name, "heads": heads, "names": self._qk_names(name, heads)}
+
+    def _qk_names(self, name: str, heads: list[dict[str, Any]]) -> dict[str, str]:
+        graph = self.graph(name)
+        names = {}
+        for h in heads:
+            ids = [p[k] for p in h.get("pairs", ()) for k in ("query_node", "key_node")]
+            ids += [m["node"] for key in ("query_marginals", "key_marginals") for m in h.get(key, ())]
+            for text in ids:
+                try:
+                    node = graph.node(text)
+                except CircuitGraphError:
+                    continue
+                token = node.attrs.get("token_str")
+                names[text] = node_caption(node) + (f" {json.dumps(token, ensure_ascii=False)}"
+                                                    if isinstance(token, str) else "")
+        return names
+
+    def dataset(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/dataset/NAME``: the run's manifest (scores per prompt) and its graphs."""
+        _params(query, ())
+        entry = self.catalog.datasets.get(name)
+        if entry is None:
+            raise ApiError(404, f"no dataset run named {name[:200]!r}; GET /api/graphs lists them")
+        ds = open_dataset(entry.path)
+        manifest = ds.manifest
+        columns = [c for c in ("id", "row", "status", "error", "replacement_score", "completeness_score", "n_nodes",
+                               "n_edges", "n_tokens", "time_total") if c in manifest.columns]
+        rows = []
+        for rec in manifest[columns].to_dict(orient="records"):
+            rec = {k: (_number(v) if isinstance(v, float) else v.item() if hasattr(v, "item") else v)
+                   for k, v in rec.items()}
+            rec["graph"] = entry.prompt_graphs.get(str(rec.get("id")))
+            rows.append(rec)
+        ok = manifest[manifest["status"] == "ok"] if "status" in manifest.columns else manifest
+        summary = {}
+        for col in ("replacement_score", "completeness_score"):
+            if col in ok.columns and len(ok):
+                summary[col] = {"mean": _number(ok[col].mean()), "median": _number(ok[col].median()),
+                                "min": _number(ok[col].min()), "max": _number(ok[col].max())}
+        return {"name": name, "aggregate": f"{name}/aggregate", "n_prompts": len(manifest), "n_ok": len(ok),
+                "n_aggregated": ds.n_aggregated, "scores": summary, "rows": rows}
+
+    def export(self, name: str, query: Mapping[str, list[str]]) -> Download:
+        """``GET /api/export/NAME?format=F&nodes=ID,ID...``: the pinned nodes' subgraph of the pruned
+        view, written by circuitgraph's own exporters (``format``: json, neuronpedia or svg)."""
+        params = _params(query, (*_THRESHOLD_KEYS, "format", "nodes", "supernodes"))
+        fmt = params.get("format", "json")
+        if fmt not in EXPORT_FORMATS:
+            raise ApiError(400, f"format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt[:40]!r}")
+        text = params.get("nodes", "")
+        ids = [_node_id(t) for t in text.split(",") if t.strip()]
+        if not ids:
+            raise ApiError(400, "nodes must list the node ids to save, separated by commas (pin some nodes)")
+        graph = self.graph(name)
+        nt, et = self._thresholds(graph, params)
+        view = self.view(name, nt, et)[0]
+        missing = [i for i in ids if i not in view]
+        if missing:
+            raise ApiError(400, f"node {missing[0]} is not in the pruned graph at node_threshold={nt}, "
+                                f"edge_threshold={et}; lower the thresholds or unpin it")
+        groups = _groups(params)
+        pinned = {str(i) for i in ids}
+        for gname, members in groups.items():
+            stray = [m for m in members if m not in pinned]
+            if stray:
+                raise ApiError(400, f"supernode {gname!r} holds {stray[0]}, which is not pinned; pin it or drop it")
+        sub = view.subgraph(ids)
+        sub.metadata["explorer"] = {"source": name, "node_threshold": nt, "edge_threshold": et,
+                                    "pinned": sorted(pinned), "supernodes": groups}
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "graph"
+        try:
+            if fmt == "json":
+                return Download(graph_to_json(sub).encode("utf-8"), "application/json", f"{stem}-subgraph.json")
+            if fmt == "neuronpedia":
+                keep_remainders = any(i.kind == "remainder" for i in ids)
+                doc = graph_to_neuronpedia(sub, full_graph=graph, slug=f"{stem}-subgraph", node_threshold=nt,
+                                           edge_threshold=et, keep_remainders=keep_remainders)
+                present = {rec["node_id"] for rec in doc["nodes"]}
+                doc["qParams"]["pinnedIds"] = sorted(present)
+                n_layers = n_layers_of(sub)
+                doc["qParams"]["supernodes"] = [
+                    [gname, *[np_id for np_id in (neuronpedia_node_id(NodeId.parse(m), n_layers)[0] for m in members)
+                              if np_id in present]] for gname, members in groups.items()]
+                text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+                return Download(text.encode("utf-8"), "application/json", f"{stem}-subgraph.neuronpedia.json")
+            dash = self._dash()
+            dot = graph_to_dot(sub, max_nodes=None, max_edges=None, show_remainders=True, show_unreachable=True,
+                               labels=dash.labels if dash is not None and dash.labels else None,
+                               supernodes=groups or None)
+            return Download(render_dot_bytes(dot, "svg"), "image/svg+xml", f"{stem}-subgraph.svg")
+        except CircuitGraphError as exc:
+            raise ApiError(400, f"cannot save the subgraph as {fmt}: {exc}") from None
+
+
+def _jsonable_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's attrs that JSON can hold as they are (numbers, strings, short lists)."""
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, (str, bool, int)) or v is None:
+            out[k] = v
+        elif isinstance(v, float):
+            out[k] = _number(v)
+        elif isinstance(v, (list, tuple)) and len(v) <= 64 and all(isinstance(x, (str, int, float)) for x in v):
+            out[k] = [_number(x) if isinstance(x, float) else x for x in v]
+    return out

@@ -1,0 +1,623 @@
+// circuitgraph explorer: plain JavaScript + SVG, no libraries, nothing fetched but this server's /api/.
+// Every graph shown comes from the server (GET /api/graph/NAME?node_threshold=..&edge_threshold=..):
+// the page never prunes or merges by itself; it lays out and draws what it is given.
+"use strict";
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const NODE_W = 72, NODE_H = 30, GAP = 5, COL_GAP = 10, ROW_GAP = 46, PER_LINE = 8, MARGIN_L = 44, MARGIN_T = 26,
+  MARGIN_B = 10;
+const KIND_ORDER = ["embedding", "positional", "feature", "error", "neuron", "attention_head", "mlp", "bias",
+                    "remainder", "logit", "target"];
+
+const state = {
+  graphs: [], byName: {}, name: null, view: null, selected: null,
+  pinned: [], groups: {}, zoom: null, colors: {}, edgeColors: {}, request: 0, datasetShown: null,
+};
+
+// ------------------------------------------------------------------ small helpers
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+
+function fmt(x, digits) {
+  if (x === null || x === undefined) return "—";
+  if (typeof x !== "number") return String(x);
+  if (x !== 0 && (Math.abs(x) >= 1e5 || Math.abs(x) < 1e-3)) return x.toExponential(digits || 3);
+  return x.toFixed(digits === undefined ? 4 : digits).replace(/\.?0+$/, (m) => (m.startsWith(".") ? "" : m));
+}
+
+function signed(x) { return el("span", { class: x < 0 ? "neg" : "pos" }, (x >= 0 ? "+" : "") + fmt(x)); }
+
+function showToken(t) { return t === null || t === undefined ? "" : JSON.stringify(t); }
+
+function setStatus(text, error) {
+  const s = $("status");
+  s.textContent = text;
+  s.className = "status" + (error ? " error" : "");
+}
+
+async function api(path) {
+  const response = await fetch(path);
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+function nameUrl(endpoint, name, params) {
+  const query = new URLSearchParams(params || {}).toString();
+  return `/api/${endpoint}/${encodeURIComponent(name)}` + (query ? "?" + query : "");
+}
+
+function thresholds() {
+  return { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value };
+}
+
+function nodeText(n) {
+  if (n.supernode) return n.supernode;
+  if (n.kind === "embedding") return showToken(n.token);
+  if (n.kind === "logit") return "logit " + showToken(n.token);
+  return n.caption.replace(/ @\d+$/, "");
+}
+
+function nodeTitle(n) {
+  const parts = [n.id];
+  if (n.token !== null && n.token !== undefined) parts.push("token " + showToken(n.token));
+  if (n.label) parts.push(n.label);
+  parts.push("activation " + fmt(n.activation));
+  if (n.influence !== null && n.influence !== undefined) parts.push("influence " + fmt(n.influence));
+  return parts.join("\n");
+}
+
+// ------------------------------------------------------------------ graphs and views
+async function start() {
+  try {
+    const listing = await api("/api/graphs");
+    state.graphs = listing.graphs;
+    state.colors = listing.kind_colors;
+    state.edgeColors = listing.edge_colors;
+    const select = $("graph-select");
+    for (const g of listing.graphs) {
+      state.byName[g.name] = g;
+      select.append(el("option", { value: g.name }, g.kind === "aggregate" ? `${g.name} (aggregate)` : g.name));
+    }
+    if (listing.features.length) await loadFeatures();
+    if (!listing.graphs.length) {
+      setStatus(listing.features.length ? "no graphs; features: " + listing.features.join(", ") : "nothing to show");
+      document.body.dataset.state = "ready";
+      return;
+    }
+    const wanted = new URLSearchParams(location.hash.slice(1)).get("graph");
+    const first = listing.graphs.find((g) => g.kind !== "prompt") || listing.graphs[0];
+    await selectGraph(wanted && state.byName[wanted] ? wanted : first.name);
+  } catch (err) {
+    setStatus(err.message, true);
+    document.body.dataset.state = "error";
+  }
+}
+
+async function selectGraph(name) {
+  state.name = name;
+  state.pinned = [];
+  state.groups = {};
+  state.selected = null;
+  state.zoom = null;
+  $("graph-select").value = name;
+  $("proposals").replaceChildren();
+  $("details").replaceChildren(el("p", { class: "muted" }, "Click a node to see its inputs, outputs and dashboard."));
+  history.replaceState(null, "", "#graph=" + encodeURIComponent(name));
+  await loadView(true);
+  renderPinned();
+  await showDataset();
+  await showQK();
+}
+
+async function loadView(useDefaults) {
+  const ticket = ++state.request;
+  document.body.dataset.state = "loading";
+  setStatus("pruning…");
+  const params = useDefaults ? {} : thresholds();
+  if (Object.keys(state.groups).length) params.supernodes = JSON.stringify(state.groups);
+  try {
+    const view = await api(nameUrl("graph", state.name, params));
+    if (ticket !== state.request) return;  // a newer request is on its way
+    state.view = view;
+    if (useDefaults) {  // a new graph: the sliders start at its defaults (later, the user moves them)
+      $("node-threshold").value = view.node_threshold;
+      $("edge-threshold").value = view.edge_threshold;
+      $("node-threshold-value").textContent = Number(view.node_threshold).toFixed(2);
+      $("edge-threshold-value").textContent = Number(view.edge_threshold).toFixed(2);
+    }
+    renderPrompt(view);
+    render();
+    fillSearchFilters();
+    runSearch();
+    renderPinned();
+    showCounts();
+    document.body.dataset.state = "ready";
+  } catch (err) {
+    if (ticket !== state.request) return;
+    setStatus(err.message, true);
+    document.body.dataset.state = "error";
+  }
+}
+
+function showCounts() {
+  const view = state.view;
+  const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
+  $("node-threshold").disabled = $("edge-threshold").disabled = !view.prunable;
+  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges` +
+    (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
+}
+
+function renderPrompt(view) {
+  const parts = [];
+  const entry = state.byName[view.name];
+  if (entry && entry.file) {
+    parts.push(el("a", { href: "/files/" + entry.file.split("/").map(encodeURIComponent).join("/"), download: true,
+      title: "the graph file as served" }, "file"), " · ");
+  }
+  if (view.model) parts.push(el("span", { class: "tag" }, view.model + " · "));
+  if (view.prompt) parts.push(el("span", {}, JSON.stringify(view.prompt)));
+  for (const [k, v] of Object.entries(view.scores || {})) parts.push(el("span", { class: "tag" }, ` · ${k} ${fmt(v, 3)}`));
+  $("prompt").replaceChildren(...parts);
+}
+
+// ------------------------------------------------------------------ layout and drawing
+function rankKey(n) {
+  const attention = n.kind === "attention_head" || (n.kind === "bias" && n.index === 0);
+  return [n.layer, attention ? 0 : 1];
+}
+
+function layout(nodes) {
+  // rows: one per (layer, attention side), bottom to top; columns: one per position, left to right;
+  // a cell of more than PER_LINE nodes wraps onto further lines
+  const rows = [...new Set(nodes.map((n) => rankKey(n).join(":")))]
+    .map((k) => k.split(":").map(Number)).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  const rowIndex = new Map(rows.map((r, i) => [r.join(":"), i]));
+  const cells = new Map();
+  for (const n of nodes) {
+    const key = rowIndex.get(rankKey(n).join(":")) + "|" + n.position;
+    if (!cells.has(key)) cells.set(key, []);
+    cells.get(key).push(n);
+  }
+  const positions = [...new Set(nodes.map((n) => n.position))].sort((a, b) => a - b);
+  const width = new Map(positions.map((p) => [p, 1]));
+  const lines = rows.map(() => 1);
+  for (const [key, members] of cells) {
+    const [r, p] = key.split("|").map(Number);
+    width.set(p, Math.max(width.get(p), Math.min(members.length, PER_LINE)));
+    lines[r] = Math.max(lines[r], Math.ceil(members.length / PER_LINE));
+  }
+  const colX = new Map();
+  let x = MARGIN_L;
+  for (const p of positions) {
+    colX.set(p, x);
+    x += width.get(p) * (NODE_W + GAP) + COL_GAP;
+  }
+  const rowTop = new Array(rows.length);
+  let y = MARGIN_T;
+  for (let r = rows.length - 1; r >= 0; r--) {
+    rowTop[r] = y;
+    y += lines[r] * (NODE_H + GAP) + ROW_GAP;
+  }
+  const place = new Map();
+  for (const [key, members] of cells) {
+    const [r, p] = key.split("|").map(Number);
+    members.sort((a, b) => KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind) || a.index - b.index);
+    members.forEach((n, i) => {
+      const line = Math.floor(i / PER_LINE), inLine = Math.min(PER_LINE, members.length - line * PER_LINE);
+      const free = (width.get(p) - inLine) * (NODE_W + GAP) / 2;
+      place.set(n.id, { x: colX.get(p) + free + (i % PER_LINE) * (NODE_W + GAP), y: rowTop[r] + line * (NODE_H + GAP) });
+    });
+  }
+  return { place, rows, positions, colX, rowTop, lines, totalW: x, totalH: y - ROW_GAP + MARGIN_B };
+}
+
+function render() {
+  const view = state.view;
+  const showRem = $("show-remainders").checked;
+  const nodes = view.nodes.filter((n) => showRem || n.kind !== "remainder");
+  const shown = new Set(nodes.map((n) => n.id));
+  const edges = view.edges.filter((e) => shown.has(e.source) && shown.has(e.target));
+  const lay = layout(nodes);
+  const root = $("graph");
+  root.replaceChildren();
+  root.setAttribute("viewBox", `0 0 ${lay.totalW} ${lay.totalH}`);
+  if (state.zoom === null) {  // fit the canvas, within reason
+    const canvas = $("canvas");
+    state.zoom = Math.max(0.3, Math.min(1.3, (canvas.clientWidth - 8) / lay.totalW, (canvas.clientHeight - 8) / lay.totalH));
+  }
+  root.setAttribute("width", Math.round(lay.totalW * state.zoom));
+  root.setAttribute("height", Math.round(lay.totalH * state.zoom));
+  root.dataset.nodeThreshold = view.node_threshold;
+  root.dataset.edgeThreshold = view.edge_threshold;
+
+  // axes: a label per row (layer) at the left, the prompt's tokens over the columns
+  const tokens = view.prompt_tokens || [];
+  const outputLayers = new Set(nodes.filter((n) => n.kind === "logit" || n.kind === "target").map((n) => n.layer));
+  lay.rows.forEach(([layer, sub], i) => {
+    const y = lay.rowTop[i] + lay.lines[i] * (NODE_H + GAP) / 2 + 2;
+    const name = layer < 0 ? "Emb" : outputLayers.has(layer) && sub === 1 ? "Out" : `L${layer}` + (sub === 0 ? " attn" : "");
+    const t = svg("text", { x: 6, y, class: "axis" });
+    t.textContent = name;
+    root.append(t);
+  });
+  for (const p of lay.positions) {
+    const t = svg("text", { x: lay.colX.get(p) + 2, y: 16, class: "axis" });
+    t.textContent = `${p}` + (tokens[p] !== undefined ? " " + showToken(tokens[p]) : "");
+    root.append(t);
+  }
+
+  const maxAbs = Math.max(1e-30, ...edges.map((e) => Math.abs(e.weight)));
+  const edgeLayer = svg("g", { class: "edges" });
+  for (const e of edges) {
+    const s = lay.place.get(e.source), t = lay.place.get(e.target);
+    const x1 = s.x + NODE_W / 2, y1 = s.y, x2 = t.x + NODE_W / 2, y2 = t.y + NODE_H;
+    const my = (y1 + y2) / 2;
+    const path = svg("path", {
+      d: `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`, class: "edge",
+      stroke: e.weight < 0 ? state.edgeColors.negative : state.edgeColors.positive,
+      "stroke-width": (0.4 + 4.6 * Math.abs(e.weight) / maxAbs).toFixed(2),
+      "data-source": e.source, "data-target": e.target,
+    });
+    const title = svg("title");
+    title.textContent = `${e.source} → ${e.target}: ${e.weight}`;
+    path.append(title);
+    edgeLayer.append(path);
+  }
+  root.append(edgeLayer);
+
+  const nodeLayer = svg("g", { class: "nodes" });
+  for (const n of nodes) {
+    const p = lay.place.get(n.id);
+    const classes = ["node", n.kind];
+    if (n.is_target) classes.push("target");
+    if (n.supernode) classes.push("supernode");
+    if (state.pinned.includes(n.id)) classes.push("pinned");
+    if (state.selected === n.id) classes.push("selected");
+    const g = svg("g", { class: classes.join(" "), "data-id": n.id, transform: `translate(${p.x},${p.y})` });
+    g.append(svg("rect", { width: NODE_W, height: NODE_H, rx: 5, fill: state.colors[n.kind] || "#fff" }));
+    const main = svg("text", { x: NODE_W / 2, y: 12, "text-anchor": "middle" });
+    main.textContent = truncate(nodeText(n), 13);
+    const sub = svg("text", { x: NODE_W / 2, y: 24, "text-anchor": "middle", class: "sub" });
+    const token = n.kind === "embedding" || n.kind === "logit";
+    sub.textContent = truncate(n.supernode ? `${n.members.length} nodes` : (!token && n.label) ||
+      (n.kind === "feature" || n.kind === "neuron" ? "a=" + fmt(n.activation, 2) : `@${n.position}`), 16);
+    const title = svg("title");
+    title.textContent = nodeTitle(n);
+    g.append(main, sub, title);
+    g.addEventListener("click", () => selectNode(n.id));
+    nodeLayer.append(g);
+  }
+  root.append(nodeLayer);
+  root.dataset.drawnNodes = String(nodes.length);
+  highlight();
+}
+
+function truncate(text, limit) { return text.length <= limit ? text : text.slice(0, limit - 1) + "…"; }
+
+function highlight() {
+  const root = $("graph");
+  root.classList.toggle("focus", state.selected !== null);
+  for (const path of root.querySelectorAll(".edge")) {
+    path.classList.toggle("hot", path.dataset.source === state.selected || path.dataset.target === state.selected);
+  }
+  for (const g of root.querySelectorAll(".node")) {
+    g.classList.toggle("selected", g.dataset.id === state.selected);
+    g.classList.toggle("pinned", state.pinned.includes(g.dataset.id));
+  }
+}
+
+// ------------------------------------------------------------------ one node
+async function selectNode(id) {
+  state.selected = id;
+  highlight();
+  const panel = $("details");
+  panel.dataset.node = id;
+  panel.dataset.state = "loading";
+  try {
+    const query = new URLSearchParams(thresholds()).toString();
+    const node = await api(`/api/node/${encodeURIComponent(state.name)}/${id}?${query}`);
+    if (state.selected !== id) return;
+    panel.replaceChildren(...nodePanel(node));
+    panel.dataset.state = "ready";
+  } catch (err) {
+    panel.replaceChildren(el("p", { class: "neg" }, err.message));
+    panel.dataset.state = "error";
+  }
+}
+
+function factsTable(rows) {
+  return el("table", {}, rows.filter(([, v]) => v !== undefined).map(([k, v]) =>
+    el("tr", {}, el("th", {}, k), el("td", { class: typeof v === "number" ? "num" : "" }, v instanceof Node ? v : fmt(v)))));
+}
+
+function edgeTable(title, edges, total) {
+  if (!edges.length) return [el("h4", {}, title + ": none")];
+  const rows = edges.map((e) => el("tr", { class: "item" },
+    el("td", {}, el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); selectNode(e.id); } },
+      e.kind === "embedding" || e.kind === "logit" ? `${e.caption} ${showToken(e.token)}` : e.caption)),
+    el("td", { class: "label" }, e.label || ""), el("td", { class: "num" }, signed(e.weight))));
+  return [el("h4", {}, `${title} (${edges.length} of ${total}, strongest first)`), el("table", {}, rows)];
+}
+
+function nodePanel(n) {
+  const pinned = state.pinned.includes(n.id);
+  const out = [
+    el("h3", {}, n.supernode ? `supernode ${n.supernode}` : n.caption,
+       n.token !== null ? " " + showToken(n.token) : ""),
+    n.label ? el("div", { class: "label" }, n.label) : null,
+    el("div", { class: "tag" }, n.id),
+    el("button", { id: "pin-button", onclick: () => togglePin(n.id) }, pinned ? "unpin" : "pin"),
+    factsTable([["kind", n.kind], ["layer", n.layer], ["position", n.position], ["index", n.index],
+                ["activation", n.activation], ["pre-activation", n.pre_activation ?? undefined],
+                ["constant", n.constant ?? undefined], ["influence", n.influence ?? undefined],
+                ["sum of inputs", n.n_inputs ? n.sum_inputs : undefined]]),
+  ];
+  if (n.members) out.push(el("div", { class: "tag" }, "members: " + n.members.join(", ")));
+  if (n.dashboard) out.push(...dashboardPanel(n.dashboard));
+  for (const head of n.qk || []) out.push(...qkPanel(head, n.qk_names || {}));
+  out.push(...edgeTable("inputs", n.inputs, n.n_inputs), ...edgeTable("outputs", n.outputs, n.n_outputs));
+  return out;
+}
+
+function tokenChips(list) {
+  return el("div", { class: "chips" }, (list || []).map((t) => {
+    const text = typeof t === "object" && t !== null ? (t.token ?? t.token_str ?? t.token_id) : t;
+    const value = typeof t === "object" && t !== null ? t.value : null;
+    return el("span", { title: value !== null && value !== undefined ? String(value) : "" },
+      showToken(text) + (typeof value === "number" ? " " + fmt(value, 2) : ""));
+  }));
+}
+
+function dashboardPanel(d) {
+  const out = [el("h4", {}, `dashboard: feature ${d.index} of layer ${d.layer}`, el("span", { class: "muted" }, ` (${d.source})`))];
+  if (d.label) out.push(el("div", { class: "label" }, d.label));
+  const s = d.stats || {};
+  out.push(factsTable([["density", s.density], ["active / tokens", s.n_active !== undefined ?
+    `${s.n_active} / ${s.n_tokens ?? "?"}` : undefined], ["max activation", s.max_activation],
+    ["mean active activation", s.mean_active_activation]]));
+  const q = Object.entries(d.quantiles || {});
+  if (q.length) out.push(el("div", { class: "tag" }, "quantiles: " + q.map(([k, v]) => `${k} ${fmt(v, 3)}`).join(", ")));
+  const names = { top_output_tokens: "promotes", bottom_output_tokens: "suppresses", top_input_tokens: "read from tokens" };
+  for (const [key, list] of Object.entries(d.tokens || {})) {
+    out.push(el("h4", {}, names[key] || key), tokenChips(list));
+  }
+  out.push(el("h4", {}, `top examples (${d.examples.length} of ${d.n_examples})`));
+  const box = el("div", { class: "examples" });
+  for (const ex of d.examples) {
+    const act = el("span", { class: "act" }, `#${ex.rank ?? "?"} a=${fmt(ex.activation, 3)}` +
+      (ex.row_id !== undefined ? ` row ${ex.row_id}@${ex.position}` : ""));
+    const m = ex.marked;
+    box.append(m ? el("div", { class: "example" }, act, m.before, el("mark", {}, m.token), m.after)
+                 : el("div", { class: "example" }, act, ex.text ?? (ex.tokens || []).join(" ")));
+  }
+  out.push(box);
+  return out;
+}
+
+function qkPanel(h, names) {
+  const out = [el("h4", {}, `QK L${h.layer}H${h.head}: query ${h.query_position} → key ${h.key_position}`),
+               el("div", { class: "tag" }, `score ${fmt(h.score)}, p=${fmt(h.probability, 3)}; pairs + constants ` +
+                 fmt(h.pairs_sum_plus_constant))];
+  const link = (id) => el("a", { href: "#", title: id, onclick: (ev) => { ev.preventDefault(); selectNode(id); } },
+    (names && names[id]) || id);
+  out.push(el("table", {}, el("tr", {}, el("th", {}, "query node"), el("th", {}, "key node"), el("th", {}, "value")),
+    (h.pairs || []).map((p) => el("tr", {}, el("td", {}, link(p.query_node)), el("td", {}, link(p.key_node)),
+      el("td", { class: "num" }, signed(p.value))))));
+  for (const [title, list] of [["query marginals", h.query_marginals], ["key marginals", h.key_marginals]]) {
+    out.push(el("table", {}, el("tr", {}, el("th", {}, title), el("th", {}, "")), (list || []).map((m) =>
+      el("tr", {}, el("td", {}, link(m.node)), el("td", { class: "num" }, signed(m.value))))));
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ search
+function fillSearchFilters() {
+  const kinds = [...new Set(state.view.nodes.map((n) => n.kind))].sort();
+  const layers = [...new Set(state.view.nodes.map((n) => n.layer))].sort((a, b) => a - b);
+  for (const [id, values] of [["search-kind", kinds], ["search-layer", layers]]) {
+    const select = $(id), keep = select.value;
+    select.replaceChildren(select.options[0], ...values.map((v) => el("option", { value: v }, v)));
+    select.value = values.map(String).includes(keep) ? keep : "";
+  }
+}
+
+function runSearch() {
+  if (!state.view) return;
+  const q = $("search").value.trim().toLowerCase();
+  const kind = $("search-kind").value, layer = $("search-layer").value;
+  const active = q || kind || layer;
+  const hits = !active ? [] : state.view.nodes.filter((n) =>
+    (!kind || n.kind === kind) && (!layer || String(n.layer) === layer) &&
+    (!q || [n.id, n.caption, n.label, n.token, n.supernode].some((t) => t && String(t).toLowerCase().includes(q))));
+  const ids = new Set(hits.map((n) => n.id));
+  for (const g of $("graph").querySelectorAll(".node")) g.classList.toggle("match", ids.has(g.dataset.id));
+  $("search-results").replaceChildren(...hits.slice(0, 60).map((n) => el("div", { class: "item", "data-id": n.id,
+    onclick: () => selectNode(n.id) }, el("span", { class: "swatch", style: `background:${state.colors[n.kind]}` }),
+    el("span", { class: "grow" }, nodeText(n) + (n.label ? " — " + n.label : "")), el("span", { class: "tag" }, `@${n.position}`))),
+    active ? el("div", { class: "tag" }, `${hits.length} match${hits.length === 1 ? "" : "es"}`) : "");
+}
+
+// ------------------------------------------------------------------ pins, groups, saving
+function viewIds() {
+  const ids = new Set();
+  for (const n of state.view ? state.view.nodes : []) { ids.add(n.id); for (const m of n.members || []) ids.add(m); }
+  return ids;
+}
+
+function togglePin(id) {
+  const i = state.pinned.indexOf(id);
+  if (i >= 0) state.pinned.splice(i, 1); else state.pinned.push(id);
+  const button = $("pin-button");
+  if (button && $("details").dataset.node === id) button.textContent = i >= 0 ? "pin" : "unpin";
+  renderPinned();
+  highlight();
+}
+
+function renderPinned() {
+  const inView = viewIds();
+  $("pinned-count").textContent = String(state.pinned.length);
+  $("pinned").replaceChildren(...state.pinned.map((id) => el("div", { class: "item", "data-id": id },
+    el("span", { class: "grow", onclick: () => selectNode(id) }, id + (inView.has(id) ? "" : " (not in view)")),
+    el("button", { onclick: () => togglePin(id) }, "×"))));
+  $("groups").replaceChildren(...Object.entries(state.groups).map(([name, members]) => el("div", { class: "item" },
+    el("span", { class: "grow" }, `▣ ${name} (${members.length})`),
+    el("button", { onclick: () => { delete state.groups[name]; loadView(false); } }, "ungroup"))));
+  const saved = state.pinned.filter((id) => inView.has(id));
+  const groups = {};
+  for (const [name, members] of Object.entries(state.groups)) {
+    const kept = members.filter((m) => saved.includes(m));
+    if (kept.length) groups[name] = kept;
+  }
+  for (const fmtName of ["neuronpedia", "json", "svg"]) {
+    const link = $("save-" + fmtName);
+    if (!saved.length || !state.name) { link.removeAttribute("href"); link.className = "disabled"; continue; }
+    const params = { format: fmtName, nodes: saved.join(","), ...thresholds() };
+    if (Object.keys(groups).length) params.supernodes = JSON.stringify(groups);
+    link.href = nameUrl("export", state.name, params);
+    link.className = "";
+  }
+}
+
+function groupPinned() {
+  const name = $("group-name").value.trim() || `group ${Object.keys(state.groups).length + 1}`;
+  const grouped = new Set(Object.values(state.groups).flat());
+  const inView = viewIds();
+  const members = state.pinned.filter((id) => !grouped.has(id) && inView.has(id));
+  if (members.length < 2) { setStatus("pin two or more ungrouped nodes to group them", true); return; }
+  state.groups[name] = members;
+  $("group-name").value = "";
+  loadView(false);
+}
+
+async function propose() {
+  try {
+    const answer = await api(nameUrl("supernodes", state.name, thresholds()));
+    const entries = Object.entries(answer.proposals);
+    $("proposals").replaceChildren(...(entries.length ? entries.map(([name, members]) => el("div", { class: "item" },
+      el("span", { class: "grow", title: members.join("\n") }, `${name}: ${members.length} nodes`),
+      el("button", { onclick: () => {
+        for (const m of members) if (!state.pinned.includes(m)) state.pinned.push(m);
+        state.groups[name] = members;
+        loadView(false);
+      } }, "apply"))) : [el("div", { class: "tag" }, "no proposals at these thresholds")]));
+  } catch (err) { setStatus(err.message, true); }
+}
+
+// ------------------------------------------------------------------ QK and datasets
+async function showQK() {
+  const section = $("qk-section");
+  section.hidden = !(state.view && state.view.has_qk);
+  if (section.hidden) return;
+  const answer = await api(nameUrl("qk", state.name));
+  $("qk-list").replaceChildren(...answer.heads.map((h) => el("div", { class: "item", onclick: () => {
+    $("details").replaceChildren(...qkPanel(h, answer.names));
+    $("details").dataset.node = "";
+  } }, el("span", { class: "grow" }, `L${h.layer}H${h.head} ${h.query_position}→${h.key_position}`),
+    el("span", { class: "tag" }, `score ${fmt(h.score, 3)} p=${fmt(h.probability, 2)}`))));
+}
+
+async function showDataset() {
+  const g = state.byName[state.name];
+  const section = $("dataset-section");
+  section.hidden = !g || !g.dataset;
+  if (section.hidden) return;
+  const ds = await api(nameUrl("dataset", g.dataset));
+  $("dataset-name").textContent = `${ds.name}: ${ds.n_ok} of ${ds.n_prompts} ok`;
+  $("dataset-scores").replaceChildren(el("table", {}, el("tr", {}, el("th", {}, "score"), el("th", {}, "mean"),
+    el("th", {}, "median")), Object.entries(ds.scores).map(([k, v]) =>
+    el("tr", { title: `min ${fmt(v.min, 4)}, max ${fmt(v.max, 4)}` }, el("td", {}, k.replace("_score", "")),
+      el("td", { class: "num" }, fmt(v.mean, 3)), el("td", { class: "num" }, fmt(v.median, 3))))));
+  const rows = [el("div", { class: "item", onclick: () => selectGraph(ds.aggregate) },
+    el("span", { class: "grow" }, "▦ aggregate"), el("span", { class: "tag" }, `${ds.n_aggregated} prompts`))];
+  for (const r of ds.rows) {
+    rows.push(el("div", { class: "item" + (r.graph === state.name ? " current" : ""), "data-row": r.id,
+      onclick: () => r.graph && selectGraph(r.graph) },
+      el("span", { class: "grow" }, `${r.row}. ${r.id}` + (r.status !== "ok" ? ` (${r.status})` : "")),
+      el("span", { class: "tag", title: "replacement / completeness score" },
+        r.replacement_score !== undefined ? `${fmt(r.replacement_score, 3)} / ${fmt(r.completeness_score, 3)}` : "")));
+  }
+  $("dataset-rows").replaceChildren(...rows);
+}
+
+// ------------------------------------------------------------------ feature dashboards without a graph
+async function loadFeatures() {
+  const info = await api("/api/features");
+  $("features-section").hidden = false;
+  $("features-source").textContent = info.source;
+  const select = $("feature-layer");
+  select.replaceChildren(...Object.entries(info.layers).map(([layer, n]) =>
+    el("option", { value: layer }, `layer ${layer} (${n})`)));
+  await listFeatures();
+}
+
+async function listFeatures() {
+  const layer = $("feature-layer").value;
+  if (layer === "") return;
+  const answer = await api(`/api/features/${encodeURIComponent(layer)}?limit=300`);
+  $("feature-list").replaceChildren(...answer.features.map((f) => el("div", { class: "item", "data-feature": f.index,
+    onclick: () => showFeature(f.layer, f.index) }, el("span", { class: "grow" }, `F${f.index}` + (f.label ? " — " + f.label : "")),
+    el("span", { class: "tag" }, f.density !== undefined ? `d=${fmt(f.density, 4)}` : ""))),
+    answer.n_features > answer.features.length ? el("div", { class: "tag" },
+      `${answer.features.length} of ${answer.n_features}; give an index above`) : "");
+}
+
+async function showFeature(layer, index) {
+  const panel = $("details");
+  panel.dataset.node = `feature ${layer} ${index}`;
+  panel.dataset.state = "loading";
+  try {
+    const d = await api(`/api/features/${encodeURIComponent(layer)}/${encodeURIComponent(index)}`);
+    panel.replaceChildren(...dashboardPanel(d));
+    panel.dataset.state = "ready";
+  } catch (err) {
+    panel.replaceChildren(el("p", { class: "neg" }, err.message));
+    panel.dataset.state = "error";
+  }
+}
+
+// ------------------------------------------------------------------ wiring
+let sliderTimer = null;
+function onSlider() {
+  $("node-threshold-value").textContent = Number($("node-threshold").value).toFixed(2);
+  $("edge-threshold-value").textContent = Number($("edge-threshold").value).toFixed(2);
+  document.body.dataset.state = "loading";
+  clearTimeout(sliderTimer);
+  sliderTimer = setTimeout(() => loadView(false), 120);
+}
+
+$("graph-select").addEventListener("change", (ev) => selectGraph(ev.target.value));
+$("node-threshold").addEventListener("input", onSlider);
+$("edge-threshold").addEventListener("input", onSlider);
+$("show-remainders").addEventListener("change", () => { render(); runSearch(); showCounts(); });
+$("search").addEventListener("input", runSearch);
+$("search-kind").addEventListener("change", runSearch);
+$("search-layer").addEventListener("change", runSearch);
+$("group-button").addEventListener("click", groupPinned);
+$("feature-layer").addEventListener("change", listFeatures);
+$("feature-show").addEventListener("click", () => showFeature($("feature-layer").value, $("feature-index").value));
+$("propose-button").addEventListener("click", propose);
+$("zoom-in").addEventListener("click", () => { state.zoom *= 1.25; render(); });
+$("zoom-out").addEventListener("click", () => { state.zoom /= 1.25; render(); });
+$("zoom-fit").addEventListener("click", () => { state.zoom = null; render(); });
+start();
