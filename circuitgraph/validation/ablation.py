@@ -253,9 +253,11 @@ def ablate(
         predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx)))
         if len(set(factors)) == 1 and part == "post":
             frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
-    params = {"k": k, "rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
+    params = {"rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
               "match_layers": match_layers, "match_positions": match_positions, "part": part,
               "metric": s.metric.to_dict()}
+    if isinstance(nodes, str) and nodes == "top_nodes":
+        params["k"] = k  # k picks among the top nodes only; a filter ablates every match
     if mode == "mean":
         params["pooling"] = template.resolved_pooling(len(s.tokens))
     return AblationResult([str(n) for n in chosen], mode, s.metric.describe(tokenizer), before, after, predicted,
