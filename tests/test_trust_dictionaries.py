@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import circuitgraph
-from circuitgraph.dictionaries.fit import model_mismatch, read_declared
+from circuitgraph.adapters.dictionary_fit import model_mismatch, read_declared
 from circuitgraph.errors import LoadError, ShapeMismatchError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "examples" / "fixtures"
@@ -98,7 +98,7 @@ def test_cross_layer_transcoder_config_names_its_model(tmp_path):
     ("tiny-llama-s101", {"the model config's model_name": "tiny-gpt2-s100"}, False),
 ])
 def test_name_rule(dictionary, model, fits):
-    from circuitgraph.dictionaries.fit import DeclaredDictionary
+    from circuitgraph.adapters.dictionary_fit import DeclaredDictionary
 
     got = model_mismatch(DeclaredDictionary(model_names={"cfg.json": dictionary}), model, "t")
     assert (got is None) == fits, got

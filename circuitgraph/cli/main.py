@@ -138,12 +138,17 @@ def run(
 
 @app.command()
 def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False) -> None:
-    """Check a spec (keys, values, input files) without loading a model."""
+    """Check a spec (keys, values, input files, and the spec against the model's and dictionaries' config
+    files and the tokenizer) without loading a model."""
     with _reported(debug):
         from circuitgraph.spec import check_inputs, load_spec
 
         loaded = load_spec(spec)
         problems = check_inputs(loaded)
+        if not problems:  # the files are there: what they say, against the spec (no weights read)
+            from circuitgraph.pipeline.preflight import preflight
+
+            problems = preflight(loaded)
         if problems:
             raise SpecError(problems)
         from circuitgraph.adapters.files import check_input_files

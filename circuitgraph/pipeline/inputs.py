@@ -15,7 +15,7 @@ from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.dictionaries import TranscoderSet
-from circuitgraph.dictionaries.fit import model_mismatch, model_names, read_declared, shape_problems
+from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
 from circuitgraph.dictionaries.hub import resolve_hf_dictionary
 from circuitgraph.errors import AttributionError, LoadError, ShapeMismatchError, TokenError
 
@@ -88,28 +88,21 @@ def _dictionary_folder(t: Any) -> Path:
 
 
 def check_dictionary_model(spec: Any, folder: Path, adapter: ModelAdapter) -> str | None:
-    """The dictionary in ``folder`` fits the spec's model (see :mod:`circuitgraph.dictionaries.fit`):
+    """The dictionary in ``folder`` fits the spec's model (see :mod:`circuitgraph.adapters.dictionary_fit`):
     a dictionary whose files name another model, or whose input width or hook layers do not fit, is
     a one-line :class:`~circuitgraph.errors.LoadError` naming both.  With
     ``transcoders.allow_model_mismatch`` a name that differs is accepted and returned (the graph's
     metadata records it); shapes are never overridden."""
-    declared = read_declared(folder)
     t = spec.transcoders
     shown = f"{folder.parent.name}/{folder.name}" if t.source == "path" else getattr(t, t.source)
-    where = f"transcoders.{t.source} {shown!r}"
-    shapes = shape_problems(declared, adapter.facts.d_model, adapter.facts.n_layers, where)
-    if shapes:
-        raise ShapeMismatchError("; ".join(shapes))
-    names = model_names(spec.model, getattr(adapter.model.cfg, "model_name", None))
-    if names.get("the model folder's name") == "model":  # the usual bundle layout names nothing
-        names.pop("the model folder's name")
-    mismatch = model_mismatch(declared, names, where)
-    if mismatch is None:
-        return None
-    if spec.transcoders.allow_model_mismatch:
-        return f"{mismatch}; used anyway (transcoders.allow_model_mismatch: true)"
-    raise LoadError(f"{mismatch}; use transcoders trained for this model, or set transcoders: "
-                    "{allow_model_mismatch: true} if it is the same model under another name")
+    problems, note = fit_problems(
+        read_declared(folder), spec.model, config_name=getattr(adapter.model.cfg, "model_name", None),
+        d_model=adapter.facts.d_model, n_layers=adapter.facts.n_layers,
+        allow_model_mismatch=t.allow_model_mismatch, where=f"transcoders.{t.source} {shown!r}")
+    if problems:
+        shape = any("d_in=" in p or "layers (0-" in p for p in problems)
+        raise (ShapeMismatchError if shape else LoadError)("; ".join(problems))
+    return note
 
 
 def check_layer_keys(spec: Any, n_layers: int) -> None:

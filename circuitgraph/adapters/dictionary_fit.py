@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["DeclaredDictionary", "read_declared", "model_names", "model_mismatch", "shape_problems"]
+from circuitgraph.adapters.files import safetensors_shapes
+from circuitgraph.errors import CircuitGraphError
+
+__all__ = ["DeclaredDictionary", "read_declared", "model_names", "model_mismatch", "shape_problems", "fit_problems"]
 
 _LAYER_DIR = re.compile(r"^layer_(\d+)(?:\D.*)?$")
 _HOOK_LAYER = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
@@ -57,19 +59,6 @@ def _read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except Exception:  # noqa: BLE001 - the loader reports a broken config.yaml with its own message
         return None
-
-
-def safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """``{tensor name: shape}`` from a safetensors file's header (the weights are not read)."""
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n > 100_000_000:
-                return {}
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError, struct.error):
-        return {}
-    return {k: list(v.get("shape", [])) for k, v in header.items() if isinstance(v, dict)}
 
 
 def _name_of(cfg: dict[str, Any]) -> str | None:
@@ -114,7 +103,10 @@ def read_declared(path: str | Path) -> DeclaredDictionary:
             _note_cfg(out, name, cfg, None)
             if name == "config.yaml":  # a CLT stores W_enc_<i> as (d_transcoder, d_model)
                 for f in sorted(path.glob("W_enc_*.safetensors"))[:1]:
-                    w = safetensors_shapes(f).get(f.stem)
+                    try:
+                        w = safetensors_shapes(f).get(f.stem)
+                    except CircuitGraphError:  # the loader reports a broken file
+                        w = None
                     if w and len(w) == 2:
                         out.d_in[f.name] = int(w[1])
     subs = sorted(p for p in path.iterdir() if p.is_dir())[:_MAX_FILES]
@@ -172,20 +164,21 @@ def model_mismatch(declared: DeclaredDictionary, names: dict[str, str], where: s
         return None
     file, theirs = next(iter(bad.items()))
     ours = ", ".join(f"{v!r} ({k})" for k, v in names.items()) or "unnamed"
-    return (f"{where}: the dictionary was trained on model {theirs!r} ({file} says model_name), the spec's model is "
-            f"{ours}")
+    return (f"{where + ': ' if where else ''}the dictionary was trained on model {theirs!r} ({file} says "
+            f"model_name), the spec's model is {ours}")
 
 
 def shape_problems(declared: DeclaredDictionary, d_model: int | None, n_layers: int | None,
                    where: str) -> list[str]:
     """Input widths that are not ``d_model`` and hook / folder layers beyond ``n_layers``."""
     out = []
+    lead = f"{where}: " if where else ""
     if d_model is not None:
         for f, d in declared.d_in.items():
             if d != d_model:
                 layer = declared.layers.get(f, declared.hook_layers.get(f, (None, None))[1])
                 which = f"the layer {layer} dictionary ({f})" if layer is not None else f
-                out.append(f"{where}: {which} has d_in={d}, the model's d_model is {d_model} (expected d_in = "
+                out.append(f"{lead}{which} has d_in={d}, the model's d_model is {d_model} (expected d_in = "
                            f"{d_model}); the dictionary is for another model")
     if n_layers is not None:
         layers: Iterable[tuple[str, str, int]] = [
@@ -196,6 +189,27 @@ def shape_problems(declared: DeclaredDictionary, d_model: int | None, n_layers: 
         for f, what, lyr in layers:
             if lyr >= n_layers and f not in seen:
                 seen.add(f)
-                out.append(f"{where}: {f} is for layer {lyr} ({what}), the model has {n_layers} layers "
+                out.append(f"{lead}{f} is for layer {lyr} ({what}), the model has {n_layers} layers "
                            f"(0-{n_layers - 1})")
     return out
+
+
+#: what to do about a dictionary of another model
+MISMATCH_FIX = ("use transcoders trained for this model, or set transcoders: {allow_model_mismatch: true} if it is "
+                "the same model under another name")
+
+
+def fit_problems(declared: DeclaredDictionary, model_spec: Any, *, config_name: str | None, d_model: int | None,
+                 n_layers: int | None, allow_model_mismatch: bool, where: str) -> tuple[list[str], str | None]:
+    """``(problems, note)``: the shape problems and, unless allowed, the name mismatch (each one
+    sentence starting with ``where``); ``note`` is the allowed mismatch, for the graph's metadata."""
+    problems = shape_problems(declared, d_model, n_layers, where)
+    names = model_names(model_spec, config_name)
+    if names.get("the model folder's name") == "model":  # the usual bundle layout names nothing
+        names.pop("the model folder's name")
+    mismatch = model_mismatch(declared, names, where)
+    if mismatch is None:
+        return problems, None
+    if allow_model_mismatch:
+        return problems, f"{mismatch}; used anyway (transcoders.allow_model_mismatch: true)"
+    return problems + [f"{mismatch}; {MISMATCH_FIX}"], None
