@@ -674,7 +674,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         else:
             va, vb = tgt.tokens
             w, bias = W_U[:, va] - W_U[:, vb], b_U[va] - b_U[vb]
-            label = f"{b.tok_str(va)} - {b.tok_str(vb)}"
+            label = f"{b.tok_str(va)!r} - {b.tok_str(vb)!r}"  # quoted: ' an' - ' a', spaces visible
             node_id = NodeId("target", L, t, number)
         norm = fm.ln_final
         g = norm.reader_direction(w) / norm.sigma[t]
