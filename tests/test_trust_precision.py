@@ -46,3 +46,27 @@ def test_precision_warning_rule(worst, weights, graph, words):
         assert note is None
     else:
         assert words in note and "feature/0/1/2" in note
+
+
+def test_top_paths_shares_say_what_they_are_relative_to_and_flag_cancelling_paths():
+    """Two paths of 2.46 and -2.05 into a target of 0.41: shares 6.0 and -5.0, both cancelling."""
+    from circuitgraph.graph.graph import AttributionGraph
+    from circuitgraph.graph.nodes import Node, NodeId
+    from circuitgraph.queries import top_paths
+
+    a = Node(NodeId("embedding", -1, 0, 1), 1.0)
+    b = Node(NodeId("embedding", -1, 1, 2), 1.0)
+    c = Node(NodeId("embedding", -1, 2, 3), 1.0)
+    t = Node(NodeId("logit", 1, 2, 3), 0.41, pre_activation=0.41, constant=0.0)
+    g = AttributionGraph([a, b, c, t], [3, 3, 3], [0, 1, 2], [2.46, -2.1, 0.05], targets=[(t.id, 1.0)])
+    res = top_paths(g, {"kind": "embedding"}, k=3)
+    by_source = {p.nodes[0]: p for p in res.paths}
+    assert by_source[a.id].share == pytest.approx(6.0) and by_source[a.id].cancelling
+    assert by_source[b.id].share == pytest.approx(-2.1 / 0.41) and by_source[b.id].cancelling
+    assert by_source[c.id].share == pytest.approx(0.05 / 0.41) and not by_source[c.id].cancelling
+    assert sum(p.contribution for p in res.paths) == pytest.approx(t.pre_activation)  # what the shares add up to
+    text = res.table()
+    assert "share of target" in text and "logit/1/2/3 = 0.41" in text and "|share| > 1 marks a cancelling path" in text
+    assert text.count("cancelling") == 3  # two rows and the footer
+    d = res.to_dict()
+    assert d["target_values"] == {"logit/1/2/3": 0.41} and [p["cancelling"] for p in d["paths"]] == [True, True, False]
