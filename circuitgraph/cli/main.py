@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -202,8 +202,28 @@ def report(
             loaded = load_spec(source)
             from circuitgraph.pipeline import runner  # imports torch: only here
 
-            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
+            only, skipped = report_only(loaded)
+            write_report(runner.run(only, progress=False), output, max_nodes=max_nodes)
+            if skipped:
+                typer.echo(f"wrote {output} (only the report: the spec's {', '.join(skipped)} are written by "
+                           "`circuitgraph run`)")
+                return
         typer.echo(f"wrote {output}")
+
+
+def report_only(spec: Any) -> tuple[Any, list[str]]:
+    """``spec`` without its exports and patching heat-map files (``report`` writes only the report;
+    the heat maps are drawn inline), and what was left out."""
+    outputs = list(spec.export.outputs())
+    skipped = [f"{k} export" for k in outputs]
+    checks = []
+    for c in spec.validate:
+        if c.kind == "patching" and c.params.heatmap is not None:
+            skipped.append("patching heat map file")
+            c = c.model_copy(update={"patching": c.params.model_copy(update={"heatmap": None})})
+        checks.append(c)
+    export = spec.export.model_copy(update={k: None for k in outputs})
+    return spec.model_copy(update={"export": export, "validate": tuple(checks)}), skipped
 
 
 def _is_graph_file(path: Path) -> bool:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 import torch
 
+from circuitgraph._results import Tabular
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import fmt, graph_context, markdown_table, pearson, resolve_prompt
 from circuitgraph.validation.controls import (
@@ -117,8 +118,8 @@ def _site_layers(site: str, adapter: Any, transcoders: Any) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- ablate
-@dataclass
-class AblationResult:
+@dataclass(repr=False)
+class AblationResult(Tabular):
     """One intervention on a node set, with predictions and controls (effects = after - before)."""
 
     nodes: list[str]
@@ -281,8 +282,8 @@ class PredictionRow:
         return dict(self.__dict__)
 
 
-@dataclass
-class PredictedVsActualResult:
+@dataclass(repr=False)
+class PredictedVsActualResult(Tabular):
     """Node-by-node predictions vs interventions; ``frozen_ok`` is the exactness self-test."""
 
     mode: str
