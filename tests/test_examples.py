@@ -51,7 +51,7 @@ def test_demo_spec(tmp_path):
 
     np_doc = json.loads((tmp_path / "neuronpedia.json").read_text())
     check_viewer_invariants(np_doc, result.full_graph.metadata["n_layers"])
-    assert [n["clerp"] for n in np_doc["nodes"] if n["is_target_logit"]] == ["Output \"' an' - ' a'\" (p=1.000)"]
+    assert [n["clerp"] for n in np_doc["nodes"] if n["is_target_logit"]] == ['Output " an -  a" (p=1.000)']
 
 
 def test_demo_clt_spec(tmp_path):
