@@ -7,6 +7,8 @@ single congruence token may be written as itself.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import circuitgraph
@@ -117,3 +119,22 @@ def test_congruence_single_token_runs_and_its_table_names_its_columns():
     assert any("score (dot)" in line and "dot (output . direction)" in line for line in header), header
     same = congruence(res.graph, " an", top_k=3)  # the Python API takes one token as itself too
     assert same.rows == q.rows
+
+
+@pytest.mark.parametrize("graph, transcoders, words", [
+    ({"mlp": "transcoders", "neuron_top_k": 5}, True, "graph.neuron_top_k: neuron_top_k is not used here"),
+    ({"mlp": "mlp", "neuron_top_k": 5}, True, "mlp: mlp makes no neuron nodes"),
+    ({"max_feature_nodes": 50}, False, "there is no transcoders section"),
+    ({"mlp": "neurons", "max_feature_nodes": 50}, True, "mlp: neurons makes no feature nodes"),
+])
+def test_unused_graph_parameters_are_errors(graph, transcoders, words):
+    spec = _demo(graph=graph)
+    if not transcoders:
+        spec.pop("transcoders")
+    with pytest.raises(SpecError, match=re.escape(words)):
+        circuitgraph.load_spec(spec)
+
+
+def test_used_graph_parameters_pass():
+    circuitgraph.load_spec(_demo(graph={"mlp": {0: "neurons"}, "neuron_top_k": 5, "max_feature_nodes": 50}))
+    circuitgraph.load_spec(_demo(graph={"max_feature_nodes": 50}))

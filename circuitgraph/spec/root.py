@@ -187,6 +187,14 @@ with warnings.catch_warnings():
                         ("graph.mlp", f"layers {missing} use transcoders but transcoders has only layers "
                          f"{list(available)}")
                     )
+            g = self.graph
+            if g.neuron_top_k is not None and g.mlp in ("transcoders", "mlp"):
+                problems.append(("graph.neuron_top_k", f"neuron_top_k is not used here: it keeps the top neurons and "
+                                 f"mlp: {g.mlp} makes no neuron nodes; remove it"))
+            if g.max_feature_nodes is not None and (not has_tc or g.mlp in ("neurons", "mlp")):
+                why = "there is no transcoders section" if not has_tc else f"mlp: {g.mlp} makes no feature nodes"
+                problems.append(("graph.max_feature_nodes", f"max_feature_nodes is not used here: it caps the "
+                                 f"feature nodes and {why}; remove it"))
             for i, target in enumerate(self.targets):
                 if target.kind != "feature":
                     continue
