@@ -25,6 +25,9 @@ def test_bfloat16_run_says_its_graph_is_exact_only_to_its_rounding():
     assert any(line.startswith("completeness:") and "above what the dtype allows" in line for line in lines)
     assert f"warning: {note}" in lines
     assert "targets: ' an' - ' a' (w=1)" in lines  # targets quoted: their spaces are visible
+    from circuitgraph.export.html import report_html
+
+    assert "precision (what the dtype allows)" in report_html(res)
 
 
 def test_float32_run_has_no_warning():

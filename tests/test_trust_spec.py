@@ -138,3 +138,12 @@ def test_unused_graph_parameters_are_errors(graph, transcoders, words):
 def test_used_graph_parameters_pass():
     circuitgraph.load_spec(_demo(graph={"mlp": {0: "neurons"}, "neuron_top_k": 5, "max_feature_nodes": 50}))
     circuitgraph.load_spec(_demo(graph={"max_feature_nodes": 50}))
+
+
+def test_unused_export_parameters_are_errors():
+    with pytest.raises(SpecError, match=r"export.qk_inset: qk_inset is not used here"):
+        circuitgraph.load_spec(_demo(export={"svg": "g.svg", "qk_inset": True}))
+    with pytest.raises(SpecError, match=r"export.dataset_format: dataset_format is not used here"):
+        circuitgraph.load_spec(_demo(export={"dataset_format": "json"}))
+    circuitgraph.load_spec(_demo(export={"svg": "g.svg", "qk_inset": True},
+                                 queries=[{"qk": {"layer": 1, "head": 0}}]))

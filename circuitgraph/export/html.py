@@ -272,6 +272,9 @@ def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list
                      "max abs violation": report.max_abs_violation, "readers": report.n_readers,
                      "worst node": str(report.worst) if report.worst is not None else None,
                      "ok (1e-5)": "yes" if report.ok() else "NO"})
+    completeness = (full or graph).metadata.get("completeness")
+    if isinstance(completeness, Mapping) and completeness.get("precision_warning"):
+        rows.append({"check": "precision (what the dtype allows)", "note": completeness["precision_warning"]})
     checks = graph.metadata.get("checks")
     if isinstance(checks, Mapping):
         for k, v in checks.items():

@@ -195,6 +195,12 @@ with warnings.catch_warnings():
                 why = "there is no transcoders section" if not has_tc else f"mlp: {g.mlp} makes no feature nodes"
                 problems.append(("graph.max_feature_nodes", f"max_feature_nodes is not used here: it caps the "
                                  f"feature nodes and {why}; remove it"))
+            if self.export.qk_inset and not any(q.kind == "qk" for q in self.queries):
+                problems.append(("export.qk_inset", "qk_inset is not used here: it draws the results of the qk "
+                                 "queries and queries has none; add a qk query or remove it"))
+            if self.export.dataset_format == "json" and self.dataset is None:
+                problems.append(("export.dataset_format", "dataset_format is not used here: it is the format of a "
+                                 "dataset run's graphs and there is no dataset:; remove it"))
             for i, target in enumerate(self.targets):
                 if target.kind != "feature":
                     continue
