@@ -147,3 +147,16 @@ def test_unused_export_parameters_are_errors():
         circuitgraph.load_spec(_demo(export={"dataset_format": "json"}))
     circuitgraph.load_spec(_demo(export={"svg": "g.svg", "qk_inset": True},
                                  queries=[{"qk": {"layer": 1, "head": 0}}]))
+
+
+def test_a_row_with_a_bad_prompt_still_reports_its_other_problems(tmp_path):
+    from circuitgraph.errors import DatasetError
+
+    rows = [{"tokens": [1, 99999], "targets": [{"logit": " aardvarkish"}]},
+            {"prompt": "mia saw the owl . later she wants"}]
+    spec = _demo(dataset=rows, export={"dataset": str(tmp_path / "out")})
+    spec.pop("prompt")
+    with pytest.raises(DatasetError) as info:
+        circuitgraph.run(spec)
+    text = str(info.value)
+    assert "2 problems" in text and "row 1 (id 1) prompt" in text and "aardvarkish" in text, text
