@@ -97,7 +97,8 @@ def html_table(rows: Sequence[Mapping[str, Any]], *, max_rows: int = 50) -> str:
 def _shown(key: str, value: Any) -> Any:
     """A summary value as a reader should see it: a local file as its name only (a report is
     shared: it must not reveal the machine's folders)."""
-    if isinstance(value, str) and (os.path.isabs(value) or value.startswith("~")) and len(value) < 4096:
+    pathlike = any(word in key.lower() for word in ("heatmap", "path", "file", "dir"))
+    if pathlike and isinstance(value, str) and (os.path.isabs(value) or value.startswith("~")) and len(value) < 4096:
         return Path(value).name + (" (drawn below)" if key == "heatmap" else "")
     return value
 
