@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 
-from circuitgraph._hub import require_hub
 from circuitgraph.errors import LoadError
 
 __all__ = ["ReleaseEntry", "release_entry", "release_layers", "load_release"]
@@ -194,7 +193,6 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     entry = release_entry(release)
     if check_model:
         check_release_model(entry, adapter)
-    require_hub(f"transcoders: {{release: {release}}}")
     conv = entry.conversion_func
     repo = entry.repo_id
     revision = (entry.config_overrides or {}).get("revision") if isinstance(entry.config_overrides, dict) else None
