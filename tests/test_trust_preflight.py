@@ -49,6 +49,7 @@ def test_every_problem_the_files_show_at_once(tmp_path):
         queries=[{"logit_lens": {"position": -6}}, {"qk": {"layer": 3, "head": 0}}],
         export={"diagram": {"labels": str(tmp_path / "missing.csv")}},
     )
+    spec["targets"].append({"direction": {"site": "resid_post", "layer": 0, "file": str(tmp_path / "missing.npy")}})
     res = _validate(tmp_path, spec)
     assert res.exit_code == 2, res.output
     out = res.output
@@ -59,7 +60,8 @@ def test_every_problem_the_files_show_at_once(tmp_path):
                   "graph.mlp: layer keys [5] are beyond the last layer",
                   "queries[0].logit_lens.position: position -6 is beyond the prompt",
                   "queries[1].qk.layer: layer 3 requested",
-                  "export.diagram.labels: label file not found"]:
+                  "export.diagram.labels: label file not found",
+                  "targets[3].direction.file: direction file not found"]:
         assert words in out, (words, out)
 
 

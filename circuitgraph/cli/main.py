@@ -144,11 +144,10 @@ def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = Fals
         from circuitgraph.spec import check_inputs, load_spec
 
         loaded = load_spec(spec)
-        problems = check_inputs(loaded)
-        if not problems:  # the files are there: what they say, against the spec (no weights read)
-            from circuitgraph.pipeline.preflight import preflight
+        from circuitgraph.pipeline.preflight import preflight
 
-            problems = preflight(loaded)
+        # the files, and what they say against the spec (no weights read): every problem at once
+        problems = check_inputs(loaded) + preflight(loaded)
         if problems:
             raise SpecError(problems)
         from circuitgraph.adapters.files import check_input_files
