@@ -439,7 +439,7 @@ def test_dot_min_edge_fraction_drops_weak_edges():
 
 def test_dot_all_kinds():
     hidden = graph_to_dot(make_all_kinds_graph())
-    assert "rest (pruned)" not in hidden and "remainder nodes (pruned-away contributions) not drawn" in hidden
+    assert "rest (pruned)" not in hidden and "1 remainder node (pruned-away contributions) not drawn" in hidden  # singular
     dot = graph_to_dot(make_all_kinds_graph(), show_remainders=True)
     for text in ("pos @0", "L0H3 @1", "N7 L0 @1", "MLP L1 @1", "attention bias L0 @1", "mlp bias L1 @1",
                  "rest (pruned) L1 @1", "target 0 @1", "peripheries=2", "dashed"):

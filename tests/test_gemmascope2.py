@@ -22,13 +22,15 @@ from circuitgraph.testing.synthetic import random_clt, random_layer_dictionary, 
 GEMMA2 = dict(norm="RMS", mlp="gated", positional="rotary", post_norms=True, attn_soft_cap=30.0,
               logit_soft_cap=20.0, n_layers=3)
 TOKENS = [1, 5, 7, 9, 4, 3, 11]
+#: the model the synthetic GemmaScope-2 files name: the tiny model's (a dictionary must name its model)
+GEMMA2_NAME = f"tiny-{GEMMA2['norm']}-{GEMMA2['mlp']}-{GEMMA2['positional']}"
 HF_OUT = {"hook_mlp_out": "post_feedforward_layernorm.output", "mlp.hook_out": "mlp.output"}
 
 
 def _config(layer: int, kind: str, out: str, affine: bool) -> dict:
     return {"hf_hook_point_in": f"model.layers.{layer}.pre_feedforward_layernorm.output",
             "hf_hook_point_out": f"model.layers.{layer}.{HF_OUT[out]}", "width": 0, "l0": 10,
-            "model_name": "google/gemma-3-1b-pt", "architecture": "jump_relu", "affine_connection": affine,
+            "model_name": GEMMA2_NAME, "architecture": "jump_relu", "affine_connection": affine,
             "type": kind}
 
 

@@ -224,7 +224,7 @@ def _graph_with_a_dead_end() -> AttributionGraph:
 def test_nodes_without_a_path_to_a_target_are_hidden_by_default():
     g = _graph_with_a_dead_end()
     assert reaches_a_target(g).tolist() == [True, True, False, True]
-    assert "feature/0/0/2" not in graph_to_dot(g) and "1 nodes with no path to a target" in graph_to_dot(g)
+    assert "feature/0/0/2" not in graph_to_dot(g) and "1 node with no path to a target" in graph_to_dot(g)
     assert "feature/0/0/2" in graph_to_dot(g, show_unreachable=True)
 
 

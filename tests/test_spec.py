@@ -237,7 +237,7 @@ ALL_QUERIES = [
 ALL_CHECKS = [
     {"ablate": {}},
     {"ablate": {"nodes": {"kind": "feature", "layer": 1}, "mode": "scale", "scale": 0.0, "controls": "count_matched"}},
-    {"ablate": {"mode": "set", "value": 0.5, "positions": [-1], "controls": [], "n_controls": 3, "tolerance": 0}},
+    {"ablate": {"mode": "set", "value": 0.5, "positions": [-1], "controls": [], "tolerance": 0}},
     {"ablate": {"mode": "patch", "patch_prompt": {"tokens": [1, 2, 3]}, "max_draws": 5}},
     {"ablate": {"mode": "mean", "reference_prompts": ["a b c", {"tokens": [4, 5]}]}},
     {"predicted_vs_actual": {"k": 3}},

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from circuitgraph._hub import require_hub
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.errors import LoadError
@@ -195,6 +196,7 @@ def load_model_name(
     from transformer_lens import HookedTransformer
 
     name = resolve_model_name(name)
+    require_hub(f"model: {{name: {name}}}")  # one line at once, not a minute of retries
     snapshot = _architecture_snapshot(name)
     try:
         if snapshot is not None:

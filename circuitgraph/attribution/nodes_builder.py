@@ -740,14 +740,15 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
             w, bias = W_U[:, v], b_U[v]
             if tgt.relative_to_mean:
                 w, bias = w - W_U.mean(-1), bias - b_U.mean()
-            label = b.tok_str(v)
+            label = token_str = b.tok_str(v)
             node_id = NodeId("logit", L, t, v)
             if node_id in b.index:  # the same token asked twice (e.g. plain and relative)
                 node_id = NodeId("target", L, t, number)
         else:
             va, vb = tgt.tokens
             w, bias = W_U[:, va] - W_U[:, vb], b_U[va] - b_U[vb]
-            label = f"{b.tok_str(va)} - {b.tok_str(vb)}"
+            token_str = f"{b.tok_str(va)} - {b.tok_str(vb)}"  # as circuit-tracer's viewers show it
+            label = f"{b.tok_str(va)!r} - {b.tok_str(vb)!r}"  # quoted for readers: ' an' - ' a', spaces visible
             node_id = NodeId("target", L, t, number)
         norm = fm.ln_final
         g = norm.reader_direction(w) / norm.sigma[t]
@@ -758,7 +759,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
             resid_in = resid_in + norm.beta
         pre = float(resid_in @ w + bias)
         attrs = {"relative_to_mean": tgt.relative_to_mean, "tokens": list(tgt.tokens),
-                 "token_str": label, "target_kind": tgt.kind}
+                 "token_str": token_str, "target_kind": tgt.kind}
         if tgt.probability is not None:
             attrs["probability"] = tgt.probability
         row = b.add_node(Node(node_id, activation=pre, pre_activation=pre, label=label, attrs=attrs))

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -142,12 +142,16 @@ def run(
 
 @app.command()
 def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False) -> None:
-    """Check a spec (keys, values, input files) without loading a model."""
+    """Check a spec (keys, values, input files, and the spec against the model's and dictionaries' config
+    files and the tokenizer) without loading a model."""
     with _reported(debug):
         from circuitgraph.spec import check_inputs, load_spec
 
         loaded = load_spec(spec)
-        problems = check_inputs(loaded)
+        from circuitgraph.pipeline.preflight import preflight
+
+        # the files, and what they say against the spec (no weights read): every problem at once
+        problems = check_inputs(loaded) + preflight(loaded)
         if problems:
             raise SpecError(problems)
         from circuitgraph.adapters.files import check_input_files
@@ -231,8 +235,28 @@ def report(
                 from circuitgraph.features.summary import open_features
 
                 boards = open_features(loaded.export.features)
-            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes, features=boards)
+            only, skipped = report_only(loaded)
+            write_report(runner.run(only, progress=False), output, max_nodes=max_nodes, features=boards)
+            if skipped:
+                typer.echo(f"wrote {output} (only the report: the spec's {', '.join(skipped)} are written by "
+                           "`circuitgraph run`)")
+                return
         typer.echo(f"wrote {output}")
+
+
+def report_only(spec: Any) -> tuple[Any, list[str]]:
+    """``spec`` without its exports and patching heat-map files (``report`` writes only the report;
+    the heat maps are drawn inline), and what was left out."""
+    outputs = list(spec.export.outputs())
+    skipped = [f"{k} export" for k in outputs]
+    checks = []
+    for c in spec.validate:
+        if c.kind == "patching" and c.params.heatmap is not None:
+            skipped.append("patching heat map file")
+            c = c.model_copy(update={"patching": c.params.model_copy(update={"heatmap": None})})
+        checks.append(c)
+    export = spec.export.model_copy(update={k: None for k in outputs})
+    return spec.model_copy(update={"export": export, "validate": tuple(checks)}), skipped
 
 
 @app.command()

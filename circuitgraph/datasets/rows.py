@@ -45,7 +45,8 @@ def load_rows(spec: Any) -> list[Row]:
     return rows
 
 
-def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, where: str) -> list[tuple[str, str]]:
+def _target_problems(targets: Any, n_pos: int | None, adapter: Any, transcoders: Any,
+                     where: str) -> list[tuple[str, str]]:
     from circuitgraph.attribution.targets import normalise_position, resolve_token
     from circuitgraph.pipeline.inputs import _direction_vector
 
@@ -55,7 +56,7 @@ def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, w
     for i, t in enumerate(targets):
         loc = f"{where}[{i}].{t.kind}"
         try:
-            if t.kind in ("logit", "logit_diff", "top_logits"):
+            if t.kind in ("logit", "logit_diff", "top_logits") and n_pos is not None:
                 normalise_position(t.position, n_pos, f"{where}[{i}].position")
             if t.kind == "logit":
                 resolve_token(t.logit, tok, f.d_vocab, loc)
@@ -65,7 +66,8 @@ def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, w
             elif t.kind in ("feature", "neuron", "direction"):
                 p = getattr(t, t.kind)
                 adapter.check_layer(p.layer, what=f"{loc}.layer")
-                normalise_position(p.position, n_pos, f"{loc}.position")
+                if n_pos is not None:
+                    normalise_position(p.position, n_pos, f"{loc}.position")
                 if t.kind == "feature":
                     if transcoders is None or p.layer not in transcoders:
                         raise CircuitGraphError(f"{loc}: no transcoder is loaded for layer {p.layer}")
@@ -91,13 +93,14 @@ def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -
     patching = [c for c in spec.validate if c.kind == "patching"]
     for row in rows:
         where = f"row {row.number} (id {row.id})"
+        tokens: list[int] | None = None
         try:
             tokens = resolve_prompt_like(row.prompt, adapter, where=f"{where} prompt")
-        except CircuitGraphError as exc:
+        except CircuitGraphError as exc:  # the row's other problems are still reported
             problems.append(("", str(exc)))
-            continue
+        n_pos = None if tokens is None else len(tokens)
         targets = row.targets if row.targets is not None else spec.targets
-        problems += _target_problems(targets, len(tokens), adapter, transcoders, f"{where} targets")
+        problems += _target_problems(targets, n_pos, adapter, transcoders, f"{where} targets")
         corrupted = [row.corrupted] if row.corrupted is not None else [c.params.corrupted for c in patching]
         for prompt in corrupted if patching else []:
             try:
@@ -105,7 +108,7 @@ def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -
             except CircuitGraphError as exc:
                 problems.append(("", str(exc)))
                 continue
-            if len(other) != len(tokens):
+            if tokens is not None and len(other) != len(tokens):
                 problems.append(("", f"{where} corrupted: {len(other)} tokens, the prompt has {len(tokens)}; "
                                      "patching needs prompts of the same token length"))
     return problems

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from circuitgraph._hub import require_hub
 from circuitgraph.errors import LoadError
 
 __all__ = ["parse_hf_ref", "resolve_hf_dictionary", "load_hf_dictionaries"]
@@ -55,6 +56,7 @@ def _how(repo: str, filename: str) -> str:
 def _file(repo: str, filename: str, revision: str | None) -> Path:
     from huggingface_hub import hf_hub_download
 
+    require_hub(f"{repo}/{filename}")
     try:
         return Path(hf_hub_download(repo, filename, revision=revision, local_files_only=_offline(),
                                     cache_dir=_cache_dir()))
@@ -69,6 +71,7 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
     from huggingface_hub import snapshot_download
 
     repo, sub, revision = parse_hf_ref(ref)
+    require_hub(f"transcoders: {{hf: {ref}}}")
     try:
         root = Path(snapshot_download(repo, revision=revision, local_files_only=_offline(), cache_dir=_cache_dir(),
                                       allow_patterns=None if sub is None else [f"{sub}/*"]))

@@ -185,12 +185,14 @@ def release_layers(entry: Any, ids: dict[int, str] | None = None, layers: list[i
 
 
 def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = None, layers: list[int] | None = None,
-                 dtype: torch.dtype = torch.float32) -> Any:
-    """Resolve ``release`` in sae-lens's registry, fetch its files and load them (see the module doc)."""
+                 dtype: torch.dtype = torch.float32, check_model: bool = True) -> Any:
+    """Resolve ``release`` in sae-lens's registry, fetch its files and load them (see the module doc);
+    ``check_model=False`` (the spec's ``allow_model_mismatch``) skips :func:`check_release_model`."""
     from circuitgraph.dictionaries.hub import _file
 
     entry = release_entry(release)
-    check_release_model(entry, adapter)
+    if check_model:
+        check_release_model(entry, adapter)
     conv = entry.conversion_func
     repo = entry.repo_id
     revision = (entry.config_overrides or {}).get("revision") if isinstance(entry.config_overrides, dict) else None

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from circuitgraph._hub import require_hub
 from circuitgraph.dictionaries.mlp_input import is_mlp_input_hook
 from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
@@ -445,6 +446,8 @@ class TranscoderSet:
                      dtype: torch.dtype | None = None) -> "TranscoderSet":
         """sae-lens pretrained transcoders (needs the Hugging Face hub)."""
         from sae_lens import SAE
+
+        require_hub(f"transcoders: {{release: {release}}}")  # one line at once, not a minute of retries
 
         out = {}
         for lyr, sae_id in sorted(ids.items()):

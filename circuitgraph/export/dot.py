@@ -136,6 +136,8 @@ def graph_to_dot(
         raise ExportError(f"min_edge_fraction must be between 0 and 1, got {min_edge_fraction}")
     if influence is None and graph.targets and not all(_is_number(n.attrs.get("influence")) for n in graph.nodes):
         influence = raw_influence(graph)
+    totals = (graph.n_nodes, graph.n_edges)  # what the header counts against: the graph as given
+    positions = not _position_free(graph)
     n_unreachable = 0
     if not show_unreachable and graph.targets:
         reach = reaches_a_target(graph)
@@ -146,7 +148,11 @@ def graph_to_dot(
         groups = propose_supernodes(graph) if supernodes == "auto" else supernodes
         if isinstance(groups, str):
             raise ExportError(f"supernodes must be a mapping {{name: node filter}} or 'auto', got {groups!r}")
+        before = graph.n_nodes
         graph = merge_supernodes(graph, groups)
+        n_merged = before - graph.n_nodes
+    else:
+        n_merged = 0
     graph = _with_display_attrs(graph, labels, influence)
 
     hidden = set() if show_remainders else {r for r, n in enumerate(graph.nodes) if n.kind == "remainder"}
@@ -171,7 +177,8 @@ def graph_to_dot(
 
     target_ids = set(graph.target_ids)
     ids = [graph.nodes[r].id for r in range(graph.n_nodes)]
-    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden), n_unreachable)
+    title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden), n_unreachable,
+                               totals=totals, n_merged=n_merged)
     dot = graphviz.Digraph("circuitgraph")
     dot.attr("graph", rankdir="BT", newrank="true", ranksep="0.8", nodesep="0.15", splines="true",
              fontname="Helvetica", fontsize="12", labelloc="t", label=_text(title_lines))
@@ -197,7 +204,7 @@ def graph_to_dot(
             rank.node(axis, label=_text([_axis_label(layer, sub, n_layers)]), shape="plaintext", style="",
                       fontsize="10", fontcolor="#666666")
             for r in members:
-                _add_node(rank, graph.nodes[r], ids[r] in target_ids)
+                _add_node(rank, graph.nodes[r], ids[r] in target_ids, positions=positions)
             chain = [axis] + [str(ids[r]) for r in members]
             for u, v in zip(chain, chain[1:]):
                 rank.edge(u, v, style="invis")
@@ -313,13 +320,14 @@ def _order_key(node: Node) -> tuple[int, int, int]:
 
 
 # --------------------------------------------------------------------------- text
-def _add_node(dot: graphviz.Digraph, node: Node, is_target: bool) -> None:
-    """One node of the diagram (colour by kind, double border for targets, tooltip)."""
+def _add_node(dot: graphviz.Digraph, node: Node, is_target: bool, *, positions: bool = True) -> None:
+    """One node of the diagram (colour by kind, double border for targets, tooltip); ``positions``:
+    captions say the node's position (not in a position-free aggregate)."""
     if "supernode" in node.attrs:
         members = node.attrs.get("members", [])
         tooltip = f"supernode {node.attrs['supernode']}: " + ", ".join(members)
         dot.node(str(node.id), label=_text([_shorten(_show_text(node.attrs["supernode"]), 40),
-                                            f"({len(members)} nodes)"]),
+                                            *_member_lines(members, positions), f"({len(members)} nodes)"]),
                  fillcolor=KIND_COLORS[node.kind], style="filled,bold", shape="box", penwidth="2",
                  group=f"p{node.position}", tooltip=_text([tooltip]))
         return
@@ -330,28 +338,56 @@ def _add_node(dot: graphviz.Digraph, node: Node, is_target: bool) -> None:
         attrs.update(peripheries="2", penwidth="1.4")
     if isinstance(node.attrs.get("href"), str):  # a link, e.g. to the feature's dashboard in the HTML report
         attrs["URL"] = node.attrs["href"]
-    dot.node(str(node.id), label=_text(_node_lines(node)), **attrs)
+    dot.node(str(node.id), label=_text(_node_lines(node, positions=positions)), **attrs)
 
 
-def _node_lines(node: Node) -> list[str]:
+#: members named in a supernode box (the tooltip names them all)
+_MAX_MEMBERS_SHOWN = 6
+
+
+def _member_lines(members: Sequence[str], positions: bool) -> list[str]:
+    """A supernode's members as captions, three a line (``F17 L1 @4, F3 L1 @4, ...``)."""
+    captions = []
+    for m in members[:_MAX_MEMBERS_SHOWN]:
+        try:
+            captions.append(node_caption(Node(NodeId.parse(m), 0.0), position=positions))
+        except Exception:  # noqa: BLE001 - a member that is not a node id is shown as written
+            captions.append(_shorten(_show_text(m), 20))
+    lines = [", ".join(captions[i:i + 3]) for i in range(0, len(captions), 3)]
+    if len(members) > _MAX_MEMBERS_SHOWN:
+        lines.append(f"+ {len(members) - _MAX_MEMBERS_SHOWN} more")
+    return lines
+
+
+def _position_free(graph: AttributionGraph) -> bool:
+    """A dataset aggregate keyed by (kind, layer, index): its nodes have no position."""
+    agg = graph.metadata.get("aggregate")
+    return isinstance(agg, Mapping) and agg.get("position") == "free"
+
+
+def _node_lines(node: Node, *, positions: bool = True) -> list[str]:
     kind, t, i = node.kind, node.position, node.index
     token = node.attrs.get("token_str")
     token = token if isinstance(token, str) else None
-    label = _shorten(_show_text(node.label), _MAX_LABEL_CHARS) if node.label else ""
+    label = _shorten_words(_show_text(node.label), _MAX_LABEL_CHARS) if node.label else ""
     text = token if token is not None else (node.label or None)
     quoted = f'"{_shorten(_show_text(text), _MAX_TOKEN_CHARS)}"' if text is not None else f"token {i}"
+    at = f" @{t}" if positions else ""
     if kind == "embedding":
-        return [quoted, f"emb @{t}"]
+        return [quoted, f"emb{at}"]
     if kind == "logit":
-        return [f"logit {quoted}", f"@{t}"]
-    head = node_caption(node)
+        return [f"logit {quoted}"] + ([at.strip()] if at else [])
+    head = node_caption(node, position=positions)
     if kind in ("feature", "neuron"):
         head += f" a={node.activation:.3g}"
     return [head] + ([label] if label and not is_structural_label(node) else [])
 
 
-def node_caption(node: Node) -> str:
-    """The id-derived caption of a non-token node: ``F17 L1 @4``, ``L1H3 @4``, ``Err L1 @4`` ..."""
+def node_caption(node: Node, *, position: bool = True) -> str:
+    """The id-derived caption of a non-token node: ``F17 L1 @4``, ``L1H3 @4``, ``Err L1 @4`` ...
+    (``position=False``: without the ``@4``, for position-free aggregates)."""
+    if not position:
+        return node_caption(node).rsplit(" @", 1)[0]
     kind, layer, t, i = node.kind, node.layer, node.position, node.index
     captions = {
         "positional": f"pos @{t}",
@@ -392,26 +428,38 @@ def _tooltip(node: Node) -> str:
     return "; ".join(parts)
 
 
+def _count(n: int, what: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edges: int,
-                 score_name: str | None, n_hidden: int = 0, n_unreachable: int = 0) -> list[str]:
+                 score_name: str | None, n_hidden: int = 0, n_unreachable: int = 0, *,
+                 totals: tuple[int, int] | None = None, n_merged: int = 0) -> list[str]:
+    """The title, and what is left out: counted against ``totals`` (the graph as given, before
+    unreachable nodes were hidden and supernodes merged)."""
     if title is None:
         prompt = graph.metadata.get("prompt")
         title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if isinstance(prompt, str) else \
             "Attribution graph"
     lines = [_show_text(title)]
-    left_nodes, left_edges = graph.n_nodes - n_nodes, graph.n_edges - n_edges
+    total_nodes, total_edges = totals if totals is not None else (graph.n_nodes, graph.n_edges)
+    left_nodes, left_edges = total_nodes - n_nodes, total_edges - n_edges
     if left_nodes or left_edges:
-        note = f"showing {n_nodes} of {graph.n_nodes} nodes and {n_edges} of {graph.n_edges} edges"
+        note = f"showing {n_nodes} of {_count(total_nodes, 'node')} and {n_edges} of {_count(total_edges, 'edge')}"
         reasons = []
         if n_hidden:
-            reasons.append(f"{n_hidden} remainder nodes (pruned-away contributions) not drawn")
-        if left_nodes - n_hidden:
-            reasons.append(f"{left_nodes - n_hidden} weaker nodes left out (ranked by {score_name})")
+            reasons.append(f"{_count(n_hidden, 'remainder node')} (pruned-away contributions) not drawn")
+        if n_merged:
+            reasons.append(f"{_count(n_merged, 'node')} drawn inside supernode boxes")
+        weaker = left_nodes - n_hidden - n_unreachable - n_merged
+        if weaker > 0:
+            reasons.append(f"{_count(weaker, 'weaker node')} left out (ranked by {score_name})")
         if left_edges:
-            reasons.append(f"{left_edges} edges left out")
-        lines.append(f"{note}; " + ", ".join(reasons))
+            reasons.append(f"{_count(left_edges, 'edge')} left out")
+        lines.append(f"{note}; " + ", ".join(reasons) if reasons else note)
     if n_unreachable:
-        lines.append(f"{n_unreachable} nodes with no path to a target not drawn")
+        lines.append(f"{_count(n_unreachable, 'node')} with no path to a target not drawn")
     return lines
 
 
@@ -632,6 +680,18 @@ def _show_text(text: Any) -> str:
 
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _shorten_words(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters at a word boundary (``…`` marks the cut); a single word
+    longer than half the limit is cut inside it."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:-") + "…"
 
 
 def _is_number(value: Any) -> bool:

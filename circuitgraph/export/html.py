@@ -30,7 +30,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, display_name
 
 __all__ = [
-    "result_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
+    "result_html", "document_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
     "read_graph_file",
 ]
 
@@ -46,6 +46,7 @@ table.cg th{background:#f3f3f3}table.cg td.num{text-align:right;font-variant-num
 .cg-note{color:#666;font-size:12px}.cg-ok{color:#1a7f37;font-weight:bold}.cg-bad{color:#b2182b;font-weight:bold}
 pre.cg-spec{background:#f7f7f7;padding:8px;font-size:12px;overflow:auto;max-height:40vh}
 img.cg-figure{max-width:100%;border:1px solid #eee}
+.cg-table-wrap{max-width:100%;overflow-x:auto;max-height:60vh;overflow-y:auto}
 """
 
 
@@ -96,20 +97,42 @@ def html_table(rows: Sequence[Mapping[str, Any]], *, max_rows: int = 50) -> str:
     return "".join(out)
 
 
-def _records(result: Any) -> list[dict[str, Any]]:
-    from circuitgraph.queries._base import records_of
+def _shown(key: str, value: Any) -> Any:
+    """A summary value as a reader should see it: a local file as its name only (a report is
+    shared: it must not reveal the machine's folders)."""
+    pathlike = any(word in key.lower() for word in ("heatmap", "path", "file", "dir"))
+    if pathlike and isinstance(value, str) and (os.path.isabs(value) or value.startswith("~")) and len(value) < 4096:
+        return Path(value).name + (" (drawn below)" if key == "heatmap" else "")
+    return value
 
-    if hasattr(result, "records"):
-        return result.records()
-    return records_of(result.to_dict())
+
+def document_html(kind: str, document: Any, *, max_rows: int = 50, type_name: str = "",
+                  names: "_NodeNames | None" = None) -> str:
+    """A result's ``to_dict()`` document as an HTML block: its title, what it says once (the
+    summary: scalars, short lists, nested scalars) as one small table, then its rows (the longest
+    list of records) as a table that scrolls inside the page.  With ``names``, node ids in the
+    rows get their token string or label beside them, linked to their dashboard."""
+    from circuitgraph._results import rows_of, summary_of
+
+    summary = {k: _shown(k, v) for k, v in summary_of(document).items()}
+    rows = rows_of(document)
+    if names is not None:
+        rows = names.annotate(rows)
+    parts = [f'<div class="cg-result"><h3>{_esc(kind)}</h3>']
+    note = f"{type_name}: " if type_name else ""
+    parts.append(f'<p class="cg-note">{_esc(note)}{len(rows)} row{"s" if len(rows) != 1 else ""}</p>')
+    if summary:
+        parts.append(html_table([{"": k, "value": v} for k, v in summary.items()], max_rows=len(summary)))
+    if rows:
+        table = html_table(rows, max_rows=max_rows)
+        parts.append(f'<div class="cg-table-wrap">{names.link(table) if names is not None else table}</div>')
+    parts.append("</div>")
+    return "".join(parts)
 
 
-def result_html(kind: str, result: Any, *, max_rows: int = 50) -> str:
-    """A query or validation result as an HTML block (title, summary line, table)."""
-    rows = _records(result)
-    return (f'<div class="cg-result"><h3>{_esc(kind)}</h3>'
-            f'<p class="cg-note">{_esc(type(result).__name__)}: {len(rows)} row{"s" if len(rows) != 1 else ""}</p>'
-            f"{html_table(rows, max_rows=max_rows)}</div>")
+def result_html(kind: str, result: Any, *, max_rows: int = 50, names: "_NodeNames | None" = None) -> str:
+    """A query or validation result as an HTML block (title, its summary once, its rows as a table)."""
+    return document_html(kind, result.to_dict(), max_rows=max_rows, type_name=type(result).__name__, names=names)
 
 
 # --------------------------------------------------------------------------- graphs
@@ -124,7 +147,22 @@ def graph_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
     except RenderError:
         return None
     start = svg.find("<svg")
-    return svg[start:] if start >= 0 else svg
+    return _fit_width(svg[start:] if start >= 0 else svg)
+
+
+def _fit_width(svg: str) -> str:
+    """The SVG scaled down to its container's width (a notebook cell, the report's column) instead
+    of Graphviz's fixed size: an inline style, because a notebook shows no stylesheet."""
+    if svg.startswith("<svg") and "max-width" not in svg[:400]:
+        return '<svg style="max-width:100%;height:auto"' + svg[4:]
+    return svg
+
+
+def _target_text(node: Any) -> str:
+    """A target as a reader sees it: a token quoted (``' an'``), a difference as labelled (``' an' - ' a'``)."""
+    if node.kind == "logit" and node.label:
+        return repr(node.label)
+    return node.label or str(node.id)
 
 
 def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
@@ -138,7 +176,7 @@ def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
         {"": "prompt", "value": graph.metadata.get("prompt", "")},
         {"": "nodes", "value": f"{graph.n_nodes} (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")"},
         {"": "edges", "value": graph.n_edges},
-        {"": "targets", "value": ", ".join(f"{graph.node(t).label or t} (w={w:.3g})" for t, w in graph.targets)},
+        {"": "targets", "value": ", ".join(f"{_target_text(graph.node(t))} (w={w:.3g})" for t, w in graph.targets)},
     ]
     for key in ("replacement_score", "completeness_score"):
         if isinstance(graph.metadata.get(key), (int, float)):
@@ -150,8 +188,8 @@ def graph_html(graph: AttributionGraph, *, max_nodes: int = 40) -> str:
     """A graph as an HTML block: a facts table and the diagram (when ``dot`` is installed)."""
     svg = graph_svg(graph, max_nodes=max_nodes)
     parts = [f"<div class=\"cg-graph\"><h3>{_esc(repr(graph))}</h3>", html_table(_graph_facts(graph))]
-    if svg is not None:
-        parts.append(f'<div class="cg-diagram">{svg}</div>')
+    if svg is not None:  # inline styles: a notebook cell shows no stylesheet
+        parts.append(f'<div class="cg-diagram" style="max-width:100%;overflow:auto">{svg}</div>')
     else:
         parts.append('<p class="cg-note">(install Graphviz for the diagram)</p>')
     parts.append("</div>")
@@ -243,6 +281,9 @@ def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list
                      "max abs violation": report.max_abs_violation, "readers": report.n_readers,
                      "worst node": str(report.worst) if report.worst is not None else None,
                      "ok (1e-5)": "yes" if report.ok() else "NO"})
+    completeness = (full or graph).metadata.get("completeness")
+    if isinstance(completeness, Mapping) and completeness.get("precision_warning"):
+        rows.append({"check": "precision (what the dtype allows)", "note": completeness["precision_warning"]})
     checks = graph.metadata.get("checks")
     if isinstance(checks, Mapping):
         for k, v in checks.items():
@@ -362,13 +403,7 @@ def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str, 
         if e["status"] == "failed":
             out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e["error"])}</p>')
             continue
-        if names is not None:
-            rows = names.annotate(_records(e["result"]))
-            out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3><p class="cg-note">'
-                       f'{_esc(type(e["result"]).__name__)}: {len(rows)} row{"s" if len(rows) != 1 else ""}</p>'
-                       f"{names.table(rows)}</div>")
-        else:
-            out.append(result_html(label, e["result"]))
+        out.append(result_html(label, e["result"], names=names))
         out += _heatmap_figures(e["result"], label)
         out += _control_figures(e["result"].to_dict(), label)
     for i, e in enumerate(stored):
@@ -378,11 +413,7 @@ def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str, 
         if e.get("status") == "failed" or e.get("result") is None:
             out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e.get("error"))}</p>')
             continue
-        from circuitgraph.queries._base import records_of
-
-        rows = records_of(e["result"])
-        table = names.table(names.annotate(rows)) if names is not None else html_table(rows)
-        out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3>{table}</div>')
+        out.append(document_html(label, e["result"], names=names))
         out += _control_figures(e["result"], label)
     if not out:
         out.append(f'<p class="cg-note">(no {what} in this run)</p>')
@@ -449,7 +480,10 @@ class _NodeNames:
 
     def table(self, rows: list[dict[str, Any]]) -> str:
         """:func:`html_table` with each named feature's id linked to its dashboard section."""
-        text = html_table(rows)
+        return self.link(html_table(rows))
+
+    def link(self, text: str) -> str:
+        """An HTML table's text with each named feature's id linked to its dashboard section."""
         if not self.links:
             return text
         links = {_esc(k): v for k, v in self.links.items()}

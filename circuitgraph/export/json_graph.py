@@ -372,6 +372,12 @@ def _metadata_from_header(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_format(doc: Mapping[str, Any], expected: str) -> None:
     fmt, version = doc.get("format"), doc.get("format_version")
+    if fmt is None and isinstance(doc.get("links"), list) and isinstance(doc.get("nodes"), list):
+        # circuit-tracer / Neuronpedia's attribution-graph format (what export: {neuronpedia: ...} writes)
+        raise LoadError(
+            "this is an attribution graph in Neuronpedia's format (nodes and links, for Neuronpedia's graph viewer), "
+            "not a circuitgraph graph file: open it in that viewer, or render the circuitgraph graph written with it "
+            "(export: {json: PATH.json} or {graph: PATH.npz})")
     if not isinstance(fmt, str) or fmt != expected:
         raise LoadError(f"not a circuitgraph graph file: format is {_brief(fmt)}, expected {expected!r}")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:

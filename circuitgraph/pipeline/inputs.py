@@ -15,9 +15,11 @@ from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.dictionaries import TranscoderSet
-from circuitgraph.errors import AttributionError, LoadError, TokenError
+from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
+from circuitgraph.dictionaries.hub import resolve_hf_dictionary
+from circuitgraph.errors import AttributionError, LoadError, ShapeMismatchError, TokenError
 
-__all__ = ["load_inputs", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
+__all__ = ["load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
 
 
 def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
@@ -39,6 +41,9 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     tcs = None
     t = spec.transcoders
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
+    mismatch = None
+    if t is not None and t.source in ("path", "builtin"):  # before any weight is read
+        mismatch = check_dictionary_model(spec, _dictionary_folder(t), adapter)
     if t is not None:
         if t.source == "path":
             from circuitgraph.dictionaries import load_dictionaries
@@ -55,7 +60,7 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
 
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers} if t.ids else None
             tcs = load_release(t.release, adapter, ids=ids, layers=list(t.layers) if t.layers else None,
-                               dtype=tc_dtype)
+                               dtype=tc_dtype, check_model=not t.allow_model_mismatch)
         else:
             from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
             from circuitgraph.dictionaries import load_dictionaries
@@ -65,7 +70,39 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
             tcs = load_dictionaries(builtin_dictionary_dir(t.builtin), adapter,
                                     layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
             tcs.source = {"builtin": t.builtin}
+        if t.source == "hf":  # its folder is known once the cache has it
+            mismatch = check_dictionary_model(spec, resolve_hf_dictionary(t.hf)[0], adapter)
+        if mismatch is not None and isinstance(tcs.source, dict):
+            tcs.source = {**tcs.source, "model_mismatch": mismatch}
     return adapter, tcs
+
+
+def _dictionary_folder(t: Any) -> Path:
+    if t.source == "builtin":
+        from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+
+        if t.builtin not in BUILTIN_DICTIONARIES:
+            raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
+        return builtin_dictionary_dir(t.builtin)
+    return Path(t.path)
+
+
+def check_dictionary_model(spec: Any, folder: Path, adapter: ModelAdapter) -> str | None:
+    """The dictionary in ``folder`` fits the spec's model (see :mod:`circuitgraph.adapters.dictionary_fit`):
+    a dictionary whose files name another model, or whose input width or hook layers do not fit, is
+    a one-line :class:`~circuitgraph.errors.LoadError` naming both.  With
+    ``transcoders.allow_model_mismatch`` a name that differs is accepted and returned (the graph's
+    metadata records it); shapes are never overridden."""
+    t = spec.transcoders
+    shown = f"{folder.parent.name}/{folder.name}" if t.source == "path" else getattr(t, t.source)
+    problems, note = fit_problems(
+        read_declared(folder), spec.model, config_name=getattr(adapter.model.cfg, "model_name", None),
+        d_model=adapter.facts.d_model, n_layers=adapter.facts.n_layers,
+        allow_model_mismatch=t.allow_model_mismatch, where=f"transcoders.{t.source} {shown!r}")
+    if problems:
+        shape = any("d_in=" in p or "layers (0-" in p for p in problems)
+        raise (ShapeMismatchError if shape else LoadError)("; ".join(problems))
+    return note
 
 
 def check_layer_keys(spec: Any, n_layers: int) -> None:

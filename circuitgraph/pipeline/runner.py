@@ -23,6 +23,7 @@ import torch
 from circuitgraph.errors import RenderError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.validation.steering import steer_item
+from circuitgraph.pipeline.precision import precision_warning
 
 __all__ = ["RunResult", "run", "dry_run", "build", "steer_spec"]
 
@@ -130,8 +131,9 @@ class RunResult:
             f"model: {full.metadata.get('model', {}).get('name', '?')}; prompt: {len(full.metadata.get('prompt_tokens', []))} tokens",
             f"graph: {g.n_nodes} nodes ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}), {g.n_edges} edges"
             + (f" (pruned from {full.n_nodes} nodes, {full.n_edges} edges)" if g is not full else ""),
-            "targets: " + ", ".join(f"{g.node(t).label or t} (w={w:.3g})" for t, w in g.targets),
-            f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}",
+            "targets: " + ", ".join(f"{_target_text(g.node(t))} (w={w:.3g})" for t, w in g.targets),
+            f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}"
+            + (" (above what the dtype allows: see the warning below)" if comp.get("precision_warning") else ""),
         ]
         for key in ("replacement_score", "completeness_score"):
             if full.metadata.get(key) is not None:
@@ -157,6 +159,13 @@ class RunResult:
             lines.append(f"wrote {kind}: {Path(path).resolve()}")
         lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         return lines
+
+
+def _target_text(node: Any) -> str:
+    """A target as a reader sees it: a token quoted (``' an'``, its space visible)."""
+    if node.kind == "logit" and node.label:
+        return repr(node.label)
+    return node.label or str(node.id)
 
 
 @contextmanager
@@ -398,6 +407,11 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     full = build(spec, progress=progress, inputs=inputs)
     timings["graph"] = time.perf_counter() - t0
     _label_features(spec, full)
+    precision = precision_warning(full.metadata.get("completeness") or {}, weights_dtype=spec.model.dtype,
+                                  graph_dtype=spec.graph.dtype)
+    if precision is not None:  # a bfloat16 model's graph is exact only to its rounding: say so
+        full.metadata["completeness"]["precision_warning"] = precision
+        full.metadata.setdefault("warnings", []).append(precision)
 
     t0 = time.perf_counter()
     _attach_scores(full)

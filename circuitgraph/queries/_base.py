@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from circuitgraph._results import Tabular, records_of
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt", "records_of"]
 
 
-class QueryResult:
+class QueryResult(Tabular):
     """Base of every query result (each subclass is a frozen dataclass).
 
     ``kind`` names the query (the spec key, e.g. ``"top_paths"``).
@@ -38,23 +39,7 @@ class QueryResult:
     def __str__(self) -> str:
         return self.table()
 
-    # ---------------------------------------------------------------- notebooks and frames
-    def records(self) -> list[dict[str, Any]]:
-        """The result as rows (one dict per row, JSON values): the longest list of records in
-        :meth:`to_dict` (nested dicts flattened one level as ``outer.inner``), each row also
-        carrying the result's scalar fields; a single row of the scalar fields when the
-        result has no list of records."""
-        return records_of(self.to_dict())
-
-    def to_dataframe(self) -> Any:
-        """The rows of :meth:`records` as a ``pandas.DataFrame`` (needs pandas:
-        ``pip install 'circuitgraph[notebook]'``)."""
-        try:
-            import pandas as pd
-        except ImportError:  # pragma: no cover - pandas is an optional extra
-            raise QueryError("to_dataframe() needs pandas; install it with `pip install 'circuitgraph[notebook]'`") \
-                from None
-        return pd.DataFrame.from_records(self.records())
+    # records(), to_dataframe() and _repr_html_() come from Tabular (circuitgraph._results)
 
     def to_json(self, path: Any = None) -> str:
         """:meth:`to_dict` as JSON.  With ``path``: write the file (atomically) and return the
@@ -73,11 +58,6 @@ class QueryResult:
     def __repr__(self) -> str:
         n = len(self.records())
         return f"<{type(self).__name__} {self.kind or 'query'}: {n} row{'s' if n != 1 else ''}>"
-
-    def _repr_html_(self) -> str:
-        from circuitgraph.export.html import result_html
-
-        return result_html(self.kind, self)
 
 
 def fmt(value: Any) -> str:
@@ -166,30 +146,3 @@ def share(value: float, whole: float | None) -> float | None:
     return float(value) / float(whole)
 
 
-def records_of(data: Any) -> list[dict[str, Any]]:
-    """Rows of a ``to_dict()`` document (see :meth:`QueryResult.records`)."""
-    if isinstance(data, list):
-        return [_flat(r) if isinstance(r, dict) else {"value": r} for r in data]
-    if not isinstance(data, dict):
-        return [{"value": data}]
-    scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
-    tables = [(k, v) for k, v in data.items()
-              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
-    if not tables:
-        nested = {k: v for k, v in data.items() if isinstance(v, dict)}
-        row = dict(scalars)
-        for k, v in nested.items():
-            row.update({f"{k}.{ik}": iv for ik, iv in v.items() if not isinstance(iv, (list, dict))})
-        return [row]
-    _, rows = max(tables, key=lambda kv: len(kv[1]))
-    return [{**{k: v for k, v in scalars.items() if k not in r}, **_flat(r)} for r in rows]
-
-
-def _flat(row: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in row.items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{ik}": iv for ik, iv in v.items()})
-        else:
-            out[k] = v
-    return out

@@ -8,7 +8,12 @@ pre-activation in the linear replacement model (:mod:`circuitgraph.queries.influ
 (edge weights, each intermediate reader dividing by its pre-activation: the frozen gain
 that passes a change of its input through; for active ReLU features that is dividing by
 the activation).  The sum of the contributions of all paths from ``s`` to ``T`` is ``s``'s
-total effect on ``T``.  ``share = contribution / pre_T``.
+total effect on ``T``.  ``share = contribution / pre_T``: the part of the target's value
+(its pre-activation, e.g. the logit difference) that the path carries.  The shares of every path
+into ``T`` sum to ``(pre_T - constant_T) / pre_T``, but paths of both signs cancel: when the
+target is small next to its paths a share can be far outside ``[-1, 1]`` (6.0 and -5.98 for two
+paths into a target of 0.41).  Such a path is flagged ``cancelling``: it is large, and most of it
+is cancelled by paths of the other sign.
 
 Ranking (``rank``):
 
@@ -48,7 +53,7 @@ import scipy.sparse as sp
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId, display_name
-from circuitgraph.queries._base import QueryResult, check_k, format_table, share
+from circuitgraph.queries._base import QueryResult, check_k, fmt, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges, pass_through_divisors, row_normalised_abs
 from circuitgraph.queries.filters import filter_mask, match_nodes, resolve_target_set
 
@@ -87,12 +92,19 @@ class AttributionPath:
     def length(self) -> int:
         return len(self.nodes) - 1
 
+    @property
+    def cancelling(self) -> bool:
+        """``|share| > 1``: the path carries more than the target's whole value, and paths of the other
+        sign cancel the excess."""
+        return self.share is not None and abs(self.share) > 1
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "nodes": [str(n) for n in self.nodes],
             "edge_weights": list(self.edge_weights),
             "contribution": self.contribution,
             "share": self.share,
+            "cancelling": self.cancelling,
             "normalized_weight": self.normalized_weight,
         }
         if self.edge_parts is not None:
@@ -121,9 +133,13 @@ class PathsResult(QueryResult):
     def _named(self, node: NodeId) -> str:
         name = self.names.get(node)
         return f'{node} "{name}"' if name else str(node)
+    #: each path's target and its value (pre-activation): what ``share`` is relative to
+    target_values: tuple[tuple[str, float | None], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "share_of": "the target's value (pre-activation); |share| > 1: cancelling path",
+            "target_values": {t: v for t, v in self.target_values},
             "method": self.method,
             "rank": self.rank,
             "k": self.k,
@@ -135,10 +151,14 @@ class PathsResult(QueryResult):
         }
 
     def table(self, max_rows: int = 10) -> str:
-        rows = [(" -> ".join(self._named(n) for n in p.nodes), p.contribution, p.share, p.normalized_weight)
-                for p in self.paths]
-        return format_table(["path", "contribution", "share", "normalized"], rows, max_rows=max_rows,
-                            title=f"top {self.k} paths (rank {self.rank}, method {self.method})")
+        rows = [(" -> ".join(self._named(n) for n in p.nodes), p.contribution, p.share, p.normalized_weight,
+                 "cancelling" if p.cancelling else "") for p in self.paths]
+        values = ", ".join(f"{t} = {fmt(v)}" for t, v in self.target_values)
+        footer = (f"share = contribution / the target's value ({values}); paths of both signs add up to it, so "
+                  "|share| > 1 marks a cancelling path (larger than the whole target, offset by paths of the other "
+                  "sign)") if self.target_values else None
+        return format_table(["path", "contribution", "share of target", "normalized", ""], rows, max_rows=max_rows,
+                            title=f"top {self.k} paths (rank {self.rank}, method {self.method})", footer=footer)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -438,8 +458,11 @@ def top_paths(
         _check_frozen_attention(graph)
         paths = [_expand(graph, p) for p in paths]
     names = {n: display_name(graph.node(n)) for p in paths for n in p.nodes}
+    ends = dict.fromkeys(p.nodes[-1] for p in paths)
+    values = tuple((str(t), graph.node(t).pre_activation) for t in ends)
     return PathsResult(tuple(paths), chosen, rank, k, int(is_source.sum()), int(is_target.sum()), max_length,
-                       beam_width if chosen == "beam" else None, names={n: t for n, t in names.items() if t})
+                       beam_width if chosen == "beam" else None, names={n: t for n, t in names.items() if t},
+                       target_values=values)
 
 
 def _check_passable(matched: list[NodeId], any_in: bool, any_out: bool, what: str) -> None:

@@ -250,7 +250,9 @@ class CongruenceResult(QueryResult):
     def table(self, max_rows: int = 10) -> str:
         direction = " - ".join(repr(s) for s in self.token_strs)
         rows = [(f"{k} L{lyr} #{i}", s, d, "yes" if g else "") for k, lyr, i, s, d, g in self.rows]
-        return format_table(["unit", self.mode, "dot", "in graph"], rows, max_rows=max_rows,
+        # the score column is the chosen mode; the dot column is always the raw W_out . u
+        return format_table(["unit", f"score ({self.mode})", "dot (output . direction)", "in graph"], rows,
+                            max_rows=max_rows,
                             title=f"output congruence of {self.unit_kind}s with {direction}")
 
 
@@ -272,7 +274,7 @@ def _unit_weights(ctx: AttributionContext, kind: str, layer: int) -> tuple[Any, 
     return W_dec, tc.W_enc
 
 
-def congruence(graph: AttributionGraph, tokens: Iterable[str | int], kind: Literal["neuron", "feature"] = "feature",
+def congruence(graph: AttributionGraph, tokens: str | int | Iterable[str | int], kind: Literal["neuron", "feature"] = "feature",
                layer: int | None = None, mode: Literal["dot", "cosine", "input_scaled"] = "dot",
                top_k: int = 20) -> CongruenceResult:
     """Output congruence of every neuron or feature with the direction of one token or of
@@ -290,7 +292,7 @@ def congruence(graph: AttributionGraph, tokens: Iterable[str | int], kind: Liter
         raise QueryError(f"congruence kind must be 'neuron' or 'feature', got {kind!r}")
     if mode not in ("dot", "cosine", "input_scaled"):
         raise QueryError(f"congruence mode must be 'dot', 'cosine' or 'input_scaled', got {mode!r}")
-    tokens = list(tokens)
+    tokens = [tokens] if isinstance(tokens, (str, int)) else list(tokens)  # one token may be given as itself
     if len(tokens) not in (1, 2):
         raise QueryError(f"congruence needs one token or two [a, b], got {len(tokens)}: {tokens!r}")
     ids = _tok_ids(ctx, tokens, "congruence tokens")

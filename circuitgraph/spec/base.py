@@ -30,6 +30,7 @@ from pydantic import (
     Tag,
     ValidationError,
     ValidationInfo,
+    model_serializer,
 )
 from pydantic_core import PydanticCustomError
 
@@ -47,6 +48,8 @@ __all__ = [
     "shaped_union",
     "tagged",
     "rule_error",
+    "unused_rules",
+    "UsageModel",
     "Params",
     "Int",
     "PositiveInt",
@@ -82,6 +85,8 @@ def rule_error(*problems: tuple[str, str]) -> PydanticCustomError:
     return PydanticCustomError(RULE_ERROR, "{text}", {"text": text, "problems": list(problems)})
 
 
+
+
 class _SpecModelMeta(type(BaseModel)):
     """Makes ``Model(**data)`` raise :class:`SpecError` instead of pydantic's error.
 
@@ -107,6 +112,39 @@ class StrictModel(BaseModel, metaclass=_SpecModelMeta):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def unused_rules(model: BaseModel, rules: dict[str, tuple[bool, str]]) -> list[tuple[str, str]]:
+    """Problems ``(field, message)`` for the fields written in the spec that the model's other
+    choices leave unused; ``rules``: field -> ``(used, why it is not used)``.  A field counts as
+    written when the input set it, even to its default: the run would otherwise record a value
+    that changed nothing."""
+    return [(name, f"{name} is not used here: {why}; remove it") for name, (used, why) in rules.items()
+            if name in model.model_fields_set and not used]
+
+
+class UsageModel(StrictModel):
+    """A spec model some of whose fields only matter for some choices of the others
+    (``ablate``'s ``k`` only with ``nodes: top_nodes``).
+
+    :meth:`field_usage` says, per such field, whether it is used and why not; the model's
+    validator reports a written but unused field with :func:`unused_rules`, and a dump leaves out
+    the unused fields (they hold their defaults), so that a dumped spec loads back unchanged and
+    a recorded spec shows only what the run used.
+    """
+
+    def field_usage(self) -> dict[str, tuple[bool, str]]:
+        """``{field: (used, why it is not used)}``."""
+        return {}
+
+    @model_serializer(mode="wrap")
+    def _without_unused(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name, (used, _) in self.field_usage().items():
+                if not used:
+                    data.pop(name, None)
+        return data
 
 
 class KeyedModel(StrictModel):

@@ -54,7 +54,9 @@ class DatasetRow(StrictModel):
 
     id: str | None = Field(None, description="The row's id (default: its 1-based row number); names its files.")
     prompt: str | None = Field(None, description="The prompt text (tokenized with BOS, as for prompt:).")
-    tokens: tuple[NonNegativeInt, ...] | None = Field(None, description="The prompt as token ids, used as they are.")
+    tokens: tuple[NonNegativeInt, ...] | None = Field(
+        None, min_length=1, description="The prompt as token ids, used as they are (at least one)."
+    )
     targets: tuple[Target, ...] | None = Field(None, min_length=1, description="This row's targets (default: the spec's).")
     corrupted: Prompt | None = Field(None, description="The corrupted prompt of this row's patching checks.")
 

@@ -108,6 +108,11 @@ class TranscodersSpec(StrictModel):
     layers: tuple[NonNegativeInt, ...] | None = Field(
         None, min_length=1, description="Load only these layers (default: all available)."
     )
+    allow_model_mismatch: Bool = Field(
+        False, description="Use the dictionary although its files name another model than the spec's (its "
+        "shapes must still fit); the graph's metadata.transcoders.source.model_mismatch records it. Off by default: a "
+        "dictionary of another model gives a graph that looks fine and means nothing."
+    )
 
     @property
     def source(self) -> TranscoderSource:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import (
     Bool,
@@ -30,6 +30,8 @@ from circuitgraph.spec.base import (
     keyed_union,
     rule_error,
     shaped_union,
+    unused_rules,
+    UsageModel,
 )
 from circuitgraph.spec.filters import NodeFilter, TargetSet
 from circuitgraph.spec.kinds import NodeKind
@@ -69,7 +71,7 @@ __all__ = [
 _TOP_K = "How many results to report."
 
 
-class TopPaths(StrictModel):
+class TopPaths(UsageModel):
     """The k strongest paths from ``source`` nodes to ``target`` nodes.
 
     ``rank: exact`` ranks by the exact contribution (edge weights, each intermediate node divided by its pre-activation); ``normalized`` by the product
@@ -87,6 +89,16 @@ class TopPaths(StrictModel):
     through: tuple[NodeFilter, ...] = Field((), description="Paths must pass through a node of each filter.")
     avoid: tuple[NodeFilter, ...] = Field((), description="Paths must avoid the nodes of every filter.")
     expand_heads: Bool = Field(False, description="Split edges through frozen attention into per-head edges.")
+
+    def field_usage(self) -> dict[str, tuple[bool, str]]:
+        return {"beam_width": (self.method != "exact", "it is the width of the beam search, and method is exact")}
+
+    @model_validator(mode="after")
+    def _used(self) -> "TopPaths":
+        problems = unused_rules(self, self.field_usage())
+        if problems:
+            raise rule_error(*problems)
+        return self
 
 
 class TopPathsQuery(QueryItem):
@@ -139,6 +151,8 @@ class LogitLensQuery(QueryItem):
 
 
 def _check_one_or_two(value: object) -> object:
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return (value,)  # one token, written as itself (tokens: " an")
     if isinstance(value, (list, tuple)) and len(value) not in (1, 2):
         raise rule_error(
             ("", f"expected one token or two tokens [a, b] (the direction a - b), got {len(value)}: {list(value)!r}")
@@ -149,7 +163,10 @@ def _check_one_or_two(value: object) -> object:
 class Congruence(StrictModel):
     """How well each neuron's or feature's output aligns with a token's unembedding."""
 
-    tokens: Annotated[tuple[Token, ...], BeforeValidator(_check_one_or_two)] = Field(
+    tokens: Annotated[
+        tuple[Token, ...],
+        BeforeValidator(_check_one_or_two, json_schema_input_type=Union[Token, list[Token]]),
+    ] = Field(
         min_length=1, max_length=2, description="One token, or [a, b] for the direction a - b."
     )
     kind: Literal["neuron", "feature"] = Field("feature", description="Score neurons or features.")

@@ -229,6 +229,20 @@ with warnings.catch_warnings():
                         ("graph.mlp", f"layers {missing} use transcoders but transcoders has only layers "
                          f"{list(available)}")
                     )
+            g = self.graph
+            if g.neuron_top_k is not None and g.mlp in ("transcoders", "mlp"):
+                problems.append(("graph.neuron_top_k", f"neuron_top_k is not used here: it keeps the top neurons and "
+                                 f"mlp: {g.mlp} makes no neuron nodes; remove it"))
+            if g.max_feature_nodes is not None and (not has_tc or g.mlp in ("neurons", "mlp")):
+                why = "there is no transcoders section" if not has_tc else f"mlp: {g.mlp} makes no feature nodes"
+                problems.append(("graph.max_feature_nodes", f"max_feature_nodes is not used here: it caps the "
+                                 f"feature nodes and {why}; remove it"))
+            if self.export.qk_inset and not any(q.kind == "qk" for q in self.queries):
+                problems.append(("export.qk_inset", "qk_inset is not used here: it draws the results of the qk "
+                                 "queries and queries has none; add a qk query or remove it"))
+            if self.export.dataset_format == "json" and self.dataset is None:
+                problems.append(("export.dataset_format", "dataset_format is not used here: it is the format of a "
+                                 "dataset run's graphs and there is no dataset:; remove it"))
             for i, target in enumerate(self.targets):
                 if target.kind != "feature":
                     continue

@@ -11,7 +11,11 @@ Each list item has exactly one key naming the check; ``check.kind`` is that key 
 Rules that depend on ``mode`` are checked here: ``mode: scale`` needs ``scale``,
 ``set`` needs ``value``, ``patch`` needs ``patch_prompt``, ``mean`` needs
 ``reference_prompts`` (for ``ablate`` and ``predicted_vs_actual``); a parameter that
-the chosen mode does not use is an error rather than silently ignored.
+the chosen mode does not use is an error rather than silently ignored.  The same holds for
+the other choices of a check (:func:`unused_rules`): ``ablate``'s ``k`` only picks among
+``nodes: top_nodes`` (a node filter ablates every node it matches), and the control
+parameters need ``controls`` (``control_tolerance`` and ``max_draws``: matched-magnitude
+controls).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from circuitgraph.spec.base import (
     Token,
     keyed_union,
     rule_error,
+    unused_rules,
+    UsageModel,
 )
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt
@@ -92,7 +98,7 @@ def _mode_rules(model: Any, needs: dict[str, str], uses: dict[str, tuple[str, ..
     return problems
 
 
-class Ablate(StrictModel):
+class Ablate(UsageModel):
     """Intervene on a set of nodes in the real model and compare the change in the targets
     with the graph's prediction, against random control sets.
 
@@ -134,6 +140,22 @@ class Ablate(StrictModel):
         "whose units can affect the metric)."
     )
 
+    def field_usage(self) -> dict[str, tuple[bool, str]]:
+        no_controls = "controls is [] (no control sets are drawn)"
+        matched = "matched_magnitude" in self.controls
+        return {
+            "k": (self.nodes == "top_nodes", "it picks the k strongest of nodes: top_nodes, and a node filter "
+                  "ablates every node it matches (narrow the filter by layer, position or index instead)"),
+            "n_controls": (bool(self.controls), no_controls),
+            "seed": (bool(self.controls), f"it draws the control sets, and {no_controls}"),
+            "match_layers": (bool(self.controls), no_controls),
+            "match_positions": (bool(self.controls), no_controls),
+            "control_tolerance": (matched, "it is the tolerance of matched_magnitude controls, which controls "
+                                  "does not list"),
+            "max_draws": (matched, "it bounds the draws of matched_magnitude controls, which controls does not "
+                          "list"),
+        }
+
     @model_validator(mode="after")
     def _modes(self) -> "Ablate":
         problems = _mode_rules(
@@ -142,6 +164,7 @@ class Ablate(StrictModel):
             uses={"scale": ("scale",), "value": ("set",), "patch_prompt": ("patch",), "reference_prompts": ("mean",)},
         )
         problems += _unique("controls", self.controls)
+        problems += unused_rules(self, self.field_usage())
         if problems:
             raise rule_error(*problems)
         return self

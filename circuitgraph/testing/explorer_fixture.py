@@ -57,13 +57,13 @@ def demo_graph_file(path: str | os.PathLike[str], **options: Any) -> Path:
 class _InProcessExecutor:
     """Runs a dataset's prompts one after another in this process, as a local worker would."""
 
-    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: Any) -> None:
-        from circuitgraph.datasets.prompt import commit, run_prompt
-        from circuitgraph.pipeline.inputs import load_inputs
+    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: Any, job: Any = None) -> None:
+        from circuitgraph.datasets.executors import PromptJob
 
-        inputs = load_inputs(spec)
+        job = job or PromptJob()  # any job of the executors' protocol (prompts, feature shards)
+        inputs = job.load(spec)
         for row in rows:
-            on_result(commit(Path(out_dir), run_prompt(spec, row, inputs)))
+            on_result(job.commit(Path(out_dir), job.run(spec, row, inputs)))
 
 
 def demo_dataset_run(directory: str | os.PathLike[str], prompts: Iterable[str] = (

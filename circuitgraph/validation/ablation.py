@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 import torch
 
+from circuitgraph._results import Tabular
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import fmt, graph_context, markdown_table, pearson, resolve_prompt
 from circuitgraph.validation.controls import (
@@ -117,8 +118,8 @@ def _site_layers(site: str, adapter: Any, transcoders: Any) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- ablate
-@dataclass
-class AblationResult:
+@dataclass(repr=False)
+class AblationResult(Tabular):
     """One intervention on a node set, with predictions and controls (effects = after - before)."""
 
     nodes: list[str]
@@ -253,9 +254,11 @@ def ablate(
         predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx)))
         if len(set(factors)) == 1 and part == "post":
             frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
-    params = {"k": k, "rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
+    params = {"rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
               "match_layers": match_layers, "match_positions": match_positions, "part": part,
               "metric": s.metric.to_dict()}
+    if isinstance(nodes, str) and nodes == "top_nodes":
+        params["k"] = k  # k picks among the top nodes only; a filter ablates every match
     if mode == "mean":
         params["pooling"] = template.resolved_pooling(len(s.tokens))
     return AblationResult([str(n) for n in chosen], mode, s.metric.describe(tokenizer), before, after, predicted,
@@ -279,8 +282,8 @@ class PredictionRow:
         return dict(self.__dict__)
 
 
-@dataclass
-class PredictedVsActualResult:
+@dataclass(repr=False)
+class PredictedVsActualResult(Tabular):
     """Node-by-node predictions vs interventions; ``frozen_ok`` is the exactness self-test."""
 
     mode: str

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 import torch
 
+from circuitgraph._results import Tabular
 from circuitgraph._io import atomic_write_bytes
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
@@ -77,8 +78,8 @@ class PatchGrid:
         return {"name": self.name, "rows": self.rows, "columns": self.columns, "values": self.values}
 
 
-@dataclass
-class PatchingResult:
+@dataclass(repr=False)
+class PatchingResult(Tabular):
     """Recoveries of every sweep, the grids behind the heat map, and the two sanity rows."""
 
     clean_tokens: list[int]

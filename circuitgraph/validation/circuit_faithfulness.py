@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
+from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import graph_context, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit, run_rows
@@ -57,8 +58,8 @@ def universe_units(context: AttributionContext) -> list[Unit]:
     return units
 
 
-@dataclass
-class FaithfulnessResult:
+@dataclass(repr=False)
+class FaithfulnessResult(Tabular):
     """Metric values with the universe, the circuit only, nothing, and everything but the circuit."""
 
     mode: str

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
+from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.base import implementation_of
 from circuitgraph.spec.validation import CHECK_TYPES
@@ -36,8 +37,8 @@ CHECK_KINDS: tuple[str, ...] = tuple(t.key for t in CHECK_TYPES)
 _CHECK_TYPES = {t.key: t for t in CHECK_TYPES}
 
 
-@dataclass
-class CheckResult:
+@dataclass(repr=False)
+class CheckResult(Tabular):
     """One validation check: its kind, its parameters (JSON) and its typed result."""
 
     kind: str
@@ -49,6 +50,15 @@ class CheckResult:
 
     def table(self, max_rows: int = 10) -> str:
         return f"### {self.kind}\n\n{self.result.table(max_rows)}"
+
+    def records(self) -> list[dict[str, Any]]:
+        """The rows of the check's result (see :class:`circuitgraph._results.Tabular`)."""
+        return self.result.records()
+
+    def _repr_html_(self) -> str:
+        from circuitgraph.export.html import result_html
+
+        return result_html(self.kind, self.result)
 
 
 def _split(check: Any) -> tuple[str, Any]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import dictionary_out_hook
@@ -76,8 +77,8 @@ class FidelityRow:
         return dict(self.__dict__)
 
 
-@dataclass
-class ReplacementFidelityResult:
+@dataclass(repr=False)
+class ReplacementFidelityResult(Tabular):
     """Per-prompt rows and their token-weighted means, plus the target metric on the graph's prompt."""
 
     rows: list[FidelityRow]

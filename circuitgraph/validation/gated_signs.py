@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
+from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.controls import ControlSummary, draw_controls, summarise_controls
@@ -89,8 +90,8 @@ class EchoNeuron:
         return dict(self.__dict__)
 
 
-@dataclass
-class SignRegimeResult:
+@dataclass(repr=False)
+class SignRegimeResult(Tabular):
     """Regime shares per layer, echo-dominated neurons, and the echo-removal effects with controls."""
 
     layers: list[int]

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import torch
 
+from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation.metrics import Metric, next_token_loss
@@ -640,8 +641,8 @@ def run_rows(adapter: ModelAdapter, tokens: Sequence[int], rows: Sequence[Sequen
     )
 
 
-@dataclass
-class InterventionResult:
+@dataclass(repr=False)
+class InterventionResult(Tabular):
     """The target metric before and after one intervention on the real model."""
 
     intervention: Intervention

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from circuitgraph._results import Tabular
 from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
@@ -51,8 +52,8 @@ class QKCheckRow:
         return dict(self.__dict__)
 
 
-@dataclass
-class QKCheckResult:
+@dataclass(repr=False)
+class QKCheckResult(Tabular):
     """Predicted vs actual for the nodes of the top pairs; ``ok`` when every row agrees to
     ``tolerance`` relative to the head's ``|q| |k| / sqrt(d_head)``."""
 
