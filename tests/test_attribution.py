@@ -216,3 +216,14 @@ def test_nan_in_transcoder_is_named(tmp_path):
     save_file(w, str(f))
     with pytest.raises(NumericalError, match="layer_1.*W_dec"):
         TranscoderSet.from_dir(bundle / "transcoders", load_model_dir(bundle / "model"))
+
+
+def test_bidirectional_long_prompt_blocks(tmp_path, monkeypatch):
+    """Past ``CAUSAL_BLOCK`` positions the frozen pattern is applied by blocks of sources that skip
+    the destinations a causal pattern leaves at zero: a bidirectional pattern has none to skip."""
+    from circuitgraph.attribution import frozen_model
+
+    monkeypatch.setattr(frozen_model, "CAUSAL_BLOCK", 3)
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "none-relu-bidirectional"), dtype="float64")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    assert g.check_completeness().max_violation < 1e-10
