@@ -34,6 +34,8 @@ from circuitgraph.spec.queries import (
     NeighboursQuery,
     QK,
     QKQuery,
+    GroundTruth,
+    GroundTruthQuery,
     Query,
     Scores,
     ScoresQuery,
@@ -152,6 +154,8 @@ __all__ = [
     "HeadRef",
     "QKQuery",
     "QK",
+    "GroundTruthQuery",
+    "GroundTruth",
     # validation checks
     "Check",
     "AblateCheck",
