@@ -24,7 +24,7 @@ from circuitgraph.validation.ablation import (
 from circuitgraph.validation.controls import ControlSummary, draw_controls, unit_magnitudes
 from circuitgraph.validation.dispatch import CHECK_KINDS, CheckResult, run_check, run_checks
 from circuitgraph.validation.circuit_faithfulness import FaithfulnessResult, faithfulness, universe_units
-from circuitgraph.validation.faithfulness import FaithfulnessCurveResult, curve_areas, faithfulness_curve
+from circuitgraph.validation.faithfulness_curves import FaithfulnessCurveResult, curve_areas, faithfulness_curve
 from circuitgraph.validation.fidelity import ReplacementFidelityResult, replacement_fidelity, replacement_model
 from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
 from circuitgraph.validation.interventions import (

@@ -191,7 +191,7 @@ def run_qk(c: CheckCall, p: Any) -> Any:
 
 
 def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.faithfulness import faithfulness_curve
+    from circuitgraph.validation.faithfulness_curves import faithfulness_curve
 
     return faithfulness_curve(
         c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
