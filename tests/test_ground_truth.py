@@ -53,7 +53,7 @@ def _model(**kw):
 def test_component_edges_equal_transformerlens_values():
     """Into a layer-0 head (value path): sum_s (attention paid to s) sum_k |x_s . W_V[h][:, k]| for
     the token embeddings x_s = hook_embed[s]; into the target: the graph's |edges|; into MLP 0:
-    sum over active neurons of |x . W_in|."""
+    sum over every neuron of |x . W_in|."""
     a = _model()
     tokens = [1, 5, 7, 2, 9]
     g = attribute(a, tokens, None, [ResolvedTarget(kind="logit", position=4, tokens=(3,))], dtype=torch.float64,
@@ -71,8 +71,7 @@ def test_component_edges_equal_transformerlens_values():
         q = float((emb @ m.blocks[0].attn.W_Q[h]).abs().sum() + (emb @ m.blocks[0].attn.W_K[h]).abs().sum())
         assert agg.weights[(("embedding", -1, -1), ("attention_head", 0, h), "qk")] == pytest.approx(q, rel=1e-10)
     resid_mid = cache["blocks.0.hook_resid_mid"][0]
-    active = cache["blocks.0.mlp.hook_post"][0] != 0
-    contrib = (emb @ m.blocks[0].mlp.W_in).abs() * active
+    contrib = (emb @ m.blocks[0].mlp.W_in).abs()  # every neuron's pre-activation
     assert agg.weights[(("embedding", -1, -1), ("mlp", 0, 0), "direct")] == pytest.approx(float(contrib.sum()), rel=1e-10)
     assert resid_mid.shape[0] == len(tokens)
     target = g.target_ids[0]

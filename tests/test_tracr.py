@@ -110,9 +110,9 @@ def test_frac_prevs_numerical_output_direction(frac_program):
         np.testing.assert_allclose(got[1:], expected, atol=1e-5)
         np.testing.assert_allclose(got[1:], np.asarray(ref["decoded"][1:], dtype=float), atol=1e-6)
     # is_x is a numerical MLP (layer 0) on the token embedding; the mean is a head of layer 1
-    # whose value reads is_x and BOS's token direction (tracr's numerical mean always gives BOS
-    # weight), whose query reads positions, ``one`` and BOS and whose key reads positions and BOS
+    # whose value reads is_x (its value space also names BOS's token direction, with a zero row:
+    # BOS only absorbs attention) and whose query and key read positions and BOS
     emb, pos, mlp, head, out = (("embedding", -1, -1), ("positional", -1, -1), ("mlp", 0, 0),
                                 ("attention_head", 1, 0), ("target", 2, -1))
-    assert _edges(c.circuit) == {(emb, mlp, "direct"), (mlp, head, "direct"), (emb, head, "direct"),
+    assert _edges(c.circuit) == {(emb, mlp, "direct"), (mlp, head, "direct"),
                                  (emb, head, "qk"), (pos, head, "qk"), (head, out, "direct")}

@@ -17,8 +17,8 @@ MLP; every logit or target node is the target) and its edges aggregated by compo
   reads ``W_V`` (through ln1's frozen norm) and its contribution at source ``s`` counts with the
   attention paid to ``s`` (``sum_t A[t, s]``: what reaches the head's output); its query and
   key paths (``qk``) read ``W_Q`` and ``W_K`` at every position, as QK attribution does; a whole
-  MLP reads ``W_in`` through ln2 for its active neurons (a neuron with zero activation passes
-  nothing in the linearised model).
+  MLP reads ``W_in`` through ln2: every neuron's pre-activation, active or not (what the MLP
+  reads is its input; which neurons pass it on is the MLP's own computation).
 
 Every (writer component, reader component) pair whose writer comes before the reader is a
 candidate edge, labelled true or false by the ground truth; the scores:
@@ -191,14 +191,13 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
         if a.facts.attn_only:
             continue
         W_in = a.mlp_weights(layer)["W_in"].to(device=device, dtype=dtype)  # (D, d_mlp)
-        active = (lin.mlp_post[layer] != 0).cpu().numpy()  # (T, d_mlp)
-        ts, neurons = np.nonzero(active)
-        if not len(ts):
-            continue
         ln2 = fm.ln2[layer]
-        g = ln2.reader_direction(W_in.T[torch.as_tensor(neurons)])
-        dirs = g / ln2.sigma[torch.as_tensor(ts)].unsqueeze(-1)
-        edges = ctx.attribute_directions(int(ResidualLocation.resid_mid(layer)), ts.tolist(), dirs, [0.0] * len(ts))
+        g = ln2.reader_direction(W_in.T)  # (d_mlp, D): every neuron's pre-activation, active or not
+        d_mlp = g.shape[0]
+        dirs = (g[None] / ln2.sigma[:T, None, None]).reshape(T * d_mlp, D)
+        positions = np.repeat(np.arange(T), d_mlp)
+        edges = ctx.attribute_directions(int(ResidualLocation.resid_mid(layer)), positions.tolist(), dirs,
+                                         [0.0] * len(positions))
         for wr, m in zip(edges.writer.tolist(), np.abs(edges.weight.astype(np.float64)).tolist()):
             add(comp.get(edges.writer_ids[wr]), ("mlp", layer, 0), "direct", m)
     components = sorted({c for c in comp.values() if c is not None})

@@ -15,7 +15,8 @@
   target ``{direction: {site: resid_post, layer: L-1, file: .../output_direction.npy}}``;
 * ``out_dir/circuit.json``: the ground-truth circuit derived from tracr's compiled blocks: which
   block (token and position embeddings, each head, each MLP, the output readout) writes which
-  basis directions of the residual stream and which block reads them, through its value/output
+  basis directions of the residual stream (its output space, the directions its matrix writes)
+  and which block reads them (its input space, the directions its matrix reads), through its value/output
   path (``direct``: an MLP's input, a head's values) or its query/key path (``qk``), as
   ``{"nodes": [{kind, layer, index}], "edges": [{source, target, path}]}`` with the graph's
   kinds: ``embedding`` (layer -1, index -1: every token embedding and tracr's ``one``
@@ -150,8 +151,16 @@ def _module_names(craft_model: Any) -> list[tuple[str, int]]:
     return out
 
 
-def _labels(space: Any) -> set[str]:
-    return {str(d) for d in space.basis}
+def _labels(space: Any, weights: Any = None, axis: int = 1) -> set[str]:
+    """The basis directions of ``space``; with ``weights``, only those whose row (``axis=1``: the
+    matrix's rows index ``space``) or column (``axis=0``) is not all zero: a direction a block's
+    space names but its matrix never reads or writes (tracr's numerical mean names BOS in its value
+    space with a zero row) is not part of the circuit."""
+    labels = [str(d) for d in space.basis]
+    if weights is None:
+        return set(labels)
+    used = np.abs(np.asarray(weights)).sum(axis=axis) != 0
+    return {lab for lab, u in zip(labels, used) if u}
 
 
 def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[str, Any]:
@@ -172,15 +181,17 @@ def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[st
         if isinstance(block, transformers.MLP):
             node = {"kind": "mlp", "layer": layer, "index": 0}
             order = 2 * layer + 2
-            readers.append((node, order - 1, "direct", _labels(block.fst.input_space)))
-            writers.append((node, order, _labels(block.snd.output_space)))
+            readers.append((node, order - 1, "direct", _labels(block.fst.input_space, block.fst.matrix, 1)))
+            writers.append((node, order, _labels(block.snd.output_space, block.snd.matrix, 0)))
             continue
         for h, head in enumerate(block.as_multi().heads()):
             node = {"kind": "attention_head", "layer": layer, "index": h}
             order = 2 * layer + 1
-            readers.append((node, order - 1, "direct", _labels(head.w_ov.input_space)))
-            readers.append((node, order - 1, "qk", _labels(head.w_qk.left_space) | _labels(head.w_qk.right_space)))
-            writers.append((node, order, _labels(head.w_ov.output_space)))
+            ov, qk = head.w_ov.matrix, head.w_qk.matrix  # (input, output), (query, key)
+            readers.append((node, order - 1, "direct", _labels(head.w_ov.input_space, ov, 1)))
+            readers.append((node, order - 1, "qk", _labels(head.w_qk.left_space, qk, 1)
+                            | _labels(head.w_qk.right_space, qk, 0)))
+            writers.append((node, order, _labels(head.w_ov.output_space, ov, 0)))
     out_dirs = {lab for lab in residual if lab.split(":")[0] == sink}
     target = {"kind": "target", "layer": L, "index": -1}
     readers.append((target, 2 * L, "direct", out_dirs))
