@@ -37,13 +37,16 @@ PROGRAMS = [("reverse", ["a", "b", "c", "b"]), ("frac_prevs", ["x", "a", "x", "b
 MAX_SEQ_LEN = 5
 #: ACDC (Conmy et al. 2023), edge ROC AUC on tracr tasks, as issue #26 quotes them
 ACDC = {"reverse": {"zero": 1.000, "random": 0.200}, "frac_prevs": {"zero": 1.000, "random": 0.600}}
-CURVES = [("edges", "zero"), ("nodes", "zero"), ("nodes", "mean")]
+#: the curves on the component graph (heads and whole MLPs: its only readers are the targets)
+CURVES = [("nodes", "zero"), ("nodes", "mean")]
+#: the edge curve runs on a neuron graph, whose edges reach neurons as well as the targets
+NEURON_GRAPH = {"mlp": "neurons", "attention": "heads", "positional_nodes": True, "dtype": "float64"}
 
 
 def _spec(model_dir: Path, circuit: Path | None, prompt: str, targets: list, references: list[str],
-          graph: dict, plot_dir: Path, name: str, extra: dict | None = None) -> dict:
+          graph: dict, plot_dir: Path, name: str, curves=CURVES) -> dict:
     checks = []
-    for unit, ablation in CURVES:
+    for unit, ablation in curves:
         params = {"unit": unit, "ablation": ablation, "plot": str(plot_dir / f"{name}_{unit}_{ablation}.png")}
         if ablation == "mean":
             params["reference_prompts"] = references
@@ -52,7 +55,6 @@ def _spec(model_dir: Path, circuit: Path | None, prompt: str, targets: list, ref
             "graph": graph, "prune": "none", "validate": checks}
     if circuit is not None:
         spec["queries"] = [{"ground_truth": {"circuit": str(circuit)}}]
-    spec.update(extra or {})
     return spec
 
 
@@ -80,12 +82,16 @@ def run_program(name: str, values: list, work: Path, plot_dir: Path) -> dict:
     start = time.perf_counter()
     result = circuitgraph.run(spec)
     run_s = time.perf_counter() - start
+    neurons = circuitgraph.run(_spec(compiled.model_dir, None, spec["prompt"], targets, references, NEURON_GRAPH,
+                                     plot_dir, f"{name}_neurons", curves=[("edges", "zero")]))
     gt = result.queries[0]["result"].to_dict()
     return {"program": name, "prompt": values, "expected": [str(v) for v in expected], "layers": L,
             "d_model": len(compiled.assembled.residual_labels), "compile_s": compile_s, "run_s": run_s,
             "completeness": result.full_graph.metadata["completeness"]["max_relative_violation"],
             "ground_truth": {k: v for k, v in gt.items() if k not in ("edges", "nodes")},
-            "edges": gt["edges"], "curves": [_curve(v) for v in result.validation]}
+            "edges": gt["edges"],
+            "curves": [{**_curve(v), "graph": "heads + mlp"} for v in result.validation]
+            + [{**_curve(v), "graph": "heads + neurons"} for v in neurons.validation]}
 
 
 def _curve(entry: dict) -> dict:
@@ -103,7 +109,7 @@ def run_demo(plot_dir: Path) -> dict:
     refs = ["mia saw the dog in the park . later she wants", "tom saw the cat in the park . later he wants",
             "ann saw the egg in the park . later she wants"]
     checks = []
-    for unit, ablation in CURVES[1:]:
+    for unit, ablation in CURVES:
         params = {"unit": unit, "ablation": ablation, "plot": str(plot_dir / f"demo_{unit}_{ablation}.png")}
         if ablation == "mean":
             params["reference_prompts"] = refs
@@ -111,8 +117,14 @@ def run_demo(plot_dir: Path) -> dict:
     demo["validate"] = checks
     start = time.perf_counter()
     result = circuitgraph.run(demo)
-    return {"program": "demo (transcoders)", "run_s": time.perf_counter() - start,
-            "curves": [_curve(v) for v in result.validation]}
+    neurons = {**demo, "graph": {"mlp": "neurons"}, "validate": [
+        {"faithfulness_curve": {"unit": "edges", "ablation": "zero", "plot": str(plot_dir / "demo_neurons_edges_zero.png")},
+         "on": "full"}]}
+    del neurons["transcoders"]
+    nres = circuitgraph.run(neurons)
+    return {"program": "demo", "run_s": time.perf_counter() - start,
+            "curves": [{**_curve(v), "graph": "transcoders"} for v in result.validation]
+            + [{**_curve(v), "graph": "neurons"} for v in nres.validation]}
 
 
 def _fmt(x) -> str:
@@ -150,20 +162,25 @@ def write_page(results: list[dict], demo: dict | None, out: Path, plot_rel: str)
               "Recovery `(m(circuit) - m(empty)) / (m(full) - m(empty))` at MIB's sizes (fraction of the graph's "
               "edges or nodes kept, the rest ablated in the real model); CPR = area under the curve (higher is "
               "better), CMD = area between the curve and 1 (0 is best), trapezoids with (0, 0) and (1, 1) added.", "",
-              "| model | unit | ablation | n | CPR | CMD | recovery at 0.001 / 0.01 / 0.1 / 0.5 |",
-              "|---|---|---|---|---|---|---|"]
+              "| model | graph | unit | ablation | n | CPR | CMD | recovery at 0.001 / 0.01 / 0.1 / 0.5 |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in results + ([demo] if demo else []):
         for c in r["curves"]:
             if "error" in c:
-                lines.append(f"| {r['program']} | {c.get('unit')} | {c.get('ablation')} | - | - | - | {c['error']} |")
+                lines.append(f"| {r['program']} | {c.get('graph')} | {c.get('unit')} | {c.get('ablation')} | - | - | - | "
+                             f"{c['error']} |")
                 continue
             rec = {p["size"]: p["recovery"] for p in c["points"]}
             pick = " / ".join(_fmt(rec.get(s)) for s in (0.001, 0.01, 0.1, 0.5))
-            lines.append(f"| {r['program']} | {c['unit']} | {c['ablation']} | {c['n_total']} | {_fmt(c['cpr'])} | "
+            lines.append(f"| {r['program']} | {c['graph']} | {c['unit']} | {c['ablation']} | {c['n_total']} | {_fmt(c['cpr'])} | "
                          f"{_fmt(c['cmd'])} | {pick} |")
-    lines += ["", "On the component graphs the only readers are the targets (heads and whole MLPs are vector nodes), "
-              "so an edge is one writer's direct contribution to the readout; the node curves ablate components "
-              "and everything downstream runs as the real model does.", "",
+    lines += ["", "Node curves: the tracr models on their component graph (heads and whole MLPs at every position), "
+              "the demo on its transcoder graph; the nodes not kept are ablated and everything downstream runs as "
+              "the real model does. Edge curves (zero ablation: each removed edge's contribution taken out at its "
+              "reader, docs/validation.md) on neuron graphs, whose edges reach neurons as well as the targets "
+              "(a component graph's only readers are the targets). tracr's circuits are exact and position-specific: "
+              "most of a program's components at most positions are needed, so recovery stays near 0 until most of "
+              "the graph is kept.", "",
               "Plots: " + ", ".join(f"[{p.name}]({plot_rel}/{p.name})" for p in sorted(out.parent.glob(
                   f'{plot_rel}/*.png'))), "",
               "## Timing", "", "| program | compile (s) | spec run (s) | completeness (max rel. violation) |",

@@ -116,3 +116,23 @@ def test_frac_prevs_numerical_output_direction(frac_program):
                                 ("attention_head", 1, 0), ("target", 2, -1))
     assert _edges(c.circuit) == {(emb, mlp, "direct"), (mlp, head, "direct"),
                                  (emb, head, "qk"), (pos, head, "qk"), (head, out, "direct")}
+
+
+def test_spec_run_scores_the_length_circuit(length_program):
+    """``model: {path:}``, a text prompt with tracr's BOS, logit targets on output tokens, and the
+    ground_truth query against circuit.json: every true edge outweighs every false one."""
+    import circuitgraph
+
+    c = length_program
+    spec = {"format_version": 1, "model": {"path": str(c.model_dir)}, "prompt": "a b c",
+            "targets": [{"logit": "3", "position": p} for p in (1, 2, 3)],
+            "graph": {"mlp": "mlp", "attention": "heads", "positional_nodes": True, "dtype": "float64"},
+            "queries": [{"ground_truth": {"circuit": str(c.out_dir / "circuit.json")}}],
+            "validate": [{"faithfulness_curve": {"unit": "nodes", "sizes": [0.1, 1.0]}, "on": "full"}]}
+    result = circuitgraph.run(spec)
+    assert not result.failures
+    gt = result.queries[0]["result"].to_dict()
+    assert gt["edge_auc"] == 1.0 and gt["qk_edge_auc"] == 1.0 and gt["recall"] == 1.0 and gt["disagreements"] == []
+    assert gt["n_true_edges"] == 4  # emb -> head, head -> MLP, emb -> MLP, MLP -> target
+    assert result.full_graph.metadata["completeness"]["max_relative_violation"] < 1e-12
+    assert result.validation[0]["result"].recovery[-1] == 1.0
