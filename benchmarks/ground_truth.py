@@ -134,7 +134,7 @@ def _fmt(x) -> str:
 def write_page(results: list[dict], demo: dict | None, out: Path, plot_rel: str) -> str:
     lines = ["# Circuits against ground truth (tracr) and faithfulness curves", "",
              "Recorded by `python benchmarks/ground_truth.py` (see the script's docstring and",
-             "[docs/validation.md](../validation.md#faithfulness-curves), [docs/tracr.md](../tracr.md)).",
+             "[docs/validation.md](../validation.md#faithfulness_curve-recovery-over-circuit-sizes-cpr-and-cmd), [docs/tracr.md](../tracr.md)).",
              f"Machine: {platform.machine()}, Python {platform.python_version()}, CPU; tracr-pypi, max_seq_len "
              f"{MAX_SEQ_LEN}, bidirectional attention, float64 graphs with heads and whole MLPs as nodes "
              "(`graph: {mlp: mlp, attention: heads, positional_nodes: true}`).", "",

@@ -16,7 +16,8 @@ MLP; every logit or target node is the target) and its edges aggregated by compo
   (:meth:`AttributionContext.attribute_directions`), at every position: a head's value path
   reads ``W_V`` (through ln1's frozen norm) and its contribution at source ``s`` counts with the
   attention paid to ``s`` (``sum_t A[t, s]``: what reaches the head's output); its query and
-  key paths (``qk``) read ``W_Q`` and ``W_K`` at every position, as QK attribution does; a whole
+  key paths (``qk``) read ``W_Q`` and ``W_K`` at every position (the query and key dimensions QK
+  attribution reads, before any rotary map: a magnitude, summed over dimensions); a whole
   MLP reads ``W_in`` through ln2: every neuron's pre-activation, active or not (what the MLP
   reads is its input; which neurons pass it on is the MLP's own computation).
 
