@@ -84,3 +84,17 @@ def test_feature_graph_nodes_curve_and_spec_dispatch(tmp_path):
     assert np.isfinite(r.empty)
     with pytest.raises(ValidationRunError, match="feature readers"):
         faithfulness_curve(g, sizes=[0.5], unit="edges")
+
+
+def test_control_positions_reach_later_positions_when_bidirectional():
+    """Random controls for ablate come from positions that can affect the metric: through attention,
+    earlier positions under causal attention, every position under bidirectional attention."""
+    from circuitgraph.validation.controls import reachable_positions
+    from circuitgraph.validation.metrics import Metric
+
+    metric = Metric.logit(3, position=2)
+    causal = reachable_positions(metric, 2, 5)("embed", -1)
+    both = reachable_positions(metric, 2, 5, causal=False)("embed", -1)
+    assert causal.tolist() == [True, True, True, False, False] and both.all()
+    # the last MLP writes after every attention layer: its own position only, either way
+    assert reachable_positions(metric, 2, 5, causal=False)("mlp", 1).tolist() == [False, False, True, False, False]
