@@ -109,7 +109,7 @@ def run_demo(plot_dir: Path) -> dict:
     refs = ["mia saw the dog in the park . later she wants", "tom saw the cat in the park . later he wants",
             "ann saw the egg in the park . later she wants"]
     checks = []
-    for unit, ablation in CURVES:
+    for unit, ablation in CURVES + [("edges", "zero")]:
         params = {"unit": unit, "ablation": ablation, "plot": str(plot_dir / f"demo_{unit}_{ablation}.png")}
         if ablation == "mean":
             params["reference_prompts"] = refs

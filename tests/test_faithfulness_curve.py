@@ -82,8 +82,49 @@ def test_feature_graph_nodes_curve_and_spec_dispatch(tmp_path):
     assert r.recovery[-1] == 1.0 and len(r.values) == 3 and r.cpr is not None and 0 <= r.cmd
     assert (tmp_path / "curve.png").stat().st_size > 1000
     assert np.isfinite(r.empty)
-    with pytest.raises(ValidationRunError, match="feature readers"):
-        faithfulness_curve(g, sizes=[0.5], unit="edges")
+    edges = faithfulness_curve(g, sizes=[0.0, 0.1, 1.0], unit="edges")
+    assert edges.recovery[0] == 0.0 and edges.recovery[-1] == 1.0 and edges.n_total == g.n_edges
+
+
+def test_edge_ablation_at_a_feature_reader_equals_a_hook_computation(tmp_path):
+    """Removing one edge into a last-layer transcoder feature: the feature's pre-activation drops by
+    the edge, its new ReLU activation minus the old times its decoder row (sae-lens's W_dec) is
+    added to the MLP output, and the logit is read off the real model (TransformerLens hooks)."""
+    from circuitgraph.validation.faithfulness_curves import _edge_ablated_metric
+    from circuitgraph.validation.metrics import Metric
+
+    path = make_bundle(tmp_path, "ln-gelu-learned")
+    adapter, tcs, tokens = load_bundle(path, "float64")
+    T = len(tokens)
+    g = attribute(adapter, tokens, tcs, [ResolvedTarget(kind="logit", position=T - 1, tokens=(4,))],
+                  dtype=torch.float64)
+    e = max((i for i in range(g.n_edges) if g.nodes[g.edge_target[i]].kind == "feature"
+             and g.nodes[g.edge_target[i]].layer == 1 and g.nodes[g.edge_target[i]].position == T - 1),
+            key=lambda i: abs(g.edge_weight[i]))
+    feat, w = g.nodes[g.edge_target[e]].id, float(g.edge_weight[e])
+    got = _edge_ablated_metric(g.context, g, Metric.from_graph(g), np.array([e]))
+    from sae_lens import SAE
+
+    sae = SAE.load_from_disk(str(path / "transcoders" / "layer_1"), device="cpu").to(torch.float64)
+    m = adapter.model
+    seen = {}
+
+    def grab(value, hook):
+        seen["x"] = value
+        return value
+
+    def splice(value, hook):
+        pre = seen["x"][0, feat.position] @ sae.W_enc[:, feat.index] + sae.b_enc[feat.index]
+        new, old = torch.relu(pre - w), torch.relu(pre)
+        value = value.clone()
+        value[0, feat.position] += (new - old) * sae.W_dec[feat.index]
+        return value
+
+    with torch.no_grad():
+        logits = m.run_with_hooks(torch.tensor([tokens]), fwd_hooks=[
+            ("blocks.1.ln2.hook_normalized", grab), ("blocks.1.hook_mlp_out", splice)])[0]
+    assert got == pytest.approx(float(logits[T - 1, 4]), abs=1e-10)
+    assert got != pytest.approx(g.node(g.target_ids[0]).pre_activation, abs=1e-6)  # the edge mattered
 
 
 def test_control_positions_reach_later_positions_when_bidirectional():

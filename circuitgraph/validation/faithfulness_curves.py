@@ -19,10 +19,13 @@ nothing is ablated).
   shifted by ``-w`` (zero ablation; ``w`` is the edge's exact direct effect in the linearisation
   on the prompt), every other input of ``r`` and every other reader unchanged, and the real
   model runs on from there (a neuron's shifted pre-activation goes through its nonlinearity; a
-  target's shift is its readout's).  For component graphs (heads and whole MLPs as vector nodes,
-  attention patterns frozen in the graph) the only readers are the targets, so an edge ablation
-  removes exactly that writer's direct contribution to the readout.  Edge ablation supports
-  ``ablation: zero`` and readers that are targets or neurons.
+  target's shift is its readout's; a transcoder feature's shifted pre-activation gives it a new
+  activation, whose difference times its decoder row is spliced into the MLP output, its error
+  node unchanged).  For component graphs (heads and whole MLPs as vector nodes, attention
+  patterns frozen in the graph) the only readers are the targets, so an edge ablation removes
+  exactly that writer's direct contribution to the readout.  Edge ablation supports
+  ``ablation: zero`` and readers that are targets, neurons and per-layer ReLU/JumpReLU
+  transcoder features.
 
 The curve's areas (MIB, Mueller et al. 2025), by the trapezoid rule over the sizes with the
 points ``(0, 0)`` and ``(1, 1)`` added at the ends when they are missing: ``CPR`` = the area
@@ -44,7 +47,7 @@ from circuitgraph._io import atomic_write_bytes
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.queries.influence import node_influence
 from circuitgraph.validation._common import graph_context, markdown_table, resolve_prompt
-from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit, run_rows
+from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit, dictionary_out_hook, run_rows
 from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,29 +221,44 @@ def faithfulness_curve(
     return result
 
 
+def _act_of_pre(tc: Any, h: torch.Tensor) -> torch.Tensor:
+    """A per-layer transcoder's activation as a function of its pre-activation: JumpReLU with its
+    threshold, else ReLU (the caller checks it against the dictionary's own activation)."""
+    if tc.threshold is not None:
+        return h * (h > tc.threshold.to(h.dtype))
+    return torch.relu(h)
+
+
 @torch.no_grad()
 def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ablated: np.ndarray) -> float:
     """The real model's metric with the edges ``ablated`` (indices into the graph's edge arrays)
-    removed at their readers: each reader's pre-activation shifted by minus their sum."""
-    a = ctx.adapter
+    removed at their readers: each reader's pre-activation shifted by minus their sum (a neuron's
+    at ``hook_mlp_pre``, or its activation for gated MLPs; a transcoder feature's pre-activation,
+    its new activation spliced into the MLP output; a target's readout)."""
+    a, tcs = ctx.adapter, ctx.transcoders
     tgt = np.asarray(graph.edge_target, dtype=np.int64)[ablated]
     w = np.asarray(graph.edge_weight, dtype=np.float64)[ablated]
     shift = np.bincount(tgt, weights=-w, minlength=graph.n_nodes)
     target_rows = [graph.index_of(t) for t, _ in graph.targets]
     T = ctx.linearisation.n_pos
     per_layer: dict[str, torch.Tensor] = {}
+    features: dict[int, list[tuple[int, int, float]]] = {}
     for row in np.flatnonzero(shift).tolist():
         node = graph.nodes[row].id
         if row in target_rows:
             continue
-        if node.kind != "neuron":
+        if node.kind == "neuron":
+            name = a.hook_mlp_post(node.layer) if a.facts.gated_mlp else a.hook_mlp_pre(node.layer)
+            d = per_layer.setdefault(name, torch.zeros(T, a.facts.d_mlp, dtype=torch.float64))
+            d[node.position, node.index] += shift[row]
+        elif node.kind == "feature" and tcs is not None and getattr(tcs, "kind", "per_layer") == "per_layer" \
+                and (tcs[node.layer].activation_kind != "topk"):
+            features.setdefault(node.layer, []).append((node.position, node.index, float(shift[row])))
+        else:
             raise ValidationRunError(
                 f"faithfulness_curve: unit: edges ablates edges at their readers; {node.kind} readers ({node}) "
-                "are not supported yet (targets and neurons are); use unit: nodes")
-        name = a.hook_mlp_post(node.layer) if a.facts.gated_mlp else a.hook_mlp_pre(node.layer)
-        d = per_layer.setdefault(name, torch.zeros(T, a.facts.d_mlp, dtype=torch.float64))
-        d[node.position, node.index] += shift[row]
-    need = metric.hook_names(a, ctx.transcoders)
+                "are supported for neurons, targets and per-layer ReLU/JumpReLU transcoder features; use unit: nodes")
+    need = metric.hook_names(a, tcs)
     captured: dict[str, torch.Tensor] = {}
 
     def add(delta: torch.Tensor):
@@ -250,10 +268,35 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ab
         captured[hook.name] = value
         return value
 
-    hooks = [(name, add(d)) for name, d in per_layer.items()] + [(n, keep) for n in sorted(need)]
+    def splice(layer: int, items: list[tuple[int, int, float]]):
+        tc = tcs[layer]
+        pos = torch.tensor([p for p, _, _ in items])
+        idx = torch.tensor([j for _, j, _ in items])
+        delta = torch.tensor([d for _, _, d in items], dtype=torch.float64)
+
+        def fn(value, hook):  # noqa: ANN001
+            x = captured[tc.hook_in]  # the live input of this forward pass
+            pre = tc.pre_activation(x)[:, pos, idx]  # (B, n)
+            live = tc.activation(x)[:, pos, idx].to(pre.dtype)
+            if not torch.allclose(_act_of_pre(tc, pre), live, rtol=1e-4, atol=1e-5):
+                raise ValidationRunError(f"faithfulness_curve: layer {layer}'s dictionary is not a ReLU or JumpReLU "
+                                         "of its pre-activation; use unit: nodes")
+            new = _act_of_pre(tc, pre + delta.to(device=pre.device, dtype=pre.dtype)[None])
+            dec = tcs.decoder_rows(layer, idx)[:, 0].to(device=value.device, dtype=value.dtype)  # (n, d_model)
+            out = value.clone()
+            out.index_add_(1, pos.to(value.device), (new - live).to(value.dtype)[..., None] * dec[None])
+            return out
+
+        return fn
+
+    hooks = [(name, add(d)) for name, d in per_layer.items()]
+    for layer in features:
+        need = need | {tcs[layer].hook_in}
+    hooks += [(n, keep) for n in sorted(need)]
+    hooks += [(dictionary_out_hook(a, tcs, layer), splice(layer, items)) for layer, items in features.items()]
     with a.hooks(hooks) as model:
         logits = model(torch.tensor([ctx.linearisation.tokens.tolist()], device=a.device))
-    vals = metric.values(logits, captured, a, ctx.transcoders)[0]
+    vals = metric.values(logits, captured, a, tcs)[0]
     if len(vals) != len(target_rows):
         raise ValidationRunError("faithfulness_curve: unit: edges needs the graph's own targets as the metric")
     vals = vals + torch.tensor([shift[r] for r in target_rows], dtype=vals.dtype, device=vals.device)
