@@ -180,7 +180,8 @@ def write_page(results: list[dict], demo: dict | None, out: Path, plot_rel: str)
               "reader, docs/validation.md) on neuron graphs, whose edges reach neurons as well as the targets "
               "(a component graph's only readers are the targets). tracr's circuits are exact and position-specific: "
               "most of a program's components at most positions are needed, so recovery stays near 0 until most of "
-              "the graph is kept.", "",
+              "the graph is kept. A CPR above 1 (hist) is a curve that overshoots 1: removing some edges raises the "
+              "metric; CMD counts the overshoot as |1 - recovery|.", "",
               "Plots: " + ", ".join(f"[{p.name}]({plot_rel}/{p.name})" for p in sorted(out.parent.glob(
                   f'{plot_rel}/*.png'))), "",
               "## Timing", "", "| program | compile (s) | spec run (s) | completeness (max rel. violation) |",
