@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO / "examples" / "fixtures"
 
 #: architecture variants: LayerNorm/RMSNorm x GELU/gated x learned/rotary, plus GQA,
-#: folded norms, post-norms and soft-caps
+#: folded norms, post-norms and soft-caps, norm-free, attention-only and bidirectional models
 VARIANTS = {
     "ln-gelu-learned": dict(norm="LN", mlp="gelu", positional="learned"),
     "ln-gated-rotary": dict(norm="LN", mlp="gated", positional="rotary"),
@@ -38,6 +38,12 @@ VARIANTS = {
     "lnpre-relu-rotary": dict(norm="LNPre", mlp="relu", positional="rotary"),
     "rms-gated-postnorm-softcap": dict(norm="RMS", mlp="gated", positional="rotary", post_norms=True,
                                        attn_soft_cap=30.0, logit_soft_cap=20.0),
+    # no norms at all (sigma = 1 everywhere; transcoders read hook_resid_mid), as tracr-compiled models
+    "none-relu-learned": dict(norm=None, mlp="relu", positional="learned"),
+    # no MLP layers (the classic induction-head toys): no transcoders, heads and embeddings only
+    "ln-attnonly-rotary": dict(norm="LN", mlp="gelu", positional="rotary", attn_only=True),
+    # bidirectional (unmasked) attention: a frozen pattern reads later positions too
+    "none-relu-bidirectional": dict(norm=None, mlp="relu", positional="learned", attention_dir="bidirectional"),
 }
 
 
@@ -59,7 +65,9 @@ def load_bundle(path: Path, dtype: str = "float32"):
     from circuitgraph.dictionaries import TranscoderSet
 
     adapter = load_model_dir(path / "model", dtype=dtype)
-    tcs = TranscoderSet.from_dir(path / "transcoders", adapter, dtype=torch_dtype(dtype))
+    # an attention-only model has no transcoders
+    tcs = (TranscoderSet.from_dir(path / "transcoders", adapter, dtype=torch_dtype(dtype))
+           if (path / "transcoders").is_dir() else None)
     tokens = json.loads((path / "prompt.json").read_text())["tokens"]
     return adapter, tcs, tokens
 

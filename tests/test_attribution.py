@@ -216,3 +216,30 @@ def test_nan_in_transcoder_is_named(tmp_path):
     save_file(w, str(f))
     with pytest.raises(NumericalError, match="layer_1.*W_dec"):
         TranscoderSet.from_dir(bundle / "transcoders", load_model_dir(bundle / "model"))
+
+
+def test_bidirectional_long_prompt_blocks(tmp_path, monkeypatch):
+    """Past ``CAUSAL_BLOCK`` positions the frozen pattern is applied by blocks of sources that skip
+    the destinations a causal pattern leaves at zero: a bidirectional pattern has none to skip."""
+    from circuitgraph.attribution import frozen_model
+
+    monkeypatch.setattr(frozen_model, "CAUSAL_BLOCK", 3)
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "none-relu-bidirectional"), dtype="float64")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    assert g.check_completeness().max_violation < 1e-10
+
+
+def test_bidirectional_head_split_of_an_edge_from_a_later_position(tmp_path):
+    """An edge from a writer after its reader (bidirectional attention) splits over heads and
+    source positions into parts that sum to it."""
+    from circuitgraph.queries.head_split import head_split, parts_sum_check
+
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "none-relu-bidirectional"), dtype="float64")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    later = [(s, t, w) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)
+             if g.nodes[s].position > g.nodes[t].position and g.nodes[t].kind == "feature" and abs(w) > 1e-3]
+    assert later
+    s, t, _ = max(later, key=lambda e: abs(e[2]))
+    for by_position in (False, True):
+        res = head_split(g, g.nodes[s].id, g.nodes[t].id, by_position=by_position)
+        assert parts_sum_check(res) < 1e-10

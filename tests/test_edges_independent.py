@@ -41,6 +41,11 @@ CASES = [
     ("rms-gated-rotary-gqa", "jumprelu_skip", "normalized", "default"),
     ("ln-gelu-learned", "relu", "normalized", "neurons-heads"),
     ("lnpre-relu-rotary", "jumprelu", "normalized", "features-heads"),
+    ("none-relu-learned", "relu", "raw", "default"),
+    ("none-relu-bidirectional", "skip", "raw", "default"),
+    ("none-relu-bidirectional", "relu", "raw", "neurons-heads"),
+    ("ln-attnonly-rotary", "relu", "normalized", "default"),
+    ("ln-attnonly-rotary", "relu", "normalized", "features-heads"),
 ]
 
 
@@ -128,12 +133,15 @@ class _Reference:
                     out = out + (captured[name] - c[name]) @ tc.W_skip.T
                 return out
 
-            hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
+            if not m.cfg.attn_only:
+                hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
         for hook_name, d in delta.items():  # after the fixing hooks on the same point
             hooks.append((hook_name, lambda value, hook, d=d: value - d))
         read = ["ln_final.hook_normalized"] + [f"blocks.{l}.{s}" for l in range(m.cfg.n_layers)
                                                for s in ("ln2.hook_normalized", "hook_resid_mid", "mlp.hook_pre")]
-        hooks += [(n, keep) for n in read]
+        if m.cfg.normalization_type is None:  # no ln_final: the unembedding reads the last resid_post
+            read.append(f"blocks.{m.cfg.n_layers - 1}.hook_resid_post")
+        hooks += [(n, keep) for n in read if n in m.hook_dict]
         with torch.no_grad():
             m.run_with_hooks(self.tokens.expand(B, -1), fwd_hooks=hooks)
         return captured
@@ -150,10 +158,11 @@ class _Reference:
         if nid.kind == "neuron":
             return captured[f"blocks.{nid.layer}.mlp.hook_pre"][:, t, nid.index]
         if nid.kind == "logit":
-            final = captured["ln_final.hook_normalized"][:, t]
-            if getattr(m.ln_final, "w", None) is not None:
+            final = captured.get("ln_final.hook_normalized", captured.get(f"blocks.{m.cfg.n_layers - 1}.hook_resid_post"))
+            final = final[:, t]
+            if getattr(getattr(m, "ln_final", None), "w", None) is not None:
                 final = final * m.ln_final.w
-            if getattr(m.ln_final, "b", None) is not None:
+            if getattr(getattr(m, "ln_final", None), "b", None) is not None:
                 final = final + m.ln_final.b
             w, b = m.W_U[:, nid.index], m.b_U[nid.index]
             if node.attrs.get("relative_to_mean"):
@@ -179,7 +188,7 @@ def test_every_edge_equals_the_libraries_removal(tmp_path, variant, kind, site, 
     captured = ref.run(removals)
     readers = [n for n in g.nodes if n.pre_activation is not None]
     kinds = {n.id.kind for n in readers}
-    assert kinds >= {"logit"} and (kinds & {"feature", "neuron"}), kinds
+    assert kinds >= {"logit"} and (adapter.facts.attn_only or (kinds & {"feature", "neuron"})), kinds
     expected = np.zeros((len(readers), len(writers)))
     for i, r in enumerate(readers):
         values = ref.reader_values(r, captured).double()
@@ -196,3 +205,26 @@ def test_every_edge_equals_the_libraries_removal(tmp_path, variant, kind, site, 
     # where attention is frozen somewhere, edges cross it: a writer reaches a later position
     assert len(heads) == adapter.facts.n_layers or any(expected[i, j] != 0 and writers[j].position < readers[i].id.position
                for i in range(len(readers)) for j in range(len(writers)))
+
+
+def test_bidirectional_edges_reach_earlier_positions(tmp_path):
+    """Bidirectional attention: writers at later positions have edges into earlier readers, and
+    each equals the libraries' removal (the case the causal position bands would miss)."""
+    path, raw = _bundle(tmp_path, "none-relu-bidirectional", "relu", "raw")
+    adapter, tcs, tokens = load_bundle(path, "float64")
+    assert not adapter.facts.causal
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    ref = _Reference(adapter.model, tokens, raw, set())
+    readers = [n for n in g.nodes if n.pre_activation is not None and n.position < len(tokens) - 1]
+    writers = [n.id for n in g.nodes if n.kind in ("embedding", "feature", "error")
+               and n.position > min(r.position for r in readers)]
+    removals = [(h, w.position, v) for w in writers for h, v in [ref.writer_vector(w)]]
+    captured = ref.run(removals)
+    dense = g.dense_adjacency(dtype=np.float64)
+    n_later = 0
+    for r in readers:
+        expected = (ref.reader_values(r, captured)[0] - ref.reader_values(r, captured)[1:]).double().numpy()
+        got = dense[g.index_of(r.id), [g.index_of(w) for w in writers]]
+        np.testing.assert_allclose(got, expected, atol=1e-9 * max(1.0, np.abs(expected).max()))
+        n_later += int(sum(1 for w, e in zip(writers, expected) if w.position > r.position and abs(e) > 1e-6))
+    assert n_later > 10

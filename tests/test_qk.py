@@ -42,7 +42,9 @@ def model_qk(adapter, tokens, layer):
         _, cache = adapter.model.run_with_cache(torch.tensor(tokens)[None], names_filter=lambda n: n in names)
     q, k = cache[names[0]][0], cache[names[1]][0]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    return q.double(), k.double(), cache[names[2]][0].double(), cache[names[3]][0, :, 0].double()
+    # a norm-free model has no ln1 (sigma = 1)
+    sigma = cache[names[3]][0, :, 0] if names[3] in cache.cache_dict else torch.ones(len(tokens))
+    return q.double(), k.double(), cache[names[2]][0].double(), sigma.double()
 
 
 def uncapped(scores, cap):
@@ -278,3 +280,19 @@ def test_folded_and_pruned_nodes_are_reported_as_their_remainders(tmp_path):
         assert any(i.kind == "remainder" for i in ids)
         assert h.max_deviation() < 1e-5
     assert pruned.n_nodes < g.n_nodes
+
+
+def test_bidirectional_key_after_the_query(tmp_path):
+    """Bidirectional attention: a key after the query is allowed and its score is exact."""
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "none-relu-bidirectional", n_layers=3), dtype="float64")
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    for layer in range(adapter.facts.n_layers):
+        _, _, scores, _ = model_qk(adapter, tokens, layer)
+        for h in qk(g, layer, list(range(adapter.facts.n_heads)), 1, len(tokens) - 2, top_k=3).heads:
+            ref = float(scores[h.head, 1, len(tokens) - 2])
+            for value in (h.score, h.pairs_sum_plus_constant, h.query_marginals_sum_plus_constant,
+                          h.key_marginals_sum_plus_constant):
+                assert value == pytest.approx(ref, abs=1e-10)
+    causal, c_tcs, c_tokens = load_bundle(make_bundle(tmp_path, "none-relu-learned"), dtype="float64")
+    with pytest.raises(QueryError, match="causal attention"):
+        qk(attribute(causal, c_tokens, c_tcs, dtype=torch.float64), 1, 0, 1, 3)

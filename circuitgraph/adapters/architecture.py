@@ -23,7 +23,7 @@ from circuitgraph.errors import LoadError
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
 
-NormKind = Literal["layernorm", "rmsnorm"]
+NormKind = Literal["layernorm", "rmsnorm", "none"]
 QKNorm = Literal["none", "per_head", "whole"]
 
 
@@ -62,6 +62,12 @@ class ArchitectureFacts:
     def n_neurons(self) -> int:
         """Neuron indices per MLP layer: ``d_mlp``, or ``num_experts * d_mlp`` for MoE layers."""
         return self.d_mlp * max(1, self.num_experts)
+    #: no MLP layers (TransformerLens ``attn_only``): resid_post(l) = resid_mid(l)
+    attn_only: bool = False
+    #: causal attention (each position reads itself and earlier ones); False for bidirectional
+    #: attention (TransformerLens ``attention_dir="bidirectional"``, tracr-compiled models): a
+    #: frozen pattern may read later positions, and a reader sees writers at every position
+    causal: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +114,9 @@ def _qk_norm_kind(model: Any) -> str:
     return "none"
 
 
+_NORM_KINDS: dict[Any, NormKind] = {"LN": "layernorm", "LNPre": "layernorm", "RMS": "rmsnorm",
+                                     "RMSPre": "rmsnorm", None: "none"}
+
 _UNSUPPORTED_ARCH = {"BertForMaskedLM", "T5ForConditionalGeneration"}
 
 
@@ -128,13 +137,13 @@ class ModelAdapter:
                 f"architecture {cfg.original_architecture} is not a pre-norm decoder; "
                 "circuitgraph supports pre-norm causal transformers (GPT-2, Llama, Gemma, ...)"
             )
-        if getattr(cfg, "attn_only", False):
-            raise LoadError("attention-only models are not supported yet (no MLP layers to analyse)")
-        if cfg.normalization_type not in ("LN", "LNPre", "RMS", "RMSPre"):
+        if cfg.normalization_type not in ("LN", "LNPre", "RMS", "RMSPre", None):
             raise LoadError(
                 f"normalization_type {cfg.normalization_type!r} is not supported; "
-                "expected LN, LNPre, RMS or RMSPre"
+                "expected LN, LNPre, RMS, RMSPre or None (no norms)"
             )
+        if getattr(cfg, "attention_dir", "causal") not in ("causal", "bidirectional"):
+            raise LoadError(f"attention_dir {cfg.attention_dir!r} is not supported; expected causal or bidirectional")
         if cfg.positional_embedding_type not in ("standard", "rotary"):
             raise LoadError(
                 f"positional_embedding_type {cfg.positional_embedding_type!r} is not supported; "
@@ -154,7 +163,7 @@ class ModelAdapter:
             d_mlp=cfg.d_mlp,
             d_vocab=cfg.d_vocab,
             n_ctx=cfg.n_ctx,
-            norm="layernorm" if cfg.normalization_type in ("LN", "LNPre") else "rmsnorm",
+            norm=_NORM_KINDS[cfg.normalization_type],
             ln_folded=cfg.normalization_type in ("LNPre", "RMSPre"),
             gated_mlp=bool(cfg.gated_mlp),
             act_fn=str(cfg.act_fn),
@@ -168,6 +177,8 @@ class ModelAdapter:
             qk_norm=_qk_norm_kind(model),
             num_experts=int(getattr(cfg, "num_experts", None) or 0),
             experts_per_token=int(getattr(cfg, "experts_per_token", None) or 0),
+            attn_only=bool(getattr(cfg, "attn_only", False)),
+            causal=getattr(cfg, "attention_dir", "causal") == "causal",
         )
         #: GPT-OSS experts (TransformerLens ``GptOssMoE``): biased, clamped SwiGLU, softmax after the top-k
         self._gpt_oss = bool(self.facts.num_experts) and type(model.blocks[0].mlp).__name__ == "GptOssMoE"
@@ -349,18 +360,50 @@ class ModelAdapter:
             return int(m.group(1))
         return None
 
+    def hook_alias(self, name: str) -> str | None:
+        """The hook that carries ``name``'s value on a model without it, ``""`` where the value does
+        not exist (nothing to hook), None where ``name`` is a real hook or unknown.
+
+        Norm-free models: ``ln1/ln2/ln_final.hook_normalized`` are the identity of their input
+        (resid_pre, resid_mid, the last resid_post).  Attention-only models: ``hook_resid_mid`` is
+        ``hook_resid_post`` and the MLP hooks (``hook_mlp_out``, ``mlp.hook_*``) do not exist."""
+        if name in self.model.hook_dict:
+            return None
+        m = re.fullmatch(r"blocks\.(\d+)\.(hook_resid_mid|hook_mlp_out|mlp\.hook_\w+|ln[12]\.hook_normalized)", name)
+        if name == "ln_final.hook_normalized" and self.facts.norm == "none":
+            return self.hook_resid_post(self.facts.n_layers - 1)
+        if m is None:
+            return None
+        layer, what = int(m.group(1)), m.group(2)
+        if self.facts.attn_only:
+            if what in ("hook_resid_mid", "ln2.hook_normalized"):
+                return self.hook_resid_post(layer)
+            if what == "hook_mlp_out" or what.startswith("mlp."):
+                return ""
+        if self.facts.norm == "none" and what.endswith("hook_normalized"):
+            return self.hook_resid_pre(layer) if what.startswith("ln1") else self.hook_resid_mid(layer)
+        return None
+
     def has_hook(self, name: str) -> bool:
-        return name in self.model.hook_dict or self._virtual_layer(name) is not None
+        return name in self.model.hook_dict or self._virtual_layer(name) is not None or bool(self.hook_alias(name))
 
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Sequence[tuple[str, Callable]]) -> Iterator[Any]:
-        """Scoped forward hooks, as TransformerLens's ``model.hooks``, plus the virtual
+        """Scoped forward hooks, as TransformerLens's ``model.hooks``, plus the aliases of models
+        without norms or MLPs (:meth:`hook_alias`) and the virtual
         ``blocks.<l>.mlp.hook_out`` of post-norm models (see :meth:`hook_mlp_out_before_post_norm`):
         its function gets ``(mlp_output, hook)`` and may return a replacement, which the post-norm
         then normalises.  Every hook is removed on exit, even on error."""
         real, handles = [], []
         try:
             for name, fn in fwd_hooks:
+                alias = self.hook_alias(name)
+                if alias == "":  # the value does not exist in this model (an attention-only model's MLP)
+                    continue
+                if alias is not None:  # the function sees the name it asked for
+                    point = _VirtualHookPoint(name)
+                    real.append((alias, lambda value, hook, fn=fn, point=point: fn(value, point)))
+                    continue
                 layer = self._virtual_layer(name)
                 if layer is None:
                     real.append((name, fn))
@@ -409,8 +452,18 @@ class ModelAdapter:
             center=self.facts.norm == "layernorm",
         )
 
+    def has_norm(self, site: str, layer: int | None = None) -> bool:
+        """Whether the norm site exists (it has a ``hook_scale``): False everywhere on norm-free
+        models and for ln2 on attention-only ones, where the site is the identity (sigma = 1)."""
+        if self.facts.norm == "none":
+            return False
+        return not (self.facts.attn_only and site in ("ln2", "ln2_post"))
+
     def norm(self, site: str, layer: int | None = None) -> NormWeights:
-        """Weights of a norm site: ln1, ln2, ln1_post, ln2_post (per layer) or ln_final."""
+        """Weights of a norm site: ln1, ln2, ln1_post, ln2_post (per layer) or ln_final; the
+        identity (no gamma, beta or centring) where the site has no norm (:meth:`has_norm`)."""
+        if not self.has_norm(site, layer):
+            return NormWeights(None, None, False)
         module = self.model.ln_final if site == "ln_final" else getattr(self.model.blocks[layer], site)
         return self._norm(module)
 

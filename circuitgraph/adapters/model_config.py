@@ -131,7 +131,7 @@ CONFIG_FIELDS: dict[str, Callable[[Any], str | None]] = {
     "act_fn": lambda v: None if v is None else _choice(*_act_fns())(v),
     "normalization_type": _choice("LN", "LNPre", "RMS", "RMSPre", None),
     "positional_embedding_type": _choice("standard", "rotary"),
-    "attention_dir": _choice("causal"),
+    "attention_dir": _choice("causal", "bidirectional"),
     "eps": _float(positive=True),
     "attn_scale": _float(),
     "use_attn_scale": _bool(),

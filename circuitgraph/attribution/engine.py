@@ -125,7 +125,11 @@ def compute_edges(
     # sweep can meet; exact zeros are squeezed out as they come, and the untouched tail of the
     # buffers is never written, so it takes no memory (no per-batch pieces, no final concatenation)
     # per batch: its positions' prefix (the last position + 1) and its highest location
-    spans = [(max(rd.positions[i] for i in batch) + 1, max(rd.locs[i] for i in batch)) for batch in batches]
+    # (causal attention: a reader at t sees writers at positions <= t only; bidirectional attention:
+    # writers at every position, so every batch's gradient spans the whole prompt)
+    causal = fm.causal
+    spans = [(max(rd.positions[i] for i in batch) + 1 if causal else fm.n_pos, max(rd.locs[i] for i in batch))
+             for batch in batches]
     bound = 0 if dense else sum(int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
                                 for batch, (T, top) in zip(batches, spans)
                                 for loc, block in col.writers.blocks.items() if loc <= top)
@@ -156,10 +160,10 @@ def compute_edges(
             if block is not None:
                 g_all, w_all, src = slots[loc]
                 ks = [int(torch.searchsorted(block.positions, st.T)) for st in sts]  # groups at positions < T
-                # writer groups at or before a batch's first reader position feed every reader of the
-                # batch; later ones only the readers at or after them (the rest are exact zeros to
+                # causal: writer groups at or before a batch's first reader position feed every reader
+                # of the batch; later ones only the readers at or after them (the rest are exact zeros to
                 # squeeze out): the two ranges are written separately, the first as it comes
-                k0s = [min(k, int(torch.searchsorted(block.positions, st.p_first, right=True)))
+                k0s = [min(k, int(torch.searchsorted(block.positions, st.p_first, right=True))) if causal else k
                        for st, k in zip(sts, ks)]
                 k_max = max(ks)
                 B_max = max(st.B for st in sts)

@@ -225,12 +225,13 @@ def _by_location(col: Collected, subset: list[int], row_bound: np.ndarray | None
 
 
 def reader_edge_bounds(col: Collected) -> np.ndarray:
-    """Per reader: the writers at or below its location and at or before its position (at least
-    its number of edges)."""
+    """Per reader: the writers at or below its location and at or before its position (at any
+    position with bidirectional attention): at least its number of edges."""
     rd = col.readers
     n_locs = 2 * col.frozen.n_layers + 1
     counts = col.count_tables(n_locs, col.frozen.n_pos)[0]
-    seen = counts.cumsum(0).cumsum(1)
+    seen = counts.cumsum(0)
+    seen = seen.cumsum(1) if col.frozen.causal else np.broadcast_to(seen.sum(1, keepdims=True), seen.shape)
     return seen[np.asarray(rd.locs, dtype=np.int64), np.asarray(rd.positions, dtype=np.int64)]
 
 

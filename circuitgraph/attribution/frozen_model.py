@@ -6,7 +6,8 @@ affine function of the writers.  A reader ``pre = g . x(loc, t) + c`` at residua
 gradient ``G(loc', s) = d pre / d x(loc', s)``, propagated backwards by the transposes of:
 
 * the residual stream (identity);
-* frozen attention (when attention is passed through): for destination ``t`` and source ``s``,
+* frozen attention (when attention is passed through): for destination ``t`` and source ``s``
+  (``s <= t`` under causal attention, any ``s`` under bidirectional attention),
   ``G_pre(s) += P(gamma1 * sum_h sum_t A[h, t, s] W_V^h W_O^h G'(t)) / sigma1(s)`` with
   ``G'(t) = P(gamma1_post * G(t)) / sigma1_post(t)`` when the block has post-norms;
 * the linear skip path of skip transcoders (through the frozen post-MLP norm's transpose when
@@ -92,6 +93,8 @@ class FrozenLinearModel:
         f = adapter.facts
         self.n_layers = f.n_layers
         self.n_pos = lin.n_pos
+        #: causal attention (see :attr:`ArchitectureFacts.causal`): a pattern is lower-triangular
+        self.causal = f.causal
         self.attention_modes = attention_modes
         cast = lambda t: None if t is None else t.to(device=self.device, dtype=dtype)  # noqa: E731
 
@@ -145,7 +148,7 @@ class FrozenLinearModel:
         u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh)
         u = u.permute(2, 1, 0, 3).reshape(H, T, B * dh)  # (H, t, B * d_head)
         At = self.pattern(layer, T).transpose(1, 2)  # (H, s, t): A^T, zero where t < s (causal)
-        if T <= CAUSAL_BLOCK:
+        if T <= CAUSAL_BLOCK or not self.causal:
             return torch.bmm(At, u).view(H, T, B, dh)  # (H, s, B, d_head)
         # causal: source s only receives from t >= s, so each block of sources skips the
         # (exactly zero) columns t < s0 of A^T: about half the pattern's multiply-adds

@@ -175,24 +175,28 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
     _check_weights(adapter)
     a = adapter
     L = a.facts.n_layers
+    attn_only = a.facts.attn_only
     names = {a.hook_embed()}
     if a.facts.positional == "learned":
         names.add(a.hook_pos_embed())
     for site, layer in norm_sites(a):
-        names.add(a.hook_norm_scale(site, layer))
-    names.add(a.hook_norm_normalized("ln_final"))
+        if a.has_norm(site, layer):
+            names.add(a.hook_norm_scale(site, layer))
+    if a.has_norm("ln_final"):
+        names.add(a.hook_norm_normalized("ln_final"))
     for layer in range(L):
-        names |= {
-            a.hook_resid_pre(layer), a.hook_resid_mid(layer), a.hook_resid_post(layer),
-            a.hook_pattern(layer), a.hook_z(layer), a.hook_attn_out(layer), a.hook_mlp_out(layer),
-            a.hook_norm_normalized("ln2", layer),
-        }
-        if a.facts.num_experts:  # mixture of experts: the routing and the experts' hooks
-            names |= a.moe_hooks(layer)
-        else:
-            names |= {a.hook_mlp_pre(layer), a.hook_mlp_post(layer)}
-            if a.facts.gated_mlp:
-                names.add(a.hook_mlp_pre_linear(layer))
+        names |= {a.hook_resid_pre(layer), a.hook_resid_post(layer), a.hook_pattern(layer), a.hook_z(layer),
+                  a.hook_attn_out(layer)}
+        if not attn_only:
+            names |= {a.hook_resid_mid(layer), a.hook_mlp_out(layer)}
+            if a.facts.num_experts:  # mixture of experts: the routing and the experts' hooks
+                names |= a.moe_hooks(layer)
+            else:
+                names |= {a.hook_mlp_pre(layer), a.hook_mlp_post(layer)}
+                if a.facts.gated_mlp:
+                    names.add(a.hook_mlp_pre_linear(layer))
+        if a.has_norm("ln2", layer):
+            names.add(a.hook_norm_normalized("ln2", layer))
         if a.facts.qk_norm != "none":
             names |= {a.hook_qk_norm_scale("q", layer), a.hook_qk_norm_scale("k", layer)}
     toks = tokens.to(a.device).unsqueeze(0)
@@ -207,7 +211,22 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         c[a.hook_mlp_pre(l)], c[a.hook_mlp_pre_linear(l)], c[a.hook_mlp_post(l)] = m["gate"], m["linear"], m["activation"]
     logits = logits[0].detach()
     _check_finite("logits", logits)
-    sigma = {(site, layer): c[a.hook_norm_scale(site, layer)][..., 0] for site, layer in norm_sites(a)}
+    T = toks.shape[1]
+    ones = torch.ones(T, dtype=c[a.hook_embed()].dtype, device=c[a.hook_embed()].device)
+    # a site without a norm (norm-free models; ln2 of attention-only ones) is the identity: sigma = 1
+    sigma = {(site, layer): c[a.hook_norm_scale(site, layer)][..., 0] if a.has_norm(site, layer) else ones
+             for site, layer in norm_sites(a)}
+    if attn_only:  # no MLP: resid_mid(l) is resid_post(l) and the MLP writes nothing
+        for layer in range(L):
+            post = c[a.hook_resid_post(layer)]
+            c[a.hook_resid_mid(layer)] = post
+            c[a.hook_mlp_out(layer)] = torch.zeros_like(post)
+            c[a.hook_mlp_pre(layer)] = c[a.hook_mlp_post(layer)] = post.new_zeros(T, 0)
+    for layer in range(L):
+        if not a.has_norm("ln2", layer):
+            c[a.hook_norm_normalized("ln2", layer)] = c[a.hook_resid_mid(layer)]
+    if not a.has_norm("ln_final"):
+        c[a.hook_norm_normalized("ln_final")] = c[a.hook_resid_post(L - 1)]
     lin = Linearisation(
         tokens=tokens.detach().cpu(),
         sigma=sigma,
@@ -276,6 +295,8 @@ def frozen(
     hooks: list[tuple[str, Callable]] = []
     if freeze_norms:
         for site, layer in norm_sites(a):
+            if not a.has_norm(site, layer):
+                continue
             value = lin.sigma[(site, layer)]
 
             def fix_scale(scale, hook, value=value):  # noqa: ANN001
@@ -291,5 +312,5 @@ def frozen(
 
             hooks.append((a.hook_pattern(layer), fix_pattern))
     hooks += list(extra_hooks or [])
-    with a.model.hooks(fwd_hooks=hooks):
-        yield a.model
+    with a.hooks(hooks) as model:  # the adapter's hooks: aliases on models without norms or MLPs
+        yield model

@@ -424,6 +424,8 @@ def _add_bias(b: _Builder, loc: int, layer: int, which: str, vectors: torch.Tens
 
 # -------------------------------------------------------------------- MLP
 def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
+    if b.a.facts.attn_only:  # no MLP: nothing is written at resid_post(layer)
+        return
     mode = b.opt.mlp[layer]
     if mode == "transcoders":
         _collect_transcoder_layer(b, fm, layer)

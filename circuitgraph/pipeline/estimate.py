@@ -181,28 +181,41 @@ def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, 
     return col.count_tables(n_locs, n_pos)
 
 
-def _reach(options: Any, n_locs: int) -> np.ndarray:
-    """Per residual location: the highest location whose writers at *earlier positions* a reader
-    there can see, -1 for none.  Earlier positions are only reached through a frozen attention
-    layer ``m`` (it reads ``resid_pre(m) = 2m`` and writes ``resid_mid(m) = 2m + 1``); head nodes
-    stop paths."""
+@dataclass(frozen=True)
+class _Reach:
+    """Per residual location ``locs[loc]``: the highest location whose writers at *other positions*
+    a reader there can see, -1 for none; ``causal``: only earlier positions (else every other one,
+    bidirectional attention)."""
+
+    locs: np.ndarray
+    causal: bool = True
+
+
+def _reach(options: Any, n_locs: int, causal: bool = True) -> _Reach:
+    """Other positions are only reached through a frozen attention layer ``m`` (it reads
+    ``resid_pre(m) = 2m`` and writes ``resid_mid(m) = 2m + 1``); head nodes stop paths."""
     reach = np.full(n_locs, -1, dtype=np.int64)
     for m, mode in options.attention.items():
         if mode == "frozen" and 2 * m + 1 < n_locs:
             reach[2 * m + 1 :] = np.maximum(reach[2 * m + 1 :], 2 * m)
-    return reach
+    return _Reach(reach, causal)
 
 
-def _row_bounds(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: np.ndarray) -> np.ndarray:
+def _row_bounds(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach) -> np.ndarray:
     """Per reader: the writers it can see (its possible edges): at its own position every writer
-    at or below its location; at earlier positions those at or below ``reach[loc]``."""
+    at or below its location; at earlier positions (every other position when attention is
+    bidirectional) those at or below ``reach.locs[loc]``."""
     if not locs.size:
         return np.zeros(0, dtype=np.int64)
     same = counts.cumsum(0)  # (loc, pos): writers at or below loc at that position
-    earlier = same.cumsum(1)  # ... at or before that position
-    r = reach[locs]
-    ok = (r >= 0) & (positions >= 1)
+    r = reach.locs[locs]
     out = same[locs, positions].copy()
+    if not reach.causal:
+        ok = r >= 0
+        out[ok] += same[r[ok]].sum(1) - same[r[ok], positions[ok]]
+        return out
+    earlier = same.cumsum(1)  # ... at or before that position
+    ok = (r >= 0) & (positions >= 1)
     out[ok] += earlier[r[ok], positions[ok] - 1]
     return out
 
@@ -222,7 +235,7 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
                base: int | None = None) -> EdgePlan:
     """The edge plan of collected nodes (see the module docstring), with advice if it does not fit."""
     counts, locs, positions, kinds = _counts(col, n_locs, n_pos)
-    reach = _reach(options, n_locs)
+    reach = _reach(options, n_locs, col.frozen.adapter.facts.causal)
     bounds = _row_bounds(counts, locs, positions, reach)
     is_feature = kinds == "feature"
     n_feat = int(is_feature.sum())
@@ -260,7 +273,7 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     return plan
 
 
-def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: np.ndarray,
+def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
                     n_locs: int, n_pos: int) -> np.ndarray:
     """Per reader, the edges its row can keep after the unselected features are folded, less the
     selected features it can see: one per other writer and one per (layer, position) remainder
@@ -272,7 +285,7 @@ def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: n
 
 
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-            bounds: np.ndarray, reach: np.ndarray, extra: int = 0, cap: np.ndarray | None = None,
+            bounds: np.ndarray, reach: _Reach, extra: int = 0, cap: np.ndarray | None = None,
             batch_size: int | None = None) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound."""
     room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
@@ -311,7 +324,7 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
 
 
 def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-                          reach: np.ndarray, room: int, bytes_per_edge: int) -> int:
+                          reach: _Reach, room: int, bytes_per_edge: int) -> int:
     """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none)."""
     is_neuron = kinds == "neuron"
     per_site = np.zeros_like(counts)

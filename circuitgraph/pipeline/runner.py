@@ -367,7 +367,7 @@ def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
                 head = p.head if isinstance(p.head, int) else list(p.head)
                 problems += [(f"{where}[{i}].qk.{field}", msg) for field, msg in qk_problems(
                     p.layer, head, p.query_position, p.key_position, n_layers=f.n_layers, n_heads=f.n_heads,
-                    n_pos=n_pos)]
+                    n_pos=n_pos, causal=f.causal)]
     if problems:
         raise SpecError(problems)
 

@@ -9,6 +9,7 @@ explicit remainder nodes.  See docs/queries.md.
 from circuitgraph.queries._base import QueryResult
 from circuitgraph.queries.dispatch import run_query
 from circuitgraph.queries.filters import as_filter, filter_mask, match_nodes, resolve_node
+from circuitgraph.queries.ground_truth import GroundTruthResult, ground_truth, roc_auc
 from circuitgraph.queries.head_split import HeadPart, HeadSplitResult, head_split
 from circuitgraph.queries.influence import InfluenceResult, influence, node_influence, total_effects
 from circuitgraph.queries.neighbours import (
@@ -102,4 +103,8 @@ __all__ = [
     "DeEmbeddingResult",
     "virtual_weights",
     "de_embedding",
+    # against a known circuit
+    "GroundTruthResult",
+    "ground_truth",
+    "roc_auc",
 ]

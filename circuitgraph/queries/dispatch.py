@@ -100,6 +100,12 @@ def run_qk(g: AttributionGraph, p: q.QK) -> QueryResult:
               p.key_position, top_k=p.top_k)
 
 
+def run_ground_truth(g: AttributionGraph, p: q.GroundTruth) -> QueryResult:
+    from circuitgraph.queries.ground_truth import ground_truth
+
+    return ground_truth(g, p.circuit, edge_threshold=p.edge_threshold, max_disagreements=p.max_disagreements)
+
+
 #: parameter-block class -> the function that runs it, built from the spec's registry
 #: (``QUERY_TYPES``; each item type names its function in ``implementation``)
 QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {

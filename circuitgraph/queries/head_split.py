@@ -19,7 +19,8 @@ channel's part.  By linearity of the frozen model, channel 0 plus all split chan
 the full sweep, so the parts sum to the edge.
 
 Only layers between the writer and the reader get channels, and only source positions in
-``[s, t]`` (attention is causal); memory is ``channels x (t + 1) x d_model``.
+``[s, t]`` (causal attention; every position with bidirectional attention); memory is
+``channels x (t + 1) x d_model``.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
     loc_r, pos_t, g = r.location, r.position, r.direction
     # a cross-layer transcoder feature writes at several locations: split each write the
     # reader can see and add the parts up
-    writes = [w for w in ctx.writes(source) if w.location <= loc_r and w.position <= pos_t]
+    causal = ctx.frozen_model.causal  # bidirectional attention: a reader sees later positions too
+    writes = [w for w in ctx.writes(source) if w.location <= loc_r and (w.position <= pos_t or not causal)]
     if not writes:
         raise QueryError(f"head split: {source} cannot reach {target} (it writes after the reader reads, "
                          "or at a later position)")
@@ -152,7 +154,8 @@ def _split_one(ctx: AttributionContext, loc_u: ResidualLocation, pos_s: int, vec
     layers = [m for m in range(ctx.n_layers)
               if loc_u <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r
               and ctx.options.attention[m] == "frozen"]
-    positions = list(range(pos_s, pos_t + 1)) if by_position else [None]
+    span = range(pos_s, pos_t + 1) if fm.causal else range(ctx.n_pos)
+    positions = list(span) if by_position else [None]
     keys: list[tuple[int | None, int | None, int | None]] = [(None, None, None)]
     channel: dict[tuple[int, int, int | None], int] = {}
     for m in layers:
@@ -161,7 +164,7 @@ def _split_one(ctx: AttributionContext, loc_u: ResidualLocation, pos_s: int, vec
                 channel[(m, h, p)] = len(keys)
                 keys.append((m, h, p))
     with torch.no_grad():
-        T = pos_t + 1
+        T = pos_t + 1 if fm.causal else ctx.n_pos
         G = torch.zeros(len(keys), T, ctx.adapter.facts.d_model, dtype=fm.dtype, device=fm.device)
         G[0, pos_t] += g.to(device=fm.device, dtype=fm.dtype)
         for loc in map(ResidualLocation, range(loc_r, loc_u, -1)):

@@ -421,9 +421,10 @@ def _heads(head: Any) -> list[int]:
 
 
 def qk_problems(layer: Any, head: Any, query_position: Any, key_position: Any, *, n_layers: int, n_heads: int,
-                n_pos: int) -> list[tuple[str, str]]:
+                n_pos: int, causal: bool = True) -> list[tuple[str, str]]:
     """Every problem with the arguments of a ``qk`` query for a model and prompt, each as
-    ``(field, message)`` naming the value and the allowed range (empty when all is well)."""
+    ``(field, message)`` naming the value and the allowed range (empty when all is well); a key
+    after the query is a problem only under causal attention."""
     out: list[tuple[str, str]] = []
     if not _is_int(layer) or not 0 <= layer < n_layers:
         out.append(("layer", f"layer {layer!r} requested, the model has {n_layers} layers (0-{n_layers - 1})"))
@@ -445,7 +446,7 @@ def qk_problems(layer: Any, head: Any, query_position: Any, key_position: Any, *
     elif not _is_int(key_position) or not -n_pos <= key_position < n_pos:
         out.append(("key_position", f"key_position {key_position!r} is outside the prompt ({n_pos} positions: "
                                     f"0..{n_pos - 1} or -{n_pos}..-1)"))
-    elif q is not None and (key_position + n_pos if key_position < 0 else key_position) > q:
+    elif causal and q is not None and (key_position + n_pos if key_position < 0 else key_position) > q:
         out.append(("key_position", f"key_position {key_position} is after query_position {query_position} "
                                     f"(position {q}); causal attention reads only keys at or before the query"))
     return out
@@ -468,7 +469,7 @@ def qk_decomposition(
     a, lin = ctx.adapter, ctx.linearisation
     f = a.facts
     problems = qk_problems(layer, head, query_position, key_position, n_layers=f.n_layers, n_heads=f.n_heads,
-                           n_pos=lin.n_pos)
+                           n_pos=lin.n_pos, causal=f.causal)
     if problems:
         raise QueryError("qk: " + "; ".join(msg for _, msg in problems))
     heads = _heads(head)

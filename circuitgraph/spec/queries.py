@@ -17,6 +17,8 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import (
     Bool,
+    Fraction,
+    InputPath,
     Int,
     KeyedModel,
     QueryItem,
@@ -333,6 +335,24 @@ class QKQuery(QueryItem):
     qk: Params[QK]
 
 
+class GroundTruth(StrictModel):
+    """Score the graph against a known circuit (a tracr model's ``circuit.json``): edge and node
+    ROC AUC, precision and recall of the pruned circuit, the true edges ranked below false ones.
+    Needs heads as nodes (``graph: {attention: heads}``; ``mlp: mlp`` or neurons)."""
+
+    circuit: InputPath = Field(description="The ground-truth circuit.json (compile_program writes it).")
+    edge_threshold: Fraction = Field(
+        0.98, description="The pruned circuit keeps, per reader component, the fewest incoming edges carrying "
+                          "this share of its |weight|.")
+    max_disagreements: PositiveInt = Field(20, description="How many disagreements to report.")
+
+
+class GroundTruthQuery(QueryItem):
+    key: ClassVar[str] = "ground_truth"
+    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_ground_truth"
+    ground_truth: Params[GroundTruth]
+
+
 QUERY_TYPES: tuple[type[KeyedModel], ...] = (
     TopPathsQuery,
     InfluenceQuery,
@@ -347,6 +367,7 @@ QUERY_TYPES: tuple[type[KeyedModel], ...] = (
     VirtualWeightsQuery,
     DeEmbeddingQuery,
     QKQuery,
+    GroundTruthQuery,
 )
 
 if TYPE_CHECKING:
@@ -364,6 +385,7 @@ if TYPE_CHECKING:
         VirtualWeightsQuery,
         DeEmbeddingQuery,
         QKQuery,
+        GroundTruthQuery,
     ]
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

@@ -59,6 +59,8 @@ __all__ = [
     "PatchingCheck",
     "Faithfulness",
     "FaithfulnessCheck",
+    "FaithfulnessCurve",
+    "FaithfulnessCurveCheck",
     "SignRegimes",
     "SignRegimesCheck",
     "ReplacementFidelity",
@@ -283,6 +285,46 @@ class FaithfulnessCheck(CheckItem):
     faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
 
 
+class FaithfulnessCurve(StrictModel):
+    """The metric's recovery when only the top fraction of the graph's edges (or nodes) is kept and
+    the rest ablated in the real model, at each size, with MIB's CPR (area under the curve) and
+    CMD (area between the curve and 1); see docs/validation.md."""
+
+    sizes: tuple[Annotated[float, Field(ge=0, le=1, strict=True, allow_inf_nan=False)], ...] = Field(
+        (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), min_length=1,
+        description="Circuit sizes, as fractions of the graph's edges (or nodes).")
+    ablation: Literal["mean", "zero", "patch"] = Field(
+        "zero", description="How what is not kept is ablated (mean and patch: unit: nodes).")
+    unit: Literal["edges", "nodes"] = Field("edges", description="Rank and keep edges or nodes.")
+    reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
+    patch_prompt: Prompt | None = Field(None, description="With ablation: patch, the prompt to copy values from.")
+    plot: OutputPath | None = Field(None, description="Write the curve as an image here (needs matplotlib).")
+
+    @model_validator(mode="after")
+    def _modes(self) -> "FaithfulnessCurve":
+        problems = []
+        if self.ablation == "patch" and self.patch_prompt is None:
+            problems.append(("patch_prompt", "ablation: patch needs patch_prompt"))
+        if self.patch_prompt is not None and self.ablation != "patch":
+            problems.append(("patch_prompt", f"patch_prompt is only used with ablation: patch, ablation is "
+                                             f"{self.ablation}; remove it"))
+        if self.reference_prompts and self.ablation != "mean":
+            problems.append(("reference_prompts", f"reference_prompts is only used with ablation: mean, ablation "
+                                                  f"is {self.ablation}; remove it"))
+        if self.unit == "edges" and self.ablation != "zero":
+            problems.append(("ablation", f"unit: edges supports ablation: zero, got {self.ablation}; use unit: nodes "
+                                         "for mean or patch ablation"))
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+
+class FaithfulnessCurveCheck(CheckItem):
+    key: ClassVar[str] = "faithfulness_curve"
+    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_faithfulness_curve"
+    faithfulness_curve: Params[FaithfulnessCurve] = Field(default_factory=FaithfulnessCurve)
+
+
 class SignRegimes(StrictModel):
     """Whether the top units keep their sign of contribution across prompts."""
 
@@ -330,12 +372,13 @@ CHECK_TYPES: tuple[type[KeyedModel], ...] = (
     SignRegimesCheck,
     ReplacementFidelityCheck,
     QKCheck,
+    FaithfulnessCurveCheck,
 )
 
 if TYPE_CHECKING:
     Check = Union[
         AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck,
-        QKCheck,
+        QKCheck, FaithfulnessCurveCheck,
     ]
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)

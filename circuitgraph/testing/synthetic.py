@@ -23,7 +23,7 @@ __all__ = ["hf_cache_repo", "random_layer_dictionary", "save_layer_dictionary", 
 
 def tiny_config(
     *,
-    norm: Literal["LN", "RMS", "LNPre", "RMSPre"] = "LN",
+    norm: Literal["LN", "RMS", "LNPre", "RMSPre"] | None = "LN",
     mlp: Literal["gelu", "relu", "gated"] = "gelu",
     positional: Literal["learned", "rotary"] = "learned",
     n_layers: int = 2,
@@ -37,9 +37,12 @@ def tiny_config(
     post_norms: bool = False,
     attn_soft_cap: float | None = None,
     logit_soft_cap: float | None = None,
+    attn_only: bool = False,
+    attention_dir: Literal["causal", "bidirectional"] = "causal",
     seed: int = 0,
 ) -> Any:
-    """A HookedTransformerConfig for a tiny causal decoder of the given architecture."""
+    """A HookedTransformerConfig for a tiny decoder of the given architecture (``norm=None``: no
+    norms at all; ``attn_only``: no MLP layers; ``attention_dir="bidirectional"``: unmasked attention)."""
     from transformer_lens import HookedTransformerConfig
 
     kwargs: dict[str, Any] = dict(
@@ -72,6 +75,13 @@ def tiny_config(
         kwargs["attn_scores_soft_cap"] = attn_soft_cap
     if logit_soft_cap is not None:
         kwargs["output_logits_soft_cap"] = logit_soft_cap
+    if attn_only:
+        kwargs["attn_only"] = True
+    if attention_dir != "causal":
+        kwargs["attention_dir"] = attention_dir
+        kwargs["model_name"] += f"-{attention_dir}"
+    if attn_only:
+        kwargs["model_name"] += "-attn-only"
     return HookedTransformerConfig(**kwargs)
 
 
@@ -115,7 +125,9 @@ def random_transcoders(
     ``normalized`` reads ``ln2.hook_normalized``, ``raw`` ``hook_resid_mid``, ``mlp_input``
     ``mlp.hook_in`` (the MLP's input, ln2's output with its weight and bias); ``output_hook``
     (``hook_name_out`` relative to ``blocks.<l>``): ``mlp.hook_out`` is the MLP's output before a
-    post-MLP norm (Gemma-2's ``ln2_post``)."""
+    post-MLP norm (Gemma-2's ``ln2_post``).  An attention-only model gets none (it has no MLP); a
+    norm-free model's transcoders read ``hook_resid_mid`` whatever ``input_site`` says (its ln2 is
+    the identity and has no hooks)."""
     from sae_lens import JumpReLUTranscoder, SkipTranscoder, Transcoder
     from sae_lens.saes.transcoder import (
         JumpReLUSkipTranscoder,
@@ -133,6 +145,10 @@ def random_transcoders(
     }
     cls, cfg_cls = classes[kind]
     cfg = model.cfg
+    if cfg.attn_only:
+        return {}
+    if cfg.normalization_type is None:
+        input_site = "raw"
     gen = torch.Generator().manual_seed(seed + 1000)
     tokens = torch.randint(0, cfg.d_vocab, (max(1, n_fit_tokens // cfg.n_ctx), cfg.n_ctx), generator=gen)
     out = {}

@@ -7,6 +7,7 @@
   :func:`predicted_vs_actual` (graph vs frozen model vs real model, node by node);
 * :func:`patching`: activation patching with relative recovery and a heat map;
 * :func:`faithfulness`: keep only / remove only the circuit;
+* :func:`faithfulness_curve`: recovery over circuit sizes, with MIB's CPR and CMD;
 * :func:`sign_regimes`: gated-MLP sign regimes and the double-negative echo;
 * :func:`replacement_fidelity`: the replacement model vs the real one;
 * :func:`run_check`: one item of the spec's ``validate:`` list -> :class:`CheckResult`;
@@ -23,6 +24,7 @@ from circuitgraph.validation.ablation import (
 from circuitgraph.validation.controls import ControlSummary, draw_controls, unit_magnitudes
 from circuitgraph.validation.dispatch import CHECK_KINDS, CheckResult, run_check, run_checks
 from circuitgraph.validation.circuit_faithfulness import FaithfulnessResult, faithfulness, universe_units
+from circuitgraph.validation.faithfulness_curves import FaithfulnessCurveResult, curve_areas, faithfulness_curve
 from circuitgraph.validation.fidelity import ReplacementFidelityResult, replacement_fidelity, replacement_model
 from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
 from circuitgraph.validation.interventions import (
@@ -44,6 +46,7 @@ __all__ = [
     "CheckResult",
     "ControlSummary",
     "FaithfulnessResult",
+    "FaithfulnessCurveResult",
     "Intervention",
     "InterventionResult",
     "Metric",
@@ -59,6 +62,8 @@ __all__ = [
     "draw_controls",
     "echo_removed",
     "faithfulness",
+    "faithfulness_curve",
+    "curve_areas",
     "frozen_ablation_effects",
     "frozen_reader_values",
     "intervene",

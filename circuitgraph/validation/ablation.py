@@ -227,7 +227,7 @@ def ablate(
     mags = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)
     selected_mag = float(sum(mags[(u.site, u.layer)][0][u.position, u.index] for u in units))
 
-    reach = reachable_positions(s.metric, s.adapter.facts.n_layers, len(s.tokens))
+    reach = reachable_positions(s.metric, s.adapter.facts.n_layers, len(s.tokens), s.adapter.facts.causal)
     control_sets: dict[str, list[tuple[list[Unit], float]]] = {}
     for kind in controls:
         control_sets[kind] = draw_controls(units, mags, kind, n_controls, seed=seed, tolerance=control_tolerance,

@@ -115,9 +115,10 @@ def _read_location(readout: Any, n_layers: int) -> int:
     return 2 * int(readout.layer) + {"resid_pre": 0, "resid_mid": 1, "resid_post": 2}.get(readout.site or "", 2)
 
 
-def reachable_positions(metric: Any, n_layers: int, n_pos: int) -> Callable[[str, int], np.ndarray]:
+def reachable_positions(metric: Any, n_layers: int, n_pos: int, causal: bool = True) -> Callable[[str, int], np.ndarray]:
     """``reach(site, layer)``: a boolean ``(n_pos,)`` mask of the positions at which a unit of
-    ``site`` at ``layer`` can affect ``metric`` (see the module docstring)."""
+    ``site`` at ``layer`` can affect ``metric`` (see the module docstring); through an attention
+    layer, earlier positions (every position when attention is bidirectional, ``causal=False``)."""
     reads = []
     for r in metric.readouts:
         t = r.position + n_pos if r.position < 0 else r.position
@@ -132,6 +133,8 @@ def reachable_positions(metric: Any, n_layers: int, n_pos: int) -> Callable[[str
             mask[t] = True
             if any(w <= 2 * m and 2 * m + 1 <= loc_r for m in range(n_layers)):
                 mask[:t] = True
+                if not causal:
+                    mask[t:] = True
         return mask
 
     return reach

@@ -200,6 +200,16 @@ def run_qk(c: CheckCall, p: Any) -> Any:
     return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
+def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
+    from circuitgraph.validation.faithfulness_curves import faithfulness_curve
+
+    return faithfulness_curve(
+        c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
+        reference_prompts=c.prompts(p.reference_prompts, "faithfulness_curve.reference_prompts"),
+        patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "faithfulness_curve.patch_prompt"),
+        plot=None if p.plot is None else str(p.plot), tokenizer=c.tokenizer)
+
+
 #: check kind -> the function that runs it, built from the spec's registry (``CHECK_TYPES``)
 CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementation_of(t) for t in CHECK_TYPES}
 

@@ -152,7 +152,8 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
         return value
 
     block = f"blocks.{layer}"
-    hooks = [(a.hook_norm_scale("ln1", layer), _sigma_hook(lin.sigma[("ln1", layer)])),
+    sigma_hook = [(a.hook_norm_scale("ln1", layer), _sigma_hook(lin.sigma[("ln1", layer)]))] if a.has_norm("ln1", layer) else []
+    hooks = sigma_hook + [
              (f"{block}.hook_q_input", side_hook("query", query_position)),
              (f"{block}.hook_k_input", side_hook("key", key_position)),
              (f"{block}.attn.hook_attn_scores", grab)]

@@ -1,0 +1,138 @@
+"""tracr-compiled models: the written folder computes exactly what tracr's own model computes,
+and the ground-truth circuit derived from tracr's blocks is the one known by hand.
+
+Skipped (with the reason) when tracr is not installed (``pip install tracr-pypi``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from circuitgraph.testing.tracr import tracr_unavailable
+
+pytestmark = pytest.mark.skipif(tracr_unavailable() is not None, reason=str(tracr_unavailable()))
+
+
+@pytest.fixture(scope="session")
+def length_program(tmp_path_factory):
+    """``make_length`` (one Select/SelectorWidth): a categorical output, max_seq_len 4."""
+    from tracr.compiler import lib
+
+    from circuitgraph.testing.tracr import compile_program
+
+    return compile_program(lib.make_length().named("length"), {"a", "b", "c"}, 4,
+                           tmp_path_factory.mktemp("tracr") / "length")
+
+
+@pytest.fixture(scope="session")
+def frac_program(tmp_path_factory):
+    """``make_frac_prevs`` (a numerical MLP, then a numerical mean): a numerical output."""
+    from tracr.compiler import lib
+    from tracr.rasp import rasp
+
+    from circuitgraph.testing.tracr import compile_program
+
+    bools = rasp.numerical(rasp.Map(lambda x: x == "x", rasp.tokens)).named("is_x")
+    return compile_program(lib.make_frac_prevs(bools).named("frac_prevs"), {"x", "y"}, 3,
+                           tmp_path_factory.mktemp("tracr") / "frac")
+
+
+def _edges(circuit):
+    key = lambda n: (n["kind"], n["layer"], n["index"])  # noqa: E731
+    return {(key(e["source"]), key(e["target"]), e["path"]) for e in circuit["edges"]}
+
+
+def test_length_folder_equals_tracr_forward(length_program):
+    from tracr.rasp import rasp
+
+    from circuitgraph.adapters.loading import load_model_dir
+    from circuitgraph.testing.tracr import tracr_forward
+
+    c = length_program
+    adapter = load_model_dir(c.model_dir)
+    f = adapter.facts
+    assert f.norm == "none" and not f.causal and f.act_fn == "relu" and adapter.tokenizer.bos_id == c.encode([])[0]
+    for values in (["a"], ["a", "b"], ["c", "c", "a", "b"]):
+        ref = tracr_forward(c, values)
+        with torch.no_grad():
+            logits, cache = adapter.model.run_with_cache(torch.tensor([c.encode(values)]))
+        for l in range(f.n_layers):  # tracr's residuals: after each attention and each MLP
+            for k, name in enumerate(("hook_resid_mid", "hook_resid_post")):
+                got = cache[f"blocks.{l}.{name}"][0].numpy()
+                assert np.abs(got - ref["residuals"][2 * l + k]).max() < 1e-5
+        readout = ref["output"] @ _readout(c)
+        assert np.abs(logits[0, :, c.output_tokens].numpy() - readout).max() < 1e-5
+        decoded = [c.vocab[c.output_tokens[i]] for i in logits[0, 1:, c.output_tokens].argmax(-1).tolist()]
+        assert decoded == [str(v) for v in rasp.evaluate(rasp.numerical(c.program), values)] == [str(len(values))] * len(values)
+        assert decoded == [str(v) for v in ref["decoded"][1:]]
+
+
+def _readout(c):
+    """tracr's unembedding: the projection of the residual onto the output directions."""
+    labels = c.assembled.residual_labels
+    out = np.zeros((len(labels), len(c.output_tokens)))
+    for j, tok in enumerate(c.output_tokens):
+        out[labels.index(f"{c.program.label}:{c.vocab[tok]}"), j] = 1.0
+    return out
+
+
+def test_length_circuit_is_the_hand_circuit(length_program):
+    """make_length = SelectorWidth(Select(tokens, tokens, TRUE)): one head (layer 0) attends to BOS
+    (its query and key read the token embedding, its value reads BOS's token direction), one
+    MLP (layer 0) turns the head's output and tracr's ``one`` direction into the categorical
+    length, which the output reads."""
+    emb, head, mlp, out = ("embedding", -1, -1), ("attention_head", 0, 0), ("mlp", 0, 0), ("target", 1, -1)
+    assert _edges(length_program.circuit) == {
+        (emb, head, "direct"), (emb, head, "qk"), (head, mlp, "direct"), (emb, mlp, "direct"), (mlp, out, "direct")}
+    on_disk = json.loads((length_program.out_dir / "circuit.json").read_text())
+    assert _edges(on_disk) == _edges(length_program.circuit)
+    assert {(n["kind"], n["layer"], n["index"]) for n in on_disk["nodes"]} >= {emb, head, mlp, out}
+
+
+def test_frac_prevs_numerical_output_direction(frac_program):
+    from circuitgraph.adapters.loading import load_model_dir
+    from circuitgraph.testing.tracr import tracr_forward
+
+    c = frac_program
+    adapter = load_model_dir(c.model_dir)
+    direction = np.load(c.model_dir / "output_direction.npy")
+    assert not c.categorical and direction.shape == (adapter.facts.d_model,)
+    L = adapter.facts.n_layers
+    for values in (["x", "y", "x"], ["y", "x"]):
+        ref = tracr_forward(c, values)
+        with torch.no_grad():
+            _, cache = adapter.model.run_with_cache(torch.tensor([c.encode(values)]))
+        got = cache[f"blocks.{L - 1}.hook_resid_post"][0].numpy() @ direction
+        expected = np.cumsum([v == "x" for v in values]) / np.arange(1, len(values) + 1)
+        np.testing.assert_allclose(got[1:], expected, atol=1e-5)
+        np.testing.assert_allclose(got[1:], np.asarray(ref["decoded"][1:], dtype=float), atol=1e-6)
+    # is_x is a numerical MLP (layer 0) on the token embedding; the mean is a head of layer 1
+    # whose value reads is_x (its value space also names BOS's token direction, with a zero row:
+    # BOS only absorbs attention) and whose query and key read positions and BOS
+    emb, pos, mlp, head, out = (("embedding", -1, -1), ("positional", -1, -1), ("mlp", 0, 0),
+                                ("attention_head", 1, 0), ("target", 2, -1))
+    assert _edges(c.circuit) == {(emb, mlp, "direct"), (mlp, head, "direct"),
+                                 (emb, head, "qk"), (pos, head, "qk"), (head, out, "direct")}
+
+
+def test_spec_run_scores_the_length_circuit(length_program):
+    """``model: {path:}``, a text prompt with tracr's BOS, logit targets on output tokens, and the
+    ground_truth query against circuit.json: every true edge outweighs every false one."""
+    import circuitgraph
+
+    c = length_program
+    spec = {"format_version": 1, "model": {"path": str(c.model_dir)}, "prompt": "a b c",
+            "targets": [{"logit": "3", "position": p} for p in (1, 2, 3)],
+            "graph": {"mlp": "mlp", "attention": "heads", "positional_nodes": True, "dtype": "float64"},
+            "queries": [{"ground_truth": {"circuit": str(c.out_dir / "circuit.json")}}],
+            "validate": [{"faithfulness_curve": {"unit": "nodes", "sizes": [0.1, 1.0]}, "on": "full"}]}
+    result = circuitgraph.run(spec)
+    assert not result.failures
+    gt = result.queries[0]["result"].to_dict()
+    assert gt["edge_auc"] == 1.0 and gt["qk_edge_auc"] == 1.0 and gt["recall"] == 1.0 and gt["disagreements"] == []
+    assert gt["n_true_edges"] == 4  # emb -> head, head -> MLP, emb -> MLP, MLP -> target
+    assert result.full_graph.metadata["completeness"]["max_relative_violation"] < 1e-12
+    assert result.validation[0]["result"].recovery[-1] == 1.0
