@@ -583,7 +583,7 @@ async function showSteering() {
   if (state.name !== name) return;
   state.steering = answer.steering;
   $("steering-count").textContent = String(answer.steering.length);
-  $("steering-list").replaceChildren(...answer.steering.map((item, i) => el("div", { class: "item", "data-steer": i,
+  $("steering-list").replaceChildren(...answer.steering.map((item, i) => el("div", { class: "item steer-item", "data-steer": i,
     onclick: () => showSteerItem(i) }, el("span", { class: "grow" }, steerName(item, i)),
     el("span", { class: "tag" + (item.status === "ok" ? "" : " neg") }, item.status === "ok" ?
       steerSummary(item.result) : item.status))));
@@ -700,10 +700,10 @@ function diffPanel(d) {
                 ["edges in both", c.edges_both], ["edges only in a", c.edges_only_a], ["edges only in b", c.edges_only_b]]),
     ...(d.notes || []).map((n) => el("div", { class: "tag" }, "note: " + n)),
     el("h4", {}, `top ${d.top_changes.length} changes by |influence b − influence a|`),
-    el("table", { id: "diff-top" }, head, d.top_changes.map((r) => row(r, "diff-top")))];
+    el("table", { id: "diff-top", class: "diff" }, head, d.top_changes.map((r) => row(r, "diff-top")))];
   for (const [title, rows, id] of [["only in a", onlyA, "diff-only-a"], ["only in b", onlyB, "diff-only-b"]]) {
     out.push(el("h4", {}, `nodes ${title} (${rows.length}${rows.length > 100 ? ", first 100 by |influence|" : ""})`),
-      el("table", { id }, head.cloneNode(true), rows.slice(0, 100).map((r) => row(r, "diff-only"))));
+      el("table", { id, class: "diff" }, head.cloneNode(true), rows.slice(0, 100).map((r) => row(r, "diff-only"))));
   }
   out.push(el("div", { class: "tag" }, "orange border: a top change; green: only in the graph shown"));
   return out;
