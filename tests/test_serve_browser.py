@@ -38,10 +38,17 @@ def _browser_or_skip() -> None:
 
 
 @pytest.fixture(scope="module")
-def explorer(tmp_path_factory):
+def chromium():
+    """One headless Chromium for the module (Playwright's sync API runs one at a time)."""
+    _browser_or_skip()
+    with playwright_chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def explorer(tmp_path_factory, chromium):
     """The explorer over the demo graph (with QK), a two-prompt dataset run and a features folder,
     and a Chromium page; yields (server, page, written features, the served folder)."""
-    _browser_or_skip()
     root = tmp_path_factory.mktemp("explore")
     demo_graph_file(root / "demo" / "graph.json", qk=True)
     demo_graph_file(root / "heads" / "graph.json", qk=True, heads=True)
@@ -49,8 +56,8 @@ def explorer(tmp_path_factory):
     feats = {(n.layer, n.index) for n in circuitgraph.load_graph(str(root / "demo" / "graph.json")).nodes
              if n.kind == "feature"}
     written = write_features_folder(root / "features", feats)
-    with running_server(root) as server, playwright_chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 950}, accept_downloads=True)
+    with running_server(root) as server:
+        page = chromium.new_page(viewport={"width": 1500, "height": 950}, accept_downloads=True)
         page.set_default_timeout(30_000)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -269,14 +276,13 @@ def test_a_features_folder_alone(explorer):
 
 
 @pytest.fixture(scope="module")
-def steer_diff(tmp_path_factory):
+def steer_diff(tmp_path_factory, chromium):
     """The demo graph with `steer:` results and the corrupted prompt's graph, served, and a page."""
-    _browser_or_skip()
     root = tmp_path_factory.mktemp("steerdiff")
     demo_graph_file(root / "clean.json", steer=DEMO_STEER)
     demo_graph_file(root / "corrupted.json", prompt=DEMO_CORRUPTED_PROMPT)
-    with running_server(root) as server, playwright_chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 950})
+    with running_server(root) as server:
+        page = chromium.new_page(viewport={"width": 1500, "height": 950})
         page.set_default_timeout(30_000)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
