@@ -58,7 +58,11 @@ def demo_features(out: Path) -> None:
 
 
 def build(folder: Path) -> None:
-    from circuitgraph.testing.explorer_fixture import DEMO_CORRUPTED_PROMPT, demo_dataset_run, demo_graph_file
+    from circuitgraph.testing.explorer_fixture import (
+        DEMO_CORRUPTED_PROMPT,
+        demo_dataset_run,
+        demo_graph_file,
+    )
 
     rows = [json.loads(line) for line in (REPO / "examples" / "demo_dataset.jsonl").read_text().splitlines() if line]
     # the features first: demo_dataset_run patches the executor while it runs, and a features

@@ -14,7 +14,11 @@ import pytest
 import circuitgraph
 from circuitgraph.export.json_graph import read_graph_json
 from circuitgraph.serve import running_server
-from circuitgraph.testing.explorer_fixture import DEMO_CORRUPTED_PROMPT, DEMO_STEER, demo_graph_file
+from circuitgraph.testing.explorer_fixture import (
+    DEMO_CORRUPTED_PROMPT,
+    DEMO_STEER,
+    demo_graph_file,
+)
 from tests.test_serve import get_json
 
 
