@@ -4,12 +4,12 @@
 
 Builds, in a temporary folder (or DIR with --keep, which `circuitgraph serve DIR` then shows):
 
-* ``demo/graph.json`` -- the demo graph (examples/demo.yaml's prompt, pruned, with a ``qk`` query);
+* ``demo/graph.json`` -- the demo graph (examples/demo.yaml's prompt, pruned, with a ``qk`` query and
+  the results of two ``steer:`` items of examples/demo_steer.yaml);
+* ``demo/corrupted.json`` -- the demo graph of the corrupted prompt (``... the dog ...``), to compare;
 * ``demo_dataset/`` -- a dataset run of the demo over the first 12 prompts of examples/demo_dataset.jsonl;
-* ``demo_features/`` -- dashboards of the demo transcoders' features over all 300 prompts of that
-  dataset, computed here directly from the model and transcoders (exact top-5 activations per
-  feature with their context, density, the tokens each decoder row promotes through the
-  unembedding), written in the features-folder layout of docs/explorer.md, with the labels of
+* ``demo_features/`` -- the feature dashboards of examples/demo_features.yaml (the features pipeline
+  over all 300 prompts of that dataset, ``export: {features: DIR}``), with the labels of
   examples/demo_feature_labels.csv;
 
 then serves the folder and takes the screenshots with Playwright (Debian's Chromium, no download).
@@ -18,9 +18,8 @@ then serves the folder and takes the screenshots with Playwright (Debian's Chrom
 from __future__ import annotations
 
 import argparse
-import csv
-import heapq
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -28,91 +27,50 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-TOP_K, CONTEXT = 5, 6
+#: the steer: items of the demo graph shown (examples/demo_steer.yaml's first two)
+STEER = [
+    {"name": "vowel features off",
+     "interventions": [{"nodes": {"id": ["feature/0/11/142", "feature/0/11/160", "feature/1/11/99", "feature/1/11/453",
+                                         "feature/1/11/457"]}, "mode": "zero"}],
+     "generate": {"max_new_tokens": 4}},
+    {"name": "vowel features off, consonant feature on",
+     "interventions": [{"nodes": {"id": ["feature/0/11/142", "feature/0/11/160", "feature/1/11/99", "feature/1/11/453",
+                                         "feature/1/11/457"]}, "mode": "zero"},
+                       {"node": "feature/0/11/292", "mode": "set", "value": 3.0}],
+     "generate": {"max_new_tokens": 4}},
+]
 
 
-def demo_features(out: Path, prompts: list[str], row_ids: list[str]) -> None:
-    """Top-``TOP_K`` activating tokens of every demo transcoder feature over ``prompts``."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import torch
+def demo_features(out: Path) -> None:
+    """The features pipeline of examples/demo_features.yaml (``features:`` over the 300 prompts of
+    examples/demo_dataset.jsonl, ``export: {features: out}``), then the labels of
+    examples/demo_feature_labels.csv as ``out/labels.csv`` (the run never writes labels)."""
+    import yaml
 
-    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt_like
-    from circuitgraph.spec import load_spec
-    from circuitgraph.testing.explorer_fixture import demo_spec
+    import circuitgraph
 
-    adapter, transcoders = load_inputs(load_spec(demo_spec()))
-    model, tok = adapter.model, adapter.tokenizer
-    heaps: dict[tuple[int, int], list] = {}
-    counts: dict[int, np.ndarray] = {}
-    sums: dict[int, np.ndarray] = {}
-    maxima: dict[int, np.ndarray] = {}
-    n_tokens = 0
-    rows_tokens = []
-    hooks = {layer: transcoders[layer].hook_in for layer in transcoders.layers}
-    for row_id, text in enumerate(prompts):
-        ids = resolve_prompt_like(text, adapter)
-        rows_tokens.append(ids)
-        with torch.no_grad():
-            _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=list(hooks.values()))
-        n_tokens += len(ids) - 1  # the BOS position is not counted
-        for layer, hook in hooks.items():
-            acts = transcoders[layer].activation(cache[hook][0]).double().numpy()[1:]  # (pos, d_sae), no BOS
-            d = acts.shape[1]
-            counts.setdefault(layer, np.zeros(d))
-            sums.setdefault(layer, np.zeros(d))
-            maxima.setdefault(layer, np.zeros(d))
-            active = acts > 0
-            counts[layer] += active.sum(0)
-            sums[layer] += acts.sum(0)
-            maxima[layer] = np.maximum(maxima[layer], acts.max(0))
-            for pos, feat in zip(*np.nonzero(active)):
-                key, item = (layer, int(feat)), (float(acts[pos, feat]), -row_id, -(int(pos) + 1))
-                heap = heaps.setdefault(key, [])
-                (heapq.heappush if len(heap) < TOP_K else heapq.heappushpop)(heap, item)
-    W_U = model.W_U.detach().double()
-    features, examples = [], []
-    for layer in sorted(hooks):
-        tc = transcoders[layer]
-        for feat in range(tc.d_sae):
-            if counts[layer][feat] == 0:
-                continue
-            logits = tc.decoder_rows(torch.tensor([feat]))[0].double() @ W_U
-            order = torch.argsort(logits, descending=True).tolist()
-            listing = lambda ids: [{"token": tok.token_str(i), "token_id": i, "value": float(logits[i])} for i in ids]  # noqa: E731
-            features.append({"layer": layer, "index": feat, "n_tokens": n_tokens, "n_active": int(counts[layer][feat]),
-                             "density": float(counts[layer][feat] / n_tokens), "max_activation": float(maxima[layer][feat]),
-                             "mean_active_activation": float(sums[layer][feat] / counts[layer][feat]),
-                             "top_output_tokens": listing(order[:8]), "bottom_output_tokens": listing(order[-8:][::-1])})
-            for rank, (act, neg_row, neg_pos) in enumerate(sorted(heaps[(layer, feat)], reverse=True)):
-                row, pos = -neg_row, -neg_pos
-                ids = rows_tokens[row]
-                lo = max(1, pos - CONTEXT)
-                window = ids[lo:pos + 3]
-                pieces = [tok.token_str(t) for t in window]
-                at = pos - lo
-                text = "".join(pieces[:at]) + "«" + pieces[at] + "»" + "".join(pieces[at + 1:])
-                examples.append({"layer": layer, "index": feat, "rank": rank + 1, "row_id": row_ids[row],
-                                 "row": row + 1, "position": pos, "start": lo, "activation": act, "tokens": window,
-                                 "text": text})
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(features), out / "features.parquet")
-    pq.write_table(pa.Table.from_pylist(examples), out / "examples.parquet")
-    labels = list(csv.DictReader((REPO / "examples" / "demo_feature_labels.csv").open(encoding="utf-8")))
-    with (out / "labels.csv").open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, ["layer", "index", "label"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(labels)
+    spec = yaml.safe_load((REPO / "examples" / "demo_features.yaml").read_text())
+    spec["dataset"] = str(REPO / "examples" / spec["dataset"])
+    spec["export"] = {"features": str(out)}
+    circuitgraph.run(spec, progress=False)
+    shutil.copyfile(REPO / "examples" / "demo_feature_labels.csv", out / "labels.csv")
+    circuitgraph.open_features(out)  # it reads back
 
 
 def build(folder: Path) -> None:
-    from circuitgraph.testing.explorer_fixture import demo_dataset_run, demo_graph_file
+    from circuitgraph.testing.explorer_fixture import (
+        DEMO_CORRUPTED_PROMPT,
+        demo_dataset_run,
+        demo_graph_file,
+    )
 
     rows = [json.loads(line) for line in (REPO / "examples" / "demo_dataset.jsonl").read_text().splitlines() if line]
-    demo_graph_file(folder / "demo" / "graph.json", qk=True)
+    # the features first: demo_dataset_run patches the executor while it runs, and a features
+    # driver imported during it would keep the patched one
+    demo_features(folder / "demo_features")
+    demo_graph_file(folder / "demo" / "graph.json", qk=True, steer=STEER)
+    demo_graph_file(folder / "demo" / "corrupted.json", prompt=DEMO_CORRUPTED_PROMPT)
     demo_dataset_run(folder / "demo_dataset", [r["prompt"] for r in rows[:12]])
-    demo_features(folder / "demo_features", [r["prompt"] for r in rows], [r["id"] for r in rows])
 
 
 def shoot(folder: Path, out: Path) -> list[Path]:
@@ -156,6 +114,19 @@ def shoot(folder: Path, out: Path) -> list[Path]:
         page.click('#graph g.node[data-id="feature/0/0/292"]')
         page.wait_for_function("document.getElementById('details').dataset.state === 'ready'")
         shots.append(_shot(page, out / "explorer_dataset.png"))
+
+        page.select_option("#graph-select", "demo/graph.json")
+        page.wait_for_function(ready)
+        page.wait_for_selector("#steering-list .item")
+        page.click('#steering-list .item[data-steer="1"]')
+        page.wait_for_function("document.getElementById('details').dataset.node === 'steer 1'")
+        shots.append(_shot(page, out / "explorer_steering.png"))
+
+        page.select_option("#diff-b", "demo/corrupted.json")
+        page.click("#diff-button")
+        page.wait_for_function("document.getElementById('details').dataset.node === 'diff' && "
+                               "document.getElementById('details').dataset.state === 'ready'")
+        shots.append(_shot(page, out / "explorer_diff.png"))
     return shots
 
 

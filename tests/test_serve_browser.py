@@ -1,7 +1,8 @@
 """The explorer end to end in headless Chromium (Debian's, driven by Playwright): open a graph, move
 the threshold sliders with the keyboard and count the drawn nodes against the API's pruned graph,
 click a node and read its dashboard, search, pin two nodes, group them, save the subgraph and load
-the saved file, show QK decompositions, and walk a dataset run's aggregate and prompt graphs.
+the saved file, show QK decompositions, walk a dataset run's aggregate and prompt graphs, read a
+graph file's steering results, and compare two graphs (the diff view).
 
 Skipped when Chromium or Playwright is missing, unless CIRCUITGRAPH_REQUIRE_BROWSER is set."""
 
@@ -19,7 +20,13 @@ import pytest
 import circuitgraph
 from circuitgraph.serve import running_server
 from circuitgraph.testing.browser import playwright_chromium, playwright_unavailable
-from circuitgraph.testing.explorer_fixture import demo_dataset_run, demo_graph_file, write_features_folder
+from circuitgraph.testing.explorer_fixture import (
+    DEMO_CORRUPTED_PROMPT,
+    DEMO_STEER,
+    demo_dataset_run,
+    demo_graph_file,
+    write_features_folder,
+)
 
 
 def _browser_or_skip() -> None:
@@ -31,10 +38,17 @@ def _browser_or_skip() -> None:
 
 
 @pytest.fixture(scope="module")
-def explorer(tmp_path_factory):
+def chromium():
+    """One headless Chromium for the module (Playwright's sync API runs one at a time)."""
+    _browser_or_skip()
+    with playwright_chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def explorer(tmp_path_factory, chromium):
     """The explorer over the demo graph (with QK), a two-prompt dataset run and a features folder,
     and a Chromium page; yields (server, page, written features, the served folder)."""
-    _browser_or_skip()
     root = tmp_path_factory.mktemp("explore")
     demo_graph_file(root / "demo" / "graph.json", qk=True)
     demo_graph_file(root / "heads" / "graph.json", qk=True, heads=True)
@@ -42,8 +56,8 @@ def explorer(tmp_path_factory):
     feats = {(n.layer, n.index) for n in circuitgraph.load_graph(str(root / "demo" / "graph.json")).nodes
              if n.kind == "feature"}
     written = write_features_folder(root / "features", feats)
-    with running_server(root) as server, playwright_chromium() as browser:
-        page = browser.new_page(viewport={"width": 1500, "height": 950}, accept_downloads=True)
+    with running_server(root) as server:
+        page = chromium.new_page(viewport={"width": 1500, "height": 950}, accept_downloads=True)
         page.set_default_timeout(30_000)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -259,3 +273,74 @@ def test_a_features_folder_alone(explorer):
         page.wait_for_function("document.getElementById('details').dataset.state === 'ready'")
         assert page.text_content("#details .example mark") == info["top_token"]
         assert info["label"] in page.text_content("#details")
+
+
+@pytest.fixture(scope="module")
+def steer_diff(tmp_path_factory, chromium):
+    """The demo graph with `steer:` results and the corrupted prompt's graph, served, and a page."""
+    root = tmp_path_factory.mktemp("steerdiff")
+    demo_graph_file(root / "clean.json", steer=DEMO_STEER)
+    demo_graph_file(root / "corrupted.json", prompt=DEMO_CORRUPTED_PROMPT)
+    with running_server(root) as server:
+        page = chromium.new_page(viewport={"width": 1500, "height": 950})
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server.url + "#graph=clean.json")
+        wait_ready(page)
+        yield server, page
+        assert not errors, errors
+
+
+def test_steering_results_are_shown(steer_diff):
+    server, page = steer_diff
+    entries = api(server, "/api/steering/clean.json")["steering"]
+    page.wait_for_selector("#steering-section:not([hidden]) #steering-list .item")
+    assert page.locator("#steering-list .item").count() == len(entries) == 2
+    page.click('#steering-list .item[data-steer="0"]')
+    page.wait_for_function("document.getElementById('details').dataset.node === 'steer 0'")
+    result = entries[0]["result"]
+    assert page.text_content("#details .steer-intervened") == result["intervened"]["text"] == " a key"
+    assert page.text_content("#details .steer-baseline") == result["baseline"]["text"]
+    text = page.text_content("#details")
+    assert "feature/0/11/292" in text and "predicted (total)" in text
+    assert page.locator("#details .steer-steps-intervened tr").count() == len(result["intervened"]["steps"])
+    page.click('#steering-list .item[data-steer="1"]')
+    page.wait_for_function("document.getElementById('details').dataset.node === 'steer 1'")
+    assert page.text_content("#details .steer-error") == entries[1]["error"]
+    page.select_option("#graph-select", "corrupted.json")
+    wait_ready(page)
+    assert page.locator("#steering-section").is_hidden()
+
+
+def test_diff_view_shows_the_top_changes(steer_diff):
+    server, page = steer_diff
+    page.select_option("#graph-select", "clean.json")
+    wait_ready(page)
+    page.select_option("#diff-b", "corrupted.json")
+    page.select_option("#diff-match", "position")
+    page.click("#diff-button")
+    page.wait_for_function("document.getElementById('details').dataset.node === 'diff' && "
+                           "document.getElementById('details').dataset.state === 'ready'")
+    d = api(server, "/api/diff?a=clean.json&b=corrupted.json&match=position")
+    top = page.eval_on_selector_all("#diff-top tr.diff-top", "rows => rows.map(r => r.dataset.node)")
+    assert top == [r["node"] for r in d["top_changes"]]
+    assert top[0] == "feature/0/11/292"
+    only_a = [r["node"] for r in d["nodes"] if r["present"] == "a"]
+    assert page.locator("#diff-only-a tr.diff-only").count() == min(100, len(only_a)) > 0
+    # the drawn graph (a) marks the top changes and the nodes only in a
+    drawn = set(page.eval_on_selector_all("#graph g.node", "els => els.map(e => e.dataset.id)"))
+    changed = set(page.eval_on_selector_all("#graph g.node.changed", "els => els.map(e => e.dataset.id)"))
+    assert changed == drawn & set(top) and "feature/0/11/292" in changed
+    only = set(page.eval_on_selector_all("#graph g.node.only", "els => els.map(e => e.dataset.id)"))
+    assert only == drawn & set(only_a) and only
+    # another match: the table follows the API's
+    page.select_option("#diff-match", "identity")
+    page.click("#diff-button")
+    page.wait_for_function("document.querySelector('#diff-top tr.diff-top') && "
+                           "document.querySelector('#diff-top tr.diff-top').dataset.node.includes('/*/')")
+    d = api(server, "/api/diff?a=clean.json&b=corrupted.json&match=identity")
+    assert page.eval_on_selector_all("#diff-top tr.diff-top", "rows => rows.map(r => r.dataset.node)") == \
+        [r["node"] for r in d["top_changes"]]
+    page.click("#diff-clear")
+    assert page.locator("#graph g.node.changed").count() == 0

@@ -7,6 +7,9 @@ JSON (or a file to download) computed by circuitgraph's own functions:
   thresholds asked (the page never prunes by itself);
 * groups are :func:`~circuitgraph.export.dot.merge_supernodes`, the automatic proposals
   :func:`~circuitgraph.export.dot.propose_supernodes` (as the diagrams use them);
+* a graph file's steering results are its ``steering`` list as read
+  (:class:`~circuitgraph.export.json_graph.GraphDocument`), and a comparison of two graphs is
+  :func:`circuitgraph.queries.diff.diff_graphs`'s JSON (:meth:`~circuitgraph.queries.diff.GraphDiff.to_dict`);
 * a saved subgraph is written by the exporters: :func:`~circuitgraph.export.json_graph.graph_to_json`,
   :func:`~circuitgraph.export.neuronpedia.graph_to_neuronpedia` and
   :func:`~circuitgraph.export.dot.graph_to_dot` rendered with Graphviz.
@@ -42,11 +45,13 @@ from circuitgraph.export.neuronpedia import graph_to_neuronpedia, n_layers_of, n
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
+from circuitgraph.queries.diff import MATCHES, diff_graphs
 from circuitgraph.queries.prune import PruneResult, prune_graph
 from circuitgraph.serve.catalog import Catalog
 from circuitgraph.spec.graph import PruneSpec
 
-__all__ = ["ApiError", "Explorer", "Download", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS"]
+__all__ = ["ApiError", "Explorer", "Download", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS",
+           "DEFAULT_DIFF_TOP"]
 
 #: the thresholds of an unpruned graph's first view: the spec's pruning defaults
 DEFAULT_NODE_THRESHOLD = PruneSpec.model_fields["node_threshold"].default
@@ -57,6 +62,8 @@ EXPORT_FORMATS = ("json", "neuronpedia", "svg")
 DEFAULT_EDGE_LIMIT = 30
 #: the largest pruned view the API sends to the page (a browser draws about this many SVG paths)
 MAX_VIEW_EDGES = 100_000
+#: the top changes a diff lists by default (``GET /api/diff``'s ``top``)
+DEFAULT_DIFF_TOP = 20
 #: pruned views kept per explorer (the slider asks for many)
 _CACHE_SIZE = 32
 _THRESHOLD_KEYS = ("node_threshold", "edge_threshold")
@@ -117,6 +124,13 @@ def _int(params: Mapping[str, str], key: str, default: int, low: int = 1) -> int
     if value < low:
         raise ApiError(400, f"{key} must be at least {low}, got {value}")
     return value
+
+
+def _flag(params: Mapping[str, str], key: str) -> bool:
+    text = params.get(key, "false").lower()
+    if text not in ("true", "false", "1", "0"):
+        raise ApiError(400, f"{key} must be true or false, got {text[:40]!r}")
+    return text in ("true", "1")
 
 
 def _node_id(text: str) -> NodeId:
@@ -181,6 +195,14 @@ class Explorer:
                     raise ApiError(400, f"cannot read graph {name!r}: {exc}") from None
                 self._labelled[name] = self._with_labels(graph)
             return self._labelled[name]
+
+    def document(self, name: str) -> Any:
+        """The graph file ``name`` as read (:class:`~circuitgraph.export.json_graph.GraphDocument`)."""
+        self._entry(name)
+        try:
+            return self.catalog.document(name)
+        except CircuitGraphError as exc:
+            raise ApiError(400, f"cannot read graph {name!r}: {exc}") from None
 
     def _dash(self) -> Any:
         """The default features folder, or None when there is none or it cannot be read (then
@@ -322,6 +344,7 @@ class Explorer:
                        if isinstance(meta.get(k), (int, float))},
             "model": (meta.get("model") or {}).get("name") if isinstance(meta.get("model"), dict) else None,
             "has_qk": bool(self._qk_heads(name)),
+            "n_steering": len(self.document(name).steering),
             "nodes": [self._node_json(n, influence.get(n.id), targets) for n in view.nodes],
             "edges": [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
                       zip(view.edge_source.tolist(), view.edge_target.tolist(), view.edge_weight.tolist())],
@@ -481,6 +504,36 @@ class Explorer:
                                 "min": _number(ok[col].min()), "max": _number(ok[col].max())}
         return {"name": name, "aggregate": f"{name}/aggregate", "n_prompts": len(manifest), "n_ok": len(ok),
                 "n_aggregated": ds.n_aggregated, "scores": summary, "rows": rows}
+
+    def steering(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/steering/NAME``: the graph file's ``steering`` list (the spec's ``steer:`` items'
+        results) as the file holds it."""
+        _params(query, ())
+        return {"name": name, "steering": self.document(name).steering}
+
+    def diff(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/diff?a=NAME&b=NAME[&match=M][&allow_different=true][&top=K]``:
+        :func:`~circuitgraph.queries.diff.diff_graphs` of the two graphs as loaded, as its JSON
+        (``circuitgraph.diff``, :meth:`~circuitgraph.queries.diff.GraphDiff.to_dict`), named by their
+        catalog names."""
+        params = _params(query, ("a", "b", "match", "allow_different", "top"))
+        for key in ("a", "b"):
+            if not params.get(key):
+                raise ApiError(400, f"{key} must name a graph (GET /api/graphs lists them), e.g. /api/diff?a=A&b=B")
+        match = params.get("match", "position")
+        if match not in MATCHES:
+            raise ApiError(400, f"match must be one of {', '.join(MATCHES)}, got {match[:40]!r}")
+        allow = _flag(params, "allow_different")
+        top = _int(params, "top", DEFAULT_DIFF_TOP)
+        a, b = params["a"], params["b"]
+        graph_a, graph_b = self.document(a).graph, self.document(b).graph
+        try:
+            result = diff_graphs(graph_a, graph_b, match=match, allow_different=allow, names=(a, b))  # type: ignore[arg-type]
+        except CircuitGraphError as exc:
+            message = str(exc).replace("pass allow_different=True (--allow-different-models)",
+                                       "add allow_different=true to the query")
+            raise ApiError(400, message) from None
+        return result.to_dict(top=top)
 
     def export(self, name: str, query: Mapping[str, list[str]]) -> Download:
         """``GET /api/export/NAME?format=F&nodes=ID,ID...``: the pinned nodes' subgraph of the pruned

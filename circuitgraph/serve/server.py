@@ -173,10 +173,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "export": lambda: api.export(name, query),
             "node": lambda: self._node(api, rest, query),
             "features": lambda: api.features([_unquote(r) for r in rest], query),
+            "steering": lambda: api.steering(name, query),
+            "diff": lambda: api.diff(query) if not rest else self._not_found(raw),
         }
         if endpoint not in routes:
             raise ApiError(404, f"no API endpoint {endpoint[:60]!r}; see docs/explorer.md")
-        if endpoint not in ("graphs", "features") and not rest:
+        if endpoint not in ("graphs", "features", "diff") and not rest:
             raise ApiError(404, f"/api/{endpoint}/ needs a name after it")
         answer = routes[endpoint]()
         if isinstance(answer, Download):

@@ -3,7 +3,8 @@ written directly with pyarrow (the layout docs/explorer.md describes), so the ex
 tested without running the dashboards pipeline.
 
 * :func:`demo_graph_file` -- the built-in demo's graph (a/an agreement), optionally with QK
-  results and heads as nodes, written as graph JSON;
+  results, heads as nodes, another prompt or the results of ``steer:`` items
+  (:data:`DEMO_STEER`), written as graph JSON;
 * :func:`demo_dataset_run` -- a dataset run of the demo over a few prompts, its prompts run in
   this process (the pipeline's own prompt runner and aggregation; only the worker processes are
   left out, which take tens of seconds to start on a busy machine);
@@ -20,18 +21,31 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["demo_spec", "demo_graph_file", "demo_dataset_run", "write_features_folder", "DEMO_PROMPT"]
+__all__ = ["demo_spec", "demo_graph_file", "demo_dataset_run", "write_features_folder", "DEMO_PROMPT",
+           "DEMO_CORRUPTED_PROMPT", "DEMO_STEER"]
 
 DEMO_PROMPT = "mia saw the owl in the park . later she wants"
+#: the demo's corrupted prompt (a consonant-initial noun), for diffs
+DEMO_CORRUPTED_PROMPT = "mia saw the dog in the park . later she wants"
+#: ``steer:`` items on the demo (docs/steering.md): the vowel-class features off and a consonant-class
+#: feature on (flips " an owl" to " a key"), and an item that fails (a position outside the prompt)
+DEMO_STEER: list[dict[str, Any]] = [
+    {"name": "vowel off, consonant on",
+     "interventions": [{"nodes": {"id": ["feature/0/11/142", "feature/0/11/160"]}, "mode": "zero"},
+                       {"node": "feature/0/11/292", "mode": "set", "value": 3.0}],
+     "generate": {"max_new_tokens": 2}},
+    {"name": "outside the prompt", "interventions": [{"node": "feature/0/99/1"}]},
+]
 
 
-def demo_spec(*, qk: bool = False, heads: bool = False, prune: bool = True) -> dict[str, Any]:
-    """The demo's spec (examples/demo.yaml without checks or exports)."""
+def demo_spec(*, qk: bool = False, heads: bool = False, prune: bool = True, prompt: str = DEMO_PROMPT,
+              steer: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The demo's spec (examples/demo.yaml without checks or exports), with ``steer`` items if given."""
     spec: dict[str, Any] = {
         "format_version": 1,
         "model": {"builtin": "demo"},
         "transcoders": {"builtin": "demo"},
-        "prompt": DEMO_PROMPT,
+        "prompt": prompt,
         "targets": [{"logit_diff": [" an", " a"]}],
         "prune": {"node_threshold": 0.8, "edge_threshold": 0.98} if prune else "none",
     }
@@ -40,6 +54,8 @@ def demo_spec(*, qk: bool = False, heads: bool = False, prune: bool = True) -> d
     if qk:
         spec["queries"] = [{"qk": {"layer": 0, "head": [0, 1], "query_position": -1, "key_position": "top",
                                    "top_k": 4}}]
+    if steer:
+        spec["steer"] = steer
     return spec
 
 

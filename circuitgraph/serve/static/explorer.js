@@ -12,6 +12,7 @@ const KIND_ORDER = ["embedding", "positional", "feature", "error", "neuron", "at
 const state = {
   graphs: [], byName: {}, name: null, view: null, selected: null,
   pinned: [], groups: {}, zoom: null, colors: {}, edgeColors: {}, request: 0, datasetShown: null,
+  steering: [], diff: null,
 };
 
 // ------------------------------------------------------------------ small helpers
@@ -105,9 +106,16 @@ async function start() {
       document.body.dataset.state = "ready";
       return;
     }
-    const wanted = new URLSearchParams(location.hash.slice(1)).get("graph");
+    const hash = new URLSearchParams(location.hash.slice(1));
+    const wanted = hash.get("graph");
     const first = listing.graphs.find((g) => g.kind !== "prompt") || listing.graphs[0];
     await selectGraph(wanted && state.byName[wanted] ? wanted : first.name);
+    const other = hash.get("diff");  // #graph=A&diff=B[&match=M]: open the comparison too
+    if (other && state.byName[other]) {
+      $("diff-b").value = other;
+      if (hash.get("match")) $("diff-match").value = hash.get("match");
+      await showDiff();
+    }
   } catch (err) {
     setStatus(err.message, true);
     document.body.dataset.state = "error";
@@ -120,6 +128,7 @@ async function selectGraph(name) {
   state.groups = {};
   state.selected = null;
   state.zoom = null;
+  state.diff = null;
   $("graph-select").value = name;
   $("proposals").replaceChildren();
   $("details").replaceChildren(el("p", { class: "muted" }, "Click a node to see its inputs, outputs and dashboard."));
@@ -128,6 +137,8 @@ async function selectGraph(name) {
   renderPinned();
   await showDataset();
   await showQK();
+  await showSteering();
+  fillDiffChoices();
 }
 
 async function loadView(useDefaults) {
@@ -311,6 +322,7 @@ function render() {
   root.append(nodeLayer);
   root.dataset.drawnNodes = String(nodes.length);
   highlight();
+  highlightDiff();
 }
 
 function truncate(text, limit) { return text.length <= limit ? text : text.slice(0, limit - 1) + "…"; }
@@ -560,6 +572,157 @@ async function showDataset() {
   $("dataset-rows").replaceChildren(...rows);
 }
 
+// ------------------------------------------------------------------ steering results (the spec's steer: items)
+async function showSteering() {
+  const section = $("steering-section");
+  state.steering = [];
+  section.hidden = !(state.view && state.view.n_steering);
+  if (section.hidden) return;
+  const name = state.name;
+  const answer = await api(nameUrl("steering", name));
+  if (state.name !== name) return;
+  state.steering = answer.steering;
+  $("steering-count").textContent = String(answer.steering.length);
+  $("steering-list").replaceChildren(...answer.steering.map((item, i) => el("div", { class: "item steer-item", "data-steer": i,
+    onclick: () => showSteerItem(i) }, el("span", { class: "grow" }, steerName(item, i)),
+    el("span", { class: "tag" + (item.status === "ok" ? "" : " neg") }, item.status === "ok" ?
+      steerSummary(item.result) : item.status))));
+}
+
+function steerName(item, i) { return (item.params && item.params.name) || (item.result && item.result.name) || `steer[${i}]`; }
+
+function steerSummary(r) {
+  return r && r.intervened ? `${JSON.stringify(r.baseline.text)} → ${JSON.stringify(r.intervened.text)}` : "";
+}
+
+function showSteerItem(i) {
+  const panel = $("details");
+  panel.dataset.node = `steer ${i}`;
+  panel.replaceChildren(...steerPanel(state.steering[i], i));
+  panel.dataset.state = "ready";
+}
+
+function steerPanel(item, i) {
+  const out = [el("h3", {}, `steer[${i}] ${steerName(item, i)}`),
+               el("div", { class: "tag" + (item.status === "ok" ? "" : " neg") }, `status: ${item.status}`)];
+  if (item.error) out.push(el("p", { class: "neg steer-error" }, item.error));
+  if (item.refers_to) out.push(el("div", { class: "tag" }, item.refers_to));
+  const r = item.result;
+  if (!r) return out;
+  out.push(el("h4", {}, "interventions (as resolved)"), el("table", {},
+    el("tr", {}, el("th", {}, "node / site"), el("th", {}, "mode"), el("th", {}, "value"), el("th", {}, "positions")),
+    (r.interventions || []).map((iv) => el("tr", {},
+      el("td", { title: iv.site || "" }, iv.node || `${iv.site || ""} L${iv.layer ?? "?"}` + (iv.index !== undefined ? ` #${iv.index}` : "")),
+      el("td", {}, iv.mode || ""), el("td", { class: "num" }, iv.value !== undefined ? fmt(iv.value) : ""),
+      el("td", {}, Array.isArray(iv.positions) ? iv.positions.join(", ") : String(iv.positions ?? ""))))));
+  const runs = [["baseline", r.baseline], ["intervened", r.intervened]];
+  out.push(el("h4", {}, "generated text"), el("table", {}, runs.map(([k, g]) => el("tr", {}, el("th", {}, k),
+    el("td", {}, el("span", { class: `steer-text steer-${k}` }, g ? g.text : ""),
+      el("div", { class: "tag" }, "tokens " + (g ? (g.tokens || []).join(", ") : "")))))));
+  if (r.metric) {
+    const m = r.metric;
+    out.push(el("h4", {}, "metric" + (m.name ? ": " + m.name : "")), factsTable([["baseline", m.baseline],
+      ["intervened", m.intervened], ["actual change", m.actual], ["predicted (direct)", m.predicted_direct],
+      ["predicted (total)", m.predicted_total]].map(([k, v]) => [k, v === null ? undefined : v])));
+  }
+  for (const [k, g] of runs) {
+    if (!g || !g.steps) continue;
+    out.push(el("h4", {}, `${k}: top tokens per step`), el("table", { class: `steer-steps steer-steps-${k}` },
+      g.steps.map((step, s) => el("tr", {}, el("th", {}, `${s + 1}`), el("td", {}, el("div", { class: "chips" },
+        (step.top || []).map((t) => el("span", { class: t.token === step.token ? "chosen" : "",
+          title: `token ${t.token}` }, `${showToken(t.text)} ${fmt(t.probability, 3)}`))))))));
+  }
+  for (const note of r.notes || []) out.push(el("div", { class: "tag" }, "note: " + note));
+  return out;
+}
+
+// ------------------------------------------------------------------ comparing two graphs (circuitgraph.diff)
+function fillDiffChoices() {
+  const others = state.graphs.filter((g) => g.name !== state.name);
+  $("diff-section").hidden = !others.length;
+  const select = $("diff-b"), keep = select.value;
+  select.replaceChildren(...others.map((g) => el("option", { value: g.name }, g.name)));
+  if (others.some((g) => g.name === keep)) select.value = keep;
+  $("diff-clear").hidden = !state.diff;
+}
+
+async function showDiff() {
+  const panel = $("details");
+  panel.dataset.node = "diff";
+  panel.dataset.state = "loading";
+  const params = { a: state.name, b: $("diff-b").value, match: $("diff-match").value };
+  if ($("diff-allow").checked) params.allow_different = "true";
+  try {
+    const d = await api("/api/diff?" + new URLSearchParams(params).toString());
+    state.diff = d;
+    panel.replaceChildren(...diffPanel(d));
+    panel.dataset.state = "ready";
+  } catch (err) {
+    state.diff = null;
+    panel.replaceChildren(el("p", { class: "neg" }, err.message));
+    panel.dataset.state = "error";
+  }
+  $("diff-clear").hidden = !state.diff;
+  highlightDiff();
+}
+
+function diffKey(n, match) {  // a drawn node's key in the diff (queries/diff.py's _key_id)
+  if (match === "identity") return `${n.kind}/${n.layer}/*/${n.index}`;
+  if (match === "from_end") {
+    const len = state.view.prompt_tokens ? state.view.prompt_tokens.length :
+      Math.max(...state.view.nodes.map((m) => m.position)) + 1;
+    return `${n.kind}/${n.layer}/${n.position - len}/${n.index}`;
+  }
+  return n.id;
+}
+
+function drawnNode(key) {
+  if (!state.view || !state.diff) return null;
+  return state.view.nodes.find((n) => diffKey(n, state.diff.match) === key) || null;
+}
+
+function diffPanel(d) {
+  const c = d.counts;
+  const [a, b] = d.names;
+  const row = (r, cls) => el("tr", { class: cls, "data-node": r.node, onclick: () => {
+    const n = drawnNode(r.node);
+    if (n) selectNode(n.id);  // its inputs and outputs replace the diff panel; the highlights stay
+  } }, el("td", {}, r.node + (r.token ? " " + showToken(r.token) : "")), el("td", {}, r.present),
+    el("td", { class: "num" }, fmt(r.influence_a, 3)), el("td", { class: "num" }, fmt(r.influence_b, 3)),
+    el("td", { class: "num" }, signed(r.influence_difference)));
+  const head = el("tr", {}, ["node", "in", "infl. a", "infl. b", "b − a"].map((h) => el("th", {}, h)));
+  const byChange = (rows) => rows.slice().sort((x, y) => Math.abs(y.influence_difference) - Math.abs(x.influence_difference));
+  const onlyA = byChange(d.nodes.filter((r) => r.present === "a"));
+  const onlyB = byChange(d.nodes.filter((r) => r.present === "b"));
+  const out = [el("h3", {}, "diff"), el("div", { class: "tag" }, `a: ${a}`), el("div", { class: "tag" }, `b: ${b}`),
+    el("div", { class: "tag" }, `match: ${d.match}`),
+    factsTable([["nodes in both", c.nodes_both], ["nodes only in a", c.nodes_only_a], ["nodes only in b", c.nodes_only_b],
+                ["edges in both", c.edges_both], ["edges only in a", c.edges_only_a], ["edges only in b", c.edges_only_b]]),
+    ...(d.notes || []).map((n) => el("div", { class: "tag" }, "note: " + n)),
+    el("h4", {}, `top ${d.top_changes.length} changes by |influence b − influence a|`),
+    el("table", { id: "diff-top", class: "diff" }, head, d.top_changes.map((r) => row(r, "diff-top")))];
+  for (const [title, rows, id] of [["only in a", onlyA, "diff-only-a"], ["only in b", onlyB, "diff-only-b"]]) {
+    out.push(el("h4", {}, `nodes ${title} (${rows.length}${rows.length > 100 ? ", first 100 by |influence|" : ""})`),
+      el("table", { id, class: "diff" }, head.cloneNode(true), rows.slice(0, 100).map((r) => row(r, "diff-only"))));
+  }
+  out.push(el("div", { class: "tag" }, "orange border: a top change; green: only in the graph shown"));
+  return out;
+}
+
+function highlightDiff() {
+  const d = state.diff;
+  const top = new Set(d ? d.top_changes.map((r) => r.node) : []);
+  const side = d && state.name === d.names[1] ? "b" : "a";
+  const only = new Set(d ? d.nodes.filter((r) => r.present === side).map((r) => r.node) : []);
+  const byId = new Map((state.view ? state.view.nodes : []).map((n) => [n.id, n]));
+  for (const g of $("graph").querySelectorAll(".node")) {
+    const n = byId.get(g.dataset.id);
+    const key = d && n ? diffKey(n, d.match) : null;
+    g.classList.toggle("changed", key !== null && top.has(key));
+    g.classList.toggle("only", key !== null && only.has(key));
+  }
+}
+
 // ------------------------------------------------------------------ feature dashboards without a graph
 async function loadFeatures() {
   const info = await api("/api/features");
@@ -617,6 +780,8 @@ $("group-button").addEventListener("click", groupPinned);
 $("feature-layer").addEventListener("change", listFeatures);
 $("feature-show").addEventListener("click", () => showFeature($("feature-layer").value, $("feature-index").value));
 $("propose-button").addEventListener("click", propose);
+$("diff-button").addEventListener("click", showDiff);
+$("diff-clear").addEventListener("click", () => { state.diff = null; highlightDiff(); $("diff-clear").hidden = true; });
 $("zoom-in").addEventListener("click", () => { state.zoom *= 1.25; render(); });
 $("zoom-out").addEventListener("click", () => { state.zoom /= 1.25; render(); });
 $("zoom-fit").addEventListener("click", () => { state.zoom = null; render(); });
