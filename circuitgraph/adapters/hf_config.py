@@ -1,55 +1,127 @@
-"""TransformerLens models built from a Hugging Face snapshot's own ``config.json``.
+"""TransformerLens models built from a Hugging Face folder's own ``config.json``: the families table.
 
+A Hugging Face model folder (what ``save_pretrained`` writes, or a hub snapshot) is read here.
 TransformerLens's ``from_pretrained`` takes several of its configs from tables keyed by the
 official model name (``meta-llama/Llama-3.2-1B`` is always 16 layers of width 2048, whatever the
-files say). Here the :class:`HookedTransformerConfig` is derived from the snapshot's
-``config.json`` field by field, per architecture, and the weights are converted with
-TransformerLens's own ``transformer_lens.pretrained.weight_conversions`` functions, so any
-checkpoint of a supported architecture loads as it is (the real one or a small stand-in).
+files say). Instead, each supported family is one row of :data:`FAMILIES`, keyed by config.json's
+``model_type``: the :class:`HookedTransformerConfig` is derived from the folder's config field by
+field, the weights are converted with TransformerLens's own
+``transformer_lens.pretrained.weight_conversions`` function, and what TransformerLens lacks is
+finished on the built model by the row's ``finish`` step (SmolLM3's layers without rotary
+positions). Any checkpoint of a supported family loads as it is: the real one, a fine-tuned one,
+or a small stand-in. No code from the folder runs: the config is read by transformers's own
+config class of the family (``trust_remote_code`` only when the spec sets it).
+
+This module imports neither torch nor transformers at import time (``validate`` reads the table).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
+
+__all__ = ["Family", "FAMILIES", "family_of", "supported_model_types", "unsupported_model_type_message",
+           "hooked_config_dict", "load_snapshot", "N_CTX_CAP"]
 
 N_CTX_CAP = 2048  # TransformerLens allocates n_ctx x n_ctx masks per layer; its own tables cap these models too
 
 
-def _rope_theta(c: Any, default: float = 10000.0) -> float:
-    theta = getattr(c, "rope_theta", None)
+# ---------------------------------------------------------------------------------------------- helpers
+def _get(c: Any, name: str, default: Any = None) -> Any:
+    try:
+        value = getattr(c, name, default)
+    except Exception:  # noqa: BLE001 - transformers >= 5.15 raises on some per-layer fields
+        return default
+    return default if value is None else value
+
+
+def _rope(c: Any, layer_type: str | None = None) -> dict[str, Any]:
+    """The rope parameters of ``c`` (transformers 5 ``rope_parameters``, older ``rope_scaling``),
+    per layer type where the config keeps one dict per layer type (Gemma-3)."""
+    params = _get(c, "rope_parameters") or _get(c, "rope_scaling") or {}
+    if not isinstance(params, dict):
+        return {}
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        return params[layer_type]
+    if "full_attention" in params and isinstance(params["full_attention"], dict):
+        return params["full_attention"]
+    return params
+
+
+def _rope_theta(c: Any, default: float = 10000.0, layer_type: str | None = None) -> float:
+    theta = _rope(c, layer_type).get("rope_theta")
     if theta is None:
-        params = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
-        theta = params.get("rope_theta") if isinstance(params, dict) else None
+        theta = _get(c, "rope_theta")
     return float(theta if theta is not None else default)
 
 
 def _kv_heads(c: Any) -> int | None:
-    n = getattr(c, "num_key_value_heads", None)
+    n = _get(c, "num_key_value_heads")
     return n if n is not None and n != c.num_attention_heads else None
 
 
 def _head_dim(c: Any) -> int:
-    d = getattr(c, "head_dim", None)
+    d = _get(c, "head_dim")
     return int(d) if d else c.hidden_size // c.num_attention_heads
 
 
+def _windows(c: Any, every_layer: bool = False) -> dict[str, Any]:
+    """Sliding-window attention: per layer from ``layer_types`` (``sliding_attention`` is local),
+    or on every layer (``every_layer``: Mistral, Phi-3 windows all layers when a window is set)."""
+    window = _get(c, "sliding_window")
+    if not window or (hasattr(c, "use_sliding_window") and not c.use_sliding_window and not every_layer):
+        return {}
+    types = _get(c, "layer_types")
+    if every_layer or not types:
+        kinds = ["local"] * c.num_hidden_layers
+    else:
+        kinds = ["local" if t == "sliding_attention" else "global" for t in types]
+    if "local" not in kinds:
+        return {}
+    return {"use_local_attn": True, "window_size": int(window), "attn_types": kinds}
+
+
+def _rope_scaling(c: Any) -> dict[str, Any]:
+    """Llama-3 style frequency scaling ("llama3" rope type); linear scaling of global layers."""
+    p = _rope(c)
+    kind = (p.get("rope_type") or p.get("type") or "default").lower()
+    if kind == "llama3":
+        return {"use_NTK_by_parts_rope": True,
+                "NTK_original_ctx_len": p.get("original_max_position_embeddings", c.max_position_embeddings),
+                "NTK_by_parts_low_freq_factor": p.get("low_freq_factor", 1.0),
+                "NTK_by_parts_high_freq_factor": p.get("high_freq_factor", 4.0),
+                "NTK_by_parts_factor": p.get("factor", 1.0)}
+    if kind == "linear":
+        return {"rotary_scaling_factor": float(p.get("factor", 1.0))}
+    if kind != "default":
+        raise ValueError(f"rope_type {kind!r} is not supported (supported: default, llama3, linear)")
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------- families
 def _llama(c: Any) -> dict[str, Any]:
     d_head = _head_dim(c)
     cfg = {
         "d_model": c.hidden_size, "d_head": d_head, "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
         "n_layers": c.num_hidden_layers, "n_ctx": min(c.max_position_embeddings, N_CTX_CAP), "eps": c.rms_norm_eps,
-        "d_vocab": c.vocab_size, "act_fn": getattr(c, "hidden_act", None), "n_key_value_heads": _kv_heads(c),
+        "d_vocab": c.vocab_size, "act_fn": _get(c, "hidden_act"), "n_key_value_heads": _kv_heads(c),
         "normalization_type": "RMS", "positional_embedding_type": "rotary", "rotary_adjacent_pairs": False,
         "rotary_dim": d_head, "rotary_base": _rope_theta(c), "final_rms": True, "gated_mlp": True,
     }
-    scaling = getattr(c, "rope_scaling", None) or {}
-    if (scaling.get("rope_type") or scaling.get("type") or "").lower() == "llama3":
-        cfg.update(use_NTK_by_parts_rope=True,
-                   NTK_original_ctx_len=scaling.get("original_max_position_embeddings", c.max_position_embeddings),
-                   NTK_by_parts_low_freq_factor=scaling.get("low_freq_factor", 1.0),
-                   NTK_by_parts_high_freq_factor=scaling.get("high_freq_factor", 4.0),
-                   NTK_by_parts_factor=scaling.get("factor", 1.0))
+    cfg.update(_rope_scaling(c))
+    return cfg
+
+
+def _mistral(c: Any) -> dict[str, Any]:
+    cfg = _llama(c)
+    cfg.update(_windows(c, every_layer=True))
+    return cfg
+
+
+def _qwen2(c: Any) -> dict[str, Any]:
+    cfg = _llama(c)  # q, k, v biases: converted by TransformerLens's qwen2 conversion
+    cfg.update(_windows(c))
     return cfg
 
 
@@ -57,24 +129,47 @@ def _qwen3(c: Any) -> dict[str, Any]:
     cfg = _llama(c)
     cfg.update(use_qk_norm=True, use_attn_scale=True, tokenizer_prepends_bos=True, default_prepend_bos=False,
                initializer_range=c.initializer_range)
+    cfg.update(_windows(c))
+    return cfg
+
+
+def _smollm3(c: Any) -> dict[str, Any]:
+    cfg = _llama(c)
+    cfg.update(_windows(c))
     return cfg
 
 
 def _gemma2(c: Any) -> dict[str, Any]:
     cfg = _llama(c)
-    act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", None) or "gelu_pytorch_tanh"
-    layer_types = getattr(c, "layer_types", None) or ["sliding_attention" if i % 2 == 0 else "full_attention"
-                                                      for i in range(c.num_hidden_layers)]
-    window = getattr(c, "sliding_window", None)
+    act = _get(c, "hidden_activation") or _get(c, "hidden_act") or "gelu_pytorch_tanh"
     cfg.update(
         act_fn=act, use_attn_scale=True, attn_scale=math.sqrt(c.query_pre_attn_scalar),
-        attn_scores_soft_cap=float(c.attn_logit_softcapping or -1.0),
-        output_logits_soft_cap=float(c.final_logit_softcapping or -1.0),
+        attn_scores_soft_cap=float(_get(c, "attn_logit_softcapping") or -1.0),
+        output_logits_soft_cap=float(_get(c, "final_logit_softcapping") or -1.0),
         use_normalization_before_and_after=True, initializer_range=c.initializer_range,
     )
-    if window:
-        cfg.update(use_local_attn=True, window_size=int(window),
-                   attn_types=["local" if t == "sliding_attention" else "global" for t in layer_types])
+    if not _get(c, "layer_types"):
+        c.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c.num_hidden_layers)]
+    cfg.update(_windows(c))
+    return cfg
+
+
+def _gemma3(c: Any) -> dict[str, Any]:
+    cfg = _gemma2(c)
+    cfg.update(use_qk_norm=True, rotary_base=_rope_theta(c, 1_000_000.0, "full_attention"),
+               rotary_base_local=_rope_theta(c, 10_000.0, "sliding_attention"))
+    return cfg
+
+
+def _olmo2(c: Any) -> dict[str, Any]:
+    cfg = _llama(c)  # TransformerLens's OLMo-2 blocks: ln1/ln2 are the norms of the attention/MLP outputs
+    cfg.update(_windows(c))
+    return cfg
+
+
+def _phi3(c: Any) -> dict[str, Any]:
+    cfg = _llama(c)  # fused qkv and gate/up projections: split by TransformerLens's phi3 conversion
+    cfg.update(_windows(c, every_layer=True))
     return cfg
 
 
@@ -88,68 +183,187 @@ def _gpt2(c: Any) -> dict[str, Any]:
     }
 
 
-def _converter(name: str) -> Callable[..., dict]:
-    from transformer_lens.pretrained import weight_conversions
+def _neox(c: Any) -> dict[str, Any]:
+    d_head = c.hidden_size // c.num_attention_heads
+    p = _rope(c)
+    pct = p.get("partial_rotary_factor", _get(c, "partial_rotary_factor", _get(c, "rotary_pct", 1.0)))
+    return {
+        "d_model": c.hidden_size, "d_head": d_head, "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
+        "n_layers": c.num_hidden_layers, "n_ctx": min(c.max_position_embeddings, N_CTX_CAP), "eps": c.layer_norm_eps,
+        "d_vocab": c.vocab_size, "act_fn": c.hidden_act, "use_attn_scale": True, "normalization_type": "LN",
+        "parallel_attn_mlp": bool(_get(c, "use_parallel_residual", True)), "positional_embedding_type": "rotary",
+        "rotary_adjacent_pairs": False, "rotary_dim": round(pct * d_head), "rotary_base": _rope_theta(c),
+        "default_prepend_bos": False,
+    }
 
-    return getattr(weight_conversions, name)
+
+def _gptj(c: Any) -> dict[str, Any]:
+    return {
+        "d_model": c.n_embd, "d_head": c.n_embd // c.n_head, "n_heads": c.n_head, "d_mlp": c.n_inner or 4 * c.n_embd,
+        "n_layers": c.n_layer, "n_ctx": min(c.n_positions, N_CTX_CAP), "eps": c.layer_norm_epsilon,
+        "d_vocab": c.vocab_size, "act_fn": c.activation_function, "use_attn_scale": True,
+        "parallel_attn_mlp": True, "positional_embedding_type": "rotary", "rotary_dim": c.rotary_dim or c.n_embd // c.n_head,
+        "rotary_adjacent_pairs": True, "rotary_base": 10000.0, "normalization_type": "LN",
+    }
 
 
-#: architecture (config.json ``architectures[0]``) -> (config mapping, TransformerLens weight converter)
-ARCHITECTURES: dict[str, tuple[Callable[[Any], dict[str, Any]], str]] = {
-    "LlamaForCausalLM": (_llama, "convert_llama_weights"),
-    "Gemma2ForCausalLM": (_gemma2, "convert_gemma_weights"),
-    "Qwen3ForCausalLM": (_qwen3, "convert_qwen3_weights"),
-    "GPT2LMHeadModel": (_gpt2, "convert_gpt2_weights"),
-}
+def _phi(c: Any) -> dict[str, Any]:
+    d_head = c.hidden_size // c.num_attention_heads
+    pct = _rope(c).get("partial_rotary_factor", _get(c, "partial_rotary_factor", 0.5))
+    return {
+        "d_model": c.hidden_size, "d_head": d_head, "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
+        "n_layers": c.num_hidden_layers, "n_ctx": min(c.max_position_embeddings, N_CTX_CAP), "eps": c.layer_norm_eps,
+        "d_vocab": c.vocab_size, "act_fn": c.hidden_act, "normalization_type": "LN",
+        "positional_embedding_type": "rotary", "rotary_base": _rope_theta(c), "use_attn_scale": True,
+        "parallel_attn_mlp": True, "rotary_dim": round(pct * d_head), "default_prepend_bos": False,
+        "n_key_value_heads": _kv_heads(c),
+    }
+
+
+def _no_rope_layers(model: Any, hf_config: Any) -> None:
+    """SmolLM3: layers whose ``no_rope_layers`` entry is 0 use no rotary positions. TransformerLens
+    has no such layer, so their rotation is made the identity (cos = 1, sin = 0 at every position):
+    the same attention, with q and k unrotated, exactly as transformers computes it."""
+    flags = _get(hf_config, "no_rope_layers") or [1] * hf_config.num_hidden_layers
+    for layer, use_rope in enumerate(flags):
+        if not use_rope:
+            attn = model.blocks[layer].attn
+            attn.rotary_sin.zero_()
+            attn.rotary_cos.fill_(1.0)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One supported family: how its config.json becomes a HookedTransformerConfig, which
+    TransformerLens conversion reads its weights, and what the engine freezes in it.
+
+    ``qk``: None where QK attribution is exact; otherwise why it refuses (query/key norms, #22b).
+    """
+
+    model_type: str
+    name: str
+    config: Callable[[Any], dict[str, Any]]
+    converter: str
+    frozen: str
+    finish: Callable[[Any, Any], None] | None = None
+    qk: str | None = None
+
+
+_QK_NORM = "query/key norms: QK attribution with frozen q/k norm sigmas is not implemented yet"
+
+#: config.json ``model_type`` -> its family (the one table of supported architectures; docs/models.md)
+FAMILIES: dict[str, Family] = {f.model_type: f for f in [
+    Family("gpt2", "GPT-2", _gpt2, "convert_gpt2_weights",
+           "ln1/ln2/ln_final sigmas (LayerNorm), attention patterns, GELU neurons"),
+    Family("gpt_neox", "GPT-NeoX / Pythia", _neox, "convert_neox_weights",
+           "parallel blocks: ln1 and ln2 sigmas both on the block input, patterns (partial rotary), GELU neurons"),
+    Family("gptj", "GPT-J", _gptj, "convert_gptj_weights",
+           "parallel blocks with one shared norm on the block input, patterns (partial rotary, adjacent pairs)"),
+    Family("phi", "Phi-1/2", _phi, "convert_phi_weights",
+           "parallel blocks with one shared norm on the block input, patterns (partial rotary), GELU neurons"),
+    Family("llama", "Llama 2/3.x", _llama, "convert_llama_weights",
+           "RMSNorm sigmas, patterns (rope scaling), SwiGLU gates"),
+    Family("mistral", "Mistral", _mistral, "convert_mistral_weights",
+           "RMSNorm sigmas, patterns (sliding window), SwiGLU gates"),
+    Family("qwen2", "Qwen2 / Qwen2.5", _qwen2, "convert_qwen2_weights",
+           "RMSNorm sigmas, patterns (q/k/v biases), SwiGLU gates"),
+    Family("qwen3", "Qwen3", _qwen3, "convert_qwen3_weights",
+           "RMSNorm sigmas, patterns (per-head q/k norms inside them), SwiGLU gates", qk=_QK_NORM),
+    Family("gemma2", "Gemma-2", _gemma2, "convert_gemma_weights",
+           "input and post norm sigmas, patterns (soft-capped, sliding window), GeGLU gates, embedding scale",
+           ),
+    Family("gemma3_text", "Gemma-3 (text)", _gemma3, "convert_gemma_weights",
+           "input and post norm sigmas, patterns (q/k norms, local layers with their own rope base and window)",
+           qk=_QK_NORM),
+    Family("olmo2", "OLMo-2", _olmo2, "convert_olmo2_weights",
+           "post norm sigmas only (no input norms), patterns (q/k norms over the whole projection), SwiGLU gates",
+           qk=_QK_NORM),
+    Family("phi3", "Phi-3", _phi3, "convert_phi3_weights",
+           "RMSNorm sigmas, patterns (fused qkv), SwiGLU gates (fused gate/up)"),
+    Family("smollm3", "SmolLM3", _smollm3, "convert_llama_weights",
+           "RMSNorm sigmas, patterns (layers without rotary positions), SwiGLU gates", finish=_no_rope_layers),
+]}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def family_of(model_type: str | None) -> Family | None:
+    return FAMILIES.get(model_type or "")
+
+
+def unsupported_model_type_message(model_type: Any, where: Any) -> str:
+    """The one line for a config.json whose ``model_type`` has no row in :data:`FAMILIES`."""
+    families = ", ".join(f"{f.name} ({k})" for k, f in FAMILIES.items())
+    return (f"{where}: model_type {model_type!r} is not a supported family; supported: {families}. "
+            "A TransformerLens folder (HookedTransformerConfig fields in config.json) also loads")
 
 
 def hooked_config_dict(hf_config: Any) -> dict[str, Any]:
-    """HookedTransformerConfig fields for a transformers config of a supported architecture."""
-    arch = (getattr(hf_config, "architectures", None) or [type(hf_config).__name__])[0]
-    if arch not in ARCHITECTURES:
-        raise KeyError(arch)
-    cfg = ARCHITECTURES[arch][0](hf_config)
-    cfg["original_architecture"] = arch
-    cfg["tie_word_embeddings"] = bool(getattr(hf_config, "tie_word_embeddings", False))
+    """HookedTransformerConfig fields for a transformers config of a supported family."""
+    family = FAMILIES.get(getattr(hf_config, "model_type", None))
+    if family is None:
+        raise KeyError(getattr(hf_config, "model_type", None))
+    cfg = family.config(hf_config)
+    arch = (_get(hf_config, "architectures") or [None])[0]
+    cfg["original_architecture"] = arch or _ARCH_OF.get(family.model_type)
+    cfg["tie_word_embeddings"] = bool(_get(hf_config, "tie_word_embeddings", False))
     return cfg
 
 
+#: TransformerLens keys some behaviour on the architecture name (OLMo-2's post-only norms)
+_ARCH_OF = {"olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+
+
 def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center_writing_weights: bool,
-                  center_unembed: bool, name: str):
-    """A HookedTransformer from a Hugging Face snapshot folder (config.json, safetensors, tokenizer)."""
+                  center_unembed: bool, name: str, trust_remote_code: bool = False, hf_tokenizer: bool = True):
+    """A HookedTransformer from a Hugging Face folder (config.json, safetensors, tokenizer); with
+    ``hf_tokenizer``, transformers's tokenizer of the folder is attached to it."""
+    import contextlib
+    import io
+    from pathlib import Path
+
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    raw = hooked_config_dict(hf_config)
-    arch = raw["original_architecture"]
-    from pathlib import Path
-
-    tokenizer = None
-    if any((Path(folder) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    # else: a snapshot without tokenizer files (transformers would build an empty one): token ids only
-    raw.update(dtype=dtype, device=device, tokenizer_name=name if tokenizer is not None else None)
-    cfg = HookedTransformerConfig(**raw)
-    import contextlib
-    import io
-
     from transformers.utils import logging as hf_logging
 
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
+    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True, **remote)
+    family = FAMILIES[hf_config.model_type]
+    raw = hooked_config_dict(hf_config)
+    tokenizer = None
+    if hf_tokenizer and any((Path(folder) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **remote)
+    # else: a folder without tokenizer files (transformers would build an empty one): token ids only
+    raw.update(dtype=dtype, device=device, tokenizer_name=name if tokenizer is not None else None)
+    cfg = HookedTransformerConfig(**raw)
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the CLI's output is the result or one error line, no progress bars
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32,
-                                                        attn_implementation="eager")
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
+                                                        attn_implementation="eager", **remote)
     finally:
+        hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()
-    state = _converter(ARCHITECTURES[arch][1])(hf_model, cfg)
+    state = _converter(family.converter)(hf_model, cfg)
     del hf_model
     with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
         model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                           center_unembed=center_unembed, fold_value_biases=True,
                                           refactor_factored_attn_matrices=False)
+        if family.finish is not None:
+            with torch.no_grad():
+                family.finish(model, hf_config)
         return model.to(device)
+
+
+def _converter(name: str) -> Callable[..., dict]:
+    from transformer_lens.pretrained import weight_conversions
+
+    return getattr(weight_conversions, name)

@@ -268,6 +268,9 @@ def _attention_module(adapter: ModelAdapter, layer: int) -> Any:
         if getattr(cfg, flag, None) not in (None, False):
             raise QueryError(f"qk: the model uses {what} ({flag}={getattr(cfg, flag)!r}), which makes the score "
                              "non-bilinear in the residual stream; QK attribution supports models without it")
+    if getattr(attn, "q_norm", None) is not None or getattr(attn, "k_norm", None) is not None:  # OLMo-2 style
+        raise QueryError("qk: the model uses query/key norms over the whole projection (OLMo-2), which makes the "
+                         "score non-bilinear in the residual stream; QK attribution supports models without them")
     return attn
 
 
