@@ -217,3 +217,26 @@ def test_parallel_block_mlp_reads_the_block_input(built):
     src, tgt = np.asarray(g.edge_source), np.asarray(g.edge_target)
     assert heads1 and neurons1
     assert not np.any(np.isin(src, list(heads1)) & np.isin(tgt, list(neurons1)))
+
+
+def test_validate_and_dry_run_from_the_command_line(tmp_path):
+    """``circuitgraph validate`` and ``run --dry-run`` read a Hugging Face folder's config.json and
+    safetensors headers (the supported-family check), and refuse an unsupported one in one line."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli.main import app
+
+    runner = CliRunner()
+    folder = save_checkpoint(tiny_checkpoint("phi3"), tmp_path / "ckpt")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec({"path": str(folder)}, mlp="neurons")))
+    for args in (["validate", str(spec)], ["run", str(spec), "--dry-run"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(cfg, model_type="mamba")))
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code != 0
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "'mamba' is not a supported family" in lines[0], res.output

@@ -23,11 +23,11 @@ _COMMON_LLAMA = dict(vocab_size=_VOCAB, hidden_size=32, intermediate_size=48, nu
 #: model_type -> tiny config fields (2 layers, width 32, vocab 96), each exercising its family's
 #: particulars (rope scaling, sliding windows, biases, partial rotary, NoPE layers, ...)
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
-    "gpt2": dict(vocab_size=_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+    "gpt2": dict(vocab_size=_VOCAB, n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=64),
     "gpt_neox": dict(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.5, use_parallel_residual=True,
                      tie_word_embeddings=False),
-    "gptj": dict(vocab_size=_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4,
+    "gptj": dict(vocab_size=_VOCAB, n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=4,
                  tie_word_embeddings=False),
     "phi": dict(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=64, partial_rotary_factor=0.5, tie_word_embeddings=False),
