@@ -154,6 +154,40 @@ def test_hub_name_from_a_local_cache(family, built, tmp_path, monkeypatch):
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-5
 
 
+#: checkpoints of the families with other settings than TINY_CONFIGS: each must load and match
+VARIANTS = [
+    ("gpt_neox", dict(use_parallel_residual=False)),  # a sequential NeoX
+    ("olmo2", dict(num_key_value_heads=2)),  # grouped-query OLMo-2 (the 32B)
+    ("phi3", dict(sliding_window=4)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    ("gemma3_text", dict(layer_types=None, num_hidden_layers=7, sliding_window=3)),  # the default 5:1 pattern
+    ("gemma3_text", dict(rope_parameters={  # linear rope scaling of the global layers (Gemma-3 4B+)
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}})),
+    ("smollm3", dict(no_rope_layers=None, num_hidden_layers=4)),  # NoPE every 4th layer
+    ("llama", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})),
+    ("gpt2", dict(scale_attn_by_inverse_layer_idx=True)),
+]
+
+
+@pytest.mark.parametrize("family,overrides", VARIANTS, ids=[f"{f}-{'-'.join(o)}" for f, o in VARIANTS])
+def test_family_variants_load_and_match_transformers(family, overrides, tmp_path):
+    from circuitgraph.adapters.loading import load_hf_dir
+
+    ref = tiny_checkpoint(family, **overrides)
+    adapter = load_hf_dir(save_checkpoint(ref, tmp_path / "ckpt"))
+    _logits_match(adapter.model, ref)
+
+
+def test_a_checkpoint_the_row_does_not_convert_is_refused(tmp_path):
+    """Llama with attention and MLP biases: TransformerLens's Llama conversion drops them, so the
+    load-time check against transformers's forward refuses the model in one line."""
+    folder = save_checkpoint(tiny_checkpoint("llama", attention_bias=True, mlp_bias=True), tmp_path / "ckpt")
+    with pytest.raises(LoadError, match="does not match transformers's forward") as err:
+        circuitgraph.run(_spec({"path": str(folder)}))
+    assert "\n" not in str(err.value)
+
+
 # ------------------------------------------------------------------------------ the folder itself
 def test_sharded_folder_with_its_index(tmp_path):
     ref = tiny_checkpoint("llama")

@@ -220,6 +220,24 @@ def _phi(c: Any) -> dict[str, Any]:
     }
 
 
+def _convert_olmo2(hf_model: Any, cfg: Any) -> dict[str, Any]:
+    """TransformerLens's OLMo-2 conversion, with grouped-query keys and values (OLMo-2 32B) stored
+    as TransformerLens's grouped-query attention holds them (``_W_K``, ``_W_V``: one per kv head)."""
+    import einops
+    import torch
+
+    state = _converter("convert_olmo2_weights")(hf_model, cfg)
+    if cfg.n_key_value_heads is None:
+        return state
+    for l, layer in enumerate(hf_model.model.layers):
+        for name, proj in (("K", layer.self_attn.k_proj), ("V", layer.self_attn.v_proj)):
+            del state[f"blocks.{l}.attn.W_{name}"], state[f"blocks.{l}.attn.b_{name}"]
+            state[f"blocks.{l}.attn._W_{name}"] = einops.rearrange(proj.weight, "(n h) m->n m h",
+                                                                   n=cfg.n_key_value_heads)
+            state[f"blocks.{l}.attn._b_{name}"] = torch.zeros(cfg.n_key_value_heads, cfg.d_head, dtype=cfg.dtype)
+    return state
+
+
 def _no_rope_layers(model: Any, hf_config: Any) -> None:
     """SmolLM3: layers whose ``no_rope_layers`` entry is 0 use no rotary positions. TransformerLens
     has no such layer, so their rotation is made the identity (cos = 1, sin = 0 at every position):
@@ -243,7 +261,8 @@ class Family:
     model_type: str
     name: str
     config: Callable[[Any], dict[str, Any]]
-    converter: str
+    #: a function of transformer_lens.pretrained.weight_conversions, by name, or one of this module
+    converter: str | Callable[[Any, Any], dict[str, Any]]
     frozen: str
     finish: Callable[[Any, Any], None] | None = None
     qk: str | None = None
@@ -275,7 +294,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     Family("gemma3_text", "Gemma-3 (text)", _gemma3, "convert_gemma_weights",
            "input and post norm sigmas, patterns (q/k norms, local layers with their own rope base and window)",
            qk=_QK_NORM),
-    Family("olmo2", "OLMo-2", _olmo2, "convert_olmo2_weights",
+    Family("olmo2", "OLMo-2", _olmo2, _convert_olmo2,
            "post norm sigmas only (no input norms), patterns (q/k norms over the whole projection), SwiGLU gates",
            qk=_QK_NORM),
     Family("phi3", "Phi-3", _phi3, "convert_phi3_weights",
@@ -350,8 +369,8 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
         hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()
-    state = _converter(family.converter)(hf_model, cfg)
-    del hf_model
+    convert = family.converter if callable(family.converter) else _converter(family.converter)
+    state = convert(hf_model, cfg)
     with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
         model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
@@ -360,7 +379,43 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
         if family.finish is not None:
             with torch.no_grad():
                 family.finish(model, hf_config)
+    if not center_writing_weights:  # centring what writes to an RMSNorm stream changes the model itself
+        check_against_transformers(model, hf_model, family, centred=center_unembed)
+    del hf_model
+    with contextlib.redirect_stdout(io.StringIO()):
         return model.to(device)
+
+
+#: the probe the converted model is checked on at load time (token ids, taken modulo the vocabulary)
+PROBE_TOKENS = (1, 5, 2, 7, 3, 9, 4, 6)
+
+
+def check_against_transformers(model: Any, hf_model: Any, family: Family, *, centred: bool = False) -> float:
+    """Refuse a conversion that does not compute what transformers computes: the converted model's
+    logits on :data:`PROBE_TOKENS` must equal transformers's own forward to float round-off (1e-3 of
+    the largest logit in float32/64, 5e-2 in 16-bit dtypes). A checkpoint using something the
+    family's row does not convert (a bias, a rope variant) fails here in one line instead of
+    giving a silently different model. Returns the largest difference."""
+    import torch
+
+    from circuitgraph.errors import LoadError
+
+    vocab = int(model.cfg.d_vocab)
+    tokens = torch.tensor([[t % vocab for t in PROBE_TOKENS]])
+    with torch.no_grad():
+        ours = model(tokens.to(model.W_E.device))[0].double().cpu()
+        theirs = hf_model(tokens).logits[0].double()
+    if centred:  # center_unembed removes each position's mean logit
+        ours, theirs = ours - ours.mean(-1, keepdim=True), theirs - theirs.mean(-1, keepdim=True)
+    diff = float((ours - theirs).abs().max())
+    low = model.cfg.dtype in (torch.float16, torch.bfloat16)
+    tol = (5e-2 if low else 1e-3) * max(1.0, float(theirs.abs().max()))
+    if not diff <= tol:
+        raise LoadError(f"the {family.name} conversion of this checkpoint does not match transformers's forward "
+                        f"(largest logit difference {diff:.3g} on a probe, allowed {tol:.2g}): the checkpoint uses "
+                        "something circuitgraph's row for its family does not convert (e.g. attention or MLP biases, "
+                        "a rope variant); please report it with its config.json")
+    return diff
 
 
 def _converter(name: str) -> Callable[..., dict]:
