@@ -125,6 +125,26 @@ def test_every_edge_equals_the_independent_reference(family, built):
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_validation_interventions_agree_with_the_edges(family, built):
+    """circuitgraph's own intervention path (validation.frozen: the real model with frozen sigmas,
+    patterns and node outputs, one writer removed) reproduces the measured values and the edges."""
+    from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
+
+    g = built(family)["graph"]
+    base = frozen_reader_values(g.context)
+    assert all(base[n.id] == pytest.approx(n.pre_activation, abs=1e-9) for n in g.nodes if n.id in base)
+    by_kind: dict[str, list] = {}
+    for n in g.nodes:
+        if n.kind in ("embedding", "attention_head", "neuron"):
+            by_kind.setdefault(n.kind, []).append(n.id)
+    sample = [w for ws in by_kind.values() for w in ws[-3:]]
+    effects = frozen_ablation_effects(g.context, sample)
+    dense = g.dense_adjacency(dtype=np.float64)
+    worst = max(abs(v - dense[g.index_of(r), g.index_of(w)]) for w, row in effects.items() for r, v in row.items())
+    assert worst < 1e-9 * np.abs(dense).max()
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_qk_sums_equal_the_model_scores(family, built):
     from circuitgraph.queries import qk
     from tests.test_qk import check_every_head
