@@ -294,3 +294,26 @@ def test_validate_and_dry_run_from_the_command_line(tmp_path):
     assert res.exit_code != 0
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "'mamba' is not a supported family" in lines[0], res.output
+
+
+def test_hub_names_not_in_the_cache_or_unsupported_are_one_line(tmp_path, monkeypatch, built):
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LoadError, match="no config.json in the local Hugging Face cache") as err:
+        circuitgraph.run(_spec({"name": "tiny-org/absent"}))
+    assert "huggingface-cli download tiny-org/absent" in str(err.value)
+    folder = tmp_path / "mamba"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    hf_cache_repo(cache, "tiny-org/mamba", folder)
+    with pytest.raises(LoadError, match="'mamba' is not a supported family"):
+        circuitgraph.run(_spec({"name": "tiny-org/mamba"}))
+    # config.json cached but not the weights: what to download, in one line
+    only_config = tmp_path / "partial"
+    only_config.mkdir()
+    (only_config / "config.json").write_text((built("llama")["folder"] / "config.json").read_text())
+    hf_cache_repo(cache, "tiny-org/partial", only_config)
+    with pytest.raises(LoadError) as err:
+        circuitgraph.run(_spec({"name": "tiny-org/partial"}))
+    assert "\n" not in str(err.value) and "tiny-org/partial" in str(err.value)

@@ -129,7 +129,13 @@ def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
     model_type = raw.get("model_type")
     if model_type not in FAMILIES:
         raise LoadError(unsupported_model_type_message(model_type, path / "config.json"))
-    files = hf_weight_files(path)
+    try:
+        files = hf_weight_files(path)
+    except LoadError as exc:
+        if name is None:
+            raise
+        raise LoadError(f"model {name!r}: its snapshot has no weights ({exc}); download them with "
+                        f"`huggingface-cli download {name}`") from None
     for f in files:
         safetensors_header(f)  # a truncated or garbage shard is one line here, not a traceback later
     try:
@@ -202,28 +208,64 @@ def resolve_model_name(name: str) -> str:
                        "see transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"))
 
 
-def _architecture_snapshot(repo: str) -> str | None:
-    """The local snapshot folder of ``repo`` when its config.json names an architecture that
-    :mod:`circuitgraph.adapters.hf_config` builds from the files (weights fetched into the cache
-    unless HF_HUB_OFFLINE is set); None otherwise (TransformerLens's own loader is used)."""
+def _hub_config(repo: str) -> dict[str, Any] | None:
+    """``repo``'s config.json from the Hugging Face cache (or the hub unless HF_HUB_OFFLINE is
+    set); None when it cannot be had."""
     import json
 
-    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub import hf_hub_download
 
     from circuitgraph.dictionaries.hub import _cache_dir, _offline
 
-    where = {"cache_dir": _cache_dir(), "local_files_only": _offline()}
     try:
-        cfg = json.loads(Path(hf_hub_download(repo, "config.json", **where)).read_text())
-    except Exception:  # noqa: BLE001 - not reachable / not cached: TransformerLens reports it below
+        cfg = json.loads(Path(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(),
+                                              local_files_only=_offline())).read_text())
+    except Exception:  # noqa: BLE001 - not reachable / not cached: the caller says what to do
         return None
-    if not isinstance(cfg, dict) or cfg.get("model_type") not in FAMILIES:
-        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def _snapshot(repo: str) -> str:
+    """The local snapshot folder of ``repo`` with its config, weights and tokenizer files (fetched
+    into the cache unless HF_HUB_OFFLINE is set)."""
+    from huggingface_hub import snapshot_download
+
+    from circuitgraph.dictionaries.hub import _cache_dir, _offline
+
     try:
         return snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
-                                 **where)
-    except Exception:  # noqa: BLE001
-        return None
+                                 cache_dir=_cache_dir(), local_files_only=_offline())
+    except Exception as exc:  # noqa: BLE001
+        where = "the local Hugging Face cache (HF_HUB_OFFLINE is set)" if _offline() else "the hub"
+        raise LoadError(f"model {repo!r}: its files could not be read from {where} ({type(exc).__name__}: "
+                        f"{_one_line(exc)[:200]}); download it with `huggingface-cli download {repo}`, or save it "
+                        "locally and use model: {path: DIR}") from None
+
+
+def _family_snapshot(name: str) -> tuple[str, str | None]:
+    """``(name, snapshot folder)`` for a hub name: the snapshot when its config.json's
+    ``model_type`` is a supported family (``ORG/REPO`` as given, or TransformerLens's official
+    name of an alias); ``(official name, None)`` for TransformerLens's own loader."""
+    from circuitgraph.dictionaries.hub import _offline
+
+    cfg = _hub_config(name) if "/" in name else None
+    if cfg is not None and cfg.get("model_type") in FAMILIES:
+        return name, _snapshot(name)
+    try:
+        official = resolve_model_name(name)
+    except LoadError:
+        if "/" not in name:
+            raise
+        if cfg is not None:
+            raise LoadError(unsupported_model_type_message(cfg.get("model_type"), f"{name}: config.json")) from None
+        where = "in the local Hugging Face cache (HF_HUB_OFFLINE is set)" if _offline() else "on the hub"
+        raise LoadError(f"model {name!r}: no config.json {where}, and it is not a TransformerLens name; check the "
+                        f"name, download it with `huggingface-cli download {name}`, or save it locally and use "
+                        "model: {path: DIR}") from None
+    cfg = _hub_config(official)
+    if cfg is not None and cfg.get("model_type") in FAMILIES:
+        return official, _snapshot(official)
+    return official, None
 
 
 def load_model_name(
@@ -244,10 +286,7 @@ def load_model_name(
     from transformer_lens import HookedTransformer
 
     # ORG/REPO of any supported family: read from its own files (the hub or the local cache)
-    snapshot = _architecture_snapshot(name) if "/" in name else None
-    if snapshot is None:
-        name = resolve_model_name(name)
-        snapshot = _architecture_snapshot(name)
+    name, snapshot = _family_snapshot(name)
     if snapshot is not None:
         return load_hf_dir(snapshot, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                            fold_ln=fold_ln, center_writing_weights=center_writing_weights,
