@@ -161,6 +161,12 @@ def _gemma3(c: Any) -> dict[str, Any]:
     return cfg
 
 
+def _gemma3_multimodal(c: Any) -> dict[str, Any]:
+    """Gemma-3 4B and larger (``Gemma3ForConditionalGeneration``): the text model of ``text_config``;
+    the vision tower is not converted (prompts are text)."""
+    return _gemma3(c.text_config)
+
+
 def _olmo2(c: Any) -> dict[str, Any]:
     cfg = _llama(c)  # TransformerLens's OLMo-2 blocks: ln1/ln2 are the norms of the attention/MLP outputs
     cfg.update(_windows(c))
@@ -294,6 +300,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     Family("gemma3_text", "Gemma-3 (text)", _gemma3, "convert_gemma_weights",
            "input and post norm sigmas, patterns (q/k norms, local layers with their own rope base and window)",
            qk=_QK_NORM),
+    Family("gemma3", "Gemma-3 (4B+, text model of the multimodal checkpoint)", _gemma3_multimodal,
+           "convert_gemma_weights",
+           "as Gemma-3 (text); the vision tower is not loaded (text prompts only)", qk=_QK_NORM),
     Family("olmo2", "OLMo-2", _olmo2, _convert_olmo2,
            "post norm sigmas only (no input norms), patterns (q/k norms over the whole projection), SwiGLU gates",
            qk=_QK_NORM),

@@ -44,6 +44,11 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                         layer_types=["sliding_attention", "full_attention"],
                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                          "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "gemma3": dict(text_config=dict(_COMMON_LLAMA, head_dim=8, query_pre_attn_scalar=12, sliding_window=4,
+                                    layer_types=["sliding_attention", "full_attention"]),
+                   vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      image_size=28, patch_size=14),
+                   mm_tokens_per_image=4, image_token_index=95, boi_token_index=93, eoi_token_index=94),
     "olmo2": dict(_COMMON_LLAMA, num_key_value_heads=4, tie_word_embeddings=False),  # MHA, as OLMo-2 1B/7B/13B
     "phi3": dict(_COMMON_LLAMA, tie_word_embeddings=False),
     "smollm3": dict(_COMMON_LLAMA, no_rope_layers=[1, 0], tie_word_embeddings=True),
@@ -55,7 +60,12 @@ def tiny_checkpoint(model_type: str, *, seed: int = 0, scale: float = 0.2, **ove
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = dict(TINY_CONFIGS[model_type], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    fields = dict(TINY_CONFIGS[model_type])
+    if "text_config" in fields:  # a multimodal checkpoint: the ids belong to its text model
+        fields["text_config"] = dict(fields["text_config"], **ids)
+    else:
+        fields.update(ids)
     fields.update(overrides)
     cfg = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(seed)
@@ -85,5 +95,6 @@ def save_checkpoint(model: Any, folder: str | Path, *, tokenizer: bool = True, m
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(folder), **kwargs)
     if tokenizer:
-        save_tokenizer(folder, model.config.vocab_size)
+        config = getattr(model.config, "text_config", None) or model.config
+        save_tokenizer(folder, config.vocab_size)
     return folder
