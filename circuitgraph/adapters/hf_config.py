@@ -380,40 +380,48 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
             hf_logging.enable_progress_bar()
     convert = family.converter if callable(family.converter) else _converter(family.converter)
     state = convert(hf_model, cfg)
+    tokens = probe_tokens(cfg.d_vocab)
+    with torch.no_grad():  # transformers's own logits, before its model is released
+        theirs = hf_model(tokens).logits[0].double()
+    del hf_model
     with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
         model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(state, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                           center_unembed=center_unembed, fold_value_biases=True,
                                           refactor_factored_attn_matrices=False)
+        del state
         if family.finish is not None:
             with torch.no_grad():
                 family.finish(model, hf_config)
+        model = model.to(device)
     if not center_writing_weights:  # centring what writes to an RMSNorm stream changes the model itself
-        check_against_transformers(model, hf_model, family, centred=center_unembed)
-    del hf_model
-    with contextlib.redirect_stdout(io.StringIO()):
-        return model.to(device)
+        check_against_transformers(model, theirs, family, centred=center_unembed)
+    return model
 
 
 #: the probe the converted model is checked on at load time (token ids, taken modulo the vocabulary)
 PROBE_TOKENS = (1, 5, 2, 7, 3, 9, 4, 6)
 
 
-def check_against_transformers(model: Any, hf_model: Any, family: Family, *, centred: bool = False) -> float:
+def probe_tokens(vocab: int) -> Any:
+    import torch
+
+    return torch.tensor([[t % vocab for t in PROBE_TOKENS]])
+
+
+def check_against_transformers(model: Any, theirs: Any, family: Family, *, centred: bool = False) -> float:
     """Refuse a conversion that does not compute what transformers computes: the converted model's
-    logits on :data:`PROBE_TOKENS` must equal transformers's own forward to float round-off (1e-3 of
-    the largest logit in float32/64, 5e-2 in 16-bit dtypes). A checkpoint using something the
-    family's row does not convert (a bias, a rope variant) fails here in one line instead of
-    giving a silently different model. Returns the largest difference."""
+    logits on :data:`PROBE_TOKENS` must equal ``theirs``, transformers's own forward on them, to
+    float round-off (1e-3 of the largest logit in float32/64, 5e-2 in 16-bit dtypes). A checkpoint
+    using something the family's row does not convert (a bias, a rope variant) fails here in one
+    line instead of giving a silently different model. Returns the largest difference."""
     import torch
 
     from circuitgraph.errors import LoadError
 
-    vocab = int(model.cfg.d_vocab)
-    tokens = torch.tensor([[t % vocab for t in PROBE_TOKENS]])
+    tokens = probe_tokens(int(model.cfg.d_vocab))
     with torch.no_grad():
         ours = model(tokens.to(model.W_E.device))[0].double().cpu()
-        theirs = hf_model(tokens).logits[0].double()
     if centred:  # center_unembed removes each position's mean logit
         ours, theirs = ours - ours.mean(-1, keepdim=True), theirs - theirs.mean(-1, keepdim=True)
     diff = float((ours - theirs).abs().max())
