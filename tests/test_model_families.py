@@ -317,3 +317,35 @@ def test_hub_names_not_in_the_cache_or_unsupported_are_one_line(tmp_path, monkey
     with pytest.raises(LoadError) as err:
         circuitgraph.run(_spec({"name": "tiny-org/partial"}))
     assert "\n" not in str(err.value) and "tiny-org/partial" in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gptj"])
+@pytest.mark.parametrize("kind", ["relu", "skip"])
+def test_transcoders_on_parallel_blocks_equal_the_independent_reference(family, kind, built, tmp_path):
+    """sae-lens transcoders reading ln2 of the block input (its own norm in NeoX, the shared one in
+    GPT-J); a skip transcoder's linear path from x_pre: every edge (features, errors, heads) equals
+    the libraries' removal, and the graph is complete."""
+    from circuitgraph.adapters.loading import load_hf_dir
+    from circuitgraph.attribution import attribute
+    from circuitgraph.dictionaries import TranscoderSet
+    from circuitgraph.testing.synthetic import random_transcoders
+
+    folder = built(family)["folder"]
+    raw = random_transcoders(load_hf_dir(folder).model, kind=kind, input_site="normalized", seed=3, active_frac=0.3)
+    adapter = load_hf_dir(folder, dtype="float64")
+    for layer, tc in raw.items():
+        tc.save_model(str(tmp_path / "tc" / f"layer_{layer}"))
+    tcs = TranscoderSet.from_dir(tmp_path / "tc", adapter, dtype=torch.float64)
+    g = attribute(adapter, TOKENS, tcs, dtype=torch.float64, attention={0: "frozen", 1: "heads"})
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-11
+    raw = {layer: tc.to(torch.float64) for layer, tc in raw.items()}
+    ref = _Reference(adapter.model, TOKENS, raw, {1})
+    writers = [n.id for n in g.nodes if n.kind in ("embedding", "feature", "error", "attention_head")]
+    captured = ref.run([(hook, w.position, vec) for w in writers for hook, vec in [ref.writer_vector(w)]])
+    readers = [n for n in g.nodes if n.pre_activation is not None]
+    assert {"feature", "logit"} <= {n.kind for n in readers}
+    expected = np.stack([(lambda v: (v[0] - v[1:]).numpy())(ref.reader_values(r, captured).double())
+                         for r in readers])
+    got = g.dense_adjacency(dtype=np.float64)[np.ix_([g.index_of(r.id) for r in readers],
+                                                     [g.index_of(w) for w in writers])]
+    assert np.abs(got - expected).max() < 1e-9 * np.abs(expected).max()

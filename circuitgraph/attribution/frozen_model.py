@@ -229,11 +229,26 @@ class FrozenLinearModel:
         :meth:`attention_transpose_single`); the result is the same."""
         if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
             layer = (loc - 1) // 2
+            out = G
             if self.attention_modes[layer] == "frozen":
                 if single is not None:
-                    return self.attention_transpose_single(layer, G, single).add_(G)
-                return self.attention_transpose(layer, G).add_(G)
-            return G
+                    out = self.attention_transpose_single(layer, G, single).add_(G)
+                else:
+                    out = self.attention_transpose(layer, G).add_(G)
+            return self._parallel_skip(layer, G, out)
         layer = loc // 2 - 1  # resid_post(l) -> resid_mid(l), through the MLP side
+        if self.parallel:  # a parallel block's MLP side reads x_pre: crossed with the attention (above)
+            return G
         extra = self.mlp_transpose(layer, G)
         return G if extra is None else extra.add_(G)
+
+    def _parallel_skip(self, layer: int, G: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """In a parallel block the skip path reads the block input: its transpose of the gradient
+        above the block (``G`` at resid_mid equals the one at resid_post, no reader sits between)
+        lands at resid_pre, beside the attention's, not through it."""
+        if not self.parallel:
+            return out
+        extra = self.mlp_transpose(layer, G)
+        if extra is None:
+            return out
+        return extra.add_(out) if out is not G else extra.add_(G)

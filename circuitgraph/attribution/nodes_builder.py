@@ -340,10 +340,12 @@ def collect_nodes(
         for layer, tc in transcoders.layers.items():
             W_skip = transcoders.skip_weight(layer)
             if options.mlp.get(layer) == "transcoders" and W_skip is not None:
-                if f.parallel_attn_mlp:
+                if f.parallel_attn_mlp and any(t.kind == "direction" and t.site == "resid_mid" and t.layer == layer
+                                               for t in targets):
                     raise AttributionError(
-                        f"layer {layer}: skip transcoders on parallel attention/MLP blocks are not supported yet; "
-                        "use a transcoder without W_skip, or graph.mlp: neurons for that layer")
+                        f"a direction target at resid_mid of layer {layer}: in a parallel block the skip "
+                        "transcoder's path starts at resid_pre, below it; read the direction at resid_pre or "
+                        "resid_post of that layer")
                 skip_layers[layer] = (W_skip, tc.input_site, transcoders.output_site(layer) == "before_post_norm")
         if getattr(transcoders, "kind", "per_layer") == "cross_layer":
             other = sorted(l for l in range(L) if options.mlp.get(l) != "transcoders")
