@@ -101,7 +101,11 @@ class _VirtualHookPoint:
 
 
 class ModelAdapter:
-    """Wraps a TransformerLens ``HookedTransformer`` and records its architecture facts."""
+    """Wraps a TransformerLens ``HookedTransformer`` and records its architecture facts.
+
+    ``format`` says where it came from (``transformer_lens``: a TransformerLens folder or name;
+    ``huggingface``: a Hugging Face folder or snapshot, ``family`` its row of
+    :data:`circuitgraph.adapters.hf_config.FAMILIES`)."""
 
     def __init__(self, model: Any, *, tokenizer: Any = None, source: dict[str, Any] | None = None,
                  format: ModelFormat = "transformer_lens", family: str | None = None):
@@ -203,6 +207,8 @@ class ModelAdapter:
         return f"blocks.{layer}.{self._norm_module_name(site)}.hook_scale"
 
     def hook_norm_normalized(self, site: str, layer: int | None = None) -> str:
+        """``P(x)/sigma`` of a norm site; for a site the model does not have, a name no hook has
+        (:meth:`has_hook` is false), never another norm's hook."""
         if site == "ln_final":
             return "ln_final.hook_normalized"
         return f"blocks.{layer}.{self._norm_module_name(site)}.hook_normalized"

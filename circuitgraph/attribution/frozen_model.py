@@ -249,6 +249,4 @@ class FrozenLinearModel:
         if not self.parallel:
             return out
         extra = self.mlp_transpose(layer, G)
-        if extra is None:
-            return out
-        return extra.add_(out) if out is not G else extra.add_(G)
+        return out if extra is None else extra.add_(out)
