@@ -349,3 +349,14 @@ def test_transcoders_on_parallel_blocks_equal_the_independent_reference(family, 
     got = g.dense_adjacency(dtype=np.float64)[np.ix_([g.index_of(r.id) for r in readers],
                                                      [g.index_of(w) for w in writers])]
     assert np.abs(got - expected).max() < 1e-9 * np.abs(expected).max()
+
+
+def test_fold_ln_keeps_the_model_and_is_refused_without_input_norms(built):
+    from circuitgraph.adapters.loading import load_hf_dir
+
+    b = built("llama")
+    adapter = load_hf_dir(b["folder"], fold_ln=True)
+    assert adapter.facts.ln_folded
+    _logits_match(adapter.model, b["ref"])
+    with pytest.raises(LoadError, match="OLMo-2 has no input norms"):
+        load_hf_dir(built("olmo2")["folder"], fold_ln=True)

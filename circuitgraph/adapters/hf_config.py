@@ -272,6 +272,8 @@ class Family:
     frozen: str
     finish: Callable[[Any, Any], None] | None = None
     qk: str | None = None
+    #: TransformerLens's fold_ln applies (False where the norms are on the sublayer outputs)
+    foldable: bool = True
 
 
 _QK_NORM = "query/key norms: QK attribution with frozen q/k norm sigmas is not implemented yet"
@@ -305,7 +307,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
            "as Gemma-3 (text); the vision tower is not loaded (text prompts only)", qk=_QK_NORM),
     Family("olmo2", "OLMo-2", _olmo2, _convert_olmo2,
            "post norm sigmas only (no input norms), patterns (q/k norms over the whole projection), SwiGLU gates",
-           qk=_QK_NORM),
+           qk=_QK_NORM, foldable=False),
     Family("phi3", "Phi-3", _phi3, "convert_phi3_weights",
            "RMSNorm sigmas, patterns (fused qkv), SwiGLU gates (fused gate/up)"),
     Family("smollm3", "SmolLM3", _smollm3, "convert_llama_weights",
@@ -360,6 +362,11 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     remote = {"trust_remote_code": True} if trust_remote_code else {}
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True, **remote)
     family = FAMILIES[hf_config.model_type]
+    if fold_ln and not family.foldable:
+        from circuitgraph.errors import LoadError
+
+        raise LoadError(f"fold_ln folds each block's input norms into the weights after them; {family.name} has "
+                        "no input norms (its norms are on the attention and MLP outputs): remove fold_ln")
     raw = hooked_config_dict(hf_config)
     tokenizer = None
     if hf_tokenizer and any((Path(folder) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
