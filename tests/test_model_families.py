@@ -62,8 +62,11 @@ def built(tmp_path_factory):
 
 def test_one_table_every_family_has_a_tiny_checkpoint():
     assert set(TINY_CONFIGS) == set(FAMILIES)
+    from circuitgraph.adapters.hf_config import _ARCH_OF
+
     for key, family in FAMILIES.items():
         assert family.model_type == key and family.name and family.frozen
+        assert _ARCH_OF[key] == tiny_checkpoint(key).__class__.__name__
 
 
 def _logits_match(model, ref) -> float:

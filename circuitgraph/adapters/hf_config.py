@@ -342,8 +342,13 @@ def hooked_config_dict(hf_config: Any) -> dict[str, Any]:
     return cfg
 
 
-#: TransformerLens keys some behaviour on the architecture name (OLMo-2's post-only norms)
-_ARCH_OF = {"olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+#: each family's transformers class, for a config.json without ``architectures`` (TransformerLens keys
+#: some behaviour on it: OLMo-2's output-only norms)
+_ARCH_OF = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM",
+            "phi": "PhiForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration",
+            "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 
 
 def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center_writing_weights: bool,
