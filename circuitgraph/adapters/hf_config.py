@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Family", "FAMILIES", "family_of", "supported_model_types", "unsupported_model_type_message",
-           "hooked_config_dict", "load_snapshot", "N_CTX_CAP"]
+__all__ = ["Family", "FAMILIES", "unsupported_model_type_message", "hooked_config_dict", "load_snapshot",
+           "check_against_transformers", "N_CTX_CAP"]
 
 N_CTX_CAP = 2048  # TransformerLens allocates n_ctx x n_ctx masks per layer; its own tables cap these models too
 
@@ -66,13 +66,14 @@ def _head_dim(c: Any) -> int:
     return int(d) if d else c.hidden_size // c.num_attention_heads
 
 
-def _windows(c: Any, every_layer: bool = False) -> dict[str, Any]:
-    """Sliding-window attention: per layer from ``layer_types`` (``sliding_attention`` is local),
-    or on every layer (``every_layer``: Mistral, Phi-3 windows all layers when a window is set)."""
+def _windows(c: Any, every_layer: bool = False, types: list[str] | None = None) -> dict[str, Any]:
+    """Sliding-window attention: per layer from ``types`` (default the config's ``layer_types``;
+    ``sliding_attention`` is local), or on every layer (``every_layer``: Mistral and Phi-3 window
+    all layers when a window is set)."""
     window = _get(c, "sliding_window")
     if not window or (hasattr(c, "use_sliding_window") and not c.use_sliding_window and not every_layer):
         return {}
-    types = _get(c, "layer_types")
+    types = types or _get(c, "layer_types")
     if every_layer or not types:
         kinds = ["local"] * c.num_hidden_layers
     else:
@@ -148,9 +149,9 @@ def _gemma2(c: Any) -> dict[str, Any]:
         output_logits_soft_cap=float(_get(c, "final_logit_softcapping") or -1.0),
         use_normalization_before_and_after=True, initializer_range=c.initializer_range,
     )
-    if not _get(c, "layer_types"):
-        c.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c.num_hidden_layers)]
-    cfg.update(_windows(c))
+    types = _get(c, "layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                       for i in range(c.num_hidden_layers)]  # Gemma-2 alternates
+    cfg.update(_windows(c, types=types))
     return cfg
 
 
@@ -313,14 +314,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     Family("smollm3", "SmolLM3", _smollm3, "convert_llama_weights",
            "RMSNorm sigmas, patterns (layers without rotary positions), SwiGLU gates", finish=_no_rope_layers),
 ]}
-
-
-def supported_model_types() -> list[str]:
-    return sorted(FAMILIES)
-
-
-def family_of(model_type: str | None) -> Family | None:
-    return FAMILIES.get(model_type or "")
 
 
 def unsupported_model_type_message(model_type: Any, where: Any) -> str:
