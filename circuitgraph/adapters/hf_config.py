@@ -305,7 +305,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
            qk=_QK_NORM),
     Family("gemma3", "Gemma-3 (4B+, text model of the multimodal checkpoint)", _gemma3_multimodal,
            "convert_gemma_weights",
-           "as Gemma-3 (text); the vision tower is not loaded (text prompts only)", qk=_QK_NORM),
+           "as Gemma-3 (text); the vision tower is not converted (text prompts only)", qk=_QK_NORM),
     Family("olmo2", "OLMo-2", _olmo2, _convert_olmo2,
            "post norm sigmas only (no input norms), patterns (q/k norms over the whole projection), SwiGLU gates",
            qk=_QK_NORM, foldable=False),
