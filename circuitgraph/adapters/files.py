@@ -290,7 +290,7 @@ def hf_weight_files(path: Path) -> list[Path]:
         table = read_json_file(index, "safetensors index")
         weight_map = table.get("weight_map") if isinstance(table, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise LoadError(f"{index} has no weight_map; re-save the model with save_pretrained")
+            raise LoadError(f"{index} lists no shards; re-save the model with save_pretrained")
         shards = sorted({str(v) for v in weight_map.values()})
         bad = [s for s in shards if Path(s).name != s or not (path / s).is_file()]
         if bad:
