@@ -158,12 +158,16 @@ def test_validation_interventions_agree_with_the_edges(family, built):
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_qk_sums_equal_the_model_scores(family, built):
     from circuitgraph.queries import qk
+    from circuitgraph.validation.qk_check import qk_check
     from tests.test_qk import check_every_head
 
     g = built(family)["graph"]
     reason = FAMILIES[family].qk
     if reason is None:
         check_every_head(g, g.context.adapter, TOKENS, 1e-10, key_positions=("top", -2))  # in every window
+        # the intervention check: each top pair's node removed in the frozen model moves the real score
+        check = qk_check(g, 1, list(range(g.context.adapter.facts.n_heads)), -1, "top", top_k=3)
+        assert check.ok and check.rows, check.max_relative_deviation
     else:  # a row that says why QK attribution is not exact on it: QK refuses
         with pytest.raises(QueryError):
             qk(g, 0, 0, -1, "top")

@@ -151,10 +151,11 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
         return value
 
     block = f"blocks.{layer}"
-    hooks = [(a.hook_norm_scale("ln1", layer), _sigma_hook(lin.sigma[("ln1", layer)])),
-             (f"{block}.hook_q_input", side_hook("query", query_position)),
-             (f"{block}.hook_k_input", side_hook("key", key_position)),
-             (f"{block}.attn.hook_attn_scores", grab)]
+    # ln1's sigma frozen where the model has an input norm (OLMo-2 reads the residual itself)
+    hooks = [(a.hook_norm_scale("ln1", layer), _sigma_hook(lin.sigma[("ln1", layer)]))] if a.has_norm("ln1") else []
+    hooks += [(f"{block}.hook_q_input", side_hook("query", query_position)),
+              (f"{block}.hook_k_input", side_hook("key", key_position)),
+              (f"{block}.attn.hook_attn_scores", grab)]
     # query/key norms: their sigma frozen too, as in the decomposition (queries/qk.py)
     hooks += [(a.hook_qk_norm_scale(side, layer), _qk_sigma_hook(lin.qk_sigma[(side, layer)]))
               for side in ("q", "k") if (side, layer) in lin.qk_sigma]
