@@ -94,11 +94,27 @@ class _Reference:
             return f"blocks.{layer}.hook_mlp_out", (c[f"blocks.{layer}.hook_mlp_out"][0] - recon)[t]
         if node.kind == "attention_head":  # (layers * heads, batch, T, D): every head of layers <= layer
             stack = self._stack("heads", layer, lambda: c.stack_head_results(layer=layer + 1, apply_ln=False))
-            return f"blocks.{layer}.hook_attn_out", stack[layer * self.model.cfg.n_heads + i, 0, t]
+            vec = stack[layer * self.model.cfg.n_heads + i, 0, t]
+            return f"blocks.{layer}.hook_attn_out", self._through_post_norm(layer, "attn", vec, t)
         if node.kind == "neuron":
             stack = self._stack("neurons", layer, lambda: c.stack_neuron_results(layer=layer + 1, apply_ln=False))
-            return f"blocks.{layer}.hook_mlp_out", stack[layer * self.model.cfg.d_mlp + i, 0, t]
+            vec = stack[layer * self.model.cfg.d_mlp + i, 0, t]
+            return f"blocks.{layer}.hook_mlp_out", self._through_post_norm(layer, "mlp", vec, t)
         raise AssertionError(f"no reference for writer {node}")
+
+    def _through_post_norm(self, layer: int, which: str, vec: torch.Tensor, t: int) -> torch.Tensor:
+        """A sublayer's output as it reaches the residual stream through the block's post-norm
+        (Gemma-2/3 ``ln1_post``/``ln2_post``; OLMo-2, whose TransformerLens ``ln1``/``ln2`` normalise
+        the outputs), with that norm's scale frozen at its cached ``hook_scale``; unchanged without one."""
+        block, m = self.model.blocks[layer], self.model
+        name = {"attn": "ln1", "mlp": "ln2"}[which]
+        if getattr(m.cfg, "use_normalization_before_and_after", False):
+            name += "_post"
+        elif m.cfg.original_architecture not in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"):
+            return vec
+        norm = getattr(block, name)
+        scale = self.cache[f"blocks.{layer}.{name}.hook_scale"][0, t, 0]
+        return vec * norm.w / scale  # RMSNorm: no centring, no beta
 
     # ---------------------------------------------------------------- frozen forward
     def run(self, removals: list[tuple[str, int, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -117,7 +133,8 @@ class _Reference:
             return value
 
         hooks = []
-        names = [n for n in c.keys() if n.endswith("hook_scale") or n.endswith("hook_pattern")]
+        # query/key norm scales (".attn.") only feed the patterns, which are fixed themselves
+        names = [n for n in c.keys() if (n.endswith("hook_scale") and ".attn." not in n) or n.endswith("hook_pattern")]
         hooks += [(n, fixed(n)) for n in names]
         for layer in range(m.cfg.n_layers):
             tc = self.tcs.get(layer)
@@ -137,11 +154,14 @@ class _Reference:
                 hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
         for hook_name, d in delta.items():  # after the fixing hooks on the same point
             hooks.append((hook_name, lambda value, hook, d=d: value - d))
+        if m.cfg.gated_mlp:  # gated neurons read with their gates frozen: hook_pre is the gate
+            hooks += [(f"blocks.{l}.mlp.hook_pre", fixed(f"blocks.{l}.mlp.hook_pre")) for l in range(m.cfg.n_layers)]
         read = ["ln_final.hook_normalized"] + [f"blocks.{l}.{s}" for l in range(m.cfg.n_layers)
-                                               for s in ("ln2.hook_normalized", "hook_resid_mid", "mlp.hook_pre")]
+                                               for s in ("ln2.hook_normalized", "hook_resid_mid", "mlp.hook_pre",
+                                                         "mlp.hook_post")]
         if m.cfg.normalization_type is None:  # no ln_final: the unembedding reads the last resid_post
             read.append(f"blocks.{m.cfg.n_layers - 1}.hook_resid_post")
-        hooks += [(n, keep) for n in read if n in m.hook_dict]
+        hooks += [(n, keep) for n in read if n in m.hook_dict]  # parallel blocks have no hook_resid_mid
         with torch.no_grad():
             m.run_with_hooks(self.tokens.expand(B, -1), fwd_hooks=hooks)
         return captured
@@ -156,7 +176,8 @@ class _Reference:
             x = captured[tc.cfg.metadata.hook_name][:, t]
             return x @ tc.W_enc[:, nid.index] + tc.b_enc[nid.index]
         if nid.kind == "neuron":
-            return captured[f"blocks.{nid.layer}.mlp.hook_pre"][:, t, nid.index]
+            hook = "mlp.hook_post" if m.cfg.gated_mlp else "mlp.hook_pre"  # gated: the activation, gate frozen
+            return captured[f"blocks.{nid.layer}.{hook}"][:, t, nid.index]
         if nid.kind == "logit":
             final = captured.get("ln_final.hook_normalized", captured.get(f"blocks.{m.cfg.n_layers - 1}.hook_resid_post"))
             final = final[:, t]

@@ -57,6 +57,8 @@ class ArchitectureFacts:
     #: has ``d_mlp`` neurons, and neuron ``i`` of expert ``e`` is index ``e * d_mlp + i``
     num_experts: int = 0
     experts_per_token: int = 0
+    #: False where the blocks have no norm on their inputs (OLMo-2: norms on the outputs only)
+    input_norms: bool = True
 
     @property
     def n_neurons(self) -> int:
@@ -118,6 +120,12 @@ _NORM_KINDS: dict[Any, NormKind] = {"LN": "layernorm", "LNPre": "layernorm", "RM
                                      "RMSPre": "rmsnorm", None: "none"}
 
 _UNSUPPORTED_ARCH = {"BertForMaskedLM", "T5ForConditionalGeneration"}
+#: TransformerLens architectures whose ``ln1`` / ``ln2`` normalise the attention / MLP *output*
+#: (TransformerLens's POST_NORM_ARCHITECTURES): the adapter presents them as post-norms
+#: (``ln1_post`` / ``ln2_post``) of blocks without input norms
+_OUTPUT_NORM_ARCH = {"Olmo2ForCausalLM", "Olmo3ForCausalLM"}
+#: where a model format comes from: a TransformerLens folder / name, or a Hugging Face folder / snapshot
+ModelFormat = Literal["transformer_lens", "huggingface"]
 
 
 @dataclass(frozen=True)
@@ -128,9 +136,14 @@ class _VirtualHookPoint:
 
 
 class ModelAdapter:
-    """Wraps a TransformerLens ``HookedTransformer`` and records its architecture facts."""
+    """Wraps a TransformerLens ``HookedTransformer`` and records its architecture facts.
 
-    def __init__(self, model: Any, *, tokenizer: Any = None, source: dict[str, Any] | None = None):
+    ``format`` says where it came from (``transformer_lens``: a TransformerLens folder or name;
+    ``huggingface``: a Hugging Face folder or snapshot, ``family`` its row of
+    :data:`circuitgraph.adapters.hf_config.FAMILIES`)."""
+
+    def __init__(self, model: Any, *, tokenizer: Any = None, source: dict[str, Any] | None = None,
+                 format: ModelFormat = "transformer_lens", family: str | None = None):
         cfg = model.cfg
         if getattr(cfg, "original_architecture", None) in _UNSUPPORTED_ARCH:
             raise LoadError(
@@ -152,6 +165,10 @@ class ModelAdapter:
         self.model = model
         self.tokenizer = tokenizer
         self.source = dict(source or {})
+        self.format = format
+        #: the row of circuitgraph.adapters.hf_config.FAMILIES (config.json model_type), None otherwise
+        self.family = family
+        output_norms = getattr(cfg, "original_architecture", None) in _OUTPUT_NORM_ARCH
         n_kv = cfg.n_key_value_heads if cfg.n_key_value_heads is not None else cfg.n_heads
         soft = lambda v: None if v is None or v <= 0 else float(v)  # noqa: E731
         self.facts = ArchitectureFacts(
@@ -169,7 +186,7 @@ class ModelAdapter:
             act_fn=str(cfg.act_fn),
             positional="learned" if cfg.positional_embedding_type == "standard" else "rotary",
             grouped_query=n_kv != cfg.n_heads,
-            post_norms=bool(cfg.use_normalization_before_and_after),
+            post_norms=bool(cfg.use_normalization_before_and_after) or output_norms,
             parallel_attn_mlp=bool(cfg.parallel_attn_mlp),
             attn_scores_soft_cap=soft(getattr(cfg, "attn_scores_soft_cap", -1.0)),
             output_logits_soft_cap=soft(getattr(cfg, "output_logits_soft_cap", -1.0)),
@@ -179,11 +196,12 @@ class ModelAdapter:
             experts_per_token=int(getattr(cfg, "experts_per_token", None) or 0),
             attn_only=bool(getattr(cfg, "attn_only", False)),
             causal=getattr(cfg, "attention_dir", "causal") == "causal",
+            input_norms=not output_norms,
         )
         #: GPT-OSS experts (TransformerLens ``GptOssMoE``): biased, clamped SwiGLU, softmax after the top-k
         self._gpt_oss = bool(self.facts.num_experts) and type(model.blocks[0].mlp).__name__ == "GptOssMoE"
-        if self.facts.parallel_attn_mlp:
-            raise LoadError("parallel attention/MLP blocks are not supported yet")
+        if self.facts.parallel_attn_mlp and self.facts.post_norms:
+            raise LoadError("parallel attention/MLP blocks with post-norms are not supported")
 
     # ------------------------------------------------------------------ identity
     @property
@@ -211,14 +229,25 @@ class ModelAdapter:
     def hook_resid_post(layer: int) -> str:
         return f"blocks.{layer}.hook_resid_post"
 
-    @staticmethod
-    def hook_norm_scale(site: str, layer: int | None = None) -> str:
-        """``site`` in ln1, ln2, ln1_post, ln2_post, ln_final."""
-        return "ln_final.hook_scale" if site == "ln_final" else f"blocks.{layer}.{site}.hook_scale"
+    def _norm_module_name(self, site: str) -> str | None:
+        """TransformerLens's module of a norm site; None for a site the model does not have
+        (the input norms of a model with output norms only, OLMo-2)."""
+        if self.facts.input_norms:
+            return site
+        return {"ln1": None, "ln2": None, "ln1_post": "ln1", "ln2_post": "ln2"}.get(site, site)
 
-    @staticmethod
-    def hook_norm_normalized(site: str, layer: int | None = None) -> str:
-        return "ln_final.hook_normalized" if site == "ln_final" else f"blocks.{layer}.{site}.hook_normalized"
+    def hook_norm_scale(self, site: str, layer: int | None = None) -> str:
+        """``site`` in ln1, ln2, ln1_post, ln2_post, ln_final (a site the model has: :meth:`has_norm`)."""
+        if site == "ln_final":
+            return "ln_final.hook_scale"
+        return f"blocks.{layer}.{self._norm_module_name(site)}.hook_scale"
+
+    def hook_norm_normalized(self, site: str, layer: int | None = None) -> str:
+        """``P(x)/sigma`` of a norm site; for a site the model does not have, a name no hook has
+        (:meth:`has_hook` is false), never another norm's hook."""
+        if site == "ln_final":
+            return "ln_final.hook_normalized"
+        return f"blocks.{layer}.{self._norm_module_name(site)}.hook_normalized"
 
     @staticmethod
     def hook_pattern(layer: int) -> str:
@@ -414,7 +443,8 @@ class ModelAdapter:
                     out = fn(args[0], point)
                     return None if out is None else (out, *args[1:])
 
-                handles.append(self.model.blocks[layer].ln2_post.register_forward_pre_hook(pre))
+                module = getattr(self.model.blocks[layer], self._norm_module_name("ln2_post"))
+                handles.append(module.register_forward_pre_hook(pre))
             with self.model.hooks(fwd_hooks=real):
                 yield self.model
         finally:
@@ -453,19 +483,26 @@ class ModelAdapter:
         )
 
     def has_norm(self, site: str, layer: int | None = None) -> bool:
-        """Whether the norm site exists (it has a ``hook_scale``): False everywhere on norm-free
-        models and for ln2 on attention-only ones, where the site is the identity (sigma = 1)."""
+        """Whether the model has the norm ``site`` (ln1, ln2, ln1_post, ln2_post, ln_final; it has a
+        ``hook_scale``). False everywhere on norm-free models, for ln2 on attention-only ones and for
+        the input norms of a model with output norms only (OLMo-2): such a site is the identity
+        (sigma = 1)."""
         if self.facts.norm == "none":
             return False
-        return not (self.facts.attn_only and site in ("ln2", "ln2_post"))
+        if self.facts.attn_only and site in ("ln2", "ln2_post"):
+            return False
+        if site in ("ln1_post", "ln2_post"):
+            return self.facts.post_norms
+        return self._norm_module_name(site) is not None
 
     def norm(self, site: str, layer: int | None = None) -> NormWeights:
-        """Weights of a norm site: ln1, ln2, ln1_post, ln2_post (per layer) or ln_final; the
-        identity (no gamma, beta or centring) where the site has no norm (:meth:`has_norm`)."""
+        """Weights of a norm site: ln1, ln2, ln1_post, ln2_post (per layer) or ln_final. A site the
+        model does not have (:meth:`has_norm`) is the identity: no gamma, no beta, no centring (sigma 1)."""
         if not self.has_norm(site, layer):
-            return NormWeights(None, None, False)
-        module = self.model.ln_final if site == "ln_final" else getattr(self.model.blocks[layer], site)
-        return self._norm(module)
+            return NormWeights(gamma=None, beta=None, center=False)
+        if site == "ln_final":
+            return self._norm(self.model.ln_final)
+        return self._norm(getattr(self.model.blocks[layer], self._norm_module_name(site)))
 
     @property
     def W_E(self) -> torch.Tensor:
@@ -549,4 +586,7 @@ class ModelAdapter:
 
     def describe(self) -> dict[str, Any]:
         """Identity for metadata: name, source and facts."""
-        return {"name": self.name, "source": self.source, "architecture": self.facts.to_dict()}
+        out = {"name": self.name, "source": self.source, "format": self.format, "architecture": self.facts.to_dict()}
+        if self.family is not None:
+            out["family"] = self.family
+        return out

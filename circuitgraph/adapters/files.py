@@ -16,6 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from circuitgraph.adapters.hf_config import FAMILIES, unsupported_model_type_message
+from circuitgraph.adapters.tokenizer import Tokenizer
 from circuitgraph.errors import LoadError
 
 __all__ = [
@@ -25,12 +27,17 @@ __all__ = [
     "read_direction_file",
     "check_transcoder_dir",
     "check_input_files",
+    "check_hf_model_folder",
+    "model_folder_format",
+    "hf_weight_files",
     "MAX_JSON_BYTES",
     "MAX_DIRECTION_BYTES",
 ]
 
 #: small JSON files (configs, tokenizer configs) larger than this are refused
 MAX_JSON_BYTES = 64 << 20
+#: a model folder's config.json larger than this is not a model config
+MAX_CONFIG_BYTES = 1 << 20
 #: a direction file (one d_model vector) larger than this is refused
 MAX_DIRECTION_BYTES = 256 << 20
 #: the largest safetensors header accepted (the format's own limit is 100 MB)
@@ -247,6 +254,57 @@ def check_transcoder_dir(path: str | os.PathLike[str]) -> dict[int, Path]:
     return found
 
 
+def check_hf_model_folder(path: str | os.PathLike[str]) -> bool:
+    """For ``circuitgraph validate``: whether ``path`` is a Hugging Face model folder (config.json
+    with ``model_type``); if so, that its family is supported (the one-line error names the
+    supported ones), that its safetensors files (one, or the shards of its index) have valid
+    headers and that a root ``tokenizer.json`` is a tokenizer. Nothing is built; no torch."""
+    path = Path(path)
+    if model_folder_format(path) != "huggingface":
+        return False
+    raw = read_json_file(path / "config.json", "model config", MAX_CONFIG_BYTES)
+    if raw.get("model_type") not in FAMILIES:
+        raise LoadError(unsupported_model_type_message(raw.get("model_type"), path / "config.json"))
+    for f in hf_weight_files(path):
+        safetensors_header(f)
+    if (path / "tokenizer.json").is_file():
+        Tokenizer.from_dir(path)
+    return True
+
+
+def model_folder_format(path: str | Path) -> str:
+    """``huggingface`` when ``DIR/config.json`` names a ``model_type`` (what ``save_pretrained``
+    writes), else ``transformer_lens`` (HookedTransformerConfig fields)."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        return "transformer_lens"  # reported by the loader: no config.json
+    raw = read_json_file(cfg_file, "model config", MAX_CONFIG_BYTES)
+    return "huggingface" if isinstance(raw, dict) and "model_type" in raw else "transformer_lens"
+
+
+def hf_weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face folder: ``model.safetensors``, or the shards
+    ``model.safetensors.index.json`` lists (each checked to exist)."""
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if index.is_file():
+        table = read_json_file(index, "safetensors index")
+        weight_map = table.get("weight_map") if isinstance(table, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise LoadError(f"{index} lists no shards; re-save the model with save_pretrained")
+        shards = sorted({str(v) for v in weight_map.values()})
+        bad = [s for s in shards if Path(s).name != s or not (path / s).is_file()]
+        if bad:
+            raise LoadError(f"{index} lists shard {bad[0]!r}, which is not a file in {path}; copy every shard "
+                            "next to the index")
+        return [path / s for s in shards]
+    if single.is_file():
+        return [single]
+    pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    hint = (f" (it has {pickles[0]}: pickled weights are not read; re-save with save_pretrained, which writes "
+            "safetensors)") if pickles else ""
+    raise LoadError(f"model directory {path} has no model.safetensors or model.safetensors.index.json{hint}")
+
+
 def check_input_files(spec: Any) -> None:
     """Read the headers of every file a spec's run would load (model config, weights table,
     tokenizer, transcoder folders, direction files), without building anything.
@@ -266,6 +324,8 @@ def check_input_files(spec: Any) -> None:
 
         bundle = Path(BUILTIN_MODELS[m.builtin]())
         model_dir = bundle / "model"
+    if model_dir is not None and check_hf_model_folder(model_dir):
+        model_dir = None  # a Hugging Face folder: checked from its config.json and file headers
     if model_dir is not None:
         cfg = read_model_config(model_dir / "config.json", trust_remote_code=m.trust_remote_code)
         shapes = safetensors_shapes(model_dir / "model.safetensors")

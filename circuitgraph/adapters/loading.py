@@ -11,10 +11,18 @@ import torch
 
 from circuitgraph._hub import require_hub
 from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.adapters.files import (
+    MAX_CONFIG_BYTES,
+    hf_weight_files,
+    model_folder_format,
+    read_json_file,
+    safetensors_header,
+)
+from circuitgraph.adapters.hf_config import FAMILIES, load_snapshot, unsupported_model_type_message
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.errors import LoadError
 
-__all__ = ["load_model_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
+__all__ = ["load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -58,6 +66,8 @@ def load_model_dir(
     path = Path(path)
     if not path.is_dir():
         raise LoadError(f"model directory {path} does not exist")
+    if model_folder_format(path) == "huggingface":
+        return load_hf_dir(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     cfg_file, weights = path / "config.json", path / "model.safetensors"
     for f in (cfg_file, weights):
         if not f.is_file():
@@ -104,7 +114,53 @@ def load_model_dir(
     model.eval()
     tok_dir = resolve_tokenizer_dir(path / "tokenizer")
     tokenizer = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
-    return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)})
+    return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)}, format="transformer_lens")
+
+
+def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False,
+                fold_ln: bool = False, center_writing_weights: bool = False, center_unembed: bool = False,
+                name: str | None = None, source: dict[str, Any] | None = None) -> ModelAdapter:
+    """A Hugging Face model folder as ``save_pretrained`` writes it (config.json with
+    ``model_type``, one or sharded ``*.safetensors``, tokenizer files at the root), or a hub
+    snapshot: its family is the row of :data:`circuitgraph.adapters.hf_config.FAMILIES` for
+    ``model_type``. The tokenizer is read with the ``tokenizers`` library (no code runs); only
+    with ``trust_remote_code`` may transformers run code the folder ships."""
+    path = Path(path)
+    raw = read_json_file(path / "config.json", "model config", MAX_CONFIG_BYTES)
+    model_type = raw.get("model_type")
+    if model_type not in FAMILIES:
+        raise LoadError(unsupported_model_type_message(model_type, path / "config.json"))
+    try:
+        files = hf_weight_files(path)
+    except LoadError as exc:
+        if name is None:
+            raise
+        raise LoadError(f"model {name!r}: its snapshot has no weights ({exc}); download them with "
+                        f"`huggingface-cli download {name}`") from None
+    for f in files:
+        safetensors_header(f)  # a truncated or garbage shard is one line here, not a traceback later
+    try:
+        model = load_snapshot(str(path), dtype=torch_dtype(dtype), device=resolve_device(device), fold_ln=fold_ln,
+                              center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                              name=name or str(path), trust_remote_code=trust_remote_code, hf_tokenizer=False)
+    except LoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise LoadError(f"could not build the {FAMILIES[model_type].name} model in {path} "
+                        f"({type(exc).__name__}: {_one_line(exc)}); check that its config.json and *.safetensors "
+                        "are what save_pretrained wrote") from None
+    model.eval()
+    tokenizer = None
+    if (path / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_dir(path)
+    elif any((path / f).is_file() for f in ("tokenizer.model", "vocab.json")):  # no fast-tokenizer file
+        from transformers import AutoTokenizer
+
+        hf_tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                               **({"trust_remote_code": True} if trust_remote_code else {}))
+        tokenizer = Tokenizer.from_hf(hf_tok)
+    return ModelAdapter(model, tokenizer=tokenizer, source=dict(source or {"path": str(path)}), format="huggingface",
+                        family=model_type)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -153,29 +209,64 @@ def resolve_model_name(name: str) -> str:
                        "see transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"))
 
 
-def _architecture_snapshot(repo: str) -> str | None:
-    """The local snapshot folder of ``repo`` when its config.json names an architecture that
-    :mod:`circuitgraph.adapters.hf_config` builds from the files (weights fetched into the cache
-    unless HF_HUB_OFFLINE is set); None otherwise (TransformerLens's own loader is used)."""
+def _hub_config(repo: str) -> dict[str, Any] | None:
+    """``repo``'s config.json from the Hugging Face cache (or the hub unless HF_HUB_OFFLINE is
+    set); None when it cannot be had."""
     import json
 
-    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub import hf_hub_download
 
-    from circuitgraph.adapters.hf_config import ARCHITECTURES
     from circuitgraph.dictionaries.hub import _cache_dir, _offline
 
-    where = {"cache_dir": _cache_dir(), "local_files_only": _offline()}
     try:
-        cfg = json.loads(Path(hf_hub_download(repo, "config.json", **where)).read_text())
-    except Exception:  # noqa: BLE001 - not reachable / not cached: TransformerLens reports it below
+        cfg = json.loads(Path(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(),
+                                              local_files_only=_offline())).read_text())
+    except Exception:  # noqa: BLE001 - not reachable / not cached: the caller says what to do
         return None
-    if (cfg.get("architectures") or [None])[0] not in ARCHITECTURES:
-        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def _snapshot(repo: str) -> str:
+    """The local snapshot folder of ``repo`` with its config, weights and tokenizer files (fetched
+    into the cache unless HF_HUB_OFFLINE is set)."""
+    from huggingface_hub import snapshot_download
+
+    from circuitgraph.dictionaries.hub import _cache_dir, _offline
+
     try:
         return snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
-                                 **where)
-    except Exception:  # noqa: BLE001
-        return None
+                                 cache_dir=_cache_dir(), local_files_only=_offline())
+    except Exception as exc:  # noqa: BLE001
+        where = "the local Hugging Face cache (HF_HUB_OFFLINE is set)" if _offline() else "the hub"
+        raise LoadError(f"model {repo!r}: its files could not be read from {where} ({type(exc).__name__}: "
+                        f"{_one_line(exc)[:200]}); download it with `huggingface-cli download {repo}`, or save it "
+                        "locally and use model: {path: DIR}") from None
+
+
+def _family_snapshot(name: str) -> tuple[str, str | None]:
+    """``(name, snapshot folder)`` for a hub name: the snapshot when its config.json's
+    ``model_type`` is a supported family (``ORG/REPO`` as given, or TransformerLens's official
+    name of an alias); ``(official name, None)`` for TransformerLens's own loader."""
+    from circuitgraph.dictionaries.hub import _offline
+
+    cfg = _hub_config(name) if "/" in name else None
+    if cfg is not None and cfg.get("model_type") in FAMILIES:
+        return name, _snapshot(name)
+    try:
+        official = resolve_model_name(name)
+    except LoadError:
+        if "/" not in name:
+            raise
+        if cfg is not None:
+            raise LoadError(unsupported_model_type_message(cfg.get("model_type"), f"{name}: config.json")) from None
+        where = "in the local Hugging Face cache (HF_HUB_OFFLINE is set)" if _offline() else "on the hub"
+        raise LoadError(f"model {name!r}: no config.json {where}, and it is not a TransformerLens name; check the "
+                        f"name, download it with `huggingface-cli download {name}`, or save it locally and use "
+                        "model: {path: DIR}") from None
+    cfg = _hub_config(official)
+    if cfg is not None and cfg.get("model_type") in FAMILIES:
+        return official, _snapshot(official)
+    return official, None
 
 
 def load_model_name(
@@ -195,32 +286,25 @@ def load_model_name(
 
     from transformer_lens import HookedTransformer
 
-    name = resolve_model_name(name)
     require_hub(f"model: {{name: {name}}}")  # one line at once, not a minute of retries
-    snapshot = _architecture_snapshot(name)
+    # ORG/REPO of any supported family: read from its own files (the hub or the local cache)
+    name, snapshot = _family_snapshot(name)
+    if snapshot is not None:
+        return load_hf_dir(snapshot, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                           fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                           center_unembed=center_unembed, name=name, source={"name": name, "fold_ln": fold_ln})
     try:
-        if snapshot is not None:
-            from circuitgraph.adapters.hf_config import load_snapshot
-
-            model = load_snapshot(snapshot, dtype=torch_dtype(dtype), device=resolve_device(device), fold_ln=fold_ln,
-                                  center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                                  name=name)
-        else:
-            model = HookedTransformer.from_pretrained(
-                name,
-                fold_ln=fold_ln,
-                center_writing_weights=center_writing_weights,
-                center_unembed=center_unembed,
-                dtype=torch_dtype(dtype),
-                device=resolve_device(device),
-                **({"trust_remote_code": True} if trust_remote_code else {}),
-            )
+        model = HookedTransformer.from_pretrained(
+            name,
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            dtype=torch_dtype(dtype),
+            device=resolve_device(device),
+            **({"trust_remote_code": True} if trust_remote_code else {}),
+        )
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if snapshot is not None:
-            raise LoadError(f"could not build {name!r} from its Hugging Face snapshot {snapshot} "
-                            f"({type(exc).__name__}: {msg[:300]}); check that its config.json and *.safetensors "
-                            "are complete, or save the model locally and use model: {path: DIR}") from None
         if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
             from transformer_lens.loading_from_pretrained import get_official_model_name
 
@@ -238,7 +322,7 @@ def load_model_name(
         ) from None
     model.eval()
     tokenizer = Tokenizer.from_hf(model.tokenizer) if model.tokenizer is not None else None
-    return ModelAdapter(model, tokenizer=tokenizer, source={"name": name, "fold_ln": fold_ln})
+    return ModelAdapter(model, tokenizer=tokenizer, source={"name": name, "fold_ln": fold_ln}, format="transformer_lens")
 
 
 def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu") -> tuple[ModelAdapter, Path]:

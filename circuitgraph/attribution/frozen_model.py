@@ -95,6 +95,8 @@ class FrozenLinearModel:
         self.n_pos = lin.n_pos
         #: causal attention (see :attr:`ArchitectureFacts.causal`): a pattern is lower-triangular
         self.causal = f.causal
+        #: parallel blocks (GPT-NeoX, GPT-J, Phi): the MLP reads the block input x_pre
+        self.parallel = f.parallel_attn_mlp
         self.attention_modes = attention_modes
         cast = lambda t: None if t is None else t.to(device=self.device, dtype=dtype)  # noqa: E731
 
@@ -116,6 +118,13 @@ class FrozenLinearModel:
             self.attn.append({k: cast(v) for k, v in w.items()})
         # skip transcoders: layer -> (W_skip (d_out, d_in), input_site, writes before the post-MLP norm)
         self.skip = {l: (cast(W), site, before_post) for l, (W, site, before_post) in skip_layers.items()}
+
+    def mlp_input_location(self, layer: int) -> ResidualLocation:
+        """Where block ``layer``'s MLP readers (neurons, transcoder features) read: resid_mid(l),
+        or resid_pre(l) in a parallel block, whose MLP reads the block input (there is no location
+        between its attention and its MLP: the MLP sees the writers up to x_pre, not its own
+        block's attention)."""
+        return loc_resid_pre(layer) if self.parallel else loc_resid_mid(layer)
 
     def pattern(self, layer: int, n: int | None = None) -> torch.Tensor:
         """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``.
@@ -223,11 +232,24 @@ class FrozenLinearModel:
         :meth:`attention_transpose_single`); the result is the same."""
         if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
             layer = (loc - 1) // 2
+            out = G
             if self.attention_modes[layer] == "frozen":
                 if single is not None:
-                    return self.attention_transpose_single(layer, G, single).add_(G)
-                return self.attention_transpose(layer, G).add_(G)
-            return G
+                    out = self.attention_transpose_single(layer, G, single).add_(G)
+                else:
+                    out = self.attention_transpose(layer, G).add_(G)
+            return self._parallel_skip(layer, G, out)
         layer = loc // 2 - 1  # resid_post(l) -> resid_mid(l), through the MLP side
+        if self.parallel:  # a parallel block's MLP side reads x_pre: crossed with the attention (above)
+            return G
         extra = self.mlp_transpose(layer, G)
         return G if extra is None else extra.add_(G)
+
+    def _parallel_skip(self, layer: int, G: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """In a parallel block the skip path reads the block input: its transpose of the gradient
+        above the block (``G`` at resid_mid equals the one at resid_post, no reader sits between)
+        lands at resid_pre, beside the attention's, not through it."""
+        if not self.parallel:
+            return out
+        extra = self.mlp_transpose(layer, G)
+        return out if extra is None else extra.add_(out)

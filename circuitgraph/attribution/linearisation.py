@@ -27,7 +27,7 @@ from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.errors import NumericalError
 
 __all__ = ["Linearisation", "linearise", "frozen", "norm_sites", "OffloadedPatterns", "offload_patterns",
-           "pattern_block", "OFFLOAD_PATTERNS_BYTES"]
+           "pattern_block", "OFFLOAD_PATTERNS_BYTES", "mlp_input_resid"]
 
 
 def norm_sites(adapter: ModelAdapter) -> list[tuple[str, int | None]]:
@@ -227,12 +227,13 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
             c[a.hook_norm_normalized("ln2", layer)] = c[a.hook_resid_mid(layer)]
     if not a.has_norm("ln_final"):
         c[a.hook_norm_normalized("ln_final")] = c[a.hook_resid_post(L - 1)]
+    resid_mid = [_resid_mid(a, c, l) for l in range(L)]
     lin = Linearisation(
         tokens=tokens.detach().cpu(),
         sigma=sigma,
         patterns=[c[a.hook_pattern(l)] for l in range(L)],
         resid_pre=[c[a.hook_resid_pre(l)] for l in range(L)],
-        resid_mid=[c[a.hook_resid_mid(l)] for l in range(L)],
+        resid_mid=resid_mid,
         resid_final=c[a.hook_resid_post(L - 1)],
         attn_out=[c[a.hook_attn_out(l)] for l in range(L)],
         mlp_out=[c[a.hook_mlp_out(l)] for l in range(L)],
@@ -247,16 +248,32 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
         embed=c[a.hook_embed()],
         pos_embed=c.get(a.hook_pos_embed()),
         extra={"ln_final_normalized": c[a.hook_norm_normalized("ln_final")],
-               "ln2_normalized": [c[a.hook_norm_normalized("ln2", l)] for l in range(L)]},
+               "ln2_normalized": [c[a.hook_norm_normalized("ln2", l)] if a.has_norm("ln2") else
+                                  mlp_input_resid(a, c[a.hook_resid_pre(l)], resid_mid[l]) for l in range(L)]},
     )
     for layer in range(L):
         _check_finite(f"blocks.{layer}.hook_resid_post", c[a.hook_resid_post(layer)])
     if transcoders is not None:
         for layer, tc in transcoders.layers.items():
-            lin.tc_input[layer] = dictionary_input(adapter, tc.input_site, layer, lin.resid_mid[layer],
-                                                   lin.extra["ln2_normalized"][layer])
+            lin.tc_input[layer] = dictionary_input(
+                adapter, tc.input_site, layer, mlp_input_resid(adapter, lin.resid_pre[layer], lin.resid_mid[layer]),
+                lin.extra["ln2_normalized"][layer])
     offload_patterns(lin)
     return lin
+
+
+def _resid_mid(adapter: ModelAdapter, cache: dict, layer: int) -> torch.Tensor:
+    """The residual stream after block ``layer``'s attention. A parallel block (GPT-NeoX, GPT-J,
+    Phi) has no ``hook_resid_mid``: its MLP reads the block input, and ``x_pre + attn_out`` is what
+    the engine's resid_mid location holds (what a direction reader there reads)."""
+    if adapter.facts.parallel_attn_mlp:
+        return cache[adapter.hook_resid_pre(layer)] + cache[adapter.hook_attn_out(layer)]
+    return cache[adapter.hook_resid_mid(layer)]
+
+
+def mlp_input_resid(adapter: ModelAdapter, resid_pre: torch.Tensor, resid_mid: torch.Tensor) -> torch.Tensor:
+    """The residual stream block ``l``'s MLP reads: ``x_mid``, or ``x_pre`` in a parallel block."""
+    return resid_pre if adapter.facts.parallel_attn_mlp else resid_mid
 
 
 def dictionary_input(adapter: ModelAdapter, site: str, layer: int, resid_mid: torch.Tensor,

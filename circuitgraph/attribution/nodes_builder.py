@@ -340,6 +340,12 @@ def collect_nodes(
         for layer, tc in transcoders.layers.items():
             W_skip = transcoders.skip_weight(layer)
             if options.mlp.get(layer) == "transcoders" and W_skip is not None:
+                if f.parallel_attn_mlp and any(t.kind == "direction" and t.site == "resid_mid" and t.layer == layer
+                                               for t in targets):
+                    raise AttributionError(
+                        f"a direction target at resid_mid of layer {layer}: in a parallel block the skip "
+                        "transcoder's path starts at resid_pre, below it; read the direction at resid_pre or "
+                        "resid_post of that layer")
                 skip_layers[layer] = (W_skip, tc.input_site, transcoders.output_site(layer) == "before_post_norm")
         if getattr(transcoders, "kind", "per_layer") == "cross_layer":
             other = sorted(l for l in range(L) if options.mlp.get(l) != "transcoders")
@@ -532,7 +538,7 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
             row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
                                   label=f"F{i} L{layer}@{t}"))
             rows.append(row)
-            b.readers.add_lazy(row, loc_resid_mid(layer), t, source, i, o)
+            b.readers.add_lazy(row, fm.mlp_input_location(layer), t, source, i, o)
         rows_at[t] = (rows, active)
     st["rows"][layer] = rows_at
     # ---- writes into MLP output `layer`; a dictionary writing before the post-MLP norm
@@ -638,7 +644,7 @@ def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
                 row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=float(post[t, i]),
                                       label=f"N{i} L{layer}@{t}", attrs=attrs))
                 rows.append(row)
-                b.readers.add(row, loc_resid_mid(layer), t, g[j], float(own[j]))
+                b.readers.add(row, fm.mlp_input_location(layer), t, g[j], float(own[j]))
                 b.nodes[row].pre_activation = float(measured[j])
             vecs = post[t, active].unsqueeze(-1) * W_out[active]
             b.writers.add(loc, t, rows, _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1)))
@@ -777,7 +783,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         act = float(b.tc[tgt.layer].activation(b.lin.tc_input[tgt.layer][t : t + 1])[0, tgt.index])
         row = _add_or_get(b, node_id, act, f"F{tgt.index} L{tgt.layer}@{t}")
         b.nodes[row].pre_activation = float(pre[0])
-        b.readers.add(row, loc_resid_mid(tgt.layer), t, g[0], float(own[0]))
+        b.readers.add(row, fm.mlp_input_location(tgt.layer), t, g[0], float(own[0]))
         return node_id
     if tgt.kind == "neuron":
         node_id = NodeId("neuron", tgt.layer, t, tgt.index)
@@ -787,7 +793,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         act = float(lin.mlp_post[tgt.layer][t, tgt.index])
         row = _add_or_get(b, node_id, act, f"N{tgt.index} L{tgt.layer}@{t}")
         b.nodes[row].pre_activation = float(measured[0])
-        b.readers.add(row, loc_resid_mid(tgt.layer), t, g[0], float(own[0]))
+        b.readers.add(row, fm.mlp_input_location(tgt.layer), t, g[0], float(own[0]))
         return node_id
     if tgt.kind == "direction":
         site_loc = {"resid_pre": loc_resid_pre, "resid_mid": loc_resid_mid, "resid_post": loc_resid_post}

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from circuitgraph.adapters.files import hf_weight_files, model_folder_format
 from circuitgraph.errors import ResourceError
 
 __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
@@ -75,6 +76,17 @@ def process_memory() -> int:
         import os
 
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _model_folder_sizes(model_dir: Path) -> tuple[int, int, int]:
+    """``(n_layers, d_model, weight bytes)`` of a model folder, from its config.json and the
+    safetensors headers: a TransformerLens folder, or a Hugging Face one (its shards summed)."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    if model_folder_format(model_dir) == "huggingface":
+        get = lambda *keys: next(int(cfg[k]) for k in keys if cfg.get(k) is not None)  # noqa: E731
+        L, D = get("num_hidden_layers", "n_layer"), get("hidden_size", "n_embd", "d_model")
+        return L, D, sum(_safetensors_bytes(f) for f in hf_weight_files(model_dir))
+    return int(cfg["n_layers"]), int(cfg["d_model"]), _safetensors_bytes(model_dir / "model.safetensors")
 
 
 def _safetensors_bytes(path: Path) -> int:
@@ -472,9 +484,7 @@ def estimate_run(spec: Any) -> RunEstimate:
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
     if m.source in ("builtin", "path"):
         model_dir = Path(BUILTIN_MODELS[m.builtin]()) / "model" if m.source == "builtin" else Path(m.path)
-        cfg = json.loads((model_dir / "config.json").read_text())
-        L, D = int(cfg["n_layers"]), int(cfg["d_model"])
-        bytes_model = _safetensors_bytes(model_dir / "model.safetensors")
+        L, D, bytes_model = _model_folder_sizes(model_dir)
         t = spec.transcoders
         if t is not None and t.source in ("path", "builtin"):
             from circuitgraph.builtin import builtin_dictionary_dir

@@ -314,7 +314,7 @@ def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
     metadata = {
         "spec": spec.model_dump(mode="json"),
         "model": {"name": adapter.name, "n_layers": L, "source": adapter.source,
-                  "architecture": adapter.facts.to_dict()},
+                  "architecture": adapter.facts.to_dict(), "format": adapter.format},
         "n_layers": L,
         "transcoders": tcs.describe() if tcs is not None else None,
         "prompt_tokens": tokens,

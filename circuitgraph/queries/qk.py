@@ -23,7 +23,8 @@ is bilinear, so it splits exactly into
 The vectors ``u_a`` come from the engine's transposed sweep
 (:func:`circuitgraph.attribution.engine.attribute_directions`) with ``d_head`` readers at
 ``resid_pre(l)``: reader ``i`` reads the rotated query dimension ``i`` through ln1 at ``(l, q)``
-with its frozen sigma; the "edges" into it are every node's query-side components.  The same
+with its frozen sigma (the residual itself in a model without input norms, OLMo-2); the "edges"
+into it are every node's query-side components.  The same
 for the key side at ``(l, k)``.  One sweep for all the heads asked; no per-pair work.
 
 Query/key norms (Qwen3, Gemma-3 per head; OLMo-2, OLMoE over the whole projection) are frozen
@@ -361,10 +362,14 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
     R = rotary_matrices(a, layer, ctx.linearisation.n_pos)
     if R is not None:
         R = R.to(device, dtype)
-    norm = a.norm("ln1", layer)
-    norm = NormWeights(None if norm.gamma is None else norm.gamma.to(device, dtype),
-                       None if norm.beta is None else norm.beta.to(device, dtype), norm.center)
-    sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
+    if a.has_norm("ln1"):
+        norm = a.norm("ln1", layer)
+        norm = NormWeights(None if norm.gamma is None else norm.gamma.to(device, dtype),
+                           None if norm.beta is None else norm.beta.to(device, dtype), norm.center)
+        sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
+    else:  # no input norm (OLMo-2): q and k read the residual stream itself (identity direction, sigma 1)
+        norm = NormWeights(None, None, False)
+        sigma = torch.ones(ctx.linearisation.n_pos, dtype=dtype, device=device)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos):
         for side, W, b, t in (("q", W_Q[h], b_Q[h], q_pos), ("k", W_K[h], b_K[h], kp)):

@@ -28,10 +28,13 @@ class ModelSpec(StrictModel):
 
     path: InputPath | None = Field(
         None,
-        description="A folder with config.json (HookedTransformerConfig fields), model.safetensors "
-        "and optionally tokenizer/.",
+        description="A model folder: a Hugging Face folder as save_pretrained writes it (config.json with "
+        "model_type, *.safetensors, tokenizer files) or a TransformerLens folder (config.json of "
+        "HookedTransformerConfig fields, model.safetensors, optionally tokenizer/); detected from config.json.",
     )
-    name: Name | None = Field(None, description="A TransformerLens pretrained model name, e.g. gpt2.")
+    name: Name | None = Field(None, description="A Hugging Face repository ORG/REPO of a supported family (read "
+                              "from its own files, the local cache with HF_HUB_OFFLINE=1) or a TransformerLens "
+                              "pretrained model name, e.g. gpt2.")
     builtin: Literal["demo"] | None = Field(None, description="A model shipped with circuitgraph.")
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = Field(
         "float32", description="Dtype of the model weights."

@@ -31,11 +31,12 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
     names = {a.hook_norm_normalized("ln_final")}
     for layer in range(a.facts.n_layers):
         names |= {a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
-                  a.hook_resid_pre(layer), a.hook_resid_post(layer)}
+                  a.hook_resid_pre(layer), a.hook_resid_post(layer), a.hook_attn_out(layer)}
         if not a.facts.num_experts:  # MoE layers: expert neurons are read from ln2's output (below)
             names.add(a.hook_mlp_pre(layer))
             if a.facts.gated_mlp:
                 names.add(a.hook_mlp_pre_linear(layer))
+    names = {n for n in names if a.has_hook(n)}  # parallel blocks: no resid_mid; OLMo-2: no input ln2
 
     def keep(value, hook):
         captured[hook.name] = value.detach()[0]
@@ -106,8 +107,8 @@ def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = ()
         def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer, W_skip=W_skip, before_post=before_post):
             out = rec.to(value.dtype)[None].clone()
             if W_skip is not None:
-                x = dictionary_input(a, tc.input_site, layer, captured[a.hook_resid_mid(layer)][None],
-                                     captured[a.hook_norm_normalized("ln2", layer)][None])
+                resid, normalized = _mlp_inputs(a, captured, layer)
+                x = dictionary_input(a, tc.input_site, layer, resid[None], normalized[None])
                 change = (x - lin.tc_input[layer].to(value.dtype)[None]) @ W_skip.to(value.dtype).T
                 if before_post:  # the skip writes before ln2_post: its frozen image gamma P(v) / sigma
                     norm = a.norm("ln2_post", layer)
@@ -141,15 +142,13 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
         if nid.kind == "feature":
             if nid.layer not in feature_pre:
                 tc = tcs[nid.layer]
-                x = dictionary_input(a, tc.input_site, nid.layer, c[a.hook_resid_mid(nid.layer)],
-                                     c[a.hook_norm_normalized("ln2", nid.layer)])
+                x = dictionary_input(a, tc.input_site, nid.layer, *_mlp_inputs(a, c, nid.layer))
                 feature_pre[nid.layer] = tc.pre_activation(x)
             out[nid] = float(feature_pre[nid.layer][t, nid.index])
         elif nid.kind == "neuron" and a.facts.num_experts:
             # expert neuron: routing weight and gate frozen, W_in^e[:, i] read on ln2's output
             layer, e = nid.layer, nid.index // a.facts.d_mlp
-            x2 = dictionary_input(a, "mlp_input", layer, c[a.hook_resid_mid(layer)],
-                                  c[a.hook_norm_normalized("ln2", layer)])[t]
+            x2 = dictionary_input(a, "mlp_input", layer, *_mlp_inputs(a, c, layer))[t]
             w = a.expert_neuron_weights(layer, torch.tensor([nid.index]))
             i = nid.index
             scale, offset = a.expert_value_map(layer, lin.mlp_pre[layer][t, i:i + 1],
@@ -176,10 +175,26 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
             out[nid] = float(final_in[t] @ w + b)
         elif node.attrs.get("target_kind") == "direction":
             site, layer = node.attrs["site"], nid.layer
-            hook = {"resid_pre": a.hook_resid_pre, "resid_mid": a.hook_resid_mid}.get(site, a.hook_resid_post)
-            x = c[hook(layer)]
+            if site == "resid_mid":
+                x = _resid_mid(a, c, layer)
+            else:
+                x = c[a.hook_resid_pre(layer) if site == "resid_pre" else a.hook_resid_post(layer)]
             out[nid] = float(x[t] @ reader.direction.to(x.dtype))
     return out
+
+
+def _resid_mid(a: Any, c: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+    """The residual after block ``layer``'s attention (``x_pre + attn_out`` in a parallel block)."""
+    if a.facts.parallel_attn_mlp:
+        return c[a.hook_resid_pre(layer)] + c[a.hook_attn_out(layer)]
+    return c[a.hook_resid_mid(layer)]
+
+
+def _mlp_inputs(a: Any, c: dict[str, torch.Tensor], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(the residual block layer's MLP reads, ln2's P(x)/sigma of it)`` from captured hooks:
+    x_pre in a parallel block, x_mid otherwise; the residual itself where there is no input ln2."""
+    resid = c[a.hook_resid_pre(layer)] if a.facts.parallel_attn_mlp else c[a.hook_resid_mid(layer)]
+    return resid, c[a.hook_norm_normalized("ln2", layer)] if a.has_norm("ln2") else resid
 
 
 def frozen_ablation_effects(context: AttributionContext, writers: Iterable[NodeId]) -> dict[NodeId, dict[NodeId, float]]:
