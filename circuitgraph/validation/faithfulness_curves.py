@@ -258,6 +258,9 @@ def _edge_reference_prompts(mode: str, reference: Sequence[Any], patch_prompt: A
     raise ValidationRunError(f"faithfulness_curve ablation {mode!r}: expected zero, mean or patch")
 
 
+_PAIR = np.int64(1) << 31  # node codes stay below 2**31
+
+
 def _edge_key(node_id: Any) -> tuple[str, int, int, int]:
     """A writer's or reader's identity across prompts: an embedding by its position (its index is
     the prompt's token), every other node by kind, layer, position and index."""
@@ -270,26 +273,28 @@ def _edge_reference_values(ctx: AttributionContext, graph: Any, prompts: list[li
     lacks the edge)."""
     if prompts is None:
         return None
-    keys = [(_edge_key(graph.nodes[s].id), _edge_key(graph.nodes[t].id))
-            for s, t in zip(np.asarray(graph.edge_source).tolist(), np.asarray(graph.edge_target).tolist())]
-    multiplicity: dict[tuple, int] = {}
-    for k in keys:
-        multiplicity[k] = multiplicity.get(k, 0) + 1
+    codes: dict[tuple[str, int, int, int], int] = {}
+
+    def pairs(g: Any) -> np.ndarray:  # (writer, reader) identities as one int64 per edge
+        node = np.array([codes.setdefault(_edge_key(n.id), len(codes)) for n in g.nodes], dtype=np.int64)
+        return node[np.asarray(g.edge_source, dtype=np.int64)] * _PAIR + node[np.asarray(g.edge_target, dtype=np.int64)]
+
+    clean, inverse, multiplicity = np.unique(pairs(graph), return_inverse=True, return_counts=True)
     last = max((t.position for t in ctx.targets), default=0)
-    total = np.zeros(len(keys))
+    total = np.zeros(len(clean))
     for i, tokens in enumerate(prompts):
         if len(tokens) <= last:
             raise ValidationRunError(f"faithfulness_curve: reference prompt {i} has {len(tokens)} tokens, the targets "
                                      f"read position {last}; use reference prompts at least {last + 1} tokens long")
         lin = linearise(ctx.adapter, torch.tensor(tokens), ctx.transcoders)
         ref = build_graph(ctx.adapter, lin, ctx.transcoders, ctx.targets, ctx.options)
-        lookup: dict[tuple, float] = {}
-        for s, t, w in zip(np.asarray(ref.edge_source).tolist(), np.asarray(ref.edge_target).tolist(),
-                           np.asarray(ref.edge_weight, dtype=np.float64).tolist()):
-            k = (_edge_key(ref.nodes[s].id), _edge_key(ref.nodes[t].id))
-            lookup[k] = lookup.get(k, 0.0) + w
-        # a pair that occurs several times in the graph shares its reference value evenly
-        total += np.array([lookup.get(k, 0.0) / multiplicity[k] for k in keys])
+        found, where = np.unique(pairs(ref), return_inverse=True)
+        summed = np.bincount(where, weights=np.asarray(ref.edge_weight, dtype=np.float64), minlength=len(found))
+        at = np.minimum(np.searchsorted(found, clean), max(len(found) - 1, 0))
+        hit = (found[at] == clean) if len(found) else np.zeros(len(clean), dtype=bool)
+        total += np.where(hit, summed[at] if len(found) else 0.0, 0.0)
+    # a pair that occurs several times in the graph shares its reference value evenly
+    total = total[inverse] / multiplicity[inverse]
     return total / len(prompts)
 
 
