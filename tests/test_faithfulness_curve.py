@@ -286,3 +286,9 @@ def test_edge_mean_needs_reference_prompts():
     with pytest.raises(Exception, match="reference_prompts"):
         FaithfulnessCurve(unit="edges", ablation="mean")
     assert FaithfulnessCurve(unit="edges", ablation="patch", patch_prompt={"tokens": [1, 2]}).ablation == "patch"
+    with pytest.raises(ValidationRunError, match="at least 6 tokens"):
+        faithfulness_curve(g, sizes=[0.5], ablation="patch", unit="edges", patch_prompt=[1, 2, 3])
+    out = run_check(g, {"faithfulness_curve": {"sizes": [0.0, 0.5, 1.0], "unit": "edges", "ablation": "patch",
+                                               "patch_prompt": {"tokens": _PATCH}}})
+    direct = faithfulness_curve(g, sizes=[0.0, 0.5, 1.0], ablation="patch", unit="edges", patch_prompt=_PATCH)
+    assert out.result.values == direct.values and out.result.recovery[-1] == 1.0
