@@ -114,6 +114,10 @@ def run_demo(plot_dir: Path) -> dict:
         if ablation == "mean":
             params["reference_prompts"] = refs
         checks.append({"faithfulness_curve": params, "on": "full"})
+    for ablation in ("mean", "patch"):  # edges replaced by their values on reference prompts (MIB / EAP)
+        params = {"unit": "edges", "ablation": ablation, "plot": str(plot_dir / f"demo_edges_{ablation}.png")}
+        params.update({"reference_prompts": refs} if ablation == "mean" else {"patch_prompt": refs[0]})
+        checks.append({"faithfulness_curve": params, "on": "full"})
     demo["validate"] = checks
     start = time.perf_counter()
     result = circuitgraph.run(demo)
@@ -178,7 +182,10 @@ def write_page(results: list[dict], demo: dict | None, out: Path, plot_rel: str)
               "the demo on its transcoder graph; the nodes not kept are ablated and everything downstream runs as "
               "the real model does. Edge curves (zero ablation: each removed edge's contribution taken out at its "
               "reader, docs/validation.md) on neuron graphs, whose edges reach neurons as well as the targets "
-              "(a component graph's only readers are the targets). tracr's circuits are exact and position-specific: "
+              "(a component graph's only readers are the targets); the demo's edge curves with mean and patch "
+              "ablation replace each ablated edge by its value in the reference prompts' graphs (mean: over the three "
+              "reference prompts the node curve uses; patch: from the first, 'mia saw the dog in the park . later "
+              "she wants'). tracr's circuits are exact and position-specific: "
               "most of a program's components at most positions are needed, so recovery stays near 0 until most of "
               "the graph is kept. A CPR above 1 (hist) is a curve that overshoots 1: removing some edges raises the "
               "metric; CMD counts the overshoot as |1 - recovery|.", "",
@@ -191,6 +198,7 @@ def write_page(results: list[dict], demo: dict | None, out: Path, plot_rel: str)
     if demo:
         lines.append(f"| demo | - | {demo['run_s']:.1f} | - |")
     lines += ["", "## Reproduce", "", "```bash no-run", "pip install tracr-pypi", "python benchmarks/ground_truth.py",
+              "python benchmarks/ground_truth.py --demo-only  # only the demo model's curves, tracr results kept",
               "```", ""]
     return "\n".join(lines)
 
@@ -200,7 +208,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="where the compiled models go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks", help="where the page goes")
     parser.add_argument("--no-demo", action="store_true")
+    parser.add_argument("--demo-only", action="store_true",
+                        help="rerun only the demo model, keeping the tracr programs' results from ground_truth.json")
     args = parser.parse_args(argv)
+    if args.demo_only:
+        plot_dir = args.out / "ground_truth"
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        results = json.loads((args.out / "ground_truth.json").read_text())["programs"]
+        demo = run_demo(plot_dir)
+        page = write_page(results, demo, args.out / "ground_truth.md", "ground_truth")
+        (args.out / "ground_truth.md").write_text(page)
+        (args.out / "ground_truth.json").write_text(json.dumps({"programs": results, "demo": demo}, indent=1,
+                                                               default=str))
+        print(page)
+        return 0
     reason = tracr_unavailable()
     if reason:
         print(f"error: {reason}", file=sys.stderr)

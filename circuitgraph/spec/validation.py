@@ -294,9 +294,12 @@ class FaithfulnessCurve(StrictModel):
         (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), min_length=1,
         description="Circuit sizes, as fractions of the graph's edges (or nodes).")
     ablation: Literal["mean", "zero", "patch"] = Field(
-        "zero", description="How what is not kept is ablated (mean and patch: unit: nodes).")
+        "zero", description="How what is not kept is ablated: zero; mean over reference_prompts; patch from "
+        "patch_prompt (edges: the same edge's value in the reference prompt's graph, 0 where it has none).")
     unit: Literal["edges", "nodes"] = Field("edges", description="Rank and keep edges or nodes.")
-    reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
+    reference_prompts: tuple[Prompt, ...] = Field((), description="With ablation: mean, the prompts whose mean "
+                                                  "activations (unit: nodes) or mean edge values (unit: edges, "
+                                                  "required) replace what is ablated.")
     patch_prompt: Prompt | None = Field(None, description="With ablation: patch, the prompt to copy values from.")
     plot: OutputPath | None = Field(None, description="Write the curve as an image here (needs matplotlib).")
 
@@ -311,9 +314,9 @@ class FaithfulnessCurve(StrictModel):
         if self.reference_prompts and self.ablation != "mean":
             problems.append(("reference_prompts", f"reference_prompts is only used with ablation: mean, ablation "
                                                   f"is {self.ablation}; remove it"))
-        if self.unit == "edges" and self.ablation != "zero":
-            problems.append(("ablation", f"unit: edges supports ablation: zero, got {self.ablation}; use unit: nodes "
-                                         "for mean or patch ablation"))
+        if self.unit == "edges" and self.ablation == "mean" and not self.reference_prompts:
+            problems.append(("reference_prompts", "unit: edges with ablation: mean averages each edge over "
+                                                  "reference_prompts; add reference_prompts"))
         if problems:
             raise rule_error(*problems)
         return self

@@ -23,9 +23,20 @@ nothing is ablated).
   activation, whose difference times its decoder row is spliced into the MLP output, its error
   node unchanged).  For component graphs (heads and whole MLPs as vector nodes, attention
   patterns frozen in the graph) the only readers are the targets, so an edge ablation removes
-  exactly that writer's direct contribution to the readout.  Edge ablation supports
-  ``ablation: zero`` and readers that are targets, neurons and per-layer ReLU/JumpReLU
-  transcoder features.
+  exactly that writer's direct contribution to the readout.  ``ablation: mean`` and ``patch``
+  replace the edge's value by its value on reference prompts instead of 0 (as MIB and EAP
+  patch edges): the reader receives ``pre_r - sum(ablated clean edges) + sum(ablated reference
+  edges)``.  The reference value of ``u -> r`` is the weight of the edge with the same writer and
+  reader in the graph attributed on the reference prompt with the same options and targets
+  (``u``'s output on that prompt times the frozen paths of that prompt's linearisation):
+  ``patch`` takes it from ``patch_prompt``, ``mean`` averages it over ``reference_prompts``.
+  Edges are matched by node identity (kind, layer, position, index) at the same positions, an
+  embedding by its position only (its index is the token); an edge absent from a reference
+  graph has reference value 0.  As for zero ablation the shift is added to the reader's live
+  input and the real model runs on, and the reader's own constant stays the clean prompt's (it
+  carries folded writers through frozen norms), so the empty circuit is not the reference
+  prompt's forward pass.  Edge ablation supports readers that are targets, neurons and
+  per-layer ReLU/JumpReLU transcoder features.
 
 The curve's areas (MIB, Mueller et al. 2025), by the trapezoid rule over the sizes with the
 points ``(0, 0)`` and ``(1, 1)`` added at the ends when they are missing: ``CPR`` = the area
@@ -44,6 +55,8 @@ import numpy as np
 import torch
 
 from circuitgraph._io import atomic_write_bytes
+from circuitgraph.attribution.build import build_graph
+from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.queries.influence import node_influence
 from circuitgraph.validation._common import graph_context, markdown_table, resolve_prompt
@@ -193,17 +206,16 @@ def faithfulness_curve(
         full, empty, values = out[0], out[1], out[2:]
         n_total = len(units)
     elif unit == "edges":
-        if ablation != "zero":
-            raise ValidationRunError(f"faithfulness_curve: unit: edges supports ablation: zero (got {ablation}); "
-                                     "use unit: nodes for mean or patch ablation")
         order = _edge_ranking(graph)
         n_total = len(order)
         if not n_total:
             raise ValidationRunError("faithfulness_curve: the graph has no edges")
+        ref = _edge_reference_values(ctx, graph, _edge_reference_prompts(ablation, reference_prompts, patch_prompt,
+                                                                         tokenizer))
         counts = _counts(sizes, n_total)
-        full = _edge_ablated_metric(ctx, graph, metric, np.zeros(0, dtype=np.int64))
-        empty = _edge_ablated_metric(ctx, graph, metric, order)
-        values = [full if k == n_total else _edge_ablated_metric(ctx, graph, metric, order[k:]) for k in counts]
+        full = _edge_ablated_metric(ctx, graph, metric, np.zeros(0, dtype=np.int64), ref)
+        empty = _edge_ablated_metric(ctx, graph, metric, order, ref)
+        values = [full if k == n_total else _edge_ablated_metric(ctx, graph, metric, order[k:], ref) for k in counts]
     else:
         raise ValidationRunError(f"faithfulness_curve unit {unit!r}: expected edges or nodes")
     d = full - empty
@@ -229,15 +241,76 @@ def _act_of_pre(tc: Any, h: torch.Tensor) -> torch.Tensor:
     return torch.relu(h)
 
 
+def _edge_reference_prompts(mode: str, reference: Sequence[Any], patch_prompt: Any,
+                            tokenizer: Any) -> list[list[int]] | None:
+    """The prompts whose edge values replace the ablated edges' (None: zero ablation)."""
+    if mode == "zero":
+        return None
+    if mode == "mean":
+        if not reference:
+            raise ValidationRunError("faithfulness_curve: unit: edges with ablation: mean needs reference_prompts "
+                                     "(the edges' values are averaged over them); add reference_prompts")
+        return [resolve_prompt(p, tokenizer, where=f"reference_prompts[{i}]") for i, p in enumerate(reference)]
+    if mode == "patch":
+        if patch_prompt is None:
+            raise ValidationRunError("faithfulness_curve: ablation: patch needs patch_prompt")
+        return [resolve_prompt(patch_prompt, tokenizer, where="patch_prompt")]
+    raise ValidationRunError(f"faithfulness_curve ablation {mode!r}: expected zero, mean or patch")
+
+
+_PAIR = np.int64(1) << 31  # node codes stay below 2**31
+
+
+def _edge_key(node_id: Any) -> tuple[str, int, int, int]:
+    """A writer's or reader's identity across prompts: an embedding by its position (its index is
+    the prompt's token), every other node by kind, layer, position and index."""
+    return (node_id.kind, node_id.layer, node_id.position, -1 if node_id.kind == "embedding" else node_id.index)
+
+
+def _edge_reference_values(ctx: AttributionContext, graph: Any, prompts: list[list[int]] | None) -> np.ndarray | None:
+    """Per edge of ``graph``, the mean over ``prompts`` of the same edge's weight in the graph
+    attributed on each prompt with the graph's options and targets (0 where a prompt's graph
+    lacks the edge)."""
+    if prompts is None:
+        return None
+    codes: dict[tuple[str, int, int, int], int] = {}
+
+    def pairs(g: Any) -> np.ndarray:  # (writer, reader) identities as one int64 per edge
+        node = np.array([codes.setdefault(_edge_key(n.id), len(codes)) for n in g.nodes], dtype=np.int64)
+        return node[np.asarray(g.edge_source, dtype=np.int64)] * _PAIR + node[np.asarray(g.edge_target, dtype=np.int64)]
+
+    clean, inverse, multiplicity = np.unique(pairs(graph), return_inverse=True, return_counts=True)
+    last = max((t.position for t in ctx.targets), default=0)
+    total = np.zeros(len(clean))
+    for i, tokens in enumerate(prompts):
+        if len(tokens) <= last:
+            raise ValidationRunError(f"faithfulness_curve: reference prompt {i} has {len(tokens)} tokens, the targets "
+                                     f"read position {last}; use reference prompts at least {last + 1} tokens long")
+        lin = linearise(ctx.adapter, torch.tensor(tokens), ctx.transcoders)
+        ref = build_graph(ctx.adapter, lin, ctx.transcoders, ctx.targets, ctx.options)
+        found, where = np.unique(pairs(ref), return_inverse=True)
+        summed = np.bincount(where, weights=np.asarray(ref.edge_weight, dtype=np.float64), minlength=len(found))
+        at = np.minimum(np.searchsorted(found, clean), max(len(found) - 1, 0))
+        hit = (found[at] == clean) if len(found) else np.zeros(len(clean), dtype=bool)
+        total += np.where(hit, summed[at] if len(found) else 0.0, 0.0)
+    # a pair that occurs several times in the graph shares its reference value evenly
+    total = total[inverse] / multiplicity[inverse]
+    return total / len(prompts)
+
+
 @torch.no_grad()
-def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ablated: np.ndarray) -> float:
+def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ablated: np.ndarray,
+                         reference: np.ndarray | None = None) -> float:
     """The real model's metric with the edges ``ablated`` (indices into the graph's edge arrays)
-    removed at their readers: each reader's pre-activation shifted by minus their sum (a neuron's
-    at ``hook_mlp_pre``, or its activation for gated MLPs; a transcoder feature's pre-activation,
-    its new activation spliced into the MLP output; a target's readout)."""
+    replaced at their readers by their ``reference`` values (0 when None): each reader's
+    pre-activation shifted by the sum of ``reference - w`` (a neuron's at ``hook_mlp_pre``, or its
+    activation for gated MLPs; a transcoder feature's pre-activation, its new activation spliced
+    into the MLP output; a target's readout)."""
     a, tcs = ctx.adapter, ctx.transcoders
     tgt = np.asarray(graph.edge_target, dtype=np.int64)[ablated]
     w = np.asarray(graph.edge_weight, dtype=np.float64)[ablated]
+    if reference is not None:
+        w = w - reference[ablated]
     shift = np.bincount(tgt, weights=-w, minlength=graph.n_nodes)
     target_rows = [graph.index_of(t) for t, _ in graph.targets]
     T = ctx.linearisation.n_pos
