@@ -4,7 +4,6 @@ on the pruned graph through remainder nodes, top-k caps, target share, bad thres
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import textwrap
 
@@ -15,7 +14,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries import compute_scores, find_threshold, node_influence, prune_graph
-from tests.conftest import CT_CASES
+from tests.conftest import CT_CASES, circuit_tracer_or_skip
 from tests.test_queries_graphs import ARCHS, attributed, load_ct_graph, random_dag
 
 
@@ -114,13 +113,9 @@ CT_SCRIPT = textwrap.dedent(
 def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
     """circuit-tracer's prune_graph and compute_graph_scores (its file, run in its virtualenv)
     on random graphs in its layout, at several thresholds."""
-    from circuitgraph.testing.circuit_tracer import circuit_tracer_python, circuit_tracer_unavailable
+    from circuitgraph.testing.circuit_tracer import circuit_tracer_python
 
-    reason = circuit_tracer_unavailable()
-    if reason:
-        if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
-            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_CT is set)")
-        pytest.skip(reason)
+    circuit_tracer_or_skip()
     cases = [(seed, nt, et) for seed, (nt, et) in enumerate([(0.8, 0.98), (0.5, 0.9), (0.95, 0.7), (0.3, 0.99)])]
     graphs, data = [], {"n": np.array(len(cases))}
     for i, (seed, nt, et) in enumerate(cases):
