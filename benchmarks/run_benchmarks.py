@@ -44,8 +44,8 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path

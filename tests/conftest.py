@@ -12,7 +12,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-
 try:  # property-based tests: reproducible by default (CI), random with HYPOTHESIS_PROFILE=explore
     from hypothesis import settings as _hypothesis_settings
 

@@ -18,7 +18,7 @@ import torch
 from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
-from tests.conftest import VARIANTS, load_bundle, make_bundle
+from tests.conftest import load_bundle, make_bundle
 
 MIXED = dict(mlp={0: "transcoders", 1: "neurons"}, attention={0: "frozen", 1: "heads"})
 

@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from run_ct import build_replacement_model, find_tokenizer_dir, log, peak_rss_mb, read_tokens  # noqa: E402
 
 

@@ -262,10 +262,10 @@ def load_transcoder_set(tc_dir: Path, n_layers: int, dtype: torch.dtype, jumprel
 # --------------------------------------------------------------------------- build
 def build_replacement_model(model_dir: Path, tc_dir: Path, tokenizer_dir: Path | None,
                             standin_dir: Path, jumprelu_threshold: str, notes: list[str]):
-    from transformers import AutoTokenizer
     from circuit_tracer.replacement_model.replacement_model_transformerlens import (
         TransformerLensReplacementModel,
     )
+    from transformers import AutoTokenizer
 
     cfg, dropped = load_hooked_config(model_dir)
     if dropped:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 
-from circuitgraph.errors import LoadError
+from circuitgraph.errors import AttributionError, LoadError
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
 
@@ -278,8 +278,6 @@ class ModelAdapter:
     def check_layer(self, layer: int, what: str = "layer") -> None:
         n = self.facts.n_layers
         if not (0 <= layer < n):
-            from circuitgraph.errors import AttributionError
-
             raise AttributionError(f"{what} {layer} requested, the model has {n} layers (0-{n - 1})")
 
     # ------------------------------------------------------------------ weights

@@ -10,8 +10,13 @@ checkpoint of a supported architecture loads as it is (the real one or a small s
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 N_CTX_CAP = 2048  # TransformerLens allocates n_ctx x n_ctx masks per layer; its own tables cap these models too
 
@@ -117,14 +122,12 @@ def hooked_config_dict(hf_config: Any) -> dict[str, Any]:
 def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center_writing_weights: bool,
                   center_unembed: bool, name: str):
     """A HookedTransformer from a Hugging Face snapshot folder (config.json, safetensors, tokenizer)."""
-    import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
     raw = hooked_config_dict(hf_config)
     arch = raw["original_architecture"]
-    from pathlib import Path
 
     tokenizer = None
     if any((Path(folder) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
@@ -132,8 +135,6 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     # else: a snapshot without tokenizer files (transformers would build an empty one): token ids only
     raw.update(dtype=dtype, device=device, tokenizer_name=name if tokenizer is not None else None)
     cfg = HookedTransformerConfig(**raw)
-    import contextlib
-    import io
 
     from transformers.utils import logging as hf_logging
 

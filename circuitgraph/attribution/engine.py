@@ -31,8 +31,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from circuitgraph.attribution.context import ResidualLocation
-from circuitgraph.attribution.nodes_builder import Collected
+from circuitgraph.attribution.dense_rows import DenseRows
+from circuitgraph.attribution.locations import ResidualLocation
+from circuitgraph.attribution.nodes_builder import Collected, ReaderTable
 from circuitgraph.graph.dag import add_segment
 
 __all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES",
@@ -230,8 +231,6 @@ def compute_edges(
         add_segment(segments, top, wave_first, n_out)
     fm.release_pattern_cache()
     if dense:
-        from circuitgraph.attribution.dense_rows import DenseRows
-
         return DenseRows(
             reader_rows=[np.array([rd.rows[i] for i in batch], dtype=np.int64) for batch in batches],
             blocks=dense_blocks, constants=constants, abs_sums=abs_sums, sums=sums)
@@ -390,8 +389,6 @@ def attribute_directions(
     One transposed sweep for all of them (the edges of :func:`compute_edges`); used by QK
     attribution, whose readers are a head's query and key dimensions.
     """
-    from circuitgraph.attribution.nodes_builder import ReaderTable
-
     table = ReaderTable()
     for i, (t, g, c) in enumerate(zip(positions, directions, own_constants)):
         table.add(i, int(location), int(t), g, float(c))

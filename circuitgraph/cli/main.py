@@ -117,17 +117,17 @@ def run(
         from circuitgraph.spec import load_spec
 
         loaded = load_spec(spec)
-        from circuitgraph.pipeline import runner  # imports torch: only here
+        from circuitgraph.pipeline import entry  # imports torch: only here
 
         _settle_heap()
 
         if dry_run:
-            lines = list(runner.dry_run(loaded))
+            lines = list(entry.dry_run(loaded))
             _echo_lines(lines)
             if any(line.startswith("fits: NO") for line in lines):
                 raise typer.Exit(EXIT_DOES_NOT_FIT)
         else:
-            result = runner.run(loaded, progress=not quiet, force=force)
+            result = entry.run(loaded, progress=not quiet, force=force)
             _echo_lines(list(result.summary_lines()))
             failures = result.failures
             for line in failures:
@@ -195,9 +195,9 @@ def report(
             from circuitgraph.spec import load_spec
 
             loaded = load_spec(source)
-            from circuitgraph.pipeline import runner  # imports torch: only here
+            from circuitgraph.pipeline import entry  # imports torch: only here
 
-            write_report(runner.run(loaded, progress=False), output, max_nodes=max_nodes)
+            write_report(entry.run(loaded, progress=False), output, max_nodes=max_nodes)
         typer.echo(f"wrote {output}")
 
 

@@ -17,13 +17,21 @@ aggregate does not depend on that order (see :mod:`circuitgraph.datasets.reduce`
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import os
 import pickle
 from collections import deque
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
-from circuitgraph.spec.dataset import Row
+import torch
+
+import circuitgraph
+from circuitgraph.datasets.prompt import PromptOutput, commit, one_line, run_prompt
+from circuitgraph.errors import LoadError
+from circuitgraph.pipeline.inputs import load_inputs
+from circuitgraph.spec.dataset import ExecutorSpec, Row
 
 __all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers"]
 
@@ -54,17 +62,12 @@ def default_workers() -> int:
 
 
 def _prepare_worker(threads: int) -> None:
-    import torch
-
     torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------ local processes
 def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int) -> None:
     """A worker process: load once, then run and commit prompts until told to stop."""
-    from circuitgraph.datasets.prompt import commit, one_line, run_prompt
-    from circuitgraph.pipeline.inputs import load_inputs
-
     _prepare_worker(threads)
     try:
         inputs = load_inputs(spec)
@@ -97,11 +100,6 @@ class LocalExecutor:
         self.max_retries = max_retries
 
     def run(self, spec: Any, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
-        import multiprocessing as mp
-        from multiprocessing.connection import wait
-
-        from circuitgraph.errors import LoadError
-
         if not rows:
             return
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by the server, then the workers
@@ -155,8 +153,6 @@ class LocalExecutor:
 
     def _worker_died(self, conn: Any, slot: dict[str, Any], slots: dict[Any, Any], queue: deque, on_result: OnResult,
                      out_dir: Path) -> None:
-        from circuitgraph.datasets.prompt import PromptOutput, commit
-
         proc = slot["process"]
         proc.join(timeout=5)
         del slots[conn]
@@ -194,9 +190,6 @@ _RAY_INPUTS: dict[str, Any] = {}
 
 def _ray_prompt(spec_bytes: bytes, key: str, row: Row, threads: int) -> Any:
     """A Ray task: load the model once per worker process (cached by spec), run one prompt."""
-    from circuitgraph.datasets.prompt import run_prompt
-    from circuitgraph.pipeline.inputs import load_inputs
-
     spec = pickle.loads(spec_bytes)  # noqa: S301 - our own bytes, from the driver
     if key not in _RAY_INPUTS:
         _prepare_worker(threads)
@@ -220,13 +213,10 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            from circuitgraph.errors import LoadError
-
             raise LoadError("executor kind ray needs the ray package: pip install 'circuitgraph[dataset]' "
                             "(or pip install ray)") from None
         if ray.is_initialized():
             return False
-        import circuitgraph
 
         package_root = str(Path(circuitgraph.__file__).resolve().parents[1])
         env = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -245,8 +235,6 @@ class RayExecutor:
         return True
 
     def run(self, spec: Any, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
-        from circuitgraph.datasets.prompt import PromptOutput, commit, one_line
-
         if not rows:
             return
         started = self._init()
@@ -280,8 +268,6 @@ class RayExecutor:
 
 
 def make_executor(spec: Any) -> Any:
-    from circuitgraph.spec.dataset import ExecutorSpec
-
     e = spec.executor or ExecutorSpec()
     if e.kind == "ray":
         return RayExecutor(address=e.address, workers=e.workers, threads=e.threads, max_retries=e.max_retries)

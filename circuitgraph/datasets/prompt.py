@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
-from circuitgraph.spec.dataset import Row
+from circuitgraph.datasets.reduce import reduce_graph
+from circuitgraph.errors import CircuitGraphError
+from circuitgraph.pipeline import runner
+from circuitgraph.spec.dataset import AggregateSpec, Row
+from circuitgraph.spec.export import ExportSpec
 
 __all__ = ["PromptOutput", "row_spec", "run_prompt", "commit", "record_path", "is_complete", "one_line",
            "GRAPH_SUFFIX"]
@@ -37,8 +41,6 @@ class PromptOutput:
 
 
 def one_line(exc: BaseException) -> str:
-    from circuitgraph.errors import CircuitGraphError
-
     text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split()) or type(exc).__name__
 
@@ -50,8 +52,6 @@ def record_path(out_dir: Path, row_id: str) -> Path:
 def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
     """The one-prompt spec of a row: the dataset spec with the row's prompt, targets and
     corrupted prompt, exporting only the graph to ``graph_path``."""
-    from circuitgraph.spec.export import ExportSpec
-
     checks = []
     for check in spec.validate:
         if check.kind == "patching":
@@ -76,10 +76,6 @@ def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
 def run_prompt(spec: Any, row: Row, inputs: Any) -> PromptOutput:
     """Run one row through the pipeline (graph, pruning, queries, checks), reduce its graph
     for the aggregate, and return its record and files; failures are recorded, not raised."""
-    from circuitgraph.pipeline import runner
-    from circuitgraph.datasets.reduce import reduce_graph
-    from circuitgraph.spec.dataset import AggregateSpec
-
     aggregate = spec.aggregate or AggregateSpec()
     fmt = spec.export.dataset_format
     graph_rel = f"graphs/{row.id}{GRAPH_SUFFIX[fmt]}"

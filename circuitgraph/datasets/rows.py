@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from circuitgraph.attribution.targets import normalise_position, resolve_token
 from circuitgraph.errors import CircuitGraphError, DatasetError
+from circuitgraph.pipeline.inputs import _direction_vector, resolve_prompt_like
 from circuitgraph.spec.dataset import Row, parse_rows, read_dataset_rows
 
 __all__ = ["load_rows", "check_rows", "row_problems", "model_problems"]
@@ -46,9 +48,6 @@ def load_rows(spec: Any) -> list[Row]:
 
 
 def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, where: str) -> list[tuple[str, str]]:
-    from circuitgraph.attribution.targets import normalise_position, resolve_token
-    from circuitgraph.pipeline.inputs import _direction_vector
-
     f = adapter.facts
     tok = adapter.tokenizer
     out: list[tuple[str, str]] = []
@@ -85,8 +84,6 @@ def _target_problems(targets: Any, n_pos: int, adapter: Any, transcoders: Any, w
 
 def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> list[tuple[str, str]]:
     """Every problem of every row found with the model loaded (1-based row numbers)."""
-    from circuitgraph.pipeline.inputs import resolve_prompt_like
-
     problems: list[tuple[str, str]] = []
     patching = [c for c in spec.validate if c.kind == "patching"]
     for row in rows:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
+from circuitgraph.datasets.executors import make_executor
+from circuitgraph.datasets.prompt import is_complete, record_path
+from circuitgraph.datasets.reduce import KIND_CODE, Accumulator, Part, parquet_bytes
+from circuitgraph.datasets.rows import model_problems, row_problems
+from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import DatasetError
+from circuitgraph.pipeline.inputs import load_inputs
+from circuitgraph.spec import load_spec
+from circuitgraph.spec.dataset import AggregateSpec
 
 __all__ = ["run_dataset", "DatasetRunResult", "MANIFEST_COLUMNS", "spec_fingerprint"]
 
@@ -59,8 +68,6 @@ class DatasetRunResult:
 
     def open(self) -> Any:
         """The outputs as a :class:`~circuitgraph.datasets.Dataset`."""
-        from circuitgraph.datasets.store import open_dataset
-
         return open_dataset(self.directory)
 
     def summary_lines(self) -> list[str]:
@@ -156,9 +163,6 @@ def write_aggregate(spec: Any, out: Path, records: list[dict[str, Any]], token_s
 
     Streams: one part is read at a time.  Returns the seconds it took.
     """
-    from circuitgraph.datasets.reduce import Accumulator, Part, parquet_bytes
-    from circuitgraph.spec.dataset import AggregateSpec
-
     t0 = time.perf_counter()
     agg_spec = spec.aggregate or AggregateSpec()
     acc = Accumulator(agg_spec.position)
@@ -188,15 +192,11 @@ def write_aggregate(spec: Any, out: Path, records: list[dict[str, Any]], token_s
 
 
 def _TOKEN_KIND_CODES() -> set[int]:
-    from circuitgraph.datasets.reduce import KIND_CODE
-
     return {KIND_CODE["embedding"], KIND_CODE["logit"]}
 
 
 def _row_order(problem: tuple[str, str]) -> tuple[int, int]:
     """Sort key: problems of row N (``row N...`` in the location or the message) by N, others first."""
-    import re
-
     loc, msg = problem
     m = re.match(r"(?:dataset: )?row (\d+)", loc) or re.match(r"row (\d+)", msg)
     return (1, int(m.group(1))) if m else (0, 0)
@@ -204,12 +204,6 @@ def _row_order(problem: tuple[str, str]) -> tuple[int, int]:
 
 def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
     """Run every prompt of a dataset spec (see the module docstring and docs/dataset.md)."""
-    from circuitgraph.datasets.executors import make_executor
-    from circuitgraph.datasets.prompt import is_complete, record_path
-    from circuitgraph.datasets.rows import model_problems, row_problems
-    from circuitgraph.pipeline.inputs import load_inputs
-    from circuitgraph.spec import load_spec
-
     t_start = time.perf_counter()
     spec = load_spec(spec)
     rows, problems = row_problems(spec)
@@ -253,6 +247,4 @@ def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
 
 
 def _parquet(table: Any) -> bytes:
-    from circuitgraph.datasets.reduce import parquet_bytes
-
     return parquet_bytes(table)

@@ -24,11 +24,17 @@ loads it (the format can also be given, as the spec's ``transcoders.format``).
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from circuitgraph.dictionaries.clt import load_clt_dir, read_config_yaml
+from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
+from circuitgraph.dictionaries.layer_formats import load_eleuther_dir, load_gemmascope_dir, load_transcoder_set_dir
+from circuitgraph.dictionaries.transcoders import TranscoderSet
 from circuitgraph.errors import LoadError
 
 __all__ = ["FORMATS", "detect_format", "dictionary_footprint", "load_dictionaries"]
@@ -44,8 +50,6 @@ def detect_format(path: str | Path) -> str:
         raise LoadError(f"transcoder directory {path} does not exist; give the folder that holds the dictionary")
     cfg = path / "config.yaml"
     if cfg.is_file():
-        from circuitgraph.dictionaries.clt import read_config_yaml
-
         kind = read_config_yaml(cfg).get("model_kind")
         if kind == "cross_layer_transcoder":
             return "circuit_tracer_clt"
@@ -103,53 +107,36 @@ def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = No
         raise LoadError(f"{path}: transcoders.format is {format!r} but the directory holds the {found!r} layout; "
                         f"set format: {found} or point path at a {format} directory")
     if fmt == "circuit_tracer_clt":
-        from circuitgraph.dictionaries.clt import load_clt_dir
-
         if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
             raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                             f"(got {list(layers)})")
-        from circuitgraph.dictionaries.clt import read_config_yaml
 
         config = config or read_config_yaml(Path(path) / "config.yaml")
         if config.get("transcoders"):  # circuit-tracer's config listing GemmaScope-2 CLT layer files
-            from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
 
             return load_gemmascope2_clt_dir(Path(path), adapter, dtype=dtype, lazy=lazy, ct_config=config,
                                             files=_listed_files(Path(path), config), format="circuit_tracer_clt")
         return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
     if fmt == "gemmascope2_clt":
-        from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
-
         if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
             raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                             f"(got {list(layers)})")
         return load_gemmascope2_clt_dir(Path(path), adapter, dtype=dtype, lazy=lazy)
     path = Path(path)
     if fmt == "circuit_tracer_transcoder_set":
-        from circuitgraph.dictionaries.clt import read_config_yaml
-        from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
-
         return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
                                        dtype=dtype, lazy=lazy)
     if fmt in ("gemmascope", "gemmascope2"):
-        from circuitgraph.dictionaries.layer_formats import load_gemmascope_dir
-
         return load_gemmascope_dir(path, adapter, version=1 if fmt == "gemmascope" else 2, layers=layers,
                                    dtype=dtype, lazy=lazy)
     if fmt == "eleuther_topk":
-        from circuitgraph.dictionaries.layer_formats import load_eleuther_dir
-
         return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype)
 
 
 def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
     """``{tensor: (shape, bytes)}`` of a safetensors file, from its header (nothing is read)."""
-    import json
-    import struct
-
     with open(path, "rb") as fh:
         n = struct.unpack("<Q", fh.read(8))[0]
         header = json.loads(fh.read(n))
@@ -159,8 +146,6 @@ def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
 
 def _layer_files(path: Path, fmt: str) -> list[Path]:
     if fmt == "circuit_tracer_clt":
-        from circuitgraph.dictionaries.clt import read_config_yaml
-
         listed = read_config_yaml(path / "config.yaml").get("transcoders")
         if listed:  # GemmaScope-2 layer files listed by a circuit-tracer config
             return [path / str(e) for e in listed if not str(e).startswith("hf://")]
@@ -168,8 +153,6 @@ def _layer_files(path: Path, fmt: str) -> list[Path]:
     if fmt == "gemmascope2_clt":
         return sorted(path.glob("params_layer_*.safetensors"))
     if fmt == "circuit_tracer_transcoder_set":
-        from circuitgraph.dictionaries.clt import read_config_yaml
-
         listed = read_config_yaml(path / "config.yaml").get("transcoders")
         if listed:
             return [path / str(e) for e in listed if not str(e).startswith("hf://")]
@@ -199,8 +182,6 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     if fmt in ("saelens", "gemmascope") or not files:
         d_sae = None
         if fmt == "saelens" and files:
-            import json
-
             d_sae = int(json.loads((files[0].parent / "cfg.json").read_text())["d_sae"])
         return d_sae, on_disk, on_disk, f"{fmt} dictionary: {on_disk / 1024**2:.1f} MiB, read whole"
     enc_keys = {"W_enc", "w_enc", "encoder.weight"}

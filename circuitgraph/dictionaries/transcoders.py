@@ -26,7 +26,10 @@ from typing import Any, Literal
 
 import torch
 
-from circuitgraph.dictionaries.mlp_input import is_mlp_input_hook
+from circuitgraph.adapters.files import check_transcoder_dir
+from circuitgraph.dictionaries import saelens_native
+from circuitgraph.dictionaries.clt import output_hook_name, output_site
+from circuitgraph.dictionaries.mlp_input import fold_mlp_input, is_mlp_input_hook, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
@@ -220,8 +223,6 @@ def load_sae_folder(path: str | Path, device: str = "cpu") -> Any:
     """The transcoder in a sae-lens ``save_model`` folder, as ``SAE.load_from_disk(path, device=device)``
     gives it: read natively (no sae-lens import) when :func:`~circuitgraph.dictionaries.saelens_native.read_folder`
     recognises the folder exactly, else by sae-lens itself (which raises what it always raised)."""
-    from circuitgraph.dictionaries import saelens_native
-
     native = saelens_native.read_folder(path, device=device)
     if native is not None:
         return native
@@ -263,7 +264,6 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     if expected_layer is not None and expected_layer != layer:
         raise LoadError(f"{where}: directory says layer {expected_layer} but its hooks are for layer {layer}")
     facts = adapter.facts
-    from circuitgraph.dictionaries.clt import output_hook_name, output_site
 
     # where it writes, as the per-layer formats and CLTs decide it: mlp.hook_out on a post-norm model
     # (Gemma-2's ln2_post) is the MLP's output before that norm, the same hook as hook_mlp_out otherwise
@@ -306,7 +306,6 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     W_skip = None if W_skip is None else W_skip.detach()
     sae_input = None
     if site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
-        from circuitgraph.dictionaries.mlp_input import fold_mlp_input, mlp_input_norm
 
         dt = W_enc.dtype
         folded, shift = fold_mlp_input(adapter, layer, W_enc)
@@ -411,8 +410,6 @@ class TranscoderSet:
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output): read directly from
         their files (:mod:`~circuitgraph.dictionaries.saelens_native`), with sae-lens only for a
         folder that reader does not recognise."""
-        from circuitgraph.adapters.files import check_transcoder_dir
-
         path = Path(path)
         if not path.is_dir():
             raise LoadError(f"transcoder directory {path} does not exist")

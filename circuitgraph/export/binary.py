@@ -17,17 +17,17 @@ import numpy as np
 from circuitgraph._io import atomic_writer
 from circuitgraph.errors import LoadError
 from circuitgraph.export.json_graph import (
-    _brief,
-    _no_constant,
-    _results,
-    check_graph_file,
     GraphDocument,
+    _brief,
     _check_format,
     _dumps,
     _header,
     _metadata_from_header,
+    _no_constant,
     _nodes_from_header,
+    _results,
     _targets_from_header,
+    check_graph_file,
 )
 from circuitgraph.graph.graph import AttributionGraph
 

@@ -37,6 +37,8 @@ import numpy as np
 from circuitgraph.errors import ExportError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node, NodeId
+from circuitgraph.queries._sparse import weighted_influence
+from circuitgraph.queries.filters import filter_mask
 
 __all__ = [
     "graph_to_dot",
@@ -455,8 +457,6 @@ def _n_layers(graph: AttributionGraph) -> int | None:
 # --------------------------------------------------------------------------- pre-passes
 def raw_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     """circuit-tracer's influence ``w (A + A^2 + ...)`` of every node on the targets."""
-    from circuitgraph.queries._sparse import weighted_influence
-
     values = weighted_influence(graph)
     return {n.id: float(v) for n, v in zip(graph.nodes, values)}
 
@@ -521,8 +521,6 @@ def merge_supernodes(graph: AttributionGraph, groups: Mapping[str, Any]) -> Attr
     (its strongest member's id, labelled with the name; ``attrs["supernode"]``,
     ``attrs["members"]``), with the edges to and from its members summed and the edges inside
     it dropped.  A node in two groups is an error."""
-    from circuitgraph.queries.filters import filter_mask
-
     group_of = np.full(graph.n_nodes, -1, dtype=np.int64)
     names = list(groups)
     for gi, name in enumerate(names):

@@ -20,11 +20,20 @@ import io
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from circuitgraph._io import atomic_write_text
+from circuitgraph.errors import RenderError
+from circuitgraph.export.binary import read_graph_binary
+from circuitgraph.export.dot import raw_influence
+from circuitgraph.export.json_graph import read_graph_json
+from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.pipeline.portable import portable_paths
+from circuitgraph.queries._base import records_of
+from circuitgraph.validation.activation_patching import write_heatmap
 
 __all__ = [
     "result_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
@@ -94,8 +103,6 @@ def html_table(rows: Sequence[Mapping[str, Any]], *, max_rows: int = 50) -> str:
 
 
 def _records(result: Any) -> list[dict[str, Any]]:
-    from circuitgraph.queries._base import records_of
-
     if hasattr(result, "records"):
         return result.records()
     return records_of(result.to_dict())
@@ -113,9 +120,6 @@ def result_html(kind: str, result: Any, *, max_rows: int = 50) -> str:
 def graph_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
     """The diagram as inline SVG text (``<svg ...>``), or ``None`` when Graphviz's ``dot`` is
     not installed.  ``dot_kwargs`` go to :func:`circuitgraph.export.dot.graph_to_dot`."""
-    from circuitgraph.errors import RenderError
-    from circuitgraph.export.render import render_dot_bytes
-
     try:
         svg = render_dot_bytes(graph.to_dot(**dot_kwargs), "svg").decode("utf-8")
     except RenderError:
@@ -216,10 +220,6 @@ def _heatmap_figures(result: Any, title: str) -> list[str]:
     if not hasattr(result, "heatmap") or type(result).__name__ != "PatchingResult":
         return []
     try:
-        import tempfile
-
-        from circuitgraph.validation.activation_patching import write_heatmap
-
         with tempfile.TemporaryDirectory() as tmp:
             path = write_heatmap(result, Path(tmp) / "heatmap.png")
             data = Path(path).read_bytes()
@@ -289,7 +289,6 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
         graph, full = source.graph, source.full_graph
         queries, validation = source.queries, source.validation
         spec = source.spec.model_dump(mode="json") if hasattr(source.spec, "model_dump") else source.spec
-        from circuitgraph.pipeline.portable import portable_paths
 
         spec = portable_paths(spec, getattr(source.spec, "base_dir", None))  # no local folders in a report
         stored_q, stored_v = [], []
@@ -301,8 +300,6 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
     body.append("<h2>Diagram</h2>")
     options = dict(diagram or {})
     if full is not None and full.targets and "influence" not in options:
-        from circuitgraph.export.dot import raw_influence
-
         options["influence"] = raw_influence(full)
     svg = graph_svg(graph, max_nodes=max_nodes, **options)
     if svg is None:
@@ -353,7 +350,6 @@ def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str) 
         if e.get("status") == "failed" or e.get("result") is None:
             out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e.get("error"))}</p>')
             continue
-        from circuitgraph.queries._base import records_of
 
         rows = records_of(e["result"])
         out.append(f'<div class="cg-result"><h3>{_esc(label)}</h3>{html_table(rows)}</div>')
@@ -377,9 +373,6 @@ def write_report(source: Any, path: str | os.PathLike[str], **kwargs: Any) -> st
 
 def read_graph_file(path: str | os.PathLike[str]) -> Any:
     """A graph file with its stored results: ``.npz`` (binary) or JSON (our schema)."""
-    from circuitgraph.export.binary import read_graph_binary
-    from circuitgraph.export.json_graph import read_graph_json
-
     if Path(path).suffix.lower() == ".npz":
         return read_graph_binary(path)
     return read_graph_json(path)

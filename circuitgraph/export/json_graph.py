@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import reprlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -302,8 +304,6 @@ def _number(value: Any, where: str) -> float:
 
 
 def _brief(value: Any, limit: int = 60) -> str:
-    import reprlib
-
     short = reprlib.Repr()
     short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 2, 4, 3, limit, limit
     text = short.repr(value) if not isinstance(value, BaseException) else " ".join(str(value).split())
@@ -394,8 +394,6 @@ def _read_source(source: str | os.PathLike[str]) -> str:
 
 def check_graph_file(path: str | os.PathLike[str], max_bytes: int = MAX_GRAPH_FILE_BYTES) -> None:
     """A graph file must be a regular file (not a device, pipe or folder) of bounded size."""
-    import stat
-
     try:
         st = os.stat(path)
     except FileNotFoundError:

@@ -75,6 +75,7 @@ from circuitgraph.export.dot import is_structural_label
 from circuitgraph.export.json_graph import _finite
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
+from circuitgraph.queries._sparse import weighted_influence
 
 __all__ = [
     "FEATURE_TYPES",
@@ -435,7 +436,6 @@ def cumulative_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     ``cumulative_scores``; see the module docstring).  Empty when the graph has no targets."""
     if not graph.targets or graph.n_nodes == 0:
         return {}
-    from circuitgraph.queries._sparse import weighted_influence
 
     influence = weighted_influence(graph)
     order = np.argsort(-influence, kind="stable")

@@ -9,15 +9,17 @@ that maps its rows to nodes.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+import networkx as nx
 import numpy as np
 
 from circuitgraph.errors import QueryError
-from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.graph.edge_index import grouped
+from circuitgraph.graph.nodes import Node, NodeId
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
@@ -25,6 +27,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["AttributionGraph", "CompletenessReport"]
+
+#: the functions behind the graph's file and display methods (:meth:`AttributionGraph.to_json`,
+#: ``from_json``, ``to_dot``, ``render``, the notebook views), named ``module:function`` and
+#: resolved on first call, as the spec's registries name their implementations: the graph
+#: imports nothing from ``circuitgraph.export``, which imports the graph
+EXPORTS = {
+    "to_json": "circuitgraph.export.json_graph:graph_to_json",
+    "from_json": "circuitgraph.export.json_graph:graph_from_json",
+    "to_dot": "circuitgraph.export.dot:graph_to_dot",
+    "render": "circuitgraph.export.render:render_graph",
+    "html": "circuitgraph.export.html:graph_html",
+    "svg": "circuitgraph.export.html:graph_svg",
+}
+
+
+def _export(name: str) -> Any:
+    """The export function :data:`EXPORTS` names for ``name``."""
+    module, _, function = EXPORTS[name].partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 @dataclass(frozen=True)
@@ -277,8 +298,6 @@ class AttributionGraph:
         target pairs are summed).  Graph attributes: ``metadata`` and ``targets`` (a list of
         ``[node id, weight]``).  :meth:`from_networkx` reads it back.
         """
-        import networkx as nx
-
         g = nx.DiGraph(metadata=self.metadata, targets=[[str(t), float(w)] for t, w in self.targets])
         weights = dict((t, float(w)) for t, w in self.targets)
         for node in self.nodes:
@@ -335,14 +354,10 @@ class AttributionGraph:
                 f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}>")
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import graph_html
-
-        return graph_html(self)
+        return _export("html")(self)
 
     def _repr_svg_(self) -> str | None:
-        from circuitgraph.export.html import graph_svg
-
-        return graph_svg(self, max_nodes=40)
+        return _export("svg")(self, max_nodes=40)
 
     def subgraph(self, keep: Iterable[NodeId]) -> "AttributionGraph":
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""
@@ -364,26 +379,18 @@ class AttributionGraph:
     def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Serialise to our JSON schema (schemas/graph.schema.json).  With ``path``: write the
         file and return the path; without: return the JSON text."""
-        from circuitgraph.export.json_graph import graph_to_json
-
-        text = graph_to_json(self, path, **kwargs)
+        text = _export("to_json")(self, path, **kwargs)
         return os.fspath(path) if path is not None else text
 
     @classmethod
     def from_json(cls, source: str) -> "AttributionGraph":
         """Load a graph written by :meth:`to_json` (a path or a JSON string)."""
-        from circuitgraph.export.json_graph import graph_from_json
-
-        return graph_from_json(source)
+        return _export("from_json")(source)
 
     def to_dot(self, **kwargs: Any) -> str:
         """Graphviz DOT text (no binary needed)."""
-        from circuitgraph.export.dot import graph_to_dot
-
-        return graph_to_dot(self, **kwargs)
+        return _export("to_dot")(self, **kwargs)
 
     def render(self, path: str, **kwargs: Any) -> str:
         """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written."""
-        from circuitgraph.export.render import render_graph
-
-        return render_graph(self, path, **kwargs)
+        return _export("render")(self, path, **kwargs)

@@ -6,15 +6,19 @@ positions in range, prompt length against n_ctx) happens here, before anything i
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.adapters.files import read_direction_file
 from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
+from circuitgraph.adapters.tokenizer import check_prompt_text
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
-from circuitgraph.dictionaries import TranscoderSet
+from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+from circuitgraph.dictionaries import TranscoderSet, load_dictionaries
+from circuitgraph.dictionaries.hub import load_hf_dictionaries
+from circuitgraph.dictionaries.registry import load_release
 from circuitgraph.errors import AttributionError, LoadError, TokenError
 
 __all__ = ["load_inputs", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
@@ -41,25 +45,16 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
     if t is not None:
         if t.source == "path":
-            from circuitgraph.dictionaries import load_dictionaries
-
             tcs = load_dictionaries(t.path, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
                                     dtype=tc_dtype)
         elif t.source == "hf":
-            from circuitgraph.dictionaries.hub import load_hf_dictionaries
-
             tcs = load_hf_dictionaries(t.hf, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
                                        dtype=tc_dtype)
         elif t.source == "release":
-            from circuitgraph.dictionaries.registry import load_release
-
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers} if t.ids else None
             tcs = load_release(t.release, adapter, ids=ids, layers=list(t.layers) if t.layers else None,
                                dtype=tc_dtype)
         else:
-            from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
-            from circuitgraph.dictionaries import load_dictionaries
-
             if t.builtin not in BUILTIN_DICTIONARIES:
                 raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
             tcs = load_dictionaries(builtin_dictionary_dir(t.builtin), adapter,
@@ -102,7 +97,6 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
                              "give token ids as {tokens: [...]}")
         if not text.strip():
             raise TokenError(f"{where}: the prompt is empty; give some text")
-        from circuitgraph.adapters.tokenizer import check_prompt_text
 
         check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
         ids = tok.encode(text)
@@ -132,8 +126,6 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     if d.vector is not None:
         v = torch.tensor(d.vector, dtype=torch.float64)
     else:
-        from circuitgraph.adapters.files import read_direction_file
-
         v = torch.from_numpy(read_direction_file(d.file, where))
     if v.shape[0] != d_model:
         raise AttributionError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}")

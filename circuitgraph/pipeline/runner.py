@@ -7,6 +7,7 @@ The CLI is a thin layer over this module.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import logging
 import shutil
 import sys
@@ -20,10 +21,32 @@ from typing import Any
 
 import torch
 
-from circuitgraph.errors import RenderError
+from circuitgraph._io import atomic_write_text
+from circuitgraph.adapters.loading import torch_dtype
+from circuitgraph.attribution.build import build_graph
+from circuitgraph.attribution.linearisation import linearise
+from circuitgraph.attribution.nodes_builder import GraphOptions
+from circuitgraph.errors import CircuitGraphError, RenderError, SpecError, UnknownTokenWarning
+from circuitgraph.export import graph_to_json, graph_to_neuronpedia, render_graph, save_graph_binary
+from circuitgraph.export.dot import raw_influence
+from circuitgraph.export.html import run_html, write_report
+from circuitgraph.export.labels import load_feature_labels
+from circuitgraph.export.outputs import OutputSet
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.pipeline.inputs import (
+    check_layer_keys,
+    load_inputs,
+    resolve_prompt,
+    resolve_prompt_like,
+    resolve_targets,
+)
+from circuitgraph.pipeline.portable import portable_paths
+from circuitgraph.queries import graph_scores, prune_graph, run_query
+from circuitgraph.queries.qk import qk_problems
+from circuitgraph.spec import load_spec
+from circuitgraph.validation import run_check
 
-__all__ = ["RunResult", "run", "dry_run", "build"]
+__all__ = ["RunResult", "run", "build", "prepare"]
 
 logger = logging.getLogger("circuitgraph")
 
@@ -74,7 +97,6 @@ class RunResult:
                                   "are not in this (pruned) graph")
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
-        from circuitgraph.pipeline.portable import portable_paths
 
         return portable_paths(out, spec_base_dir(self.spec))  # no local folders in shared results
 
@@ -84,22 +106,16 @@ class RunResult:
                 f"{len(self.validation)} checks" + (f", {failed} failed" if failed else "") + ">")
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import run_html
-
         return run_html(self)
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The exported graph with every query and validation result, in our JSON format. With
         ``path``: write the file and return the path; without: return the JSON text."""
-        from circuitgraph.export.json_graph import graph_to_json
-
         text = graph_to_json(self.graph, path, queries=self.queries_json(), validation=self.validation_json())
         return str(path) if path is not None else text
 
     def report(self, path: str | Path) -> str:
         """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
-        from circuitgraph.export.html import write_report
-
         return write_report(self, path)
 
     def queries_json(self) -> list[dict[str, Any]]:
@@ -145,8 +161,6 @@ class RunResult:
 def _recorded_warnings(sink: list[str]) -> Iterator[None]:
     """Collect :class:`~circuitgraph.errors.UnknownTokenWarning` messages into ``sink`` (the run's
     ``warnings``, printed by the CLI); other warnings pass through unchanged."""
-    from circuitgraph.errors import UnknownTokenWarning
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnknownTokenWarning)
         yield
@@ -159,8 +173,6 @@ def _recorded_warnings(sink: list[str]) -> Iterator[None]:
 
 
 def _one_line(exc: BaseException) -> str:
-    from circuitgraph.errors import CircuitGraphError
-
     text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split()) or type(exc).__name__
 
@@ -175,8 +187,6 @@ def _attempt(fn: Any, what: str) -> tuple[str, str | None, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {}
     for pkg in ("circuitgraph", "torch", "transformer-lens", "sae-lens"):
         try:
@@ -205,8 +215,6 @@ def _check_outputs(spec: Any) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
     if ex.diagram.labels is not None:
-        from circuitgraph.export.labels import load_feature_labels
-
         load_feature_labels(ex.diagram.labels)
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
@@ -233,8 +241,6 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
     ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
     dictionaries (dataset workers load them once and reuse them for every prompt).
     """
-    from circuitgraph.attribution.build import build_graph
-
     p = prepare(spec, inputs=inputs)
     bar, update = _progress_bar(progress, "attribution")
     try:
@@ -249,12 +255,6 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
 def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
     """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
     resolve targets and options."""
-    from circuitgraph.adapters.loading import torch_dtype
-    from circuitgraph.attribution.linearisation import linearise
-    from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
-    from circuitgraph.spec import load_spec
-
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec) if inputs is None else inputs
@@ -301,7 +301,6 @@ def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
         "versions": _versions(),
         "warnings": run_warnings,
     }
-    from circuitgraph.pipeline.portable import portable_paths
 
     # a shared graph must not reveal the user's folders: paths relative to the spec, or names
     metadata = portable_paths(metadata, spec_base_dir(spec))
@@ -324,9 +323,6 @@ def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) 
 def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
     """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
     checked before the graph is built, so bad input fails fast and writes nothing."""
-    from circuitgraph.errors import SpecError
-    from circuitgraph.queries.qk import qk_problems
-
     f = adapter.facts
     problems = []
     for where, items in (("queries", spec.queries), ("validate", spec.validate)):
@@ -348,18 +344,15 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     an existing file at an export path that circuitgraph did not write is refused before any
     work unless ``force`` is true.
 
-    A spec with ``dataset:`` runs every prompt of the dataset and returns a
-    :class:`~circuitgraph.datasets.DatasetRunResult` (see docs/dataset.md); otherwise the result
-    is a :class:`RunResult`.  ``inputs``: see :func:`build`.
+    The single-prompt pipeline; returns a :class:`RunResult`.  ``inputs``: see :func:`build`.
+    A spec with ``dataset:`` is run by :func:`circuitgraph.run`
+    (:func:`circuitgraph.pipeline.entry.run`), which calls this function once per row
+    (docs/dataset.md).
     """
-    from circuitgraph.export.outputs import OutputSet
-    from circuitgraph.spec import load_spec
-
     spec = load_spec(spec)
     if spec.is_dataset:
-        from circuitgraph.datasets import run_dataset
-
-        return run_dataset(spec, progress=progress)
+        raise SpecError([("dataset", "a dataset spec runs through circuitgraph.run (circuitgraph.pipeline.entry.run), "
+                                     "not the single-prompt pipeline runner.run")])
     _check_outputs(spec)
     heatmaps = _heatmap_outputs(spec)
     OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
@@ -372,8 +365,6 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     _attach_scores(full)
     graph = full
     if spec.pruning is not None:
-        from circuitgraph.queries import prune_graph
-
         p = spec.pruning
         graph = prune_graph(full, node_threshold=p.node_threshold, edge_threshold=p.edge_threshold,
                             top_k_nodes=p.top_k_nodes, top_k_edges=p.top_k_edges,
@@ -383,8 +374,6 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     graphs = {"full": full, "pruned": graph}
     queries = []
     if spec.queries:
-        from circuitgraph.queries import run_query
-
         t0 = time.perf_counter()
         for i, q in enumerate(spec.queries):
             status, error, res = _attempt(lambda q=q: run_query(graphs[q.on], q), f"queries[{i}]")
@@ -394,9 +383,6 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     validation = []
     run_warnings = full.metadata.setdefault("warnings", [])
     if spec.validate:
-        from circuitgraph.pipeline.inputs import resolve_prompt_like
-        from circuitgraph.validation import run_check
-
         adapter = full.context.adapter
         t0 = time.perf_counter()
         for i, c in enumerate(spec.validate):
@@ -427,10 +413,6 @@ def _params(item: Any) -> Any:
 
 def _attach_scores(graph: AttributionGraph) -> None:
     """circuit-tracer's replacement and completeness scores of the unpruned graph."""
-    try:
-        from circuitgraph.queries import graph_scores
-    except ImportError:  # pragma: no cover - queries not installed
-        return
     scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
@@ -449,21 +431,11 @@ def spec_base_dir(spec: Any) -> Path | None:
 
 def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]:
     """Write every export of the spec: staged, then moved into place all together (or none)."""
-    from circuitgraph.export import (
-        graph_to_json,
-        graph_to_neuronpedia,
-        render_graph,
-        save_graph_binary,
-    )
-    from circuitgraph._io import atomic_write_text
-    from circuitgraph.export.outputs import OutputSet
-
     ex = result.spec.export
     g = result.graph
     for key in ("replacement_score", "completeness_score"):
         if key in result.full_graph.metadata:
             g.metadata[key] = result.full_graph.metadata[key]
-    from circuitgraph.pipeline.portable import portable_paths
 
     base = spec_base_dir(result.spec)
     queries = portable_paths(result.queries_json(), base)
@@ -491,8 +463,6 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
             if getattr(ex, fmt) is not None:
                 render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
         if ex.html is not None:
-            from circuitgraph.export.html import write_report
-
             write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
                          diagram={**diagram, "qk": inset})
     return {kind: Path(path) for kind, path in outputs.items()}
@@ -500,38 +470,12 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
 
 def _diagram_options(result: RunResult) -> dict[str, Any]:
     """``graph_to_dot`` options from ``export.diagram``, with the influence of the unpruned graph."""
-    from circuitgraph.export.dot import raw_influence
-
     d = result.spec.export.diagram
     options: dict[str, Any] = {"show_unreachable": d.show_unreachable}
     if result.full_graph.targets:
         options["influence"] = raw_influence(result.full_graph)
     if d.labels is not None:
-        from circuitgraph.export.labels import load_feature_labels
-
         options["labels"] = load_feature_labels(d.labels)
     if d.supernodes is not None:
         options["supernodes"] = d.supernodes
     return options
-
-
-def dry_run(spec: Any) -> list[str]:
-    """Validate a spec and estimate the peak memory of its run without building the graph: the
-    lines ``circuitgraph run --dry-run`` prints, ending with ``fits: yes`` or ``fits: NO - <advice>``
-    (see :mod:`circuitgraph.pipeline.estimate`)."""
-    from circuitgraph.pipeline.estimate import estimate_run
-    from circuitgraph.spec import load_spec
-
-    spec = load_spec(spec)
-    from circuitgraph.adapters.files import check_input_files
-
-    check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
-    if spec.is_dataset:
-        from circuitgraph.datasets.rows import load_rows
-
-        rows = load_rows(spec)
-        longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
-        one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
-        return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
-                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(one).lines()
-    return estimate_run(spec).lines()

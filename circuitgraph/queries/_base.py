@@ -6,11 +6,15 @@ floats as Python floats); ``table(max_rows)`` is a short plain-text table for th
 
 from __future__ import annotations
 
+import importlib
+import json
 import math
+import os
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
@@ -59,14 +63,9 @@ class QueryResult:
     def to_json(self, path: Any = None) -> str:
         """:meth:`to_dict` as JSON.  With ``path``: write the file (atomically) and return the
         path; without: return the JSON text."""
-        import json
-        import os
-
         text = json.dumps(self.to_dict(), indent=2, default=str) + "\n"
         if path is None:
             return text
-        from circuitgraph._io import atomic_write_text
-
         atomic_write_text(path, text)
         return os.fspath(path)
 
@@ -75,9 +74,8 @@ class QueryResult:
         return f"<{type(self).__name__} {self.kind or 'query'}: {n} row{'s' if n != 1 else ''}>"
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import result_html
-
-        return result_html(self.kind, self)
+        # named, not imported: export imports the queries (see circuitgraph.graph.graph.EXPORTS)
+        return getattr(importlib.import_module("circuitgraph.export.html"), "result_html")(self.kind, self)
 
 
 def fmt(value: Any) -> str:

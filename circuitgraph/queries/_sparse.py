@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from circuitgraph.errors import QueryError
+from circuitgraph.graph.dag import graph_dag, sweep
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = [
@@ -117,8 +118,6 @@ def weighted_influence(graph: AttributionGraph) -> np.ndarray:
     """circuit-tracer's target-weighted node influence ``w (A + A^2 + ...)`` (``A`` = the
     row-normalised absolute adjacency), computed once per graph by back-substitution
     (:mod:`circuitgraph.graph.dag`) and cached on it: scores and pruning both need it."""
-    from circuitgraph.graph.dag import graph_dag, sweep
-
     infl = graph.derived("node_influence")
     if infl is None:
         gd = graph_dag(graph)

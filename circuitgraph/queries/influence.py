@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.graph.dag import graph_dag, sweep
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table
-from circuitgraph.graph.dag import graph_dag, sweep
 from circuitgraph.queries._sparse import pass_through_divisors, safe_inverse, target_weight_vector
 
 __all__ = ["InfluenceResult", "node_influence", "total_effects", "reader_gradients", "influence"]

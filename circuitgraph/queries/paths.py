@@ -51,6 +51,7 @@ from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges, pass_through_divisors, row_normalised_abs
 from circuitgraph.queries.filters import filter_mask, match_nodes, resolve_target_set
+from circuitgraph.queries.head_split import HeadPart, split_edge
 
 __all__ = ["AttributionPath", "PathsResult", "HeadResolvedPath", "top_paths", "path_contribution", "EXACT_BUDGET"]
 
@@ -463,8 +464,6 @@ def _check_frozen_attention(graph: AttributionGraph) -> None:
 
 def _expand(graph: AttributionGraph, path: AttributionPath) -> AttributionPath:
     """Attach the exact per-(head, source position) split of every edge of ``path``."""
-    from circuitgraph.queries.head_split import HeadPart, split_edge
-
     parts_per_edge = []
     for (u, v), w in zip(zip(path.nodes[:-1], path.nodes[1:]), path.edge_weights):
         try:

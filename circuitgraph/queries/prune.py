@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.graph.dag import CHUNK, dag_order, graph_dag, sweep
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
-from circuitgraph.graph.dag import CHUNK, dag_order, graph_dag, sweep
 from circuitgraph.queries._sparse import target_weight_vector, weighted_influence
 
 __all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from circuitgraph.adapters.architecture import NormWeights
 from circuitgraph.attribution.context import ResidualLocation
@@ -117,7 +118,6 @@ class _Weights:
         a, f = self.a, self.f
         if unit.kind == "feature":
             tc = self._transcoder(unit)
-            import torch
 
             w = tc.encoder_rows(torch.tensor([unit.index]))[0].double()
             ln2 = a.norm("ln2", unit.layer)
@@ -145,8 +145,6 @@ class _Weights:
     def _writer(self, unit: Unit) -> Any:
         a, f = self.a, self.f
         if unit.kind == "feature":
-            import torch
-
             self._transcoder(unit)
             tcs = self.ctx.transcoders
             rows = tcs.decoder_rows(unit.layer, torch.tensor([unit.index]))[0].double()  # (n_out, d_model)
@@ -215,8 +213,6 @@ def virtual_weights(graph: AttributionGraph, source: Any, target: Any, top_k: in
 
         virtual_weights(graph, {"kind": "feature", "layer": 0}, {"kind": "logit"}, top_k=5).rows
     """
-    import torch
-
     ctx = require_context(graph, "virtual_weights")
     top_k = check_k(top_k, "top_k")
     W = _Weights(ctx)
@@ -310,7 +306,6 @@ def de_embedding(graph: AttributionGraph, node: Any, top_k: int = 10, head: Any 
         hl = (m, h)
     scores = a.W_E.double() @ g
     k = min(top_k, scores.shape[0])
-    import torch
 
     top = torch.topk(scores, k).indices.tolist()
     tk = a.tokenizer

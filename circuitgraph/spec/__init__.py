@@ -12,11 +12,13 @@ Items of ``targets``, ``queries`` and ``validate`` are tagged by the key they ho
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.filters import NodeFilter, TargetSet, TopNodes
 from circuitgraph.spec.graph import AttentionMode, GraphSpec, MlpMode, Prune, PruneSpec
+from circuitgraph.spec.json_schema import spec_json_schema, spec_schema_text, write_spec_schema
 from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
 from circuitgraph.spec.load import check_inputs, load_spec, read_spec_file
 from circuitgraph.spec.model import ModelSource, ModelSpec, TranscoderSource, TranscodersSpec
 from circuitgraph.spec.prompts import Prompt, TextPrompt, TokensPrompt
 from circuitgraph.spec.queries import (
+    QK,
     Congruence,
     CongruenceQuery,
     DeEmbedding,
@@ -32,7 +34,6 @@ from circuitgraph.spec.queries import (
     LogitLensQuery,
     Neighbours,
     NeighboursQuery,
-    QK,
     QKQuery,
     Query,
     Scores,
@@ -48,7 +49,6 @@ from circuitgraph.spec.queries import (
     VirtualWeightsQuery,
 )
 from circuitgraph.spec.root import FORMAT_VERSION, Spec
-from circuitgraph.spec.json_schema import spec_json_schema, spec_schema_text, write_spec_schema
 from circuitgraph.spec.targets import (
     Direction,
     DirectionTarget,

@@ -22,18 +22,18 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import (
     Bool,
+    CheckItem,
     Float,
     Fraction,
     Int,
     KeyedModel,
-    CheckItem,
     NonNegativeInt,
     OutputPath,
     Params,
     PositiveInt,
     StrictModel,
-    TokenPair,
     Token,
+    TokenPair,
     keyed_union,
     rule_error,
 )

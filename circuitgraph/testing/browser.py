@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from circuitgraph.testing.circuit_tracer import circuit_tracer_python
+
 __all__ = [
     "find_chromium",
     "chromium_unavailable",
@@ -94,8 +96,6 @@ def _viewer_libs() -> Path:
 @functools.lru_cache(maxsize=1)
 def circuit_tracer_frontend() -> Path | None:
     """``circuit_tracer/frontend/assets`` of the circuit-tracer virtualenv, or None."""
-    from circuitgraph.testing.circuit_tracer import circuit_tracer_python
-
     python = circuit_tracer_python()
     if not python.exists():
         return None

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from circuitgraph.errors import ValidationRunError
+from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.errors import TokenError, ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,9 +142,6 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
             "pass tokenizer=... or give the prompt as {tokens: [ids]}"
         )
     if hasattr(tokenizer, "unknown_pieces"):
-        from circuitgraph.adapters.tokenizer import check_prompt_text
-        from circuitgraph.errors import TokenError
-
         try:
             check_prompt_text(tokenizer, text, strict=strict, where=where)
         except TokenError as exc:

@@ -20,11 +20,18 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
+from circuitgraph.attribution.targets import resolve_token
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.base import implementation_of
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
+from circuitgraph.validation.ablation import ablate, predicted_vs_actual
+from circuitgraph.validation.activation_patching import patching
+from circuitgraph.validation.circuit_faithfulness import faithfulness
+from circuitgraph.validation.fidelity import replacement_fidelity
+from circuitgraph.validation.gated_signs import sign_regimes
 from circuitgraph.validation.metrics import Metric
+from circuitgraph.validation.qk_check import qk_check
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.adapters.architecture import ModelAdapter
@@ -81,8 +88,6 @@ def _params(kind: str, params: Any) -> BaseModel:
 
 
 def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int:
-    from circuitgraph.attribution.targets import resolve_token
-
     try:
         return resolve_token(token, tokenizer, adapter.facts.d_vocab, where)
     except Exception as exc:  # noqa: BLE001 - TokenError already says what to do
@@ -129,8 +134,6 @@ class CheckCall:
 # --- one runner per check kind; the spec's item types name them (``implementation``) ---------
 
 def run_ablate(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.ablation import ablate
-
     seed = p.seed if p.seed is not None else c.graph.metadata.get("spec", {}).get("seed", 0)
     return ablate(
         c.graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
@@ -142,8 +145,6 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
 
 
 def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.ablation import predicted_vs_actual
-
     return predicted_vs_actual(
         c.graph, k=p.k, mode=p.mode,
         reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
@@ -151,8 +152,6 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
 
 
 def run_patching(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.activation_patching import patching
-
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
@@ -161,31 +160,23 @@ def run_patching(c: CheckCall, p: Any) -> Any:
 
 
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.circuit_faithfulness import faithfulness
-
     return faithfulness(
         c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
 
 
 def run_sign_regimes(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.gated_signs import sign_regimes
-
     return sign_regimes(
         c.graph, prompts=c.prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
         echo_threshold=p.echo_threshold, tokenizer=c.tokenizer)
 
 
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.fidelity import replacement_fidelity
-
     return replacement_fidelity(
         c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
 def run_qk(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.qk_check import qk_check
-
     head = p.head if isinstance(p.head, int) else list(p.head)
     return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 

@@ -64,6 +64,7 @@ import torch
 
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+from circuitgraph.validation._common import markdown_table
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -653,8 +654,6 @@ class InterventionResult:
         }
 
     def table(self, max_rows: int = 10) -> str:
-        from circuitgraph.validation._common import markdown_table
-
         return markdown_table(["mode", "units", "before", "after", "change"],
                               [[self.intervention.mode, len(self.intervention.units), self.before, self.after,
                                 self.change]], max_rows)

@@ -19,17 +19,17 @@ through ``hook_k_input``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
 import torch
 
 from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+from circuitgraph.queries.qk import qk
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
+from circuitgraph.validation.frozen import frozen_node_hooks
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.attribution.context import AttributionContext
@@ -105,8 +105,6 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
                        nodes: Sequence[tuple[str, NodeId]]) -> list[float]:
     """For each ``(side, node)``: the pre-cap score of ``head`` at (query, key) minus the score
     with ``node`` removed from that side only (``side`` is ``"query"`` or ``"key"``)."""
-    from circuitgraph.validation.frozen import frozen_node_hooks
-
     a, lin = context.adapter, context.linearisation
     model = a.model
     resid_name = a.hook_resid_pre(layer)
@@ -163,8 +161,6 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
              key_position: int | str = "top", top_k: int = 5, *, tolerance: float | None = None) -> QKCheckResult:
     """Predicted (marginal) vs actual (removal) for every node of each head's top ``top_k`` pairs,
     on the query side and on the key side."""
-    from circuitgraph.queries.qk import qk
-
     ctx = graph_context(graph, "qk")
     res = qk(graph, layer, head, query_position, key_position, top_k=top_k)
     rows: list[QKCheckRow] = []
@@ -196,8 +192,6 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
 
 def _removable(ctx: AttributionContext, node: NodeId) -> bool:
     """Whether the frozen model can remove ``node`` (a writer; attention writers only in heads mode)."""
-    from circuitgraph.validation.frozen import frozen_node_hooks
-
     try:
         frozen_node_hooks(ctx, [node])
     except ValidationRunError:
