@@ -243,3 +243,21 @@ def test_prune_result_serialises():
     assert d["n_nodes_kept"] == int(res.node_mask.sum())
     assert d["completeness"]["max_relative_violation"] < 1e-12
     assert "n_remainder_nodes" in res.table()
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_cumulative_scores_are_the_shares_of_the_nodes_ranked_at_or_above(seed):
+    """circuit-tracer's cumulative_scores, recomputed by sorting by hand: the share of the total
+    influence held by the nodes at least as influential as each node (the most influential
+    node has the smallest score; the kept nodes are the ones with a score within node_threshold)."""
+    g = random_dag(seed)
+    res = prune_graph(g, node_threshold=0.8, edge_threshold=0.98)
+    infl = np.asarray(res.node_influence, dtype=np.float64)
+    total = infl.sum()
+    assert total > 0
+    expected = np.array([infl[infl >= v].sum() / total for v in infl])  # no ties in random weights
+    np.testing.assert_allclose(res.cumulative_scores, expected, rtol=1e-12, atol=1e-15)
+    best = int(np.argmax(infl))
+    assert res.cumulative_scores[best] == pytest.approx(infl[best] / total)
+    kept_scores = res.cumulative_scores[res.node_mask & (infl > 0)]
+    assert kept_scores.min() < 0.8
