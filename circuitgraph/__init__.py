@@ -50,18 +50,8 @@ _LAZY = {
     "load_spec": ("circuitgraph.spec", "load_spec"),
     "errors": ("circuitgraph.errors", None),
     "open_dataset": ("circuitgraph.datasets.store", "open_dataset"),
+    "load_graph": ("circuitgraph.export.graph_files", "load_graph"),
 }
-
-
-def load_graph(path: str) -> Any:
-    """Load a graph written by ``export: {json: ...}`` (``.json``) or ``export: {graph: ...}`` (``.npz``)."""
-    if str(path).endswith(".npz"):
-        from circuitgraph.export import load_graph_binary
-
-        return load_graph_binary(path)
-    from circuitgraph.graph.graph import AttributionGraph
-
-    return AttributionGraph.from_json(path)
 
 
 def __getattr__(name: str) -> Any:

@@ -143,12 +143,13 @@ MUTATIONS = [
         ("tests/test_attribution.py",),
     ),
     Mutation(
-        "prune-reversed-cumulative-scores",
-        "pruning's cumulative influence accumulated from the least influential node up",
-        "circuitgraph/queries/prune.py",
-        "    order = np.argsort(-influence, kind=\"stable\")\n    total = influence.sum()\n",
-        "    order = np.argsort(influence, kind=\"stable\")\n    total = influence.sum()\n",
-        ("tests/test_queries_prune.py",),
+        "cumulative-influence-ascending",
+        "circuit-tracer's cumulative influence (pruning's cumulative_scores, the Neuronpedia export's "
+        "influence) accumulated from the least influential node up",
+        "circuitgraph/graph/edges.py",
+        '    order = np.argsort(-values, kind="stable")\n',
+        '    order = np.argsort(values, kind="stable")\n',
+        ("tests/test_queries_prune.py", "tests/test_neuronpedia.py"),
     ),
     Mutation(
         "prune-threshold-ascending",
@@ -207,11 +208,11 @@ MUTATIONS = [
         ("tests/test_neuronpedia.py",),
     ),
     Mutation(
-        "neuronpedia-influence-ascending",
-        "the Neuronpedia export's cumulative influence accumulated from the least influential node up",
+        "neuronpedia-influence-of-the-pruned-graph",
+        "the Neuronpedia export's node influence taken from the pruned graph instead of the full one",
         "circuitgraph/export/neuronpedia.py",
-        "    order = np.argsort(-influence, kind=\"stable\")\n    total = float(influence.sum())\n",
-        "    order = np.argsort(influence, kind=\"stable\")\n    total = float(influence.sum())\n",
+        "influence = cumulative_influence(full_graph if full_graph is not None else graph)",
+        "influence = cumulative_influence(graph)",
         ("tests/test_neuronpedia.py",),
     ),
 ]

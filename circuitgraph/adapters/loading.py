@@ -20,7 +20,7 @@ from circuitgraph.adapters.model_config import check_config_against_weights, rea
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries.hub import _cache_dir, _offline
-from circuitgraph.errors import LoadError
+from circuitgraph.errors import LoadError, one_line
 
 __all__ = ["load_model_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
 
@@ -81,12 +81,12 @@ def load_model_dir(
     try:
         cfg = HookedTransformerConfig(**raw)
     except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error
-        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {_one_line(exc)}") from None
+        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {one_line(exc, limit=300, typed=False)}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
             model = HookedTransformer(cfg, move_to_device=False)
     except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {_one_line(exc)}") from None
+        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {one_line(exc, limit=300, typed=False)}") from None
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     wrong = [f"{k} is {list(shapes[k])}, config.json implies {list(expected[k])}"
              for k in shapes if k in expected and tuple(shapes[k]) != expected[k]]
@@ -112,11 +112,6 @@ def load_model_dir(
     return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)})
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _numel(shape: Any) -> int:
     n = 1
     for d in shape:
@@ -128,7 +123,7 @@ def _load_safetensors(weights: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(weights), device="cpu")
     except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{weights} is not a readable safetensors file ({_one_line(exc)}); "
+        raise LoadError(f"{weights} is not a readable safetensors file ({one_line(exc, limit=300, typed=False)}); "
                         "re-save the weights with safetensors.torch.save_file") from None
 
 

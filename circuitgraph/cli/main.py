@@ -25,7 +25,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from circuitgraph.errors import CircuitGraphError, SpecError
+from circuitgraph.errors import CircuitGraphError, SpecError, one_line
 
 __all__ = ["app", "main", "openmp_defaults", "OPENMP_DEFAULTS", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS", "EXIT_DOES_NOT_FIT"]
 
@@ -63,23 +63,13 @@ def _reported(debug: bool) -> Iterator[None]:
         if debug:
             raise
         message = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-        typer.echo(f"error: {_one_line(message)}", err=True)
+        typer.echo(f"error: {one_line(message)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except RecursionError:
         if debug:
             raise
         typer.echo("error: the input is nested too deeply to read; flatten it", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
-
-
-#: an error line longer than this is cut (a message must never dump a huge value)
-MAX_ERROR_CHARS = 4000
-
-
-def _one_line(message: str) -> str:
-    """``message`` on one line, printable in any terminal (lone surrogates escaped), bounded."""
-    text = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _echo_lines(lines: list[str]) -> None:

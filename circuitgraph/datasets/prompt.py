@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
+from circuitgraph._json import jsonable
 from circuitgraph.datasets.reduce import reduce_graph
-from circuitgraph.errors import CircuitGraphError
+from circuitgraph.errors import (
+    one_line,  # re-exported: the one error-line formatter
+)
 from circuitgraph.pipeline import runner
 from circuitgraph.spec.dataset import AggregateSpec, Row
 from circuitgraph.spec.export import ExportSpec
@@ -38,11 +41,6 @@ class PromptOutput:
 
     record: dict[str, Any]
     files: dict[str, bytes] = field(default_factory=dict)
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
 
 
 def record_path(out_dir: Path, row_id: str) -> Path:
@@ -126,15 +124,8 @@ def commit(out_dir: Path, output: PromptOutput, attempts: int = 1) -> dict[str, 
     for rel, data in output.files.items():
         atomic_write_bytes(out_dir / rel, data)
     record = dict(output.record, attempts=attempts)
-    atomic_write_text(record_path(out_dir, record["id"]), json.dumps(record, indent=1, default=_jsonable) + "\n")
+    atomic_write_text(record_path(out_dir, record["id"]), json.dumps(jsonable(record), indent=1) + "\n")
     return record
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def is_complete(out_dir: Path, row_id: str) -> dict[str, Any] | None:

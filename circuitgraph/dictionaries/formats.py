@@ -25,12 +25,12 @@ loads it (the format can also be given, as the spec's ``transcoders.format``).
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from circuitgraph._io import safetensors_header
 from circuitgraph.dictionaries.clt import load_clt_dir, read_config_yaml
 from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
 from circuitgraph.dictionaries.layer_formats import load_eleuther_dir, load_gemmascope_dir, load_transcoder_set_dir
@@ -136,12 +136,8 @@ def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = No
 
 
 def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
-    """``{tensor: (shape, bytes)}`` of a safetensors file, from its header (nothing is read)."""
-    with open(path, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(n))
-    return {k: (tuple(m["shape"]), m["data_offsets"][1] - m["data_offsets"][0])
-            for k, m in header.items() if k != "__metadata__"}
+    """``{tensor: (shape, bytes)}`` of a safetensors file, from its checked header (nothing else is read)."""
+    return {k: (m["shape"], m["data_offsets"][1] - m["data_offsets"][0]) for k, m in safetensors_header(path).items()}
 
 
 def _layer_files(path: Path, fmt: str) -> list[Path]:

@@ -26,9 +26,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import RenderError
-from circuitgraph.export.binary import read_graph_binary
 from circuitgraph.export.dot import raw_influence
-from circuitgraph.export.json_graph import read_graph_json
+from circuitgraph.export.graph_files import read_graph_file  # re-exported: its old home
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.pipeline.portable import portable_paths
@@ -371,8 +370,3 @@ def write_report(source: Any, path: str | os.PathLike[str], **kwargs: Any) -> st
 
 
 
-def read_graph_file(path: str | os.PathLike[str]) -> Any:
-    """A graph file with its stored results: ``.npz`` (binary) or JSON (our schema)."""
-    if Path(path).suffix.lower() == ".npz":
-        return read_graph_binary(path)
-    return read_graph_json(path)

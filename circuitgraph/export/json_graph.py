@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuitgraph._io import atomic_write_text
+from circuitgraph._json import jsonable
 from circuitgraph.errors import ExportError, LoadError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
@@ -206,11 +207,11 @@ def _header(
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "edge_dtype": dtype,
-        "metadata": _jsonable(graph.metadata, "metadata"),
+        "metadata": jsonable(graph.metadata, "metadata"),
         "nodes": [_node_record(node) for node in graph.nodes],
         "targets": targets,
-        "queries": _jsonable(list(queries or []), "queries"),
-        "validation": _jsonable(list(validation or []), "validation"),
+        "queries": jsonable(list(queries or []), "queries"),
+        "validation": jsonable(list(validation or []), "validation"),
     }
 
 
@@ -240,7 +241,7 @@ def _node_record(node: Node) -> dict[str, Any]:
         "index": int(node.index),
         "activation": _finite(node.activation, f"{where}: activation"),
         "label": str(node.label),
-        "attrs": _jsonable(node.attrs, f"{where}: attrs"),
+        "attrs": jsonable(node.attrs, f"{where}: attrs"),
     }
     if node.pre_activation is not None or node.constant is not None:
         rec["pre_activation"] = _finite_or_none(node.pre_activation, f"{where}: pre_activation")
@@ -426,38 +427,3 @@ def _finite(value: Any, where: str) -> float:
 
 def _finite_or_none(value: Any, where: str) -> float | None:
     return None if value is None else _finite(value, where)
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    """``value`` as plain JSON types, or an ExportError naming the first field JSON cannot hold.
-
-    numpy scalars and arrays become numbers and lists, tuples become lists and paths become
-    strings (so those read back as their JSON equivalents); anything else is refused.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ExportError(f"{where} is {value}; JSON holds finite numbers only: store it as null or a string")
-        return value
-    if isinstance(value, np.generic):
-        return _jsonable(value.item(), where)
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist(), where)
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ExportError(f"{where} has the key {key!r} ({type(key).__name__}); JSON object keys are strings")
-            out[key] = _jsonable(item, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    raise ExportError(
-        f"{where} is a {type(value).__name__}, which JSON cannot hold; store it as a string, number, list or dict"
-    )
-

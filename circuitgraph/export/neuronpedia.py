@@ -73,6 +73,7 @@ from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import ExportError
 from circuitgraph.export.dot import is_structural_label
 from circuitgraph.export.json_graph import _finite
+from circuitgraph.graph.edges import cumulative_share
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._sparse import weighted_influence
@@ -437,12 +438,7 @@ def cumulative_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     if not graph.targets or graph.n_nodes == 0:
         return {}
 
-    influence = weighted_influence(graph)
-    order = np.argsort(-influence, kind="stable")
-    total = float(influence.sum())
-    running = np.cumsum(influence[order]) / (total if total > 0 else 1.0)
-    scores = np.empty_like(influence)
-    scores[order] = running
+    scores = cumulative_share(weighted_influence(graph))
     return {node.id: float(scores[r]) for r, node in enumerate(graph.nodes)}
 
 

@@ -18,7 +18,7 @@ import networkx as nx
 import numpy as np
 
 from circuitgraph.errors import QueryError
-from circuitgraph.graph.edge_index import grouped
+from circuitgraph.graph.edges import grouped, incoming_sums
 from circuitgraph.graph.nodes import Node, NodeId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -236,13 +236,7 @@ class AttributionGraph:
         cached = getattr(self, "_incoming_cache", None)
         if cached is not None and cached[0] is self.edge_target and cached[1] is self.edge_weight:
             return cached[2]
-        n, chunk = self.n_nodes, 1 << 22
-        sums, abs_sums = np.zeros(n), np.zeros(n)
-        for c in range(0, self.n_edges, chunk):
-            t = self.edge_target[c : c + chunk]
-            w = self.edge_weight[c : c + chunk].astype(np.float64)
-            sums += np.bincount(t, weights=w, minlength=n)
-            abs_sums += np.bincount(t, weights=np.abs(w, out=w), minlength=n)
+        sums, abs_sums = incoming_sums(self.edge_target, self.edge_weight, self.n_nodes)
         self._incoming_cache = (self.edge_target, self.edge_weight, (sums, abs_sums))
         return sums, abs_sums
 

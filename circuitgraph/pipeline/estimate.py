@@ -10,13 +10,13 @@ reported, with the advice that would make a run fit.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from circuitgraph._io import safetensors_header
 from circuitgraph.attribution.build import plan_run
 from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     _LAST_RESORT,
@@ -42,17 +42,8 @@ __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan"
 
 
 def _safetensors_bytes(path: Path) -> int:
-    """Tensor bytes in a safetensors file, from its header (no tensor is read)."""
-    with open(path, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(n))
-    total = 0
-    for key, meta in header.items():
-        if key == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        total += end - start
-    return total
+    """Tensor bytes in a safetensors file, from its checked header (no tensor is read)."""
+    return sum(end - start for start, end in (m["data_offsets"] for m in safetensors_header(path).values()))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions
-from circuitgraph.errors import CircuitGraphError, RenderError, SpecError, UnknownTokenWarning
+from circuitgraph.errors import RenderError, SpecError, UnknownTokenWarning, one_line
 from circuitgraph.export import graph_to_json, graph_to_neuronpedia, render_graph, save_graph_binary
 from circuitgraph.export.dot import raw_influence
 from circuitgraph.export.html import run_html, write_report
@@ -172,18 +172,13 @@ def _recorded_warnings(sink: list[str]) -> Iterator[None]:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
-
-
 def _attempt(fn: Any, what: str) -> tuple[str, str | None, Any]:
     """``(status, error, result)`` of ``fn()``: a query or check that fails is a result, not an abort."""
     try:
         return "ok", None, fn()
     except Exception as exc:  # noqa: BLE001 - every failure is recorded with its message
         logger.debug("%s failed", what, exc_info=True)
-        return "failed", _one_line(exc), None
+        return "failed", one_line(exc), None
 
 
 def _versions() -> dict[str, str]:

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
 import numpy as np
-import scipy.sparse as sp
 
 from circuitgraph.errors import QueryError
+from circuitgraph.graph.edges import reachable, topological_levels
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, share
@@ -184,35 +184,13 @@ def _contribution(idx: _EdgeIndex, rows: list[int]) -> tuple[float, float, list[
     return value, normalized, weights
 
 
-def _reachable(n: int, src: np.ndarray, dst: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """Nodes reachable from ``start`` (bool mask) along edges ``src -> dst``."""
-    M = sp.csr_matrix((np.ones(src.size, dtype=np.float64), (dst, src)), shape=(n, n))
-    seen = start.copy()
-    frontier = start.copy()
-    while frontier.any():
-        nxt = (M @ frontier.astype(np.float64)) > 0
-        frontier = nxt & ~seen
-        seen |= frontier
-    return seen
-
-
 def _topological_order(n: int, nodes: np.ndarray, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
-    """Kahn's algorithm over ``nodes``; None when there is a cycle."""
-    indeg = np.bincount(dst, minlength=n)
-    order_src = np.argsort(src, kind="stable")
-    ptr = np.searchsorted(src[order_src], np.arange(n + 1))
-    ready = [int(v) for v in nodes if indeg[v] == 0]
-    out: list[int] = []
-    indeg = indeg.copy()
-    while ready:
-        u = ready.pop()
-        out.append(u)
-        for j in order_src[ptr[u] : ptr[u + 1]]:
-            v = int(dst[j])
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    return out if len(out) == nodes.size else None
+    """``nodes`` (the only ends of the edges ``src -> dst``) in a topological order; None when
+    there is a cycle."""
+    level = topological_levels(n, src, dst)[nodes]
+    if (level < 0).any():
+        return None
+    return nodes[np.argsort(level, kind="stable")].tolist()
 
 
 def _log_abs(x: np.ndarray) -> np.ndarray:
@@ -387,8 +365,8 @@ def top_paths(
 
     idx = _EdgeIndex(graph)
     allowed = ~avoided[idx.source] & ~avoided[idx.target]
-    fwd = _reachable(n, idx.source[allowed], idx.target[allowed], is_source)
-    bwd = _reachable(n, idx.target[allowed], idx.source[allowed], is_target)
+    fwd = reachable(n, idx.source[allowed], idx.target[allowed], is_source)
+    bwd = reachable(n, idx.target[allowed], idx.source[allowed], is_target)
     relevant = fwd & bwd
     keep = allowed & relevant[idx.source] & relevant[idx.target]
     src, dst, w, norm = idx.source[keep], idx.target[keep], idx.weight[keep], idx.norm[keep]
