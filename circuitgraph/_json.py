@@ -2,15 +2,17 @@
 values, with one policy for the numbers JSON cannot hold.
 
 * ``None``, booleans and strings stay as they are; integers (numpy's too) stay integers;
-* finite floats stay floats; **NaN and the infinities become null** (JSON has no NaN, and a
-  reader of the file must not get an invalid document);
+* finite floats stay floats.  **NaN and the infinities never reach a file** (JSON has no NaN:
+  a reader must not get an invalid document): in results and run records they become null
+  (an undefined value, e.g. a ratio of zeros); in a graph file (``where`` given) they are an
+  error naming the field, since a graph's numbers are measured and must be finite;
 * numpy arrays and tensors become (nested) lists, numpy scalars Python numbers;
 * node ids and paths become strings; mappings become objects, sequences and sets lists;
 * objects with ``to_dict()``, dataclasses and pydantic models become their dicts.
 
-With ``where`` (the graph files), a value JSON cannot hold, or a mapping key that is not a
-string, is an :class:`~circuitgraph.errors.ExportError` naming the field; without it, such a
-value is written as ``str(value)`` (results and run records).
+With ``where`` (the graph files), a value JSON cannot hold, a non-finite number or a mapping
+key that is not a string is an :class:`~circuitgraph.errors.ExportError` naming the field;
+without it, such a value is written as ``str(value)`` (results and run records).
 
 >>> jsonable({"a": float("nan"), "b": (1, 2.5)})
 {'a': None, 'b': [1, 2.5]}
@@ -42,7 +44,11 @@ def jsonable(value: Any, where: str | None = None) -> Any:
         return int(value)
     if isinstance(value, (float, np.floating)):
         v = float(value)
-        return v if math.isfinite(v) else None
+        if math.isfinite(v):
+            return v
+        if where is not None:
+            raise ExportError(f"{where} is {v}; JSON holds finite numbers only: store it as null or a string")
+        return None
     if isinstance(value, NodeId):
         return str(value)
     if isinstance(value, np.ndarray):

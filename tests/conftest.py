@@ -9,8 +9,8 @@ from pathlib import Path
 # on shared cores spinning makes small tensor work many times slower
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 try:  # property-based tests: reproducible by default (CI), random with HYPOTHESIS_PROFILE=explore
     from hypothesis import settings as _hypothesis_settings

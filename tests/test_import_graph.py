@@ -185,3 +185,28 @@ def test_the_engine_and_the_spec_import_nothing_from_later_stages():
     spec_deps = {t for m in edges if m.startswith("circuitgraph.spec") for t in edges[m]}
     assert all(t.startswith(("circuitgraph.spec", "circuitgraph.errors")) or t == "circuitgraph" for t in spec_deps), \
         spec_deps
+
+
+def test_hook_names_are_built_only_in_the_adapters():
+    """TransformerLens hook names (``blocks.<l>...``, ``ln_final...``) are made by the adapter's
+    methods (``ModelAdapter.hook_*``, ``block_hook``); no other module formats one (docstrings,
+    comments and test builders that write other libraries' config files aside)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(("adapters/", "testing/")):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+                text = str(node.values[0].value)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = node.value
+            else:
+                continue
+            if text.startswith(("blocks.", "ln_final.hook")) and "<" not in text:
+                bad.append(f"{rel}:{node.lineno} {text[:40]!r}")
+    assert not bad, "hook names built outside the adapters (use ModelAdapter.hook_*):\n" + "\n".join(bad)

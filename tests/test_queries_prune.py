@@ -144,7 +144,7 @@ def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
 
 
 # ------------------------------------------------------------------ remainders keep completeness
-def _check_remainders(g: AttributionGraph, res) -> None:  # noqa: ANN001
+def _check_remainders(g: AttributionGraph, res) -> None:
     pruned = res.graph
     assert pruned.check_completeness().max_violation < 1e-12
     for node in pruned.nodes:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         import circuit_tracer
 
         info["versions"] = {"circuit_tracer": circuit_tracer.__version__, "torch": torch.__version__}
-    except AttributeError:  # pragma: no cover
+    except AttributeError:
         pass
 
     if not args.no_dump:

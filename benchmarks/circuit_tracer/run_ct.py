@@ -61,9 +61,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import numpy as np
+import torch
+from safetensors.torch import load_file
 
 SUPPORTED_ARCHS = {
     "transcoder": ("relu", False),

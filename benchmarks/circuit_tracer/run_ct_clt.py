@@ -31,11 +31,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_ct import find_tokenizer_dir, load_hooked_config, read_tokens, write_standin_tokenizer  # noqa: E402
+from run_ct import find_tokenizer_dir, load_hooked_config, read_tokens, write_standin_tokenizer
 
 
 def build(model_dir: Path, clt_dir: Path, standin_dir: Path):

@@ -179,8 +179,30 @@ class ModelAdapter:
         return "ln_final.hook_normalized" if site == "ln_final" else f"blocks.{layer}.{site}.hook_normalized"
 
     @staticmethod
+    def block_hook(layer: int, name: str) -> str:
+        """The hook ``name`` of block ``layer``, ``name`` relative to the block as dictionary configs
+        give it (``ln2.hook_normalized``, ``mlp.hook_in``, ``hook_mlp_out``)."""
+        return f"blocks.{layer}.{name}"
+
+    @staticmethod
     def hook_pattern(layer: int) -> str:
         return f"blocks.{layer}.attn.hook_pattern"
+
+    @staticmethod
+    def hook_attn_scores(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_attn_scores"
+
+    @staticmethod
+    def hook_qk(layer: int, side: str, rotated: bool = False) -> str:
+        """The queries (``side="q"``) or keys (``"k"``) of ``layer``'s attention, after the rotary
+        embedding when ``rotated``."""
+        return f"blocks.{layer}.attn.hook_{'rot_' if rotated else ''}{side}"
+
+    @staticmethod
+    def hook_qk_input(layer: int, side: str) -> str:
+        """The residual stream the queries (``side="q"``) or keys (``"k"``) read, with
+        ``use_split_qkv_input``."""
+        return f"blocks.{layer}.hook_{side}_input"
 
     @staticmethod
     def hook_z(layer: int) -> str:

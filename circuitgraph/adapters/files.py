@@ -27,6 +27,7 @@ from circuitgraph.adapters.model_config import check_config_against_weights, rea
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.errors import LoadError, one_line
+from circuitgraph.spec import Spec
 
 __all__ = [
     "read_json_file",
@@ -143,7 +144,7 @@ def check_transcoder_dir(path: str | os.PathLike[str]) -> dict[int, Path]:
     return found
 
 
-def check_input_files(spec: Any) -> None:
+def check_input_files(spec: Spec) -> None:
     """Read the headers of every file a spec's run would load (model config, weights table,
     tokenizer, transcoder folders, direction files), without building anything.
 

@@ -428,7 +428,7 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
         _collect_neuron_layer(b, fm, layer)
     elif mode == "mlp":
         _collect_mlp_vector_layer(b, fm, layer)
-    else:  # pragma: no cover - the spec forbids it
+    else:  # the spec forbids it
         raise AttributionError(f"graph.mlp for layer {layer}: unknown granularity {mode!r}")
 
 
@@ -725,7 +725,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
                               attrs={"site": tgt.site, "target_kind": "direction"}))
         b.readers.add(row, loc, t, g, 0.0)
         return node_id
-    raise AttributionError(f"unknown target kind {tgt.kind!r}")  # pragma: no cover
+    raise AttributionError(f"unknown target kind {tgt.kind!r}")
 
 
 def _add_or_get(b: _Builder, node_id: NodeId, activation: float, label: str) -> int:

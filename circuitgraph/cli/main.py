@@ -246,7 +246,7 @@ def dataset_summary(
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "20000"}
 
 
-def openmp_defaults(environ) -> None:  # noqa: ANN001 - os.environ or a dict
+def openmp_defaults(environ) -> None:  # os.environ or a dict
     """Set :data:`OPENMP_DEFAULTS` in ``environ`` when it sets neither variable (before torch
     is imported; the benchmarks give circuit-tracer's processes the same)."""
     if not any(k in environ for k in OPENMP_DEFAULTS):
@@ -262,7 +262,7 @@ def _settle_heap() -> None:
 
     try:
         import transformer_lens  # noqa: F401 - every run loads its model with it; imported with the collector off
-    except ImportError:  # pragma: no cover - a required dependency; the load reports it
+    except ImportError:  # a required dependency; the load reports it
         pass
     gc.freeze()
     gc.set_threshold(100_000, 50, 1000)
@@ -336,7 +336,7 @@ def _one_line_warnings() -> None:
 
     default = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+    def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, UnknownTokenWarning):
             print(f"warning: {message}", file=file or sys.stderr)
         else:

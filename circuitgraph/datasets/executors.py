@@ -31,6 +31,7 @@ import circuitgraph
 from circuitgraph.datasets.prompt import PromptOutput, commit, one_line, run_prompt
 from circuitgraph.errors import LoadError
 from circuitgraph.pipeline.inputs import load_inputs
+from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import ExecutorSpec, Row
 
 __all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers"]
@@ -57,7 +58,7 @@ _PRELOAD = (
 def default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
+    except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
 
 
@@ -66,7 +67,7 @@ def _prepare_worker(threads: int) -> None:
 
 
 # ------------------------------------------------------------------ local processes
-def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int) -> None:
+def _local_worker(conn: Any, spec: Spec, out_dir: str, threads: int) -> None:
     """A worker process: load once, then run and commit prompts until told to stop."""
     _prepare_worker(threads)
     try:
@@ -99,7 +100,7 @@ class LocalExecutor:
         self.threads = threads
         self.max_retries = max_retries
 
-    def run(self, spec: Any, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
+    def run(self, spec: Spec, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
         if not rows:
             return
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by the server, then the workers
@@ -190,7 +191,7 @@ _RAY_INPUTS: dict[str, Any] = {}
 
 def _ray_prompt(spec_bytes: bytes, key: str, row: Row, threads: int) -> Any:
     """A Ray task: load the model once per worker process (cached by spec), run one prompt."""
-    spec = pickle.loads(spec_bytes)  # noqa: S301 - our own bytes, from the driver
+    spec = pickle.loads(spec_bytes)  # our own bytes, from the driver
     if key not in _RAY_INPUTS:
         _prepare_worker(threads)
         _RAY_INPUTS.clear()
@@ -234,7 +235,7 @@ class RayExecutor:
         ray.init(**kwargs)
         return True
 
-    def run(self, spec: Any, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
+    def run(self, spec: Spec, rows: list[Row], out_dir: Path, on_result: OnResult) -> None:
         if not rows:
             return
         started = self._init()
@@ -267,7 +268,7 @@ class RayExecutor:
                 ray.shutdown()
 
 
-def make_executor(spec: Any) -> Any:
+def make_executor(spec: Spec) -> Any:
     e = spec.executor or ExecutorSpec()
     if e.kind == "ray":
         return RayExecutor(address=e.address, workers=e.workers, threads=e.threads, max_retries=e.max_retries)

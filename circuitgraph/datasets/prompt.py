@@ -23,6 +23,7 @@ from circuitgraph.errors import (
     one_line,  # re-exported: the one error-line formatter
 )
 from circuitgraph.pipeline import runner
+from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import AggregateSpec, Row
 from circuitgraph.spec.export import ExportSpec
 
@@ -47,7 +48,7 @@ def record_path(out_dir: Path, row_id: str) -> Path:
     return out_dir / "results" / f"{row_id}.json"
 
 
-def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
+def row_spec(spec: Spec, row: Row, graph_path: Path) -> Spec:
     """The one-prompt spec of a row: the dataset spec with the row's prompt, targets and
     corrupted prompt, exporting only the graph to ``graph_path``."""
     checks = []
@@ -71,7 +72,7 @@ def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
     })
 
 
-def run_prompt(spec: Any, row: Row, inputs: Any) -> PromptOutput:
+def run_prompt(spec: Spec, row: Row, inputs: Any) -> PromptOutput:
     """Run one row through the pipeline (graph, pruning, queries, checks), reduce its graph
     for the aggregate, and return its record and files; failures are recorded, not raised."""
     aggregate = spec.aggregate or AggregateSpec()

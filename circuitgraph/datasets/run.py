@@ -36,7 +36,7 @@ from circuitgraph.datasets.rows import model_problems, row_problems
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import DatasetError
 from circuitgraph.pipeline.inputs import load_inputs
-from circuitgraph.spec import load_spec
+from circuitgraph.spec import Spec, SpecSource, load_spec
 from circuitgraph.spec.dataset import AggregateSpec
 
 __all__ = ["run_dataset", "DatasetRunResult", "MANIFEST_COLUMNS", "spec_fingerprint"]
@@ -57,7 +57,7 @@ _INT_COLUMNS = {"row", "attempts", "n_tokens", "n_nodes", "n_edges", "n_nodes_fu
 class DatasetRunResult:
     """What a dataset run produced (``circuitgraph.run`` on a spec with ``dataset:``)."""
 
-    spec: Any
+    spec: Spec
     directory: Path
     n_prompts: int
     n_ok: int
@@ -85,7 +85,7 @@ class DatasetRunResult:
         return lines
 
 
-def spec_fingerprint(spec: Any, rows: list[Any]) -> str:
+def spec_fingerprint(spec: Spec, rows: list[Any]) -> str:
     """What makes two runs' outputs the same: the spec (but not its executor) and the rows."""
     dump = spec.model_dump(mode="json", exclude={"executor", "dataset"})
     dump["export"].pop("dataset", None)
@@ -157,7 +157,7 @@ def _manifest_table(records: list[dict[str, Any]]) -> Any:
     return pa.table(columns)
 
 
-def write_aggregate(spec: Any, out: Path, records: list[dict[str, Any]], token_str: Any = None,
+def write_aggregate(spec: Spec, out: Path, records: list[dict[str, Any]], token_str: Any = None,
                     n_layers: int | None = None) -> float:
     """Combine the parts of the ``ok`` records in row order; write nodes/edges/aggregate.json.
 
@@ -202,7 +202,7 @@ def _row_order(problem: tuple[str, str]) -> tuple[int, int]:
     return (1, int(m.group(1))) if m else (0, 0)
 
 
-def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
+def run_dataset(spec: SpecSource, *, progress: bool = False) -> DatasetRunResult:
     """Run every prompt of a dataset spec (see the module docstring and docs/dataset.md)."""
     t_start = time.perf_counter()
     spec = load_spec(spec)

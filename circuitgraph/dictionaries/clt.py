@@ -46,6 +46,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
+from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.dictionaries.mlp_input import fold_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
 from circuitgraph.errors import LoadError, ShapeMismatchError
@@ -91,7 +92,8 @@ def output_site(hook: str, where: str, *, post_norms: bool) -> str:
 def output_hook_name(layer: int, site: str) -> str:
     """The hook name a dictionary of output site ``site`` writes at (``mlp.hook_out`` is virtual:
     see :meth:`~circuitgraph.adapters.ModelAdapter.hook_mlp_out_before_post_norm`)."""
-    return f"blocks.{layer}.mlp.hook_out" if site == "before_post_norm" else f"blocks.{layer}.hook_mlp_out"
+    return (ModelAdapter.hook_mlp_out_before_post_norm(layer) if site == "before_post_norm"
+            else ModelAdapter.hook_mlp_out(layer))
 
 
 def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
@@ -214,8 +216,8 @@ class CrossLayerTranscoder:
 
     def hook_in(self, layer: int) -> str:
         if self.input_norms is not None:
-            return f"blocks.{layer}.ln2.hook_normalized"
-        return f"blocks.{layer}.{self.feature_input_hook}"
+            return ModelAdapter.hook_norm_normalized("ln2", layer)
+        return ModelAdapter.block_hook(layer, self.feature_input_hook)
 
     def _fold_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
         """Encoder rows ``(n, d_model)`` as read from the file -> the rows applied to
@@ -406,7 +408,7 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     if site == "mlp_input":
         norms = [mlp_input_norm(adapter, layer) for layer in range(L)]
     for layer in range(L):
-        for h in (f"blocks.{layer}.{read_hook}",):
+        for h in (adapter.block_hook(layer, read_hook),):
             if not adapter.has_hook(h):
                 raise ShapeMismatchError(f"{cfg_path}: feature_input_hook {hook_in!r} gives {h}, which the "
                                          "model does not have; fix feature_input_hook")

@@ -119,7 +119,7 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
             folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
             W_skip, b_dec = folded.T, (b_dec if shift is None else b_dec + shift)
         site = "normalized"
-    hook_in = {"raw": f"blocks.{layer}.hook_resid_mid", "normalized": f"blocks.{layer}.ln2.hook_normalized"}[site]
+    hook_in = adapter.hook_resid_mid(layer) if site == "raw" else adapter.hook_norm_normalized("ln2", layer)
     back = lambda t: None if t is None else (t if isinstance(t, StoredRows) else t.to(dtype).contiguous())  # noqa: E731
     for m in (W_enc, W_dec):
         if isinstance(m, StoredRows):

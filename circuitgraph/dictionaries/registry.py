@@ -231,7 +231,7 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
         for l, p in paths.items():
             cfg = _file(repo, f"{p}/cfg.json", revision)
             weights = _file(repo, f"{p}/sae_weights.safetensors", revision)
-            if weights.parent != cfg.parent:  # pragma: no cover - one snapshot folder holds both
+            if weights.parent != cfg.parent:  # one snapshot folder holds both
                 raise LoadError(f"{repo}/{p}: cfg.json and sae_weights.safetensors are in different snapshots; "
                                 f"download the folder again with `huggingface-cli download {repo} --include '{p}/*'`")
             try:

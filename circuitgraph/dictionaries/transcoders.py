@@ -314,7 +314,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
             folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
             W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
         sae_input = mlp_input_norm(adapter, layer)
-        site, hook_in = "normalized", f"blocks.{layer}.ln2.hook_normalized"
+        site, hook_in = "normalized", adapter.hook_norm_normalized("ln2", layer)
     return TranscoderLayer(
         layer=layer,
         W_enc=W_enc,

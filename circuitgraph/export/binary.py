@@ -22,6 +22,7 @@ from circuitgraph.export.json_graph import (
     _check_format,
     _dumps,
     _header,
+    _max_dense_nodes,
     _metadata_from_header,
     _no_constant,
     _nodes_from_header,
@@ -109,6 +110,7 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         edge_weight=w,
         targets=_targets_from_header(header, index),
         metadata=_metadata_from_header(header),
+        max_dense_nodes=_max_dense_nodes(header),
     )
     return GraphDocument(graph, _results(header, "queries"), _results(header, "validation"),
                          int(header["format_version"]))

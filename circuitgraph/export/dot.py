@@ -450,11 +450,7 @@ def _axis_label(layer: int, sub: int, n_layers: int | None) -> str:
 
 
 def _n_layers(graph: AttributionGraph) -> int | None:
-    model = graph.metadata.get("model")
-    if isinstance(model, Mapping) and isinstance(model.get("n_layers"), int):
-        return int(model["n_layers"])
-    value = graph.metadata.get("n_layers")
-    return int(value) if isinstance(value, int) else None
+    return graph.model_n_layers
 
 
 def _with_display_attrs(graph: AttributionGraph, labels: Mapping[tuple[int, int], str] | None,

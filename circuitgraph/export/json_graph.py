@@ -162,6 +162,7 @@ def graph_from_dict(doc: Mapping[str, Any]) -> GraphDocument:
         edge_weight=np.asarray(weights, dtype=np.float64).astype(dtype),
         targets=_targets_from_header(doc, index),
         metadata=_metadata_from_header(doc),
+        max_dense_nodes=_max_dense_nodes(doc),
     )
     return GraphDocument(graph, _results(doc, "queries"), _results(doc, "validation"), int(doc["format_version"]))
 
@@ -427,3 +428,12 @@ def _finite(value: Any, where: str) -> float:
 
 def _finite_or_none(value: Any, where: str) -> float | None:
     return None if value is None else _finite(value, where)
+
+
+def _max_dense_nodes(doc: Mapping[str, Any]) -> int | None:
+    """The dense limit of the run that wrote the file (its spec's ``graph.max_dense_nodes``)."""
+    metadata = doc.get("metadata")
+    spec = metadata.get("spec") if isinstance(metadata, dict) else None
+    graph = spec.get("graph") if isinstance(spec, dict) else None
+    value = graph.get("max_dense_nodes") if isinstance(graph, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

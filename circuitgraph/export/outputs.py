@@ -146,7 +146,7 @@ class OutputSet:
     def _commit(self) -> None:
         missing = [kind for kind in self.outputs if kind not in self._staged or not self._staged[kind].is_file()]
         if missing:
-            raise ExportError(f"internal: exports {missing} were not written")  # pragma: no cover
+            raise ExportError(f"internal: exports {missing} were not written")
         backups: dict[Path, Path] = {}
         moved: list[Path] = []
         try:

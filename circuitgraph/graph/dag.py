@@ -250,7 +250,7 @@ def _chunk_influence(t: np.ndarray, s: np.ndarray, w: np.ndarray, factor: np.nda
     return np.bincount(s, weights=factor[t] * np.abs(w), minlength=n)
 
 
-def _single_influence(dag: DagOrder, start: np.ndarray, divisor: np.ndarray, rows_at) -> np.ndarray:  # noqa: ANN001
+def _single_influence(dag: DagOrder, start: np.ndarray, divisor: np.ndarray, rows_at) -> np.ndarray:
     """:func:`sweep`'s most common case, one influence ``acc_s = sum_r z_r |w_rs| / divisor_r``
     with ``z = start + acc``: the chunks of one level are independent (they read the final ``z``
     of that level's rows and add to lower levels), so they run on several threads, each into its
@@ -290,7 +290,7 @@ def _rows(start: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     return np.asarray(start, dtype=np.float64).reshape(n, -1)[rows]
 
 
-def graph_levels(graph) -> np.ndarray:  # noqa: ANN001 - AttributionGraph (no import cycle)
+def graph_levels(graph) -> np.ndarray:  # AttributionGraph (no import cycle
     """Candidate level per node: the residual location its reader reads (see
     :mod:`circuitgraph.attribution.frozen_model`: ``resid_pre(l) = 2l``, ``resid_mid(l) = 2l+1``,
     ``resid_post(l) = 2l+2``).  Features and neurons read ``resid_mid``; logits and
@@ -326,7 +326,7 @@ class GraphDag:
         return np.maximum(self.abs_row_sums, 1e-10)
 
 
-def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
+def graph_dag(graph) -> GraphDag:  # AttributionGraph
     """The :class:`GraphDag` of a graph, built once and cached on it (the graph's edge arrays
     are not changed in place by anything in circuitgraph).  Duplicate ``(target, source)``
     pairs of a hand-built graph are summed first (an edge's weight is their sum)."""
@@ -358,7 +358,7 @@ def add_segment(segments: list[tuple[int, int, int]], level: int, start: int, en
         segments.append((level, start, end))
 
 
-def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows: np.ndarray,  # noqa: ANN001
+def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows: np.ndarray,
                        reader_locs: np.ndarray) -> bool:
     """Give ``graph`` the :class:`GraphDag` of the engine's edge order without a pass over the edges.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -20,13 +21,17 @@ import numpy as np
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.edges import grouped, incoming_sums
 from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.spec.graph import GraphSpec
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     import networkx
 
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["AttributionGraph", "CompletenessReport"]
+
+#: the dense-matrix limit of a graph that was not given one (the spec's default, stated there)
+DEFAULT_MAX_DENSE_NODES: int = GraphSpec.model_fields["max_dense_nodes"].default
 
 #: the functions behind the graph's file and display methods (:meth:`AttributionGraph.to_json`,
 #: ``from_json``, ``to_dot``, ``render``, the notebook views), named ``module:function`` and
@@ -79,7 +84,7 @@ class AttributionGraph:
 
     Attributes:
         nodes: node records in a stable order (row ``i`` of the edge arrays is ``nodes[i]``).
-        edge_target, edge_source: int64 row indices of each edge.
+        edge_target, edge_source: row indices of each edge (int32 while every row fits, else int64).
         edge_weight: the edge weights (float32 or float64).
         targets: the target (output) nodes of the analysis with their weights
             (used by influence and pruning; weights default to 1).
@@ -88,6 +93,9 @@ class AttributionGraph:
             queries and validation checks need it, and say so when it is missing.
         edges_unique: every (target, source) pair occurs at most once (true of graphs built by
             the engine), so queries need not sum duplicates.
+        max_dense_nodes: the most nodes :meth:`dense_adjacency` densifies by default (a run sets
+            its spec's ``graph.max_dense_nodes``; a graph file read back keeps it; None: the spec's
+            default).
     """
 
     nodes: list[Node]
@@ -98,6 +106,7 @@ class AttributionGraph:
     metadata: dict[str, Any] = field(default_factory=dict)
     context: AttributionContext | None = field(default=None, repr=False, compare=False)
     edges_unique: bool = field(default=False, repr=False, compare=False)
+    max_dense_nodes: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # row indices: int32 when every row fits (half the memory of int64), else int64
@@ -122,6 +131,14 @@ class AttributionGraph:
     @property
     def n_nodes(self) -> int:
         return len(self.nodes)
+
+    @property
+    def model_n_layers(self) -> int | None:
+        """The model's number of blocks as the run recorded it (``metadata["model"]["n_layers"]``),
+        or None (a hand-built graph)."""
+        model = self.metadata.get("model")
+        value = model.get("n_layers") if isinstance(model, Mapping) else None
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
     def n_edges(self) -> int:
@@ -216,11 +233,10 @@ class AttributionGraph:
         """Dense ``(n, n)`` adjacency, rows = targets, in the order of :attr:`nodes`.
 
         Refuses above ``max_nodes`` so a large graph is never densified by accident; the default
-        is the spec's ``graph.max_dense_nodes`` for a graph built by a run (20000 otherwise).
+        is :attr:`max_dense_nodes` (the spec's ``graph.max_dense_nodes``).
         """
         if max_nodes is None:
-            spec_graph = (self.metadata.get("spec") or {}).get("graph") or {}
-            max_nodes = int(spec_graph.get("max_dense_nodes") or 20_000)
+            max_nodes = self.max_dense_nodes or DEFAULT_MAX_DENSE_NODES
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
@@ -368,6 +384,7 @@ class AttributionGraph:
             targets=[(t, w) for t, w in self.targets if t in keep_set],
             metadata=dict(self.metadata),
             context=self.context,
+            max_dense_nodes=self.max_dense_nodes,
         )
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:

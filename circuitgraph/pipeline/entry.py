@@ -17,12 +17,12 @@ from circuitgraph.datasets import DatasetRunResult, run_dataset
 from circuitgraph.datasets.rows import load_rows
 from circuitgraph.pipeline import runner
 from circuitgraph.pipeline.estimate import estimate_run
-from circuitgraph.spec import Spec, load_spec
+from circuitgraph.spec import SpecSource, load_spec
 
 __all__ = ["run", "dry_run"]
 
 
-def run(spec: Any, *, progress: bool = False, force: bool = False,
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False,
         inputs: Any = None) -> runner.RunResult | DatasetRunResult:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
@@ -37,7 +37,7 @@ def run(spec: Any, *, progress: bool = False, force: bool = False,
     return runner.run(spec, progress=progress, force=force, inputs=inputs)
 
 
-def dry_run(spec: Spec | Any) -> list[str]:
+def dry_run(spec: SpecSource) -> list[str]:
     """Validate a spec and estimate the peak memory of its run without building the graph: the
     lines ``circuitgraph run --dry-run`` prints, ending with ``fits: yes`` or ``fits: NO - <advice>``
     (see :mod:`circuitgraph.pipeline.estimate`)."""

@@ -36,6 +36,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
 from circuitgraph.builtin import BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
 from circuitgraph.pipeline.runner import prepare
+from circuitgraph.spec import Spec
 
 __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
            "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "FLOAT64_EXTRA_BYTES", "device_working_set"]
@@ -103,7 +104,7 @@ class RunEstimate:
         return out + [f"note: {n}" for n in self.notes]
 
 
-def estimate_run(spec: Any) -> RunEstimate:
+def estimate_run(spec: Spec) -> RunEstimate:
     """The dry run: the files' sizes first; when the model fits, the forward pass and the node
     tables (what is active where), the resident memory measured, and the edges bounded."""
     m = spec.model

@@ -20,11 +20,12 @@ from circuitgraph.dictionaries import TranscoderSet, load_dictionaries
 from circuitgraph.dictionaries.hub import load_hf_dictionaries
 from circuitgraph.dictionaries.registry import load_release
 from circuitgraph.errors import AttributionError, LoadError, TokenError
+from circuitgraph.spec import Spec
 
 __all__ = ["load_inputs", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
 
 
-def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
+def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     """Load the model and transcoders a spec names, in the dtype the graph needs."""
     m = spec.model
     compute = torch_dtype(spec.graph.dtype)
@@ -63,7 +64,7 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
     return adapter, tcs
 
 
-def check_layer_keys(spec: Any, n_layers: int) -> None:
+def check_layer_keys(spec: Spec, n_layers: int) -> None:
     """Every per-layer setting names layers the model has (a key out of range is an error,
     never silently ignored)."""
     problems = []
@@ -118,7 +119,7 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
     return [int(i) for i in ids]
 
 
-def resolve_prompt(spec: Any, adapter: ModelAdapter) -> list[int]:
+def resolve_prompt(spec: Spec, adapter: ModelAdapter) -> list[int]:
     return resolve_prompt_like(spec.prompt, adapter)
 
 
@@ -137,7 +138,7 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     return v
 
 
-def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet | None,
+def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: TranscoderSet | None,
                     logits: torch.Tensor, n_pos: int) -> list[ResolvedTarget]:
     """Spec targets -> ResolvedTarget values (tokens resolved, positions and layers checked)."""
     f = adapter.facts
@@ -181,7 +182,7 @@ def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet
             vec = _direction_vector(d, f.d_model, where)
             out.append(ResolvedTarget("direction", pos, weight, layer=d.layer, site=d.site, vector=vec,
                                       name=d.name or ""))
-        else:  # pragma: no cover - the spec's union is closed
+        else:  # the spec's union is closed
             raise AttributionError(f"{where}: unknown target kind")
     for i, r in enumerate(out):
         if r.kind == "logit_diff" and r.tokens[0] == r.tokens[1]:

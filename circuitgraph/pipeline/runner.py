@@ -33,6 +33,7 @@ from circuitgraph.export.html import run_html, write_report
 from circuitgraph.export.labels import load_feature_labels
 from circuitgraph.export.outputs import OutputSet
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import ModelRecord, RunMetadata
 from circuitgraph.pipeline.inputs import (
     check_layer_keys,
     load_inputs,
@@ -43,7 +44,7 @@ from circuitgraph.pipeline.inputs import (
 from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.queries import graph_scores, prune_graph, run_query
 from circuitgraph.queries.qk import qk_problems
-from circuitgraph.spec import load_spec
+from circuitgraph.spec import Spec, SpecSource, load_spec
 from circuitgraph.validation import run_check
 
 __all__ = ["RunResult", "run", "build", "prepare"]
@@ -69,7 +70,7 @@ class RunResult:
             graph's metadata under ``warnings``.
     """
 
-    spec: Any
+    spec: Spec
     graph: AttributionGraph
     full_graph: AttributionGraph
     queries: list[dict[str, Any]] = field(default_factory=list)
@@ -176,7 +177,7 @@ def _attempt(fn: Any, what: str) -> tuple[str, str | None, Any]:
     """``(status, error, result)`` of ``fn()``: a query or check that fails is a result, not an abort."""
     try:
         return "ok", None, fn()
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded with its message
+    except Exception as exc:  # every failure is recorded with its message
         logger.debug("%s failed", what, exc_info=True)
         return "failed", one_line(exc), None
 
@@ -186,7 +187,7 @@ def _versions() -> dict[str, str]:
     for pkg in ("circuitgraph", "torch", "transformer-lens", "sae-lens"):
         try:
             out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:  # pragma: no cover
+        except md.PackageNotFoundError:
             out[pkg] = "unknown"
     return out
 
@@ -206,7 +207,7 @@ def _progress_bar(enabled: bool, desc: str):
     return bar, update
 
 
-def _check_outputs(spec: Any) -> None:
+def _check_outputs(spec: Spec) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
     if ex.diagram.labels is not None:
@@ -230,12 +231,13 @@ class Prepared:
     metadata: dict[str, Any]
 
 
-def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
+def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
     """Load inputs and build the unpruned graph of a spec (no queries, no exports).
 
     ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
     dictionaries (dataset workers load them once and reuse them for every prompt).
     """
+    spec = load_spec(spec)
     p = prepare(spec, inputs=inputs)
     bar, update = _progress_bar(progress, "attribution")
     try:
@@ -244,10 +246,11 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
     finally:
         if bar is not None:
             bar.close()
+    graph.max_dense_nodes = spec.graph.max_dense_nodes
     return graph
 
 
-def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
+def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
     """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
     resolve targets and options."""
     spec = load_spec(spec)
@@ -275,16 +278,14 @@ def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
     )
     tok = adapter.tokenizer
     strs = [tok.token_str(t) if tok is not None else f"<{t}>" for t in tokens]
-    metadata = {
-        "spec": spec.model_dump(mode="json"),
-        "model": {"name": adapter.name, "n_layers": L, "source": adapter.source,
-                  "architecture": adapter.facts.to_dict()},
-        "n_layers": L,
-        "transcoders": tcs.describe() if tcs is not None else None,
-        "prompt_tokens": tokens,
-        "prompt_token_strs": strs,
-        "prompt": _prompt_text(spec, tok, tokens, strs),
-        "graph_options": {
+    metadata = RunMetadata(
+        spec=spec.model_dump(mode="json"),
+        model=ModelRecord(adapter.name, L, adapter.source, adapter.facts.to_dict()),
+        transcoders=tcs.describe() if tcs is not None else None,
+        prompt_tokens=tokens,
+        prompt_token_strs=strs,
+        prompt=_prompt_text(spec, tok, tokens, strs),
+        graph_options={
             "mlp": {str(k): v for k, v in options.mlp.items()},
             "attention": {str(k): v for k, v in options.attention.items()},
             "positional_nodes": options.positional_nodes,
@@ -293,16 +294,16 @@ def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
             "neuron_top_k": options.neuron_top_k,
             "max_feature_nodes": options.max_feature_nodes,
         },
-        "versions": _versions(),
-        "warnings": run_warnings,
-    }
+        versions=_versions(),
+        warnings=run_warnings,
+    ).to_dict()
 
     # a shared graph must not reveal the user's folders: paths relative to the spec, or names
     metadata = portable_paths(metadata, spec_base_dir(spec))
     return Prepared(adapter, tcs, lin, targets, options, metadata)
 
 
-def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+def _prompt_text(spec: Spec, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
     """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
     text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
     if isinstance(text, str):
@@ -315,7 +316,7 @@ def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) 
     return "".join(strs)
 
 
-def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+def _check_qk_items(spec: Spec, adapter: Any, n_pos: int) -> None:
     """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
     checked before the graph is built, so bad input fails fast and writes nothing."""
     f = adapter.facts
@@ -332,7 +333,7 @@ def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any = None) -> Any:
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None) -> Any:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
     The exports are written together or not at all (:class:`~circuitgraph.export.outputs.OutputSet`);
@@ -386,7 +387,8 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
             on = graphs[c.on] if graphs[c.on].context is not None else full
             with _recorded_warnings(run_warnings):
                 status, error, res = _attempt(
-                    lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver).result,
+                    lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver,
+                                                                        seed=spec.seed).result,
                     f"validate[{i}]")
             validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
                                "result": res})
@@ -413,13 +415,13 @@ def _attach_scores(graph: AttributionGraph) -> None:
     graph.metadata["completeness_score"] = scores.completeness_score
 
 
-def _heatmap_outputs(spec: Any) -> dict[str, Path]:
+def _heatmap_outputs(spec: Spec) -> dict[str, Path]:
     """The image files validation checks write (``patching.heatmap``), checked like exports."""
     return {f"validate[{i}].patching.heatmap": c.params.heatmap for i, c in enumerate(spec.validate)
             if c.kind == "patching" and getattr(c.params, "heatmap", None) is not None}
 
 
-def spec_base_dir(spec: Any) -> Path | None:
+def spec_base_dir(spec: Spec) -> Path | None:
     """The folder relative paths of ``spec`` are relative to (its file's folder), if known."""
     return getattr(spec, "base_dir", None)
 

@@ -17,9 +17,8 @@ import numpy as np
 from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import NodeId
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt", "records_of"]
@@ -33,10 +32,10 @@ class QueryResult:
 
     kind: ClassVar[str] = ""
 
-    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass overrides it
+    def to_dict(self) -> dict[str, Any]:  # every subclass overrides it
         raise NotImplementedError
 
-    def table(self, max_rows: int = 10) -> str:  # pragma: no cover - every subclass overrides it
+    def table(self, max_rows: int = 10) -> str:  # every subclass overrides it
         raise NotImplementedError
 
     def __str__(self) -> str:
@@ -55,7 +54,7 @@ class QueryResult:
         ``pip install 'circuitgraph[notebook]'``)."""
         try:
             import pandas as pd
-        except ImportError:  # pragma: no cover - pandas is an optional extra
+        except ImportError:  # pandas is an optional extra
             raise QueryError("to_dataframe() needs pandas; install it with `pip install 'circuitgraph[notebook]'`") \
                 from None
         return pd.DataFrame.from_records(self.records())
@@ -151,10 +150,6 @@ def require_context(graph: AttributionGraph, what: str) -> AttributionContext:
     if graph.context is None:
         raise QueryError(f"{what} needs the live model: run the spec, not a loaded JSON")
     return graph.context
-
-
-def node_str(node: NodeId) -> str:
-    return str(node)
 
 
 def share(value: float, whole: float | None) -> float | None:

@@ -146,7 +146,7 @@ class SubgraphResult(QueryResult):
                             title=f"subgraph {self.filter}: {g.n_nodes} nodes, {g.n_edges} edges")
 
 
-def subgraph(graph: AttributionGraph, filter: Any) -> SubgraphResult:  # noqa: A002 (the spec's key)
+def subgraph(graph: AttributionGraph, filter: Any) -> SubgraphResult:  # the spec's key
     """The subgraph induced by the nodes matching ``filter``.
 
     Example::
@@ -290,6 +290,7 @@ def logit_difference(graph: AttributionGraph, a: NodeId | str, b: NodeId | str, 
         targets=targets,
         metadata=dict(graph.metadata),
         context=graph.context,
+        max_dense_nodes=graph.max_dense_nodes,
     )
     return out, new_id
 

@@ -260,7 +260,7 @@ def prune_graph(
     )
 
 
-def _edges_into(dag, node_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
+def _edges_into(dag, node_mask: np.ndarray) -> np.ndarray:
     """Indices of the edges whose target is kept (chunked: no full-size temporaries besides the
     result)."""
     parts = []
@@ -356,6 +356,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         targets=list(graph.targets),
         metadata=meta,
         context=graph.context,
+        max_dense_nodes=graph.max_dense_nodes,
     )
     pruned.edges_unique = True  # summed per (target, source) above
     meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,

@@ -46,7 +46,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
     from circuitgraph.attribution.context import AttributionContext
 
@@ -297,15 +297,15 @@ def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: i
     The forward pass stops after ``layer``'s scores."""
     _attention_module(adapter, layer)
     rotary = adapter.facts.positional == "rotary"
-    names = {f"blocks.{layer}.attn.hook_{'rot_' if rotary else ''}{s}": s for s in ("q", "k")}
-    scores_name = f"blocks.{layer}.attn.hook_attn_scores"
+    names = {adapter.hook_qk(layer, s, rotated=rotary): s for s in ("q", "k")}
+    scores_name = adapter.hook_attn_scores(layer)
     got: dict[str, torch.Tensor] = {}
 
-    def keep(value, hook):  # noqa: ANN001
+    def keep(value, hook):
         got[names[hook.name]] = value.detach()[0]
         return value
 
-    def stop(value, hook):  # noqa: ANN001
+    def stop(value, hook):
         got["scores"] = value.detach()[0]
         raise _Stop
 

@@ -29,7 +29,7 @@ from circuitgraph.graph.nodes import NODE_KINDS, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context, share
 from circuitgraph.queries.filters import resolve_node
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [

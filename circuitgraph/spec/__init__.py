@@ -14,7 +14,7 @@ from circuitgraph.spec.filters import NodeFilter, TargetSet, TopNodes
 from circuitgraph.spec.graph import AttentionMode, GraphSpec, MlpMode, Prune, PruneSpec
 from circuitgraph.spec.json_schema import spec_json_schema, spec_schema_text, write_spec_schema
 from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
-from circuitgraph.spec.load import check_inputs, load_spec, read_spec_file
+from circuitgraph.spec.load import SpecSource, check_inputs, load_spec, read_spec_file
 from circuitgraph.spec.model import ModelSource, ModelSpec, TranscoderSource, TranscodersSpec
 from circuitgraph.spec.prompts import Prompt, TextPrompt, TokensPrompt
 from circuitgraph.spec.queries import (
@@ -84,6 +84,7 @@ from circuitgraph.spec.validation import (
 __all__ = [
     # loading and schema
     "load_spec",
+    "SpecSource",
     "read_spec_file",
     "check_inputs",
     "spec_json_schema",

@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
 from pydantic import ValidationError
@@ -27,7 +27,10 @@ from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.messages import format_location, format_validation_error
 from circuitgraph.spec.root import Spec
 
-__all__ = ["load_spec", "read_spec_file", "check_inputs", "check_plain_data", "SPEC_SUFFIXES"]
+__all__ = ["load_spec", "read_spec_file", "check_inputs", "check_plain_data", "SPEC_SUFFIXES", "SpecSource"]
+
+#: what the entry points take as a spec: a file path, a mapping, or a validated :class:`Spec`
+SpecSource = Union[str, "os.PathLike[str]", Mapping[str, Any], Spec]
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 #: a spec file larger than this is refused before it is parsed
@@ -257,7 +260,7 @@ def _yaml_children(node: Any) -> list[Any]:
 
 def _parse_yaml(text: str, path: Path) -> Any:
     try:
-        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -15,7 +15,7 @@ from circuitgraph._json import jsonable  # re-exported: the one JSON encoder
 from circuitgraph.adapters.tokenizer import check_prompt_text
 from circuitgraph.errors import TokenError, ValidationRunError
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [

@@ -35,7 +35,7 @@ from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Mo
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
     from circuitgraph.attribution.context import AttributionContext
 

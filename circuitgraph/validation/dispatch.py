@@ -33,7 +33,7 @@ from circuitgraph.validation.gated_signs import sign_regimes
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.qk_check import qk_check
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks"]
@@ -115,12 +115,15 @@ def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
 @dataclass
 class CheckCall:
     """What every check's runner gets besides its parameters: the graph, the model adapter, the
-    tokenizer and the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``)."""
+    tokenizer, the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``) and
+    the run's seed."""
 
     graph: Any
     adapter: ModelAdapter
     tokenizer: Any
     prompt_resolver: PromptResolver | None = None
+    #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
+    seed: int = 0
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -134,7 +137,7 @@ class CheckCall:
 # --- one runner per check kind; the spec's item types name them (``implementation``) ---------
 
 def run_ablate(c: CheckCall, p: Any) -> Any:
-    seed = p.seed if p.seed is not None else c.graph.metadata.get("spec", {}).get("seed", 0)
+    seed = p.seed if p.seed is not None else c.seed
     return ablate(
         c.graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
         reference_prompts=c.prompts(p.reference_prompts, "ablate.reference_prompts"),
@@ -186,13 +189,14 @@ CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementa
 
 
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None) -> CheckResult:
+              prompt_resolver: PromptResolver | None = None, seed: int = 0) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
     ``(kind, params)``.  ``tokenizer`` (default: the model's) turns text prompts and token
     strings into ids; ``prompt_resolver`` (one spec prompt -> token ids) replaces that for
-    prompts.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
+    prompts.  ``seed``: the run's seed (the spec's ``seed``), for checks whose own ``seed`` is
+    not set.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
     """
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
@@ -200,7 +204,7 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
-    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver)
+    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed)
     record = p.model_dump(mode="json")
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 

@@ -67,7 +67,7 @@ from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import markdown_table
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = [
@@ -488,7 +488,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
             splice_out.setdefault(layer, []).append((site, layer))
     inner: dict[str, Any] = {}
     for layer in sorted(in_layers):
-        def grab(value, hook, layer=layer):  # noqa: ANN001
+        def grab(value, hook, layer=layer):
             inner[f"tc_in{layer}"] = value
             inner.pop(f"acts{layer}", None)
             inner.pop(f"edited{layer}", None)
@@ -523,7 +523,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
     for k in splice_out:
         by_hook.setdefault(dictionary_out_hook(adapter, transcoders, k), [])
     for name, sls in by_hook.items():
-        def edit(value, hook, sls=sls):  # noqa: ANN001
+        def edit(value, hook, sls=sls):
             for site, layer in sls:
                 v = _view(site, value)
                 for e in plan.edits[(site, layer)]:
@@ -535,7 +535,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
         if ks:
             k = ks[0]
 
-            def edit_mlp(value, hook, k=k, splice=splice_out[k], rest=edit):  # noqa: ANN001
+            def edit_mlp(value, hook, k=k, splice=splice_out[k], rest=edit):
                 # splices first (relative to the real output), then whole-vector edits
                 delta = torch.zeros_like(value)
                 for site, layer in splice:
@@ -558,7 +558,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
         else:
             hooks.append((name, edit))
 
-    def keep(value, hook):  # noqa: ANN001
+    def keep(value, hook):
         captured[hook.name] = value.detach()
         return value
 

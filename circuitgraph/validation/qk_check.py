@@ -31,7 +31,7 @@ from circuitgraph.queries.qk import qk
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
 from circuitgraph.validation.frozen import frozen_node_hooks
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKCheckRow", "QKCheckResult", "qk_check", "qk_removal_effects"]
@@ -94,7 +94,7 @@ class QKCheckResult:
 
 
 def _sigma_hook(value: torch.Tensor):
-    def fix(scale, hook):  # noqa: ANN001 - the split input adds a head dimension
+    def fix(scale, hook):  # the split input adds a head dimension
         shape = [1, value.shape[0]] + [1] * (scale.ndim - 2)
         return value.to(scale.dtype).view(shape).expand_as(scale).clone()
     return fix
@@ -113,7 +113,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     for _, node in nodes:
         hooks, captured = frozen_node_hooks(context, [node])
 
-        def keep(value, hook):  # noqa: ANN001
+        def keep(value, hook):
             captured["resid"] = value.detach()[0].clone()
             return value
 
@@ -126,7 +126,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     scores: dict[int, torch.Tensor] = {}
 
     def side_hook(side: str, position: int):
-        def fn(value, hook):  # noqa: ANN001 - [batch, pos, head, d_model]
+        def fn(value, hook):  # [batch, pos, head, d_model]
             value = value.clone()
             for b, (s, _) in enumerate(nodes):
                 if s == side:
@@ -135,15 +135,14 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
             return value
         return fn
 
-    def grab(value, hook):  # noqa: ANN001
+    def grab(value, hook):
         scores[0] = value.detach()[:, head, query_position, key_position].double()
         return value
 
-    block = f"blocks.{layer}"
     hooks = [(a.hook_norm_scale("ln1", layer), _sigma_hook(lin.sigma[("ln1", layer)])),
-             (f"{block}.hook_q_input", side_hook("query", query_position)),
-             (f"{block}.hook_k_input", side_hook("key", key_position)),
-             (f"{block}.attn.hook_attn_scores", grab)]
+             (a.hook_qk_input(layer, "q"), side_hook("query", query_position)),
+             (a.hook_qk_input(layer, "k"), side_hook("key", key_position)),
+             (a.hook_attn_scores(layer), grab)]
     previous = model.cfg.use_split_qkv_input
     model.set_use_split_qkv_input(True)
     try:
