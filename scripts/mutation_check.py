@@ -20,6 +20,24 @@ here: the engine and its writers/readers, the frozen model, the ``max_feature_no
 and fold, pruning, the queries (paths, influence, total effects, QK) and the Neuronpedia export.  Prints one line per mutation (caught / NOT CAUGHT, the first failing test; a pytest run
 that ends in anything but test failures is an ERROR, not a catch) and exits 1 if any mutation
 is not caught.  The working tree is never modified.
+
+The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mutations caught.
+
+    reversed-decoder-rows, ln1-sigma-for-ln2, neuron-ln1-sigma, wrong-head, off-by-one-position,
+    transposed-attention-map, transposed-skip, no-centring, engine-edge-to-wrong-reader
+        by tests/test_edges_independent.py::test_every_edge_equals_the_libraries_removal
+    engine-reader-constant-dropped    by tests/test_attribution.py::test_completeness_every_node
+    fold-keeps-one-writer             by tests/test_attribution.py::test_max_feature_nodes_keeps_completeness
+    selection-reversed-ranking        by tests/test_attribution.py::test_max_feature_nodes_selects_the_most_influential_features
+    cumulative-influence-ascending    by tests/test_queries_prune.py::test_cumulative_scores_are_the_shares_of_the_nodes_ranked_at_or_above
+    prune-threshold-ascending         by tests/test_queries_prune.py::test_find_threshold_by_hand
+    paths-no-divisor                  by tests/test_queries_paths.py::test_exact_kbest_equals_brute_force
+    influence-row-divisor-off, total-effect-gain-inverted
+        by tests/test_queries_influence.py::test_chain_by_hand
+    qk-rotation-transposed, qk-key-read-with-query-sigma
+        by tests/test_qk.py::test_sums_equal_the_model_score_every_head_float32
+    neuronpedia-links-reversed, neuronpedia-influence-of-the-pruned-graph
+        by tests/test_neuronpedia.py::test_scores_and_nodes_equal_circuit_tracers_file
 """
 
 from __future__ import annotations
