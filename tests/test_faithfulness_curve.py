@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from circuitgraph.attribution import ResolvedTarget, attribute
-from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation import curve_areas, faithfulness_curve, run_check
 from tests.conftest import load_bundle, make_bundle
 

@@ -10,8 +10,14 @@ checkpoint of a supported architecture loads as it is (the real one or a small s
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+from pathlib import Path
 from typing import Any, Callable
+
+import einops
+import torch
 
 from circuitgraph.errors import LoadError
 
@@ -166,9 +172,6 @@ def convert_qwen3_moe_weights(hf_model: Any, cfg: Any) -> dict[str, Any]:
     TransformerLens's ``convert_qwen3_weights``, and Mixtral's experts, as ``convert_mixtral_weights``
     (transformers 5 fuses each expert's gate and up projections, ``gate_up_proj (E, 2 d_mlp,
     d_model)``, gate first; ``down_proj (E, d_model, d_mlp)``; the router is ``mlp.gate.weight``)."""
-    import einops
-    import torch
-
     H, n_kv, dh, D = cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads, cfg.d_head, cfg.d_model
     kv = "_" if cfg.n_key_value_heads is not None else ""
     zeros = lambda *shape: torch.zeros(*shape, dtype=cfg.dtype)  # noqa: E731
@@ -233,14 +236,12 @@ def hooked_config_dict(hf_config: Any) -> dict[str, Any]:
 def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center_writing_weights: bool,
                   center_unembed: bool, name: str):
     """A HookedTransformer from a Hugging Face snapshot folder (config.json, safetensors, tokenizer)."""
-    import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
     raw = hooked_config_dict(hf_config)
     arch = raw["original_architecture"]
-    from pathlib import Path
 
     tokenizer = None
     if any((Path(folder) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
@@ -248,8 +249,6 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
     # else: a snapshot without tokenizer files (transformers would build an empty one): token ids only
     raw.update(dtype=dtype, device=device, tokenizer_name=name if tokenizer is not None else None)
     cfg = HookedTransformerConfig(**raw)
-    import contextlib
-    import io
 
     from transformers.utils import logging as hf_logging
 

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from circuitgraph._hub import require_hub
 from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.adapters.files import safetensors_header
+from circuitgraph.adapters.hf_config import ARCHITECTURES, load_snapshot
+from circuitgraph.adapters.model_config import check_config_against_weights, read_model_config
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-from circuitgraph.errors import LoadError
+from circuitgraph.builtin import BUILTIN_MODELS
+from circuitgraph.dictionaries.hub import _cache_dir, _offline
+from circuitgraph.errors import LoadError, one_line
 
 __all__ = ["load_model_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
 
@@ -53,8 +62,6 @@ def load_model_dir(
     """
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from circuitgraph.adapters.model_config import check_config_against_weights, read_model_config
-
     path = Path(path)
     if not path.is_dir():
         raise LoadError(f"model directory {path} does not exist")
@@ -63,7 +70,6 @@ def load_model_dir(
         if not f.is_file():
             raise LoadError(f"model directory {path} has no {f.name}; expected config.json and model.safetensors")
     raw = read_model_config(cfg_file, trust_remote_code=trust_remote_code)
-    from circuitgraph.adapters.files import safetensors_header
 
     table = safetensors_header(weights)
     shapes = {k: v["shape"] for k, v in table.items()}
@@ -76,12 +82,12 @@ def load_model_dir(
     try:
         cfg = HookedTransformerConfig(**raw)
     except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error
-        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {_one_line(exc)}") from None
+        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {one_line(exc, limit=300, typed=False)}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
             model = HookedTransformer(cfg, move_to_device=False)
     except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {_one_line(exc)}") from None
+        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {one_line(exc, limit=300, typed=False)}") from None
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     wrong = [f"{k} is {list(shapes[k])}, config.json implies {list(expected[k])}"
              for k in shapes if k in expected and tuple(shapes[k]) != expected[k]]
@@ -107,11 +113,6 @@ def load_model_dir(
     return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)})
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _numel(shape: Any) -> int:
     n = 1
     for d in shape:
@@ -120,12 +121,10 @@ def _numel(shape: Any) -> int:
 
 
 def _load_safetensors(weights: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(weights), device="cpu")
     except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{weights} is not a readable safetensors file ({_one_line(exc)}); "
+        raise LoadError(f"{weights} is not a readable safetensors file ({one_line(exc, limit=300, typed=False)}); "
                         "re-save the weights with safetensors.torch.save_file") from None
 
 
@@ -134,8 +133,6 @@ def resolve_model_name(name: str) -> str:
     name matched case-insensitively to an official name or its last part (``llama-3.2-1b`` ->
     ``meta-llama/Llama-3.2-1B``, ``gemma-2-2b`` -> ``google/gemma-2-2b``, ``qwen3-0.6b`` ->
     ``Qwen/Qwen3-0.6B``)."""
-    import difflib
-
     from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
 
     try:
@@ -157,12 +154,7 @@ def _architecture_snapshot(repo: str) -> str | None:
     """The local snapshot folder of ``repo`` when its config.json names an architecture that
     :mod:`circuitgraph.adapters.hf_config` builds from the files (weights fetched into the cache
     unless HF_HUB_OFFLINE is set); None otherwise (TransformerLens's own loader is used)."""
-    import json
-
     from huggingface_hub import hf_hub_download, snapshot_download
-
-    from circuitgraph.adapters.hf_config import ARCHITECTURES
-    from circuitgraph.dictionaries.hub import _cache_dir, _offline
 
     where = {"cache_dir": _cache_dir(), "local_files_only": _offline()}
     try:
@@ -191,8 +183,6 @@ def load_model_name(
     """A TransformerLens pretrained model by name, or by a family name such as ``llama-3.2-1b``
     (:func:`resolve_model_name`), from the hub or the local Hugging Face cache
     (``HF_HUB_OFFLINE=1``: cached files only)."""
-    import os
-
     from transformer_lens import HookedTransformer
 
     name = resolve_model_name(name)
@@ -200,8 +190,6 @@ def load_model_name(
     snapshot = _architecture_snapshot(name)
     try:
         if snapshot is not None:
-            from circuitgraph.adapters.hf_config import load_snapshot
-
             model = load_snapshot(snapshot, dtype=torch_dtype(dtype), device=resolve_device(device), fold_ln=fold_ln,
                                   center_writing_weights=center_writing_weights, center_unembed=center_unembed,
                                   name=name)
@@ -243,8 +231,6 @@ def load_model_name(
 
 def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu") -> tuple[ModelAdapter, Path]:
     """The built-in model ``name``; returns the adapter and the bundle folder (with transcoders/)."""
-    from circuitgraph.builtin import BUILTIN_MODELS
-
     if name not in BUILTIN_MODELS:
         raise LoadError(f"unknown built-in model {name!r}; available: {', '.join(sorted(BUILTIN_MODELS))}")
     bundle = Path(BUILTIN_MODELS[name]())
@@ -252,6 +238,3 @@ def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu"
     adapter.source = {"builtin": name}
     return adapter, bundle
 
-
-def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
-    return adapter.describe()

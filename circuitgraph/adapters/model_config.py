@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from circuitgraph.adapters.files import read_json_file
+from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 
 __all__ = ["read_model_config", "CONFIG_FIELDS", "IGNORED_CONFIG_FIELDS", "REMOTE_CODE_FIELDS",
