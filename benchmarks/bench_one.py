@@ -97,13 +97,12 @@ def run_one(p: BenchParams) -> dict[str, Any]:
 
     from circuitgraph.adapters.loading import torch_dtype
     from circuitgraph.attribution import attribute
+    from circuitgraph.cli.main import _settle_heap
     from circuitgraph.export import graph_to_json, save_graph_binary
     from circuitgraph.pipeline.inputs import load_inputs
     from circuitgraph.queries import prune_graph
     from circuitgraph.queries.scores import graph_scores
     from circuitgraph.spec import load_spec
-
-    from circuitgraph.cli.main import _settle_heap
 
     _settle_heap()
     if p.threads:

@@ -44,8 +44,8 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -475,7 +475,7 @@ def gpu_reason() -> str | None:
     """Why the GPU runs cannot be made here (None: they can)."""
     try:
         import torch
-    except ImportError:  # pragma: no cover
+    except ImportError:
         return "torch is not installed"
     if not torch.cuda.is_available():
         return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"

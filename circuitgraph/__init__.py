@@ -45,9 +45,9 @@ _LAZY = {
     "NodeId": ("circuitgraph.graph.nodes", "NodeId"),
     "CircuitGraphError": ("circuitgraph.errors", "CircuitGraphError"),
     "RunResult": ("circuitgraph.pipeline.runner", "RunResult"),
-    "run": ("circuitgraph.pipeline.runner", "run"),
+    "run": ("circuitgraph.pipeline.entry", "run"),
     "build": ("circuitgraph.pipeline.runner", "build"),
-    "dry_run": ("circuitgraph.pipeline.runner", "dry_run"),
+    "dry_run": ("circuitgraph.pipeline.entry", "dry_run"),
     "attribute": ("circuitgraph.attribution.build", "attribute"),
     "Spec": ("circuitgraph.spec", "Spec"),
     "load_spec": ("circuitgraph.spec", "load_spec"),
@@ -56,18 +56,8 @@ _LAZY = {
     "steer": ("circuitgraph.validation.steering", "steer"),
     "diff": ("circuitgraph.pipeline.compare", "diff"),
     "open_features": ("circuitgraph.features.summary", "open_features"),
+    "load_graph": ("circuitgraph.export.graph_files", "load_graph"),
 }
-
-
-def load_graph(path: str) -> Any:
-    """Load a graph written by ``export: {json: ...}`` (``.json``) or ``export: {graph: ...}`` (``.npz``)."""
-    if str(path).endswith(".npz"):
-        from circuitgraph.export import load_graph_binary
-
-        return load_graph_binary(path)
-    from circuitgraph.graph.graph import AttributionGraph
-
-    return AttributionGraph.from_json(path)
 
 
 def __getattr__(name: str) -> Any:

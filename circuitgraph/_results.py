@@ -14,6 +14,7 @@ it, from that document:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from circuitgraph.errors import CircuitGraphError
@@ -111,6 +112,6 @@ class Tabular:
             " :", ":")
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import result_html
-
+        # named, not imported: export imports the results (see circuitgraph.graph.graph.EXPORTS)
+        result_html = getattr(importlib.import_module("circuitgraph.export.html"), "result_html")
         return result_html(getattr(self, "kind", "") or type(self).__name__, self)

@@ -22,14 +22,40 @@ __all__ = [
     "RenderError",
     "ResourceError",
     "UnknownTokenWarning",
+    "one_line",
 ]
+
+#: an error line longer than this is cut (a message must never dump a huge value)
+MAX_ERROR_CHARS = 4000
 
 
 class CircuitGraphError(Exception):
     """Base class of every error circuitgraph raises on bad input."""
 
 
-def _one_line(text: str) -> str:
+def one_line(error: BaseException | str, *, limit: int = MAX_ERROR_CHARS, typed: bool = True) -> str:
+    """An error (or a message) as one bounded, printable line: the one error-line formatter.
+
+    Runs of whitespace become one space, lone surrogates are escaped (printable in any
+    terminal), and a line longer than ``limit`` is cut with ``...``.  An exception that is not a
+    :class:`CircuitGraphError` is prefixed with its type name when ``typed`` (``ValueError: ...``:
+    a message of our own already says what went wrong); an empty message gives the type name.
+
+        >>> one_line(ValueError("bad\\n  value"))
+        'ValueError: bad value'
+        >>> one_line(LoadError("no such file"))
+        'no such file'
+    """
+    if isinstance(error, BaseException):
+        text = str(error) if isinstance(error, CircuitGraphError) or not typed else f"{type(error).__name__}: {error}"
+        text = " ".join(text.split()) or type(error).__name__
+    else:
+        text = " ".join(error.split())
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _escape_controls(text: str) -> str:
     """Control characters (a newline inside a key or value of the spec) written as escapes, so
     the message stays on one line."""
     return "".join(repr(c)[1:-1] if c < " " or c == "\x7f" else c for c in text)
@@ -37,7 +63,7 @@ def _one_line(text: str) -> str:
 
 def _problems_text(what: str, errors: list[tuple[str, str]]) -> str:
     """One line for a list of ``(location, message)`` problems: ``invalid WHAT: ...``."""
-    lines = [_one_line(f"{loc}: {msg}" if loc else msg) for loc, msg in errors]
+    lines = [_escape_controls(f"{loc}: {msg}" if loc else msg) for loc, msg in errors]
     if len(lines) == 1:
         return f"invalid {what}: {lines[0]}"
     return f"invalid {what} ({len(lines)} problems): " + "; ".join(lines)

@@ -50,14 +50,14 @@ from pathlib import Path
 # and does not change any result.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from jaxtyping import Float, Int  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-from torch import Tensor  # noqa: E402
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from safetensors.torch import save_file
+from torch import Tensor
 
-from circuitgraph.builtin import demo_path  # noqa: E402
-from circuitgraph.builtin.demo_task import (  # noqa: E402
+from circuitgraph.builtin import demo_path
+from circuitgraph.builtin.demo_task import (
     make_prompts,
     make_training_texts,
     noun_position,

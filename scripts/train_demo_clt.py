@@ -36,10 +36,10 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_demo import (  # noqa: E402
+from train_demo import (
     DEMO_PROMPT,
     article_ids,
     article_metrics,
@@ -50,8 +50,8 @@ from train_demo import (  # noqa: E402
     reproducible,
 )
 
-from circuitgraph.builtin import demo_path  # noqa: E402
-from circuitgraph.builtin.demo_task import make_prompts, make_training_texts, noun_position, vocabulary  # noqa: E402
+from circuitgraph.builtin import demo_path
+from circuitgraph.builtin.demo_task import make_prompts, make_training_texts, noun_position, vocabulary
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 # OpenMP threads sleep instead of spinning while they wait (set before torch is imported):
 # on shared cores spinning makes small tensor work many times slower
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-warnings.filterwarnings("ignore")
+import pytest
+import torch
 
 try:  # property-based tests: reproducible by default (CI), random with HYPOTHESIS_PROFILE=explore
     from hypothesis import settings as _hypothesis_settings
@@ -82,6 +79,18 @@ def variant(request):
 CT_CASES = ("example-gpt2", "example-llama", "tiny-gpt2-skip", "tiny-llama-skip-jr")
 
 
+def circuit_tracer_or_skip() -> None:
+    """Skip the calling test, with the reason, when circuit-tracer's virtualenv is missing; fail
+    instead when CIRCUITGRAPH_REQUIRE_CT is set (as in CI). Every circuit-tracer test calls it."""
+    from circuitgraph.testing.circuit_tracer import circuit_tracer_unavailable
+
+    reason = circuit_tracer_unavailable()
+    if reason:
+        if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
+            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_CT is set)")
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def circuit_tracer_graphs(tmp_path_factory):
     """``{case: (bundle directory, CircuitTracerGraph)}``: circuit-tracer run once per session on
@@ -89,13 +98,9 @@ def circuit_tracer_graphs(tmp_path_factory):
 
     Skipped, with the reason, when that virtualenv is missing, unless CIRCUITGRAPH_REQUIRE_CT is set
     (as in CI), which turns the skip into a failure."""
-    from circuitgraph.testing.circuit_tracer import circuit_tracer_unavailable, run_circuit_tracer
+    from circuitgraph.testing.circuit_tracer import run_circuit_tracer
 
-    reason = circuit_tracer_unavailable()
-    if reason:
-        if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
-            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_CT is set)")
-        pytest.skip(reason)
+    circuit_tracer_or_skip()
     root = tmp_path_factory.mktemp("circuit_tracer")
     bundles = {
         "example-gpt2": SHARED_FIXTURES / "example-gpt2",

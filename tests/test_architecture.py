@@ -181,17 +181,23 @@ def test_context_propagation_reproduces_every_edge(tmp_path, granularity):
     assert checked > 100
 
 
-def test_max_dense_nodes_is_the_dense_limit():
-    """The spec key ``graph.max_dense_nodes`` (recorded in the run's metadata) limits densifying."""
+def test_max_dense_nodes_is_the_dense_limit(tmp_path):
+    """The spec key ``graph.max_dense_nodes`` (the graph's ``max_dense_nodes``, kept by its copies
+    and by its file) limits densifying."""
     from circuitgraph.errors import QueryError
+    from circuitgraph.export import graph_from_json
     from tests.test_queries_graphs import random_dag
 
     g = random_dag(0)
     assert g.dense_adjacency().shape == (g.n_nodes, g.n_nodes)
-    g.metadata["spec"] = {"graph": {"max_dense_nodes": g.n_nodes - 1}}
-    with pytest.raises(QueryError, match="max_nodes"):
-        g.dense_adjacency()
+    g.max_dense_nodes = g.n_nodes - 1
+    for h in (g, g.subgraph([n.id for n in g.nodes])):
+        with pytest.raises(QueryError, match="max_nodes"):
+            h.dense_adjacency()
     assert g.dense_adjacency(max_nodes=g.n_nodes).shape == (g.n_nodes, g.n_nodes)
+    g.metadata["spec"] = {"graph": {"max_dense_nodes": g.n_nodes - 1}}  # what a run writes in the file
+    with pytest.raises(QueryError, match="max_nodes"):
+        graph_from_json(g.to_json()).dense_adjacency()
 
 
 def test_tests_scripts_and_benchmarks_use_the_public_context_too():

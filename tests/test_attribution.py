@@ -18,7 +18,7 @@ import torch
 from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
-from tests.conftest import VARIANTS, load_bundle, make_bundle
+from tests.conftest import load_bundle, make_bundle
 
 MIXED = dict(mlp={0: "transcoders", 1: "neurons"}, attention={0: "frozen", 1: "heads"})
 
@@ -243,3 +243,45 @@ def test_bidirectional_head_split_of_an_edge_from_a_later_position(tmp_path):
     for by_position in (False, True):
         res = head_split(g, g.nodes[s].id, g.nodes[t].id, by_position=by_position)
         assert parts_sum_check(res) < 1e-10
+
+
+def _greedy_selection(full, k: int, per_round: int) -> list[int]:
+    """circuit-tracer's max_feature_nodes rule recomputed from the FULL graph's edges with a dense
+    matrix (no code of feature_selection.py): rows known = every non-feature reader's and the
+    expanded features'; each round ranks the unexpanded features by the influence on the targets
+    through the known rows (each row normalised by its sum of |w|), expands the best
+    ``per_round``.  Returns the expanded feature rows; asserts every round's cut is not a tie."""
+    n = full.n_nodes
+    A = np.zeros((n, n))
+    A[full.edge_target, full.edge_source] = np.abs(full.edge_weight.astype(np.float64))
+    start = np.zeros(n)
+    for tid, w in full.targets:
+        start[full.index_of(tid)] = w
+    features = [i for i, node in enumerate(full.nodes) if node.kind == "feature"]
+    known = np.array([node.kind != "feature" for node in full.nodes])
+    chosen: list[int] = []
+    while len(chosen) < k:
+        M = np.where(known[:, None], A, 0.0)
+        M /= np.maximum(M.sum(1, keepdims=True), 1e-8)
+        infl, x = np.zeros(n), start.copy()
+        for _ in range(2 * len(full.nodes)):
+            x = M.T @ x
+            infl += x
+        todo = sorted((f for f in features if f not in chosen), key=lambda f: -infl[f])
+        take = min(per_round, k - len(chosen))
+        assert infl[todo[take - 1]] > infl[todo[take]] * (1 + 1e-6), "a tie at the cut: choose another k"
+        chosen += todo[:take]
+        known[todo[:take]] = True
+    return chosen
+
+
+@pytest.mark.parametrize("k,batch_size", [(6, 8), (9, 1)], ids=["one-round", "three-rounds"])
+def test_max_feature_nodes_selects_the_most_influential_features(tmp_path, k, batch_size):
+    """The kept features are the ones circuit-tracer's rule picks, recomputed independently from
+    the full graph (a reversed or wrong ranking keeps other features); in one round (k <= 4 x
+    batch_size) that is the top-k of the full graph's influence through the target rows."""
+    adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned"), "float64")
+    full = attribute(adapter, tokens, tcs, dtype=torch.float64)
+    expected = {full.nodes[r].id for r in _greedy_selection(full, k, 4 * batch_size)}
+    g = attribute(adapter, tokens, tcs, dtype=torch.float64, max_feature_nodes=k, batch_size=batch_size)
+    assert {n.id for n in g.nodes if n.kind == "feature"} == expected

@@ -142,10 +142,10 @@ def fake_api(monkeypatch):
         calls.append(("dry_run", spec, {}))
         return ["would build a graph of at most 40 nodes"]
 
-    module = types.ModuleType("circuitgraph.pipeline.runner")
+    module = types.ModuleType("circuitgraph.pipeline.entry")
     module.run, module.dry_run = run, dry_run
-    monkeypatch.setitem(sys.modules, "circuitgraph.pipeline.runner", module)
-    monkeypatch.setattr(circuitgraph.pipeline, "runner", module, raising=False)
+    monkeypatch.setitem(sys.modules, "circuitgraph.pipeline.entry", module)
+    monkeypatch.setattr(circuitgraph.pipeline, "entry", module, raising=False)
     return calls
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from circuitgraph.attribution import ResidualLocation, attribute
 from circuitgraph.dictionaries import CrossLayerTranscoder, detect_format, load_dictionaries
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 from circuitgraph.testing.synthetic import random_clt, save_bundle, save_clt, tiny_model
+from tests.conftest import circuit_tracer_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "circuit_tracer"))
@@ -34,12 +34,10 @@ def _clt(tmp_path: Path, arch: dict, **kwargs) -> tuple[ModelAdapter, CrossLayer
 
 
 # ----------------------------------------------------------------------------- agreement
-@pytest.mark.skipif(clt_agreement.ct_python() is None,
-                    reason="circuit-tracer 0.5.0 is not installed (.venv-ct or CIRCUITGRAPH_CT_PYTHON); "
-                           "bash scripts/install_circuit_tracer.sh creates it")
 def test_clt_edges_equal_circuit_tracers(tmp_path):
     """GPT-2 and Llama style, ReLU and JumpReLU: every edge of circuit-tracer's own CLT graph
     within 1e-5 of the largest edge, same feature nodes, completeness recorded."""
+    circuit_tracer_or_skip()
     jobs = [clt_agreement.make_case(tmp_path, name) for name in clt_agreement.CASES]
     clt_agreement.run_circuit_tracer(jobs, tmp_path, clt_agreement.ct_python())
     for job in jobs:

@@ -15,6 +15,7 @@ from circuitgraph.dictionaries import detect_format, load_dictionaries
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.testing.synthetic import random_layer_dictionary, save_bundle, save_layer_dictionary, tiny_model
+from tests.conftest import circuit_tracer_or_skip
 
 GPT2 = dict(norm="LN", mlp="gelu", positional="learned", n_layers=2)
 LLAMA = dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2, n_layers=2)
@@ -173,9 +174,7 @@ def test_per_layer_formats_equal_circuit_tracers(tmp_path):
     sys.path.insert(0, str(repo / "benchmarks" / "circuit_tracer"))
     import clt_agreement
 
-    if clt_agreement.ct_python() is None:
-        pytest.skip("circuit-tracer 0.5.0 is not installed (.venv-ct or CIRCUITGRAPH_CT_PYTHON); "
-                    "bash scripts/install_circuit_tracer.sh creates it")
+    circuit_tracer_or_skip()
     jobs = []
     gemma2 = dict(norm="RMS", mlp="gated", positional="rotary", post_norms=True, n_layers=3)  # writes mlp.hook_out
     for name, arch, act, skip in [("gpt2 relu", GPT2, "relu", False), ("llama jump_relu skip", LLAMA, "jump_relu", True),

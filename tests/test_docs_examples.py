@@ -208,7 +208,7 @@ def test_doc_blocks_run(path, workdir, demo_base, demo_graphs, monkeypatch):
             continue
         if lang == "python":
             with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(code, where, "exec"), namespace)  # noqa: S102 - the documented example
+                exec(compile(code, where, "exec"), namespace)  # the documented example
         elif lang == "yaml":
             _run_yaml(code, where, workdir, demo_base, demo_graphs)
         elif lang == "json":

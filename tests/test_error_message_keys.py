@@ -13,8 +13,8 @@ the same message.
 from __future__ import annotations
 
 import ast
-import difflib
 import dataclasses
+import difflib
 import json
 import re
 from pathlib import Path

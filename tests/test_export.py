@@ -18,11 +18,11 @@ import circuitgraph.export as export
 from circuitgraph._io import atomic_write_bytes, atomic_write_text, atomic_writer
 from circuitgraph.errors import ExportError, LoadError, RenderError
 from circuitgraph.export import render as render_module
-from circuitgraph.export.dot import NEGATIVE_COLOR, POSITIVE_COLOR, dot_quote, graph_to_dot
 from circuitgraph.export.binary import load_graph_binary, read_graph_binary, save_graph_binary
+from circuitgraph.export.dot import NEGATIVE_COLOR, POSITIVE_COLOR, dot_quote, graph_to_dot
+from circuitgraph.export.graph_schema import SCHEMA_PATH, graph_json_schema, graph_schema_text
 from circuitgraph.export.json_graph import graph_from_json, graph_to_json, read_graph_json
 from circuitgraph.export.neuronpedia import FEATURE_TYPES, graph_to_neuronpedia
-from circuitgraph.export.graph_schema import SCHEMA_PATH, graph_json_schema, graph_schema_text
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
 

@@ -21,11 +21,11 @@ import torch
 pa = pytest.importorskip("pyarrow", reason="feature dashboards need pyarrow (pip install '.[dataset]')")
 pq = pytest.importorskip("pyarrow.parquet")
 
-import circuitgraph
-from circuitgraph.errors import CircuitGraphError
-from circuitgraph.features import open_features
-from circuitgraph.features.topk import FeatureState
-from circuitgraph.testing.synthetic import (
+import circuitgraph  # noqa: E402
+from circuitgraph.errors import CircuitGraphError  # noqa: E402
+from circuitgraph.features import open_features  # noqa: E402
+from circuitgraph.features.topk import FeatureState  # noqa: E402
+from circuitgraph.testing.synthetic import (  # noqa: E402
     random_clt,
     random_transcoders,
     save_bundle,

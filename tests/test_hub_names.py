@@ -96,10 +96,9 @@ def test_missing_file_names_it_and_how_to_get_it(tmp_path, offline_cache):
 def _tiny_gpt2_repo(folder):
     """A GPT-2 of the real architecture (transformers' GPT2LMHeadModel, its config.json and
     model.safetensors) with tiny random weights and a word-level tokenizer."""
+    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    import torch
 
     torch.manual_seed(0)
     m = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=4, vocab_size=64, n_positions=32, n_ctx=32))

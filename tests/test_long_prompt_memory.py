@@ -20,8 +20,8 @@ from circuitgraph.attribution import build as build_mod
 from circuitgraph.attribution import engine as engine_mod
 from circuitgraph.attribution import frozen_model as fm_mod
 from circuitgraph.attribution import linearisation as lin_mod
-from circuitgraph.attribution.engine import EdgeResult
 from circuitgraph.attribution.dense_rows import DenseRows
+from circuitgraph.attribution.engine import EdgeResult
 from circuitgraph.attribution.feature_selection import fold_unselected, parts_influence, select_and_compute
 from circuitgraph.attribution.linearisation import OffloadedPatterns, frozen, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes

@@ -237,8 +237,8 @@ def test_sharded_folder_with_its_index(tmp_path):
 
 
 def test_unsupported_model_type_is_one_line(tmp_path):
-    from circuitgraph.spec import load_spec
     from circuitgraph.adapters.files import check_input_files
+    from circuitgraph.spec import load_spec
 
     folder = tmp_path / "bert"
     folder.mkdir()
@@ -252,8 +252,8 @@ def test_unsupported_model_type_is_one_line(tmp_path):
 
 
 def test_validate_reads_a_huggingface_folder(tmp_path):
-    from circuitgraph.spec import load_spec
     from circuitgraph.adapters.files import check_input_files
+    from circuitgraph.spec import load_spec
 
     folder = save_checkpoint(tiny_checkpoint("gpt_neox"), tmp_path / "ckpt")
     check_input_files(load_spec(_spec({"path": str(folder)})))  # no error: supported, files readable

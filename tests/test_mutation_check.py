@@ -27,3 +27,24 @@ def test_mutations_cover_the_listed_mistakes():
     names = {m.name for m in mutation_check.MUTATIONS}
     assert {"reversed-decoder-rows", "ln1-sigma-for-ln2", "wrong-head", "off-by-one-position",
             "transposed-attention-map"} <= names
+
+
+def test_every_stage_that_computes_a_number_has_a_mistake():
+    """The engine, the fold and the ranking of max_feature_nodes, pruning, the queries and the
+    Neuronpedia export each carry at least one mutation, whose test files exist."""
+    paths = {m.path for m in mutation_check.MUTATIONS}
+    assert {"circuitgraph/attribution/engine.py", "circuitgraph/attribution/nodes_builder.py",
+            "circuitgraph/attribution/frozen_model.py", "circuitgraph/attribution/dense_rows.py",
+            "circuitgraph/attribution/feature_selection.py", "circuitgraph/queries/prune.py",
+            "circuitgraph/queries/paths.py", "circuitgraph/queries/influence.py", "circuitgraph/queries/qk.py",
+            "circuitgraph/export/neuronpedia.py"} <= paths
+    assert "selection-reversed-ranking" in {m.name for m in mutation_check.MUTATIONS}
+    for m in mutation_check.MUTATIONS:
+        assert m.tests and all((REPO / t.split("::")[0]).is_file() for t in m.tests), m.name
+
+
+def test_the_copy_is_the_whole_tree():
+    """What the tests read besides the package (schemas, docs, examples, benchmarks) is copied."""
+    files = set(mutation_check.tree_files())
+    for rel in ("pyproject.toml", "README.md", "schemas", "docs", "examples", "benchmarks", "tests", "scripts"):
+        assert rel in files or any(f.startswith(rel + "/") for f in files), rel

@@ -76,8 +76,8 @@ def test_unknown_target_token_exits_2_in_one_line_and_writes_nothing(tmp_path, t
 
 
 def test_nearest_entries_are_the_close_ones():
-    from circuitgraph.builtin import demo_path
     from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.builtin import demo_path
 
     tok = Tokenizer.from_dir(demo_path() / "model" / "tokenizer")
     with pytest.raises(TokenError, match=r"' ann'.*unknown token '<unk>'.*nearest vocabulary entries: ' an'"):
@@ -139,9 +139,8 @@ def test_unknown_prompt_pieces_are_a_recorded_warning(demo_run):
     assert f"warning: {warning}" in result.stdout
     with warnings.catch_warnings():  # a clean prompt warns about nothing
         warnings.simplefilter("error", UnknownTokenWarning)
-        from circuitgraph.adapters.tokenizer import check_prompt_text
+        from circuitgraph.adapters.tokenizer import Tokenizer, check_prompt_text
         from circuitgraph.builtin import demo_path
-        from circuitgraph.adapters.tokenizer import Tokenizer
 
         check_prompt_text(Tokenizer.from_dir(demo_path() / "model" / "tokenizer"), "mia saw the owl", strict=True,
                           where="prompt")

@@ -90,19 +90,19 @@ def load_ct_graph(circuit_tracer_graphs: dict, name: str) -> tuple[AttributionGr
 class _ReluEncoder:
     """Stands in for the sae-lens object: ``encode(x) = relu(x W_enc + b_enc)``."""
 
-    def __init__(self, W_enc, b_enc):  # noqa: ANN001
+    def __init__(self, W_enc, b_enc):
         self.W_enc, self.b_enc = W_enc, b_enc
 
-    def encode(self, x):  # noqa: ANN001, ANN201
+    def encode(self, x):
         import torch
 
         return torch.relu(x @ self.W_enc + self.b_enc)
 
-    def to(self, dtype=None, **_):  # noqa: ANN001, ANN201
+    def to(self, dtype=None, **_):
         return _ReluEncoder(self.W_enc.to(dtype), self.b_enc.to(dtype))
 
 
-def stub_transcoders(model, tokens, *, d_sae: int = 24, active_frac: float = 0.3,  # noqa: ANN001, ANN201
+def stub_transcoders(model, tokens, *, d_sae: int = 24, active_frac: float = 0.3,
                      seed: int = 0):
     """ReLU transcoders reading ``ln2.hook_normalized``, as plain tensors (float64)."""
     import torch

@@ -18,7 +18,7 @@ from tests.test_queries_graphs import ARCHS, attributed, chain_graph, random_dag
 
 
 # ------------------------------------------------------------------ brute force
-def all_paths(g: AttributionGraph, sources, targets, *, through=(), avoid=None, max_length=None):  # noqa: ANN001
+def all_paths(g: AttributionGraph, sources, targets, *, through=(), avoid=None, max_length=None):
     """Every path (as rows) from a source row to a target row, by depth-first search."""
     out_edges: dict[int, list[int]] = {}
     for s, t in zip(g.edge_source.tolist(), g.edge_target.tolist()):
@@ -54,7 +54,7 @@ def brute_value(g: AttributionGraph, rows: list[int], rank: str) -> float:
     return float(value)
 
 
-def rows_of(g: AttributionGraph, res) -> list[list[int]]:  # noqa: ANN001
+def rows_of(g: AttributionGraph, res) -> list[list[int]]:
     return [[g.index_of(n) for n in p.nodes] for p in res.paths]
 
 
@@ -166,7 +166,7 @@ def test_paths_source_matching_nothing():
 
 
 # ------------------------------------------------------------------ head split
-def _strongest_edges(g: AttributionGraph, n: int):  # noqa: ANN202
+def _strongest_edges(g: AttributionGraph, n: int):
     order = np.argsort(-np.abs(g.edge_weight))
     return [(g.nodes[g.edge_source[i]].id, g.nodes[g.edge_target[i]].id) for i in order[:n]]
 

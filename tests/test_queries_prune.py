@@ -4,7 +4,6 @@ on the pruned graph through remainder nodes, top-k caps, target share, bad thres
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import textwrap
 
@@ -15,7 +14,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries import compute_scores, find_threshold, node_influence, prune_graph
-from tests.conftest import CT_CASES
+from tests.conftest import CT_CASES, circuit_tracer_or_skip
 from tests.test_queries_graphs import ARCHS, attributed, load_ct_graph, random_dag
 
 
@@ -114,13 +113,9 @@ CT_SCRIPT = textwrap.dedent(
 def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
     """circuit-tracer's prune_graph and compute_graph_scores (its file, run in its virtualenv)
     on random graphs in its layout, at several thresholds."""
-    from circuitgraph.testing.circuit_tracer import circuit_tracer_python, circuit_tracer_unavailable
+    from circuitgraph.testing.circuit_tracer import circuit_tracer_python
 
-    reason = circuit_tracer_unavailable()
-    if reason:
-        if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
-            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_CT is set)")
-        pytest.skip(reason)
+    circuit_tracer_or_skip()
     cases = [(seed, nt, et) for seed, (nt, et) in enumerate([(0.8, 0.98), (0.5, 0.9), (0.95, 0.7), (0.3, 0.99)])]
     graphs, data = [], {"n": np.array(len(cases))}
     for i, (seed, nt, et) in enumerate(cases):
@@ -149,7 +144,7 @@ def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
 
 
 # ------------------------------------------------------------------ remainders keep completeness
-def _check_remainders(g: AttributionGraph, res) -> None:  # noqa: ANN001
+def _check_remainders(g: AttributionGraph, res) -> None:
     pruned = res.graph
     assert pruned.check_completeness().max_violation < 1e-12
     for node in pruned.nodes:
@@ -248,3 +243,21 @@ def test_prune_result_serialises():
     assert d["n_nodes_kept"] == int(res.node_mask.sum())
     assert d["completeness"]["max_relative_violation"] < 1e-12
     assert "n_remainder_nodes" in res.table()
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_cumulative_scores_are_the_shares_of_the_nodes_ranked_at_or_above(seed):
+    """circuit-tracer's cumulative_scores, recomputed by sorting by hand: the share of the total
+    influence held by the nodes at least as influential as each node (the most influential
+    node has the smallest score; the kept nodes are the ones with a score within node_threshold)."""
+    g = random_dag(seed)
+    res = prune_graph(g, node_threshold=0.8, edge_threshold=0.98)
+    infl = np.asarray(res.node_influence, dtype=np.float64)
+    total = infl.sum()
+    assert total > 0
+    expected = np.array([infl[infl >= v].sum() / total for v in infl])  # no ties in random weights
+    np.testing.assert_allclose(res.cumulative_scores, expected, rtol=1e-12, atol=1e-15)
+    best = int(np.argmax(infl))
+    assert res.cumulative_scores[best] == pytest.approx(infl[best] / total)
+    kept_scores = res.cumulative_scores[res.node_mask & (infl > 0)]
+    assert kept_scores.min() < 0.8

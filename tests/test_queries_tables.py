@@ -204,7 +204,7 @@ def test_congruence_features_and_errors():
 
 
 # ------------------------------------------------------------------ weight-only vs the prompt's edges
-def _residual_part(g: AttributionGraph, s, t) -> float:  # noqa: ANN001
+def _residual_part(g: AttributionGraph, s, t) -> float:
     return head_split(g, s, t).by_head()["residual"]
 
 

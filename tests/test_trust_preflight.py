@@ -4,11 +4,9 @@ the dictionaries' config files and the tokenizer; every problem at once, with it
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 

@@ -440,8 +440,9 @@ def test_replacement_fidelity():
 
 # --------------------------------------------------------------------------- dispatcher
 def test_run_check_every_kind(tmp_path):
-    from circuitgraph.spec.validation import Check
     from pydantic import TypeAdapter
+
+    from circuitgraph.spec.validation import Check
 
     adapter, tcs = build(mlp="gated", positional="rotary")
     g = graph_of(adapter, tcs)

@@ -17,11 +17,14 @@ import pytest
 
 from circuitgraph.export.neuronpedia import graph_to_neuronpedia
 from circuitgraph.testing.browser import run_chromium, serve_viewer, viewer_unavailable
+from tests.conftest import circuit_tracer_or_skip
 from tests.test_neuronpedia import CT_REFERENCES, fixture_run
 
 
 @pytest.fixture(scope="module")
 def viewer_docs():
+    if os.environ.get("CIRCUITGRAPH_REQUIRE_CT"):
+        circuit_tracer_or_skip()  # the viewer is circuit-tracer's frontend: fail when its venv is missing
     reason = viewer_unavailable()
     if reason:
         if os.environ.get("CIRCUITGRAPH_REQUIRE_BROWSER"):

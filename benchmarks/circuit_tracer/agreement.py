@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from compare import compare  # noqa: E402  (run from this folder or with it on sys.path)
+from compare import compare  # run from this folder or with it on sys.path
 
 
 def main() -> None:

@@ -61,8 +61,8 @@ def make_case(work: Path, name: str, seed: int = 0) -> dict:
     """Model bundle + CLT directory + a prompt whose last position has an active feature
     (circuit-tracer 0.5.0 crashes otherwise, see docs/dictionaries.md)."""
     from circuitgraph.adapters import ModelAdapter
-    from circuitgraph.dictionaries.clt import load_clt_dir
     from circuitgraph.attribution.linearisation import linearise
+    from circuitgraph.dictionaries.clt import load_clt_dir
     from circuitgraph.testing.synthetic import random_clt, save_bundle, save_clt, tiny_model
 
     kwargs, act, *more = CASES[name]

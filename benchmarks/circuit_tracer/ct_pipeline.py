@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from run_ct import build_replacement_model, find_tokenizer_dir, log, peak_rss_mb, read_tokens  # noqa: E402
 
 
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         import circuit_tracer
 
         info["versions"] = {"circuit_tracer": circuit_tracer.__version__, "torch": torch.__version__}
-    except AttributeError:  # pragma: no cover
+    except AttributeError:
         pass
 
     if not args.no_dump:

@@ -61,9 +61,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import numpy as np
+import torch
+from safetensors.torch import load_file
 
 SUPPORTED_ARCHS = {
     "transcoder": ("relu", False),
@@ -262,10 +262,10 @@ def load_transcoder_set(tc_dir: Path, n_layers: int, dtype: torch.dtype, jumprel
 # --------------------------------------------------------------------------- build
 def build_replacement_model(model_dir: Path, tc_dir: Path, tokenizer_dir: Path | None,
                             standin_dir: Path, jumprelu_threshold: str, notes: list[str]):
-    from transformers import AutoTokenizer
     from circuit_tracer.replacement_model.replacement_model_transformerlens import (
         TransformerLensReplacementModel,
     )
+    from transformers import AutoTokenizer
 
     cfg, dropped = load_hooked_config(model_dir)
     if dropped:

@@ -31,22 +31,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_ct import find_tokenizer_dir, load_hooked_config, read_tokens, write_standin_tokenizer  # noqa: E402
+from run_ct import find_tokenizer_dir, load_hooked_config, read_tokens, write_standin_tokenizer
 
 
 def build(model_dir: Path, clt_dir: Path, standin_dir: Path):
     import yaml
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer
-
     from circuit_tracer.replacement_model.replacement_model_transformerlens import (
         TransformerLensReplacementModel,
     )
     from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
     cfg, _ = load_hooked_config(model_dir)
     tok_dir = find_tokenizer_dir(model_dir) or write_standin_tokenizer(standin_dir, cfg.d_vocab)
@@ -55,9 +54,8 @@ def build(model_dir: Path, clt_dir: Path, standin_dir: Path):
     if config["model_kind"] == "transcoder_set":
         # circuit-tracer's per-layer sets, with its own loader (load_transcoder_set) on the local files;
         # the special loader is chosen by the files, as its hub loader does by repository name
-        from safetensors import safe_open
-
         from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+        from safetensors import safe_open
 
         n = len(list(clt_dir.glob("layer_*.safetensors")))
         paths = {i: str(clt_dir / f"layer_{i}.safetensors") for i in range(n)}

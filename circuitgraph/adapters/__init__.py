@@ -4,6 +4,7 @@ The re-exports are resolved lazily, so the torch-free parts (``files``, ``model_
 ``tokenizer``) can be used by ``circuitgraph validate`` without importing torch.
 """
 
+import importlib
 from typing import Any
 
 __all__ = ["ArchitectureFacts", "ModelAdapter", "NormWeights", "Tokenizer"]
@@ -18,7 +19,5 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'circuitgraph.adapters' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import torch
 
 from circuitgraph.adapters.hf_config import GPT_OSS_ALPHA, GPT_OSS_LIMIT
-from circuitgraph.errors import LoadError
+from circuitgraph.errors import AttributionError, LoadError
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
 
@@ -250,8 +250,30 @@ class ModelAdapter:
         return f"blocks.{layer}.{self._norm_module_name(site)}.hook_normalized"
 
     @staticmethod
+    def block_hook(layer: int, name: str) -> str:
+        """The hook ``name`` of block ``layer``, ``name`` relative to the block as dictionary configs
+        give it (``ln2.hook_normalized``, ``mlp.hook_in``, ``hook_mlp_out``)."""
+        return f"blocks.{layer}.{name}"
+
+    @staticmethod
     def hook_pattern(layer: int) -> str:
         return f"blocks.{layer}.attn.hook_pattern"
+
+    @staticmethod
+    def hook_attn_scores(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_attn_scores"
+
+    @staticmethod
+    def hook_qk(layer: int, side: str, rotated: bool = False) -> str:
+        """The queries (``side="q"``) or keys (``"k"``) of ``layer``'s attention, after the rotary
+        embedding when ``rotated``."""
+        return f"blocks.{layer}.attn.hook_{'rot_' if rotated else ''}{side}"
+
+    @staticmethod
+    def hook_qk_input(layer: int, side: str) -> str:
+        """The residual stream the queries (``side="q"``) or keys (``"k"``) read, with
+        ``use_split_qkv_input``."""
+        return f"blocks.{layer}.hook_{side}_input"
 
     @staticmethod
     def hook_z(layer: int) -> str:
@@ -302,6 +324,11 @@ class ModelAdapter:
         norms (TransformerLens flattens the heads before the norm), ``(batch, pos, 1)`` for norms over
         the whole projection."""
         return f"blocks.{layer}.attn.{side}_norm.hook_scale"
+
+    @staticmethod
+    def hook_qk_normalized(side: Literal["q", "k"], layer: int) -> str:
+        """The query (``q``) or key (``k``) norm's output before its weight, ``P(x) / sigma``."""
+        return f"blocks.{layer}.attn.{side}_norm.hook_normalized"
 
     @staticmethod
     def hook_expert_weights(layer: int) -> str:
@@ -468,8 +495,6 @@ class ModelAdapter:
     def check_layer(self, layer: int, what: str = "layer") -> None:
         n = self.facts.n_layers
         if not (0 <= layer < n):
-            from circuitgraph.errors import AttributionError
-
             raise AttributionError(f"{what} {layer} requested, the model has {n} layers (0-{n - 1})")
 
     # ------------------------------------------------------------------ weights

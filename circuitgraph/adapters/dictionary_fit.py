@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
 from circuitgraph.adapters.files import safetensors_shapes
 from circuitgraph.errors import CircuitGraphError
 
@@ -53,8 +55,6 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml
-
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except Exception:  # noqa: BLE001 - the loader reports a broken config.yaml with its own message

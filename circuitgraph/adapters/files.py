@@ -8,17 +8,27 @@ can check a whole bundle (:func:`check_input_files`) without building a model.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import stat
-import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from safetensors.numpy import load_file
+
+from circuitgraph._io import (  # re-exported: the hardened readers' old home
+    MAX_JSON_BYTES,
+    _regular_file,
+    read_json_file,
+    safetensors_header,
+    safetensors_shapes,
+)
 from circuitgraph.adapters.hf_config import FAMILIES, unsupported_model_type_message
-from circuitgraph.adapters.tokenizer import Tokenizer
-from circuitgraph.errors import LoadError
+from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
+from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
+from circuitgraph.builtin import BUILTIN_MODELS
+from circuitgraph.errors import LoadError, one_line
+from circuitgraph.spec import Spec
 
 __all__ = [
     "read_json_file",
@@ -34,121 +44,8 @@ __all__ = [
     "MAX_DIRECTION_BYTES",
 ]
 
-#: small JSON files (configs, tokenizer configs) larger than this are refused
-MAX_JSON_BYTES = 64 << 20
-#: a model folder's config.json larger than this is not a model config
-MAX_CONFIG_BYTES = 1 << 20
 #: a direction file (one d_model vector) larger than this is refused
 MAX_DIRECTION_BYTES = 256 << 20
-#: the largest safetensors header accepted (the format's own limit is 100 MB)
-MAX_HEADER_BYTES = 100_000_000
-
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _regular_file(path: Path, max_bytes: int, what: str) -> int:
-    """The size of ``path``, which must be a regular file of at most ``max_bytes``."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise LoadError(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise LoadError(f"cannot read {what} {path}: {exc.strerror or _one_line(exc)}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise LoadError(f"{what} {path} is not a regular file; give a file")
-    if st.st_size > max_bytes:
-        raise LoadError(f"{what} {path} is {st.st_size:,} bytes, more than the {max_bytes:,} a {what} may have")
-    return st.st_size
-
-
-def read_json_file(path: str | os.PathLike[str], what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Parse a UTF-8 JSON file; any problem is one LoadError naming the file."""
-    path = Path(path)
-    _regular_file(path, max_bytes, what)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LoadError(f"cannot read {what} {path}: {exc.strerror or _one_line(exc)}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LoadError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LoadError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except (RecursionError, ValueError) as exc:
-        raise LoadError(f"{what} {path} is not usable JSON ({type(exc).__name__}: {_one_line(exc)})") from None
-
-
-def safetensors_header(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """The tensor table of a safetensors file, checked against the file (nothing else is read).
-
-    Returns ``{name: {"dtype", "shape", "data_offsets"}}``.  A truncated file, a garbage
-    header, offsets outside the file, or shapes that do not match their byte counts are a
-    LoadError, so a loader that trusts the table cannot over-read or over-allocate.
-    """
-    path = Path(path)
-    size = _regular_file(path, 1 << 50, "safetensors file")
-    fix = "re-save it with safetensors.torch.save_file"
-
-    def bad(why: str) -> LoadError:
-        return LoadError(f"{path} is not a valid safetensors file: {why}; {fix}")
-
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise bad(f"it is only {size} bytes long")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES or n > size - 8:
-                raise bad(f"its header claims {n:,} bytes, the file has {size - 8:,} after the length")
-            raw = fh.read(n)
-    except OSError as exc:
-        raise LoadError(f"cannot read {path}: {exc.strerror or _one_line(exc)}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise bad("its header is not JSON") from None
-    if not isinstance(header, dict):
-        raise bad("its header is not a JSON object")
-    data_bytes = size - 8 - n
-    out: dict[str, dict[str, Any]] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(meta, dict):
-            raise bad(f"tensor {name!r} has no dtype/shape/data_offsets")
-        dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-        if dtype not in _DTYPE_BYTES:
-            raise bad(f"tensor {name!r} has dtype {dtype!r}")
-        if (not isinstance(shape, list) or len(shape) > 8
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)):
-            raise bad(f"tensor {name!r} has shape {str(shape)[:60]}")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
-            raise bad(f"tensor {name!r} has data_offsets {str(offsets)[:60]} outside the {data_bytes:,} data bytes "
-                      "(is the file truncated?)")
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel * _DTYPE_BYTES[dtype] != offsets[1] - offsets[0]:
-            raise bad(f"tensor {name!r} of shape {shape} ({dtype}) needs {numel * _DTYPE_BYTES[dtype]:,} bytes, "
-                      f"its offsets span {offsets[1] - offsets[0]:,}")
-        out[name] = {"dtype": dtype, "shape": tuple(shape), "data_offsets": tuple(offsets)}
-    return out
-
-
-def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` of a safetensors file (see :func:`safetensors_header`)."""
-    return {k: v["shape"] for k, v in safetensors_header(path).items()}
 
 
 def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
@@ -157,8 +54,6 @@ def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
     Files are loaded without pickle (``allow_pickle=False``, ``weights_only=True``), sizes are
     capped, and anything but one finite numeric vector is a LoadError.
     """
-    import numpy as np
-
     path = Path(path)
     _regular_file(path, MAX_DIRECTION_BYTES, f"{where}.file:")
     suffix = path.suffix.lower()
@@ -166,7 +61,7 @@ def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
         if suffix == ".npy":
             value = np.load(path, allow_pickle=False)
         elif suffix == ".pt":
-            import torch
+            import torch  # only for .pt files: `circuitgraph validate` reads headers without torch
 
             value = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(value, torch.Tensor):
@@ -182,7 +77,6 @@ def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
                 raise LoadError(f"{where}.file: {exc}") from None
             if len(header) != 1:
                 raise LoadError(f"{where}.file: {path} holds {len(header)} tensors; expected exactly one")
-            from safetensors.numpy import load_file
 
             value = next(iter(load_file(str(path)).values()))
         else:
@@ -194,7 +88,7 @@ def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
     except LoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - numpy/torch/safetensors raise many types on bad files
-        raise LoadError(f"{where}.file: cannot read {path} ({type(exc).__name__}: {_one_line(exc)}); save one "
+        raise LoadError(f"{where}.file: cannot read {path} ({type(exc).__name__}: {one_line(exc, limit=200, typed=False)}); save one "
                         "vector of d_model numbers") from None
     try:
         array = np.asarray(value)
@@ -202,7 +96,7 @@ def read_direction_file(path: str | os.PathLike[str], where: str) -> Any:
             raise TypeError(f"dtype {array.dtype}")
         array = array.astype(np.float64)
     except (TypeError, ValueError) as exc:
-        raise LoadError(f"{where}.file: {path} does not hold numbers ({_one_line(exc)}); save one vector of d_model "
+        raise LoadError(f"{where}.file: {path} does not hold numbers ({one_line(exc, limit=200, typed=False)}); save one vector of d_model "
                         "numbers") from None
     squeezed = array.reshape(-1) if array.ndim == 0 or max(array.shape, default=0) == array.size else None
     if squeezed is None:
@@ -224,7 +118,7 @@ def check_transcoder_dir(path: str | os.PathLike[str]) -> dict[int, Path]:
     except FileNotFoundError:
         raise LoadError(f"transcoder folder {path} does not exist") from None
     except OSError as exc:
-        raise LoadError(f"cannot read transcoder folder {path}: {exc.strerror or _one_line(exc)}") from None
+        raise LoadError(f"cannot read transcoder folder {path}: {exc.strerror or one_line(exc, limit=200, typed=False)}") from None
     found: dict[int, Path] = {}
     for name in entries:
         m = re.fullmatch(r"layer_(\d+)", name)
@@ -305,23 +199,19 @@ def hf_weight_files(path: Path) -> list[Path]:
     raise LoadError(f"model directory {path} has no model.safetensors or model.safetensors.index.json{hint}")
 
 
-def check_input_files(spec: Any) -> None:
+def check_input_files(spec: Spec) -> None:
     """Read the headers of every file a spec's run would load (model config, weights table,
     tokenizer, transcoder folders, direction files), without building anything.
 
     Used by ``circuitgraph validate`` and ``run --dry-run`` so that a broken bundle is
     reported there, in one line, rather than after minutes of work.
     """
-    from circuitgraph.adapters.model_config import check_config_against_weights, read_model_config
-
     m = spec.model
     model_dir: Path | None = None
     bundle: Path | None = None
     if m.source == "path":
         model_dir = Path(m.path)
     elif m.source == "builtin":
-        from circuitgraph.builtin import BUILTIN_MODELS
-
         bundle = Path(BUILTIN_MODELS[m.builtin]())
         model_dir = bundle / "model"
     if model_dir is not None and check_hf_model_folder(model_dir):
@@ -336,8 +226,6 @@ def check_input_files(spec: Any) -> None:
                 k *= d
             n += k
         check_config_against_weights(cfg, n, model_dir)
-        from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-
         tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
         if tok_dir is not None:
             Tokenizer.from_dir(tok_dir)
@@ -346,8 +234,6 @@ def check_input_files(spec: Any) -> None:
         if t.source == "path":
             tc_dir = Path(t.path)
         else:
-            from circuitgraph.builtin import BUILTIN_MODELS
-
             tc_dir = Path(BUILTIN_MODELS[t.builtin]()) / "transcoders"
         check_transcoder_dir(tc_dir)
     for i, target in enumerate(spec.targets):

@@ -17,8 +17,11 @@ This module imports neither torch nor transformers at import time (``validate`` 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from circuitgraph.errors import LoadError
@@ -469,10 +472,6 @@ def load_snapshot(folder: str, *, dtype: Any, device: str, fold_ln: bool, center
                   center_unembed: bool, name: str, trust_remote_code: bool = False, hf_tokenizer: bool = True):
     """A HookedTransformer from a Hugging Face folder (config.json, safetensors, tokenizer); with
     ``hf_tokenizer``, transformers's tokenizer of the folder is attached to it."""
-    import contextlib
-    import io
-    from pathlib import Path
-
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from circuitgraph._hub import require_hub
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.files import (
-    MAX_CONFIG_BYTES,
     hf_weight_files,
     model_folder_format,
     read_json_file,
     safetensors_header,
 )
 from circuitgraph.adapters.hf_config import FAMILIES, load_snapshot, unsupported_model_type_message
+from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-from circuitgraph.errors import LoadError
+from circuitgraph.builtin import BUILTIN_MODELS
+from circuitgraph.dictionaries.hub import _cache_dir, _offline
+from circuitgraph.errors import LoadError, one_line
 
 __all__ = ["load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
 
@@ -61,7 +67,6 @@ def load_model_dir(
     """
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from circuitgraph.adapters.model_config import check_config_against_weights, read_model_config
 
     path = Path(path)
     if not path.is_dir():
@@ -73,7 +78,6 @@ def load_model_dir(
         if not f.is_file():
             raise LoadError(f"model directory {path} has no {f.name}; expected config.json and model.safetensors")
     raw = read_model_config(cfg_file, trust_remote_code=trust_remote_code)
-    from circuitgraph.adapters.files import safetensors_header
 
     table = safetensors_header(weights)
     shapes = {k: v["shape"] for k, v in table.items()}
@@ -86,12 +90,12 @@ def load_model_dir(
     try:
         cfg = HookedTransformerConfig(**raw)
     except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error
-        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {_one_line(exc)}") from None
+        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {one_line(exc, limit=300, typed=False)}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
             model = HookedTransformer(cfg, move_to_device=False)
     except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {_one_line(exc)}") from None
+        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {one_line(exc, limit=300, typed=False)}") from None
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     wrong = [f"{k} is {list(shapes[k])}, config.json implies {list(expected[k])}"
              for k in shapes if k in expected and tuple(shapes[k]) != expected[k]]
@@ -147,7 +151,7 @@ def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
         raise
     except Exception as exc:  # noqa: BLE001
         raise LoadError(f"could not build the {FAMILIES[model_type].name} model in {path} "
-                        f"({type(exc).__name__}: {_one_line(exc)}); check that its config.json and *.safetensors "
+                        f"({type(exc).__name__}: {one_line(exc, limit=300, typed=False)}); check that its config.json and *.safetensors "
                         "are what save_pretrained wrote") from None
     model.eval()
     tokenizer = None
@@ -163,11 +167,6 @@ def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
                         family=model_type)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _numel(shape: Any) -> int:
     n = 1
     for d in shape:
@@ -176,12 +175,11 @@ def _numel(shape: Any) -> int:
 
 
 def _load_safetensors(weights: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
 
     try:
         return load_file(str(weights), device="cpu")
     except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{weights} is not a readable safetensors file ({_one_line(exc)}); "
+        raise LoadError(f"{weights} is not a readable safetensors file ({one_line(exc, limit=300, typed=False)}); "
                         "re-save the weights with safetensors.torch.save_file") from None
 
 
@@ -190,8 +188,6 @@ def resolve_model_name(name: str) -> str:
     name matched case-insensitively to an official name or its last part (``llama-3.2-1b`` ->
     ``meta-llama/Llama-3.2-1B``, ``gemma-2-2b`` -> ``google/gemma-2-2b``, ``qwen3-0.6b`` ->
     ``Qwen/Qwen3-0.6B``)."""
-    import difflib
-
     from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
 
     try:
@@ -212,11 +208,8 @@ def resolve_model_name(name: str) -> str:
 def _hub_config(repo: str) -> dict[str, Any] | None:
     """``repo``'s config.json from the Hugging Face cache (or the hub unless HF_HUB_OFFLINE is
     set); None when it cannot be had."""
-    import json
-
     from huggingface_hub import hf_hub_download
 
-    from circuitgraph.dictionaries.hub import _cache_dir, _offline
 
     try:
         cfg = json.loads(Path(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(),
@@ -231,7 +224,6 @@ def _snapshot(repo: str) -> str:
     into the cache unless HF_HUB_OFFLINE is set)."""
     from huggingface_hub import snapshot_download
 
-    from circuitgraph.dictionaries.hub import _cache_dir, _offline
 
     try:
         return snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
@@ -239,7 +231,7 @@ def _snapshot(repo: str) -> str:
     except Exception as exc:  # noqa: BLE001
         where = "the local Hugging Face cache (HF_HUB_OFFLINE is set)" if _offline() else "the hub"
         raise LoadError(f"model {repo!r}: its files could not be read from {where} ({type(exc).__name__}: "
-                        f"{_one_line(exc)[:200]}); download it with `huggingface-cli download {repo}`, or save it "
+                        f"{one_line(exc, limit=300, typed=False)[:200]}); download it with `huggingface-cli download {repo}`, or save it "
                         "locally and use model: {path: DIR}") from None
 
 
@@ -247,8 +239,6 @@ def _family_snapshot(name: str) -> tuple[str, str | None]:
     """``(name, snapshot folder)`` for a hub name: the snapshot when its config.json's
     ``model_type`` is a supported family (``ORG/REPO`` as given, or TransformerLens's official
     name of an alias); ``(official name, None)`` for TransformerLens's own loader."""
-    from circuitgraph.dictionaries.hub import _offline
-
     cfg = _hub_config(name) if "/" in name else None
     if cfg is not None and cfg.get("model_type") in FAMILIES:
         return name, _snapshot(name)
@@ -282,8 +272,6 @@ def load_model_name(
     """A TransformerLens pretrained model by name, or by a family name such as ``llama-3.2-1b``
     (:func:`resolve_model_name`), from the hub or the local Hugging Face cache
     (``HF_HUB_OFFLINE=1``: cached files only)."""
-    import os
-
     from transformer_lens import HookedTransformer
 
     require_hub(f"model: {{name: {name}}}")  # one line at once, not a minute of retries
@@ -327,8 +315,6 @@ def load_model_name(
 
 def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu") -> tuple[ModelAdapter, Path]:
     """The built-in model ``name``; returns the adapter and the bundle folder (with transcoders/)."""
-    from circuitgraph.builtin import BUILTIN_MODELS
-
     if name not in BUILTIN_MODELS:
         raise LoadError(f"unknown built-in model {name!r}; available: {', '.join(sorted(BUILTIN_MODELS))}")
     bundle = Path(BUILTIN_MODELS[name]())

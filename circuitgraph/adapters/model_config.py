@@ -20,12 +20,14 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from circuitgraph.adapters.files import MAX_CONFIG_BYTES, read_json_file
+from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 
 __all__ = ["read_model_config", "CONFIG_FIELDS", "IGNORED_CONFIG_FIELDS", "REMOTE_CODE_FIELDS",
            "check_config_against_weights"]
 
+#: a model folder's config.json larger than this is not a model config
+MAX_CONFIG_BYTES = 1 << 20
 #: the longest context a model folder may declare
 MAX_N_CTX = 1 << 20
 #: the largest size (d_model, d_vocab...) a model folder may declare

@@ -16,10 +16,12 @@ from __future__ import annotations
 import difflib
 import heapq
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
-from circuitgraph.errors import LoadError, TokenError
+from circuitgraph._io import MAX_JSON_BYTES, read_json_file
+from circuitgraph.errors import LoadError, TokenError, UnknownTokenWarning
 
 __all__ = ["Tokenizer", "resolve_tokenizer_dir", "check_prompt_text"]
 
@@ -64,8 +66,6 @@ class Tokenizer:
         file = path / "tokenizer.json"
         if not file.is_file():
             raise LoadError(f"tokenizer directory {path} has no tokenizer.json (Hugging Face fast-tokenizer file)")
-        from circuitgraph.adapters.files import MAX_JSON_BYTES, read_json_file
-
         size = file.stat().st_size
         if size > MAX_JSON_BYTES * 8:
             raise LoadError(f"{file} is {size:,} bytes; a tokenizer file is at most {MAX_JSON_BYTES * 8:,} bytes")
@@ -254,10 +254,6 @@ class Tokenizer:
 def check_prompt_text(tokenizer: Tokenizer, text: str, *, strict: bool, where: str) -> None:
     """Warn (:class:`~circuitgraph.errors.UnknownTokenWarning`) about the pieces of a prompt text
     that ``tokenizer`` does not know, or raise :class:`~circuitgraph.errors.TokenError` if ``strict``."""
-    import warnings
-
-    from circuitgraph.errors import UnknownTokenWarning
-
     pieces = tokenizer.unknown_pieces(text)
     if not pieces:
         return

@@ -10,10 +10,13 @@ import torch
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.engine import compute_edges
-from circuitgraph.attribution.linearisation import Linearisation
+from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
+from circuitgraph.attribution.linearisation import Linearisation, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
-from circuitgraph.attribution.targets import ResolvedTarget
+from circuitgraph.attribution.plan import EdgePlan, check_plan, check_rows, device_working_set, plan_edges
+from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
 from circuitgraph.dictionaries import Dictionary
+from circuitgraph.graph.dag import adopt_engine_order
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
@@ -31,16 +34,10 @@ def build_graph(
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    from circuitgraph.pipeline.estimate import check_plan, plan_edges
-
     plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     nodes = col.nodes
     if plan.max_feature_nodes is not None:
-        from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
-
-        from circuitgraph.pipeline.estimate import check_rows
-
         rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
                                             progress=progress,
                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
@@ -65,8 +62,6 @@ def build_graph(
     if edges.sums is not None and edges.abs_sums is not None:
         # the engine summed every row as it wrote it and knows its order: no pass over the edges
         # for the completeness check and the scores' level order
-        from circuitgraph.graph.dag import adopt_engine_order
-
         graph.adopt_incoming_sums(_per_node(edges.sums, len(nodes)), _per_node(edges.abs_sums, len(nodes)))
         if edges.segments is not None:
             # the readers' rows in the graph (after folding, the selected ones, renumbered)
@@ -91,12 +86,10 @@ def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:
 
 
 def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
-             targets: list[ResolvedTarget], options: GraphOptions) -> tuple[Any, int]:
+             targets: list[ResolvedTarget], options: GraphOptions) -> tuple[EdgePlan, int]:
     """The dry run's part in the engine: the node tables, the edge plan
-    (:func:`circuitgraph.pipeline.estimate.plan_edges`) and the edge sweep's per-batch working
+    (:func:`circuitgraph.attribution.plan.plan_edges`) and the edge sweep's per-batch working
     set on the model's device (bytes), without computing any edge."""
-    from circuitgraph.pipeline.estimate import device_working_set, plan_edges
-
     col = collect_nodes(adapter, lin, transcoders, targets, options)
     plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
     n_pos = max(col.readers.positions, default=0) + 1
@@ -130,9 +123,6 @@ def attribute(
         >>> g.check_completeness().ok()
         True
     """
-    from circuitgraph.attribution.linearisation import linearise
-    from circuitgraph.attribution.targets import top_logit_targets
-
     L = adapter.facts.n_layers
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     if adapter.dtype != dtype and dtype == torch.float64:

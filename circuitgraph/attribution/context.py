@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
+from circuitgraph.attribution.engine import attribute_directions
+from circuitgraph.attribution.locations import ResidualLocation
 from circuitgraph.graph.nodes import Node, NodeId
 
 if TYPE_CHECKING:
@@ -37,58 +39,6 @@ if TYPE_CHECKING:
     from circuitgraph.dictionaries import Dictionary
 
 __all__ = ["ResidualLocation", "WriterVector", "ReaderDirection", "AttributionContext"]
-
-Sublayer = Literal["embed", "attn", "mlp"]
-
-
-class ResidualLocation(int):
-    """A point of the residual stream, numbered bottom-up: ``resid_pre(0)`` is 0, then after each
-    block's attention (``resid_mid(l)``) and after its MLP (``resid_post(l) == resid_pre(l + 1)``).
-
-    An ``int`` (so the engine indexes and compares locations at no cost), built and read through
-    names: ``ResidualLocation.resid_mid(2)``, ``loc.sublayer``, ``loc.layer``.
-    """
-
-    __slots__ = ()
-
-    @classmethod
-    def resid_pre(cls, layer: int) -> ResidualLocation:
-        """Before block ``layer`` (after block ``layer - 1``'s MLP; the embeddings for layer 0)."""
-        return cls(2 * layer)
-
-    @classmethod
-    def resid_mid(cls, layer: int) -> ResidualLocation:
-        """After block ``layer``'s attention, before its MLP."""
-        return cls(2 * layer + 1)
-
-    @classmethod
-    def resid_post(cls, layer: int) -> ResidualLocation:
-        """After block ``layer``'s MLP."""
-        return cls(2 * layer + 2)
-
-    @property
-    def sublayer(self) -> Sublayer:
-        """What writes here: the embeddings, a block's attention or a block's MLP."""
-        if self == 0:
-            return "embed"
-        return "attn" if self % 2 == 1 else "mlp"
-
-    @property
-    def layer(self) -> int:
-        """The block whose sublayer writes here (-1 for the embeddings)."""
-        return -1 if self == 0 else (self - 1) // 2
-
-    def below(self) -> ResidualLocation:
-        """The location before this one's sublayer."""
-        if self == 0:
-            raise ValueError("resid_pre(0) is the bottom of the residual stream")
-        return ResidualLocation(self - 1)
-
-    def __repr__(self) -> str:
-        if self == 0:
-            return "ResidualLocation.resid_pre(0)"
-        return f"ResidualLocation.resid_{'mid' if self.sublayer == 'attn' else 'post'}({self.layer})"
-
 
 @dataclass(frozen=True)
 class WriterVector:
@@ -172,8 +122,6 @@ class AttributionContext:
         """Edges from every writer into ad-hoc readers that are not nodes of the graph (e.g. a head's
         query and key dimensions), in one sweep of the engine; see
         :func:`circuitgraph.attribution.engine.attribute_directions`."""
-        from circuitgraph.attribution.engine import attribute_directions
-
         return attribute_directions(self._tables, location, positions, directions, own_constants,
                                     batch_size=self.options.batch_size)
 

@@ -54,7 +54,7 @@ class DenseRows:
         return np.concatenate(self.reader_rows) if self.reader_rows else np.zeros(0, dtype=np.int64)
 
 
-def writer_slot_rows(col) -> dict[int, np.ndarray]:  # noqa: ANN001 - Collected
+def writer_slot_rows(col) -> dict[int, np.ndarray]:  # Collected
     """Per writer location: the node row of each slot, in the engine's slot order (the real
     ``(group, writer)`` entries of the padded writer block, row-major)."""
     return {loc: block.slots()[2].cpu().numpy().astype(np.int64) for loc, block in col.writers.blocks.items()}

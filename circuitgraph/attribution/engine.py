@@ -31,9 +31,11 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from circuitgraph.attribution.context import ResidualLocation
-from circuitgraph.attribution.nodes_builder import Collected
+from circuitgraph.attribution.dense_rows import DenseRows
+from circuitgraph.attribution.locations import ResidualLocation
+from circuitgraph.attribution.nodes_builder import Collected, ReaderTable
 from circuitgraph.graph.dag import add_segment
+from circuitgraph.graph.edges import merge_edges
 
 __all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES",
            "HELD_WRITERS_BYTES", "held_writer_bytes"]
@@ -234,8 +236,6 @@ def compute_edges(
         add_segment(segments, top, wave_first, n_out)
     fm.release_pattern_cache()
     if dense:
-        from circuitgraph.attribution.dense_rows import DenseRows
-
         return DenseRows(
             reader_rows=[np.array([rd.rows[i] for i in batch], dtype=np.int64) for batch in batches],
             blocks=dense_blocks, constants=constants, abs_sums=abs_sums, sums=sums)
@@ -354,12 +354,8 @@ def _write_squeezed(E: torch.Tensor, rows: torch.Tensor, st: _BatchState, src: t
 def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One edge per (reader, writer): a writer met at several locations (a cross-layer
     transcoder feature writing into several MLP outputs) gets the sum of its parts."""
-    key = t.astype(np.int64) * n + s.astype(np.int64)
-    uniq, inv = np.unique(key, return_inverse=True)
-    total = np.bincount(inv, weights=w.astype(np.float64)).astype(w.dtype)
-    nz = total != 0
-    uniq = uniq[nz]
-    return (uniq // n).astype(t.dtype), (uniq % n).astype(s.dtype), total[nz]
+    mt, ms, mw, _ = merge_edges(t, s, w, n, drop_zeros=True)
+    return mt.astype(t.dtype), ms.astype(s.dtype), mw.astype(w.dtype)
 
 
 @dataclass
@@ -394,8 +390,6 @@ def attribute_directions(
     One transposed sweep for all of them (the edges of :func:`compute_edges`); used by QK
     attribution, whose readers are a head's query and key dimensions.
     """
-    from circuitgraph.attribution.nodes_builder import ReaderTable
-
     table = ReaderTable()
     for i, (t, g, c) in enumerate(zip(positions, directions, own_constants)):
         table.add(i, int(location), int(t), g, float(c))

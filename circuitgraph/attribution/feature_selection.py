@@ -28,6 +28,7 @@ from circuitgraph.attribution.engine import EdgeResult, compute_edges
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
 from circuitgraph.graph.dag import add_segment
+from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 
 __all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts",
@@ -368,11 +369,5 @@ def _fold_part(p: EdgeResult, tgt_map: np.ndarray, src_map: np.ndarray, n_new: i
     """One part's edges renumbered, the edges that now share (target, remainder source) summed."""
     t = tgt_map[p.target]
     assert (t >= 0).all(), "an edge into an unselected feature was computed"
-    key = t * n_new + src_map[p.source]
-    del t
-    uniq, inv = np.unique(key, return_inverse=True)
-    del key
-    w = np.bincount(inv.reshape(-1), weights=p.weight, minlength=uniq.size).astype(p.weight.dtype)
-    nz = w != 0
-    uniq = uniq[nz]
-    return (uniq // n_new).astype(np.int32), (uniq % n_new).astype(np.int32), w[nz]
+    t, s, w, _ = merge_edges(t, src_map[p.source], p.weight, n_new, drop_zeros=True)
+    return t.astype(np.int32), s.astype(np.int32), w.astype(p.weight.dtype)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
-from circuitgraph.attribution.context import ResidualLocation
 from circuitgraph.attribution.linearisation import Linearisation, OffloadedPatterns, pattern_block
+from circuitgraph.attribution.locations import ResidualLocation
 
 __all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
 

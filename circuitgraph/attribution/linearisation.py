@@ -252,7 +252,7 @@ def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = No
                                   mlp_input_resid(a, c[a.hook_resid_pre(l)], resid_mid[l]) for l in range(L)]},
     )
     for layer in range(L):
-        _check_finite(f"blocks.{layer}.hook_resid_post", c[a.hook_resid_post(layer)])
+        _check_finite(a.hook_resid_post(layer), c[a.hook_resid_post(layer)])
     if transcoders is not None:
         for layer, tc in transcoders.layers.items():
             lin.tc_input[layer] = dictionary_input(
@@ -316,14 +316,14 @@ def frozen(
                 continue
             value = lin.sigma[(site, layer)]
 
-            def fix_scale(scale, hook, value=value):  # noqa: ANN001
+            def fix_scale(scale, hook, value=value):
                 return value.to(scale.dtype)[None, :, None].expand_as(scale).clone()
 
             hooks.append((a.hook_norm_scale(site, layer), fix_scale))
     if freeze_patterns:
         for layer in range(a.facts.n_layers):
 
-            def fix_pattern(pattern, hook, layer=layer):  # noqa: ANN001
+            def fix_pattern(pattern, hook, layer=layer):
                 value = lin.patterns[layer]  # read here: offloaded patterns are not all loaded at once
                 return value.to(device=pattern.device, dtype=pattern.dtype)[None].expand_as(pattern).clone()
 

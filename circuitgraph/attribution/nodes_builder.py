@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
@@ -239,8 +240,6 @@ class Collected:
     def count_tables(self, n_locs: int, n_pos: int) -> tuple[Any, Any, Any, Any]:
         """What the memory estimate needs (numpy): writers per (location, position)
         ``(n_locs, n_pos)``, and per reader its location, position and node kind."""
-        import numpy as np
-
         counts = np.zeros((n_locs, n_pos), dtype=np.int64)
         for loc, block in self.writers.blocks.items():
             np.add.at(counts[loc], block.positions.numpy(), (block.rows >= 0).sum(1).numpy())
@@ -251,8 +250,6 @@ class Collected:
 
     def feature_writer_counts(self, n_locs: int, n_pos: int) -> Any:
         """Transcoder feature writers per (location, position) ``(n_locs, n_pos)`` (numpy)."""
-        import numpy as np
-
         counts = np.zeros((n_locs, n_pos), dtype=np.int64)
         is_feature = np.array([n.kind == "feature" for n in self.nodes] + [False])  # row -1: padding
         for loc, block in self.writers.blocks.items():
@@ -441,7 +438,7 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
         _collect_neuron_layer(b, fm, layer)
     elif mode == "mlp":
         _collect_mlp_vector_layer(b, fm, layer)
-    else:  # pragma: no cover - the spec forbids it
+    else:  # the spec forbids it
         raise AttributionError(f"graph.mlp for layer {layer}: unknown granularity {mode!r}")
 
 
@@ -810,7 +807,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
                               attrs={"site": tgt.site, "target_kind": "direction"}))
         b.readers.add(row, loc, t, g, 0.0)
         return node_id
-    raise AttributionError(f"unknown target kind {tgt.kind!r}")  # pragma: no cover
+    raise AttributionError(f"unknown target kind {tgt.kind!r}")
 
 
 def _add_or_get(b: _Builder, node_id: NodeId, activation: float, label: str) -> int:

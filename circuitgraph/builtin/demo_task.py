@@ -37,7 +37,9 @@ True
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 __all__ = [
@@ -298,9 +300,6 @@ def write_dataset(path: str, n: int = 300, seed: int = 0) -> str:
     ``python -m circuitgraph.builtin.demo_task examples/demo_dataset.jsonl --n 300`` writes the
     dataset of ``examples/demo_dataset.yaml``.
     """
-    import json
-    from pathlib import Path
-
     text = "".join(json.dumps(row) + "\n" for row in make_dataset_rows(n, seed))
     Path(path).write_text(text, encoding="utf-8")
     return str(path)

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from circuitgraph.errors import CircuitGraphError, SpecError
+from circuitgraph.errors import CircuitGraphError, SpecError, one_line
 
 __all__ = ["app", "main", "openmp_defaults", "OPENMP_DEFAULTS", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS", "EXIT_DOES_NOT_FIT"]
 
@@ -67,23 +67,13 @@ def _reported(debug: bool) -> Iterator[None]:
         if debug:
             raise
         message = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-        typer.echo(f"error: {_one_line(message)}", err=True)
+        typer.echo(f"error: {one_line(message)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except RecursionError:
         if debug:
             raise
         typer.echo("error: the input is nested too deeply to read; flatten it", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
-
-
-#: an error line longer than this is cut (a message must never dump a huge value)
-MAX_ERROR_CHARS = 4000
-
-
-def _one_line(message: str) -> str:
-    """``message`` on one line, printable in any terminal (lone surrogates escaped), bounded."""
-    text = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _echo_lines(lines: list[str]) -> None:
@@ -121,17 +111,17 @@ def run(
         from circuitgraph.spec import load_spec
 
         loaded = load_spec(spec)
-        from circuitgraph.pipeline import runner  # imports torch: only here
+        from circuitgraph.pipeline import entry  # imports torch: only here
 
         _settle_heap()
 
         if dry_run:
-            lines = list(runner.dry_run(loaded))
+            lines = list(entry.dry_run(loaded))
             _echo_lines(lines)
             if any(line.startswith("fits: NO") for line in lines):
                 raise typer.Exit(EXIT_DOES_NOT_FIT)
         else:
-            result = runner.run(loaded, progress=not quiet, force=force)
+            result = entry.run(loaded, progress=not quiet, force=force)
             _echo_lines(list(result.summary_lines()))
             failures = result.failures
             for line in failures:
@@ -229,14 +219,14 @@ def report(
             from circuitgraph.spec import load_spec
 
             loaded = load_spec(source)
-            from circuitgraph.pipeline import runner  # imports torch: only here
+            from circuitgraph.pipeline import entry  # imports torch: only here
 
             if boards is None and loaded.export.features is not None:
                 from circuitgraph.features.summary import open_features
 
                 boards = open_features(loaded.export.features)
             only, skipped = report_only(loaded)
-            write_report(runner.run(only, progress=False), output, max_nodes=max_nodes, features=boards)
+            write_report(entry.run(only, progress=False), output, max_nodes=max_nodes, features=boards)
             if skipped:
                 typer.echo(f"wrote {output} (only the report: the spec's {', '.join(skipped)} are written by "
                            "`circuitgraph run`)")
@@ -439,7 +429,7 @@ def features_summary(
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "20000"}
 
 
-def openmp_defaults(environ) -> None:  # noqa: ANN001 - os.environ or a dict
+def openmp_defaults(environ) -> None:  # os.environ or a dict
     """Set :data:`OPENMP_DEFAULTS` in ``environ`` when it sets neither variable (before torch
     is imported; the benchmarks give circuit-tracer's processes the same)."""
     if not any(k in environ for k in OPENMP_DEFAULTS):
@@ -455,7 +445,7 @@ def _settle_heap() -> None:
 
     try:
         import transformer_lens  # noqa: F401 - every run loads its model with it; imported with the collector off
-    except ImportError:  # pragma: no cover - a required dependency; the load reports it
+    except ImportError:  # a required dependency; the load reports it
         pass
     gc.freeze()
     gc.set_threshold(100_000, 50, 1000)
@@ -529,7 +519,7 @@ def _one_line_warnings() -> None:
 
     default = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+    def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, UnknownTokenWarning):
             print(f"warning: {message}", file=file or sys.stderr)
         else:

@@ -23,13 +23,22 @@ run through the pipeline).  A job is a picklable object with ``load(spec)`` (onc
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import os
 import pickle
 from collections import deque
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
-from circuitgraph.spec.dataset import Row
+import torch
+
+import circuitgraph
+from circuitgraph.datasets.prompt import PromptOutput, commit, one_line, run_prompt
+from circuitgraph.errors import LoadError
+from circuitgraph.pipeline.inputs import load_inputs
+from circuitgraph.spec import Spec
+from circuitgraph.spec.dataset import ExecutorSpec, Row
 
 __all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers", "PromptJob"]
 
@@ -56,45 +65,33 @@ _PRELOAD = (
 def default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
+    except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
 
 
 def _prepare_worker(threads: int) -> None:
-    import torch
-
     torch.set_num_threads(threads)
 
 
 class PromptJob:
     """The job of a dataset run: a task is a :class:`Row`, run through the pipeline."""
 
-    def load(self, spec: Any) -> Any:
-        from circuitgraph.pipeline.inputs import load_inputs
-
+    def load(self, spec: Spec) -> Any:
         return load_inputs(spec)
 
-    def run(self, spec: Any, task: Row, inputs: Any) -> Any:
-        from circuitgraph.datasets.prompt import run_prompt
-
+    def run(self, spec: Spec, task: Row, inputs: Any) -> Any:
         return run_prompt(spec, task, inputs)
 
     def commit(self, out_dir: Path, output: Any, attempts: int = 1) -> dict[str, Any]:
-        from circuitgraph.datasets.prompt import commit
-
         return commit(out_dir, output, attempts)
 
     def failed(self, task: Row, error: str) -> Any:
-        from circuitgraph.datasets.prompt import PromptOutput
-
         return PromptOutput({"id": task.id, "row": task.number, "status": "failed", "error": error})
 
 
 # ------------------------------------------------------------------ local processes
-def _local_worker(conn: Any, spec: Any, out_dir: str, threads: int, job: Any = None) -> None:
+def _local_worker(conn: Any, spec: Spec, out_dir: str, threads: int, job: Any = None) -> None:
     """A worker process: load once, then run and commit tasks until told to stop."""
-    from circuitgraph.datasets.prompt import one_line
-
     job = job or PromptJob()
     _prepare_worker(threads)
     try:
@@ -127,12 +124,7 @@ class LocalExecutor:
         self.threads = threads
         self.max_retries = max_retries
 
-    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: OnResult, job: Any = None) -> None:
-        import multiprocessing as mp
-        from multiprocessing.connection import wait
-
-        from circuitgraph.errors import LoadError
-
+    def run(self, spec: Spec, rows: list[Row], out_dir: Path, on_result: OnResult, job: Any = None) -> None:
         if not rows:
             return
         job = job or PromptJob()
@@ -222,10 +214,10 @@ def _stop(conn: Any, slot: dict[str, Any], kill: bool = False) -> None:
 _RAY_INPUTS: dict[str, Any] = {}
 
 
-def _ray_prompt(spec_bytes: bytes, key: str, row: Any, threads: int, job: Any = None) -> Any:
+def _ray_prompt(spec_bytes: bytes, key: str, row: Row, threads: int, job: Any = None) -> Any:
     """A Ray task: load the model once per worker process (cached by spec and job), run one task."""
     job = job or PromptJob()
-    spec = pickle.loads(spec_bytes)  # noqa: S301 - our own bytes, from the driver
+    spec = pickle.loads(spec_bytes)  # our own bytes, from the driver
     key = f"{key}:{type(job).__module__}.{type(job).__qualname__}"
     if key not in _RAY_INPUTS:
         _prepare_worker(threads)
@@ -249,13 +241,10 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            from circuitgraph.errors import LoadError
-
             raise LoadError("executor kind ray needs the ray package: pip install 'circuitgraph[dataset]' "
                             "(or pip install ray)") from None
         if ray.is_initialized():
             return False
-        import circuitgraph
 
         package_root = str(Path(circuitgraph.__file__).resolve().parents[1])
         env = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -273,9 +262,7 @@ class RayExecutor:
         ray.init(**kwargs)
         return True
 
-    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: OnResult, job: Any = None) -> None:
-        from circuitgraph.datasets.prompt import one_line
-
+    def run(self, spec: Spec, rows: list[Row], out_dir: Path, on_result: OnResult, job: Any = None) -> None:
         if not rows:
             return
         job = job or PromptJob()
@@ -307,9 +294,7 @@ class RayExecutor:
                 ray.shutdown()
 
 
-def make_executor(spec: Any) -> Any:
-    from circuitgraph.spec.dataset import ExecutorSpec
-
+def make_executor(spec: Spec) -> Any:
     e = spec.executor or ExecutorSpec()
     if e.kind == "ray":
         return RayExecutor(address=e.address, workers=e.workers, threads=e.threads, max_retries=e.max_retries)

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
-from circuitgraph.spec.dataset import Row
+from circuitgraph._json import jsonable
+from circuitgraph.datasets.reduce import reduce_graph
+from circuitgraph.errors import (
+    one_line,  # re-exported: the one error-line formatter
+)
+from circuitgraph.pipeline import runner
+from circuitgraph.spec import Spec
+from circuitgraph.spec.dataset import AggregateSpec, Row
+from circuitgraph.spec.export import ExportSpec
 
 __all__ = ["PromptOutput", "row_spec", "run_prompt", "commit", "record_path", "is_complete", "one_line",
            "GRAPH_SUFFIX"]
@@ -36,22 +44,13 @@ class PromptOutput:
     files: dict[str, bytes] = field(default_factory=dict)
 
 
-def one_line(exc: BaseException) -> str:
-    from circuitgraph.errors import CircuitGraphError
-
-    text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
-
-
 def record_path(out_dir: Path, row_id: str) -> Path:
     return out_dir / "results" / f"{row_id}.json"
 
 
-def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
+def row_spec(spec: Spec, row: Row, graph_path: Path) -> Spec:
     """The one-prompt spec of a row: the dataset spec with the row's prompt, targets and
     corrupted prompt, exporting only the graph to ``graph_path``."""
-    from circuitgraph.spec.export import ExportSpec
-
     checks = []
     for check in spec.validate:
         if check.kind == "patching":
@@ -73,13 +72,9 @@ def row_spec(spec: Any, row: Row, graph_path: Path) -> Any:
     })
 
 
-def run_prompt(spec: Any, row: Row, inputs: Any) -> PromptOutput:
+def run_prompt(spec: Spec, row: Row, inputs: Any) -> PromptOutput:
     """Run one row through the pipeline (graph, pruning, queries, checks), reduce its graph
     for the aggregate, and return its record and files; failures are recorded, not raised."""
-    from circuitgraph.pipeline import runner
-    from circuitgraph.datasets.reduce import reduce_graph
-    from circuitgraph.spec.dataset import AggregateSpec
-
     aggregate = spec.aggregate or AggregateSpec()
     fmt = spec.export.dataset_format
     graph_rel = f"graphs/{row.id}{GRAPH_SUFFIX[fmt]}"
@@ -130,15 +125,8 @@ def commit(out_dir: Path, output: PromptOutput, attempts: int = 1) -> dict[str, 
     for rel, data in output.files.items():
         atomic_write_bytes(out_dir / rel, data)
     record = dict(output.record, attempts=attempts)
-    atomic_write_text(record_path(out_dir, record["id"]), json.dumps(record, indent=1, default=_jsonable) + "\n")
+    atomic_write_text(record_path(out_dir, record["id"]), json.dumps(jsonable(record), indent=1) + "\n")
     return record
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def is_complete(out_dir: Path, row_id: str) -> dict[str, Any] | None:

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from circuitgraph.graph.nodes import NODE_KINDS
+from circuitgraph.queries._sparse import target_weight_vector
+from circuitgraph.queries.influence import node_influence
 
 __all__ = [
     "Part",
@@ -97,9 +99,6 @@ def _group(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def reduce_graph(graph: Any, position: str = "free") -> Part:
     """Reduce one graph to sums keyed by node identity (see the module docstring)."""
-    from circuitgraph.queries._sparse import target_weight_vector
-    from circuitgraph.queries.influence import node_influence
-
     n = graph.n_nodes
     n_pos = len(graph.metadata.get("prompt_tokens") or []) or (max((nd.position for nd in graph.nodes), default=0) + 1)
     cols = [np.fromiter((KIND_CODE[nd.kind] for nd in graph.nodes), dtype=np.int64, count=n),

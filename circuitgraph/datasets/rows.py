@@ -13,13 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from circuitgraph.attribution.targets import normalise_position, resolve_token
 from circuitgraph.errors import CircuitGraphError, DatasetError
+from circuitgraph.pipeline.inputs import _direction_vector, resolve_prompt_like
+from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import Row, parse_rows, read_dataset_rows
 
 __all__ = ["load_rows", "check_rows", "row_problems", "model_problems"]
 
 
-def row_problems(spec: Any) -> tuple[list[Row], list[tuple[str, str]]]:
+def row_problems(spec: Spec) -> tuple[list[Row], list[tuple[str, str]]]:
     """Rows of a dataset spec and the problems found without the model."""
     if isinstance(spec.dataset, tuple):
         raw, problems = list(spec.dataset), []
@@ -37,7 +40,7 @@ def row_problems(spec: Any) -> tuple[list[Row], list[tuple[str, str]]]:
     return rows, problems
 
 
-def load_rows(spec: Any) -> list[Row]:
+def load_rows(spec: Spec) -> list[Row]:
     """The parsed rows of a dataset spec; every problem raised at once."""
     rows, problems = row_problems(spec)
     if problems:
@@ -47,9 +50,6 @@ def load_rows(spec: Any) -> list[Row]:
 
 def _target_problems(targets: Any, n_pos: int | None, adapter: Any, transcoders: Any,
                      where: str) -> list[tuple[str, str]]:
-    from circuitgraph.attribution.targets import normalise_position, resolve_token
-    from circuitgraph.pipeline.inputs import _direction_vector
-
     f = adapter.facts
     tok = adapter.tokenizer
     out: list[tuple[str, str]] = []
@@ -85,10 +85,8 @@ def _target_problems(targets: Any, n_pos: int | None, adapter: Any, transcoders:
     return out
 
 
-def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> list[tuple[str, str]]:
+def model_problems(rows: list[Row], spec: Spec, adapter: Any, transcoders: Any) -> list[tuple[str, str]]:
     """Every problem of every row found with the model loaded (1-based row numbers)."""
-    from circuitgraph.pipeline.inputs import resolve_prompt_like
-
     problems: list[tuple[str, str]] = []
     patching = [c for c in spec.validate if c.kind == "patching"]
     for row in rows:
@@ -114,7 +112,7 @@ def model_problems(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -
     return problems
 
 
-def check_rows(rows: list[Row], spec: Any, adapter: Any, transcoders: Any) -> None:
+def check_rows(rows: list[Row], spec: Spec, adapter: Any, transcoders: Any) -> None:
     """Raise :class:`DatasetError` listing every problem of every row found with the model."""
     problems = model_problems(rows, spec, adapter, transcoders)
     if problems:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
+from circuitgraph.datasets.executors import make_executor
+from circuitgraph.datasets.prompt import is_complete, record_path
+from circuitgraph.datasets.reduce import KIND_CODE, Accumulator, Part, parquet_bytes
+from circuitgraph.datasets.rows import model_problems, row_problems
+from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import DatasetError
+from circuitgraph.pipeline.inputs import load_inputs
+from circuitgraph.spec import Spec, SpecSource, load_spec
+from circuitgraph.spec.dataset import AggregateSpec
 
 __all__ = ["run_dataset", "DatasetRunResult", "MANIFEST_COLUMNS", "spec_fingerprint"]
 
@@ -48,7 +57,7 @@ _INT_COLUMNS = {"row", "attempts", "n_tokens", "n_nodes", "n_edges", "n_nodes_fu
 class DatasetRunResult:
     """What a dataset run produced (``circuitgraph.run`` on a spec with ``dataset:``)."""
 
-    spec: Any
+    spec: Spec
     directory: Path
     n_prompts: int
     n_ok: int
@@ -61,8 +70,6 @@ class DatasetRunResult:
 
     def open(self) -> Any:
         """The outputs as a :class:`~circuitgraph.datasets.Dataset`."""
-        from circuitgraph.datasets.store import open_dataset
-
         return open_dataset(self.directory)
 
     def summary_lines(self) -> list[str]:
@@ -82,7 +89,7 @@ class DatasetRunResult:
         return lines
 
 
-def spec_fingerprint(spec: Any, rows: list[Any]) -> str:
+def spec_fingerprint(spec: Spec, rows: list[Any]) -> str:
     """What makes two runs' outputs the same: the spec (but not its executor) and the rows."""
     dump = spec.model_dump(mode="json", exclude={"executor", "dataset", "features"})
     dump["export"].pop("dataset", None)
@@ -155,15 +162,12 @@ def _manifest_table(records: list[dict[str, Any]]) -> Any:
     return pa.table(columns)
 
 
-def write_aggregate(spec: Any, out: Path, records: list[dict[str, Any]], token_str: Any = None,
+def write_aggregate(spec: Spec, out: Path, records: list[dict[str, Any]], token_str: Any = None,
                     n_layers: int | None = None) -> float:
     """Combine the parts of the ``ok`` records in row order; write nodes/edges/aggregate.json.
 
     Streams: one part is read at a time.  Returns the seconds it took.
     """
-    from circuitgraph.datasets.reduce import Accumulator, Part, parquet_bytes
-    from circuitgraph.spec.dataset import AggregateSpec
-
     t0 = time.perf_counter()
     agg_spec = spec.aggregate or AggregateSpec()
     acc = Accumulator(agg_spec.position)
@@ -193,28 +197,18 @@ def write_aggregate(spec: Any, out: Path, records: list[dict[str, Any]], token_s
 
 
 def _TOKEN_KIND_CODES() -> set[int]:
-    from circuitgraph.datasets.reduce import KIND_CODE
-
     return {KIND_CODE["embedding"], KIND_CODE["logit"]}
 
 
 def _row_order(problem: tuple[str, str]) -> tuple[int, int]:
     """Sort key: problems of row N (``row N...`` in the location or the message) by N, others first."""
-    import re
-
     loc, msg = problem
     m = re.match(r"(?:dataset: )?row (\d+)", loc) or re.match(r"row (\d+)", msg)
     return (1, int(m.group(1))) if m else (0, 0)
 
 
-def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
+def run_dataset(spec: SpecSource, *, progress: bool = False) -> DatasetRunResult:
     """Run every prompt of a dataset spec (see the module docstring and docs/dataset.md)."""
-    from circuitgraph.datasets.executors import make_executor
-    from circuitgraph.datasets.prompt import is_complete, record_path
-    from circuitgraph.datasets.rows import model_problems, row_problems
-    from circuitgraph.pipeline.inputs import load_inputs
-    from circuitgraph.spec import load_spec
-
     t_start = time.perf_counter()
     spec = load_spec(spec)
     rows, problems = row_problems(spec)
@@ -258,6 +252,4 @@ def run_dataset(spec: Any, *, progress: bool = False) -> DatasetRunResult:
 
 
 def _parquet(table: Any) -> bytes:
-    from circuitgraph.datasets.reduce import parquet_bytes
-
     return parquet_bytes(table)

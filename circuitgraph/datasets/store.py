@@ -16,6 +16,7 @@ import numpy as np
 
 from circuitgraph.errors import LoadError
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.nodes import Node, NodeId
 
 __all__ = ["open_dataset", "Dataset", "AggregateGraph"]
 
@@ -41,8 +42,6 @@ class AggregateGraph(AttributionGraph):
 
 
 def _node_ids(df: Any, prefix: str, by_position: bool) -> list[Any]:
-    from circuitgraph.graph.nodes import NodeId
-
     kinds = df[f"{prefix}kind"].tolist()
     layers = df[f"{prefix}layer"].tolist()
     indices = df[f"{prefix}index"].tolist()
@@ -114,8 +113,6 @@ class Dataset:
 
     def graph(self) -> AggregateGraph:
         """The aggregate as an :class:`AggregateGraph` (mean weights, counts kept)."""
-        from circuitgraph.graph.nodes import Node
-
         by_position = self.info.get("position") == "from_end"
         n = max(self.n_aggregated, 1)
         nodes_df, edges_df = self.nodes, self.edges

@@ -10,14 +10,16 @@ Both :class:`TranscoderSet` and :class:`CrossLayerTranscoder` offer:
 * ``decoder_bias(k)``, ``skip_weight(k)`` of output layer ``k``, and
   ``reconstruct(acts, inputs)``: every output layer's reconstruction;
 * ``kind`` (``per_layer`` | ``cross_layer``), ``format``, ``source``, ``describe()``, ``to(dtype)``.
+
+The engine, queries and checks accept any :class:`~circuitgraph.dictionaries.protocol.Dictionary`
+(a ``typing.Protocol``); the on-disk formats are records of the registry
+:data:`circuitgraph.spec.dictionaries.DICTIONARY_FORMATS`.
 """
 
 from circuitgraph.dictionaries.clt import CrossLayerTranscoder, load_clt_dir
 from circuitgraph.dictionaries.formats import FORMATS, detect_format, load_dictionaries
+from circuitgraph.dictionaries.protocol import Dictionary
 from circuitgraph.dictionaries.transcoders import TranscoderLayer, TranscoderSet
-
-#: what the engine, queries and checks accept as transcoders: either kind (same protocol)
-Dictionary = TranscoderSet | CrossLayerTranscoder
 
 __all__ = ["CrossLayerTranscoder", "Dictionary", "FORMATS", "TranscoderLayer", "TranscoderSet", "detect_format",
            "load_clt_dir", "load_dictionaries"]

@@ -43,7 +43,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import yaml
+from safetensors import safe_open
 
+from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.dictionaries.mlp_input import fold_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
 from circuitgraph.errors import LoadError, ShapeMismatchError
 
@@ -62,8 +66,6 @@ _OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
 
 
 def read_config_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     try:
         data = yaml.safe_load(path.read_text())
     except Exception as exc:  # noqa: BLE001
@@ -90,7 +92,8 @@ def output_site(hook: str, where: str, *, post_norms: bool) -> str:
 def output_hook_name(layer: int, site: str) -> str:
     """The hook name a dictionary of output site ``site`` writes at (``mlp.hook_out`` is virtual:
     see :meth:`~circuitgraph.adapters.ModelAdapter.hook_mlp_out_before_post_norm`)."""
-    return f"blocks.{layer}.mlp.hook_out" if site == "before_post_norm" else f"blocks.{layer}.hook_mlp_out"
+    return (ModelAdapter.hook_mlp_out_before_post_norm(layer) if site == "before_post_norm"
+            else ModelAdapter.hook_mlp_out(layer))
 
 
 def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
@@ -213,15 +216,14 @@ class CrossLayerTranscoder:
 
     def hook_in(self, layer: int) -> str:
         if self.input_norms is not None:
-            return f"blocks.{layer}.ln2.hook_normalized"
-        return f"blocks.{layer}.{self.feature_input_hook}"
+            return ModelAdapter.hook_norm_normalized("ln2", layer)
+        return ModelAdapter.block_hook(layer, self.feature_input_hook)
 
     def _fold_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
         """Encoder rows ``(n, d_model)`` as read from the file -> the rows applied to
         ``ln2.hook_normalized`` (``gamma * row``) for an ``mlp.hook_in`` CLT."""
         if self.input_norms is None or self.input_norms[layer][0] is None:
             return rows
-        from circuitgraph.dictionaries.mlp_input import fold_input
 
         return fold_input(rows.T, self.input_norms[layer][0], None)[0].T.to(self.dtype)
 
@@ -367,7 +369,6 @@ def fold_layer_input(norms: list | None, layer: int, b_enc: torch.Tensor, b_dec:
     :mod:`circuitgraph.dictionaries.mlp_input`; gamma reaches the encoder rows as they are read)."""
     if norms is None:
         return b_enc, b_dec, W_skip
-    from circuitgraph.dictionaries.mlp_input import fold_input
 
     gamma, beta = norms[layer]
     if beta is not None:
@@ -386,8 +387,6 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     checked for NaN/inf as they are read (a whole encoder layer, or the active decoder rows).
     ``lazy`` (default: when the encoders together exceed 1 GiB) re-reads each encoder layer from
     the memory-mapped file when it is needed instead of keeping it; decoders are always lazy."""
-    from safetensors import safe_open
-
     path = Path(path)
     cfg_path = path / "config.yaml"
     if config is None:
@@ -407,11 +406,9 @@ def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.f
     read_hook = "ln2.hook_normalized" if site == "mlp_input" else hook_in  # mlp.hook_in is folded
     norms = None
     if site == "mlp_input":
-        from circuitgraph.dictionaries.mlp_input import mlp_input_norm
-
         norms = [mlp_input_norm(adapter, layer) for layer in range(L)]
     for layer in range(L):
-        for h in (f"blocks.{layer}.{read_hook}",):
+        for h in (adapter.block_hook(layer, read_hook),):
             if not adapter.has_hook(h):
                 raise ShapeMismatchError(f"{cfg_path}: feature_input_hook {hook_in!r} gives {h}, which the "
                                          "model does not have; fix feature_input_hook")

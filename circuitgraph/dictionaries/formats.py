@@ -18,23 +18,83 @@ format                         directory layout
 
 (see :mod:`circuitgraph.dictionaries.layer_formats` for the tensors of the last four).
 
-:func:`detect_format` names the format from the files present; :func:`load_dictionaries`
-loads it (the format can also be given, as the spec's ``transcoders.format``).
+Each format is one record of the registry :data:`circuitgraph.spec.dictionaries.DICTIONARY_FORMATS`,
+which names the functions below (``detect_<format>``, ``load_<format>``, ``files_<format>``):
+:func:`detect_format` tries the records' detectors in order, :func:`load_dictionaries` calls the
+record's loader (the format can also be given, as the spec's ``transcoders.format``) and
+:func:`dictionary_footprint` reads the record's layer files' headers.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from circuitgraph._io import safetensors_header
+from circuitgraph.dictionaries.clt import load_clt_dir, read_config_yaml
+from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
+from circuitgraph.dictionaries.layer_formats import load_eleuther_dir, load_gemmascope_dir, load_transcoder_set_dir
+from circuitgraph.dictionaries.protocol import Dictionary
+from circuitgraph.dictionaries.transcoders import TranscoderSet
 from circuitgraph.errors import LoadError
+from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names
 
 __all__ = ["FORMATS", "detect_format", "dictionary_footprint", "load_dictionaries"]
 
-FORMATS = ("saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope", "gemmascope2",
-           "gemmascope2_clt", "eleuther_topk")
+#: the built-in formats' names (the registry: :data:`circuitgraph.spec.dictionaries.DICTIONARY_FORMATS`)
+FORMATS = format_names()
+
+
+# ------------------------------------------------------------------ detection, one function per format
+def _config_kind(path: Path) -> str | None:
+    cfg = path / "config.yaml"
+    return read_config_yaml(cfg).get("model_kind") if cfg.is_file() else None
+
+
+def _plain(path: Path) -> bool:
+    """No circuit-tracer config.yaml and not a GemmaScope-2 CLT folder (the other formats' ground)."""
+    return not (path / "config.yaml").is_file() and not detect_gemmascope2_clt(path)
+
+
+def _layer_dirs(path: Path) -> list[Path]:
+    return [p for p in path.iterdir() if p.is_dir() and p.name.startswith("layer_")]
+
+
+def detect_circuit_tracer_clt(path: Path) -> bool:
+    return _config_kind(path) == "cross_layer_transcoder"
+
+
+def detect_circuit_tracer_transcoder_set(path: Path) -> bool:
+    return _config_kind(path) == "transcoder_set"
+
+
+def detect_gemmascope2_clt(path: Path) -> bool:
+    return (not (path / "config.yaml").is_file() and (path / "config.json").is_file()
+            and next(path.glob("params_layer_*.safetensors"), None) is not None)
+
+
+def detect_saelens(path: Path) -> bool:
+    return _plain(path) and any((p / "cfg.json").is_file() for p in _layer_dirs(path))
+
+
+def detect_gemmascope(path: Path) -> bool:
+    dirs = _layer_dirs(path) if _plain(path) else []
+    return (not any((p / "cfg.json").is_file() for p in dirs)
+            and any(next(p.rglob("params.npz"), None) for p in dirs))
+
+
+def detect_gemmascope2(path: Path) -> bool:
+    dirs = _layer_dirs(path) if _plain(path) else []
+    return (not any((p / "cfg.json").is_file() for p in dirs) and not any(next(p.rglob("params.npz"), None) for p in dirs)
+            and any(next(p.rglob("params.safetensors"), None) for p in dirs))
+
+
+def detect_eleuther_topk(path: Path) -> bool:
+    return _plain(path) and not _layer_dirs(path) and any(
+        (p / "cfg.json").is_file() and (p / "sae.safetensors").is_file() for p in path.iterdir() if p.is_dir())
 
 
 def detect_format(path: str | Path) -> str:
@@ -42,39 +102,22 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if not path.is_dir():
         raise LoadError(f"transcoder directory {path} does not exist; give the folder that holds the dictionary")
-    cfg = path / "config.yaml"
-    if cfg.is_file():
-        from circuitgraph.dictionaries.clt import read_config_yaml
-
-        kind = read_config_yaml(cfg).get("model_kind")
-        if kind == "cross_layer_transcoder":
-            return "circuit_tracer_clt"
-        if kind == "transcoder_set":
-            return "circuit_tracer_transcoder_set"
-        raise LoadError(f"{cfg}: model_kind {kind!r} is not supported; expected cross_layer_transcoder or "
-                        "transcoder_set")
-    if (path / "config.json").is_file() and next(path.glob("params_layer_*.safetensors"), None):
-        return "gemmascope2_clt"
-    layer_dirs = [p for p in path.iterdir() if p.is_dir() and p.name.startswith("layer_")]
-    if layer_dirs:
-        if any((p / "cfg.json").is_file() for p in layer_dirs):
-            return "saelens"
-        if any(next(p.rglob("params.npz"), None) for p in layer_dirs):
-            return "gemmascope"
-        if any(next(p.rglob("params.safetensors"), None) for p in layer_dirs):
-            return "gemmascope2"
+    kind = _config_kind(path)
+    if kind is not None and kind not in ("cross_layer_transcoder", "transcoder_set"):
+        raise LoadError(f"{path / 'config.yaml'}: model_kind {kind!r} is not supported; expected cross_layer_transcoder "
+                        "or transcoder_set")
+    for record in DICTIONARY_FORMATS.values():
+        if record.function("detect")(path):
+            return record.name
+    if _plain(path) and _layer_dirs(path):
         return "saelens"  # its loader names what is missing
-    if any((p / "cfg.json").is_file() and (p / "sae.safetensors").is_file() for p in path.iterdir() if p.is_dir()):
-        return "eleuther_topk"
     raise LoadError(
-        f"{path}: no dictionary format recognised; expected layer_<i>/cfg.json + sae_weights.safetensors "
-        "(sae-lens), config.yaml + W_enc_<i>/W_dec_<i>.safetensors (circuit-tracer CLT) or + layer_<i>.safetensors "
-        "(circuit-tracer transcoder_set), layer_<i>/.../params.npz or layer_<i>_width_<w>_l0_<s>/params.safetensors "
-        "(GemmaScope / -2), config.json + params_layer_<i>.safetensors (GemmaScope-2 CLT), "
-        "<hookpoint>/cfg.json + sae.safetensors (EleutherAI sparsify); see docs/dictionaries.md"
+        f"{path}: no dictionary format recognised; expected "
+        + ", ".join(r.layout for r in DICTIONARY_FORMATS.values()) + "; see docs/dictionaries.md"
     )
 
 
+# ------------------------------------------------------------------ loading, one function per format
 def _listed_files(path: Path, config: dict[str, Any]) -> dict[int, Path]:
     """The layer files a circuit-tracer ``config.yaml`` lists (``transcoders:``), relative to ``path``."""
     out = {}
@@ -86,101 +129,109 @@ def _listed_files(path: Path, config: dict[str, Any]) -> dict[int, Path]:
     return out
 
 
+def load_saelens(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+                 config: dict[str, Any] | None) -> Any:
+    return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype)
+
+
+def load_circuit_tracer_clt(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+                            lazy: bool | None, config: dict[str, Any] | None) -> Any:
+    config = config or read_config_yaml(path / "config.yaml")
+    if config.get("transcoders"):  # circuit-tracer's config listing GemmaScope-2 CLT layer files
+        return load_gemmascope2_clt_dir(path, adapter, dtype=dtype, lazy=lazy, ct_config=config,
+                                        files=_listed_files(path, config), format="circuit_tracer_clt")
+    return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
+
+
+def load_gemmascope2_clt(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+                         lazy: bool | None, config: dict[str, Any] | None) -> Any:
+    return load_gemmascope2_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
+
+
+def load_circuit_tracer_transcoder_set(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+                                       lazy: bool | None, config: dict[str, Any] | None) -> Any:
+    return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
+                                   dtype=dtype, lazy=lazy)
+
+
+def load_gemmascope(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+                    config: dict[str, Any] | None) -> Any:
+    return load_gemmascope_dir(path, adapter, version=1, layers=layers, dtype=dtype, lazy=lazy)
+
+
+def load_gemmascope2(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+                     config: dict[str, Any] | None) -> Any:
+    return load_gemmascope_dir(path, adapter, version=2, layers=layers, dtype=dtype, lazy=lazy)
+
+
+def load_eleuther_topk(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+                       lazy: bool | None, config: dict[str, Any] | None) -> Any:
+    return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
+
+
 def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = None,
                       layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
-                      lazy: bool | None = None, config: dict[str, Any] | None = None) -> Any:
+                      lazy: bool | None = None, config: dict[str, Any] | None = None) -> Dictionary:
     """Load the dictionary in ``path`` (its format detected unless given) for ``adapter``'s model.
 
     Returns a :class:`~circuitgraph.dictionaries.TranscoderSet` or a
-    :class:`~circuitgraph.dictionaries.CrossLayerTranscoder`; both record ``format``.  Safetensors
-    layouts stay on disk: decoder rows are read for the active features only, and ``lazy``
-    (default: when the encoders together exceed 1 GiB) re-reads each encoder when it is needed
-    instead of keeping it (sae-lens folders and GemmaScope ``.npz`` files are read whole).
-    ``config``: a circuit-tracer ``config.yaml`` already read (its hub files resolved)."""
+    :class:`~circuitgraph.dictionaries.CrossLayerTranscoder` (any :class:`Dictionary`); both
+    record ``format``.  Safetensors layouts stay on disk: decoder rows are read for the active
+    features only, and ``lazy`` (default: when the encoders together exceed 1 GiB) re-reads each
+    encoder when it is needed instead of keeping it (sae-lens folders and GemmaScope ``.npz``
+    files are read whole).  ``config``: a circuit-tracer ``config.yaml`` already read (its hub
+    files resolved)."""
     found = detect_format(path)
     fmt = format or found
     if format is not None and format != found:
         raise LoadError(f"{path}: transcoders.format is {format!r} but the directory holds the {found!r} layout; "
                         f"set format: {found} or point path at a {format} directory")
-    if fmt == "circuit_tracer_clt":
-        from circuitgraph.dictionaries.clt import load_clt_dir
+    record = DICTIONARY_FORMATS[fmt]
+    if record.cross_layer and layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
+        raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
+                        f"(got {list(layers)})")
+    return record.function("load")(Path(path), adapter, layers=layers, dtype=dtype, lazy=lazy, config=config)
 
-        if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
-            raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
-                            f"(got {list(layers)})")
-        from circuitgraph.dictionaries.clt import read_config_yaml
 
-        config = config or read_config_yaml(Path(path) / "config.yaml")
-        if config.get("transcoders"):  # circuit-tracer's config listing GemmaScope-2 CLT layer files
-            from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
+# ------------------------------------------------------------------ the dry run's footprint
+def _listed_or(path: Path, pattern: str) -> list[Path]:
+    listed = read_config_yaml(path / "config.yaml").get("transcoders")
+    if listed:  # layer files listed by a circuit-tracer config
+        return [path / str(e) for e in listed if not str(e).startswith("hf://")]
+    return sorted(path.glob(pattern))
 
-            return load_gemmascope2_clt_dir(Path(path), adapter, dtype=dtype, lazy=lazy, ct_config=config,
-                                            files=_listed_files(Path(path), config), format="circuit_tracer_clt")
-        return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
-    if fmt == "gemmascope2_clt":
-        from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
 
-        if layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
-            raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
-                            f"(got {list(layers)})")
-        return load_gemmascope2_clt_dir(Path(path), adapter, dtype=dtype, lazy=lazy)
-    path = Path(path)
-    if fmt == "circuit_tracer_transcoder_set":
-        from circuitgraph.dictionaries.clt import read_config_yaml
-        from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
+def files_saelens(path: Path) -> list[Path]:
+    return sorted(path.glob("layer_*/sae_weights.safetensors"))
 
-        return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
-                                       dtype=dtype, lazy=lazy)
-    if fmt in ("gemmascope", "gemmascope2"):
-        from circuitgraph.dictionaries.layer_formats import load_gemmascope_dir
 
-        return load_gemmascope_dir(path, adapter, version=1 if fmt == "gemmascope" else 2, layers=layers,
-                                   dtype=dtype, lazy=lazy)
-    if fmt == "eleuther_topk":
-        from circuitgraph.dictionaries.layer_formats import load_eleuther_dir
+def files_circuit_tracer_clt(path: Path) -> list[Path]:
+    return _listed_or(path, "W_*.safetensors")
 
-        return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
-    return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype)
+def files_circuit_tracer_transcoder_set(path: Path) -> list[Path]:
+    return _listed_or(path, "layer_*.safetensors")
+
+
+def files_gemmascope(path: Path) -> list[Path]:
+    return sorted(path.glob("layer_*/**/params.npz"))
+
+
+def files_gemmascope2(path: Path) -> list[Path]:
+    return sorted(path.glob("layer_*/**/params.safetensors"))
+
+
+def files_gemmascope2_clt(path: Path) -> list[Path]:
+    return sorted(path.glob("params_layer_*.safetensors"))
+
+
+def files_eleuther_topk(path: Path) -> list[Path]:
+    return sorted(path.glob("*/sae.safetensors"))
 
 
 def _header(path: Path) -> dict[str, tuple[tuple[int, ...], int]]:
-    """``{tensor: (shape, bytes)}`` of a safetensors file, from its header (nothing is read)."""
-    import json
-    import struct
-
-    with open(path, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(n))
-    return {k: (tuple(m["shape"]), m["data_offsets"][1] - m["data_offsets"][0])
-            for k, m in header.items() if k != "__metadata__"}
-
-
-def _layer_files(path: Path, fmt: str) -> list[Path]:
-    if fmt == "circuit_tracer_clt":
-        from circuitgraph.dictionaries.clt import read_config_yaml
-
-        listed = read_config_yaml(path / "config.yaml").get("transcoders")
-        if listed:  # GemmaScope-2 layer files listed by a circuit-tracer config
-            return [path / str(e) for e in listed if not str(e).startswith("hf://")]
-        return sorted(path.glob("W_*.safetensors"))
-    if fmt == "gemmascope2_clt":
-        return sorted(path.glob("params_layer_*.safetensors"))
-    if fmt == "circuit_tracer_transcoder_set":
-        from circuitgraph.dictionaries.clt import read_config_yaml
-
-        listed = read_config_yaml(path / "config.yaml").get("transcoders")
-        if listed:
-            return [path / str(e) for e in listed if not str(e).startswith("hf://")]
-        return sorted(path.glob("layer_*.safetensors"))
-    if fmt == "gemmascope":
-        return sorted(path.glob("layer_*/**/params.npz"))
-    if fmt == "gemmascope2":
-        return sorted(path.glob("layer_*/**/params.safetensors"))
-    if fmt == "eleuther_topk":
-        return sorted(path.glob("*/sae.safetensors"))
-    return sorted(path.glob("layer_*/sae_weights.safetensors"))
+    """``{tensor: (shape, bytes)}`` of a safetensors file, from its checked header (nothing else is read)."""
+    return {k: (m["shape"], m["data_offsets"][1] - m["data_offsets"][0]) for k, m in safetensors_header(path).items()}
 
 
 def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_pos: int = 1) -> tuple[int | None, int, int, str]:
@@ -194,13 +245,12 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     positions); sae-lens folders and GemmaScope ``.npz`` files are read whole."""
     path = Path(path)
     fmt = detect_format(path)
-    files = _layer_files(path, fmt)
+    record = DICTIONARY_FORMATS[fmt]
+    files = record.function("layer_files")(path)
     on_disk = sum(p.stat().st_size for p in files if p.is_file())
-    if fmt in ("saelens", "gemmascope") or not files:
+    if record.footprint == "whole" or not files:
         d_sae = None
         if fmt == "saelens" and files:
-            import json
-
             d_sae = int(json.loads((files[0].parent / "cfg.json").read_text())["d_sae"])
         return d_sae, on_disk, on_disk, f"{fmt} dictionary: {on_disk / 1024**2:.1f} MiB, read whole"
     enc_keys = {"W_enc", "w_enc", "encoder.weight"}
@@ -223,7 +273,7 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     enc_bytes = max(enc_layers, default=0) if enc_total > 2**30 else enc_total
     dec_bytes = sum(min(int(active_fraction * n * max(n_pos - 1, 1)), n) * row for n, row in dec_row_bytes)
     total = small + enc_bytes + dec_bytes
-    kind = "cross-layer transcoder" if fmt.endswith("_clt") else f"{fmt} transcoders"
+    kind = "cross-layer transcoder" if record.cross_layer else f"{fmt} transcoders"
     note = (f"{kind}: {on_disk / 1024**2:.1f} MiB on disk, ~{total / 1024**2:.1f} MiB read into memory "
             "(lazy decoder rows of the active features" + (", one encoder layer at a time)"
                                                             if enc_bytes < enc_total else ")"))

@@ -32,7 +32,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from circuitgraph.errors import LoadError
+import torch
+from safetensors import safe_open
+
+from circuitgraph.dictionaries.clt import CrossLayerTranscoder, fold_layer_input, hook_site, output_site
+from circuitgraph.dictionaries.mlp_input import mlp_input_norm
+from circuitgraph.dictionaries.stored import StoredRows, check_finite
+from circuitgraph.errors import LoadError, ShapeMismatchError
 
 __all__ = ["HF_HOOKS", "clt_layer_files", "load_gemmascope2_clt_dir", "per_layer_folders", "read_config_json", "tl_hooks"]
 
@@ -129,13 +135,6 @@ def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, laz
     (``model_kind: cross_layer_transcoder`` with ``transcoders: [...]``, as circuit-tracer's
     ``load_gemma_scope_2_clt`` reads them), whose ``feature_input_hook`` / ``feature_output_hook``
     then give the hooks."""
-    import torch
-    from safetensors import safe_open
-
-    from circuitgraph.dictionaries.clt import CrossLayerTranscoder, fold_layer_input, hook_site, output_site
-    from circuitgraph.dictionaries.stored import StoredRows, check_finite
-    from circuitgraph.errors import ShapeMismatchError
-
     dtype = dtype or torch.float32
     cfg_path = path / ("config.yaml" if ct_config is not None else "config.json")
     config = read_config_json(path / "config.json") if ct_config is None else {}
@@ -157,8 +156,6 @@ def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, laz
                                  f"(0-{L - 1}); use the CLT trained for this model")
     norms = None
     if site == "mlp_input":
-        from circuitgraph.dictionaries.mlp_input import mlp_input_norm
-
         norms = [mlp_input_norm(adapter, layer) for layer in range(L)]
     b_enc, b_dec, thr, skips, enc, dec = [], [], [], [], [], []
     d_tc = None

@@ -18,6 +18,9 @@ from typing import Any
 import torch
 
 from circuitgraph._hub import require_hub
+from circuitgraph.dictionaries.clt import read_config_yaml
+from circuitgraph.dictionaries.formats import detect_format, load_dictionaries
+from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
 from circuitgraph.errors import LoadError
 
 __all__ = ["parse_hf_ref", "resolve_hf_dictionary", "load_hf_dictionaries"]
@@ -84,7 +87,6 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
     cfg = folder / "config.yaml"
     if not cfg.is_file():
         return folder, None
-    from circuitgraph.dictionaries.clt import read_config_yaml
 
     config = read_config_yaml(cfg)
     listed = config.get("transcoders")
@@ -110,14 +112,10 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
 def load_hf_dictionaries(ref: str, adapter: Any, *, format: str | None = None, layers: list[int] | None = None,
                          dtype: torch.dtype = torch.float32) -> Any:
     """Resolve ``ref`` in the Hugging Face cache and load the dictionary it holds."""
-    from circuitgraph.dictionaries.formats import detect_format, load_dictionaries
-
     folder, config = resolve_hf_dictionary(ref)
     repo, sub, revision = parse_hf_ref(ref)
     try:
         if config is not None and detect_format(folder) == "circuit_tracer_transcoder_set":
-            from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
-
             if format not in (None, "circuit_tracer_transcoder_set"):
                 raise LoadError(f"{ref}: transcoders.format is {format!r} but the repository holds a circuit-tracer "
                                 "transcoder_set; set format: circuit_tracer_transcoder_set")

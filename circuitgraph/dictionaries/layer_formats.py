@@ -43,10 +43,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from safetensors import safe_open
 
 from circuitgraph.dictionaries.clt import output_hook_name, output_site
+from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
+from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
+from circuitgraph.dictionaries.transcoders import TranscoderLayer, TranscoderSet
 from circuitgraph.errors import LoadError, ShapeMismatchError
 
 __all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "transcoder_files",
@@ -80,8 +85,6 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
     :class:`StoredRows` left in their safetensors file: a stored decoder is read by active rows;
     a stored encoder is read whole when activations are computed (kept unless ``lazy``).  Small
     stored dictionaries (not ``lazy``) are checked for NaN/inf at load; large ones as they are read."""
-    from circuitgraph.dictionaries.transcoders import TranscoderLayer
-
     f = adapter.facts
     D = f.d_model
     if not 0 <= layer < f.n_layers:
@@ -105,8 +108,6 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
     W_enc, W_dec = (m if isinstance(m, StoredRows) else conv(m) for m in (W_enc, W_dec))
     enc_scale = None
     if site == "mlp_input":
-        from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
-
         if isinstance(W_enc, StoredRows):  # gamma scales every row as it is read; beta: one read of the encoder now
             enc_scale, beta = mlp_input_norm(adapter, layer)
             if beta is not None:
@@ -118,7 +119,7 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
             folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
             W_skip, b_dec = folded.T, (b_dec if shift is None else b_dec + shift)
         site = "normalized"
-    hook_in = {"raw": f"blocks.{layer}.hook_resid_mid", "normalized": f"blocks.{layer}.ln2.hook_normalized"}[site]
+    hook_in = adapter.hook_resid_mid(layer) if site == "raw" else adapter.hook_norm_normalized("ln2", layer)
     back = lambda t: None if t is None else (t if isinstance(t, StoredRows) else t.to(dtype).contiguous())  # noqa: E731
     for m in (W_enc, W_dec):
         if isinstance(m, StoredRows):
@@ -151,11 +152,8 @@ def _load(path: Path) -> dict[str, Any]:
         raise LoadError(f"{path} is missing; copy the layer's file into the folder (or fix the config)")
     try:
         if path.suffix == ".npz":
-            import numpy as np
-
             with np.load(path) as z:
                 return {k: torch.from_numpy(z[k].copy()) for k in z.files}
-        from safetensors import safe_open
 
         out: dict[str, Any] = {}
         with safe_open(str(path), framework="pt") as f:
@@ -256,8 +254,6 @@ def transcoder_files(files: dict[int, Path], adapter: Any, *, site: str, hook_ou
     GemmaScope ``params.npz`` or GemmaScope-2 ``params.safetensors``; the tensors say which), each
     reading input ``site`` (see ``_SITES``) and writing ``hook_out``; safetensors files stay on disk
     (read by feature, ``lazy`` as in :func:`_lazy`)."""
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
-
     loaded = {l: _load(p) for l, p in sorted(files.items())}
     lz = _lazy(loaded, lazy)
     out = {l: _from_tensors(adapter, l, files[l], t, site, hook_out, dtype, lz) for l, t in loaded.items()}
@@ -297,7 +293,6 @@ def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[
         files = _select(_layer_files(path, "params.npz"), layers, path)
         return gemmascope_files(files, adapter, version=1, dtype=dtype, input_hook=input_hook or GEMMASCOPE_INPUT_HOOK,
                                 source={"path": str(path)}, where=path, lazy=lazy)
-    from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
 
     folders = _select(per_layer_folders(path), layers, path)
     if not folders:
@@ -331,8 +326,6 @@ def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtyp
 def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
                       lazy: bool | None = None):
     """EleutherAI sparsify TopK (skip) transcoders, one ``<hookpoint>/`` folder per layer."""
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
-
     found: dict[int, Path] = {}
     for sub in sorted(path.iterdir()):
         if not (sub / "cfg.json").is_file():

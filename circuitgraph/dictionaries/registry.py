@@ -40,13 +40,19 @@ and the ``huggingface-cli download REPO FILE`` command.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
+from circuitgraph.dictionaries.gemmascope2 import read_config_json, tl_hooks
+from circuitgraph.dictionaries.hub import _file, load_hf_dictionaries
+from circuitgraph.dictionaries.layer_formats import gemmascope_files, transcoder_files
+from circuitgraph.dictionaries.transcoders import TranscoderSet, _from_sae, load_sae_folder
 from circuitgraph.errors import LoadError
 
 __all__ = ["ReleaseEntry", "release_entry", "release_layers", "load_release"]
@@ -72,8 +78,6 @@ class ReleaseEntry:
 def _registry_yaml() -> str:
     """The text of sae-lens's ``pretrained_saes.yaml``, read from the installed package without
     importing sae-lens (its import pulls in the training stack: seconds per run)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("sae_lens")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         path = Path(folder) / "pretrained_saes.yaml"
@@ -94,8 +98,6 @@ def release_entry(release: str) -> ReleaseEntry:
     """The registry entry of ``release`` (one-line LoadError naming close names).  Only that
     release's block of the YAML is parsed, exactly as sae-lens's
     ``get_pretrained_saes_directory`` reads it (ids, paths, model, repo_id, conversion_func)."""
-    import yaml
-
     text = _registry_yaml()
     blocks = _blocks(text)
     if release not in blocks:
@@ -188,8 +190,6 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
                  dtype: torch.dtype = torch.float32, check_model: bool = True) -> Any:
     """Resolve ``release`` in sae-lens's registry, fetch its files and load them (see the module doc);
     ``check_model=False`` (the spec's ``allow_model_mismatch``) skips :func:`check_release_model`."""
-    from circuitgraph.dictionaries.hub import _file
-
     entry = release_entry(release)
     if check_model:
         check_release_model(entry, adapter)
@@ -197,7 +197,6 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     repo = entry.repo_id
     revision = (entry.config_overrides or {}).get("revision") if isinstance(entry.config_overrides, dict) else None
     if conv == "mntss_clt_layer_transcoder":  # the repository is a circuit-tracer CLT: load it whole, exactly
-        from circuitgraph.dictionaries.hub import load_hf_dictionaries
 
         if ids or layers:
             raise LoadError(f"transcoders.release {release!r} is a cross-layer transcoder ({repo}), which covers every "
@@ -217,8 +216,6 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
               "ids": {str(l): i for l, i in chosen.items()}}
     paths = {l: str(entry.saes_map[i]) for l, i in chosen.items()}
     if conv == "gemma_2_transcoder":
-        from circuitgraph.dictionaries.layer_formats import gemmascope_files
-
         # hooks as sae-lens's gemma_2_transcoder config gives them (and circuit-tracer's Gemma-2 hook map):
         # ln2.hook_normalized (the pre-MLP RMSNorm's x / rms, before its weight) -> hook_mlp_out
         files = {l: _file(repo, f"{p}/params.npz", revision) for l, p in paths.items()}
@@ -226,21 +223,17 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     if conv == "gemma_3":  # GemmaScope-2: <path>/config.json (hook points) + <path>/params.safetensors
         return _gemma_scope_2(release, repo, revision, paths, adapter, source, dtype)
     if conv == "mwhanna_transcoder":
-        from circuitgraph.dictionaries.layer_formats import transcoder_files
-
         files = {l: _file(repo, p, revision) for l, p in paths.items()}
         return transcoder_files(files, adapter, site="mlp_input", hook_out="hook_mlp_out", dtype=dtype,
                                 source=source, format="circuit_tracer_transcoder_set")
-    from circuitgraph.dictionaries.transcoders import TranscoderSet
 
     if conv is None:  # sae-lens's own format, as save_model writes it
-        from circuitgraph.dictionaries.transcoders import _from_sae, load_sae_folder
 
         out = {}
         for l, p in paths.items():
             cfg = _file(repo, f"{p}/cfg.json", revision)
             weights = _file(repo, f"{p}/sae_weights.safetensors", revision)
-            if weights.parent != cfg.parent:  # pragma: no cover - one snapshot folder holds both
+            if weights.parent != cfg.parent:  # one snapshot folder holds both
                 raise LoadError(f"{repo}/{p}: cfg.json and sae_weights.safetensors are in different snapshots; "
                                 f"download the folder again with `huggingface-cli download {repo} --include '{p}/*'`")
             try:
@@ -262,10 +255,6 @@ def _gemma_scope_2(release: str, repo: str, revision: str | None, paths: dict[in
     ``transcoder[_all]/layer_<l>_width_<w>_l0_<s>[_affine]``): each folder's ``config.json`` names
     its hook points (:func:`~circuitgraph.dictionaries.gemmascope2.tl_hooks`), ``params.safetensors``
     is read by feature, as ``transcoders: {path: DIR}`` reads the same folders."""
-    from circuitgraph.dictionaries.gemmascope2 import read_config_json, tl_hooks
-    from circuitgraph.dictionaries.hub import _file
-    from circuitgraph.dictionaries.layer_formats import gemmascope_files
-
     where = f"transcoders.release {release!r}"
     for l, p in paths.items():
         if not re.fullmatch(r"(?:.*/)?layer_\d+[^/]*", p) or "clt" in p.split("/")[0]:

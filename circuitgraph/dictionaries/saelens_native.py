@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 __all__ = ["NativeTranscoder", "read_folder"]
 
@@ -169,8 +170,6 @@ def read_folder(path: str | Path, device: str = "cpu") -> NativeTranscoder | Non
     device=device)`` gives it; ``None`` when the folder is anything this reader does not fully
     understand (the caller then loads it with sae-lens)."""
     try:
-        from safetensors import safe_open
-
         path = Path(path)
         with open(path / "cfg.json") as f:
             cfg = _config(json.load(f), str(device))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from circuitgraph.errors import LoadError, NumericalError
 
@@ -56,8 +57,6 @@ class StoredRows:
     bytes_read: int = field(default=0, compare=False)
 
     def _open(self) -> Any:
-        from safetensors import safe_open
-
         try:
             return safe_open(str(self.path), framework="pt")
         except Exception as exc:  # noqa: BLE001

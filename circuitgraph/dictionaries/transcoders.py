@@ -27,7 +27,10 @@ from typing import Any, Literal
 import torch
 
 from circuitgraph._hub import require_hub
-from circuitgraph.dictionaries.mlp_input import is_mlp_input_hook
+from circuitgraph.adapters.files import check_transcoder_dir
+from circuitgraph.dictionaries import saelens_native
+from circuitgraph.dictionaries.clt import output_hook_name, output_site
+from circuitgraph.dictionaries.mlp_input import fold_mlp_input, is_mlp_input_hook, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
@@ -221,8 +224,6 @@ def load_sae_folder(path: str | Path, device: str = "cpu") -> Any:
     """The transcoder in a sae-lens ``save_model`` folder, as ``SAE.load_from_disk(path, device=device)``
     gives it: read natively (no sae-lens import) when :func:`~circuitgraph.dictionaries.saelens_native.read_folder`
     recognises the folder exactly, else by sae-lens itself (which raises what it always raised)."""
-    from circuitgraph.dictionaries import saelens_native
-
     native = saelens_native.read_folder(path, device=device)
     if native is not None:
         return native
@@ -264,7 +265,6 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     if expected_layer is not None and expected_layer != layer:
         raise LoadError(f"{where}: directory says layer {expected_layer} but its hooks are for layer {layer}")
     facts = adapter.facts
-    from circuitgraph.dictionaries.clt import output_hook_name, output_site
 
     # where it writes, as the per-layer formats and CLTs decide it: mlp.hook_out on a post-norm model
     # (Gemma-2's ln2_post) is the MLP's output before that norm, the same hook as hook_mlp_out otherwise
@@ -307,7 +307,6 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     W_skip = None if W_skip is None else W_skip.detach()
     sae_input = None
     if site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
-        from circuitgraph.dictionaries.mlp_input import fold_mlp_input, mlp_input_norm
 
         dt = W_enc.dtype
         folded, shift = fold_mlp_input(adapter, layer, W_enc)
@@ -316,7 +315,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
             folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
             W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
         sae_input = mlp_input_norm(adapter, layer)
-        site, hook_in = "normalized", f"blocks.{layer}.ln2.hook_normalized"
+        site, hook_in = "normalized", adapter.hook_norm_normalized("ln2", layer)
     return TranscoderLayer(
         layer=layer,
         W_enc=W_enc,
@@ -412,8 +411,6 @@ class TranscoderSet:
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output): read directly from
         their files (:mod:`~circuitgraph.dictionaries.saelens_native`), with sae-lens only for a
         folder that reader does not recognise."""
-        from circuitgraph.adapters.files import check_transcoder_dir
-
         path = Path(path)
         if not path.is_dir():
             raise LoadError(f"transcoder directory {path} does not exist")

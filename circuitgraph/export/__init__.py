@@ -6,6 +6,7 @@ docs/export.md.
 
 from circuitgraph.export.binary import load_graph_binary, read_graph_binary, save_graph_binary
 from circuitgraph.export.dot import graph_to_dot
+from circuitgraph.export.graph_schema import graph_json_schema
 from circuitgraph.export.json_graph import GraphDocument, graph_from_json, graph_to_json, read_graph_json
 from circuitgraph.export.neuronpedia import graph_to_neuronpedia
 from circuitgraph.export.render import render_dot_text, render_graph
@@ -29,7 +30,5 @@ __all__ = [
 def __getattr__(name: str):
     # imported lazily so that `python -m circuitgraph.export.graph_schema` runs the module once
     if name == "graph_json_schema":
-        from circuitgraph.export.graph_schema import graph_json_schema
-
         return graph_json_schema
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

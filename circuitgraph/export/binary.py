@@ -15,20 +15,21 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuitgraph._io import atomic_writer
+from circuitgraph._json import jsonable
 from circuitgraph.errors import LoadError
 from circuitgraph.export.json_graph import (
-    _brief,
-    _no_constant,
-    _results,
-    check_graph_file,
     GraphDocument,
+    _brief,
     _check_format,
     _dumps,
     _header,
-    _jsonable,
+    _max_dense_nodes,
     _metadata_from_header,
+    _no_constant,
     _nodes_from_header,
+    _results,
     _targets_from_header,
+    check_graph_file,
 )
 from circuitgraph.graph.graph import AttributionGraph
 
@@ -56,7 +57,7 @@ def save_graph_binary(
     """
     header = _header(graph, queries, validation)
     if steering is not None:
-        header["steering"] = _jsonable(list(steering), "steering")
+        header["steering"] = jsonable(list(steering), "steering")
     header["format"] = BINARY_FORMAT
     header_bytes = _dumps(header, None).encode("utf-8")
     arrays = {
@@ -113,6 +114,7 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         edge_weight=w,
         targets=_targets_from_header(header, index),
         metadata=_metadata_from_header(header),
+        max_dense_nodes=_max_dense_nodes(header),
     )
     return GraphDocument(graph, _results(header, "queries"), _results(header, "validation"),
                          int(header["format_version"]), _results(header, "steering"))

@@ -38,6 +38,11 @@ from circuitgraph.errors import ExportError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node, NodeId
 
+# the analysis the drawing uses (influence, reachability, supernodes) lives in the queries;
+# re-exported here, its old home
+from circuitgraph.queries.influence import raw_influence
+from circuitgraph.queries.neighbours import merge_supernodes, propose_supernodes, reaches_a_target
+
 __all__ = [
     "graph_to_dot",
     "KIND_COLORS",
@@ -495,133 +500,7 @@ def _axis_label(layer: int, sub: int, n_layers: int | None) -> str:
 
 
 def _n_layers(graph: AttributionGraph) -> int | None:
-    model = graph.metadata.get("model")
-    if isinstance(model, Mapping) and isinstance(model.get("n_layers"), int):
-        return int(model["n_layers"])
-    value = graph.metadata.get("n_layers")
-    return int(value) if isinstance(value, int) else None
-
-
-# --------------------------------------------------------------------------- pre-passes
-def raw_influence(graph: AttributionGraph) -> dict[NodeId, float]:
-    """circuit-tracer's influence ``w (A + A^2 + ...)`` of every node on the targets."""
-    from circuitgraph.queries._sparse import weighted_influence
-
-    values = weighted_influence(graph)
-    return {n.id: float(v) for n, v in zip(graph.nodes, values)}
-
-
-def reaches_a_target(graph: AttributionGraph) -> np.ndarray:
-    """Boolean per row: the node is a target or has a path (any edge weight) to one."""
-    reach = np.zeros(graph.n_nodes, dtype=bool)
-    frontier = [graph.index_of(t) for t in graph.target_ids]
-    reach[frontier] = True
-    order, indptr = graph.csr_order()
-    while frontier:
-        nxt = []
-        for row in frontier:
-            sources = graph.edge_source[order[indptr[row]:indptr[row + 1]]]
-            new = sources[~reach[sources]]
-            reach[new] = True
-            nxt.extend(new.tolist())
-        frontier = nxt
-    return reach
-
-
-def propose_supernodes(graph: AttributionGraph, *, min_similarity: float = 0.5,
-                       kinds: tuple[str, ...] = ("feature", "neuron")) -> dict[str, list[NodeId]]:
-    """Groups of nodes that share their neighbours: nodes of one kind and layer whose sets of
-    (in and out) neighbours overlap by at least ``min_similarity`` (Jaccard), merged greedily,
-    strongest nodes first; groups of two or more, named ``"L{layer} group {i}"``."""
-    neighbours: dict[int, set[int]] = {}
-    strength = np.zeros(graph.n_nodes)
-    np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
-    np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
-    for s, t in zip(graph.edge_source.tolist(), graph.edge_target.tolist()):
-        neighbours.setdefault(s, set()).add(t)
-        neighbours.setdefault(t, set()).add(s)
-    by_site: dict[tuple[str, int], list[int]] = {}
-    targets = {graph.index_of(t) for t in graph.target_ids}
-    for r, node in enumerate(graph.nodes):
-        if node.kind in kinds and r not in targets and neighbours.get(r):
-            by_site.setdefault((node.kind, node.layer), []).append(r)
-    groups: dict[str, list[NodeId]] = {}
-    for (kind, layer), rows in sorted(by_site.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        rows = sorted(rows, key=lambda r: -strength[r])
-        taken: set[int] = set()
-        for r in rows:
-            if r in taken:
-                continue
-            members = [r]
-            for o in rows:
-                if o in taken or o == r:
-                    continue
-                a, b = neighbours[r], neighbours[o]
-                if len(a & b) / len(a | b) >= min_similarity:
-                    members.append(o)
-            if len(members) > 1:
-                taken.update(members)
-                groups[f"L{layer} group {len([g for g in groups if g.startswith(f'L{layer} ')]) + 1}"] = \
-                    [graph.nodes[m].id for m in members]
-    return groups
-
-
-def merge_supernodes(graph: AttributionGraph, groups: Mapping[str, Any]) -> AttributionGraph:
-    """A copy of ``graph`` in which each group ``{name: node filter or list of ids}`` is one node
-    (its strongest member's id, labelled with the name; ``attrs["supernode"]``,
-    ``attrs["members"]``), with the edges to and from its members summed and the edges inside
-    it dropped.  A node in two groups is an error."""
-    from circuitgraph.queries.filters import filter_mask
-
-    group_of = np.full(graph.n_nodes, -1, dtype=np.int64)
-    names = list(groups)
-    for gi, name in enumerate(names):
-        spec = groups[name]
-        if isinstance(spec, (list, tuple)) and all(isinstance(x, (NodeId, str)) for x in spec):
-            mask = np.zeros(graph.n_nodes, dtype=bool)
-            mask[[graph.index_of(x) for x in spec]] = True
-        else:
-            mask = filter_mask(graph, spec)
-        if not mask.any():
-            raise ExportError(f"supernode {name!r} matches no node of the graph; check its filter")
-        clash = np.flatnonzero(mask & (group_of >= 0))
-        if clash.size:
-            raise ExportError(f"node {graph.nodes[clash[0]].id} is in both supernodes {names[group_of[clash[0]]]!r} "
-                              f"and {name!r}; make the groups disjoint")
-        group_of[mask] = gi
-    strength = np.zeros(graph.n_nodes)
-    np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
-    np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
-    rep = np.arange(graph.n_nodes)
-    nodes: list[Node] = []
-    new_row = np.full(graph.n_nodes, -1, dtype=np.int64)
-    for gi, name in enumerate(names):
-        members = np.flatnonzero(group_of == gi)
-        head = members[np.argmax(strength[members])]
-        rep[members] = head
-    for r, node in enumerate(graph.nodes):
-        if group_of[r] >= 0 and rep[r] != r:
-            continue
-        new_row[r] = len(nodes)
-        if group_of[r] >= 0:
-            members = np.flatnonzero(group_of == group_of[r])
-            node = Node(node.id, float(sum(graph.nodes[m].activation for m in members)), None, None,
-                        names[group_of[r]], {"supernode": names[group_of[r]],
-                                             "members": [str(graph.nodes[m].id) for m in members]})
-        nodes.append(node)
-    new_row = new_row[rep]
-    s, t = new_row[graph.edge_source], new_row[graph.edge_target]
-    keep = s != t
-    key = t[keep] * len(nodes) + s[keep]
-    uniq, inv = np.unique(key, return_inverse=True)
-    summed = np.bincount(inv.reshape(-1), weights=graph.edge_weight[keep].astype(np.float64), minlength=uniq.size)
-    targets = []
-    for tid, w in graph.targets:
-        row = int(new_row[graph.index_of(tid)])
-        if nodes[row].id not in {x for x, _ in targets}:
-            targets.append((nodes[row].id, w))
-    return AttributionGraph(nodes, uniq // len(nodes), uniq % len(nodes), summed, targets=targets,
-                            metadata=dict(graph.metadata))
+    return graph.model_n_layers
 
 
 def _with_display_attrs(graph: AttributionGraph, labels: Mapping[tuple[int, int], str] | None,

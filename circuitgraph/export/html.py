@@ -21,13 +21,21 @@ import json
 import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from circuitgraph._io import atomic_write_text
+from circuitgraph._results import rows_of, summary_of
+from circuitgraph.errors import RenderError
+from circuitgraph.export.dot import raw_influence
+from circuitgraph.export.graph_files import read_graph_file  # re-exported: its old home
+from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.export.steering_html import steering_html
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, display_name
+from circuitgraph.pipeline.portable import portable_paths
+from circuitgraph.validation.activation_patching import write_heatmap
 
 __all__ = [
     "result_html", "document_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
@@ -112,8 +120,6 @@ def document_html(kind: str, document: Any, *, max_rows: int = 50, type_name: st
     summary: scalars, short lists, nested scalars) as one small table, then its rows (the longest
     list of records) as a table that scrolls inside the page.  With ``names``, node ids in the
     rows get their token string or label beside them, linked to their dashboard."""
-    from circuitgraph._results import rows_of, summary_of
-
     summary = {k: _shown(k, v) for k, v in summary_of(document).items()}
     rows = rows_of(document)
     if names is not None:
@@ -139,9 +145,6 @@ def result_html(kind: str, result: Any, *, max_rows: int = 50, names: "_NodeName
 def graph_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
     """The diagram as inline SVG text (``<svg ...>``), or ``None`` when Graphviz's ``dot`` is
     not installed.  ``dot_kwargs`` go to :func:`circuitgraph.export.dot.graph_to_dot`."""
-    from circuitgraph.errors import RenderError
-    from circuitgraph.export.render import render_dot_bytes
-
     try:
         svg = render_dot_bytes(graph.to_dot(**dot_kwargs), "svg").decode("utf-8")
     except RenderError:
@@ -257,10 +260,6 @@ def _heatmap_figures(result: Any, title: str) -> list[str]:
     if not hasattr(result, "heatmap") or type(result).__name__ != "PatchingResult":
         return []
     try:
-        import tempfile
-
-        from circuitgraph.validation.activation_patching import write_heatmap
-
         with tempfile.TemporaryDirectory() as tmp:
             path = write_heatmap(result, Path(tmp) / "heatmap.png")
             data = Path(path).read_bytes()
@@ -337,7 +336,6 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
         graph, full = source.graph, source.full_graph
         queries, validation = source.queries, source.validation
         spec = source.spec.model_dump(mode="json") if hasattr(source.spec, "model_dump") else source.spec
-        from circuitgraph.pipeline.portable import portable_paths
 
         spec = portable_paths(spec, getattr(source.spec, "base_dir", None))  # no local folders in a report
         stored_q, stored_v = [], []
@@ -349,8 +347,6 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
     body.append("<h2>Diagram</h2>")
     options = dict(diagram or {})
     if full is not None and full.targets and "influence" not in options:
-        from circuitgraph.export.dot import raw_influence
-
         options["influence"] = raw_influence(full)
     boards = _feature_boards(graph, features)
     svg = graph_svg(_linked(graph, boards), max_nodes=max_nodes, **options)
@@ -531,11 +527,3 @@ def write_report(source: Any, path: str | os.PathLike[str], **kwargs: Any) -> st
 
 
 
-def read_graph_file(path: str | os.PathLike[str]) -> Any:
-    """A graph file with its stored results: ``.npz`` (binary) or JSON (our schema)."""
-    from circuitgraph.export.binary import read_graph_binary
-    from circuitgraph.export.json_graph import read_graph_json
-
-    if Path(path).suffix.lower() == ".npz":
-        return read_graph_binary(path)
-    return read_graph_json(path)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import reprlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -27,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from circuitgraph._io import atomic_write_text
+from circuitgraph._json import jsonable
 from circuitgraph.errors import ExportError, LoadError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
@@ -82,7 +85,7 @@ def graph_to_dict(
         )
     header = _header(graph, queries, validation)
     if steering is not None:
-        header["steering"] = _jsonable(list(steering), "steering")
+        header["steering"] = jsonable(list(steering), "steering")
     ids = [rec["id"] for rec in header["nodes"]]
     weights = graph.edge_weight.tolist()
     header["edges"] = [
@@ -166,6 +169,7 @@ def graph_from_dict(doc: Mapping[str, Any]) -> GraphDocument:
         edge_weight=np.asarray(weights, dtype=np.float64).astype(dtype),
         targets=_targets_from_header(doc, index),
         metadata=_metadata_from_header(doc),
+        max_dense_nodes=_max_dense_nodes(doc),
     )
     return GraphDocument(graph, _results(doc, "queries"), _results(doc, "validation"), int(doc["format_version"]),
                          _results(doc, "steering"))
@@ -212,11 +216,11 @@ def _header(
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "edge_dtype": dtype,
-        "metadata": _jsonable(graph.metadata, "metadata"),
+        "metadata": jsonable(graph.metadata, "metadata"),
         "nodes": [_node_record(node) for node in graph.nodes],
         "targets": targets,
-        "queries": _jsonable(list(queries or []), "queries"),
-        "validation": _jsonable(list(validation or []), "validation"),
+        "queries": jsonable(list(queries or []), "queries"),
+        "validation": jsonable(list(validation or []), "validation"),
     }
 
 
@@ -246,7 +250,7 @@ def _node_record(node: Node) -> dict[str, Any]:
         "index": int(node.index),
         "activation": _finite(node.activation, f"{where}: activation"),
         "label": str(node.label),
-        "attrs": _jsonable(node.attrs, f"{where}: attrs"),
+        "attrs": jsonable(node.attrs, f"{where}: attrs"),
     }
     if node.pre_activation is not None or node.constant is not None:
         rec["pre_activation"] = _finite_or_none(node.pre_activation, f"{where}: pre_activation")
@@ -310,8 +314,6 @@ def _number(value: Any, where: str) -> float:
 
 
 def _brief(value: Any, limit: int = 60) -> str:
-    import reprlib
-
     short = reprlib.Repr()
     short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 2, 4, 3, limit, limit
     text = short.repr(value) if not isinstance(value, BaseException) else " ".join(str(value).split())
@@ -408,8 +410,6 @@ def _read_source(source: str | os.PathLike[str]) -> str:
 
 def check_graph_file(path: str | os.PathLike[str], max_bytes: int = MAX_GRAPH_FILE_BYTES) -> None:
     """A graph file must be a regular file (not a device, pipe or folder) of bounded size."""
-    import stat
-
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -444,36 +444,10 @@ def _finite_or_none(value: Any, where: str) -> float | None:
     return None if value is None else _finite(value, where)
 
 
-def _jsonable(value: Any, where: str) -> Any:
-    """``value`` as plain JSON types, or an ExportError naming the first field JSON cannot hold.
-
-    numpy scalars and arrays become numbers and lists, tuples become lists and paths become
-    strings (so those read back as their JSON equivalents); anything else is refused.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ExportError(f"{where} is {value}; JSON holds finite numbers only: store it as null or a string")
-        return value
-    if isinstance(value, np.generic):
-        return _jsonable(value.item(), where)
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist(), where)
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ExportError(f"{where} has the key {key!r} ({type(key).__name__}); JSON object keys are strings")
-            out[key] = _jsonable(item, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    raise ExportError(
-        f"{where} is a {type(value).__name__}, which JSON cannot hold; store it as a string, number, list or dict"
-    )
-
+def _max_dense_nodes(doc: Mapping[str, Any]) -> int | None:
+    """The dense limit of the run that wrote the file (its spec's ``graph.max_dense_nodes``)."""
+    metadata = doc.get("metadata")
+    spec = metadata.get("spec") if isinstance(metadata, dict) else None
+    graph = spec.get("graph") if isinstance(spec, dict) else None
+    value = graph.get("max_dense_nodes") if isinstance(graph, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

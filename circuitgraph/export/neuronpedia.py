@@ -73,8 +73,10 @@ from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import ExportError
 from circuitgraph.export.dot import is_structural_label
 from circuitgraph.export.json_graph import _finite
+from circuitgraph.graph.edges import cumulative_share
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
+from circuitgraph.queries._sparse import weighted_influence
 
 __all__ = [
     "FEATURE_TYPES",
@@ -265,7 +267,7 @@ def neuronpedia_feature_code(node_id: NodeId, d_vocab: int | None = None) -> int
         return -(8 + i)
     if kind == "attention_head":
         return -(16 + i)
-    raise ExportError(f"no Neuronpedia feature code for node kind {kind!r}")  # pragma: no cover
+    raise ExportError(f"no Neuronpedia feature code for node kind {kind!r}")
 
 
 def neuronpedia_node_id(node: Node | NodeId, n_layers: int, d_vocab: int | None = None) -> tuple[str, str]:
@@ -336,7 +338,7 @@ def _check_distinct(records: Iterable[dict[str, Any]]) -> None:
     ids: set[str] = set()
     for r in records:
         key = (r["layer"], r["feature"], r["ctx_idx"])
-        if key in seen or r["node_id"] in ids:  # pragma: no cover - the code scheme is injective
+        if key in seen or r["node_id"] in ids:  # the code scheme is injective
             raise ExportError(
                 f"nodes {seen.get(key)!r} and {r['node_id']!r} share the viewer key (layer, feature, ctx_idx) "
                 f"= {key}; please report this"
@@ -447,14 +449,8 @@ def cumulative_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     ``cumulative_scores``; see the module docstring).  Empty when the graph has no targets."""
     if not graph.targets or graph.n_nodes == 0:
         return {}
-    from circuitgraph.queries._sparse import weighted_influence
 
-    influence = weighted_influence(graph)
-    order = np.argsort(-influence, kind="stable")
-    total = float(influence.sum())
-    running = np.cumsum(influence[order]) / (total if total > 0 else 1.0)
-    scores = np.empty_like(influence)
-    scores[order] = running
+    scores = cumulative_share(weighted_influence(graph))
     return {node.id: float(scores[r]) for r, node in enumerate(graph.nodes)}
 
 
@@ -551,11 +547,8 @@ def neuronpedia_scores(doc: Mapping[str, Any], pinned_ids: Sequence[str] = ()) -
 def n_layers_of(graph: AttributionGraph) -> int:
     """The model's number of blocks: ``metadata["model"]["n_layers"]``, else the logit layer,
     else one more than the deepest block seen."""
-    model = graph.metadata.get("model")
-    if isinstance(model, Mapping) and isinstance(model.get("n_layers"), int):
-        return int(model["n_layers"])
-    if isinstance(graph.metadata.get("n_layers"), int):
-        return int(graph.metadata["n_layers"])
+    if graph.model_n_layers is not None:
+        return graph.model_n_layers
     logit_layers = [n.layer for n in graph.nodes if n.kind == "logit"]
     if logit_layers:
         return max(logit_layers)

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import ExportError
 
 __all__ = ["OutputSet", "MANIFEST_NAME", "owned_by_circuitgraph"]
@@ -145,7 +146,7 @@ class OutputSet:
     def _commit(self) -> None:
         missing = [kind for kind in self.outputs if kind not in self._staged or not self._staged[kind].is_file()]
         if missing:
-            raise ExportError(f"internal: exports {missing} were not written")  # pragma: no cover
+            raise ExportError(f"internal: exports {missing} were not written")
         backups: dict[Path, Path] = {}
         moved: list[Path] = []
         try:
@@ -175,8 +176,6 @@ class OutputSet:
     def record(written: list[Path]) -> None:
         """Note ``written`` (files circuitgraph just wrote) in their folders' manifests, so the next
         run may replace them."""
-        from circuitgraph._io import atomic_write_text
-
         written = [Path(os.path.abspath(p)) for p in written]
         by_folder: dict[Path, list[Path]] = {}
         for dest in written:

@@ -12,7 +12,19 @@ workers and shards (see docs/features.md).
     >>> fd.dashboard(1, 453)["examples"][0]["text"]                    # doctest: +SKIP
 """
 
-from circuitgraph.features.driver import FeaturesRunResult, run_features
+import importlib
+from typing import Any
+
 from circuitgraph.features.summary import FeatureDashboards, open_features
 
 __all__ = ["FeatureDashboards", "FeaturesRunResult", "open_features", "run_features"]
+
+#: the driver (it runs the pipeline) is named, not imported: the pipeline reads dashboards
+#: through :mod:`circuitgraph.features.summary`, and importing that runs this file
+_DRIVER = ("FeaturesRunResult", "run_features")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DRIVER:
+        return getattr(importlib.import_module("circuitgraph.features.driver"), name)
+    raise AttributeError(f"module 'circuitgraph.features' has no attribute {name!r}")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from circuitgraph.errors import QueryError
-from circuitgraph.graph.edge_index import grouped
+from circuitgraph.graph.edges import incoming_sums, merge_edges, topological_levels
 
 __all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK",
            "adopt_engine_order", "add_segment"]
@@ -86,32 +86,13 @@ class DagOrder:
 def _kahn_levels(n: int, target: np.ndarray, source: np.ndarray) -> np.ndarray:
     """Levels such that ``level[source] < level[target]`` on every edge (longest path from the
     node to a sink, counted downwards); raises :class:`QueryError` on a cycle."""
-    order, indptr = grouped(target, n)
-    src_sorted = source[order]
-    outdeg = np.bincount(source, minlength=n).astype(np.int64)
-    depth = np.full(n, -1, dtype=np.int64)
-    frontier = np.flatnonzero(outdeg == 0)
-    d = 0
-    while frontier.size:
-        depth[frontier] = d
-        starts, ends = indptr[frontier], indptr[frontier + 1]
-        lens = ends - starts
-        total = int(lens.sum())
-        if total:
-            offs = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(total)
-            srcs = src_sorted[offs]
-            outdeg -= np.bincount(srcs, minlength=n)
-            cand = np.unique(srcs)
-            frontier = cand[(outdeg[cand] == 0) & (depth[cand] < 0)]
-        else:
-            frontier = frontier[:0]
-        d += 1
+    depth = topological_levels(n, target, source)  # from the sinks, against the edges
     if (depth < 0).any():
         raise QueryError(
             "the graph's edges have a cycle, so influence and total effects are not defined "
             "(attribution graphs are acyclic; check a hand-built graph's edges)"
         )
-    return (d - depth).astype(np.int64)
+    return (int(depth.max(initial=-1)) + 1 - depth).astype(np.int64)
 
 
 def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray,
@@ -177,20 +158,6 @@ def _levels_hold(level: np.ndarray, target_level: np.ndarray, source: np.ndarray
         if not (level[source[c : c + CHUNK]] < target_level[c : c + CHUNK]).all():
             return False
     return True
-
-
-def incoming_sums(target: np.ndarray, weight: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: the sum and the sum of absolute values of its incoming edge weights (float64),
-    in one chunked pass."""
-    s = np.zeros(n)
-    a = np.zeros(n)
-    for c in range(0, target.shape[0], CHUNK):
-        t = target[c : c + CHUNK]
-        w = weight[c : c + CHUNK].astype(np.float64)
-        s += np.bincount(t, weights=w, minlength=n)
-        np.abs(w, out=w)
-        a += np.bincount(t, weights=w, minlength=n)
-    return s, a
 
 
 def _scatter(acc: np.ndarray, src: np.ndarray, contrib: np.ndarray) -> None:
@@ -283,7 +250,7 @@ def _chunk_influence(t: np.ndarray, s: np.ndarray, w: np.ndarray, factor: np.nda
     return np.bincount(s, weights=factor[t] * np.abs(w), minlength=n)
 
 
-def _single_influence(dag: DagOrder, start: np.ndarray, divisor: np.ndarray, rows_at) -> np.ndarray:  # noqa: ANN001
+def _single_influence(dag: DagOrder, start: np.ndarray, divisor: np.ndarray, rows_at) -> np.ndarray:
     """:func:`sweep`'s most common case, one influence ``acc_s = sum_r z_r |w_rs| / divisor_r``
     with ``z = start + acc``: the chunks of one level are independent (they read the final ``z``
     of that level's rows and add to lower levels), so they run on several threads, each into its
@@ -323,7 +290,7 @@ def _rows(start: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     return np.asarray(start, dtype=np.float64).reshape(n, -1)[rows]
 
 
-def graph_levels(graph) -> np.ndarray:  # noqa: ANN001 - AttributionGraph (no import cycle)
+def graph_levels(graph) -> np.ndarray:  # AttributionGraph (no import cycle
     """Candidate level per node: the residual location its reader reads (see
     :mod:`circuitgraph.attribution.frozen_model`: ``resid_pre(l) = 2l``, ``resid_mid(l) = 2l+1``,
     ``resid_post(l) = 2l+2``).  Features and neurons read ``resid_mid``; logits and
@@ -359,7 +326,7 @@ class GraphDag:
         return np.maximum(self.abs_row_sums, 1e-10)
 
 
-def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
+def graph_dag(graph) -> GraphDag:  # AttributionGraph
     """The :class:`GraphDag` of a graph, built once and cached on it (the graph's edge arrays
     are not changed in place by anything in circuitgraph).  Duplicate ``(target, source)``
     pairs of a hand-built graph are summed first (an edge's weight is their sum)."""
@@ -371,11 +338,9 @@ def graph_dag(graph) -> GraphDag:  # noqa: ANN001 - AttributionGraph
     if graph.edges_unique or t.size == 0:
         abs_sums = graph.incoming_abs_sums()
     else:
-        key = t.astype(np.int64) * np.int64(graph.n_nodes) + s
-        uniq, inv = np.unique(key, return_inverse=True)
-        if uniq.size < key.size:  # sum the duplicates
-            w = np.bincount(inv.reshape(-1), weights=w.astype(np.float64), minlength=uniq.size)
-            t, s, inverse = uniq // graph.n_nodes, uniq % graph.n_nodes, inv.reshape(-1)
+        mt, ms, mw, inv = merge_edges(t, s, w, graph.n_nodes)
+        if mt.size < t.size:  # sum the duplicates
+            t, s, w, inverse = mt, ms, mw, inv
             abs_sums = incoming_sums(t, w, graph.n_nodes)[1]
         else:
             abs_sums = graph.incoming_abs_sums()
@@ -393,7 +358,7 @@ def add_segment(segments: list[tuple[int, int, int]], level: int, start: int, en
         segments.append((level, start, end))
 
 
-def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows: np.ndarray,  # noqa: ANN001
+def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows: np.ndarray,
                        reader_locs: np.ndarray) -> bool:
     """Give ``graph`` the :class:`GraphDag` of the engine's edge order without a pass over the edges.
 

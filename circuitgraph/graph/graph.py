@@ -9,22 +9,48 @@ that maps its rows to nodes.
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+import networkx as nx
 import numpy as np
 
 from circuitgraph.errors import QueryError
+from circuitgraph.graph.edges import grouped, incoming_sums
 from circuitgraph.graph.nodes import Node, NodeId
-from circuitgraph.graph.edge_index import grouped
+from circuitgraph.spec.graph import GraphSpec
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     import networkx
 
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["AttributionGraph", "CompletenessReport"]
+
+#: the dense-matrix limit of a graph that was not given one (the spec's default, stated there)
+DEFAULT_MAX_DENSE_NODES: int = GraphSpec.model_fields["max_dense_nodes"].default
+
+#: the functions behind the graph's file and display methods (:meth:`AttributionGraph.to_json`,
+#: ``from_json``, ``to_dot``, ``render``, the notebook views), named ``module:function`` and
+#: resolved on first call, as the spec's registries name their implementations: the graph
+#: imports nothing from ``circuitgraph.export``, which imports the graph
+EXPORTS = {
+    "to_json": "circuitgraph.export.json_graph:graph_to_json",
+    "from_json": "circuitgraph.export.json_graph:graph_from_json",
+    "to_dot": "circuitgraph.export.dot:graph_to_dot",
+    "render": "circuitgraph.export.render:render_graph",
+    "html": "circuitgraph.export.html:graph_html",
+    "svg": "circuitgraph.export.html:graph_svg",
+}
+
+
+def _export(name: str) -> Any:
+    """The export function :data:`EXPORTS` names for ``name``."""
+    module, _, function = EXPORTS[name].partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 @dataclass(frozen=True)
@@ -58,7 +84,7 @@ class AttributionGraph:
 
     Attributes:
         nodes: node records in a stable order (row ``i`` of the edge arrays is ``nodes[i]``).
-        edge_target, edge_source: int64 row indices of each edge.
+        edge_target, edge_source: row indices of each edge (int32 while every row fits, else int64).
         edge_weight: the edge weights (float32 or float64).
         targets: the target (output) nodes of the analysis with their weights
             (used by influence and pruning; weights default to 1).
@@ -67,6 +93,9 @@ class AttributionGraph:
             queries and validation checks need it, and say so when it is missing.
         edges_unique: every (target, source) pair occurs at most once (true of graphs built by
             the engine), so queries need not sum duplicates.
+        max_dense_nodes: the most nodes :meth:`dense_adjacency` densifies by default (a run sets
+            its spec's ``graph.max_dense_nodes``; a graph file read back keeps it; None: the spec's
+            default).
     """
 
     nodes: list[Node]
@@ -77,6 +106,7 @@ class AttributionGraph:
     metadata: dict[str, Any] = field(default_factory=dict)
     context: AttributionContext | None = field(default=None, repr=False, compare=False)
     edges_unique: bool = field(default=False, repr=False, compare=False)
+    max_dense_nodes: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # row indices: int32 when every row fits (half the memory of int64), else int64
@@ -101,6 +131,14 @@ class AttributionGraph:
     @property
     def n_nodes(self) -> int:
         return len(self.nodes)
+
+    @property
+    def model_n_layers(self) -> int | None:
+        """The model's number of blocks as the run recorded it (``metadata["model"]["n_layers"]``),
+        or None (a hand-built graph)."""
+        model = self.metadata.get("model")
+        value = model.get("n_layers") if isinstance(model, Mapping) else None
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
     def n_edges(self) -> int:
@@ -195,11 +233,10 @@ class AttributionGraph:
         """Dense ``(n, n)`` adjacency, rows = targets, in the order of :attr:`nodes`.
 
         Refuses above ``max_nodes`` so a large graph is never densified by accident; the default
-        is the spec's ``graph.max_dense_nodes`` for a graph built by a run (20000 otherwise).
+        is :attr:`max_dense_nodes` (the spec's ``graph.max_dense_nodes``).
         """
         if max_nodes is None:
-            spec_graph = (self.metadata.get("spec") or {}).get("graph") or {}
-            max_nodes = int(spec_graph.get("max_dense_nodes") or 20_000)
+            max_nodes = self.max_dense_nodes or DEFAULT_MAX_DENSE_NODES
         if self.n_nodes > max_nodes:
             raise QueryError(
                 f"dense adjacency of {self.n_nodes} nodes refused (max_nodes={max_nodes}); "
@@ -215,13 +252,7 @@ class AttributionGraph:
         cached = getattr(self, "_incoming_cache", None)
         if cached is not None and cached[0] is self.edge_target and cached[1] is self.edge_weight:
             return cached[2]
-        n, chunk = self.n_nodes, 1 << 22
-        sums, abs_sums = np.zeros(n), np.zeros(n)
-        for c in range(0, self.n_edges, chunk):
-            t = self.edge_target[c : c + chunk]
-            w = self.edge_weight[c : c + chunk].astype(np.float64)
-            sums += np.bincount(t, weights=w, minlength=n)
-            abs_sums += np.bincount(t, weights=np.abs(w, out=w), minlength=n)
+        sums, abs_sums = incoming_sums(self.edge_target, self.edge_weight, self.n_nodes)
         self._incoming_cache = (self.edge_target, self.edge_weight, (sums, abs_sums))
         return sums, abs_sums
 
@@ -277,8 +308,6 @@ class AttributionGraph:
         target pairs are summed).  Graph attributes: ``metadata`` and ``targets`` (a list of
         ``[node id, weight]``).  :meth:`from_networkx` reads it back.
         """
-        import networkx as nx
-
         g = nx.DiGraph(metadata=self.metadata, targets=[[str(t), float(w)] for t, w in self.targets])
         weights = dict((t, float(w)) for t, w in self.targets)
         for node in self.nodes:
@@ -335,14 +364,10 @@ class AttributionGraph:
                 f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}>")
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import graph_html
-
-        return graph_html(self)
+        return _export("html")(self)
 
     def _repr_svg_(self) -> str | None:
-        from circuitgraph.export.html import graph_svg
-
-        return graph_svg(self, max_nodes=40)
+        return _export("svg")(self, max_nodes=40)
 
     def subgraph(self, keep: Iterable[NodeId]) -> "AttributionGraph":
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""
@@ -359,31 +384,24 @@ class AttributionGraph:
             targets=[(t, w) for t, w in self.targets if t in keep_set],
             metadata=dict(self.metadata),
             context=self.context,
+            max_dense_nodes=self.max_dense_nodes,
         )
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Serialise to our JSON schema (schemas/graph.schema.json).  With ``path``: write the
         file and return the path; without: return the JSON text."""
-        from circuitgraph.export.json_graph import graph_to_json
-
-        text = graph_to_json(self, path, **kwargs)
+        text = _export("to_json")(self, path, **kwargs)
         return os.fspath(path) if path is not None else text
 
     @classmethod
     def from_json(cls, source: str) -> "AttributionGraph":
         """Load a graph written by :meth:`to_json` (a path or a JSON string)."""
-        from circuitgraph.export.json_graph import graph_from_json
-
-        return graph_from_json(source)
+        return _export("from_json")(source)
 
     def to_dot(self, **kwargs: Any) -> str:
         """Graphviz DOT text (no binary needed)."""
-        from circuitgraph.export.dot import graph_to_dot
-
-        return graph_to_dot(self, **kwargs)
+        return _export("to_dot")(self, **kwargs)
 
     def render(self, path: str, **kwargs: Any) -> str:
         """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written."""
-        from circuitgraph.export.render import render_graph
-
-        return render_graph(self, path, **kwargs)
+        return _export("render")(self, path, **kwargs)

@@ -2,11 +2,15 @@
 
 * :mod:`~circuitgraph.pipeline.inputs`: from a validated spec to live inputs (model adapter,
   transcoders, prompt tokens, resolved targets), with every check that needs the model;
-* :mod:`~circuitgraph.pipeline.estimate`: memory estimates before a run and before the edge sweep;
-* :mod:`~circuitgraph.pipeline.runner`: ``run`` / ``dry_run`` / ``build``, the glue that calls the
-  engine, the queries, the validation checks and the exporters in order.
+* :mod:`~circuitgraph.pipeline.runner`: the single-prompt pipeline (``run``, ``build``,
+  ``prepare``), the glue that calls the engine, the queries, the validation checks and the
+  exporters in order;
+* :mod:`~circuitgraph.pipeline.estimate`: the dry run's memory estimate (the engine's own edge
+  plan and memory guard live beside it, in :mod:`circuitgraph.attribution.plan`);
+* :mod:`~circuitgraph.pipeline.entry`: ``run`` and ``dry_run`` for any spec: a dataset spec goes
+  to :mod:`circuitgraph.datasets`, which calls the single-prompt pipeline once per row.
 
-``circuitgraph.run`` and the CLI are thin layers over :mod:`~circuitgraph.pipeline.runner`.
+``circuitgraph.run`` and the CLI are thin layers over :mod:`~circuitgraph.pipeline.entry`.
 Importing this package imports nothing heavy (no torch).
 """
 
@@ -18,7 +22,11 @@ from typing import Any
 __all__ = ["RunResult", "run", "dry_run", "build"]
 
 
+#: where each lazily imported name lives
+_HOMES = {"RunResult": "runner", "build": "runner", "run": "entry", "dry_run": "entry"}
+
+
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("circuitgraph.pipeline.runner"), name)
+        return getattr(importlib.import_module(f"circuitgraph.pipeline.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'circuitgraph.pipeline' has no attribute {name!r}")

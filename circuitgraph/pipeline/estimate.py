@@ -1,81 +1,46 @@
-"""Memory estimates and the memory guard, shared by ``circuitgraph run --dry-run`` and the engine.
-
-The estimate is made where the numbers are known exactly: after the forward pass and the
-node tables (which features are active at which position, which neurons, heads, errors),
-the process's resident memory is *measured*, and the edge sweep still to come is bounded
-from above: a reader can only have edges from writers at or below its residual location and
-at or before its position, so its causal writer count bounds its edges.  With
-``max_feature_nodes`` only the rows of the selected features (and the other readers) are
-computed; the bound takes the ``max_feature_nodes`` feature rows with the most possible
-edges.  Edges cost ``EDGE_PEAK_BYTES`` each at the peak of a full-graph run (stored as int32
-target, int32 source and float32 weight, plus the engine's concatenation and pruning's working
-copies) and ``MFN_EDGE_PEAK_BYTES`` with ``max_feature_nodes`` (the ranking rounds and the
-folding of unselected features), measured on the benchmark runs (docs/benchmarks).
+"""The dry run (``circuitgraph run --dry-run``): the memory a run would need, before it runs.
 
 Before loading anything, the model and dictionary files' sizes are checked against the memory
-available, so a model that cannot even be loaded is refused without loading it.  A run that
-would not fit is refused with the advice that would make it fit (computed, not guessed:
-``max_feature_nodes`` only for transcoder features, ``neuron_top_k`` only for neurons, each
-with the largest value whose estimate fits).
+available, so a model that cannot even be loaded is refused without loading it.  When they fit,
+the forward pass and the node tables are made and the engine's edge plan
+(:mod:`circuitgraph.attribution.plan`, which the engine itself checks before its sweep) is
+reported, with the advice that would make a run fit.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
+import torch
 
+from circuitgraph._io import safetensors_header
 from circuitgraph.adapters.files import hf_weight_files, model_folder_format
-from circuitgraph.errors import ResourceError
+from circuitgraph.attribution.build import plan_run
+from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
+    _LAST_RESORT,
+    EDGE_PEAK_BYTES,
+    FLOAT64_EXTRA_BYTES,
+    MFN_EDGE_PEAK_BYTES,
+    USABLE,
+    EdgePlan,
+    _gb,
+    available_memory,
+    check_plan,
+    check_rows,
+    device_working_set,
+    plan_edges,
+    process_memory,
+)
+from circuitgraph.builtin import BUILTIN_MODELS, builtin_dictionary_dir
+from circuitgraph.dictionaries.formats import dictionary_footprint
+from circuitgraph.pipeline.runner import prepare
+from circuitgraph.spec import Spec
 
 __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
-           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES"]
-
-#: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored + the
-#: engine's concatenation (12) + pruning's index arrays; measured 30-35 (docs/benchmarks), with margin
-EDGE_PEAK_BYTES = 48
-#: with max_feature_nodes, per edge of the computed rows before the unselected features are
-#: folded: the rows are kept as the engine's dense blocks (4 bytes an entry; 12 as squeezed int32
-#: target, int32 source, float32 weight), ranked and folded part by part, never concatenated whole:
-#: an upper bound for either
-MFN_EDGE_PEAK_BYTES = 16
-#: more per edge when edges are accumulated in float64 (``graph: {dtype: float64}``)
-FLOAT64_EXTRA_BYTES = 16
-#: share of the available memory a run may plan to use
-USABLE = 0.85
-#: the later stages (scores, pruning, queries, exports) on top of the edges: a fixed allowance
-#: plus a share of what is held after the forward pass (their Python objects and strings)
-LATER_STAGES_BYTES = 128 * 1024**2
-LATER_STAGES_SHARE = 0.1
-
-
-def available_memory() -> int:
-    """Bytes of memory available to this process (psutil when present, else /proc/meminfo)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # pragma: no cover
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 8 * 1024**3  # pragma: no cover
-
-
-def process_memory() -> int:
-    """Resident memory of this process now, in bytes."""
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except ImportError:  # pragma: no cover
-        import os
-
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+           "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "FLOAT64_EXTRA_BYTES", "device_working_set"]
 
 
 def _model_folder_sizes(model_dir: Path) -> tuple[int, int, int]:
@@ -90,331 +55,8 @@ def _model_folder_sizes(model_dir: Path) -> tuple[int, int, int]:
 
 
 def _safetensors_bytes(path: Path) -> int:
-    """Tensor bytes in a safetensors file, from its header (no tensor is read)."""
-    with open(path, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(n))
-    total = 0
-    for key, meta in header.items():
-        if key == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        total += end - start
-    return total
-
-
-@dataclass
-class EdgePlan:
-    """How many edges the sweep can produce at most, and what they cost at the peak.
-
-    ``n_edges_upper``: the sum over the computed rows of their causal writer counts.
-    ``base``: the process's resident memory when the plan was made (model, dictionaries,
-    forward pass, node tables: measured).  ``limit``: the memory the run may use in all."""
-
-    n_nodes: int
-    n_feature_nodes: int
-    n_neuron_nodes: int
-    n_rows: int
-    n_edges_upper: int
-    bytes_per_edge: int
-    max_feature_nodes: int | None
-    base: int
-    limit: int
-    advice: list[str] = field(default_factory=list)
-    #: with max_feature_nodes: the edges if the narrowest feature rows were selected (which rows
-    #: are selected is known only as they are computed); else equal to ``n_edges_upper``
-    n_edges_lower: int | None = None
-    #: the fewest possible edges of one feature row (what the remaining rows are assumed to add)
-    min_row_edges: int = 0
-    #: with max_feature_nodes: the edges left after folding (upper and lower bound: a folded row
-    #: has at most one edge per kept writer and per remainder node it can see) and their bytes each
-    #: in the later stages; the working copies of the largest part of computed rows
-    n_edges_folded_upper: int = 0
-    n_edges_folded_lower: int = 0
-    folded_bytes_per_edge: int = 0
-    bytes_part: int = 0
-    #: the most bytes of computed rows held in memory (the rest go to temporary files)
-    rows_in_memory: int | None = None
-
-    def _edge_bytes(self, computed: int, folded: int) -> int:
-        if self.max_feature_nodes is None:
-            return computed * self.bytes_per_edge
-        # the computed rows (while they are ranked and folded), or the folded graph (later stages)
-        held = computed * self.bytes_per_edge
-        if self.rows_in_memory is not None:
-            held = min(held, self.rows_in_memory * self.bytes_per_edge // 12)
-        return max(held + self.bytes_part, folded * self.folded_bytes_per_edge)
-
-    @property
-    def bytes_edges(self) -> int:
-        return self._edge_bytes(self.n_edges_upper, self.n_edges_folded_upper)
-
-    @property
-    def bytes_fixed(self) -> int:
-        """Everything but the edges: the measured base and the later stages' allowance."""
-        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES
-
-    @property
-    def bytes_peak(self) -> int:
-        return self.bytes_fixed + self.bytes_edges
-
-    @property
-    def bytes_peak_lower(self) -> int:
-        if self.n_edges_lower is None:
-            return self.bytes_peak
-        return self.bytes_fixed + self._edge_bytes(self.n_edges_lower, self.n_edges_folded_lower)
-
-    @property
-    def fits(self) -> bool:
-        """The upper bound fits: the run fits."""
-        return self.bytes_peak <= self.limit
-
-    @property
-    def may_fit(self) -> bool:
-        """Some selection of the feature rows fits (equal to :attr:`fits` without max_feature_nodes);
-        the run then checks its memory as the rows are computed."""
-        return self.bytes_peak_lower <= self.limit
-
-    def refusal(self) -> str:
-        return (f"the graph could hold up to {self.n_edges_upper:,} edges; with what is already in memory "
-                f"({_gb(self.base)}) the run would need about {_gb(self.bytes_peak)}, more than the "
-                f"{_gb(self.limit)} it may use; " + "; or ".join(self.advice or [_LAST_RESORT]))
-
-
-_LAST_RESORT = "shorten the prompt or use a machine with more memory"
-
-
-def _gb(b: float) -> str:
-    return f"{b / 1024**3:.3f} GB"
-
-
-def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(writer counts (n_locs, n_pos), reader locs, reader positions, reader kinds)."""
-    return col.count_tables(n_locs, n_pos)
-
-
-@dataclass(frozen=True)
-class _Reach:
-    """Per residual location ``locs[loc]``: the highest location whose writers at *other positions*
-    a reader there can see, -1 for none; ``causal``: only earlier positions (else every other one,
-    bidirectional attention)."""
-
-    locs: np.ndarray
-    causal: bool = True
-
-
-def _reach(options: Any, n_locs: int, causal: bool = True) -> _Reach:
-    """Other positions are only reached through a frozen attention layer ``m`` (it reads
-    ``resid_pre(m) = 2m`` and writes ``resid_mid(m) = 2m + 1``); head nodes stop paths."""
-    reach = np.full(n_locs, -1, dtype=np.int64)
-    for m, mode in options.attention.items():
-        if mode == "frozen" and 2 * m + 1 < n_locs:
-            reach[2 * m + 1 :] = np.maximum(reach[2 * m + 1 :], 2 * m)
-    return _Reach(reach, causal)
-
-
-def _row_bounds(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach) -> np.ndarray:
-    """Per reader: the writers it can see (its possible edges): at its own position every writer
-    at or below its location; at earlier positions (every other position when attention is
-    bidirectional) those at or below ``reach.locs[loc]``."""
-    if not locs.size:
-        return np.zeros(0, dtype=np.int64)
-    same = counts.cumsum(0)  # (loc, pos): writers at or below loc at that position
-    r = reach.locs[locs]
-    out = same[locs, positions].copy()
-    if not reach.causal:
-        ok = r >= 0
-        out[ok] += same[r[ok]].sum(1) - same[r[ok], positions[ok]]
-        return out
-    earlier = same.cumsum(1)  # ... at or before that position
-    ok = (r >= 0) & (positions >= 1)
-    out[ok] += earlier[r[ok], positions[ok] - 1]
-    return out
-
-
-def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: int | None) -> tuple[int, int, int]:
-    """(edges upper bound, rows, edges lower bound) when at most ``max_feature_nodes`` feature rows
-    are computed: the upper bound takes the rows with the most possible edges (whichever are
-    selected, there are no more), the lower one the rows with the fewest."""
-    feat = np.sort(bounds[is_feature])[::-1]
-    other = bounds[~is_feature]
-    k = feat.size if max_feature_nodes is None else min(max_feature_nodes, feat.size)
-    lower = int(other.sum() + (feat[feat.size - k:].sum() if k else 0))
-    return int(other.sum() + feat[:k].sum()), int(other.size + k), lower
-
-
-def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
-               base: int | None = None) -> EdgePlan:
-    """The edge plan of collected nodes (see the module docstring), with advice if it does not fit."""
-    counts, locs, positions, kinds = _counts(col, n_locs, n_pos)
-    reach = _reach(options, n_locs, col.frozen.adapter.facts.causal)
-    bounds = _row_bounds(counts, locs, positions, reach)
-    is_feature = kinds == "feature"
-    n_feat = int(is_feature.sum())
-    mfn = options.max_feature_nodes
-    selecting = mfn is not None and mfn < n_feat
-    total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
-    if base is None:
-        from circuitgraph.attribution.engine import held_writer_bytes
-
-        base = process_memory()
-        limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
-        base += held_writer_bytes(col)  # the writer vectors a short prompt's sweep holds
-    limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
-    # 8-byte weights (graph: {dtype: float64}): the stored copy and its working copies
-    extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
-    bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
-    plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
-                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
-                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0)
-    if selecting:
-        cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
-        plan.n_edges_folded_upper, _, plan.n_edges_folded_lower = _rows_total(
-            np.minimum(bounds, cap + mfn), is_feature, mfn)
-        plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
-        widest = int(bounds[is_feature].max()) if n_feat else 0
-        from circuitgraph.attribution.feature_selection import ROWS_IN_MEMORY_BYTES
-
-        plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
-
-        plan.rows_in_memory = ROWS_IN_MEMORY_BYTES
-    if not plan.fits:
-        plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
-                              cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
-                              if n_feat else None, batch_size=getattr(options, "batch_size", None))
-    return plan
-
-
-def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
-                    n_locs: int, n_pos: int) -> np.ndarray:
-    """Per reader, the edges its row can keep after the unselected features are folded, less the
-    selected features it can see: one per other writer and one per (layer, position) remainder
-    node it can see."""
-    features = col.feature_writer_counts(n_locs, n_pos)
-    others = counts - features
-    sites = (features > 0).astype(np.int64)
-    return _row_bounds(others, locs, positions, reach) + _row_bounds(sites, locs, positions, reach)
-
-
-def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-            bounds: np.ndarray, reach: _Reach, extra: int = 0, cap: np.ndarray | None = None,
-            batch_size: int | None = None) -> list[str]:
-    """Changes of the spec that would make the run fit, each checked with the same bound."""
-    room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
-    out: list[str] = []
-    is_feature = kinds == "feature"
-    if is_feature.any() and cap is not None:
-        # the largest max_feature_nodes whose rows fit (the same bound as plan_edges')
-        feat = np.sort(bounds[is_feature])[::-1]
-        computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
-        batch = batch_size or 256
-
-        def need(k: int) -> int:
-            folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
-            part = _part_bytes(batch, k, int(feat[0]), extra)
-            return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
-                       folded * (EDGE_PEAK_BYTES + extra))
-
-        k = _largest_fitting(max(feat.size - 1, 1) if feat.size > 1 else feat.size, need, room)
-        if k >= 1:
-            out.append(f"set graph.max_feature_nodes: {k} (or less)")
-    is_neuron = kinds == "neuron"
-    if is_neuron.any():
-        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
-        if k:
-            out.append(f"set graph.neuron_top_k: {k} (or less)")
-    # whole-MLP nodes: no MLP readers at all (only the targets read)
-    coarse = counts.copy()
-    mlp_locs = np.unique(locs[is_feature | is_neuron]) + 1
-    for loc in mlp_locs:
-        coarse[loc] = np.minimum(coarse[loc], 1)
-    keep = ~(is_feature | is_neuron)
-    if (is_feature | is_neuron).any() and (
-            _row_bounds(coarse, locs[keep], positions[keep], reach).sum() * (EDGE_PEAK_BYTES + extra) <= room):
-        out.append("set graph.mlp: mlp (one node per MLP output)")
-    return out
-
-
-def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-                          reach: _Reach, room: int, bytes_per_edge: int) -> int:
-    """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none)."""
-    is_neuron = kinds == "neuron"
-    per_site = np.zeros_like(counts)
-    np.add.at(per_site, (locs[is_neuron], positions[is_neuron]), 1)
-    read_locs = np.unique(locs[is_neuron])
-    site_loc, site_pos = np.nonzero(per_site)
-    other = ~is_neuron
-
-    def need(k: int) -> int:
-        c = counts.copy()
-        readers = np.minimum(per_site, k)
-        for loc in read_locs:  # the neurons of a layer read at loc and write at loc + 1 (+1 remainder)
-            c[loc + 1] -= per_site[loc] - readers[loc] - (per_site[loc] > k)
-        per_reader = _row_bounds(c, site_loc, site_pos, reach)
-        total = (readers[site_loc, site_pos] * per_reader).sum() + _row_bounds(c, locs[other], positions[other],
-                                                                                 reach).sum()
-        return int(total) * bytes_per_edge
-
-    return _largest_fitting(int(per_site.max(initial=0)), need, room)
-
-
-def _largest_fitting(hi: int, need: Callable[[int], int], room: int) -> int:
-    """The largest ``k`` in ``0..hi`` with ``need(k) <= room`` (``need`` grows with ``k``; 0 when
-    none fits), by bisection."""
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if need(mid) <= room:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _part_bytes(batch_size: int, max_feature_nodes: int, widest: int, extra: int) -> int:
-    """The working copies of one engine call with ``max_feature_nodes``: at most ``batch_size``
-    rows (and no more than the selected features) of the widest row's width, split at
-    ``PART_EDGES_DENSE`` possible edges (a single row wider than that is one call).  The rows are
-    kept as dense blocks: 4 bytes an entry (8 in float64), counted twice for slack, plus the
-    per-chunk transients of the engine and of the fold (the edge block, the gather buffer, the
-    fold's reordered and float64 copies of one block), a few times ``WRITER_CHUNK_BYTES``."""
-    from circuitgraph.attribution.engine import WRITER_CHUNK_BYTES
-    from circuitgraph.attribution.feature_selection import PART_EDGES_DENSE
-
-    part_edges = min(min(batch_size, max_feature_nodes) * widest, max(PART_EDGES_DENSE, widest))
-    entry = 4 + extra // 4
-    return part_edges * 2 * entry + 6 * min(WRITER_CHUNK_BYTES, part_edges * entry)
-
-
-def check_plan(plan: EdgePlan) -> None:
-    """Refuse an edge sweep that cannot fit (:class:`ResourceError` with working advice).  With
-    ``max_feature_nodes`` a run is refused here only when even the narrowest rows would not fit;
-    :func:`check_rows` then watches the memory as the selected rows are computed."""
-    if not plan.may_fit:
-        raise ResourceError(plan.refusal())
-
-
-def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int) -> None:
-    """The guard while ``max_feature_nodes`` rows are computed: stop as soon as the run cannot fit
-    any more, i.e. when the edges computed so far plus the remaining rows at their fewest
-    possible edges (:attr:`EdgePlan.min_row_edges`) would pass the memory the run may use.  (The
-    rows computed first are the most influential and usually the widest, so their mean width is
-    no guide to the rest.)"""
-    if rows_done <= 0 or rows_done >= rows_total:
-        return
-    held = (edges_done + (rows_total - rows_done) * plan.min_row_edges) * plan.bytes_per_edge
-    if plan.rows_in_memory is not None:  # the rest of the computed rows goes to temporary files
-        held = min(held, plan.rows_in_memory * plan.bytes_per_edge // 12)
-    need = plan.bytes_fixed + held
-    if need <= plan.limit:
-        return
-    width = edges_done / rows_done
-    k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (
-        plan.n_rows - (plan.max_feature_nodes or 0))
-    advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
-    raise ResourceError(
-        f"after {rows_done} of the {rows_total} rows ({edges_done:,} edges), the run would need at least "
-        f"{_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
+    """Tensor bytes in a safetensors file, from its checked header (no tensor is read)."""
+    return sum(end - start for start, end in (m["data_offsets"] for m in safetensors_header(path).values()))
 
 
 @dataclass
@@ -474,11 +116,9 @@ class RunEstimate:
         return out + [f"note: {n}" for n in self.notes]
 
 
-def estimate_run(spec: Any) -> RunEstimate:
+def estimate_run(spec: Spec) -> RunEstimate:
     """The dry run: the files' sizes first; when the model fits, the forward pass and the node
     tables (what is active where), the resident memory measured, and the edges bounded."""
-    from circuitgraph.builtin import BUILTIN_MODELS
-
     m = spec.model
     notes: list[str] = []
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
@@ -487,10 +127,6 @@ def estimate_run(spec: Any) -> RunEstimate:
         L, D, bytes_model = _model_folder_sizes(model_dir)
         t = spec.transcoders
         if t is not None and t.source in ("path", "builtin"):
-            from circuitgraph.builtin import builtin_dictionary_dir
-
-            from circuitgraph.dictionaries.formats import dictionary_footprint
-
             tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
             d_sae, _, bytes_tc, note = dictionary_footprint(tc_dir)  # lazily read layouts: what is read
             notes.append(note)
@@ -502,9 +138,6 @@ def estimate_run(spec: Any) -> RunEstimate:
     static_fits = base + bytes_model + 2 * bytes_tc <= USABLE * (avail + base)
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
-
-    from circuitgraph.attribution.build import plan_run
-    from circuitgraph.pipeline.runner import prepare
 
     p = prepare(spec)
     f = p.adapter.facts
@@ -519,18 +152,6 @@ def estimate_run(spec: Any) -> RunEstimate:
     return est
 
 
-def device_working_set(largest_block: int, n_pos: int, d_model: int, options: Any) -> int:
-    """Bytes the edge sweep allocates on the model's device per batch of readers: the gradient
-    block ``(batch, pos, d_model)`` (three copies while it steps down a layer) and the largest
-    per-location edge block ``(positions, batch, writers)`` (``largest_block`` position x writer
-    slots) with its non-zero indices."""
-    elt = 8 if "64" in str(options.dtype) else 4
-    B = options.batch_size
-    return 3 * B * n_pos * d_model * elt + largest_block * B * (elt + 3 * 8)
-
-
 def _device_free(device: Any) -> int:
-    import torch
-
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     return int(free)

@@ -12,17 +12,22 @@ from typing import Any
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
-from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
-from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
-from circuitgraph.dictionaries import TranscoderSet
 from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
-from circuitgraph.dictionaries.hub import resolve_hf_dictionary
+from circuitgraph.adapters.files import read_direction_file
+from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
+from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
+from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+from circuitgraph.dictionaries import TranscoderSet, load_dictionaries
+from circuitgraph.dictionaries.hub import load_hf_dictionaries, resolve_hf_dictionary
+from circuitgraph.dictionaries.registry import load_release
 from circuitgraph.errors import AttributionError, LoadError, ShapeMismatchError, TokenError
+from circuitgraph.spec import Spec
 
 __all__ = ["load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
 
 
-def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
+def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     """Load the model and transcoders a spec names, in the dtype the graph needs."""
     m = spec.model
     compute = torch_dtype(spec.graph.dtype)
@@ -46,25 +51,16 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
         mismatch = check_dictionary_model(spec, _dictionary_folder(t), adapter)
     if t is not None:
         if t.source == "path":
-            from circuitgraph.dictionaries import load_dictionaries
-
             tcs = load_dictionaries(t.path, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
                                     dtype=tc_dtype)
         elif t.source == "hf":
-            from circuitgraph.dictionaries.hub import load_hf_dictionaries
-
             tcs = load_hf_dictionaries(t.hf, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
                                        dtype=tc_dtype)
         elif t.source == "release":
-            from circuitgraph.dictionaries.registry import load_release
-
             ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers} if t.ids else None
             tcs = load_release(t.release, adapter, ids=ids, layers=list(t.layers) if t.layers else None,
                                dtype=tc_dtype, check_model=not t.allow_model_mismatch)
         else:
-            from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
-            from circuitgraph.dictionaries import load_dictionaries
-
             if t.builtin not in BUILTIN_DICTIONARIES:
                 raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
             tcs = load_dictionaries(builtin_dictionary_dir(t.builtin), adapter,
@@ -79,15 +75,13 @@ def load_inputs(spec: Any) -> tuple[ModelAdapter, TranscoderSet | None]:
 
 def _dictionary_folder(t: Any) -> Path:
     if t.source == "builtin":
-        from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
-
         if t.builtin not in BUILTIN_DICTIONARIES:
             raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
         return builtin_dictionary_dir(t.builtin)
     return Path(t.path)
 
 
-def check_dictionary_model(spec: Any, folder: Path, adapter: ModelAdapter) -> str | None:
+def check_dictionary_model(spec: Spec, folder: Path, adapter: ModelAdapter) -> str | None:
     """The dictionary in ``folder`` fits the spec's model (see :mod:`circuitgraph.adapters.dictionary_fit`):
     a dictionary whose files name another model, or whose input width or hook layers do not fit, is
     a one-line :class:`~circuitgraph.errors.LoadError` naming both.  With
@@ -105,7 +99,7 @@ def check_dictionary_model(spec: Any, folder: Path, adapter: ModelAdapter) -> st
     return note
 
 
-def check_layer_keys(spec: Any, n_layers: int) -> None:
+def check_layer_keys(spec: Spec, n_layers: int) -> None:
     """Every per-layer setting names layers the model has (a key out of range is an error,
     never silently ignored)."""
     problems = []
@@ -139,7 +133,6 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
                              "give token ids as {tokens: [...]}")
         if not text.strip():
             raise TokenError(f"{where}: the prompt is empty; give some text")
-        from circuitgraph.adapters.tokenizer import check_prompt_text
 
         check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
         ids = tok.encode(text)
@@ -161,7 +154,7 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
     return [int(i) for i in ids]
 
 
-def resolve_prompt(spec: Any, adapter: ModelAdapter) -> list[int]:
+def resolve_prompt(spec: Spec, adapter: ModelAdapter) -> list[int]:
     return resolve_prompt_like(spec.prompt, adapter)
 
 
@@ -169,8 +162,6 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     if d.vector is not None:
         v = torch.tensor(d.vector, dtype=torch.float64)
     else:
-        from circuitgraph.adapters.files import read_direction_file
-
         v = torch.from_numpy(read_direction_file(d.file, where))
     if v.shape[0] != d_model:
         raise AttributionError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}")
@@ -182,7 +173,7 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     return v
 
 
-def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet | None,
+def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: TranscoderSet | None,
                     logits: torch.Tensor, n_pos: int) -> list[ResolvedTarget]:
     """Spec targets -> ResolvedTarget values (tokens resolved, positions and layers checked)."""
     f = adapter.facts
@@ -226,7 +217,7 @@ def resolve_targets(spec: Any, adapter: ModelAdapter, transcoders: TranscoderSet
             vec = _direction_vector(d, f.d_model, where)
             out.append(ResolvedTarget("direction", pos, weight, layer=d.layer, site=d.site, vector=vec,
                                       name=d.name or ""))
-        else:  # pragma: no cover - the spec's union is closed
+        else:  # the spec's union is closed
             raise AttributionError(f"{where}: unknown target kind")
     for i, r in enumerate(out):
         if r.kind == "logit_diff" and r.tokens[0] == r.tokens[1]:

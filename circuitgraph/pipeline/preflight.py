@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from circuitgraph._io import read_json_file
 from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problems, read_declared
+from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
+from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
 
 __all__ = ["ModelFacts", "Preflight", "PREFLIGHT_CHECKS", "preflight_check", "preflight", "read_model_facts"]
@@ -68,8 +71,6 @@ def _first_int(cfg: dict[str, Any], *keys: str) -> int | None:
 def read_model_facts(model_dir: Path) -> ModelFacts | None:
     """The facts of ``model_dir/config.json`` (``None`` when there is none or it is not a JSON
     object: the loader reports that with its own message)."""
-    from circuitgraph.adapters.files import read_json_file
-
     file = model_dir / "config.json"
     if not file.is_file():
         return None
@@ -132,8 +133,6 @@ def _model_dir(spec: Any) -> Path | None:
     if m.source == "path":
         return Path(m.path)
     if m.source == "builtin":
-        from circuitgraph.builtin import BUILTIN_MODELS
-
         return Path(BUILTIN_MODELS[m.builtin]()) / "model" if m.builtin in BUILTIN_MODELS else None
     return None  # a hub name: its config is not read without the hub
 
@@ -145,15 +144,11 @@ def _dictionary_dir(spec: Any) -> Path | None:
     if t.source == "path":
         return Path(t.path)
     if t.source == "builtin":
-        from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
-
         return builtin_dictionary_dir(t.builtin) if t.builtin in BUILTIN_DICTIONARIES else None
     return None
 
 
 def _tokenizer(model_dir: Path) -> Any:
-    from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-
     try:
         tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
         if tok_dir is None and (model_dir / "tokenizer.json").is_file():  # a save_pretrained folder

@@ -7,6 +7,7 @@ The CLI is a thin layer over this module.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import logging
 import shutil
 import sys
@@ -20,12 +21,36 @@ from typing import Any
 
 import torch
 
-from circuitgraph.errors import RenderError
+from circuitgraph._io import atomic_write_text
+from circuitgraph.adapters.loading import torch_dtype
+from circuitgraph.attribution.build import build_graph
+from circuitgraph.attribution.linearisation import linearise
+from circuitgraph.attribution.nodes_builder import GraphOptions
+from circuitgraph.errors import RenderError, SpecError, UnknownTokenWarning, one_line
+from circuitgraph.export import graph_to_json, graph_to_neuronpedia, render_graph, save_graph_binary
+from circuitgraph.export.dot import raw_influence
+from circuitgraph.export.html import run_html, write_report
+from circuitgraph.export.labels import LABELS_FILE, apply_feature_labels, load_feature_labels
+from circuitgraph.export.outputs import OutputSet
+from circuitgraph.features.summary import open_features
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.validation.steering import steer_item
+from circuitgraph.graph.metadata import ModelRecord, RunMetadata
+from circuitgraph.pipeline.inputs import (
+    check_layer_keys,
+    load_inputs,
+    resolve_prompt,
+    resolve_prompt_like,
+    resolve_targets,
+)
+from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.pipeline.precision import precision_warning
+from circuitgraph.queries import graph_scores, prune_graph, run_query
+from circuitgraph.queries.qk import qk_problems
+from circuitgraph.spec import Spec, SpecSource, load_spec
+from circuitgraph.validation import run_check
+from circuitgraph.validation.steering import steer_item
 
-__all__ = ["RunResult", "run", "dry_run", "build", "steer_spec"]
+__all__ = ["RunResult", "run", "build", "prepare", "steer_spec"]
 
 logger = logging.getLogger("circuitgraph")
 
@@ -50,7 +75,7 @@ class RunResult:
             graph's metadata under ``warnings``.
     """
 
-    spec: Any
+    spec: Spec
     graph: AttributionGraph
     full_graph: AttributionGraph
     queries: list[dict[str, Any]] = field(default_factory=list)
@@ -80,7 +105,6 @@ class RunResult:
                                   "are not in this (pruned) graph")
             d["result"] = None if e["result"] is None else e["result"].to_dict()
             out.append(d)
-        from circuitgraph.pipeline.portable import portable_paths
 
         return portable_paths(out, spec_base_dir(self.spec))  # no local folders in shared results
 
@@ -90,23 +114,17 @@ class RunResult:
                 f"{len(self.validation)} checks" + (f", {failed} failed" if failed else "") + ">")
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import run_html
-
         return run_html(self)
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The exported graph with every query and validation result, in our JSON format. With
         ``path``: write the file and return the path; without: return the JSON text."""
-        from circuitgraph.export.json_graph import graph_to_json
-
         text = graph_to_json(self.graph, path, queries=self.queries_json(), validation=self.validation_json(),
                              steering=self.steering_json() if self.steering else None)
         return str(path) if path is not None else text
 
     def report(self, path: str | Path) -> str:
         """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
-        from circuitgraph.export.html import write_report
-
         return write_report(self, path)
 
     def queries_json(self) -> list[dict[str, Any]]:
@@ -172,8 +190,6 @@ def _target_text(node: Any) -> str:
 def _recorded_warnings(sink: list[str]) -> Iterator[None]:
     """Collect :class:`~circuitgraph.errors.UnknownTokenWarning` messages into ``sink`` (the run's
     ``warnings``, printed by the CLI); other warnings pass through unchanged."""
-    from circuitgraph.errors import UnknownTokenWarning
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnknownTokenWarning)
         yield
@@ -185,30 +201,21 @@ def _recorded_warnings(sink: list[str]) -> Iterator[None]:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
-def _one_line(exc: BaseException) -> str:
-    from circuitgraph.errors import CircuitGraphError
-
-    text = str(exc) if isinstance(exc, CircuitGraphError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
-
-
 def _attempt(fn: Any, what: str) -> tuple[str, str | None, Any]:
     """``(status, error, result)`` of ``fn()``: a query or check that fails is a result, not an abort."""
     try:
         return "ok", None, fn()
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded with its message
+    except Exception as exc:  # every failure is recorded with its message
         logger.debug("%s failed", what, exc_info=True)
-        return "failed", _one_line(exc), None
+        return "failed", one_line(exc), None
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {}
     for pkg in ("circuitgraph", "torch", "transformer-lens", "sae-lens"):
         try:
             out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:  # pragma: no cover
+        except md.PackageNotFoundError:
             out[pkg] = "unknown"
     return out
 
@@ -228,16 +235,12 @@ def _progress_bar(enabled: bool, desc: str):
     return bar, update
 
 
-def _check_outputs(spec: Any) -> None:
+def _check_outputs(spec: Spec) -> None:
     """Fail before any work when an output cannot be produced (no file is half-written)."""
     ex = spec.export
     if ex.diagram.labels is not None:
-        from circuitgraph.export.labels import load_feature_labels
-
         load_feature_labels(ex.diagram.labels)
     if ex.features is not None:
-        from circuitgraph.features.summary import open_features
-
         open_features(ex.features)  # a folder written by a features run, checked before any work
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
@@ -258,14 +261,13 @@ class Prepared:
     metadata: dict[str, Any]
 
 
-def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
+def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
     """Load inputs and build the unpruned graph of a spec (no queries, no exports).
 
     ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
     dictionaries (dataset workers load them once and reuse them for every prompt).
     """
-    from circuitgraph.attribution.build import build_graph
-
+    spec = load_spec(spec)
     p = prepare(spec, inputs=inputs)
     bar, update = _progress_bar(progress, "attribution")
     try:
@@ -274,18 +276,13 @@ def build(spec: Any, *, progress: bool = False, inputs: Any = None) -> Attributi
     finally:
         if bar is not None:
             bar.close()
+    graph.max_dense_nodes = spec.graph.max_dense_nodes
     return graph
 
 
-def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
+def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
     """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
     resolve targets and options."""
-    from circuitgraph.adapters.loading import torch_dtype
-    from circuitgraph.attribution.linearisation import linearise
-    from circuitgraph.attribution.nodes_builder import GraphOptions
-    from circuitgraph.pipeline.inputs import check_layer_keys, load_inputs, resolve_prompt, resolve_targets
-    from circuitgraph.spec import load_spec
-
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec) if inputs is None else inputs
@@ -311,16 +308,14 @@ def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
     )
     tok = adapter.tokenizer
     strs = [tok.token_str(t) if tok is not None else f"<{t}>" for t in tokens]
-    metadata = {
-        "spec": spec.model_dump(mode="json"),
-        "model": {"name": adapter.name, "n_layers": L, "source": adapter.source,
-                  "architecture": adapter.facts.to_dict(), "format": adapter.format},
-        "n_layers": L,
-        "transcoders": tcs.describe() if tcs is not None else None,
-        "prompt_tokens": tokens,
-        "prompt_token_strs": strs,
-        "prompt": _prompt_text(spec, tok, tokens, strs),
-        "graph_options": {
+    metadata = RunMetadata(
+        spec=spec.model_dump(mode="json"),
+        model=ModelRecord(adapter.name, L, adapter.source, adapter.facts.to_dict(), adapter.format),
+        transcoders=tcs.describe() if tcs is not None else None,
+        prompt_tokens=tokens,
+        prompt_token_strs=strs,
+        prompt=_prompt_text(spec, tok, tokens, strs),
+        graph_options={
             "mlp": {str(k): v for k, v in options.mlp.items()},
             "attention": {str(k): v for k, v in options.attention.items()},
             "positional_nodes": options.positional_nodes,
@@ -329,17 +324,16 @@ def prepare(spec: Any, *, inputs: Any = None) -> Prepared:
             "neuron_top_k": options.neuron_top_k,
             "max_feature_nodes": options.max_feature_nodes,
         },
-        "versions": _versions(),
-        "warnings": run_warnings,
-    }
-    from circuitgraph.pipeline.portable import portable_paths
+        versions=_versions(),
+        warnings=run_warnings,
+    ).to_dict()
 
     # a shared graph must not reveal the user's folders: paths relative to the spec, or names
     metadata = portable_paths(metadata, spec_base_dir(spec))
     return Prepared(adapter, tcs, lin, targets, options, metadata)
 
 
-def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+def _prompt_text(spec: Spec, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
     """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
     text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
     if isinstance(text, str):
@@ -352,12 +346,9 @@ def _prompt_text(spec: Any, tokenizer: Any, tokens: list[int], strs: list[str]) 
     return "".join(strs)
 
 
-def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
+def _check_qk_items(spec: Spec, adapter: Any, n_pos: int) -> None:
     """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
     checked before the graph is built, so bad input fails fast and writes nothing."""
-    from circuitgraph.errors import SpecError
-    from circuitgraph.queries.qk import qk_problems
-
     f = adapter.facts
     problems = []
     for where, items in (("queries", spec.queries), ("validate", spec.validate)):
@@ -372,33 +363,22 @@ def _check_qk_items(spec: Any, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any = None) -> Any:
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None) -> Any:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
     The exports are written together or not at all (:class:`~circuitgraph.export.outputs.OutputSet`);
     an existing file at an export path that circuitgraph did not write is refused before any
     work unless ``force`` is true.
 
-    A spec with ``dataset:`` runs every prompt of the dataset and returns a
-    :class:`~circuitgraph.datasets.DatasetRunResult` (see docs/dataset.md); otherwise the result
-    is a :class:`RunResult`.  ``inputs``: see :func:`build`.
+    The single-prompt pipeline; returns a :class:`RunResult`.  ``inputs``: see :func:`build`.
+    A spec with ``dataset:`` is run by :func:`circuitgraph.run`
+    (:func:`circuitgraph.pipeline.entry.run`), which calls this function once per row
+    (docs/dataset.md).
     """
-    from circuitgraph.export.outputs import OutputSet
-    from circuitgraph.spec import load_spec
-
     spec = load_spec(spec)
     if spec.is_dataset:
-        from circuitgraph.datasets import run_dataset
-        from circuitgraph.features import run_features
-
-        result = run_dataset(spec, progress=progress) if spec.runs_graphs else None
-        if spec.features is None:
-            return result
-        features = run_features(spec, progress=progress)
-        if result is None:
-            return features
-        result.features = features
-        return result
+        raise SpecError([("dataset", "a dataset spec runs through circuitgraph.run (circuitgraph.pipeline.entry.run), "
+                                     "not the single-prompt pipeline runner.run")])
     _check_outputs(spec)
     heatmaps = _heatmap_outputs(spec)
     OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
@@ -417,8 +397,6 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     _attach_scores(full)
     graph = full
     if spec.pruning is not None:
-        from circuitgraph.queries import prune_graph
-
         p = spec.pruning
         graph = prune_graph(full, node_threshold=p.node_threshold, edge_threshold=p.edge_threshold,
                             top_k_nodes=p.top_k_nodes, top_k_edges=p.top_k_edges,
@@ -428,8 +406,6 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     graphs = {"full": full, "pruned": graph}
     queries = []
     if spec.queries:
-        from circuitgraph.queries import run_query
-
         t0 = time.perf_counter()
         for i, q in enumerate(spec.queries):
             status, error, res = _attempt(lambda q=q: run_query(graphs[q.on], q), f"queries[{i}]")
@@ -439,9 +415,6 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
     validation = []
     run_warnings = full.metadata.setdefault("warnings", [])
     if spec.validate:
-        from circuitgraph.pipeline.inputs import resolve_prompt_like
-        from circuitgraph.validation import run_check
-
         adapter = full.context.adapter
         t0 = time.perf_counter()
         for i, c in enumerate(spec.validate):
@@ -450,7 +423,8 @@ def run(spec: Any, *, progress: bool = False, force: bool = False, inputs: Any =
             on = graphs[c.on] if graphs[c.on].context is not None else full
             with _recorded_warnings(run_warnings):
                 status, error, res = _attempt(
-                    lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver).result,
+                    lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver,
+                                                                        seed=spec.seed).result,
                     f"validate[{i}]")
             validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
                                "result": res})
@@ -488,20 +462,17 @@ def steer_spec(spec: Any, *, progress: bool = False, inputs: Any = None) -> list
     :class:`~circuitgraph.validation.steering.SteeringResult` (``status``/``error`` on failure).
     ``circuitgraph steer SPEC`` prints them.  For one experiment on a graph in hand, see
     :func:`circuitgraph.steer`."""
-    from circuitgraph.errors import SpecError
-    from circuitgraph.spec import load_spec
-
     spec = load_spec(spec)
     if not spec.steer:
         raise SpecError("the spec has no steer: items; add steer: [{interventions: [...], generate: {...}}]")
     full = build(spec, progress=progress, inputs=inputs)
     return _run_steering(spec, full, full.metadata.setdefault("warnings", []), {})
+
+
 def _label_features(spec: Any, graph: AttributionGraph) -> None:
     """Put the labels of ``export.features``'s ``labels.csv`` (feature nodes) and of
     ``export.diagram.labels`` (feature and neuron nodes; these win) on the graph's nodes, so every
     diagram, report table, path listing and export names them."""
-    from circuitgraph.export.labels import LABELS_FILE, apply_feature_labels, load_feature_labels
-
     ex = spec.export
     if ex.features is not None and (Path(ex.features) / LABELS_FILE).is_file():
         apply_feature_labels(graph, load_feature_labels(ex.features), kinds=("feature",))
@@ -516,43 +487,29 @@ def _params(item: Any) -> Any:
 
 def _attach_scores(graph: AttributionGraph) -> None:
     """circuit-tracer's replacement and completeness scores of the unpruned graph."""
-    try:
-        from circuitgraph.queries import graph_scores
-    except ImportError:  # pragma: no cover - queries not installed
-        return
     scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
     graph.metadata["replacement_score"] = scores.replacement_score
     graph.metadata["completeness_score"] = scores.completeness_score
 
 
-def _heatmap_outputs(spec: Any) -> dict[str, Path]:
+def _heatmap_outputs(spec: Spec) -> dict[str, Path]:
     """The image files validation checks write (``patching.heatmap``), checked like exports."""
     return {f"validate[{i}].patching.heatmap": c.params.heatmap for i, c in enumerate(spec.validate)
             if c.kind == "patching" and getattr(c.params, "heatmap", None) is not None}
 
 
-def spec_base_dir(spec: Any) -> Path | None:
+def spec_base_dir(spec: Spec) -> Path | None:
     """The folder relative paths of ``spec`` are relative to (its file's folder), if known."""
     return getattr(spec, "base_dir", None)
 
 
 def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]:
     """Write every export of the spec: staged, then moved into place all together (or none)."""
-    from circuitgraph.export import (
-        graph_to_json,
-        graph_to_neuronpedia,
-        render_graph,
-        save_graph_binary,
-    )
-    from circuitgraph._io import atomic_write_text
-    from circuitgraph.export.outputs import OutputSet
-
     ex = result.spec.export
     g = result.graph
     for key in ("replacement_score", "completeness_score"):
         if key in result.full_graph.metadata:
             g.metadata[key] = result.full_graph.metadata[key]
-    from circuitgraph.pipeline.portable import portable_paths
 
     base = spec_base_dir(result.spec)
     queries = portable_paths(result.queries_json(), base)
@@ -564,8 +521,6 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
         return {}
     dashboards = None
     if ex.features is not None:
-        from circuitgraph.features.summary import open_features
-
         dashboards = open_features(ex.features)
     diagram = _diagram_options(result) if any(
         getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
@@ -588,8 +543,6 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
             if getattr(ex, fmt) is not None:
                 render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
         if ex.html is not None:
-            from circuitgraph.export.html import write_report
-
             write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
                          diagram={**diagram, "qk": inset}, features=dashboards)
     return {kind: Path(path) for kind, path in outputs.items()}
@@ -597,38 +550,12 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
 
 def _diagram_options(result: RunResult) -> dict[str, Any]:
     """``graph_to_dot`` options from ``export.diagram``, with the influence of the unpruned graph."""
-    from circuitgraph.export.dot import raw_influence
-
     d = result.spec.export.diagram
     options: dict[str, Any] = {"show_unreachable": d.show_unreachable}
     if result.full_graph.targets:
         options["influence"] = raw_influence(result.full_graph)
     if d.labels is not None:
-        from circuitgraph.export.labels import load_feature_labels
-
         options["labels"] = load_feature_labels(d.labels)
     if d.supernodes is not None:
         options["supernodes"] = d.supernodes
     return options
-
-
-def dry_run(spec: Any) -> list[str]:
-    """Validate a spec and estimate the peak memory of its run without building the graph: the
-    lines ``circuitgraph run --dry-run`` prints, ending with ``fits: yes`` or ``fits: NO - <advice>``
-    (see :mod:`circuitgraph.pipeline.estimate`)."""
-    from circuitgraph.pipeline.estimate import estimate_run
-    from circuitgraph.spec import load_spec
-
-    spec = load_spec(spec)
-    from circuitgraph.adapters.files import check_input_files
-
-    check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
-    if spec.is_dataset:
-        from circuitgraph.datasets.rows import load_rows
-
-        rows = load_rows(spec)
-        longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
-        one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
-        return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
-                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(one).lines()
-    return estimate_run(spec).lines()

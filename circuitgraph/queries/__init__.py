@@ -25,8 +25,8 @@ from circuitgraph.queries.neighbours import (
     supernodes,
 )
 from circuitgraph.queries.paths import AttributionPath, HeadResolvedPath, PathsResult, path_contribution, top_paths
-from circuitgraph.queries.qk import QKDecomposition, QKHead, QKMarginal, QKPair, QKResult, qk, qk_decomposition
 from circuitgraph.queries.prune import PruneResult, find_threshold, prune_graph
+from circuitgraph.queries.qk import QKDecomposition, QKHead, QKMarginal, QKPair, QKResult, qk, qk_decomposition
 from circuitgraph.queries.scores import ScoresResult, TargetErrorShare, compute_scores, graph_scores, record_scores
 from circuitgraph.queries.tables import (
     CongruenceResult,

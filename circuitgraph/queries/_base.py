@@ -6,17 +6,19 @@ floats as Python floats); ``table(max_rows)`` is a short plain-text table for th
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from circuitgraph._io import atomic_write_text
 from circuitgraph._results import Tabular, records_of
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import NodeId
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QueryResult", "format_table", "check_k", "check_fraction", "require_context", "fmt", "records_of"]
@@ -30,10 +32,10 @@ class QueryResult(Tabular):
 
     kind: ClassVar[str] = ""
 
-    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass overrides it
+    def to_dict(self) -> dict[str, Any]:  # every subclass overrides it
         raise NotImplementedError
 
-    def table(self, max_rows: int = 10) -> str:  # pragma: no cover - every subclass overrides it
+    def table(self, max_rows: int = 10) -> str:  # every subclass overrides it
         raise NotImplementedError
 
     def __str__(self) -> str:
@@ -44,14 +46,9 @@ class QueryResult(Tabular):
     def to_json(self, path: Any = None) -> str:
         """:meth:`to_dict` as JSON.  With ``path``: write the file (atomically) and return the
         path; without: return the JSON text."""
-        import json
-        import os
-
         text = json.dumps(self.to_dict(), indent=2, default=str) + "\n"
         if path is None:
             return text
-        from circuitgraph._io import atomic_write_text
-
         atomic_write_text(path, text)
         return os.fspath(path)
 
@@ -133,10 +130,6 @@ def require_context(graph: AttributionGraph, what: str) -> AttributionContext:
     if graph.context is None:
         raise QueryError(f"{what} needs the live model: run the spec, not a loaded JSON")
     return graph.context
-
-
-def node_str(node: NodeId) -> str:
-    return str(node)
 
 
 def share(value: float, whole: float | None) -> float | None:

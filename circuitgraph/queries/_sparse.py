@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from circuitgraph.errors import QueryError
+from circuitgraph.graph.dag import graph_dag, sweep
+from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = [
@@ -64,12 +66,10 @@ def _coalesce(graph: AttributionGraph) -> Edges:
         return Edges(empty, empty, np.zeros(0), empty, n)
     if graph.edges_unique:
         return Edges(t, s, w, np.arange(t.size), n)
-    key = t * np.int64(n) + s
-    uniq, inverse = np.unique(key, return_inverse=True)
-    if uniq.size == key.size:  # nothing to merge: keep the graph's order
+    mt, ms, summed, inverse = merge_edges(t, s, w, n)
+    if mt.size == t.size:  # nothing to merge: keep the graph's order
         return Edges(t.copy(), s.copy(), w, np.arange(t.size), n)
-    summed = np.bincount(inverse, weights=w, minlength=uniq.size)
-    return Edges(uniq // n, uniq % n, summed, inverse.astype(np.int64), n)
+    return Edges(mt, ms, summed, inverse.astype(np.int64), n)
 
 
 def row_normalised_abs(target: np.ndarray, weight: np.ndarray, n: int) -> np.ndarray:
@@ -117,8 +117,6 @@ def weighted_influence(graph: AttributionGraph) -> np.ndarray:
     """circuit-tracer's target-weighted node influence ``w (A + A^2 + ...)`` (``A`` = the
     row-normalised absolute adjacency), computed once per graph by back-substitution
     (:mod:`circuitgraph.graph.dag`) and cached on it: scores and pruning both need it."""
-    from circuitgraph.graph.dag import graph_dag, sweep
-
     infl = graph.derived("node_influence")
     if infl is None:
         gd = graph_dag(graph)

@@ -14,6 +14,15 @@ from typing import Any, Callable
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries._base import QueryResult
+from circuitgraph.queries.ground_truth import ground_truth
+from circuitgraph.queries.head_split import head_split
+from circuitgraph.queries.influence import influence
+from circuitgraph.queries.neighbours import neighbours, subgraph, supernodes
+from circuitgraph.queries.paths import top_paths
+from circuitgraph.queries.qk import qk
+from circuitgraph.queries.scores import compute_scores
+from circuitgraph.queries.tables import congruence, direct_logit_attribution, logit_lens
+from circuitgraph.queries.weights import de_embedding, virtual_weights
 from circuitgraph.spec import queries as q
 from circuitgraph.spec.base import KeyedModel, implementation_of
 
@@ -21,88 +30,60 @@ __all__ = ["run_query", "QUERY_FUNCTIONS"]
 
 
 def run_top_paths(g: AttributionGraph, p: q.TopPaths) -> QueryResult:
-    from circuitgraph.queries.paths import top_paths
-
     return top_paths(g, p.source, p.target, p.k, rank=p.rank, method=p.method, beam_width=p.beam_width,
                      max_length=p.max_length, through=p.through, avoid=p.avoid, expand_heads=p.expand_heads)
 
 
 def run_influence(g: AttributionGraph, p: q.Influence) -> QueryResult:
-    from circuitgraph.queries.influence import influence
-
     return influence(g, top_k=p.top_k, signed=p.signed)
 
 
 def run_direct_logit_attribution(g: AttributionGraph, p: q.DirectLogitAttribution) -> QueryResult:
-    from circuitgraph.queries.tables import direct_logit_attribution
-
     return direct_logit_attribution(g, p.target, top_k=p.top_k, kinds=p.kinds)
 
 
 def run_logit_lens(g: AttributionGraph, p: q.LogitLens) -> QueryResult:
-    from circuitgraph.queries.tables import logit_lens
-
     return logit_lens(g, tokens=p.tokens, position=p.position, top_k=p.top_k)
 
 
 def run_congruence(g: AttributionGraph, p: q.Congruence) -> QueryResult:
-    from circuitgraph.queries.tables import congruence
-
     return congruence(g, p.tokens, kind=p.kind, layer=p.layer, mode=p.mode, top_k=p.top_k)
 
 
 def run_neighbours(g: AttributionGraph, p: q.Neighbours) -> QueryResult:
-    from circuitgraph.queries.neighbours import neighbours
-
     return neighbours(g, p.node, direction=p.direction, top_k=p.top_k)
 
 
 def run_subgraph(g: AttributionGraph, p: q.Subgraph) -> QueryResult:
-    from circuitgraph.queries.neighbours import subgraph
-
     return subgraph(g, p.filter)
 
 
 def run_supernodes(g: AttributionGraph, p: q.Supernodes) -> QueryResult:
-    from circuitgraph.queries.neighbours import supernodes
-
     return supernodes(g, dict(p.groups))
 
 
 def run_scores(g: AttributionGraph, p: q.Scores) -> QueryResult:
-    from circuitgraph.queries.scores import compute_scores
-
     return compute_scores(g)
 
 
 def run_head_split(g: AttributionGraph, p: q.HeadSplit) -> QueryResult:
-    from circuitgraph.queries.head_split import head_split
-
     return head_split(g, p.source, p.target)
 
 
 def run_virtual_weights(g: AttributionGraph, p: q.VirtualWeights) -> QueryResult:
-    from circuitgraph.queries.weights import virtual_weights
-
     return virtual_weights(g, p.source, p.target, top_k=p.top_k)
 
 
 def run_de_embedding(g: AttributionGraph, p: q.DeEmbedding) -> QueryResult:
-    from circuitgraph.queries.weights import de_embedding
-
     return de_embedding(g, p.node, top_k=p.top_k, head=p.head)
 
 
 def run_qk(g: AttributionGraph, p: q.QK) -> QueryResult:
-    from circuitgraph.queries.qk import qk
-
     return qk(g, p.layer, p.head if isinstance(p.head, int) else list(p.head), p.query_position,
               p.key_position, top_k=p.top_k)
 
 
 def run_ground_truth(g: AttributionGraph, p: q.GroundTruth) -> QueryResult:
-    from circuitgraph.queries.ground_truth import ground_truth
-
     return ground_truth(g, p.circuit, edge_threshold=p.edge_threshold, max_disagreements=p.max_disagreements)
 
 

@@ -114,11 +114,6 @@ def match_nodes(graph: AttributionGraph, filt: FilterLike, *, what: str = "filte
     return [graph.nodes[i].id for i in np.flatnonzero(mask)]
 
 
-def match_rows(graph: AttributionGraph, filt: FilterLike, *, what: str = "filter") -> np.ndarray:
-    """Like :func:`match_nodes`, as row indices."""
-    return np.array([graph.index_of(n) for n in match_nodes(graph, filt, what=what)], dtype=np.int64)
-
-
 def resolve_node(graph: AttributionGraph, node: NodeId | str, *, what: str = "node") -> NodeId:
     """A node id that is in the graph; :class:`QueryError` naming it otherwise."""
     if isinstance(node, str):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from circuitgraph.attribution.context import AttributionContext, ResidualLocation
 from circuitgraph.errors import QueryError
@@ -146,8 +147,6 @@ def split_edge(graph: AttributionGraph, source: NodeId, target: NodeId, *, by_po
 def _split_one(ctx: AttributionContext, loc_u: ResidualLocation, pos_s: int, vec: Any, loc_r: ResidualLocation,
                pos_t: int, g: Any, by_position: bool) -> dict[tuple[int | None, int | None, int | None], float]:
     """The parts of one write ``vec`` at ``(loc_u, pos_s)`` into reader ``g`` at ``(loc_r, pos_t)``."""
-    import torch
-
     fm = ctx.frozen_model
     H = ctx.adapter.facts.n_heads
     # the attention layers between the write and the read whose pattern is frozen

@@ -46,13 +46,13 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.graph.dag import graph_dag, sweep
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table
-from circuitgraph.graph.dag import graph_dag, sweep
-from circuitgraph.queries._sparse import pass_through_divisors, safe_inverse, target_weight_vector
+from circuitgraph.queries._sparse import pass_through_divisors, safe_inverse, target_weight_vector, weighted_influence
 
-__all__ = ["InfluenceResult", "node_influence", "total_effects", "reader_gradients", "influence"]
+__all__ = ["InfluenceResult", "node_influence", "total_effects", "reader_gradients", "influence", "raw_influence"]
 
 
 def node_influence(graph: AttributionGraph, target_weights: np.ndarray | None = None) -> np.ndarray:
@@ -174,3 +174,9 @@ def influence(graph: AttributionGraph, top_k: int = 20, signed: bool = False) ->
         top_k=top_k,
         signed=bool(signed),
     )
+
+
+def raw_influence(graph: AttributionGraph) -> dict[NodeId, float]:
+    """circuit-tracer's influence ``w (A + A^2 + ...)`` of every node on the targets."""
+    values = weighted_influence(graph)
+    return {n.id: float(v) for n, v in zip(graph.nodes, values)}

@@ -8,7 +8,8 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-from circuitgraph.errors import QueryError
+from circuitgraph.errors import ExportError, QueryError
+from circuitgraph.graph.edges import merge_edges, reachable
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, check_optional_k, format_table, share
@@ -26,6 +27,9 @@ __all__ = [
     "subgraph",
     "supernodes",
     "logit_difference",
+    "reaches_a_target",
+    "propose_supernodes",
+    "merge_supernodes",
 ]
 
 
@@ -142,7 +146,7 @@ class SubgraphResult(QueryResult):
                             title=f"subgraph {self.filter}: {g.n_nodes} nodes, {g.n_edges} edges")
 
 
-def subgraph(graph: AttributionGraph, filter: Any) -> SubgraphResult:  # noqa: A002 (the spec's key)
+def subgraph(graph: AttributionGraph, filter: Any) -> SubgraphResult:  # the spec's key
     """The subgraph induced by the nodes matching ``filter``.
 
     Example::
@@ -286,5 +290,106 @@ def logit_difference(graph: AttributionGraph, a: NodeId | str, b: NodeId | str, 
         targets=targets,
         metadata=dict(graph.metadata),
         context=graph.context,
+        max_dense_nodes=graph.max_dense_nodes,
     )
     return out, new_id
+
+
+# ---------------------------------------------------------------------------- for the diagrams
+def reaches_a_target(graph: AttributionGraph) -> np.ndarray:
+    """Boolean per row: the node is a target or has a path (any edge weight) to one."""
+    start = np.zeros(graph.n_nodes, dtype=bool)
+    start[[graph.index_of(t) for t in graph.target_ids]] = True
+    return reachable(graph.n_nodes, graph.edge_target, graph.edge_source, start)  # against the edges
+
+
+def propose_supernodes(graph: AttributionGraph, *, min_similarity: float = 0.5,
+                       kinds: tuple[str, ...] = ("feature", "neuron")) -> dict[str, list[NodeId]]:
+    """Groups of nodes that share their neighbours: nodes of one kind and layer whose sets of
+    (in and out) neighbours overlap by at least ``min_similarity`` (Jaccard), merged greedily,
+    strongest nodes first; groups of two or more, named ``"L{layer} group {i}"``."""
+    neighbours: dict[int, set[int]] = {}
+    strength = np.zeros(graph.n_nodes)
+    np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
+    np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
+    for s, t in zip(graph.edge_source.tolist(), graph.edge_target.tolist()):
+        neighbours.setdefault(s, set()).add(t)
+        neighbours.setdefault(t, set()).add(s)
+    by_site: dict[tuple[str, int], list[int]] = {}
+    targets = {graph.index_of(t) for t in graph.target_ids}
+    for r, node in enumerate(graph.nodes):
+        if node.kind in kinds and r not in targets and neighbours.get(r):
+            by_site.setdefault((node.kind, node.layer), []).append(r)
+    groups: dict[str, list[NodeId]] = {}
+    for (kind, layer), rows in sorted(by_site.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rows = sorted(rows, key=lambda r: -strength[r])
+        taken: set[int] = set()
+        for r in rows:
+            if r in taken:
+                continue
+            members = [r]
+            for o in rows:
+                if o in taken or o == r:
+                    continue
+                a, b = neighbours[r], neighbours[o]
+                if len(a & b) / len(a | b) >= min_similarity:
+                    members.append(o)
+            if len(members) > 1:
+                taken.update(members)
+                groups[f"L{layer} group {len([g for g in groups if g.startswith(f'L{layer} ')]) + 1}"] = \
+                    [graph.nodes[m].id for m in members]
+    return groups
+
+
+def merge_supernodes(graph: AttributionGraph, groups: Mapping[str, Any]) -> AttributionGraph:
+    """A copy of ``graph`` in which each group ``{name: node filter or list of ids}`` is one node
+    (its strongest member's id, labelled with the name; ``attrs["supernode"]``,
+    ``attrs["members"]``), with the edges to and from its members summed and the edges inside
+    it dropped.  A node in two groups is an error."""
+    group_of = np.full(graph.n_nodes, -1, dtype=np.int64)
+    names = list(groups)
+    for gi, name in enumerate(names):
+        spec = groups[name]
+        if isinstance(spec, (list, tuple)) and all(isinstance(x, (NodeId, str)) for x in spec):
+            mask = np.zeros(graph.n_nodes, dtype=bool)
+            mask[[graph.index_of(x) for x in spec]] = True
+        else:
+            mask = filter_mask(graph, spec)
+        if not mask.any():
+            raise ExportError(f"supernode {name!r} matches no node of the graph; check its filter")
+        clash = np.flatnonzero(mask & (group_of >= 0))
+        if clash.size:
+            raise ExportError(f"node {graph.nodes[clash[0]].id} is in both supernodes {names[group_of[clash[0]]]!r} "
+                              f"and {name!r}; make the groups disjoint")
+        group_of[mask] = gi
+    strength = np.zeros(graph.n_nodes)
+    np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
+    np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
+    rep = np.arange(graph.n_nodes)
+    nodes: list[Node] = []
+    new_row = np.full(graph.n_nodes, -1, dtype=np.int64)
+    for gi, name in enumerate(names):
+        members = np.flatnonzero(group_of == gi)
+        head = members[np.argmax(strength[members])]
+        rep[members] = head
+    for r, node in enumerate(graph.nodes):
+        if group_of[r] >= 0 and rep[r] != r:
+            continue
+        new_row[r] = len(nodes)
+        if group_of[r] >= 0:
+            members = np.flatnonzero(group_of == group_of[r])
+            node = Node(node.id, float(sum(graph.nodes[m].activation for m in members)), None, None,
+                        names[group_of[r]], {"supernode": names[group_of[r]],
+                                             "members": [str(graph.nodes[m].id) for m in members]})
+        nodes.append(node)
+    new_row = new_row[rep]
+    s, t = new_row[graph.edge_source], new_row[graph.edge_target]
+    keep = s != t
+    mt, ms, summed, _ = merge_edges(t[keep], s[keep], graph.edge_weight[keep], len(nodes))
+    targets = []
+    for tid, w in graph.targets:
+        row = int(new_row[graph.index_of(tid)])
+        if nodes[row].id not in {x for x, _ in targets}:
+            targets.append((nodes[row].id, w))
+    return AttributionGraph(nodes, mt, ms, summed, targets=targets,
+                            metadata=dict(graph.metadata))

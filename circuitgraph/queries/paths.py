@@ -48,14 +48,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
 import numpy as np
-import scipy.sparse as sp
 
 from circuitgraph.errors import QueryError
+from circuitgraph.graph.edges import reachable, topological_levels
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId, display_name
 from circuitgraph.queries._base import QueryResult, check_k, fmt, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges, pass_through_divisors, row_normalised_abs
 from circuitgraph.queries.filters import filter_mask, match_nodes, resolve_target_set
+from circuitgraph.queries.head_split import HeadPart, split_edge
 
 __all__ = ["AttributionPath", "PathsResult", "HeadResolvedPath", "top_paths", "path_contribution", "EXACT_BUDGET"]
 
@@ -209,35 +210,13 @@ def _contribution(idx: _EdgeIndex, rows: list[int]) -> tuple[float, float, list[
     return value, normalized, weights
 
 
-def _reachable(n: int, src: np.ndarray, dst: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """Nodes reachable from ``start`` (bool mask) along edges ``src -> dst``."""
-    M = sp.csr_matrix((np.ones(src.size, dtype=np.float64), (dst, src)), shape=(n, n))
-    seen = start.copy()
-    frontier = start.copy()
-    while frontier.any():
-        nxt = (M @ frontier.astype(np.float64)) > 0
-        frontier = nxt & ~seen
-        seen |= frontier
-    return seen
-
-
 def _topological_order(n: int, nodes: np.ndarray, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
-    """Kahn's algorithm over ``nodes``; None when there is a cycle."""
-    indeg = np.bincount(dst, minlength=n)
-    order_src = np.argsort(src, kind="stable")
-    ptr = np.searchsorted(src[order_src], np.arange(n + 1))
-    ready = [int(v) for v in nodes if indeg[v] == 0]
-    out: list[int] = []
-    indeg = indeg.copy()
-    while ready:
-        u = ready.pop()
-        out.append(u)
-        for j in order_src[ptr[u] : ptr[u + 1]]:
-            v = int(dst[j])
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    return out if len(out) == nodes.size else None
+    """``nodes`` (the only ends of the edges ``src -> dst``) in a topological order; None when
+    there is a cycle."""
+    level = topological_levels(n, src, dst)[nodes]
+    if (level < 0).any():
+        return None
+    return nodes[np.argsort(level, kind="stable")].tolist()
 
 
 def _log_abs(x: np.ndarray) -> np.ndarray:
@@ -412,8 +391,8 @@ def top_paths(
 
     idx = _EdgeIndex(graph)
     allowed = ~avoided[idx.source] & ~avoided[idx.target]
-    fwd = _reachable(n, idx.source[allowed], idx.target[allowed], is_source)
-    bwd = _reachable(n, idx.target[allowed], idx.source[allowed], is_target)
+    fwd = reachable(n, idx.source[allowed], idx.target[allowed], is_source)
+    bwd = reachable(n, idx.target[allowed], idx.source[allowed], is_target)
     relevant = fwd & bwd
     keep = allowed & relevant[idx.source] & relevant[idx.target]
     src, dst, w, norm = idx.source[keep], idx.target[keep], idx.weight[keep], idx.norm[keep]
@@ -493,8 +472,6 @@ def _check_frozen_attention(graph: AttributionGraph) -> None:
 
 def _expand(graph: AttributionGraph, path: AttributionPath) -> AttributionPath:
     """Attach the exact per-(head, source position) split of every edge of ``path``."""
-    from circuitgraph.queries.head_split import HeadPart, split_edge
-
     parts_per_edge = []
     for (u, v), w in zip(zip(path.nodes[:-1], path.nodes[1:]), path.edge_weights):
         try:

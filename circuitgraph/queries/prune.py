@@ -46,10 +46,11 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.graph.dag import CHUNK, dag_order, graph_dag, sweep
+from circuitgraph.graph.edges import cumulative_share
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
-from circuitgraph.graph.dag import CHUNK, dag_order, graph_dag, sweep
 from circuitgraph.queries._sparse import target_weight_vector, weighted_influence
 
 __all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]
@@ -74,16 +75,6 @@ def find_threshold(scores: np.ndarray, threshold: float) -> float:
     cum = np.cumsum(s) / total
     idx = int(np.searchsorted(cum, threshold, side="left"))
     return float(s[min(idx, s.size - 1)])
-
-
-def _cumulative_scores(influence: np.ndarray) -> np.ndarray:
-    """Per node: the cumulative influence share of all nodes ranked at or above it."""
-    order = np.argsort(-influence, kind="stable")
-    total = influence.sum()
-    cum = np.cumsum(influence[order]) / total if total > 0 else np.zeros(influence.size)
-    out = np.empty_like(influence)
-    out[order] = cum
-    return out
 
 
 def _top_k(mask: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
@@ -259,7 +250,7 @@ def prune_graph(
         node_mask=node_mask,
         edge_mask=edge_mask_unique if inverse is None else edge_mask_unique[inverse],
         node_influence=influence,
-        cumulative_scores=_cumulative_scores(influence),
+        cumulative_scores=cumulative_share(influence),
         node_score_threshold=node_cut,
         edge_score_threshold=edge_cut if np.isfinite(edge_cut) else None,
         remainder_nodes=tuple(remainders),
@@ -269,7 +260,7 @@ def prune_graph(
     )
 
 
-def _edges_into(dag, node_mask: np.ndarray) -> np.ndarray:  # noqa: ANN001
+def _edges_into(dag, node_mask: np.ndarray) -> np.ndarray:
     """Indices of the edges whose target is kept (chunked: no full-size temporaries besides the
     result)."""
     parts = []
@@ -365,6 +356,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         targets=list(graph.targets),
         metadata=meta,
         context=graph.context,
+        max_dense_nodes=graph.max_dense_nodes,
     )
     pruned.edges_unique = True  # summed per (target, source) above
     meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,

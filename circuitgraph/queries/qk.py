@@ -51,7 +51,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
     from circuitgraph.attribution.context import AttributionContext
 
@@ -304,17 +304,17 @@ def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: i
     rotary = adapter.facts.positional == "rotary"
     qk_norm = adapter.facts.qk_norm != "none"
     if rotary or not qk_norm:
-        names = {f"blocks.{layer}.attn.hook_{'rot_' if rotary else ''}{s}": s for s in ("q", "k")}
+        names = {adapter.hook_qk(layer, s, rotated=rotary): s for s in ("q", "k")}
     else:  # learned positions with q/k norms: the norm's P(x)/sigma (TransformerLens's hook_q is before it)
-        names = {f"blocks.{layer}.attn.{s}_norm.hook_normalized": s for s in ("q", "k")}
-    scores_name = f"blocks.{layer}.attn.hook_attn_scores"
+        names = {adapter.hook_qk_normalized(s, layer): s for s in ("q", "k")}
+    scores_name = adapter.hook_attn_scores(layer)
     got: dict[str, torch.Tensor] = {}
 
-    def keep(value, hook):  # noqa: ANN001
+    def keep(value, hook):
         got[names[hook.name]] = value.detach()  # batch 1
         return value
 
-    def stop(value, hook):  # noqa: ANN001
+    def stop(value, hook):
         got["scores"] = value.detach()[0]
         raise _Stop
 

@@ -30,10 +30,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from circuitgraph.graph.dag import graph_dag, sweep
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, format_table, share
-from circuitgraph.graph.dag import graph_dag, sweep
 from circuitgraph.queries._sparse import pass_through_divisors, safe_inverse, target_weight_vector
 
 __all__ = [

@@ -20,13 +20,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 import numpy as np
+import torch
 
+from circuitgraph.attribution.targets import resolve_token
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import NodeId
+from circuitgraph.graph.nodes import NODE_KINDS, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context, share
+from circuitgraph.queries.filters import resolve_node
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [
@@ -49,7 +52,6 @@ def _resolve_target(graph: AttributionGraph, target: int | NodeId | str) -> Node
         if not (0 <= target < n):
             raise QueryError(f"target index {target} is out of range: the graph has {n} target(s) (0-{n - 1})")
         return graph.targets[int(target)][0]
-    from circuitgraph.queries.filters import resolve_node
 
     return resolve_node(graph, target, what="direct_logit_attribution target")
 
@@ -103,8 +105,6 @@ def direct_logit_attribution(graph: AttributionGraph, target: int | NodeId | str
     tid = _resolve_target(graph, target)
     kinds = None if kinds is None else tuple(kinds)
     if kinds is not None:
-        from circuitgraph.graph.nodes import NODE_KINDS
-
         bad = [k for k in kinds if k not in NODE_KINDS]
         if bad:
             raise QueryError(f"unknown node kind(s) {bad}; expected some of {', '.join(NODE_KINDS)}")
@@ -123,8 +123,6 @@ def direct_logit_attribution(graph: AttributionGraph, target: int | NodeId | str
 
 # ---------------------------------------------------------------------------- token helpers
 def _tok_ids(ctx: AttributionContext, tokens: Iterable[str | int], where: str) -> list[int]:
-    from circuitgraph.attribution.targets import resolve_token
-
     a = ctx.adapter
     return [resolve_token(t, a.tokenizer, a.facts.d_vocab, where) for t in tokens]
 
@@ -182,8 +180,6 @@ def logit_lens(graph: AttributionGraph, tokens: Iterable[str | int] | None = Non
         lens = logit_lens(graph, tokens=[" Paris"], position=-1)
         [r.tokens[0][4] for r in lens.rows]      # rank of " Paris" at each layer
     """
-    import torch
-
     ctx = require_context(graph, "logit_lens")
     top_k = check_k(top_k, "top_k")
     lin, a = ctx.linearisation, ctx.adapter
@@ -265,7 +261,6 @@ def _unit_weights(ctx: AttributionContext, kind: str, layer: int) -> tuple[Any, 
     if tcs is None or layer not in tcs:
         return None
     tc = tcs[layer]
-    import torch
 
     # output weights: the sum of the decoder rows over every MLP output the feature writes
     # (one for per-layer transcoders; layer..L-1 for a cross-layer transcoder): all reach the
@@ -284,8 +279,6 @@ def congruence(graph: AttributionGraph, tokens: str | int | Iterable[str | int],
 
         congruence(graph, [" an", " a"], kind="neuron", mode="cosine", top_k=10).rows[0]
     """
-    import torch
-
     ctx = require_context(graph, "congruence")
     top_k = check_k(top_k, "top_k")
     if kind not in ("neuron", "feature"):

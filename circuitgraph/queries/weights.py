@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from circuitgraph.adapters.architecture import NormWeights
 from circuitgraph.attribution.context import ResidualLocation
@@ -33,7 +34,7 @@ from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context
 from circuitgraph.queries.filters import match_nodes
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding",
@@ -118,7 +119,6 @@ class _Weights:
         a, f = self.a, self.f
         if unit.kind == "feature":
             self._transcoder(unit)
-            import torch
 
             w = feature_reader_directions(a, self.ctx.transcoders, unit.layer, torch.tensor([unit.index]))[0]
             return w, ResidualLocation.resid_mid(unit.layer)
@@ -141,8 +141,6 @@ class _Weights:
     def _writer(self, unit: Unit) -> Any:
         a, f = self.a, self.f
         if unit.kind == "feature":
-            import torch
-
             self._transcoder(unit)
             writes = feature_writer_directions(a, self.ctx.transcoders, unit.layer, torch.tensor([unit.index]))
             return [(v[0], location) for v, location in writes]
@@ -233,8 +231,6 @@ def virtual_weights(graph: AttributionGraph, source: Any, target: Any, top_k: in
 
         virtual_weights(graph, {"kind": "feature", "layer": 0}, {"kind": "logit"}, top_k=5).rows
     """
-    import torch
-
     ctx = require_context(graph, "virtual_weights")
     top_k = check_k(top_k, "top_k")
     W = _Weights(ctx)
@@ -328,7 +324,6 @@ def de_embedding(graph: AttributionGraph, node: Any, top_k: int = 10, head: Any 
         hl = (m, h)
     scores = a.W_E.double() @ g
     k = min(top_k, scores.shape[0])
-    import torch
 
     top = torch.topk(scores, k).indices.tolist()
     tk = a.tokenizer

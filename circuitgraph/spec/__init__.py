@@ -12,17 +12,21 @@ Items of ``targets``, ``queries`` and ``validate`` are tagged by the key they ho
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.filters import NodeFilter, TargetSet, TopNodes
 from circuitgraph.spec.graph import AttentionMode, GraphSpec, MlpMode, Prune, PruneSpec
+from circuitgraph.spec.json_schema import spec_json_schema, spec_schema_text, write_spec_schema
 from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
-from circuitgraph.spec.load import check_inputs, load_spec, read_spec_file
+from circuitgraph.spec.load import SpecSource, check_inputs, load_spec, read_spec_file
 from circuitgraph.spec.model import ModelSource, ModelSpec, TranscoderSource, TranscodersSpec
 from circuitgraph.spec.prompts import Prompt, TextPrompt, TokensPrompt
 from circuitgraph.spec.queries import (
+    QK,
     Congruence,
     CongruenceQuery,
     DeEmbedding,
     DeEmbeddingQuery,
     DirectLogitAttribution,
     DirectLogitAttributionQuery,
+    GroundTruth,
+    GroundTruthQuery,
     HeadRef,
     HeadSplit,
     HeadSplitQuery,
@@ -32,10 +36,7 @@ from circuitgraph.spec.queries import (
     LogitLensQuery,
     Neighbours,
     NeighboursQuery,
-    QK,
     QKQuery,
-    GroundTruth,
-    GroundTruthQuery,
     Query,
     Scores,
     ScoresQuery,
@@ -51,7 +52,6 @@ from circuitgraph.spec.queries import (
 )
 from circuitgraph.spec.root import FORMAT_VERSION, Spec
 from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem
-from circuitgraph.spec.json_schema import spec_json_schema, spec_schema_text, write_spec_schema
 from circuitgraph.spec.targets import (
     Direction,
     DirectionTarget,
@@ -89,6 +89,7 @@ from circuitgraph.spec.validation import (
 __all__ = [
     # loading and schema
     "load_spec",
+    "SpecSource",
     "read_spec_file",
     "check_inputs",
     "spec_json_schema",

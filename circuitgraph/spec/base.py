@@ -16,6 +16,7 @@ variant only.  Tags are written ``<name>``; the error formatter drops them from 
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
@@ -35,7 +36,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from circuitgraph.errors import SpecError
+from circuitgraph.spec.error_codes import RULE_ERROR, VARIANT_ERROR, VARIANTS, _short
 from circuitgraph.spec.kinds import NODE_KINDS
+from circuitgraph.spec.messages import format_validation_error
 
 __all__ = [
     "StrictModel",
@@ -66,14 +69,6 @@ __all__ = [
     "LayerKey",
 ]
 
-#: error type of the rule violations raised by validators in this package
-RULE_ERROR = "spec_rule"
-#: error type of a value that matches no variant of a tagged union
-VARIANT_ERROR = "spec_variant"
-#: what each tagged union expects, by name: ``(expected, keys, hint)`` (see :func:`_discriminator`)
-VARIANTS: dict[str, tuple[str, tuple[str, ...], str]] = {}
-
-
 def rule_error(*problems: tuple[str, str]) -> PydanticCustomError:
     """An error for one or more broken rules, each ``(field, message)``.
 
@@ -99,8 +94,6 @@ class _SpecModelMeta(type(BaseModel)):
         try:
             return super().__call__(*args, **kwargs)
         except ValidationError as exc:
-            from circuitgraph.spec.messages import format_validation_error
-
             raise SpecError(format_validation_error(exc, cls, kwargs)) from None
 
 
@@ -215,8 +208,6 @@ class CheckItem(KeyedModel):
 def implementation_of(item_type: type[QueryItem] | type[CheckItem]) -> Any:
     """The function an item type's ``implementation`` names (imported on call, so that the spec
     imports nothing from later stages)."""
-    import importlib
-
     module, _, name = item_type.implementation.rpartition(".")
     return getattr(importlib.import_module(module), name)
 
@@ -422,19 +413,3 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
 InputPath = Annotated[Path, AfterValidator(_resolve_path)]
 #: a path written by the run; resolved like :data:`InputPath`
 OutputPath = Annotated[Path, AfterValidator(_resolve_path)]
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """A bounded ``repr``: the work is proportional to ``limit``, never to the size of ``value``
-    (a YAML alias bomb or a million-item list is summarised, not printed)."""
-    import reprlib
-
-    short = reprlib.Repr()
-    short.maxlevel, short.maxlist, short.maxtuple, short.maxdict, short.maxset = 3, 6, 6, 4, 4
-    short.maxstring, short.maxlong, short.maxother = limit, 40, limit
-    try:
-        text = short.repr(value)
-    except Exception:  # noqa: BLE001 - a repr that fails says only the type
-        text = f"<{type(value).__name__}>"
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from circuitgraph.spec.base import NonNegativeInt, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.messages import format_validation_error
 from circuitgraph.spec.prompts import Prompt, TextPrompt, TokensPrompt
 from circuitgraph.spec.targets import Target
 
@@ -139,8 +140,6 @@ class ExecutorSpec(StrictModel):
 
 
 def _row_problems(exc: ValidationError, raw: Any, number: int) -> list[tuple[str, str]]:
-    from circuitgraph.spec.messages import format_validation_error
-
     out = []
     for loc, msg in format_validation_error(exc, DatasetRow, raw):
         out.append((f"row {number}" + (f".{loc}" if loc else ""), msg))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field, model_validator

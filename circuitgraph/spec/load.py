@@ -16,15 +16,21 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
+import yaml
 from pydantic import ValidationError
 
 from circuitgraph.errors import SpecError
-from circuitgraph.spec.messages import format_validation_error
+from circuitgraph.spec.base import _short
+from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
+from circuitgraph.spec.messages import format_location, format_validation_error
 from circuitgraph.spec.root import Spec
 
-__all__ = ["load_spec", "read_spec_file", "check_inputs", "check_plain_data", "SPEC_SUFFIXES"]
+__all__ = ["load_spec", "read_spec_file", "check_inputs", "check_plain_data", "SPEC_SUFFIXES", "SpecSource"]
+
+#: what the entry points take as a spec: a file path, a mapping, or a validated :class:`Spec`
+SpecSource = Union[str, "os.PathLike[str]", Mapping[str, Any], Spec]
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 #: a spec file larger than this is refused before it is parsed
@@ -77,9 +83,6 @@ def check_plain_data(data: Any) -> None:
     strings that are not valid Unicode text (lone surrogates such as ``\\udc80``, which no
     tokenizer or file system accepts).  The walk is iterative and stops at the first problem.
     """
-    from circuitgraph.spec.base import _short
-    from circuitgraph.spec.messages import format_location
-
     stack: list[tuple[Any, tuple[Any, ...], int]] = [(data, (), 0)]
     seen = 0
     while stack:
@@ -139,8 +142,6 @@ def read_spec_file(path: "str | os.PathLike[str]") -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _yaml_loader() -> type:
-    import yaml
-
     class Loader(yaml.SafeLoader):
         """SafeLoader that rejects duplicate keys, reads ``1e-3`` as a float and a plain ``on``
         mapping key as the string ``"on"`` (the spec key), not as the boolean true."""
@@ -250,8 +251,6 @@ def _check_yaml_size(root: Any) -> None:
 
 
 def _yaml_children(node: Any) -> list[Any]:
-    import yaml
-
     if isinstance(node, yaml.MappingNode):
         return [n for pair in node.value for n in pair]
     if isinstance(node, yaml.SequenceNode):
@@ -260,10 +259,8 @@ def _yaml_children(node: Any) -> list[Any]:
 
 
 def _parse_yaml(text: str, path: Path) -> Any:
-    import yaml
-
     try:
-        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -327,8 +324,6 @@ def check_inputs(spec: Spec) -> list[tuple[str, str]]:
         if target.kind == "direction" and target.params.file is not None and not target.params.file.is_file():
             problems.append((f"targets[{i}].direction.file", f"direction file not found: {target.params.file}"))
     if spec.dataset is not None:
-        from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
-
         if isinstance(spec.dataset, tuple):
             raw, read_problems = list(spec.dataset), []
         else:

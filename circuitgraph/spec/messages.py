@@ -24,7 +24,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
-from circuitgraph.spec.base import RULE_ERROR, VARIANT_ERROR, VARIANTS, _short
+from circuitgraph.spec.error_codes import RULE_ERROR, VARIANT_ERROR, VARIANTS, _short
 
 __all__ = ["format_validation_error", "format_location"]
 

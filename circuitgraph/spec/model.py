@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError
 
 from circuitgraph.spec.base import Bool, InputPath, LayerKey, Name, NonNegativeInt, StrictModel, rule_error
+from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names
+from circuitgraph.spec.error_codes import RULE_ERROR
 
 __all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
 
 ModelSource = Literal["path", "name", "builtin"]
 TranscoderSource = Literal["path", "release", "builtin", "hf"]
-#: on-disk dictionary formats (circuitgraph.dictionaries.formats.FORMATS)
-DictionaryFormat = Literal["saelens", "circuit_tracer_clt", "circuit_tracer_transcoder_set", "gemmascope",
-                          "gemmascope2", "gemmascope2_clt", "eleuther_topk"]
+
+
+def _registered_format(value: str) -> str:
+    if value not in DICTIONARY_FORMATS:
+        raise PydanticCustomError(RULE_ERROR, "unknown dictionary format {got}; expected one of {names}",
+                                  {"got": repr(value), "names": ", ".join(DICTIONARY_FORMATS)})
+    return value
+
+
+#: an on-disk dictionary format: a name of the registry (circuitgraph.spec.dictionaries), checked
+#: when the spec is read (a format registered at run time is accepted); the schema lists the built-in ones
+DictionaryFormat = Annotated[Name, AfterValidator(_registered_format),
+                             WithJsonSchema({"type": "string", "enum": list(format_names())})]
 
 
 class ModelSpec(StrictModel):

@@ -21,19 +21,19 @@ from circuitgraph.spec.base import (
     InputPath,
     Int,
     KeyedModel,
-    QueryItem,
     Name,
     NodeIdStr,
     NonNegativeInt,
     Params,
     PositiveInt,
+    QueryItem,
     StrictModel,
     Token,
+    UsageModel,
     keyed_union,
     rule_error,
     shaped_union,
     unused_rules,
-    UsageModel,
 )
 from circuitgraph.spec.filters import NodeFilter, TargetSet
 from circuitgraph.spec.kinds import NodeKind

@@ -16,6 +16,7 @@ from circuitgraph.spec.dataset import AggregateSpec, ExecutorSpec
 from circuitgraph.spec.export import ExportSpec
 from circuitgraph.spec.features import FeaturesSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
+from circuitgraph.spec.messages import format_validation_error
 from circuitgraph.spec.model import ModelSpec, TranscodersSpec
 from circuitgraph.spec.prompts import Prompt, TextPrompt
 from circuitgraph.spec.queries import Query
@@ -189,7 +190,6 @@ with warnings.catch_warnings():
             except ValidationError as exc:
                 if not isinstance(data, dict) or "prompt" in data or "dataset" in data:
                     raise
-                from circuitgraph.spec.messages import format_validation_error
 
                 problems = format_validation_error(exc, cls, data) + [("prompt", MISSING_PROMPT)]
                 raise SpecError(problems) from None

@@ -26,22 +26,22 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import (
     Bool,
+    CheckItem,
     Float,
     Fraction,
     Int,
     KeyedModel,
-    CheckItem,
     NonNegativeInt,
     OutputPath,
     Params,
     PositiveInt,
     StrictModel,
-    TokenPair,
     Token,
+    TokenPair,
+    UsageModel,
     keyed_union,
     rule_error,
     unused_rules,
-    UsageModel,
 )
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt

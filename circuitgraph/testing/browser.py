@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from circuitgraph.testing.circuit_tracer import circuit_tracer_python
+
 __all__ = [
     "find_chromium",
     "chromium_unavailable",
@@ -130,8 +132,6 @@ def _viewer_libs() -> Path:
 @functools.lru_cache(maxsize=1)
 def circuit_tracer_frontend() -> Path | None:
     """``circuit_tracer/frontend/assets`` of the circuit-tracer virtualenv, or None."""
-    from circuitgraph.testing.circuit_tracer import circuit_tracer_python
-
     python = circuit_tracer_python()
     if not python.exists():
         return None
@@ -235,5 +235,5 @@ def serve_viewer(docs: Mapping[str, Mapping]) -> Iterator[str]:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:  # the base class's name
         pass

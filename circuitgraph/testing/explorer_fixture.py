@@ -20,6 +20,11 @@ import io
 import os
 from pathlib import Path
 from typing import Any, Iterable
+from unittest import mock
+
+from circuitgraph.datasets import executors
+from circuitgraph.datasets.executors import PromptJob
+from circuitgraph.pipeline import entry, runner
 
 __all__ = ["demo_spec", "demo_graph_file", "demo_dataset_run", "write_features_folder", "DEMO_PROMPT",
            "DEMO_CORRUPTED_PROMPT", "DEMO_STEER"]
@@ -62,11 +67,9 @@ def demo_spec(*, qk: bool = False, heads: bool = False, prune: bool = True, prom
 def demo_graph_file(path: str | os.PathLike[str], **options: Any) -> Path:
     """Run :func:`demo_spec` (``options`` go to it) and write its graph JSON (with its query
     results) to ``path``."""
-    from circuitgraph.pipeline.runner import run
-
     spec = demo_spec(**options)
     spec["export"] = {"json": os.fspath(path)}
-    run(spec, progress=False)
+    runner.run(spec, progress=False)
     return Path(path)
 
 
@@ -74,8 +77,6 @@ class _InProcessExecutor:
     """Runs a dataset's prompts one after another in this process, as a local worker would."""
 
     def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: Any, job: Any = None) -> None:
-        from circuitgraph.datasets.executors import PromptJob
-
         job = job or PromptJob()  # any job of the executors' protocol (prompts, feature shards)
         inputs = job.load(spec)
         for row in rows:
@@ -85,17 +86,12 @@ class _InProcessExecutor:
 def demo_dataset_run(directory: str | os.PathLike[str], prompts: Iterable[str] = (
         "mia saw the owl . later she wants", "ben saw the dog . later he wants")) -> Path:
     """A dataset run of the demo spec over ``prompts`` (``export: {dataset: directory}``)."""
-    from unittest import mock
-
-    from circuitgraph.datasets import executors
-    from circuitgraph.pipeline.runner import run
-
     spec = demo_spec()
     del spec["prompt"]
     spec.update({"dataset": [{"prompt": p} for p in prompts], "executor": {"kind": "local", "workers": 1},
                  "export": {"dataset": os.fspath(directory)}})
     with mock.patch.object(executors, "make_executor", lambda spec: _InProcessExecutor()):
-        run(spec, progress=False)
+        entry.run(spec, progress=False)
     return Path(directory)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 __all__ = ["TINY_CONFIGS", "tiny_checkpoint", "save_checkpoint", "save_tokenizer"]
 
 _VOCAB = 96
@@ -69,7 +71,6 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 
 def tiny_checkpoint(model_type: str, *, seed: int = 0, scale: float = 0.2, **overrides: Any) -> Any:
     """A transformers causal LM of ``model_type`` with tiny random weights (eval mode, float32)."""
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)

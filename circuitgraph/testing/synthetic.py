@@ -11,12 +11,17 @@ read.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
+import yaml
+from safetensors.torch import save_file
 
 __all__ = ["hf_cache_repo", "random_layer_dictionary", "save_layer_dictionary", "tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
 
@@ -196,8 +201,6 @@ def save_bundle(directory: str | Path, model: Any, transcoders: dict[int, Any] |
                 prompt_tokens: list[int] | None = None) -> Path:
     """Write ``DIR/model/{config.json, model.safetensors}``, ``DIR/transcoders/layer_<i>/`` and
     ``DIR/prompt.json`` in the local format circuitgraph reads."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     (directory / "model").mkdir(parents=True, exist_ok=True)
     cfg = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else dict(vars(model.cfg))
@@ -288,9 +291,6 @@ def save_clt(directory: str | Path, clt: dict[str, Any]) -> Path:
     """Write a CLT from :func:`random_clt` in circuit-tracer's format: ``config.yaml``,
     ``W_enc_<i>.safetensors`` (``W_enc_<i>``, ``b_enc_<i>``, ``b_dec_<i>``, ``threshold_<i>``,
     ``W_skip_<i>``) and ``W_dec_<i>.safetensors`` (``W_dec_<i>``)."""
-    import yaml
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.yaml").write_text(yaml.safe_dump(clt["config"], sort_keys=False))
@@ -338,10 +338,6 @@ def save_layer_dictionary(directory: str | Path, layers: list[dict[str, Any]], f
     (``config.yaml`` + ``layer_<i>.safetensors``), ``gemmascope`` (``layer_<i>/width_16k/average_l0_10/
     params.npz``), ``gemmascope2`` (``layer_<i>/params.safetensors``) or ``eleuther_topk``
     (``layers.<i>.mlp/cfg.json`` + ``sae.safetensors``)."""
-    import numpy as np
-    import yaml
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     c = lambda t: t.contiguous()  # noqa: E731
@@ -390,9 +386,6 @@ def hf_cache_repo(cache_dir: str | Path, repo_id: str, folder: str | Path, *, re
     """Put the files of ``folder`` into a Hugging Face hub cache at ``cache_dir`` exactly as a
     download would: ``models--ORG--REPO/blobs/<sha256>``, ``snapshots/<commit>/<path>`` symlinks
     to the blobs and ``refs/<revision>`` holding the commit.  Returns the snapshot folder."""
-    import hashlib
-    import os
-
     folder = Path(folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))

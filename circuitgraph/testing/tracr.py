@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+import torch
+from safetensors.torch import save_file
 
 __all__ = ["TRACR_MISSING", "tracr_unavailable", "CompiledProgram", "compile_program", "tracr_forward",
            "ground_truth_circuit", "library_program", "LIBRARY_PROGRAMS", "BOS", "PAD", "UNK"]
@@ -240,8 +242,6 @@ def compile_program(program: Any, vocab: Iterable[Any], max_seq_len: int, out_di
     circuit["categorical"] = categorical
     model_dir = out_dir / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file
-
     save_file(state, str(model_dir / "model.safetensors"))
     (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (model_dir / "residual_labels.json").write_text(json.dumps(list(assembled.residual_labels), indent=1))
@@ -257,8 +257,6 @@ def compile_program(program: Any, vocab: Iterable[Any], max_seq_len: int, out_di
 def _weights(assembled: Any, sink: str, d_vocab: int, output_tokens: list[int], causal: bool,
              max_seq_len: int) -> tuple[dict, dict]:
     """tracr's parameters as a TransformerLens state dict and its config."""
-    import torch
-
     p = {k: {n: np.asarray(v, dtype=np.float64) for n, v in d.items()} for k, d in assembled.params.items()}
     cfg = assembled.model_config
     L, H, dh = cfg.num_layers, cfg.num_heads, cfg.key_size

@@ -21,12 +21,14 @@ from circuitgraph.validation.ablation import (
     ablate,
     predicted_vs_actual,
 )
+from circuitgraph.validation.activation_patching import PatchingResult, patch_recovery, patching, write_heatmap
+from circuitgraph.validation.circuit_faithfulness import FaithfulnessResult, faithfulness, universe_units
 from circuitgraph.validation.controls import ControlSummary, draw_controls, unit_magnitudes
 from circuitgraph.validation.dispatch import CHECK_KINDS, CheckResult, run_check, run_checks
-from circuitgraph.validation.circuit_faithfulness import FaithfulnessResult, faithfulness, universe_units
 from circuitgraph.validation.faithfulness_curves import FaithfulnessCurveResult, curve_areas, faithfulness_curve
 from circuitgraph.validation.fidelity import ReplacementFidelityResult, replacement_fidelity, replacement_model
 from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
+from circuitgraph.validation.gated_signs import SignRegimeResult, echo_removed, sign_regimes
 from circuitgraph.validation.interventions import (
     Intervention,
     InterventionResult,
@@ -36,9 +38,7 @@ from circuitgraph.validation.interventions import (
     run_rows,
 )
 from circuitgraph.validation.metrics import Metric, Readout, next_token_loss
-from circuitgraph.validation.activation_patching import PatchingResult, patch_recovery, patching, write_heatmap
 from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
-from circuitgraph.validation.gated_signs import SignRegimeResult, echo_removed, sign_regimes
 
 __all__ = [
     "AblationResult",

@@ -5,17 +5,17 @@ Nothing here knows TransformerLens hook names; that is the adapter's job.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from circuitgraph.errors import ValidationRunError
-from circuitgraph.graph.nodes import NodeId
+from circuitgraph._json import jsonable  # re-exported: the one JSON encoder
+from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.errors import TokenError, ValidationRunError
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [
@@ -31,37 +31,6 @@ __all__ = [
 #: turns one spec prompt (a string, ``{text: ...}``, ``{tokens: [...]}`` or a parsed prompt
 #: model) into token ids
 PromptResolver = Callable[[Any], list[int]]
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-serialisable copy of ``value``: node ids become strings, tensors and arrays lists,
-    non-finite floats ``None`` (JSON has no NaN), dataclasses and pydantic models dicts."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, NodeId):
-        return str(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    if isinstance(value, torch.Tensor):
-        return jsonable(value.detach().cpu().tolist())
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if hasattr(value, "to_dict") and callable(value.to_dict):
-        return value.to_dict()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "model_dump"):
-        return jsonable(value.model_dump(mode="json"))
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in value]
-    return str(value)
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -141,9 +110,6 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
             "pass tokenizer=... or give the prompt as {tokens: [ids]}"
         )
     if hasattr(tokenizer, "unknown_pieces"):
-        from circuitgraph.adapters.tokenizer import check_prompt_text
-        from circuitgraph.errors import TokenError
-
         try:
             check_prompt_text(tokenizer, text, strict=strict, where=where)
         except TokenError as exc:

@@ -31,13 +31,14 @@ from circuitgraph.validation.controls import (
     summarise_controls,
     unit_magnitudes,
 )
+from circuitgraph.validation.frozen import frozen_reader_values
 from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Mode, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
 
-if TYPE_CHECKING:  # pragma: no cover
-    from circuitgraph.attribution.context import AttributionContext
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.context import AttributionContext
 
 __all__ = [
     "AblationResult",
@@ -99,8 +100,6 @@ def _vector_factor(mode: str, scale: float | None, value: float | None) -> float
 
 
 def _frozen_metric(ctx: AttributionContext, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
-    from circuitgraph.validation.frozen import frozen_reader_values
-
     vals = frozen_reader_values(ctx, list(ablate), scale=scale)
     return float(sum(w * vals[t] for t, w in graph.targets))
 

@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 import torch
 
-from circuitgraph._results import Tabular
 from circuitgraph._io import atomic_write_bytes
+from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import Intervention, Unit, _cache_run, run_rows, site_values
 from circuitgraph.validation.metrics import Metric
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["Granularity", "PatchRow", "PatchGrid", "PatchingResult", "patching", "patch_recovery", "write_heatmap"]
@@ -268,7 +268,7 @@ def patching(
 
 
 def _tok_labels(clean: list[int], corrupted: list[int], tokenizer: Any) -> list[str]:
-    show = (lambda i: tokenizer.token_str(i)) if tokenizer is not None else (lambda i: f"<{i}>")  # noqa: E731
+    show = (lambda i: tokenizer.token_str(i)) if tokenizer is not None else (lambda i: f"<{i}>")
     out = []
     for t, (a, b) in enumerate(zip(clean, corrupted)):
         out.append(f"{t}:{show(a)}" if a == b else f"{t}:{show(a)}/{show(b)}")

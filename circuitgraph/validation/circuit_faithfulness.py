@@ -29,7 +29,7 @@ from circuitgraph.validation._common import graph_context, markdown_table, resol
 from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["FaithfulnessResult", "faithfulness", "universe_units"]

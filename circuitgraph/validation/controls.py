@@ -55,7 +55,7 @@ from circuitgraph.validation.interventions import (
     site_values,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = [

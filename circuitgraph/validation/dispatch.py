@@ -15,19 +15,28 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
 from circuitgraph._results import Tabular
+from circuitgraph.attribution.targets import resolve_token
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.base import implementation_of
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
+from circuitgraph.validation.ablation import ablate, predicted_vs_actual
+from circuitgraph.validation.activation_patching import patching
+from circuitgraph.validation.circuit_faithfulness import faithfulness
+from circuitgraph.validation.faithfulness_curves import faithfulness_curve
+from circuitgraph.validation.fidelity import replacement_fidelity
+from circuitgraph.validation.gated_signs import sign_regimes
 from circuitgraph.validation.metrics import Metric
+from circuitgraph.validation.qk_check import qk_check
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks"]
@@ -56,9 +65,8 @@ class CheckResult(Tabular):
         return self.result.records()
 
     def _repr_html_(self) -> str:
-        from circuitgraph.export.html import result_html
-
-        return result_html(self.kind, self.result)
+        # named, not imported: export imports the checks (see circuitgraph.graph.graph.EXPORTS)
+        return getattr(importlib.import_module("circuitgraph.export.html"), "result_html")(self.kind, self.result)
 
 
 def _split(check: Any) -> tuple[str, Any]:
@@ -91,8 +99,6 @@ def _params(kind: str, params: Any) -> BaseModel:
 
 
 def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int:
-    from circuitgraph.attribution.targets import resolve_token
-
     try:
         return resolve_token(token, tokenizer, adapter.facts.d_vocab, where)
     except Exception as exc:  # noqa: BLE001 - TokenError already says what to do
@@ -120,12 +126,15 @@ def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
 @dataclass
 class CheckCall:
     """What every check's runner gets besides its parameters: the graph, the model adapter, the
-    tokenizer and the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``)."""
+    tokenizer, the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``) and
+    the run's seed."""
 
     graph: Any
     adapter: ModelAdapter
     tokenizer: Any
     prompt_resolver: PromptResolver | None = None
+    #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
+    seed: int = 0
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -139,9 +148,7 @@ class CheckCall:
 # --- one runner per check kind; the spec's item types name them (``implementation``) ---------
 
 def run_ablate(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.ablation import ablate
-
-    seed = p.seed if p.seed is not None else c.graph.metadata.get("spec", {}).get("seed", 0)
+    seed = p.seed if p.seed is not None else c.seed
     return ablate(
         c.graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
         reference_prompts=c.prompts(p.reference_prompts, "ablate.reference_prompts"),
@@ -152,8 +159,6 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
 
 
 def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.ablation import predicted_vs_actual
-
     return predicted_vs_actual(
         c.graph, k=p.k, mode=p.mode,
         reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
@@ -161,8 +166,6 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
 
 
 def run_patching(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.activation_patching import patching
-
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
@@ -171,38 +174,28 @@ def run_patching(c: CheckCall, p: Any) -> Any:
 
 
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.circuit_faithfulness import faithfulness
-
     return faithfulness(
         c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
 
 
 def run_sign_regimes(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.gated_signs import sign_regimes
-
     return sign_regimes(
         c.graph, prompts=c.prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
         echo_threshold=p.echo_threshold, tokenizer=c.tokenizer)
 
 
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.fidelity import replacement_fidelity
-
     return replacement_fidelity(
         c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
 def run_qk(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.qk_check import qk_check
-
     head = p.head if isinstance(p.head, int) else list(p.head)
     return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
 def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
-    from circuitgraph.validation.faithfulness_curves import faithfulness_curve
-
     return faithfulness_curve(
         c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
         reference_prompts=c.prompts(p.reference_prompts, "faithfulness_curve.reference_prompts"),
@@ -215,13 +208,14 @@ CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementa
 
 
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None) -> CheckResult:
+              prompt_resolver: PromptResolver | None = None, seed: int = 0) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
     ``(kind, params)``.  ``tokenizer`` (default: the model's) turns text prompts and token
     strings into ids; ``prompt_resolver`` (one spec prompt -> token ids) replaces that for
-    prompts.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
+    prompts.  ``seed``: the run's seed (the spec's ``seed``), for checks whose own ``seed`` is
+    not set.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
     """
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
@@ -229,7 +223,7 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
-    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver)
+    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed)
     record = p.model_dump(mode="json")
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 

@@ -337,7 +337,7 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ab
     def add(delta: torch.Tensor):
         return lambda value, hook: value + delta.to(device=value.device, dtype=value.dtype)[None]
 
-    def keep(value, hook):  # noqa: ANN001
+    def keep(value, hook):
         captured[hook.name] = value
         return value
 
@@ -347,7 +347,7 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ab
         idx = torch.tensor([j for _, j, _ in items])
         delta = torch.tensor([d for _, _, d in items], dtype=torch.float64)
 
-        def fn(value, hook):  # noqa: ANN001
+        def fn(value, hook):
             x = captured[tc.hook_in]  # the live input of this forward pass
             pre = tc.pre_activation(x)[:, pos, idx]  # (B, n)
             live = tc.activation(x)[:, pos, idx].to(pre.dtype)

@@ -30,7 +30,7 @@ from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import dictionary_out_hook
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["FidelityRow", "ReplacementFidelityResult", "replacement_model", "replacement_fidelity"]
@@ -47,14 +47,14 @@ def replacement_model(adapter: ModelAdapter, transcoders: Any, layers: Sequence[
     acts: dict[int, torch.Tensor] = {}
     hooks = []
     for layer in sorted(set(layers) | {l for k in layers for l in transcoders.source_layers(k)}):
-        def grab(value, hook, layer=layer):  # noqa: ANN001
+        def grab(value, hook, layer=layer):
             inputs[layer] = value
             acts[layer] = transcoders[layer].activation(value)
             return value
 
         hooks.append((transcoders[layer].hook_in, grab))
     for layer in layers:
-        def replace(value, hook, layer=layer):  # noqa: ANN001
+        def replace(value, hook, layer=layer):
             # a cross-layer transcoder's MLP output k sums the writes of every layer <= k
             return transcoders.reconstruct_at(layer, acts, inputs).to(value.dtype)
 
@@ -204,7 +204,7 @@ def _metric_value(adapter: ModelAdapter, x: torch.Tensor, metric: Metric, need: 
                   replace_with: Any) -> float:
     captured: dict[str, torch.Tensor] = {}
 
-    def keep(value, hook):  # noqa: ANN001
+    def keep(value, hook):
         captured[hook.name] = value
         return value
 

@@ -36,7 +36,7 @@ from circuitgraph.validation.controls import ControlSummary, draw_controls, summ
 from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["REGIMES", "EchoNeuron", "SignRegimeResult", "sign_regimes", "echo_removed", "regimes_of"]
@@ -61,11 +61,11 @@ def echo_removed(adapter: ModelAdapter, masks: dict[int, torch.Tensor], first_po
         pre, lin = adapter.hook_mlp_pre(layer), adapter.hook_mlp_pre_linear(layer)
         act = adapter.mlp_act_fn(layer)
 
-        def grab(value, hook):  # noqa: ANN001
+        def grab(value, hook):
             seen[hook.name] = value
             return value
 
-        def edit(post, hook, pre=pre, lin=lin, act=act, mask=mask):  # noqa: ANN001
+        def edit(post, hook, pre=pre, lin=lin, act=act, mask=mask):
             g, v = seen[pre], seen[lin]
             ag = act(g)
             where = regimes_of(g, v, ag)["echo"] & mask.to(post.device)[:, None, :]
@@ -278,7 +278,7 @@ def _echo_effects(adapter: ModelAdapter, token_lists: list[list[int]], neuron_se
         captured: dict[str, torch.Tensor] = {}
         need = metric.hook_names(adapter, None) if (metric is not None and j == 0) else set()
 
-        def keep(value, hook):  # noqa: ANN001
+        def keep(value, hook):
             captured[hook.name] = value
             return value
 

@@ -67,9 +67,10 @@ import torch
 from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+from circuitgraph.validation._common import markdown_table
 from circuitgraph.validation.metrics import Metric, next_token_loss
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = [
@@ -500,7 +501,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
             splice_out.setdefault(layer, []).append((site, layer))
     inner: dict[str, Any] = {}
     for layer in sorted(in_layers):
-        def grab(value, hook, layer=layer):  # noqa: ANN001
+        def grab(value, hook, layer=layer):
             inner[f"tc_in{layer}"] = value
             inner.pop(f"acts{layer}", None)
             inner.pop(f"edited{layer}", None)
@@ -535,7 +536,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
     for k in splice_out:
         by_hook.setdefault(dictionary_out_hook(adapter, transcoders, k), [])
     for name, sls in by_hook.items():
-        def edit(value, hook, sls=sls):  # noqa: ANN001
+        def edit(value, hook, sls=sls):
             for site, layer in sls:
                 v = _view(site, value)
                 for e in plan.edits[(site, layer)]:
@@ -547,7 +548,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
         if ks:
             k = ks[0]
 
-            def edit_mlp(value, hook, k=k, splice=splice_out[k], rest=edit):  # noqa: ANN001
+            def edit_mlp(value, hook, k=k, splice=splice_out[k], rest=edit):
                 # splices first (relative to the real output), then whole-vector edits
                 delta = torch.zeros_like(value)
                 for site, layer in splice:
@@ -570,7 +571,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
         else:
             hooks.append((name, edit))
 
-    def keep(value, hook):  # noqa: ANN001
+    def keep(value, hook):
         captured[hook.name] = value.detach()
         return value
 
@@ -668,8 +669,6 @@ class InterventionResult(Tabular):
         }
 
     def table(self, max_rows: int = 10) -> str:
-        from circuitgraph.validation._common import markdown_table
-
         return markdown_table(["mode", "units", "before", "after", "change"],
                               [[self.intervention.mode, len(self.intervention.units), self.before, self.after,
                                 self.change]], max_rows)

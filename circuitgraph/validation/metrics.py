@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from circuitgraph.errors import ValidationRunError
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["Readout", "Metric", "next_token_loss"]
@@ -112,7 +112,7 @@ class Metric:
 
     # ------------------------------------------------------------------ evaluation
     def describe(self, tokenizer: Any = None) -> str:
-        tok = (lambda i: repr(tokenizer.token_str(i))) if tokenizer is not None else (lambda i: f"<{i}>")  # noqa: E731
+        tok = (lambda i: repr(tokenizer.token_str(i))) if tokenizer is not None else (lambda i: f"<{i}>")
         parts = []
         for r in self.readouts:
             if r.kind == "logit":

@@ -21,8 +21,11 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from circuitgraph.errors import ValidationRunError
+from circuitgraph.errors import QueryError, ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+from circuitgraph.queries import node_influence
+from circuitgraph.queries.filters import as_filter, filter_mask
+from circuitgraph.queries.influence import total_effects as per_target_effects
 from circuitgraph.validation.interventions import NODE_SITES
 
 __all__ = ["INTERVENABLE_KINDS", "direct_effects", "total_effects", "select_nodes", "match_filter"]
@@ -50,8 +53,6 @@ def direct_effects(graph: Any) -> np.ndarray:
 def total_effects(graph: Any) -> np.ndarray:
     """``V`` per node row (see the module docstring): the target-weighted exact total effect,
     from :func:`circuitgraph.queries.total_effects` (one back-substitution over the graph)."""
-    from circuitgraph.queries.influence import total_effects as per_target_effects
-
     _target_weights(graph)  # the graph has targets
     return np.asarray([float(w_t) for _, w_t in graph.targets]) @ per_target_effects(graph)
 
@@ -59,9 +60,6 @@ def total_effects(graph: Any) -> np.ndarray:
 def match_filter(graph: Any, node_filter: Any, n_positions: int | None = None) -> list[NodeId]:
     """Node ids of ``graph`` that pass a spec ``NodeFilter`` (or a dict of its keys): the queries'
     filter resolution (:func:`circuitgraph.queries.filters.filter_mask`), with validation's errors."""
-    from circuitgraph.errors import QueryError
-    from circuitgraph.queries.filters import as_filter, filter_mask
-
     try:
         mask = filter_mask(graph, as_filter(node_filter), prompt_length=n_positions)
     except QueryError as exc:
@@ -142,8 +140,6 @@ def _scores(graph: Any, rank_by: str) -> np.ndarray:
     if rank_by == "total":
         return np.abs(total_effects(graph))
     if rank_by == "influence":
-        from circuitgraph.queries import node_influence
-
         return np.asarray(node_influence(graph), dtype=np.float64)
     raise ValidationRunError(f"rank_by {rank_by!r}: expected edge, total or influence")
 

@@ -19,20 +19,20 @@ through ``hook_k_input``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
 import torch
 
 from circuitgraph._results import Tabular
 from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+from circuitgraph.queries.qk import qk
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
+from circuitgraph.validation.frozen import frozen_node_hooks
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["QKCheckRow", "QKCheckResult", "qk_check", "qk_removal_effects"]
@@ -95,7 +95,7 @@ class QKCheckResult(Tabular):
 
 
 def _sigma_hook(value: torch.Tensor):
-    def fix(scale, hook):  # noqa: ANN001 - the split input adds a head dimension
+    def fix(scale, hook):  # the split input adds a head dimension
         shape = [1, value.shape[0]] + [1] * (scale.ndim - 2)
         return value.to(scale.dtype).view(shape).expand_as(scale).clone()
     return fix
@@ -104,7 +104,7 @@ def _sigma_hook(value: torch.Tensor):
 def _qk_sigma_hook(value: torch.Tensor):
     """Fix a query/key norm's ``hook_scale`` at its frozen ``(pos, heads)`` or ``(pos, 1)`` value in a
     batched run (per-head norms see ``(batch * pos * heads, 1)``, whole-projection ones ``(batch, pos, 1)``)."""
-    def fix(scale, hook):  # noqa: ANN001
+    def fix(scale, hook):
         n = scale.numel() // value.numel()
         return value.to(scale.dtype).expand(n, *value.shape).reshape(scale.shape).clone()
     return fix
@@ -115,8 +115,6 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
                        nodes: Sequence[tuple[str, NodeId]]) -> list[float]:
     """For each ``(side, node)``: the pre-cap score of ``head`` at (query, key) minus the score
     with ``node`` removed from that side only (``side`` is ``"query"`` or ``"key"``)."""
-    from circuitgraph.validation.frozen import frozen_node_hooks
-
     a, lin = context.adapter, context.linearisation
     model = a.model
     resid_name = a.hook_resid_pre(layer)
@@ -125,7 +123,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     for _, node in nodes:
         hooks, captured = frozen_node_hooks(context, [node])
 
-        def keep(value, hook):  # noqa: ANN001
+        def keep(value, hook):
             captured["resid"] = value.detach()[0].clone()
             return value
 
@@ -138,7 +136,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     scores: dict[int, torch.Tensor] = {}
 
     def side_hook(side: str, position: int):
-        def fn(value, hook):  # noqa: ANN001 - [batch, pos, head, d_model]
+        def fn(value, hook):  # [batch, pos, head, d_model]
             value = value.clone()
             for b, (s, _) in enumerate(nodes):
                 if s == side:
@@ -147,16 +145,15 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
             return value
         return fn
 
-    def grab(value, hook):  # noqa: ANN001
+    def grab(value, hook):
         scores[0] = value.detach()[:, head, query_position, key_position].double()
         return value
 
-    block = f"blocks.{layer}"
     sigma_hook = [(a.hook_norm_scale("ln1", layer), _sigma_hook(lin.sigma[("ln1", layer)]))] if a.has_norm("ln1", layer) else []
     hooks = sigma_hook + [
-             (f"{block}.hook_q_input", side_hook("query", query_position)),
-             (f"{block}.hook_k_input", side_hook("key", key_position)),
-             (f"{block}.attn.hook_attn_scores", grab)]
+             (a.hook_qk_input(layer, "q"), side_hook("query", query_position)),
+             (a.hook_qk_input(layer, "k"), side_hook("key", key_position)),
+             (a.hook_attn_scores(layer), grab)]
     # query/key norms: their sigma frozen too, as in the decomposition (queries/qk.py)
     hooks += [(a.hook_qk_norm_scale(side, layer), _qk_sigma_hook(lin.qk_sigma[(side, layer)]))
               for side in ("q", "k") if (side, layer) in lin.qk_sigma]
@@ -177,8 +174,6 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
              key_position: int | str = "top", top_k: int = 5, *, tolerance: float | None = None) -> QKCheckResult:
     """Predicted (marginal) vs actual (removal) for every node of each head's top ``top_k`` pairs,
     on the query side and on the key side."""
-    from circuitgraph.queries.qk import qk
-
     ctx = graph_context(graph, "qk")
     res = qk(graph, layer, head, query_position, key_position, top_k=top_k)
     rows: list[QKCheckRow] = []
@@ -210,8 +205,6 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
 
 def _removable(ctx: AttributionContext, node: NodeId) -> bool:
     """Whether the frozen model can remove ``node`` (a writer; attention writers only in heads mode)."""
-    from circuitgraph.validation.frozen import frozen_node_hooks
-
     try:
         frozen_node_hooks(ctx, [node])
     except ValidationRunError:

@@ -1,0 +1,60 @@
+"""Named points of the residual stream (:class:`ResidualLocation`), the lowest layer of the
+engine: the frozen model, the node tables, the engine and its public face
+(:mod:`circuitgraph.attribution.context`, which re-exports it) all import it from here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["ResidualLocation", "Sublayer"]
+
+Sublayer = Literal["embed", "attn", "mlp"]
+
+
+class ResidualLocation(int):
+    """A point of the residual stream, numbered bottom-up: ``resid_pre(0)`` is 0, then after each
+    block's attention (``resid_mid(l)``) and after its MLP (``resid_post(l) == resid_pre(l + 1)``).
+
+    An ``int`` (so the engine indexes and compares locations at no cost), built and read through
+    names: ``ResidualLocation.resid_mid(2)``, ``loc.sublayer``, ``loc.layer``.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def resid_pre(cls, layer: int) -> ResidualLocation:
+        """Before block ``layer`` (after block ``layer - 1``'s MLP; the embeddings for layer 0)."""
+        return cls(2 * layer)
+
+    @classmethod
+    def resid_mid(cls, layer: int) -> ResidualLocation:
+        """After block ``layer``'s attention, before its MLP."""
+        return cls(2 * layer + 1)
+
+    @classmethod
+    def resid_post(cls, layer: int) -> ResidualLocation:
+        """After block ``layer``'s MLP."""
+        return cls(2 * layer + 2)
+
+    @property
+    def sublayer(self) -> Sublayer:
+        """What writes here: the embeddings, a block's attention or a block's MLP."""
+        if self == 0:
+            return "embed"
+        return "attn" if self % 2 == 1 else "mlp"
+
+    @property
+    def layer(self) -> int:
+        """The block whose sublayer writes here (-1 for the embeddings)."""
+        return -1 if self == 0 else (self - 1) // 2
+
+    def below(self) -> ResidualLocation:
+        """The location before this one's sublayer."""
+        if self == 0:
+            raise ValueError("resid_pre(0) is the bottom of the residual stream")
+        return ResidualLocation(self - 1)
+
+    def __repr__(self) -> str:
+        if self == 0:
+            return "ResidualLocation.resid_pre(0)"
+        return f"ResidualLocation.resid_{'mid' if self.sublayer == 'attn' else 'post'}({self.layer})"

@@ -1,0 +1,45 @@
+"""What the engine, the queries and the checks need of a dictionary: the :class:`Dictionary`
+protocol.  Per-layer transcoders (:class:`~circuitgraph.dictionaries.TranscoderSet`) and
+cross-layer transcoders (:class:`~circuitgraph.dictionaries.CrossLayerTranscoder`) implement it;
+a new kind of dictionary implements it too, and nothing else changes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["Dictionary"]
+
+
+@runtime_checkable
+class Dictionary(Protocol):
+    """A set of sparse dictionaries over a model's MLPs.
+
+    ``layers`` maps each encoder layer to its reader (``hook_in``, ``input_site``, ``d_sae``,
+    ``b_enc``, ``encoder_rows(idx)``, ``pre_activation(x)``, ``activation(x)``); a feature of
+    encoder layer ``l`` writes the MLP outputs ``output_layers(l)`` (``l`` only, or ``l ..
+    n_layers - 1`` for a cross-layer transcoder) with ``decoder_rows(l, idx)`` ``(n, n_out,
+    d_model)``."""
+
+    kind: Literal["per_layer", "cross_layer"]
+    format: str
+    layers: Mapping[int, Any]
+
+    def output_layers(self, layer: int) -> range: ...
+
+    def decoder_rows(self, layer: int, idx: torch.Tensor) -> torch.Tensor: ...
+
+    def decoder_bias(self, out_layer: int) -> torch.Tensor: ...
+
+    def skip_weight(self, out_layer: int) -> torch.Tensor | None: ...
+
+    def output_site(self, out_layer: int) -> str: ...
+
+    def source_layers(self, out_layer: int) -> list[int]: ...
+
+    def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]: ...
+
+    def to(self, dtype: torch.dtype) -> "Dictionary": ...
+
+    def describe(self) -> dict[str, Any]: ...

@@ -1,0 +1,62 @@
+"""The entry points above the pipeline: :func:`run` and :func:`dry_run` (``circuitgraph.run``,
+``circuitgraph.dry_run`` and the ``circuitgraph run`` command).
+
+A spec with ``dataset:`` runs every row through the dataset executor
+(:func:`circuitgraph.datasets.run_dataset`), which calls the single-prompt pipeline
+(:func:`circuitgraph.pipeline.runner.run`) once per row; any other spec goes to the
+single-prompt pipeline directly.  The imports go one way: this module -> datasets ->
+runner, never back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from circuitgraph.adapters.files import check_input_files
+from circuitgraph.datasets import DatasetRunResult, run_dataset
+from circuitgraph.datasets.rows import load_rows
+from circuitgraph.features.driver import FeaturesRunResult, run_features
+from circuitgraph.pipeline import runner
+from circuitgraph.pipeline.estimate import estimate_run
+from circuitgraph.spec import SpecSource, load_spec
+
+__all__ = ["run", "dry_run"]
+
+
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False,
+        inputs: Any = None) -> runner.RunResult | DatasetRunResult | FeaturesRunResult:
+    """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
+
+    A spec with ``dataset:`` runs every prompt of the dataset and returns a
+    :class:`~circuitgraph.datasets.DatasetRunResult` (see docs/dataset.md), with ``features:``
+    also the feature dashboards (its ``features``; a features-only spec returns the
+    :class:`~circuitgraph.features.FeaturesRunResult`, see docs/features.md); otherwise the
+    result is the single-prompt pipeline's :class:`~circuitgraph.pipeline.runner.RunResult`
+    (see :func:`circuitgraph.pipeline.runner.run` for ``force`` and ``inputs``).
+    """
+    spec = load_spec(spec)
+    if spec.is_dataset:
+        result = run_dataset(spec, progress=progress) if spec.runs_graphs else None
+        if spec.features is None:
+            return result
+        features = run_features(spec, progress=progress)
+        if result is None:
+            return features
+        result.features = features
+        return result
+    return runner.run(spec, progress=progress, force=force, inputs=inputs)
+
+
+def dry_run(spec: SpecSource) -> list[str]:
+    """Validate a spec and estimate the peak memory of its run without building the graph: the
+    lines ``circuitgraph run --dry-run`` prints, ending with ``fits: yes`` or ``fits: NO - <advice>``
+    (see :mod:`circuitgraph.pipeline.estimate`)."""
+    spec = load_spec(spec)
+    check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
+    if spec.is_dataset:
+        rows = load_rows(spec)
+        longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
+        one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
+        return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
+                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(one).lines()
+    return estimate_run(spec).lines()

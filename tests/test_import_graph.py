@@ -1,0 +1,218 @@
+"""The package's import graph: no cycles, and imports inside functions only for optional or heavy
+extras.
+
+Every module of ``circuitgraph/`` is parsed (nothing is imported) and every ``import`` statement
+is read, at module level and inside functions alike (``if TYPE_CHECKING:`` blocks aside, which
+never run).  An import inside a function hides a cycle from Python but not from this graph, so
+the layering (spec -> adapters/dictionaries -> attribution -> graph -> queries/validation ->
+export -> pipeline -> datasets -> entry points, see docs/architecture.md) is checked as written.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "circuitgraph"
+
+#: third-party packages that may be imported inside a function: optional extras (a clear error
+#: names the extra when they are missing) and the heavy libraries loaded only when a model or a
+#: dictionary is loaded, so that ``import circuitgraph``, the spec tools and graph files stay light
+LAZY_PACKAGES = {
+    "pandas": "optional extra (notebook, dataset)",
+    "pyarrow": "optional extra (dataset)",
+    "duckdb": "optional extra (dataset)",
+    "ray": "optional extra (dataset: the Ray executor)",
+    "matplotlib": "optional extra (plots: patching heat maps)",
+    "graphviz": "rendering only (the dot binary)",
+    "fcntl": "POSIX only (file locks)",
+    "tqdm": "progress bars, on request",
+    "tokenizers": "loaded with a tokenizer",
+    "transformers": "heavy: loaded with a Hugging Face model folder",
+    "huggingface_hub": "heavy, and only for hub downloads",
+    "transformer_lens": "heavy: loaded with a model",
+    "sae_lens": "heavy: loaded with sae-lens dictionaries",
+    "playwright": "optional extra (test: the explorer's browser tests)",
+    "tracr": "optional extra (tracr: compiled ground-truth models)",
+    "jax": "optional extra (tracr)",
+    "haiku": "optional extra (tracr)",
+}
+
+#: modules whose function-local imports are deliberate, with the reason
+LAZY_MODULES = {
+    "circuitgraph": "the package root: `import circuitgraph` imports nothing heavy (names resolved on first use)",
+    "circuitgraph.cli.main": "the CLI imports torch and the pipeline only in the commands that need them "
+                             "(`circuitgraph --help` and `validate` stay fast)",
+}
+
+#: packages that one module imports inside a function, with the reason
+LAZY_IN_MODULE = {
+    ("circuitgraph.adapters.files", "torch"): "only .pt direction files need torch: `circuitgraph validate` checks "
+                                              "every input file without loading it",
+    ("circuitgraph.adapters.hf_config", "torch"): "`circuitgraph validate` reads the families table without torch",
+    ("circuitgraph.adapters.hf_config", "einops"): "with torch: only when weights are converted",
+}
+
+#: standard-library modules the CLI imports late as well (with its other imports)
+_STDLIB_LATE_OK = {"atexit", "gc", "json", "os", "sys", "warnings", "yaml"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int, str, bool]]:
+    """``(line, imported module, inside a function)`` for every import statement of a module
+    (``from pkg import sub`` counts as importing ``pkg.sub`` when that is a module)."""
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        inside = type_checking = False
+        x = node
+        while x in parents:
+            x = parents[x]
+            inside |= isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+            type_checking |= isinstance(x, ast.If) and "TYPE_CHECKING" in ast.unparse(x.test)
+        if type_checking:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".") if is_pkg else name.split(".")[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        out += [(node.lineno, t, inside) for t in targets]
+    return out
+
+
+def _graph() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
+    modules = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    local: list[tuple[str, int, str]] = []
+    for name, path in modules.items():
+        for line, target, inside in _imports(name, path, modules):
+            if inside:
+                local.append((name, line, target))
+            if target.split(".")[0] != "circuitgraph":
+                continue
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != name:
+                edges[name].add(target)
+    return edges, local
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    edges, _ = _graph()
+    cycles = _cycles(edges)
+    detail = []
+    for comp in cycles:
+        members = set(comp)
+        detail.append(" ; ".join(f"{a} -> {b}" for a in comp for b in sorted(edges[a] & members)))
+    assert not cycles, "import cycles (put the shared code below both users):\n" + "\n".join(detail)
+
+
+def test_function_local_imports_are_only_optional_or_heavy_extras():
+    _, local = _graph()
+    bad = []
+    for module, line, target in local:
+        if module in LAZY_MODULES and (target.startswith("circuitgraph") or target.split(".")[0] in _STDLIB_LATE_OK):
+            continue
+        if target.split(".")[0] in LAZY_PACKAGES or (module, target.split(".")[0]) in LAZY_IN_MODULE:
+            continue
+        bad.append(f"{module}:{line} imports {target}")
+    assert not bad, ("imports inside functions (move them to the top of the module; an import that would make a "
+                     "cycle means shared code belongs below both users):\n" + "\n".join(bad))
+
+
+def test_the_checker_sees_cycles_and_local_imports():
+    """The graph is built from the statements as written: a made-up cycle through a
+    function-local import is found."""
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(edges) == [["a", "b", "c"]]
+    _, local = _graph()
+    assert any(m == "circuitgraph.cli.main" for m, _, _ in local)  # the CLI's lazy imports are seen
+
+
+def test_the_engine_and_the_spec_import_nothing_from_later_stages():
+    edges, _ = _graph()
+    later = ("circuitgraph.pipeline", "circuitgraph.datasets", "circuitgraph.export", "circuitgraph.cli")
+    for low in ("circuitgraph.attribution", "circuitgraph.graph", "circuitgraph.spec", "circuitgraph.dictionaries"):
+        for m in edges:
+            if m.startswith(low):
+                assert not [t for t in edges[m] if t.startswith(later)], m
+    spec_deps = {t for m in edges if m.startswith("circuitgraph.spec") for t in edges[m]}
+    assert all(t.startswith(("circuitgraph.spec", "circuitgraph.errors")) or t == "circuitgraph" for t in spec_deps), \
+        spec_deps
+
+
+def test_hook_names_are_built_only_in_the_adapters():
+    """TransformerLens hook names (``blocks.<l>...``, ``ln_final...``) are made by the adapter's
+    methods (``ModelAdapter.hook_*``, ``block_hook``); no other module formats one (docstrings,
+    comments and test builders that write other libraries' config files aside)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(("adapters/", "testing/")):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+                text = str(node.values[0].value)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = node.value
+            else:
+                continue
+            if text.startswith(("blocks.", "ln_final.hook")) and "<" not in text:
+                bad.append(f"{rel}:{node.lineno} {text[:40]!r}")
+    assert not bad, "hook names built outside the adapters (use ModelAdapter.hook_*):\n" + "\n".join(bad)
