@@ -216,7 +216,7 @@ class CrossLayerTranscoder:
 
     def hook_in(self, layer: int) -> str:
         if self.input_norms is not None:
-            return ModelAdapter.hook_norm_normalized("ln2", layer)
+            return ModelAdapter.block_hook(layer, "ln2.hook_normalized")
         return ModelAdapter.block_hook(layer, self.feature_input_hook)
 
     def _fold_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
