@@ -117,3 +117,16 @@ def test_fixture_example_runs(tmp_path, name):
     np_doc = graph_to_neuronpedia(result.graph, full_graph=result.full_graph)
     check_viewer_invariants(np_doc, result.full_graph.metadata["n_layers"])
     assert sum(n["is_target_logit"] for n in np_doc["nodes"]) == len(result.graph.targets)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_example_validates(name):
+    """`circuitgraph validate` passes on every shipped example (built-in CLT dictionaries included:
+    their folder is the built-in dictionary's own, not the demo's per-layer transcoders)."""
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli.main import app
+
+    result = CliRunner().invoke(app, ["validate", str(EXAMPLES / name)])
+    assert result.exit_code == 0, result.output
+    assert "spec OK" in result.output

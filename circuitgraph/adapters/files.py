@@ -26,7 +26,7 @@ from circuitgraph._io import (  # re-exported: the hardened readers' old home
 from circuitgraph.adapters.hf_config import FAMILIES, unsupported_model_type_message
 from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-from circuitgraph.builtin import BUILTIN_MODELS
+from circuitgraph.builtin import BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.errors import LoadError, one_line
 from circuitgraph.spec import Spec
 
@@ -234,7 +234,7 @@ def check_input_files(spec: Spec) -> None:
         if t.source == "path":
             tc_dir = Path(t.path)
         else:
-            tc_dir = Path(BUILTIN_MODELS[t.builtin]()) / "transcoders"
+            tc_dir = builtin_dictionary_dir(t.builtin)
         check_transcoder_dir(tc_dir)
     for i, target in enumerate(spec.targets):
         if target.kind == "direction" and target.params.file is not None:
