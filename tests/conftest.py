@@ -9,6 +9,7 @@ from pathlib import Path
 # on shared cores spinning makes small tensor work many times slower
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,3 +111,27 @@ def circuit_tracer_graphs(tmp_path_factory):
     }
     graphs = run_circuit_tracer(bundles, root / "out")
     return {name: (bundles[name], graphs[name]) for name in CT_CASES}
+
+
+def removal_effects(graph, readers, values_of) -> np.ndarray:
+    """``expected[i, j]``: reader ``i``'s value minus its value with writer ``j`` removed, from an
+    independent reference: ``values_of(reader)`` gives ``[base, without writer 0, without writer 1,
+    ...]``; the base must be the graph's measured pre-activation (frozen = real at the prompt)."""
+    rows = []
+    for r in readers:
+        values = values_of(r).double()
+        assert float(values[0]) == pytest.approx(r.pre_activation, abs=1e-9)
+        rows.append((values[0] - values[1:]).numpy())
+    return np.stack(rows)
+
+
+def assert_edges_equal(graph, readers, writers, expected: np.ndarray, what: str = "reference") -> None:
+    """Every edge ``writer -> reader`` of ``graph`` equals ``expected`` (``removal_effects``) to 1e-9
+    of the largest one, naming the worst edge otherwise."""
+    dense = graph.dense_adjacency(dtype=np.float64)
+    got = dense[np.ix_([graph.index_of(r.id) for r in readers], [graph.index_of(w) for w in writers])]
+    scale = np.abs(expected).max()
+    assert scale > 0.1
+    worst = np.unravel_index(np.abs(got - expected).argmax(), got.shape)
+    assert np.abs(got - expected).max() < 1e-9 * scale, (
+        f"edge {writers[worst[1]]} -> {readers[worst[0]].id}: graph {got[worst]:.6g}, {what} {expected[worst]:.6g}")

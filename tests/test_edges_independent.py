@@ -32,7 +32,7 @@ import torch
 
 from circuitgraph.attribution import attribute
 from circuitgraph.graph.nodes import NodeId
-from tests.conftest import load_bundle
+from tests.conftest import assert_edges_equal, load_bundle, removal_effects
 
 #: (variant, transcoder kind, input site, granularity)
 CASES = [
@@ -210,19 +210,8 @@ def test_every_edge_equals_the_libraries_removal(tmp_path, variant, kind, site, 
     readers = [n for n in g.nodes if n.pre_activation is not None]
     kinds = {n.id.kind for n in readers}
     assert kinds >= {"logit"} and (adapter.facts.attn_only or (kinds & {"feature", "neuron"})), kinds
-    expected = np.zeros((len(readers), len(writers)))
-    for i, r in enumerate(readers):
-        values = ref.reader_values(r, captured).double()
-        # the reference's own reader value is the measured pre-activation (frozen = real at base)
-        assert float(values[0]) == pytest.approx(r.pre_activation, abs=1e-9)
-        expected[i] = (values[0] - values[1:]).numpy()
-    dense = g.dense_adjacency(dtype=np.float64)
-    got = dense[np.ix_([g.index_of(r.id) for r in readers], [g.index_of(w) for w in writers])]
-    scale = np.abs(expected).max()
-    assert scale > 0.1
-    worst = np.unravel_index(np.abs(got - expected).argmax(), got.shape)
-    assert np.abs(got - expected).max() < 1e-9 * scale, (
-        f"edge {writers[worst[1]]} -> {readers[worst[0]].id}: graph {got[worst]:.6g}, libraries {expected[worst]:.6g}")
+    expected = removal_effects(g, readers, lambda r: ref.reader_values(r, captured))
+    assert_edges_equal(g, readers, writers, expected, what="libraries")
     # where attention is frozen somewhere, edges cross it: a writer reaches a later position
     assert len(heads) == adapter.facts.n_layers or any(expected[i, j] != 0 and writers[j].position < readers[i].id.position
                for i in range(len(readers)) for j in range(len(writers)))

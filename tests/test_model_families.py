@@ -32,6 +32,7 @@ from circuitgraph.adapters.hf_config import FAMILIES
 from circuitgraph.errors import LoadError, QueryError
 from circuitgraph.testing.hf_checkpoints import TINY_CONFIGS, save_checkpoint, tiny_checkpoint
 from circuitgraph.testing.synthetic import hf_cache_repo
+from tests.conftest import assert_edges_equal, removal_effects
 from tests.test_edges_independent import _Reference
 
 TOKENS = [1, 5, 7, 9, 4, 3, 11, 6, 8, 10]
@@ -118,18 +119,8 @@ def test_every_edge_equals_the_independent_reference(family, built):
     removals = [(hook, w.position, vec) for w in writers for hook, vec in [ref.writer_vector(w)]]
     captured = ref.run(removals)
     readers = [n for n in g.nodes if n.pre_activation is not None]
-    expected = np.zeros((len(readers), len(writers)))
-    for i, r in enumerate(readers):
-        values = ref.reader_values(r, captured).double()
-        assert float(values[0]) == pytest.approx(r.pre_activation, abs=1e-9)
-        expected[i] = (values[0] - values[1:]).numpy()
-    dense = g.dense_adjacency(dtype=np.float64)
-    got = dense[np.ix_([g.index_of(r.id) for r in readers], [g.index_of(w) for w in writers])]
-    scale = np.abs(expected).max()
-    assert scale > 0.1
-    worst = np.unravel_index(np.abs(got - expected).argmax(), got.shape)
-    assert np.abs(got - expected).max() < 1e-9 * scale, (
-        f"edge {writers[worst[1]]} -> {readers[worst[0]].id}: graph {got[worst]:.6g}, reference {expected[worst]:.6g}")
+    expected = removal_effects(g, readers, lambda r: ref.reader_values(r, captured))
+    assert_edges_equal(g, readers, writers, expected)
     # edges cross the frozen attention of layer 0: a writer reaches a later position
     assert any(expected[i, j] != 0 and writers[j].position < readers[i].id.position
                for i in range(len(readers)) for j in range(len(writers)))

@@ -18,6 +18,7 @@ from circuitgraph.errors import LoadError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries.qk import qk
 from circuitgraph.testing.hf_moe import moe_checkpoint
+from tests.conftest import assert_edges_equal, removal_effects
 
 FAMILIES = ["mixtral", "olmoe", "qwen3_moe", "gpt_oss"]
 TOKENS = [1, 5, 7, 9, 4, 3, 11, 6]
@@ -249,18 +250,8 @@ def test_every_edge_equals_an_independent_removal(family, checkpoints):
     captured = ref.run(removals)
     readers = [n for n in g.nodes if n.pre_activation is not None]
     assert {n.kind for n in readers} == {"logit", "neuron"}
-    expected = np.zeros((len(readers), len(writers)))
-    for i, r in enumerate(readers):
-        values = ref.reader(r, captured).double()
-        assert float(values[0]) == pytest.approx(r.pre_activation, abs=1e-9)
-        expected[i] = (values[0] - values[1:]).numpy()
-    dense = g.dense_adjacency(dtype=np.float64)
-    got = dense[np.ix_([g.index_of(r.id) for r in readers], [g.index_of(w) for w in writers])]
-    scale = np.abs(expected).max()
-    assert scale > 0.1
-    worst = np.unravel_index(np.abs(got - expected).argmax(), got.shape)
-    assert np.abs(got - expected).max() < 1e-9 * scale, (
-        f"edge {writers[worst[1]]} -> {readers[worst[0]].id}: graph {got[worst]:.6g}, reference {expected[worst]:.6g}")
+    expected = removal_effects(g, readers, lambda r: ref.reader(r, captured))
+    assert_edges_equal(g, readers, writers, expected)
     # expert neurons reach expert neurons of the next layer and the logits, across positions
     assert any(expected[i, j] != 0 and writers[j].kind == "neuron" and readers[i].kind == "neuron"
                and writers[j].position < readers[i].position for i in range(len(readers)) for j in range(len(writers)))
