@@ -30,6 +30,7 @@ from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
 from circuitgraph.datasets.executors import make_executor
+from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.prompt import is_complete, record_path
 from circuitgraph.datasets.reduce import KIND_CODE, Accumulator, Part, parquet_bytes
 from circuitgraph.datasets.rows import model_problems, row_problems
@@ -102,28 +103,10 @@ def spec_fingerprint(spec: Spec, rows: list[Any]) -> str:
 
 
 def _prepare_directory(out: Path, fingerprint: str, rows: list[Any]) -> None:
-    marker = out / "run.json"
-    if out.exists():
-        if not out.is_dir():
-            raise DatasetError(f"export.dataset: {out} is a file; give a folder")
-        if marker.is_file():
-            try:
-                previous = json.loads(marker.read_text(encoding="utf-8")).get("fingerprint")
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                previous = None
-            if previous != fingerprint:
-                raise DatasetError(f"export.dataset: {out} holds the outputs of a different spec or dataset (or of "
-                                   "another circuitgraph version, whose spec defaults differ); use a new folder, or "
-                                   "delete this one to start again")
-            for tmp in out.glob("**/.*.tmp"):  # left by a killed run's atomic writes; never trusted
-                tmp.unlink(missing_ok=True)
-            return
-        if any(out.iterdir()):
-            raise DatasetError(f"export.dataset: {out} is not empty and holds no dataset run (no run.json); "
-                               "give a new or empty folder")
-    payload = {"format": "circuitgraph-dataset", "format_version": 1, "fingerprint": fingerprint,
-               "ids": [r.id for r in rows]}
-    atomic_write_text(marker, json.dumps(payload, indent=1) + "\n")
+    claim_run_folder(out, "run.json", fingerprint, "circuitgraph-dataset", {"ids": [r.id for r in rows]},
+                     key="export.dataset", what="dataset run",
+                     different="the outputs of a different spec or dataset (or of another circuitgraph version, "
+                               "whose spec defaults differ)")
 
 
 class _Progress:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuitgraph._io import atomic_write_bytes, atomic_write_text
+from circuitgraph._io import atomic_write_bytes
 from circuitgraph.datasets.executors import make_executor
+from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.rows import model_problems, row_problems
 from circuitgraph.errors import DatasetError
 from circuitgraph.features.stream import (
@@ -93,26 +94,9 @@ def features_fingerprint(spec: Any, rows: list[Any]) -> str:
 
 
 def _prepare(out: Path, fingerprint: str, settings: dict[str, Any]) -> None:
-    marker = out / "features.json"
-    if out.exists():
-        if not out.is_dir():
-            raise DatasetError(f"export.features: {out} is a file; give a folder")
-        if marker.is_file():
-            try:
-                previous = json.loads(marker.read_text(encoding="utf-8")).get("fingerprint")
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                previous = None
-            if previous != fingerprint:
-                raise DatasetError(f"export.features: {out} holds the dashboards of a different spec or dataset; use "
-                                   "a new folder, or delete this one to start again")
-            for tmp in out.glob("**/.*.tmp"):  # left by a killed run's atomic writes; never trusted
-                tmp.unlink(missing_ok=True)
-            return
-        if any(p.name != "labels.csv" for p in out.iterdir()):
-            raise DatasetError(f"export.features: {out} is not empty and holds no features run (no features.json); "
-                               "give a new or empty folder (a labels.csv alone is fine)")
-    payload = {"format": FORMAT, "format_version": 1, "fingerprint": fingerprint, **settings}
-    atomic_write_text(marker, json.dumps(payload, indent=1) + "\n")
+    claim_run_folder(out, "features.json", fingerprint, FORMAT, settings,
+                     key="export.features", what="features run",
+                     different="the dashboards of a different spec or dataset", allowed=("labels.csv",))
 
 
 class _Progress:
