@@ -28,6 +28,7 @@ import yaml
 
 from circuitgraph.adapters.files import safetensors_shapes
 from circuitgraph.errors import CircuitGraphError
+from circuitgraph.spec.model import ModelSpec
 
 __all__ = ["DeclaredDictionary", "read_declared", "model_names", "model_mismatch", "shape_problems", "fit_problems"]
 
@@ -138,7 +139,7 @@ def _aliases(name: str) -> set[str]:
     return out
 
 
-def model_names(model_spec: Any, config_name: str | None) -> dict[str, str]:
+def model_names(model_spec: ModelSpec, config_name: str | None) -> dict[str, str]:
     """The names the spec's model goes by, ``{where it comes from: name}``."""
     out: dict[str, str] = {}
     if getattr(model_spec, "name", None):
@@ -199,7 +200,7 @@ MISMATCH_FIX = ("use transcoders trained for this model, or set transcoders: {al
                 "the same model under another name")
 
 
-def fit_problems(declared: DeclaredDictionary, model_spec: Any, *, config_name: str | None, d_model: int | None,
+def fit_problems(declared: DeclaredDictionary, model_spec: ModelSpec, *, config_name: str | None, d_model: int | None,
                  n_layers: int | None, allow_model_mismatch: bool, where: str) -> tuple[list[str], str | None]:
     """``(problems, note)``: the shape problems and, unless allowed, the name mismatch (each one
     sentence starting with ``where``); ``note`` is the allowed mismatch, for the graph's metadata."""

@@ -25,11 +25,14 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from circuitgraph.errors import CircuitGraphError, SpecError, one_line
+
+if TYPE_CHECKING:
+    from circuitgraph.spec import Spec
 
 __all__ = ["app", "main", "openmp_defaults", "OPENMP_DEFAULTS", "EXIT_BAD_INPUT", "EXIT_FAILED_CHECKS", "EXIT_DOES_NOT_FIT"]
 
@@ -234,7 +237,7 @@ def report(
         typer.echo(f"wrote {output}")
 
 
-def report_only(spec: Any) -> tuple[Any, list[str]]:
+def report_only(spec: Spec) -> tuple[Spec, list[str]]:
     """``spec`` without its exports and patching heat-map files (``report`` writes only the report;
     the heat maps are drawn inline), and what was left out."""
     outputs = list(spec.export.outputs())

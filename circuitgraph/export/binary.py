@@ -7,7 +7,6 @@ and results. No edge limit and no pickling; meant for graphs too large for JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 from typing import Any, Mapping, Sequence
@@ -17,25 +16,20 @@ import numpy as np
 from circuitgraph._io import atomic_writer
 from circuitgraph._json import jsonable
 from circuitgraph.errors import LoadError
+from circuitgraph.export.graph_model import BINARY_FORMAT, BinaryGraphHeader, _brief, validate_graph_file
 from circuitgraph.export.json_graph import (
     GraphDocument,
-    _brief,
-    _check_format,
     _dumps,
     _header,
-    _max_dense_nodes,
-    _metadata_from_header,
-    _no_constant,
-    _nodes_from_header,
-    _results,
-    _targets_from_header,
     check_graph_file,
+    document_of,
+    max_dense_nodes_of,
+    nodes_of,
+    targets_of,
 )
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["BINARY_FORMAT", "save_graph_binary", "read_graph_binary", "load_graph_binary"]
-
-BINARY_FORMAT = "circuitgraph.graph.npz"
 
 
 def save_graph_binary(
@@ -86,25 +80,27 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         if missing:
             raise LoadError(f"{os.fspath(path)!r} is not a circuitgraph .npz graph: missing {sorted(missing)}")
         try:
-            header = json.loads(archive["header"].tobytes().decode("utf-8"), parse_constant=_no_constant)
+            header_bytes = archive["header"].tobytes()
             src, tgt, w = archive["edge_source"], archive["edge_target"], archive["edge_weight"]
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LoadError(f"{os.fspath(path)!r}: the graph header is not valid JSON: {exc}") from None
         except (OSError, ValueError, RecursionError, EOFError, zipfile.BadZipFile) as exc:
             raise LoadError(f"{os.fspath(path)!r} is not a readable circuitgraph .npz graph: {_brief(exc, 200)}") from None
-        if not isinstance(header, Mapping):
-            raise LoadError(f"{os.fspath(path)!r}: the graph header must be a JSON object")
-        _check_format(header, BINARY_FORMAT)
-        nodes, index, dtype = _nodes_from_header(header)
+    where = f"graph file {os.fspath(path)!r}"
+    try:
+        header_text = header_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LoadError(f"{where}: the graph header is not UTF-8: {exc}") from None
+    header = validate_graph_file(header_text, BinaryGraphHeader, where=f"{where} (its header)")
+    nodes, index = nodes_of(header, where)
+    dtype = np.dtype(header.edge_dtype)
     if str(w.dtype) != str(dtype):
         raise LoadError(f"{os.fspath(path)!r}: edge_weight is {w.dtype}, the header says {dtype}")
     if not (src.shape == tgt.shape == w.shape and src.ndim == 1):
         raise LoadError(f"{os.fspath(path)!r}: edge arrays have different shapes {src.shape}, {tgt.shape}, {w.shape}")
     for name, rows in (("edge_source", src), ("edge_target", tgt)):
-        if rows.size and (rows.min() < 0 or rows.max() >= len(nodes)):
-            raise LoadError(f"{os.fspath(path)!r}: {name} has rows outside 0..{len(nodes) - 1}")
         if rows.dtype.kind not in "iu":
             raise LoadError(f"{os.fspath(path)!r}: {name} holds {rows.dtype}, expected integers")
+        if rows.size and (rows.min() < 0 or rows.max() >= len(nodes)):
+            raise LoadError(f"{os.fspath(path)!r}: {name} has rows outside 0..{len(nodes) - 1}")
     if w.size and not np.isfinite(w).all():
         raise LoadError(f"{os.fspath(path)!r}: edge_weight holds NaN or inf; a graph holds finite numbers only")
     graph = AttributionGraph(
@@ -112,12 +108,11 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         edge_target=tgt,
         edge_source=src,
         edge_weight=w,
-        targets=_targets_from_header(header, index),
-        metadata=_metadata_from_header(header),
-        max_dense_nodes=_max_dense_nodes(header),
+        targets=targets_of(header, index, where),
+        metadata=header.metadata,
+        max_dense_nodes=max_dense_nodes_of(header.metadata),
     )
-    return GraphDocument(graph, _results(header, "queries"), _results(header, "validation"),
-                         int(header["format_version"]), _results(header, "steering"))
+    return document_of(header, graph)
 
 
 def load_graph_binary(path: str | os.PathLike[str]) -> AttributionGraph:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import reprlib
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +30,17 @@ import numpy as np
 from circuitgraph._io import atomic_write_text
 from circuitgraph._json import jsonable
 from circuitgraph.errors import ExportError, LoadError
+from circuitgraph.export.graph_model import (
+    EDGE_DTYPES,
+    FORMAT,
+    FORMAT_VERSION,
+    GraphFile,
+    _brief,
+    _Header,
+    validate_graph_file,
+)
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import NODE_KINDS, Node, NodeId
+from circuitgraph.graph.nodes import Node, NodeId
 
 __all__ = [
     "FORMAT",
@@ -47,10 +55,6 @@ __all__ = [
     "read_graph_json",
 ]
 
-FORMAT = "circuitgraph.graph"
-FORMAT_VERSION = 1
-#: edge weight dtypes the formats record and restore
-EDGE_DTYPES = ("float16", "float32", "float64")
 #: above this many edges the JSON writer refuses (prune, or use the binary format)
 DEFAULT_MAX_EDGES = 5_000_000
 
@@ -140,56 +144,75 @@ def graph_to_json(
 
 # --------------------------------------------------------------------------- reading
 def graph_from_dict(doc: Mapping[str, Any]) -> GraphDocument:
-    """Rebuild a :class:`GraphDocument` from a parsed ``circuitgraph.graph`` JSON document."""
-    if not isinstance(doc, Mapping):
-        raise LoadError(f"a circuitgraph graph file holds a JSON object, got {type(doc).__name__}")
-    _check_format(doc, FORMAT)
-    nodes, index, dtype = _nodes_from_header(doc)
-    edges = doc.get("edges")
-    if not isinstance(edges, list):
-        raise LoadError("graph file: 'edges' must be a list of {source, target, weight}")
-    n = len(edges)
-    src = np.empty(n, dtype=np.int64)
-    tgt = np.empty(n, dtype=np.int64)
-    weights: list[float] = [0.0] * n
-    for i, edge in enumerate(edges):
-        try:
-            s, t, w = edge["source"], edge["target"], edge["weight"]
-        except (TypeError, KeyError):
-            raise LoadError(f"graph file: edges[{i}] must be an object with source, target and weight") from None
-        if not isinstance(s, str) or not isinstance(t, str) or s not in index or t not in index:
-            missing = s if not isinstance(s, str) or s not in index else t
-            raise LoadError(f"graph file: edges[{i}] refers to node {_brief(missing)}, which is not in 'nodes'")
-        weights[i] = _number(w, f"graph file: edges[{i}].weight")
-        src[i], tgt[i] = index[s], index[t]
-    graph = AttributionGraph(
-        nodes=nodes,
-        edge_target=tgt,
-        edge_source=src,
-        edge_weight=np.asarray(weights, dtype=np.float64).astype(dtype),
-        targets=_targets_from_header(doc, index),
-        metadata=_metadata_from_header(doc),
-        max_dense_nodes=_max_dense_nodes(doc),
-    )
-    return GraphDocument(graph, _results(doc, "queries"), _results(doc, "validation"), int(doc["format_version"]),
-                         _results(doc, "steering"))
+    """Rebuild a :class:`GraphDocument` from a parsed ``circuitgraph.graph`` JSON document
+    (checked by the file model, :class:`~circuitgraph.export.graph_model.GraphFile`)."""
+    return _document(validate_graph_file(doc, GraphFile))
 
 
 def read_graph_json(source: str | os.PathLike[str]) -> GraphDocument:
-    """Read a graph file (path, or the JSON text itself) with its query and validation results."""
-    text = _read_source(source)
-    try:
-        doc = json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise LoadError(f"graph file is not valid JSON: {exc}") from None
-    except (RecursionError, ValueError) as exc:
-        raise LoadError(f"graph file is not usable JSON: {_brief(exc, 200)}") from None
-    return graph_from_dict(doc)
+    """Read a graph file (path, or the JSON text itself) with its query and validation results.
+
+    The text is parsed and checked in one pass by the file model
+    (:class:`~circuitgraph.export.graph_model.GraphFile`); every problem is a one-line
+    :class:`LoadError` naming the file, the field and what was wrong."""
+    text, where = _read_source(source)
+    return _document(validate_graph_file(text, GraphFile, where=where), where)
 
 
 def graph_from_json(source: str | os.PathLike[str]) -> AttributionGraph:
     """Load a graph written by :func:`graph_to_json`; ``source`` is a path or the JSON text."""
     return read_graph_json(source).graph
+
+
+def _document(doc: GraphFile, where: str = "graph file") -> GraphDocument:
+    """The graph of a validated JSON document: the node table, then the edges as row arrays."""
+    nodes, index = nodes_of(doc, where)
+    edges = doc.edges
+    n = len(edges)
+    try:
+        src = np.fromiter((index[e["source"]] for e in edges), dtype=np.int64, count=n)
+        tgt = np.fromiter((index[e["target"]] for e in edges), dtype=np.int64, count=n)
+    except KeyError:
+        i, missing = next((i, t) for i, e in enumerate(edges) for t in (e["source"], e["target"]) if t not in index)
+        raise LoadError(f"{where}: edges[{i}] refers to node {_brief(missing)}, which is not in 'nodes'") from None
+    weights = np.fromiter((e["weight"] for e in edges), dtype=np.float64, count=n)
+    graph = AttributionGraph(
+        nodes=nodes,
+        edge_target=tgt,
+        edge_source=src,
+        edge_weight=weights.astype(doc.edge_dtype),
+        targets=targets_of(doc, index, where),
+        metadata=doc.metadata,
+        max_dense_nodes=max_dense_nodes_of(doc.metadata),
+    )
+    return document_of(doc, graph)
+
+
+def nodes_of(doc: _Header, where: str) -> tuple[list[Node], dict[str, int]]:
+    """The nodes of a validated document and the row of each node id (no id twice)."""
+    nodes = [Node(NodeId(r.kind, r.layer, r.position, r.index), r.activation, r.pre_activation, r.constant,
+                  r.label, r.attrs) for r in doc.nodes]
+    index: dict[str, int] = {}
+    for i, rec in enumerate(doc.nodes):
+        if rec.id in index:
+            raise LoadError(f"{where}: node {rec.id} appears twice (nodes[{index[rec.id]}] and nodes[{i}])")
+        index[rec.id] = i
+    return nodes, index
+
+
+def targets_of(doc: _Header, index: Mapping[str, int], where: str) -> list[tuple[NodeId, float]]:
+    """The targets of a validated document; each must be one of its nodes."""
+    out = []
+    for i, rec in enumerate(doc.targets):
+        if rec["node"] not in index:
+            raise LoadError(f"{where}: targets[{i}] is {_brief(rec['node'])}, which is not in 'nodes'")
+        out.append((NodeId.parse(rec["node"]), rec["weight"]))
+    return out
+
+
+def document_of(doc: _Header, graph: AttributionGraph) -> GraphDocument:
+    """The :class:`GraphDocument` of a validated document's results around ``graph``."""
+    return GraphDocument(graph, list(doc.queries), list(doc.validation), doc.format_version, list(doc.steering))
 
 
 # --------------------------------------------------------------------------- shared parts
@@ -258,150 +281,18 @@ def _node_record(node: Node) -> dict[str, Any]:
     return rec
 
 
-def _node_from_record(rec: Any, i: int) -> Node:
-    where = f"graph file: nodes[{i}]"
-    if not isinstance(rec, Mapping):
-        raise LoadError(f"{where} must be an object")
-    for key in ("id", "kind", "layer", "position", "index", "activation"):
-        if key not in rec:
-            raise LoadError(f"{where} lacks the field {key!r}")
-    kind = rec["kind"]
-    if not isinstance(kind, str) or kind not in NODE_KINDS:
-        raise LoadError(f"{where}.kind is {_brief(kind)}; expected one of {', '.join(NODE_KINDS)}")
-    node_id = NodeId(kind, *(_integer(rec[k], f"{where}.{k}") for k in ("layer", "position", "index")))
-    text_id = rec["id"]
-    if not isinstance(text_id, str) or text_id != str(node_id):
-        raise LoadError(f"{where}: id {_brief(text_id)} does not match kind/layer/position/index ({node_id})")
-    attrs = rec.get("attrs", {})
-    if not isinstance(attrs, dict):
-        raise LoadError(f"{where}: attrs must be an object")
-    label = rec.get("label", "")
-    if not isinstance(label, str):
-        raise LoadError(f"{where}.label is {_brief(label)}; expected a string")
-    pre, const = rec.get("pre_activation"), rec.get("constant")
-    return Node(
-        id=node_id,
-        activation=_number(rec["activation"], f"{where}.activation"),
-        pre_activation=None if pre is None else _number(pre, f"{where}.pre_activation"),
-        constant=None if const is None else _number(const, f"{where}.constant"),
-        label=label,
-        attrs=attrs,
-    )
-
-
-#: node layers, positions and indices are within +-2**62 (token ids, feature indices)
-_MAX_INT = 2**62
-
-
-def _integer(value: Any, where: str) -> int:
-    """A JSON integer: not a bool, not a float, not a string of digits."""
-    if isinstance(value, bool) or not isinstance(value, int) or not -_MAX_INT <= value <= _MAX_INT:
-        raise LoadError(f"{where} is {_brief(value)}; expected an integer")
-    return value
-
-
-def _number(value: Any, where: str) -> float:
-    """A finite JSON number (NaN and infinities are refused, as are strings and bools)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise LoadError(f"{where} is {_brief(value)}; expected a number")
-    try:
-        out = float(value)
-    except OverflowError:
-        raise LoadError(f"{where} is too large for a float") from None
-    if not math.isfinite(out):
-        raise LoadError(f"{where} is {out}; a graph holds finite numbers only")
-    return out
-
-
-def _brief(value: Any, limit: int = 60) -> str:
-    short = reprlib.Repr()
-    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 2, 4, 3, limit, limit
-    text = short.repr(value) if not isinstance(value, BaseException) else " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _no_constant(name: str) -> Any:
-    raise LoadError(f"graph file holds {name}; a graph holds finite numbers only (NaN and Infinity are not JSON)")
-
-
-def _results(doc: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    value = doc.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise LoadError(f"graph file: '{key}' must be a list of objects, got {_brief(value)}")
-    return list(value)
-
-
-def _nodes_from_header(doc: Mapping[str, Any]) -> tuple[list[Node], dict[str, int], np.dtype]:
-    dtype_name = doc.get("edge_dtype", "float32")
-    if not isinstance(dtype_name, str) or dtype_name not in EDGE_DTYPES:
-        raise LoadError(f"graph file: edge_dtype {_brief(dtype_name)} is not one of {', '.join(EDGE_DTYPES)}")
-    records = doc.get("nodes")
-    if not isinstance(records, list):
-        raise LoadError("graph file: 'nodes' must be a list")
-    nodes = [_node_from_record(rec, i) for i, rec in enumerate(records)]
-    index: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        key = str(node.id)
-        if key in index:
-            raise LoadError(f"graph file: node {key} appears twice (nodes[{index[key]}] and nodes[{i}])")
-        index[key] = i
-    return nodes, index, np.dtype(dtype_name)
-
-
-def _targets_from_header(doc: Mapping[str, Any], index: Mapping[str, int]) -> list[tuple[NodeId, float]]:
-    out = []
-    records = doc.get("targets") or []
-    if not isinstance(records, list):
-        raise LoadError(f"graph file: 'targets' must be a list of {{node, weight}}, got {_brief(records)}")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, Mapping) or "node" not in rec or "weight" not in rec:
-            raise LoadError(f"graph file: targets[{i}] must be an object {{node, weight}}")
-        node, weight = rec["node"], _number(rec["weight"], f"graph file: targets[{i}].weight")
-        if not isinstance(node, str) or node not in index:
-            raise LoadError(f"graph file: targets[{i}] is {_brief(node)}, which is not in 'nodes'")
-        out.append((NodeId.parse(node), weight))
-    return out
-
-
-def _metadata_from_header(doc: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = doc.get("metadata", {})
-    if not isinstance(metadata, dict):
-        raise LoadError(f"graph file: 'metadata' must be an object, got {type(metadata).__name__}")
-    return metadata
-
-
-def _check_format(doc: Mapping[str, Any], expected: str) -> None:
-    fmt, version = doc.get("format"), doc.get("format_version")
-    if fmt is None and isinstance(doc.get("links"), list) and isinstance(doc.get("nodes"), list):
-        # circuit-tracer / Neuronpedia's attribution-graph format (what export: {neuronpedia: ...} writes)
-        raise LoadError(
-            "this is an attribution graph in Neuronpedia's format (nodes and links, for Neuronpedia's graph viewer), "
-            "not a circuitgraph graph file: open it in that viewer, or render the circuitgraph graph written with it "
-            "(export: {json: PATH.json} or {graph: PATH.npz})")
-    if not isinstance(fmt, str) or fmt != expected:
-        raise LoadError(f"not a circuitgraph graph file: format is {_brief(fmt)}, expected {expected!r}")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise LoadError(f"graph file: format_version {_brief(version)} is not a positive integer")
-    if version > FORMAT_VERSION:
-        raise LoadError(
-            f"graph file has format_version {version}; this circuitgraph reads up to {FORMAT_VERSION}: "
-            "upgrade circuitgraph"
-        )
-
-
 #: a graph file larger than this is refused before it is read (prune, or use the binary format)
 MAX_GRAPH_FILE_BYTES = 4 << 30
 
 
-def _read_source(source: str | os.PathLike[str]) -> str:
+def _read_source(source: str | os.PathLike[str]) -> tuple[str, str]:
+    """The JSON text of ``source`` (a path, or the text itself) and how errors name it."""
     if isinstance(source, str) and source.lstrip().startswith("{"):
-        return source
+        return source, "graph file"
     path = Path(source)
     check_graph_file(path)
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8"), f"graph file {os.fspath(path)!r}"
     except FileNotFoundError:
         raise LoadError(f"graph file {os.fspath(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -444,10 +335,10 @@ def _finite_or_none(value: Any, where: str) -> float | None:
     return None if value is None else _finite(value, where)
 
 
-def _max_dense_nodes(doc: Mapping[str, Any]) -> int | None:
-    """The dense limit of the run that wrote the file (its spec's ``graph.max_dense_nodes``)."""
-    metadata = doc.get("metadata")
-    spec = metadata.get("spec") if isinstance(metadata, dict) else None
+def max_dense_nodes_of(metadata: Mapping[str, Any]) -> int | None:
+    """The dense limit of the run that wrote a file: its spec's ``graph.max_dense_nodes`` (a file
+    is the one place this value is not already known to the code)."""
+    spec = metadata.get("spec")
     graph = spec.get("graph") if isinstance(spec, dict) else None
     value = graph.get("max_dense_nodes") if isinstance(graph, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

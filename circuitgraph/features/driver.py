@@ -46,7 +46,7 @@ from circuitgraph.features.write import (
     token_lists,
 )
 from circuitgraph.pipeline.inputs import load_inputs
-from circuitgraph.spec import load_spec
+from circuitgraph.spec import Spec, SpecSource, load_spec
 
 __all__ = ["FeaturesRunResult", "features_fingerprint", "run_features"]
 
@@ -57,7 +57,7 @@ FORMAT = "circuitgraph-features"
 class FeaturesRunResult:
     """What a features run produced (``circuitgraph.run`` on a spec with ``features:`` only)."""
 
-    spec: Any
+    spec: Spec
     directory: Path
     n_rows: int
     n_features: int
@@ -82,7 +82,7 @@ class FeaturesRunResult:
         ]
 
 
-def features_fingerprint(spec: Any, rows: list[Any]) -> str:
+def features_fingerprint(spec: Spec, rows: list[Any]) -> str:
     """What makes two features runs' files the same: model, dictionaries, the ``features:``
     settings except ``shard_size``, and the rows (not the executor, not the graph sections)."""
     dump = spec.model_dump(mode="json", include={"model", "transcoders", "graph", "features"})
@@ -117,7 +117,7 @@ class _Progress:
             self.bar.close()
 
 
-def run_features(spec: Any, *, progress: bool = False) -> FeaturesRunResult:
+def run_features(spec: SpecSource, *, progress: bool = False) -> FeaturesRunResult:
     """Compute the feature dashboards of a spec with ``dataset:`` and ``features:`` (see the
     module docstring and docs/features.md)."""
     t_start = time.perf_counter()

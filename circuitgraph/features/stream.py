@@ -29,6 +29,7 @@ from circuitgraph.export.html import read_graph_file
 from circuitgraph.features.topk import FeatureState
 from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt_like
 from circuitgraph.spec.dataset import Row
+from circuitgraph.spec.root import Spec
 
 __all__ = ["Selection", "Shard", "ShardJob", "make_shards", "row_activations", "shard_path"]
 
@@ -90,7 +91,7 @@ class Selection:
         return np.concatenate(layers), np.concatenate(indices)
 
 
-def select_features(spec: Any, dictionaries: Any) -> Selection:
+def select_features(spec: Spec, dictionaries: Any) -> Selection:
     """The run's :class:`Selection` from ``features.layers`` / ``features.features``; one-line
     errors for layers without a dictionary and graph files with no feature of them."""
     f = spec.features
@@ -155,11 +156,11 @@ def row_activations(adapter: Any, dictionaries: Any, layers: tuple[int, ...], to
 class ShardJob:
     """The executors' job of a features run (see :mod:`circuitgraph.datasets.executors`)."""
 
-    def load(self, spec: Any) -> Any:
+    def load(self, spec: Spec) -> Any:
         adapter, dictionaries = load_inputs(spec)
         return adapter, dictionaries, select_features(spec, dictionaries)
 
-    def run(self, spec: Any, task: Shard, inputs: Any) -> PromptOutput:
+    def run(self, spec: Spec, task: Shard, inputs: Any) -> PromptOutput:
         record: dict[str, Any] = {"id": task.id, "row": task.number, "status": "ok", "error": None,
                                   "n_rows": len(task.rows)}
         try:
@@ -182,7 +183,7 @@ class ShardJob:
                              "n_rows": len(task.rows)})
 
 
-def shard_state(spec: Any, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection) -> FeatureState:
+def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection) -> FeatureState:
     """The :class:`FeatureState` of one shard's rows."""
     f = spec.features
     k, c = f.top_k, f.context

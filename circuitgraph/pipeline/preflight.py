@@ -32,6 +32,7 @@ from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problem
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
+from circuitgraph.spec import Spec
 
 __all__ = ["ModelFacts", "Preflight", "PREFLIGHT_CHECKS", "preflight_check", "preflight", "read_model_facts"]
 
@@ -106,7 +107,7 @@ def read_model_facts(model_dir: Path) -> ModelFacts | None:
 class Preflight:
     """What the checks read: the spec and what its files say (``None`` where they cannot say)."""
 
-    spec: Any
+    spec: Spec
     model: ModelFacts | None = None
     dictionary: DeclaredDictionary | None = None
     dictionary_where: str = "transcoders"
@@ -128,7 +129,7 @@ def preflight_check(fn: Callable[[Preflight], Problems]) -> Callable[[Preflight]
 
 
 # ---------------------------------------------------------------------------- reading the files
-def _model_dir(spec: Any) -> Path | None:
+def _model_dir(spec: Spec) -> Path | None:
     m = spec.model
     if m.source == "path":
         return Path(m.path)
@@ -137,7 +138,7 @@ def _model_dir(spec: Any) -> Path | None:
     return None  # a hub name: its config is not read without the hub
 
 
-def _dictionary_dir(spec: Any) -> Path | None:
+def _dictionary_dir(spec: Spec) -> Path | None:
     t = spec.transcoders
     if t is None:
         return None
@@ -158,7 +159,7 @@ def _tokenizer(model_dir: Path) -> Any:
         return None  # check_input_files reports a broken tokenizer
 
 
-def _prompt_tokens(spec: Any, tokenizer: Any) -> list[int] | None:
+def _prompt_tokens(spec: Spec, tokenizer: Any) -> list[int] | None:
     prompt = spec.prompt
     if prompt is None:
         return None
@@ -173,7 +174,7 @@ def _prompt_tokens(spec: Any, tokenizer: Any) -> list[int] | None:
     return ids
 
 
-def gather(spec: Any) -> Preflight:
+def gather(spec: Spec) -> Preflight:
     """Read what :class:`Preflight` holds for ``spec`` (nothing heavy: config files and the tokenizer)."""
     p = Preflight(spec)
     model_dir = _model_dir(spec)
@@ -191,7 +192,7 @@ def gather(spec: Any) -> Preflight:
     return p
 
 
-def preflight(spec: Any, checks: Iterable[Callable[[Preflight], Problems]] | None = None) -> Problems:
+def preflight(spec: Spec, checks: Iterable[Callable[[Preflight], Problems]] | None = None) -> Problems:
     """Every problem :data:`PREFLIGHT_CHECKS` (or ``checks``) find in ``spec`` without the weights."""
     p = gather(spec)
     problems: Problems = []
@@ -201,7 +202,7 @@ def preflight(spec: Any, checks: Iterable[Callable[[Preflight], Problems]] | Non
 
 
 # ---------------------------------------------------------------------------- the checks
-def _unit_targets(spec: Any) -> Iterable[tuple[str, Any, str]]:
+def _unit_targets(spec: Spec) -> Iterable[tuple[str, Any, str]]:
     """``(location, params, kind)`` of the targets that name a layer."""
     for i, t in enumerate(spec.targets):
         if t.kind in ("feature", "neuron", "direction"):
@@ -244,7 +245,7 @@ def layers_exist(p: Preflight) -> Problems:
     return out
 
 
-def _positions(spec: Any) -> Iterable[tuple[str, int]]:
+def _positions(spec: Spec) -> Iterable[tuple[str, int]]:
     for i, t in enumerate(spec.targets):
         if t.kind in ("feature", "neuron", "direction"):
             yield f"targets[{i}].{t.kind}.position", t.params.position
@@ -287,7 +288,7 @@ def prompt_fits(p: Preflight) -> Problems:
     return out
 
 
-def _tokens(spec: Any) -> Iterable[tuple[str, Any]]:
+def _tokens(spec: Spec) -> Iterable[tuple[str, Any]]:
     """``(location, token)`` of every token the spec names."""
     for i, t in enumerate(spec.targets):
         if t.kind == "logit":

@@ -440,7 +440,7 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     return result
 
 
-def _run_steering(spec: Any, full: AttributionGraph, run_warnings: list[str],
+def _run_steering(spec: Spec, full: AttributionGraph, run_warnings: list[str],
                   timings: dict[str, float]) -> list[dict[str, Any]]:
     """Run the spec's ``steer:`` items on the unpruned graph (each one a result or a failure)."""
     if not spec.steer:
@@ -456,7 +456,7 @@ def _run_steering(spec: Any, full: AttributionGraph, run_warnings: list[str],
     return out
 
 
-def steer_spec(spec: Any, *, progress: bool = False, inputs: Any = None) -> list[dict[str, Any]]:
+def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> list[dict[str, Any]]:
     """Build a spec's graph and run only its ``steer:`` items (no queries, checks or exports):
     one entry per item, as :meth:`RunResult.steering_json` writes them, with ``result`` the
     :class:`~circuitgraph.validation.steering.SteeringResult` (``status``/``error`` on failure).
@@ -469,7 +469,7 @@ def steer_spec(spec: Any, *, progress: bool = False, inputs: Any = None) -> list
     return _run_steering(spec, full, full.metadata.setdefault("warnings", []), {})
 
 
-def _label_features(spec: Any, graph: AttributionGraph) -> None:
+def _label_features(spec: Spec, graph: AttributionGraph) -> None:
     """Put the labels of ``export.features``'s ``labels.csv`` (feature nodes) and of
     ``export.diagram.labels`` (feature and neuron nodes; these win) on the graph's nodes, so every
     diagram, report table, path listing and export names them."""

@@ -25,6 +25,7 @@ from unittest import mock
 from circuitgraph.datasets import executors
 from circuitgraph.datasets.executors import PromptJob
 from circuitgraph.pipeline import entry, runner
+from circuitgraph.spec import Spec
 
 __all__ = ["demo_spec", "demo_graph_file", "demo_dataset_run", "write_features_folder", "DEMO_PROMPT",
            "DEMO_CORRUPTED_PROMPT", "DEMO_STEER"]
@@ -76,7 +77,7 @@ def demo_graph_file(path: str | os.PathLike[str], **options: Any) -> Path:
 class _InProcessExecutor:
     """Runs a dataset's prompts one after another in this process, as a local worker would."""
 
-    def run(self, spec: Any, rows: list[Any], out_dir: Path, on_result: Any, job: Any = None) -> None:
+    def run(self, spec: Spec, rows: list[Any], out_dir: Path, on_result: Any, job: Any = None) -> None:
         job = job or PromptJob()  # any job of the executors' protocol (prompts, feature shards)
         inputs = job.load(spec)
         for row in rows:

@@ -64,7 +64,7 @@ from circuitgraph.adapters.files import read_direction_file
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
-from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem
+from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem, SteerPositions
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
 from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Unit, intervene
 from circuitgraph.validation.metrics import Metric
@@ -94,7 +94,7 @@ class ResolvedIntervention:
     own_position: int
     mode: str
     value: float | None
-    positions_spec: Any
+    positions_spec: SteerPositions
     positions: tuple[int, ...]
     direction: torch.Tensor | None = None
 
@@ -133,7 +133,7 @@ class ResolvedIntervention:
         return out
 
 
-def _covered(spec: Any, own: int, n_prompt: int, n_max: int) -> tuple[int, ...]:
+def _covered(spec: SteerPositions, own: int, n_prompt: int, n_max: int) -> tuple[int, ...]:
     if spec == "prompt":
         ps = [own]
     elif spec == "all":
