@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "circuitgraph"
 #: dictionary is loaded, so that ``import circuitgraph``, the spec tools and graph files stay light
 LAZY_PACKAGES = {
     "pandas": "optional extra (notebook, dataset)",
+    "networkx": "optional extra (networkx: graph.to_networkx)",
     "pyarrow": "optional extra (dataset)",
     "duckdb": "optional extra (dataset)",
     "ray": "optional extra (dataset: the Ray executor)",

@@ -321,7 +321,3 @@ def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu"
     adapter = load_model_dir(bundle / "model", dtype=dtype, device=device)
     adapter.source = {"builtin": name}
     return adapter, bundle
-
-
-def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
-    return adapter.describe()

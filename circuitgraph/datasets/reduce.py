@@ -100,7 +100,7 @@ def _group(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def reduce_graph(graph: Any, position: str = "free") -> Part:
     """Reduce one graph to sums keyed by node identity (see the module docstring)."""
     n = graph.n_nodes
-    n_pos = len(graph.metadata.get("prompt_tokens") or []) or (max((nd.position for nd in graph.nodes), default=0) + 1)
+    n_pos = len(graph.metadata.prompt_tokens or []) or (max((nd.position for nd in graph.nodes), default=0) + 1)
     cols = [np.fromiter((KIND_CODE[nd.kind] for nd in graph.nodes), dtype=np.int64, count=n),
             np.fromiter((nd.layer for nd in graph.nodes), dtype=np.int64, count=n),
             np.fromiter((nd.index for nd in graph.nodes), dtype=np.int64, count=n)]

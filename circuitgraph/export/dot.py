@@ -366,8 +366,8 @@ def _member_lines(members: Sequence[str], positions: bool) -> list[str]:
 
 def _position_free(graph: AttributionGraph) -> bool:
     """A dataset aggregate keyed by (kind, layer, index): its nodes have no position."""
-    agg = graph.metadata.get("aggregate")
-    return isinstance(agg, Mapping) and agg.get("position") == "free"
+    agg = graph.metadata.aggregate
+    return agg is not None and agg.get("position") == "free"
 
 
 def _node_lines(node: Node, *, positions: bool = True) -> list[str]:
@@ -444,8 +444,8 @@ def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edg
     """The title, and what is left out: counted against ``totals`` (the graph as given, before
     unreachable nodes were hidden and supernodes merged)."""
     if title is None:
-        prompt = graph.metadata.get("prompt")
-        title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if isinstance(prompt, str) else \
+        prompt = graph.metadata.prompt
+        title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if prompt is not None else \
             "Attribution graph"
     lines = [_show_text(title)]
     total_nodes, total_edges = totals if totals is not None else (graph.n_nodes, graph.n_edges)

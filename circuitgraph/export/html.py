@@ -172,18 +172,17 @@ def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
     kinds: dict[str, int] = {}
     for n in graph.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1
-    model = graph.metadata.get("model")
-    name = model.get("name") if isinstance(model, Mapping) else model
     facts = [
-        {"": "model", "value": name or "?"},
+        {"": "model", "value": graph.metadata.model_name or "?"},
         {"": "prompt", "value": graph.metadata.get("prompt", "")},
         {"": "nodes", "value": f"{graph.n_nodes} (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")"},
         {"": "edges", "value": graph.n_edges},
         {"": "targets", "value": ", ".join(f"{_target_text(graph.node(t))} (w={w:.3g})" for t, w in graph.targets)},
     ]
-    for key in ("replacement_score", "completeness_score"):
-        if isinstance(graph.metadata.get(key), (int, float)):
-            facts.append({"": key, "value": float(graph.metadata[key])})
+    for key, value in (("replacement_score", graph.metadata.replacement_score),
+                       ("completeness_score", graph.metadata.completeness_score)):
+        if value is not None:
+            facts.append({"": key, "value": value})
     return facts
 
 
@@ -280,8 +279,8 @@ def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list
                      "max abs violation": report.max_abs_violation, "readers": report.n_readers,
                      "worst node": str(report.worst) if report.worst is not None else None,
                      "ok (1e-5)": "yes" if report.ok() else "NO"})
-    completeness = (full or graph).metadata.get("completeness")
-    if isinstance(completeness, Mapping) and completeness.get("precision_warning"):
+    completeness = (full or graph).metadata.completeness
+    if completeness is not None and completeness.get("precision_warning"):
         rows.append({"check": "precision (what the dtype allows)", "note": completeness["precision_warning"]})
     checks = graph.metadata.get("checks")
     if isinstance(checks, Mapping):
@@ -292,8 +291,8 @@ def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list
 
 def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
     rows = []
-    model = graph.metadata.get("model")
-    if isinstance(model, Mapping):
+    model = graph.metadata.model
+    if model is not None:
         rows.append({"what": "model", "name": model.get("name"), "source": json.dumps(model.get("source"), default=str),
                      "details": json.dumps(model.get("architecture", {}), default=str)})
     tcs = graph.metadata.get("transcoders")
@@ -310,8 +309,8 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
                      else None,
                      "source": json.dumps(tcs.get("source") if isinstance(tcs, Mapping) else tcs, default=str),
                      "details": json.dumps(details, default=str)[:800]})
-    versions = graph.metadata.get("versions")
-    if isinstance(versions, Mapping):
+    versions = graph.metadata.versions
+    if versions is not None:
         rows.append({"what": "versions", "name": "", "source": "",
                      "details": ", ".join(f"{k} {v}" for k, v in versions.items())})
     return rows

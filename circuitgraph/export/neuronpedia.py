@@ -207,8 +207,8 @@ def graph_to_neuronpedia(
         for (s, t), w in pairs.items()
     ]
 
-    prompt = graph.metadata.get("prompt")
-    if not isinstance(prompt, str):
+    prompt = graph.metadata.prompt
+    if prompt is None:
         prompt = "".join(tokens)
     info: dict[str, Any] = {
         "description": f"Exact attribution graph exported by circuitgraph ({len(records)} nodes, "
@@ -557,16 +557,10 @@ def n_layers_of(graph: AttributionGraph) -> int:
 
 def _vocab_size(graph: AttributionGraph) -> int:
     """``d_vocab`` from the model metadata, else one more than the largest token id seen."""
-    model = graph.metadata.get("model")
-    arch = model.get("architecture") if isinstance(model, Mapping) else None
-    if isinstance(arch, Mapping) and isinstance(arch.get("d_vocab"), int):
-        return int(arch["d_vocab"])
-    if isinstance(model, Mapping) and isinstance(model.get("d_vocab"), int):
-        return int(model["d_vocab"])
+    if graph.metadata.d_vocab is not None:
+        return graph.metadata.d_vocab
     ids = [n.index for n in graph.nodes if n.kind in ("embedding", "logit")]
-    tokens = graph.metadata.get("prompt_tokens")
-    if isinstance(tokens, list):
-        ids += [t for t in tokens if isinstance(t, int)]
+    ids += [t for t in graph.metadata.prompt_tokens or [] if isinstance(t, int)]
     return max(ids, default=-1) + 1
 
 
@@ -609,15 +603,14 @@ def _scan(graph: AttributionGraph, scan: str | Sequence[str] | None) -> tuple[st
         return f"custom-{digest}", transcoders
     # the dictionary's own scan (a circuit-tracer config.yaml `scan:`, a string or a list of
     # transcoder ids), as circuit-tracer's create_graph_files uses it
-    tc = graph.metadata.get("transcoders")
-    tc_scan = tc.get("scan") if isinstance(tc, Mapping) else None
+    tc = graph.metadata.transcoders
+    tc_scan = tc.get("scan") if tc is not None else None
     if isinstance(tc_scan, str) and tc_scan:
         return tc_scan, []
     if isinstance(tc_scan, list) and tc_scan:
         return _scan(graph, [str(s) for s in tc_scan])
-    model = graph.metadata.get("model")
-    name = model.get("name") if isinstance(model, Mapping) else model
-    if isinstance(name, str) and name:
+    name = graph.metadata.model_name
+    if name is not None:
         return name, []
     raise ExportError(
         "the Neuronpedia format needs a scan (the model id on Neuronpedia) and graph.metadata['model'] "

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-import networkx as nx
 import numpy as np
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.edges import grouped, incoming_sums
+from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.spec.graph import GraphSpec
 
@@ -88,7 +87,9 @@ class AttributionGraph:
         edge_weight: the edge weights (float32 or float64).
         targets: the target (output) nodes of the analysis with their weights
             (used by influence and pruning; weights default to 1).
-        metadata: spec, model, transcoders, prompt, versions, exactness checks.
+        metadata: spec, model, transcoders, prompt, versions, exactness checks: a
+            :class:`~circuitgraph.graph.metadata.GraphMetadata` (the JSON object, a ``dict``, with
+            typed attributes such as ``metadata.n_layers``; a plain dict given here is wrapped).
         context: the live linearisation that produced the graph (not serialised); some
             queries and validation checks need it, and say so when it is missing.
         edges_unique: every (target, source) pair occurs at most once (true of graphs built by
@@ -103,7 +104,7 @@ class AttributionGraph:
     edge_source: np.ndarray
     edge_weight: np.ndarray
     targets: list[tuple[NodeId, float]] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: GraphMetadata = field(default_factory=GraphMetadata)
     context: AttributionContext | None = field(default=None, repr=False, compare=False)
     edges_unique: bool = field(default=False, repr=False, compare=False)
     max_dense_nodes: int | None = field(default=None, repr=False, compare=False)
@@ -114,6 +115,8 @@ class AttributionGraph:
         self.edge_target = np.asarray(self.edge_target, dtype=index_dtype)
         self.edge_source = np.asarray(self.edge_source, dtype=index_dtype)
         self.edge_weight = np.asarray(self.edge_weight)
+        if not isinstance(self.metadata, GraphMetadata):  # the JSON object, with typed attributes
+            self.metadata = GraphMetadata(self.metadata or {})
         if not (self.edge_target.shape == self.edge_source.shape == self.edge_weight.shape):
             raise ValueError("edge arrays must have the same length")
         self._index: dict[NodeId, int] = {}
@@ -136,9 +139,7 @@ class AttributionGraph:
     def model_n_layers(self) -> int | None:
         """The model's number of blocks as the run recorded it (``metadata["model"]["n_layers"]``),
         or None (a hand-built graph)."""
-        model = self.metadata.get("model")
-        value = model.get("n_layers") if isinstance(model, Mapping) else None
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        return self.metadata.n_layers
 
     @property
     def n_edges(self) -> int:
@@ -170,9 +171,6 @@ class AttributionGraph:
 
     def node(self, node_id: NodeId | str) -> Node:
         return self.nodes[self.index_of(node_id)]
-
-    def nodes_of_kind(self, *kinds: str) -> list[Node]:
-        return [n for n in self.nodes if n.kind in kinds]
 
     @property
     def target_ids(self) -> list[NodeId]:
@@ -307,7 +305,15 @@ class AttributionGraph:
         ``target_weight`` on target nodes.  Edge attribute: ``weight`` (repeated source ->
         target pairs are summed).  Graph attributes: ``metadata`` and ``targets`` (a list of
         ``[node id, weight]``).  :meth:`from_networkx` reads it back.
+
+        networkx is an optional extra (``pip install 'circuitgraph[networkx]'``): the graph's own
+        algorithms are vectorised over its edge arrays (:mod:`circuitgraph.graph.edges`); this
+        conversion is for running networkx's on it.
         """
+        try:
+            import networkx as nx
+        except ImportError:  # pragma: no cover - networkx is in the networkx and test extras
+            raise QueryError("graph.to_networkx() needs networkx: pip install 'circuitgraph[networkx]'") from None
         g = nx.DiGraph(metadata=self.metadata, targets=[[str(t), float(w)] for t, w in self.targets])
         weights = dict((t, float(w)) for t, w in self.targets)
         for node in self.nodes:
@@ -353,13 +359,11 @@ class AttributionGraph:
 
     # ----------------------------------------------------------------- display
     def __repr__(self) -> str:
-        model = self.metadata.get("model")
-        name = model.get("name") if isinstance(model, dict) else model
-        prompt = self.metadata.get("prompt")
+        name, prompt = self.metadata.model_name, self.metadata.prompt
         text = ""
-        if isinstance(prompt, str):
+        if prompt is not None:
             text = " " + repr(prompt if len(prompt) <= 40 else prompt[:39] + "…")
-        on = f" ({name})" if isinstance(name, str) and name else ""
+        on = f" ({name})" if name else ""
         return (f"<AttributionGraph{on}{text}: {self.n_nodes} nodes, {self.n_edges} edges, "
                 f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}>")
 

@@ -144,18 +144,19 @@ class RunResult:
         kinds: dict[str, int] = {}
         for n in g.nodes:
             kinds[n.kind] = kinds.get(n.kind, 0) + 1
-        comp = full.metadata.get("completeness", {})
+        comp = full.metadata.completeness or {}
         lines = [
-            f"model: {full.metadata.get('model', {}).get('name', '?')}; prompt: {len(full.metadata.get('prompt_tokens', []))} tokens",
+            f"model: {full.metadata.model_name or '?'}; prompt: {len(full.metadata.prompt_tokens or [])} tokens",
             f"graph: {g.n_nodes} nodes ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}), {g.n_edges} edges"
             + (f" (pruned from {full.n_nodes} nodes, {full.n_edges} edges)" if g is not full else ""),
             "targets: " + ", ".join(f"{_target_text(g.node(t))} (w={w:.3g})" for t, w in g.targets),
             f"completeness: max relative violation {comp.get('max_relative_violation', float('nan')):.2e}"
             + (" (above what the dtype allows: see the warning below)" if comp.get("precision_warning") else ""),
         ]
-        for key in ("replacement_score", "completeness_score"):
-            if full.metadata.get(key) is not None:
-                lines.append(f"{key}: {full.metadata[key]:.4f}")
+        for key, value in (("replacement_score", full.metadata.replacement_score),
+                           ("completeness_score", full.metadata.completeness_score)):
+            if value is not None:
+                lines.append(f"{key}: {value:.4f}")
         pruned = g is not full
         for what, entries in (("query", self.queries), ("validation", self.validation)):
             for e in entries:
@@ -387,7 +388,7 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     full = build(spec, progress=progress, inputs=inputs)
     timings["graph"] = time.perf_counter() - t0
     _label_features(spec, full)
-    precision = precision_warning(full.metadata.get("completeness") or {}, weights_dtype=spec.model.dtype,
+    precision = precision_warning(full.metadata.completeness or {}, weights_dtype=spec.model.dtype,
                                   graph_dtype=spec.graph.dtype)
     if precision is not None:  # a bfloat16 model's graph is exact only to its rounding: say so
         full.metadata["completeness"]["precision_warning"] = precision

@@ -109,7 +109,7 @@ def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
     pd = _pandas()
     pos = _positions(graph, match, which)
     n = graph.n_nodes
-    if graph.metadata.get("aggregate") is not None and all("influence" in nd.attrs for nd in graph.nodes):
+    if graph.metadata.aggregate is not None and all("influence" in nd.attrs for nd in graph.nodes):
         influence = np.asarray([float(nd.attrs["influence"]) for nd in graph.nodes], dtype=np.float64)
     else:
         influence = node_influence(graph) if graph.targets and n else np.zeros(n)
@@ -158,12 +158,6 @@ class GraphDiff:
 
     def only_in_b(self) -> Any:
         return self.nodes[self.nodes["present"] == "b"]
-
-    def edges_only_in_a(self) -> Any:
-        return self.edges[self.edges["present"] == "a"]
-
-    def edges_only_in_b(self) -> Any:
-        return self.edges[self.edges["present"] == "b"]
 
     def top_changes(self, k: int = 10) -> Any:
         """The ``k`` nodes with the largest ``|influence_b - influence_a|`` (ties: by node id)."""

@@ -49,6 +49,7 @@ import numpy as np
 from circuitgraph.graph.dag import CHUNK, dag_order, graph_dag, sweep
 from circuitgraph.graph.edges import cumulative_share
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
 from circuitgraph.queries._sparse import target_weight_vector, weighted_influence
@@ -347,7 +348,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         uniq, inv = _unique_small(key, n_new ** 2)
         summed = np.bincount(inv, weights=kw, minlength=uniq.size)
     keep = summed != 0
-    meta = dict(graph.metadata)
+    meta = GraphMetadata(graph.metadata)  # the pruned graph's own copy, completed below
     pruned = AttributionGraph(
         nodes=nodes,
         edge_target=(uniq // len(nodes))[keep],
