@@ -151,3 +151,22 @@ def test_the_npz_header_is_read_through_the_model(tmp_path):
 def test_the_schema_is_the_models():
     assert graph_json_schema()["properties"] == GraphFile.model_json_schema()["properties"]
     assert json.loads(Path(SCHEMA_PATH).read_text())["$defs"] == GraphFile.model_json_schema()["$defs"]
+
+
+def test_graph_metadata_is_the_json_object_with_typed_attributes(run_files):
+    from circuitgraph.graph.metadata import GraphMetadata
+
+    result, json_path, _ = run_files
+    for g in (result.graph, result.full_graph, read_graph_json(json_path).graph):
+        m = g.metadata
+        assert isinstance(m, GraphMetadata) and isinstance(m, dict)
+        assert m.n_layers == 2 == m["model"]["n_layers"] == m["n_layers"] == g.model_n_layers
+        assert m.prompt_tokens == PROMPT and m.model_name == m["model"]["name"]
+        assert m.completeness is m["completeness"] and m.spec == m["spec"]
+    assert result.graph.metadata.replacement_score == result.full_graph.metadata["replacement_score"]
+    # a hand-built graph: a plain dict is wrapped; absent or mistyped fields read as None
+    g = AttributionGraph([Node(NodeId("embedding", -1, 0, 7), 1.0)], [], [], np.zeros(0, np.float32),
+                         metadata={"model": {"n_layers": True, "name": 3}, "prompt": ["x"]})
+    assert isinstance(g.metadata, GraphMetadata)
+    assert (g.metadata.n_layers, g.metadata.model_name, g.metadata.prompt, g.metadata.d_vocab) == (None,) * 4
+    assert json.loads(graph_to_json(g))["metadata"] == {"model": {"n_layers": True, "name": 3}, "prompt": ["x"]}

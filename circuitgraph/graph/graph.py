@@ -109,14 +109,17 @@ class AttributionGraph:
     edges_unique: bool = field(default=False, repr=False, compare=False)
     max_dense_nodes: int | None = field(default=None, repr=False, compare=False)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "metadata" and not isinstance(value, GraphMetadata):  # a plain dict: given typed attributes
+            value = GraphMetadata(value or {})
+        object.__setattr__(self, name, value)
+
     def __post_init__(self) -> None:
         # row indices: int32 when every row fits (half the memory of int64), else int64
         index_dtype = np.int32 if len(self.nodes) < 2**31 - 1 else np.int64
         self.edge_target = np.asarray(self.edge_target, dtype=index_dtype)
         self.edge_source = np.asarray(self.edge_source, dtype=index_dtype)
         self.edge_weight = np.asarray(self.edge_weight)
-        if not isinstance(self.metadata, GraphMetadata):  # the JSON object, with typed attributes
-            self.metadata = GraphMetadata(self.metadata or {})
         if not (self.edge_target.shape == self.edge_source.shape == self.edge_weight.shape):
             raise ValueError("edge arrays must have the same length")
         self._index: dict[NodeId, int] = {}
