@@ -358,9 +358,10 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
 
     body.append("<h2>Graph</h2>" + html_table(_graph_facts(graph)))
     body.append("<h2>Model and dictionaries</h2>" + html_table(_identity_rows(full or graph)))
-    scores = [{"score": k, "value": float((full or graph).metadata[k])}
-              for k in ("replacement_score", "completeness_score")
-              if isinstance((full or graph).metadata.get(k), (int, float))]
+    meta = (full or graph).metadata
+    scores = [{"score": k, "value": v} for k, v in (("replacement_score", meta.replacement_score),
+                                                    ("completeness_score", meta.completeness_score))
+              if v is not None]
     body.append("<h2>Scores</h2>" + html_table(scores))
     body.append("<h2>Exactness checks</h2>" + html_table(_checks_rows(graph, full)))
 

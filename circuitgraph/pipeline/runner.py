@@ -507,11 +507,7 @@ def spec_base_dir(spec: Spec) -> Path | None:
 def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]:
     """Write every export of the spec: staged, then moved into place all together (or none)."""
     ex = result.spec.export
-    g = result.graph
-    for key in ("replacement_score", "completeness_score"):
-        if key in result.full_graph.metadata:
-            g.metadata[key] = result.full_graph.metadata[key]
-
+    g = result.graph  # a pruned graph carries the full graph's scores (attached before pruning)
     base = spec_base_dir(result.spec)
     queries = portable_paths(result.queries_json(), base)
     validation = portable_paths(result.validation_json(), base)

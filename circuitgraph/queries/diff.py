@@ -54,13 +54,11 @@ _KEY = ("kind", "layer", "position", "index")
 def graph_identity(graph: AttributionGraph) -> dict[str, Any] | None:
     """``{model, dictionaries}`` from a graph's metadata, or ``None`` when it records neither
     (a dataset aggregate)."""
-    md = graph.metadata or {}
-    model = md.get("model")
-    if not isinstance(model, dict):
+    model, tcs = graph.metadata.model, graph.metadata.transcoders
+    if model is None:
         return None
-    tcs = md.get("transcoders")
     dictionaries = None
-    if isinstance(tcs, dict):
+    if tcs is not None:
         dictionaries = {"format": tcs.get("format"), "source": tcs.get("source"),
                         "kind": tcs.get("kind")}
     return {"model": model.get("name"), "n_layers": model.get("n_layers"), "dictionaries": dictionaries}
