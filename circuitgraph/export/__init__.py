@@ -25,10 +25,3 @@ __all__ = [
     "render_graph",
     "render_dot_text",
 ]
-
-
-def __getattr__(name: str):
-    # imported lazily so that `python -m circuitgraph.export.graph_schema` runs the module once
-    if name == "graph_json_schema":
-        return graph_json_schema
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

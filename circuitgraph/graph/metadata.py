@@ -30,6 +30,7 @@ another type, so readers need no ``isinstance`` checks of their own.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,7 +89,8 @@ def _int(value: Any) -> int | None:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A real number (numpy scalars included, bools not) as a float, else None."""
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any] | None:
