@@ -20,8 +20,8 @@ from typing import Any
 
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import LoadError
-from circuitgraph.export.binary import read_graph_binary
-from circuitgraph.export.json_graph import GraphDocument, read_graph_json
+from circuitgraph.export.graph_files import read_graph_file
+from circuitgraph.export.json_graph import GraphDocument
 from circuitgraph.serve.dashboards import FeatureDashboards, is_features_folder
 
 __all__ = ["Catalog", "GraphEntry", "DatasetEntry", "MAX_DEPTH", "inside", "is_dataset_folder", "sniff_graph_file"]
@@ -191,9 +191,7 @@ class Catalog:
     def _read(self, entry: GraphEntry) -> GraphDocument:
         if entry.kind == "aggregate":
             return GraphDocument(open_dataset(entry.path).graph())
-        if entry.path.suffix.lower() == ".npz":
-            return read_graph_binary(entry.path)
-        return read_graph_json(entry.path)
+        return read_graph_file(entry.path)  # the one graph-file opener (by suffix)
 
     def dashboards(self, name: str | None = None) -> FeatureDashboards | None:
         """The features folder ``name`` (default: the first), read on first use; None if there is none."""
