@@ -133,15 +133,15 @@ MUTATIONS = [
         "the engine's squeezed edges given to the readers of the batch in reverse order (each edge "
         "lands in another reader's row)",
         "circuitgraph/attribution/engine.py",
-        "torch.index_select(st.batch_rows, 0, keep.sub_(writer.mul_(B)), out=t[:kept])",
-        "torch.index_select(st.batch_rows.flip(0), 0, keep.sub_(writer.mul_(B)), out=t[:kept])",
+        "torch.index_select(batch.node_rows, 0, keep.sub_(writer.mul_(size)), out=target[:kept])",
+        "torch.index_select(batch.node_rows.flip(0), 0, keep.sub_(writer.mul_(size)), out=target[:kept])",
     ),
     Mutation(
         "engine-reader-constant-dropped",
         "the engine starts every reader's constant at 0 instead of its own constant (bias, norm offset)",
         "circuitgraph/attribution/engine.py",
-        "const=torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device),",
-        "const=torch.tensor([0.0 for i in batch], dtype=torch.float64, device=device),",
+        "constants=torch.tensor([table.own_constants[i] for i in readers], dtype=torch.float64, device=device),",
+        "constants=torch.tensor([0.0 for i in readers], dtype=torch.float64, device=device),",
     ),
     Mutation(
         "fold-keeps-one-writer",

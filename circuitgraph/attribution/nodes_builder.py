@@ -9,6 +9,7 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,7 +28,7 @@ from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 
-__all__ = ["GraphOptions", "WriterTable", "ReaderTable", "collect_nodes"]
+__all__ = ["GraphOptions", "SlotTable", "WriterBlock", "WriterTable", "ReaderTable", "collect_nodes"]
 
 
 @dataclass
@@ -44,6 +45,29 @@ class GraphOptions:
     dtype: torch.dtype = torch.float32
     batch_size: int = 256
     memory_limit: int | None = None  # bytes; None = the memory available
+
+
+@dataclass(frozen=True)
+class SlotTable:
+    """A :class:`WriterBlock`'s real (non-padding) slots, row-major, as the engine indexes them.
+
+    Slot ``i`` is writer ``writer[i]`` of position group ``group[i]``, node row ``node_rows[i]``
+    (int32: the edges' source column); the slots of groups ``g0..g1-1`` are the range
+    ``group_starts[g0]:group_starts[g1]``; ``positions`` are the block's group positions (host ints)."""
+
+    group: torch.Tensor  # (n_slots,) long
+    writer: torch.Tensor  # (n_slots,) long
+    node_rows: torch.Tensor  # (n_slots,) int32
+    group_starts: list[int]  # (k + 1,)
+    positions: list[int]  # (k,) increasing
+
+    def groups_before(self, position: int) -> int:
+        """How many position groups lie at positions ``< position``."""
+        return bisect.bisect_left(self.positions, position)
+
+    def groups_up_to(self, position: int) -> int:
+        """How many position groups lie at positions ``<= position``."""
+        return bisect.bisect_right(self.positions, position)
 
 
 @dataclass
@@ -71,11 +95,30 @@ class WriterBlock:
         d = self.basis.shape[1]
         return torch.index_select(self.basis, 0, idx, out=out.view(-1, d)).view(end - start, -1, d)
 
+    #: device -> the block's :class:`SlotTable` there (made once, see :meth:`slot_table`)
+    _slot_tables: dict[str, "SlotTable"] = field(default_factory=dict, repr=False, compare=False)
+
     def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The real (non-padding) slots, row-major: ``(group, writer, node row)`` per slot; the
         slots of groups ``a..e-1`` are a contiguous range (the engine's edge blocks)."""
         g_i, w_i = (self.rows >= 0).nonzero(as_tuple=True)
         return g_i, w_i, self.rows[g_i, w_i]
+
+    def slot_table(self, device: torch.device | str) -> "SlotTable":
+        """The block's real slots on ``device`` (:class:`SlotTable`), made on first use and kept
+        with the block: every engine call on the prompt reuses it."""
+        key = str(device)
+        table = self._slot_tables.get(key)
+        if table is None:
+            group, writer, node_rows = self.slots()
+            table = SlotTable(
+                group=group.to(device), writer=writer.to(device),
+                node_rows=node_rows.to(device=device, dtype=torch.int32),
+                group_starts=torch.cat([torch.zeros(1, dtype=torch.long),
+                                        (self.rows >= 0).sum(1).cumsum(0)]).tolist(),
+                positions=self.positions.tolist())
+            self._slot_tables[key] = table
+        return table
 
     def vector(self, g: int, j: int) -> torch.Tensor:
         return self.scale[g, j] * self.basis[self.index[g, j]]
