@@ -292,13 +292,12 @@ class _SparseSink:
         source = self.source[at:at + n_new]
         target = self.target[at:at + n_new]
         batch.add_sums(weight.view(n_writers, size))
-        nonzero = weight != 0  # exact zeros are not edges
-        kept = int(nonzero.sum())
+        kept = int(torch.count_nonzero(weight))  # exact zeros are not edges
         if kept == n_new:
             source.view(n_writers, size).copy_(sources[:, None].expand(-1, size))
             target.view(n_writers, size).copy_(batch.node_rows[None, :].expand(n_writers, -1))
         else:  # squeezed in place: the kept (writer, reader) entries' flat indices, found once
-            keep = nonzero.nonzero().squeeze(1)
+            keep = (weight != 0).nonzero().squeeze(1)
             weight[:kept] = weight[keep]
             writer = keep // size
             torch.index_select(sources, 0, writer, out=source[:kept])
