@@ -76,15 +76,15 @@ MUTATIONS = [
         "the transcoder's decoder rows in reverse order (each feature writes another feature's row; "
         "the error node absorbs the difference, so completeness still holds)",
         "circuitgraph/attribution/nodes_builder.py",
-        'st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())))',
-        'st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())).flip(0))',
+        'st["dec"][layer] = (active, b.cast(b.transcoders.decoder_rows(layer, active.cpu())))',
+        'st["dec"][layer] = (active, b.cast(b.transcoders.decoder_rows(layer, active.cpu())).flip(0))',
     ),
     Mutation(
         "ln1-sigma-for-ln2",
         "a feature's reader direction divided by ln1's sigma instead of ln2's (wrong norm scale)",
         "circuitgraph/attribution/nodes_builder.py",
-        "    tc, norm, device, dtype = b.tc[layer], fm.ln2[layer], b.device, b.dtype\n",
-        "    tc, norm, device, dtype = b.tc[layer], fm.ln1[layer], b.device, b.dtype\n",
+        "    tc, norm, device, dtype = b.transcoders[layer], fm.ln2[layer], b.device, b.dtype\n",
+        "    tc, norm, device, dtype = b.transcoders[layer], fm.ln1[layer], b.device, b.dtype\n",
     ),
     Mutation(
         "neuron-ln1-sigma",
@@ -118,8 +118,8 @@ MUTATIONS = [
         "transposed-skip",
         "the skip transcoder's W_skip used untransposed (the error node's skip path)",
         "circuitgraph/attribution/nodes_builder.py",
-        "b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))",
-        "b.c(lin.tc_input[layer]) @ b.c(W_skip), slice(0, T))",
+        "b.cast(lin.tc_input[layer]) @ b.cast(W_skip).T, slice(0, T))",
+        "b.cast(lin.tc_input[layer]) @ b.cast(W_skip), slice(0, T))",
     ),
     Mutation(
         "no-centring",
