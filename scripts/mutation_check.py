@@ -76,15 +76,15 @@ MUTATIONS = [
         "the transcoder's decoder rows in reverse order (each feature writes another feature's row; "
         "the error node absorbs the difference, so completeness still holds)",
         "circuitgraph/attribution/nodes_builder.py",
-        'st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())))',
-        'st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())).flip(0))',
+        'st["dec"][layer] = (active, b.cast(b.transcoders.decoder_rows(layer, active.cpu())))',
+        'st["dec"][layer] = (active, b.cast(b.transcoders.decoder_rows(layer, active.cpu())).flip(0))',
     ),
     Mutation(
         "ln1-sigma-for-ln2",
         "a feature's reader direction divided by ln1's sigma instead of ln2's (wrong norm scale)",
         "circuitgraph/attribution/nodes_builder.py",
-        "    tc, norm, device, dtype = b.tc[layer], fm.ln2[layer], b.device, b.dtype\n",
-        "    tc, norm, device, dtype = b.tc[layer], fm.ln1[layer], b.device, b.dtype\n",
+        "    tc, norm, device, dtype = b.transcoders[layer], fm.ln2[layer], b.device, b.dtype\n",
+        "    tc, norm, device, dtype = b.transcoders[layer], fm.ln1[layer], b.device, b.dtype\n",
     ),
     Mutation(
         "neuron-ln1-sigma",
@@ -118,8 +118,8 @@ MUTATIONS = [
         "transposed-skip",
         "the skip transcoder's W_skip used untransposed (the error node's skip path)",
         "circuitgraph/attribution/nodes_builder.py",
-        "b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))",
-        "b.c(lin.tc_input[layer]) @ b.c(W_skip), slice(0, T))",
+        "b.cast(lin.tc_input[layer]) @ b.cast(W_skip).T, slice(0, T))",
+        "b.cast(lin.tc_input[layer]) @ b.cast(W_skip), slice(0, T))",
     ),
     Mutation(
         "no-centring",
@@ -133,15 +133,15 @@ MUTATIONS = [
         "the engine's squeezed edges given to the readers of the batch in reverse order (each edge "
         "lands in another reader's row)",
         "circuitgraph/attribution/engine.py",
-        "torch.index_select(st.batch_rows, 0, keep.sub_(writer.mul_(B)), out=t[:kept])",
-        "torch.index_select(st.batch_rows.flip(0), 0, keep.sub_(writer.mul_(B)), out=t[:kept])",
+        "torch.index_select(batch.node_rows, 0, keep.sub_(writer.mul_(size)), out=target[:kept])",
+        "torch.index_select(batch.node_rows.flip(0), 0, keep.sub_(writer.mul_(size)), out=target[:kept])",
     ),
     Mutation(
         "engine-reader-constant-dropped",
         "the engine starts every reader's constant at 0 instead of its own constant (bias, norm offset)",
         "circuitgraph/attribution/engine.py",
-        "const=torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device),",
-        "const=torch.tensor([0.0 for i in batch], dtype=torch.float64, device=device),",
+        "constants=torch.tensor([table.own_constants[i] for i in readers], dtype=torch.float64, device=device),",
+        "constants=torch.tensor([0.0 for i in readers], dtype=torch.float64, device=device),",
     ),
     Mutation(
         "fold-keeps-one-writer",

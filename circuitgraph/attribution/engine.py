@@ -14,31 +14,49 @@ residual locations from the top down:
 No autograd, no per-edge work: the cost is one transposed pass per batch, and edges are
 stored sparsely (exact zeros dropped), never as a dense N x N matrix.
 
+The code is in four parts:
+
+* the **batch planner** (:func:`plan_sweep` and its steps :func:`sort_readers`,
+  :func:`split_batches`, :func:`batch_spans`, :func:`group_waves`): pure functions of the
+  reader table that decide which readers go down together;
+* the **slot tables** of the writer blocks
+  (:meth:`~circuitgraph.attribution.nodes_builder.WriterBlock.slot_table`), made once per block
+  and kept with it, so that the several calls of one prompt (``max_feature_nodes``' rounds, QK
+  attribution) reuse them;
+* the **sweep** (:func:`_sweep`): the walk above, which hands every ``(writers, readers)`` block
+  of edges to a sink;
+* two **sinks**: :class:`_SparseSink` squeezes the blocks into ``(target, source, weight)``
+  arrays (:func:`compute_edges` -> :class:`EdgeResult`), :class:`_DenseSink` keeps them as they
+  are (:func:`compute_dense_rows` -> :class:`~circuitgraph.attribution.dense_rows.DenseRows`).
+
 The batches of one location go down together in *waves* (their gradients up to
 :data:`WAVE_BYTES`): at each location a chunk of writer vectors is made once for all of them,
 and each layer's attention pattern is read (from its file, on long prompts) once per wave.
 As it writes them the engine sums every row (signed and absolute) and records the ranges of
 the edge arrays per reader location (top down), which the graph adopts instead of passing over
-the edges again.  ``dense=True`` (``max_feature_nodes``) keeps the ``(writers, readers)`` blocks
-as they are (:mod:`~circuitgraph.attribution.dense_rows`).
+the edges again.  Each batch's constants and sums come to the host once, when it is done.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence, overload
 
 import numpy as np
 import torch
 
 from circuitgraph.attribution.dense_rows import DenseRows
 from circuitgraph.attribution.locations import ResidualLocation
-from circuitgraph.attribution.nodes_builder import Collected, ReaderTable
+from circuitgraph.attribution.nodes_builder import Collected, ReaderTable, SlotTable, WriterBlock
+from circuitgraph.errors import AttributionError
 from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
 
-__all__ = ["EdgeResult", "compute_edges", "DirectionEdges", "attribute_directions", "WRITER_CHUNK_BYTES",
-           "HELD_WRITERS_BYTES", "held_writer_bytes"]
+__all__ = ["EdgeResult", "compute_edges", "compute_dense_rows", "dense_rows_supported", "DirectionEdges",
+           "attribute_directions", "BatchSpan", "SweepPlan", "plan_sweep", "sort_readers", "split_batches",
+           "batch_spans", "group_waves", "WRITER_CHUNK_BYTES", "HELD_WRITERS_BYTES", "WAVE_BYTES",
+           "held_writer_bytes"]
 
 #: bytes of writer vectors (and of their edge block) made at once per location in the sweep
 WRITER_CHUNK_BYTES = 1 << 28
@@ -46,6 +64,14 @@ WRITER_CHUNK_BYTES = 1 << 28
 #: made once per sweep and reused by every batch of readers; above it (long prompts) they are made
 #: per chunk of position groups for each batch and never held all at once
 HELD_WRITERS_BYTES = 1 << 28
+#: bytes of the gradients ``G (batch, positions, d_model)`` of the batches that go down together
+#: (one wave: the batches of one location, the writer gathers and pattern reads shared)
+WAVE_BYTES = 1 << 30
+#: how far apart in position a batch's readers may be (last position + 1 over the first's) once
+#: the batch holds a quarter of ``batch_size``: squeezed edges, and dense blocks (which store the
+#: structural zeros of readers before a writer's position, so want tighter bands)
+SPREAD_SPARSE = 2.0
+SPREAD_DENSE = 1.25
 
 
 def held_writer_bytes(col: Collected) -> int:
@@ -73,6 +99,269 @@ class EdgeResult:
     segments: list[tuple[int, int, int]] | None = None
 
 
+# ---------------------------------------------------------------------------- the batch planner
+@dataclass(frozen=True)
+class BatchSpan:
+    """What a batch's gradient covers: positions ``0..n_positions-1`` (the last reader position
+    + 1 under causal attention, the whole prompt otherwise) from ``location`` (the one residual
+    location all its readers read) down."""
+
+    n_positions: int
+    location: int
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The readers of one engine call in the order they go down.
+
+    ``batches[j]``: batch ``j``'s readers (indices into the reader table); ``spans[j]``: its
+    :class:`BatchSpan`; ``waves``: consecutive batch numbers that go down together."""
+
+    batches: list[list[int]]
+    spans: list[BatchSpan]
+    waves: list[list[int]]
+
+
+def sort_readers(readers: ReaderTable, subset: Sequence[int] | None = None) -> list[int]:
+    """The readers (all, or ``subset``: indices into ``readers``) top-down by location, then by
+    position (stable): a batch never mixes locations, so no reader rides along (as zeros)
+    through layers above the one it reads, and its prefix of positions is short."""
+    order = list(range(len(readers.rows))) if subset is None else list(subset)
+    order.sort(key=lambda i: (-readers.locs[i], readers.positions[i]))
+    return order
+
+
+def split_batches(readers: ReaderTable, order: Sequence[int], batch_size: int, spread: float) -> list[list[int]]:
+    """Consecutive runs of ``order`` (from :func:`sort_readers`) as batches: a batch ends at a new
+    location, at ``batch_size`` readers, or -- once it holds ``batch_size // 4`` readers -- at a
+    reader whose position + 1 exceeds ``spread`` times the batch's first one (a batch costs its
+    size times its last position, squared through attention: readers far apart in position,
+    such as ``max_feature_nodes``' ranked rows, go in separate batches)."""
+    batches: list[list[int]] = []
+    locs, positions = readers.locs, readers.positions
+    min_split = max(1, batch_size // 4)
+    first = 0
+    for end in range(1, len(order) + 1):
+        if end == len(order):
+            batches.append(list(order[first:end]))
+            break
+        size = end - first
+        reader, head = order[end], order[first]
+        if (locs[reader] != locs[head] or size >= batch_size
+                or (size >= min_split and positions[reader] + 1 > spread * (positions[head] + 1))):
+            batches.append(list(order[first:end]))
+            first = end
+    return batches
+
+
+def batch_spans(readers: ReaderTable, batches: Sequence[Sequence[int]], *, causal: bool,
+                n_pos: int) -> list[BatchSpan]:
+    """Each batch's :class:`BatchSpan`.  Causal attention: a reader at ``t`` sees writers at
+    positions ``<= t`` only, so the gradient spans the batch's last position + 1; bidirectional
+    attention: writers at every position, so every batch spans the whole prompt."""
+    return [BatchSpan(max(readers.positions[i] for i in batch) + 1 if causal else n_pos,
+                      max(readers.locs[i] for i in batch)) for batch in batches]
+
+
+def group_waves(batches: Sequence[Sequence[int]], spans: Sequence[BatchSpan], row_bytes: int,
+                wave_bytes: int | None = None) -> list[list[int]]:
+    """Consecutive batches of one location grouped while their gradients (``len(batch) *
+    n_positions * row_bytes`` each) fit in ``wave_bytes`` (default :data:`WAVE_BYTES`); a wave
+    holds at least one batch."""
+    limit = WAVE_BYTES if wave_bytes is None else wave_bytes
+    waves: list[list[int]] = []
+    size = 0
+    for j, batch in enumerate(batches):
+        span = spans[j]
+        nbytes = len(batch) * span.n_positions * row_bytes
+        if waves and spans[waves[-1][0]].location == span.location and size + nbytes <= limit:
+            waves[-1].append(j)
+            size += nbytes
+        else:
+            waves.append([j])
+            size = nbytes
+    return waves
+
+
+def plan_sweep(readers: ReaderTable, *, batch_size: int, subset: Sequence[int] | None = None,
+               spread: float = SPREAD_SPARSE, causal: bool = True, n_pos: int, row_bytes: int) -> SweepPlan:
+    """Readers sorted, split into batches, their spans and waves (``row_bytes``: one gradient row,
+    ``d_model`` times the element size)."""
+    batches = split_batches(readers, sort_readers(readers, subset), batch_size, spread)
+    spans = batch_spans(readers, batches, causal=causal, n_pos=n_pos)
+    return SweepPlan(batches, spans, group_waves(batches, spans, row_bytes))
+
+
+# ---------------------------------------------------------------------------- batches on their way down
+@dataclass
+class _BatchState:
+    """One batch of readers on its way down: its gradient ``G``, constants and row sums."""
+
+    number: int
+    readers: list[int]
+    span: BatchSpan
+    first_position: int
+    G: torch.Tensor
+    constants: torch.Tensor
+    abs_sums: torch.Tensor
+    sums: torch.Tensor
+    #: node rows of the readers (int32: the edges' target column)
+    node_rows: torch.Tensor
+    #: (batch rows, positions, directions): what is added to ``G`` at the batch's location
+    inject: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    #: each row's position while ``G`` is non-zero there only (before it crosses attention)
+    single: torch.Tensor | None
+
+    @property
+    def size(self) -> int:
+        return len(self.readers)
+
+    @property
+    def n_positions(self) -> int:
+        return self.span.n_positions
+
+    @classmethod
+    def start(cls, col: Collected, number: int, readers: list[int], span: BatchSpan, device: torch.device,
+              sums_device: torch.device) -> "_BatchState":
+        table, fm = col.readers, col.frozen
+        size = len(readers)
+        positions = [table.positions[i] for i in readers]
+        directions = table.directions_of(readers)
+        return cls(
+            number=number, readers=readers, span=span, first_position=min(positions),
+            G=torch.zeros(size, span.n_positions, fm.adapter.facts.d_model, dtype=fm.dtype, device=device),
+            constants=torch.tensor([table.own_constants[i] for i in readers], dtype=torch.float64, device=device),
+            abs_sums=torch.zeros(size, dtype=torch.float64, device=sums_device),
+            sums=torch.zeros(size, dtype=torch.float64, device=sums_device),
+            node_rows=torch.tensor([table.rows[i] for i in readers], dtype=torch.int32, device=device),
+            inject=(torch.arange(size, device=device), torch.tensor(positions, device=device),
+                    torch.stack(list(directions)).to(device=device, dtype=fm.dtype)),
+            single=torch.tensor(positions, device=device),
+        )
+
+    def add_sums(self, weights: torch.Tensor) -> None:
+        """Per reader: a block's sum and sum of |w| (float32 within the block, by one GEMV each;
+        float64 across blocks)."""
+        ones = torch.ones(weights.shape[0], dtype=weights.dtype, device=weights.device)
+        self.sums += ones @ weights
+        self.abs_sums += ones @ weights.abs()
+
+
+# ---------------------------------------------------------------------------- sinks
+class _SparseSink:
+    """Squeezed edges: every block written straight into three buffers sized for every (writer,
+    reader) pair the sweep can meet, exact zeros squeezed out as they come.  The untouched tail of
+    the buffers is never written, so it takes no memory (no per-batch pieces, no final
+    concatenation).  Also records the ranges of the buffers per reader location (``segments``)."""
+
+    spread = SPREAD_SPARSE
+
+    def __init__(self, capacity: int, dtype: torch.dtype):
+        self.target = torch.empty(capacity, dtype=torch.int32)
+        self.source = torch.empty(capacity, dtype=torch.int32)
+        self.weight = torch.empty(capacity, dtype=dtype)
+        self.n_edges = 0
+        self.segments: list[tuple[int, int, int]] = []
+        self._wave_start = 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where the edges (and the batches' row sums) are kept."""
+        return self.weight.device
+
+    def start_wave(self) -> None:
+        self._wave_start = self.n_edges
+
+    def end_wave(self, location: int) -> None:
+        add_segment(self.segments, location, self._wave_start, self.n_edges)
+
+    def add(self, batch: _BatchState, location: int, slot_lo: int, slot_hi: int, edges: torch.Tensor,
+            block_rows: torch.Tensor, sources: torch.Tensor) -> None:
+        """The real slots ``block_rows`` of ``edges (groups * max_n, B)`` (sources ``sources``,
+        slots ``slot_lo..slot_hi-1`` of ``location``'s table) written in (writer, reader) order,
+        exact zeros squeezed out in place."""
+        size = batch.size
+        n_writers = block_rows.shape[0]
+        n_new = n_writers * size
+        at = self.n_edges
+        weight = self.weight[at:at + n_new]
+        if edges.device == weight.device:
+            torch.index_select(edges.view(-1, size), 0, block_rows, out=weight.view(n_writers, size))
+        else:
+            weight.copy_(edges.view(-1, size).index_select(0, block_rows).view(-1))
+        source = self.source[at:at + n_new]
+        target = self.target[at:at + n_new]
+        batch.add_sums(weight.view(n_writers, size))
+        kept = int(torch.count_nonzero(weight))  # exact zeros are not edges
+        if kept == n_new:
+            source.view(n_writers, size).copy_(sources[:, None].expand(-1, size))
+            target.view(n_writers, size).copy_(batch.node_rows[None, :].expand(n_writers, -1))
+        else:  # squeezed in place: the kept (writer, reader) entries' flat indices, found once
+            keep = (weight != 0).nonzero().squeeze(1)
+            weight[:kept] = weight[keep]
+            writer = keep // size
+            torch.index_select(sources, 0, writer, out=source[:kept])
+            torch.index_select(batch.node_rows, 0, keep.sub_(writer.mul_(size)), out=target[:kept])
+        self.n_edges += kept
+
+    def result(self, col: Collected, constants: dict[int, float], abs_sums: dict[int, float],
+               sums: dict[int, float]) -> EdgeResult:
+        t = self.target[:self.n_edges].numpy()
+        s = self.source[:self.n_edges].numpy()
+        w = self.weight[:self.n_edges].numpy()
+        if col.multi_location_writers and len(t):
+            # a writer met at several locations: its edge is the sum of its parts, whose absolute
+            # values do not add up to the edge's
+            t, s, w = _coalesce(t, s, w, len(col.nodes))
+            return EdgeResult(t, s, w, constants)
+        return EdgeResult(t, s, w, constants, abs_sums, sums, self.segments)
+
+
+class _DenseSink:
+    """Dense rows: each block kept as it is, ``(slots, readers)``, on the host, with its
+    location, slot range and batch number (exact zeros kept)."""
+
+    spread = SPREAD_DENSE
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[int, int, int, int, np.ndarray]] = []
+
+    def start_wave(self) -> None:
+        pass
+
+    def end_wave(self, location: int) -> None:
+        pass
+
+    def add(self, batch: _BatchState, location: int, slot_lo: int, slot_hi: int, edges: torch.Tensor,
+            block_rows: torch.Tensor, sources: torch.Tensor) -> None:
+        values = edges.view(-1, batch.size).index_select(0, block_rows).cpu()
+        batch.add_sums(values)
+        self.blocks.append((location, slot_lo, slot_hi, batch.number, values.numpy()))
+
+    def result(self, col: Collected, plan: SweepPlan, constants: dict[int, float], abs_sums: dict[int, float],
+               sums: dict[int, float]) -> DenseRows:
+        rows = col.readers.rows
+        return DenseRows(
+            reader_rows=[np.array([rows[i] for i in batch], dtype=np.int64) for batch in plan.batches],
+            blocks=self.blocks, constants=constants, abs_sums=abs_sums, sums=sums)
+
+
+# ---------------------------------------------------------------------------- entry points
+@overload
+def compute_edges(col: Collected, *, batch_size: int = ..., reader_subset: list[int] | None = ...,
+                  progress: Callable[[int, int], None] | None = ...,
+                  constant_parts: dict[int, dict[int, float]] | None = ...,
+                  dense: Literal[False] = ...) -> EdgeResult: ...
+
+
+@overload
+def compute_edges(col: Collected, *, batch_size: int = ..., reader_subset: list[int] | None = ...,
+                  progress: Callable[[int, int], None] | None = ...,
+                  constant_parts: dict[int, dict[int, float]] | None = ...,
+                  dense: Literal[True]) -> "EdgeResult | DenseRows": ...
+
+
 @torch.no_grad()
 def compute_edges(
     col: Collected,
@@ -83,272 +372,205 @@ def compute_edges(
     constant_parts: dict[int, dict[int, float]] | None = None,
     dense: bool = False,
 ) -> "EdgeResult | DenseRows":
-    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``).
-
-    ``dense``: return the edges as :class:`~circuitgraph.attribution.dense_rows.DenseRows` (one
-    ``(writers, readers)`` block per writer chunk, 4 bytes per entry and no indices; exact zeros
-    kept) instead of squeezed ``(target, source, weight)`` arrays; not with writers met at several
-    locations (cross-layer transcoders), which get the arrays.
+    """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``), as
+    squeezed ``(target, source, weight)`` arrays with each reader's constant and row sums.
 
     When ``constant_parts`` is a dict it receives, per reader row, the reader's constant split
     by origin: ``{row: {loc: value}}`` with ``loc`` the residual location of the constant
-    writers (``-1`` for the reader's own constant); the parts sum to the reader's constant."""
+    writers (``-1`` for the reader's own constant); the parts sum to the reader's constant.
+
+    ``dense=True`` is the old spelling of :func:`compute_dense_rows` (deprecated: it returns
+    :class:`DenseRows` where :func:`dense_rows_supported`, else an :class:`EdgeResult`)."""
+    if dense:
+        warnings.warn("compute_edges(dense=True) is deprecated: call compute_dense_rows (where "
+                      "dense_rows_supported(col)) or compute_edges", DeprecationWarning, stacklevel=2)
+        if dense_rows_supported(col):
+            return compute_dense_rows(col, batch_size=batch_size, reader_subset=reader_subset, progress=progress,
+                                      constant_parts=constant_parts)
+    plan = _plan(col, batch_size, reader_subset, SPREAD_SPARSE)
+    sink = _SparseSink(_sparse_capacity(col, plan), col.frozen.dtype)
+    constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
+    return sink.result(col, constants, abs_sums, sums)
+
+
+def dense_rows_supported(col: Collected) -> bool:
+    """Whether :func:`compute_dense_rows` can keep ``col``'s rows as blocks: not with writers met
+    at several locations (cross-layer transcoders), whose parts must be summed into one edge."""
+    return not col.multi_location_writers
+
+
+@torch.no_grad()
+def compute_dense_rows(
+    col: Collected,
+    *,
+    batch_size: int = 256,
+    reader_subset: list[int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    constant_parts: dict[int, dict[int, float]] | None = None,
+) -> DenseRows:
+    """The edges of :func:`compute_edges`, kept as the sweep's ``(writers, readers)`` blocks
+    (:class:`~circuitgraph.attribution.dense_rows.DenseRows`: 4 bytes per entry and no indices;
+    exact zeros kept), for ``max_feature_nodes``' rows.  Batches keep tighter position bands
+    (:data:`SPREAD_DENSE`), as a block stores the zeros of readers before a writer's position."""
+    if not dense_rows_supported(col):
+        raise AttributionError("dense rows need one location per writer; this graph has writers at several "
+                               "locations (a cross-layer transcoder): use compute_edges")
+    plan = _plan(col, batch_size, reader_subset, SPREAD_DENSE)
+    sink = _DenseSink()
+    constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
+    return sink.result(col, plan, constants, abs_sums, sums)
+
+
+def _plan(col: Collected, batch_size: int, reader_subset: Sequence[int] | None, spread: float) -> SweepPlan:
     fm = col.frozen
-    rd = col.readers
-    idx = list(range(len(rd.rows))) if reader_subset is None else list(reader_subset)
-    # top-down, then by position; a batch never mixes locations, so no reader rides along
-    # (as zeros) through layers above the one it reads, and its prefix of positions is short
-    idx.sort(key=lambda i: (-rd.locs[i], rd.positions[i]))
-    dense = dense and not col.multi_location_writers
-    # dense blocks store a batch's structural zeros (readers before a writer's position): tighter
-    # position bands per batch keep them few
-    spread = 1.25 if dense else 2.0
+    elt = torch.empty((), dtype=fm.dtype).element_size()
+    return plan_sweep(col.readers, batch_size=batch_size, subset=reader_subset, spread=spread, causal=fm.causal,
+                      n_pos=fm.n_pos, row_bytes=fm.adapter.facts.d_model * elt)
+
+
+def _sparse_capacity(col: Collected, plan: SweepPlan) -> int:
+    """Every (writer slot, reader) pair the sweep can meet: per batch, the slots of the locations
+    at or below its own at positions before its span's end."""
+    device = col.frozen.device
+    tables = [(loc, block.slot_table(device)) for loc, block in col.writers.blocks.items()]
+    return sum(table.group_starts[table.groups_before(span.n_positions)] * len(batch)
+               for batch, span in zip(plan.batches, plan.spans)
+               for loc, table in tables if loc <= span.location)
+
+
+# ---------------------------------------------------------------------------- the sweep
+class _WriterVectors:
+    """Writer output vectors per chunk of position groups: held for the whole sweep while they
+    all fit (:data:`HELD_WRITERS_BYTES`), else made per chunk (the decoder rows gathered into one
+    reused buffer when the basis is in the compute dtype and device)."""
+
+    def __init__(self, col: Collected):
+        fm = col.frozen
+        self.dtype, self.device = fm.dtype, fm.device
+        self.held: dict[int, torch.Tensor] | None = {} if held_writer_bytes(col) else None
+        self._gather_buffer: torch.Tensor | None = None
+
+    def chunk(self, location: int, block: WriterBlock, start: int, end: int,
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(vectors, scale)`` of groups ``start:end``: the output vectors, or (long prompts) the
+        unscaled basis rows and the ``scale (groups, max_n, 1)`` to apply to the edge blocks (one
+        pass over the vectors instead of two, and no fresh allocation per chunk)."""
+        if self.held is not None:
+            if location not in self.held:
+                self.held[location] = block.vectors()
+            return self.held[location][start:end], None
+        if block.basis.dtype == self.dtype and block.basis.device == self.device:
+            n_el = (end - start) * block.index.shape[1] * block.basis.shape[1]
+            if self._gather_buffer is None or self._gather_buffer.numel() < n_el:
+                self._gather_buffer = torch.empty(n_el, dtype=self.dtype, device=self.device)
+            rows = block.basis_rows(start, end, out=self._gather_buffer[:n_el])
+            return rows, block.scale[start:end].unsqueeze(-1)
+        return block.vectors(start, end), None
+
+
+def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
+           constant_parts: dict[int, dict[int, float]] | None,
+           progress: Callable[[int, int], None] | None) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
+    """Send every wave of ``plan`` down the frozen model, handing each block of edges to ``sink``;
+    returns the readers' ``(constants, abs_sums, sums)`` by node row."""
+    fm = col.frozen
+    table = col.readers
+    device = fm.device
+    writer_vectors = _WriterVectors(col)
     constants: dict[int, float] = {}
-    dtype, device = fm.dtype, fm.device
-    D = fm.adapter.facts.d_model
-    batches: list[list[int]] = []
-    start = 0
-    for end in range(1, len(idx) + 1):
-        if end == len(idx) or rd.locs[idx[end]] != rd.locs[idx[start]] or end - start >= batch_size or (
-                # a batch costs its size times its last position (squared through attention): readers
-                # far apart in position (max_feature_nodes' ranked rows) go in separate batches
-                end - start >= max(1, batch_size // 4) and rd.positions[idx[end]] + 1 > spread * (rd.positions[idx[start]] + 1)):
-            batches.append(idx[start:end])
-            start = end
-    # per location: the real slots (group, writer) of the padded writer block, their row ids
-    # (int32, the edges' source column) and how many of them lie in the first k groups
-    slots, n_slots = {}, {}
-    for loc, block in col.writers.blocks.items():
-        g_i, w_i, node_rows = block.slots()
-        slots[loc] = (g_i.to(device), w_i.to(device), node_rows.to(device=device, dtype=torch.int32))
-        n_slots[loc] = torch.cat([torch.zeros(1, dtype=torch.long), (block.rows >= 0).sum(1).cumsum(0)]).tolist()
-    held: dict[int, torch.Tensor] | None = {} if held_writer_bytes(col) else None
-    # the edges are written straight into three buffers sized for every (writer, reader) pair the
-    # sweep can meet; exact zeros are squeezed out as they come, and the untouched tail of the
-    # buffers is never written, so it takes no memory (no per-batch pieces, no final concatenation)
-    # per batch: its positions' prefix (the last position + 1) and its highest location
-    # (causal attention: a reader at t sees writers at positions <= t only; bidirectional attention:
-    # writers at every position, so every batch's gradient spans the whole prompt)
-    causal = fm.causal
-    spans = [(max(rd.positions[i] for i in batch) + 1 if causal else fm.n_pos, max(rd.locs[i] for i in batch))
-             for batch in batches]
-    bound = 0 if dense else sum(int(n_slots[loc][int(torch.searchsorted(block.positions, T))]) * len(batch)
-                                for batch, (T, top) in zip(batches, spans)
-                                for loc, block in col.writers.blocks.items() if loc <= top)
-    dense_blocks: list = []
-    out_t = torch.empty(bound, dtype=torch.int32)
-    out_s = torch.empty(bound, dtype=torch.int32)
-    out_w = torch.empty(bound, dtype=dtype)
-    n_out = 0
-    w_dev = out_w.device
     abs_sums: dict[int, float] = {}
     sums: dict[int, float] = {}
-    segments: list[tuple[int, int, int]] = []
-    gather_buf: torch.Tensor | None = None
-    elt = torch.empty((), dtype=dtype).element_size()
     n_done = 0
-    for wave in _waves(batches, spans, D * elt):
+    for wave in plan.waves:
         # the batches of one wave read one location and go down together: each writer chunk is
         # gathered once and each attention pattern read once for all of them
-        sts = [_BatchState.start(col, j, batches[j], spans[j], device, w_dev) for j in wave]
-        top = sts[0].top
-        wave_first = n_out
-        for loc in range(top, -1, -1):
-            if loc == top:  # every reader of the wave reads this location
-                for st in sts:
-                    js, ps, dirs = st.inject
-                    st.G.index_put_((js, ps), dirs, accumulate=True)
-            block = col.writers.blocks.get(loc)
+        batches = [_BatchState.start(col, j, plan.batches[j], plan.spans[j], device, sink.device) for j in wave]
+        top = batches[0].span.location
+        sink.start_wave()
+        for location in range(top, -1, -1):
+            if location == top:  # every reader of the wave reads this location
+                for batch in batches:
+                    rows, positions, directions = batch.inject
+                    batch.G.index_put_((rows, positions), directions, accumulate=True)
+            block = col.writers.blocks.get(location)
             if block is not None:
-                g_all, w_all, src = slots[loc]
-                ks = [int(torch.searchsorted(block.positions, st.T)) for st in sts]  # groups at positions < T
-                # causal: writer groups at or before a batch's first reader position feed every reader
-                # of the batch; later ones only the readers at or after them (the rest are exact zeros to
-                # squeeze out): the two ranges are written separately, the first as it comes
-                k0s = [min(k, int(torch.searchsorted(block.positions, st.p_first, right=True))) if causal else k
-                       for st, k in zip(sts, ks)]
-                k_max = max(ks)
-                B_max = max(st.B for st in sts)
-                # the writers' vectors are made per chunk of position groups (they are not held)
-                step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (D + B_max) * elt))
-                for a in range(0, k_max, step):
-                    e = min(k_max, a + step)
-                    scale = None
-                    if held is not None:
-                        if loc not in held:
-                            held[loc] = block.vectors()
-                        V = held[loc][a:e]
-                    elif block.basis.dtype == dtype and block.basis.device == device:
-                        # long prompts: the basis rows (decoder rows) gathered into one reused buffer
-                        # and the activations applied to the (smaller) edge blocks: one pass over the
-                        # vectors instead of two, and no fresh allocation per chunk
-                        n_el = (e - a) * block.index.shape[1] * D
-                        if gather_buf is None or gather_buf.numel() < n_el:
-                            gather_buf = torch.empty(n_el, dtype=dtype, device=device)
-                        V = block.basis_rows(a, e, out=gather_buf[:n_el])
-                        scale = block.scale[a:e].unsqueeze(-1)
-                    else:
-                        V = block.vectors(a, e)
-                    for st, k, k0 in zip(sts, ks, k0s):
-                        for a2, e2 in ((a, min(e, k0)), (max(a, k0), min(e, k))):
-                            if e2 <= a2:
-                                continue
-                            # (groups, max_n, B): every writer against every reader, one batched GEMM
-                            p0, p1 = int(block.positions[a2]), int(block.positions[e2 - 1]) + 1
-                            # positions a2..e2-1 are usually a run of consecutive positions: a view of G
-                            Gs = st.G[:, p0:p1] if p1 - p0 == e2 - a2 else st.G[:, block.positions[a2:e2], :]
-                            E = torch.bmm(V[a2 - a:e2 - a], Gs.permute(1, 2, 0))
-                            if scale is not None:
-                                E.mul_(scale[a2 - a:e2 - a])
-                            # the real (group, writer) slots, row-major: those of groups a2..e2-1 are a range
-                            lo, hi = int(n_slots[loc][a2]), int(n_slots[loc][e2])
-                            rows = (g_all[lo:hi] - a2) * E.shape[1] + w_all[lo:hi]
-                            if dense:
-                                block_w = E.view(-1, st.B).index_select(0, rows).cpu()
-                                del E
-                                st.add_sums(block_w)
-                                dense_blocks.append((loc, lo, hi, st.j, block_w.numpy()))
-                                continue
-                            n_out += _write_squeezed(E, rows, st, src[lo:hi], out_t, out_s, out_w, n_out)
-                            del E
-            c = col.constants.get(loc)
-            if c is not None:
-                for st in sts:
-                    part = (st.G.reshape(st.B, st.T * D) @ c[:st.T].reshape(st.T * D)).to(torch.float64)
-                    st.const += part
-                    if constant_parts is not None:
-                        for jj, i in enumerate(st.batch):
-                            constant_parts.setdefault(rd.rows[i], {-1: rd.own_constants[i]})[loc] = float(part[jj])
-            if loc > 0:
+                _write_location(location, block, batches, writer_vectors, sink, fm.causal, fm.adapter.facts.d_model)
+            constant = col.constants.get(location)
+            if constant is not None:
+                _add_constants(location, constant, batches, table, constant_parts)
+            if location > 0:
                 # the widest batch first: the pattern block read for it serves the narrower ones
-                for st in sorted(sts, key=lambda x: -x.T):
-                    st.G = fm.step_down(loc, st.G, st.single)
-                    if ResidualLocation(loc).sublayer == "attn":
-                        st.single = None
-        for st in sts:
-            for jj, i in enumerate(st.batch):
-                constants[rd.rows[i]] = float(st.const[jj])
-                abs_sums[rd.rows[i]] = float(st.abs_b[jj])
-                sums[rd.rows[i]] = float(st.sum_b[jj])
+                for batch in sorted(batches, key=lambda b: -b.n_positions):
+                    batch.G = fm.step_down(location, batch.G, batch.single)
+                    if ResidualLocation(location).sublayer == "attn":
+                        batch.single = None
+        for batch in batches:
+            rows = [table.rows[i] for i in batch.readers]
+            # to the host once per batch
+            constants.update(zip(rows, batch.constants.tolist()))
+            abs_sums.update(zip(rows, batch.abs_sums.tolist()))
+            sums.update(zip(rows, batch.sums.tolist()))
             n_done += 1
             if progress is not None:
-                progress(n_done, len(batches))
-        add_segment(segments, top, wave_first, n_out)
+                progress(n_done, len(plan.batches))
+        sink.end_wave(top)
     fm.release_pattern_cache()
-    if dense:
-        return DenseRows(
-            reader_rows=[np.array([rd.rows[i] for i in batch], dtype=np.int64) for batch in batches],
-            blocks=dense_blocks, constants=constants, abs_sums=abs_sums, sums=sums)
-    t = out_t[:n_out].numpy()
-    s = out_s[:n_out].numpy()
-    w = out_w[:n_out].numpy()
-    if col.multi_location_writers and len(t):
-        # a writer met at several locations: its edge is the sum of its parts, whose absolute
-        # values do not add up to the edge's
-        t, s, w = _coalesce(t, s, w, len(col.nodes))
-        return EdgeResult(t, s, w, constants)
-    return EdgeResult(t, s, w, constants, abs_sums, sums, segments)
+    return constants, abs_sums, sums
 
 
-#: bytes of the gradients ``G (batch, positions, d_model)`` of the batches that go down together
-#: (one wave: the batches of one location, the writer gathers and pattern reads shared)
-WAVE_BYTES = 1 << 30
+def _write_location(location: int, block: WriterBlock, batches: list[_BatchState], writer_vectors: _WriterVectors,
+                    sink: "_SparseSink | _DenseSink", causal: bool, d_model: int) -> None:
+    """The edges from ``location``'s writers into every batch of the wave, chunk by chunk of
+    position groups (one batched GEMM per chunk and batch), handed to ``sink``."""
+    slots = block.slot_table(writer_vectors.device)
+    # per batch: the groups at positions before its span's end, and (causal) the groups at or
+    # before its first reader position, which feed every reader of the batch; later groups feed
+    # only the readers at or after them (the rest are exact zeros to squeeze out): the two
+    # ranges are written separately, the first as it comes
+    ends = [slots.groups_before(b.n_positions) for b in batches]
+    shared_ends = [min(end, slots.groups_up_to(b.first_position)) if causal else end
+                   for b, end in zip(batches, ends)]
+    n_groups = max(ends)
+    widest = max(b.size for b in batches)
+    elt = torch.empty((), dtype=writer_vectors.dtype).element_size()
+    step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (d_model + widest) * elt))
+    for chunk_start in range(0, n_groups, step):
+        chunk_end = min(n_groups, chunk_start + step)
+        vectors, scale = writer_vectors.chunk(location, block, chunk_start, chunk_end)
+        for batch, end, shared_end in zip(batches, ends, shared_ends):
+            for lo, hi in ((chunk_start, min(chunk_end, shared_end)), (max(chunk_start, shared_end), min(chunk_end, end))):
+                if hi > lo:
+                    _write_groups(location, block, slots, batch, vectors, scale, chunk_start, lo, hi, sink)
 
 
-def _waves(batches: list[list[int]], spans: list[tuple[int, int]], row_bytes: int) -> list[list[int]]:
-    """Consecutive batches of one location (``spans[j] = (T, loc)``) grouped while their
-    gradients fit in :data:`WAVE_BYTES` (a wave holds at least one batch)."""
-    waves: list[list[int]] = []
-    size = 0
-    for j, batch in enumerate(batches):
-        T, loc = spans[j]
-        b = len(batch) * T * row_bytes
-        if waves and spans[waves[-1][0]][1] == loc and size + b <= WAVE_BYTES:
-            waves[-1].append(j)
-            size += b
-        else:
-            waves.append([j])
-            size = b
-    return waves
+def _write_groups(location: int, block: WriterBlock, slots: SlotTable, batch: _BatchState, vectors: torch.Tensor,
+                  scale: torch.Tensor | None, chunk_start: int, lo: int, hi: int,
+                  sink: "_SparseSink | _DenseSink") -> None:
+    """The edges from the writers of position groups ``lo..hi-1`` (within the chunk made from
+    ``chunk_start``) into ``batch``: ``(groups, max_n, B)``, every writer against every reader."""
+    p0, p1 = slots.positions[lo], slots.positions[hi - 1] + 1
+    # the groups' positions are usually a run of consecutive positions: a view of G
+    G = batch.G[:, p0:p1] if p1 - p0 == hi - lo else batch.G[:, block.positions[lo:hi], :]
+    edges = torch.bmm(vectors[lo - chunk_start:hi - chunk_start], G.permute(1, 2, 0))
+    if scale is not None:
+        edges.mul_(scale[lo - chunk_start:hi - chunk_start])
+    # the real (group, writer) slots, row-major: those of groups lo..hi-1 are a range
+    slot_lo, slot_hi = slots.group_starts[lo], slots.group_starts[hi]
+    block_rows = (slots.group[slot_lo:slot_hi] - lo) * edges.shape[1] + slots.writer[slot_lo:slot_hi]
+    sink.add(batch, location, slot_lo, slot_hi, edges, block_rows, slots.node_rows[slot_lo:slot_hi])
 
 
-@dataclass
-class _BatchState:
-    """One batch of readers on its way down: its gradient ``G``, constants and row sums."""
-
-    j: int
-    batch: list[int]
-    T: int
-    top: int
-    p_first: int
-    G: torch.Tensor
-    const: torch.Tensor
-    abs_b: torch.Tensor
-    sum_b: torch.Tensor
-    batch_rows: torch.Tensor
-    inject: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    #: each row's position while ``G`` is non-zero there only (before it crosses attention)
-    single: torch.Tensor | None
-
-    @property
-    def B(self) -> int:
-        return len(self.batch)
-
-    @classmethod
-    def start(cls, col: Collected, j: int, batch: list[int], span: tuple[int, int], device: torch.device,
-              sums_device: torch.device) -> "_BatchState":
-        rd, fm = col.readers, col.frozen
-        T, top = span
-        B = len(batch)
-        positions = [rd.positions[i] for i in batch]
-        directions = rd.directions_of(batch)
-        return cls(
-            j=j, batch=batch, T=T, top=top, p_first=min(positions),
-            G=torch.zeros(B, T, fm.adapter.facts.d_model, dtype=fm.dtype, device=device),
-            const=torch.tensor([rd.own_constants[i] for i in batch], dtype=torch.float64, device=device),
-            abs_b=torch.zeros(B, dtype=torch.float64, device=sums_device),
-            sum_b=torch.zeros(B, dtype=torch.float64, device=sums_device),
-            batch_rows=torch.tensor([rd.rows[i] for i in batch], dtype=torch.int32, device=device),
-            inject=(torch.arange(B, device=device), torch.tensor(positions, device=device),
-                    torch.stack(list(directions)).to(device=device, dtype=fm.dtype)),
-            single=torch.tensor(positions, device=device),
-        )
-
-    def add_sums(self, w: torch.Tensor) -> None:
-        """Per reader: a block's sum and sum of |w| (float32 within the block, by one GEMV each;
-        float64 across blocks)."""
-        ones = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
-        self.sum_b += ones @ w
-        self.abs_b += ones @ w.abs()
-
-
-def _write_squeezed(E: torch.Tensor, rows: torch.Tensor, st: _BatchState, src: torch.Tensor, out_t: torch.Tensor,
-                    out_s: torch.Tensor, out_w: torch.Tensor, n_out: int) -> int:
-    """The block's real slots written at ``n_out`` in (writer, reader) order, exact zeros squeezed
-    out in place; returns how many edges were kept."""
-    B = st.B
-    n_w = rows.shape[0]
-    m = n_w * B
-    w = out_w[n_out:n_out + m]
-    if E.device == w.device:
-        torch.index_select(E.view(-1, B), 0, rows, out=w.view(n_w, B))
-    else:
-        w.copy_(E.view(-1, B).index_select(0, rows).view(-1))
-    s = out_s[n_out:n_out + m]
-    t = out_t[n_out:n_out + m]
-    st.add_sums(w.view(n_w, B))
-    nz = w != 0  # exact zeros are not edges
-    kept = int(nz.sum())
-    if kept == m:
-        s.view(n_w, B).copy_(src[:, None].expand(-1, B))
-        t.view(n_w, B).copy_(st.batch_rows[None, :].expand(n_w, -1))
-    else:  # squeezed in place: the kept (writer, reader) entries' flat indices, found once
-        keep = nz.nonzero().squeeze(1)
-        w[:kept] = w[keep]
-        writer = keep // B
-        torch.index_select(src, 0, writer, out=s[:kept])
-        torch.index_select(st.batch_rows, 0, keep.sub_(writer.mul_(B)), out=t[:kept])
-    return kept
+def _add_constants(location: int, constant: torch.Tensor, batches: list[_BatchState], table: ReaderTable,
+                   constant_parts: dict[int, dict[int, float]] | None) -> None:
+    """``G . c`` added to each batch's constants for ``location``'s constant writers ``c (pos,
+    d_model)`` (and recorded per origin in ``constant_parts`` when asked)."""
+    for batch in batches:
+        T, D = batch.n_positions, constant.shape[-1]
+        part = (batch.G.reshape(batch.size, T * D) @ constant[:T].reshape(T * D)).to(torch.float64)
+        batch.constants += part
+        if constant_parts is not None:
+            for i, value in zip(batch.readers, part.tolist()):
+                constant_parts.setdefault(table.rows[i], {-1: table.own_constants[i]})[location] = value
 
 
 def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -358,6 +580,7 @@ def _coalesce(t: np.ndarray, s: np.ndarray, w: np.ndarray, n: int) -> tuple[np.n
     return mt.astype(t.dtype), ms.astype(s.dtype), mw.astype(w.dtype)
 
 
+# ---------------------------------------------------------------------------- ad-hoc readers
 @dataclass
 class DirectionEdges:
     """Edges from every writer node into ad-hoc readers (see :func:`attribute_directions`).

@@ -19,12 +19,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from circuitgraph.attribution.dense_rows import DenseRows, dense_influence, fold_dense, writer_slot_rows
-from circuitgraph.attribution.engine import EdgeResult, compute_edges
+from circuitgraph.attribution.engine import EdgeResult, compute_dense_rows, compute_edges, dense_rows_supported
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
 from circuitgraph.graph.dag import add_segment
@@ -268,7 +268,7 @@ def select_and_compute(
     for nid, w in target_rows.items():
         start[index[nid]] = w
     for loc, subset in _by_location(col, other_readers):
-        rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=subset, dense=dense))
+        rows.add(loc, _compute_rows(col, dense, batch_size=batch_size, reader_subset=subset))
     done = list(other_readers)
     bound = reader_edge_bounds(col)
     visited = np.zeros(len(feature_readers), dtype=bool)
@@ -283,7 +283,7 @@ def select_and_compute(
         # passes over the writers and the patterns than batch_size rows at a time)
         reader_of = {feature_readers[j]: j for j in queue}
         for loc, part in _by_location(col, list(reader_of), bound, PART_EDGES_DENSE if dense else PART_EDGES):
-            rows.add(loc, compute_edges(col, batch_size=batch_size, reader_subset=part, dense=dense))
+            rows.add(loc, _compute_rows(col, dense, batch_size=batch_size, reader_subset=part))
             done += part
             visited[[reader_of[i] for i in part]] = True
             n_visited += len(part)
@@ -292,6 +292,13 @@ def select_and_compute(
             if watch is not None:
                 watch(len(done), rows.n_edges, len(other_readers) + max_feature_nodes)
     return rows, sorted(done)
+
+
+def _compute_rows(col: Collected, dense: bool, **kwargs: Any) -> EdgeResult | DenseRows:
+    """One engine call's rows: dense blocks when asked and possible, else squeezed edges."""
+    if dense and dense_rows_supported(col):
+        return compute_dense_rows(col, **kwargs)
+    return compute_edges(col, **kwargs)
 
 
 def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tuple[list[Node], EdgeResult, dict[int, int]]:

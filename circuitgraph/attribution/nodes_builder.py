@@ -9,6 +9,7 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,7 +28,7 @@ from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 
-__all__ = ["GraphOptions", "WriterTable", "ReaderTable", "collect_nodes"]
+__all__ = ["GraphOptions", "SlotTable", "WriterBlock", "WriterTable", "ReaderTable", "collect_nodes"]
 
 
 @dataclass
@@ -44,6 +45,29 @@ class GraphOptions:
     dtype: torch.dtype = torch.float32
     batch_size: int = 256
     memory_limit: int | None = None  # bytes; None = the memory available
+
+
+@dataclass(frozen=True)
+class SlotTable:
+    """A :class:`WriterBlock`'s real (non-padding) slots, row-major, as the engine indexes them.
+
+    Slot ``i`` is writer ``writer[i]`` of position group ``group[i]``, node row ``node_rows[i]``
+    (int32: the edges' source column); the slots of groups ``g0..g1-1`` are the range
+    ``group_starts[g0]:group_starts[g1]``; ``positions`` are the block's group positions (host ints)."""
+
+    group: torch.Tensor  # (n_slots,) long
+    writer: torch.Tensor  # (n_slots,) long
+    node_rows: torch.Tensor  # (n_slots,) int32
+    group_starts: list[int]  # (k + 1,)
+    positions: list[int]  # (k,) increasing
+
+    def groups_before(self, position: int) -> int:
+        """How many position groups lie at positions ``< position``."""
+        return bisect.bisect_left(self.positions, position)
+
+    def groups_up_to(self, position: int) -> int:
+        """How many position groups lie at positions ``<= position``."""
+        return bisect.bisect_right(self.positions, position)
 
 
 @dataclass
@@ -71,11 +95,30 @@ class WriterBlock:
         d = self.basis.shape[1]
         return torch.index_select(self.basis, 0, idx, out=out.view(-1, d)).view(end - start, -1, d)
 
+    #: device -> the block's :class:`SlotTable` there (made once, see :meth:`slot_table`)
+    _slot_tables: dict[str, "SlotTable"] = field(default_factory=dict, repr=False, compare=False)
+
     def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The real (non-padding) slots, row-major: ``(group, writer, node row)`` per slot; the
         slots of groups ``a..e-1`` are a contiguous range (the engine's edge blocks)."""
         g_i, w_i = (self.rows >= 0).nonzero(as_tuple=True)
         return g_i, w_i, self.rows[g_i, w_i]
+
+    def slot_table(self, device: torch.device | str) -> "SlotTable":
+        """The block's real slots on ``device`` (:class:`SlotTable`), made on first use and kept
+        with the block: every engine call on the prompt reuses it."""
+        key = str(device)
+        table = self._slot_tables.get(key)
+        if table is None:
+            group, writer, node_rows = self.slots()
+            table = SlotTable(
+                group=group.to(device), writer=writer.to(device),
+                node_rows=node_rows.to(device=device, dtype=torch.int32),
+                group_starts=torch.cat([torch.zeros(1, dtype=torch.long),
+                                        (self.rows >= 0).sum(1).cumsum(0)]).tolist(),
+                positions=self.positions.tolist())
+            self._slot_tables[key] = table
+        return table
 
     def vector(self, g: int, j: int) -> torch.Tensor:
         return self.scale[g, j] * self.basis[self.index[g, j]]
@@ -271,10 +314,10 @@ class Collected:
 
 class _Builder:
     def __init__(self, adapter: ModelAdapter, lin: Linearisation, transcoders: Any, options: GraphOptions):
-        self.a = adapter
+        self.adapter = adapter
         self.lin = lin
-        self.tc = transcoders
-        self.opt = options
+        self.transcoders = transcoders
+        self.options = options
         self.dtype = options.dtype
         self.device = adapter.device
         self.nodes: list[Node] = []
@@ -292,7 +335,8 @@ class _Builder:
             (lambda i: adapter.tokenizer.token_str(i)) if adapter.tokenizer is not None else (lambda i: f"<{i}>")
         )
 
-    def c(self, t: torch.Tensor) -> torch.Tensor:
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the model's device, in the compute dtype."""
         return t.to(device=self.device, dtype=self.dtype)
 
     def add_node(self, node: Node) -> int:
@@ -303,7 +347,7 @@ class _Builder:
         return self.index[node.id]
 
     def min_mlp_pos(self) -> int:
-        return 0 if self.opt.bos_nodes else 1
+        return 0 if self.options.bos_nodes else 1
 
 
 def _post_norm_forward(fm: FrozenLinearModel, norms: list | None, layer: int, vecs: torch.Tensor,
@@ -355,13 +399,13 @@ def collect_nodes(
     tokens = lin.tokens.tolist()
 
     # ---------------------------------------------------------------- embeddings (loc 0)
-    emb = b.c(lin.embed)
+    emb = b.cast(lin.embed)
     for t, tok in enumerate(tokens):
         row = b.add_node(Node(NodeId("embedding", -1, t, int(tok)), activation=1.0,
                               label=b.tok_str(tok), attrs={"token": int(tok), "token_str": b.tok_str(tok)}))
         b.writers.add(0, t, [row], emb[t : t + 1])
     if lin.pos_embed is not None:
-        pe = b.c(lin.pos_embed)
+        pe = b.cast(lin.pos_embed)
         if options.positional_nodes:
             for t in range(T):
                 row = b.add_node(Node(NodeId("positional", -1, t, 0), activation=1.0, label=f"pos {t}"))
@@ -392,14 +436,14 @@ def _collect_attention(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     A = fm.pattern(layer)  # (H, T, T)
     ln1 = fm.ln1[layer]
     bias_raw = w["b_O"].expand(T, -1).clone()
-    if b.opt.attention[layer] == "frozen":
+    if b.options.attention[layer] == "frozen":
         # the constant part of frozen attention: sum_s A[h,t,s] (beta1 W_V^h + b_V^h) W_O^h
         beta = ln1.beta if ln1.beta is not None else torch.zeros_like(w["b_O"])
         per_head = torch.einsum("d,hdk->hk", beta, w["W_V"]) + w["b_V"]  # (H, d_head)
         per_head_out = torch.einsum("hk,hkd->hd", per_head, w["W_O"])  # (H, d_model)
         bias_raw = bias_raw + torch.einsum("ht,hd->td", A.sum(-1), per_head_out)
     else:
-        z = b.c(lin.z[layer])  # (T, H, d_head) includes b_V and beta1 through the frozen pattern
+        z = b.cast(lin.z[layer])  # (T, H, d_head) includes b_V and beta1 through the frozen pattern
         heads = torch.einsum("thk,hkd->thd", z, w["W_O"])  # (T, H, d_model)
         for t in range(T):
             vecs = _post_norm_forward(fm, posts, layer, heads[t], slice(t, t + 1))
@@ -416,7 +460,7 @@ def _collect_attention(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
 
 def _add_bias(b: _Builder, loc: int, layer: int, which: str, vectors: torch.Tensor) -> None:
     """Constant writers: bias nodes when asked, else folded into readers' constants."""
-    if not b.opt.bias_nodes:
+    if not b.options.bias_nodes:
         b.constants[loc] += vectors
         return
     for t in range(vectors.shape[0]):
@@ -427,12 +471,12 @@ def _add_bias(b: _Builder, loc: int, layer: int, which: str, vectors: torch.Tens
 
 # -------------------------------------------------------------------- MLP
 def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
-    if b.a.facts.attn_only:  # no MLP: nothing is written at resid_post(layer)
+    if b.adapter.facts.attn_only:  # no MLP: nothing is written at resid_post(layer)
         return
-    mode = b.opt.mlp[layer]
+    mode = b.options.mlp[layer]
     if mode == "transcoders":
         _collect_transcoder_layer(b, fm, layer)
-    elif mode == "neurons" and b.a.facts.num_experts:
+    elif mode == "neurons" and b.adapter.facts.num_experts:
         _collect_expert_layer(b, fm, layer)
     elif mode == "neurons":
         _collect_neuron_layer(b, fm, layer)
@@ -446,10 +490,10 @@ def _feature_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx:
                     direction: bool = True):
     """Reader directions, own constants and measured pre-activations of features ``idx`` at (layer, t)
     (directions None when ``direction`` is false: see :func:`_feature_directions`)."""
-    tc = b.tc[layer]
-    W = b.c(tc.encoder_rows(idx))  # (n, d_model)
-    own = b.c(tc.b_enc[idx])
-    x = b.c(b.lin.tc_input[layer][t])
+    tc = b.transcoders[layer]
+    W = b.cast(tc.encoder_rows(idx))  # (n, d_model)
+    own = b.cast(tc.b_enc[idx])
+    x = b.cast(b.lin.tc_input[layer][t])
     pre = W @ x + own
     if tc.input_site == "mlp_input" and fm.ln2[layer].beta is not None:
         own = own + fm.ln2[layer].reader_constant(W)
@@ -474,7 +518,7 @@ def _feature_directions(norm: NormWeights, site: str, W: torch.Tensor, positions
 
 def _feature_direction_source(b: _Builder, fm: FrozenLinearModel, layer: int):
     """fn(features, positions) -> read directions of ``layer``'s features (made when a sweep needs them)."""
-    tc, norm, device, dtype = b.tc[layer], fm.ln2[layer], b.device, b.dtype
+    tc, norm, device, dtype = b.transcoders[layer], fm.ln2[layer], b.device, b.dtype
 
     def directions(features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         W = tc.encoder_rows(features).to(device=device, dtype=dtype)
@@ -493,7 +537,7 @@ def _dictionary_state(b: _Builder) -> dict[str, Any]:
 def _acts(b: _Builder, layer: int) -> torch.Tensor:
     st = _dictionary_state(b)
     if layer not in st["acts"]:
-        st["acts"][layer] = b.tc[layer].activation(b.lin.tc_input[layer]).to(device=b.device, dtype=b.dtype)
+        st["acts"][layer] = b.transcoders[layer].activation(b.lin.tc_input[layer]).to(device=b.device, dtype=b.dtype)
     return st["acts"][layer]
 
 
@@ -503,7 +547,7 @@ def _decoder(b: _Builder, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     if layer not in st["dec"]:
         acts = _acts(b, layer)[b.min_mlp_pos():]
         active = (acts != 0).any(0).nonzero().flatten()
-        st["dec"][layer] = (active, b.c(b.tc.decoder_rows(layer, active.cpu())))
+        st["dec"][layer] = (active, b.cast(b.transcoders.decoder_rows(layer, active.cpu())))
     return st["dec"][layer]
 
 
@@ -512,12 +556,12 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
     from the features of each source layer ``l <= layer`` whose decoder reaches it (only
     ``l = layer`` for per-layer transcoders; every ``l <= layer`` for a CLT) and the error node
     ``mlp_out - sum of reconstructions - b_dec - skip``."""
-    if b.tc is None or layer not in b.tc:
+    if b.transcoders is None or layer not in b.transcoders:
         raise AttributionError(
             f"graph.mlp: layer {layer} is analysed with transcoders but no transcoder was loaded for it; "
             "load one or set graph.mlp for that layer to neurons or mlp"
         )
-    tc = b.tc
+    tc = b.transcoders
     lin, T = b.lin, b.lin.n_pos
     loc = loc_resid_post(layer)
     st = _dictionary_state(b)
@@ -542,12 +586,12 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
     # (mlp.hook_out on Gemma-2-style models) writes through the frozen norm: v -> gamma P(v) / sigma(t)
     posts = fm.ln2_post if tc.output_site(layer) == "before_post_norm" else None
     sources = [l for l in sorted(st["rows"]) if l <= layer and layer in tc.output_layers(l)]
-    out = b.c(lin.mlp_out[layer])  # hook_mlp_out: after any post-norm, what the block adds
-    constant = b.c(tc.decoder_bias(layer)).expand(T, -1).clone()
+    out = b.cast(lin.mlp_out[layer])  # hook_mlp_out: after any post-norm, what the block adds
+    constant = b.cast(tc.decoder_bias(layer)).expand(T, -1).clone()
     W_skip = tc.skip_weight(layer)
     error = out - _post_norm_forward(fm, posts, layer, constant, slice(0, T))
     if W_skip is not None:
-        error = error - _post_norm_forward(fm, posts, layer, b.c(lin.tc_input[layer]) @ b.c(W_skip).T, slice(0, T))
+        error = error - _post_norm_forward(fm, posts, layer, b.cast(lin.tc_input[layer]) @ b.cast(W_skip).T, slice(0, T))
     if posts is not None and posts[layer].beta is not None:
         error = error - posts[layer].beta
     for l in sources:
@@ -583,48 +627,48 @@ def _neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: 
 
     GELU/ReLU: the pre-activation (hook_pre).  Gated: with the gate frozen, the activation
     itself (hook_post = act(gate) * (W_in . N2(x)) + b_in).  MoE layers: :func:`_expert_neuron_reader`."""
-    a, lin = b.a, b.lin
-    if a.facts.num_experts:
+    adapter, lin = b.adapter, b.lin
+    if adapter.facts.num_experts:
         return _expert_neuron_reader(b, fm, layer, t, idx)
-    w = a.mlp_weights(layer)
-    W_in = b.c(w["W_in"][:, idx]).T  # (n, d_model)
-    b_in = b.c(w["b_in"][idx])
-    norm = a.norm("ln2", layer)
-    gamma = None if norm.gamma is None else b.c(norm.gamma)
-    beta = None if norm.beta is None else b.c(norm.beta)
+    w = adapter.mlp_weights(layer)
+    W_in = b.cast(w["W_in"][:, idx]).T  # (n, d_model)
+    b_in = b.cast(w["b_in"][idx])
+    norm = adapter.norm("ln2", layer)
+    gamma = None if norm.gamma is None else b.cast(norm.gamma)
+    beta = None if norm.beta is None else b.cast(norm.beta)
     g = NormWeights(gamma, beta, norm.center).reader_direction(W_in)
     g = g / fm.ln2[layer].sigma[t]
     lin_const = W_in @ beta if beta is not None else torch.zeros_like(b_in)
-    if a.facts.gated_mlp:
-        gate = a.mlp_act_fn(layer)(lin.mlp_pre[layer][t, idx]).to(device=b.device, dtype=b.dtype)
+    if adapter.facts.gated_mlp:
+        gate = adapter.mlp_act_fn(layer)(lin.mlp_pre[layer][t, idx]).to(device=b.device, dtype=b.dtype)
         g = g * gate.unsqueeze(-1)
         own = gate * lin_const + b_in
-        measured = b.c(lin.mlp_post[layer][t, idx])
+        measured = b.cast(lin.mlp_post[layer][t, idx])
     else:
         own = lin_const + b_in
-        measured = b.c(lin.mlp_pre[layer][t, idx])
+        measured = b.cast(lin.mlp_pre[layer][t, idx])
     return g, own, measured
 
 
 def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
-    a, lin, T = b.a, b.lin, b.lin.n_pos
+    adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
     loc = loc_resid_post(layer)
-    w = a.mlp_weights(layer)
-    W_out, b_out = b.c(w["W_out"]), b.c(w["b_out"])
+    w = adapter.mlp_weights(layer)
+    W_out, b_out = b.cast(w["W_out"]), b.cast(w["b_out"])
     posts = fm.ln2_post
-    post = b.c(lin.mlp_post[layer])  # (T, d_mlp)
+    post = b.cast(lin.mlp_post[layer])  # (T, d_mlp)
     bias = _post_norm_forward(fm, posts, layer, b_out.expand(T, -1).clone(), slice(0, T))
     if posts is not None and posts[layer].beta is not None:
         bias = bias + posts[layer].beta
     _add_bias(b, loc, layer, "mlp", bias)
-    gated = a.facts.gated_mlp
+    gated = adapter.facts.gated_mlp
     for t in range(T):
         if t < b.min_mlp_pos():
             b.constants[loc][t] += _post_norm_forward(fm, posts, layer, (post[t] @ W_out)[None], slice(t, t + 1))[0]
             continue
         active = post[t].nonzero().flatten()
         rest = None
-        k = b.opt.neuron_top_k
+        k = b.options.neuron_top_k
         if k is not None and active.numel() > k:
             order = post[t, active].abs().argsort(descending=True, stable=True)
             rest = active[order[k:]]
@@ -660,42 +704,42 @@ def _expert_neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int
     ``r_e(t) * act(gate_i) * (W_in^e[:, i] . N2(x))`` is a reader of ln2's output (no ``b_in``:
     the experts have none); its value is the activation itself, as for a dense gated neuron.
     GPT-OSS's clamped SwiGLU: ``ModelAdapter.expert_value_map`` (its value bias is an own constant)."""
-    a, lin = b.a, b.lin
-    w = a.expert_neuron_weights(layer, idx)
-    W_in = b.c(w["W_in"]).T  # (n, d_model)
+    adapter, lin = b.adapter, b.lin
+    w = adapter.expert_neuron_weights(layer, idx)
+    W_in = b.cast(w["W_in"]).T  # (n, d_model)
     norm = fm.ln2[layer]
     g = norm.reader_direction(W_in) / norm.sigma[t]
     lin_const = norm.reader_constant(W_in)
-    route = b.c(lin.routing[layer][t, idx // a.facts.d_mlp])
-    scale, offset = a.expert_value_map(layer, b.c(lin.mlp_pre[layer][t, idx]), b.c(lin.mlp_pre_linear[layer][t, idx]),
-                                       b.c(w["b_in"]))
+    route = b.cast(lin.routing[layer][t, idx // adapter.facts.d_mlp])
+    scale, offset = adapter.expert_value_map(layer, b.cast(lin.mlp_pre[layer][t, idx]), b.cast(lin.mlp_pre_linear[layer][t, idx]),
+                                       b.cast(w["b_in"]))
     gate = scale * route
-    return g * gate.unsqueeze(-1), gate * lin_const + offset * route, b.c(lin.mlp_post[layer][t, idx])
+    return g * gate.unsqueeze(-1), gate * lin_const + offset * route, b.cast(lin.mlp_post[layer][t, idx])
 
 
 def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     """``graph.mlp: neurons`` on a MoE layer: the neurons of the experts routed at each position,
     kind ``neuron``, index ``expert * d_mlp + neuron``; each writes ``r_e(t) * act * W_out^e[i]``
     (its activation includes the routing weight), so they sum to the layer's output."""
-    a, lin, T = b.a, b.lin, b.lin.n_pos
-    loc, d = loc_resid_post(layer), a.facts.d_mlp
+    adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
+    loc, d = loc_resid_post(layer), adapter.facts.d_mlp
     posts = fm.ln2_post
-    post = b.c(lin.mlp_post[layer])  # (T, E * d_mlp): routing weight * act(gate) * linear
+    post = b.cast(lin.mlp_post[layer])  # (T, E * d_mlp): routing weight * act(gate) * linear
     # the experts' output biases (GPT-OSS) write routing_weight * b_out^e: a constant writer
-    b_out = torch.stack([b.c(a.expert_weights(layer, e)["b_out"]) for e in range(a.facts.num_experts)])
-    bias = _post_norm_forward(fm, posts, layer, b.c(lin.routing[layer]) @ b_out, slice(0, T))
+    b_out = torch.stack([b.cast(adapter.expert_weights(layer, e)["b_out"]) for e in range(adapter.facts.num_experts)])
+    bias = _post_norm_forward(fm, posts, layer, b.cast(lin.routing[layer]) @ b_out, slice(0, T))
     if bool(b_out.any()):
         _add_bias(b, loc, layer, "mlp", bias)
     for t in range(T):
         active = post[t].nonzero().flatten()
-        W_out = b.c(a.expert_neuron_weights(layer, active)["W_out"])
+        W_out = b.cast(adapter.expert_neuron_weights(layer, active)["W_out"])
         if t < b.min_mlp_pos():
             out = (post[t, active].unsqueeze(-1) * W_out).sum(0, keepdim=True)
             b.constants[loc][t] += _post_norm_forward(fm, posts, layer, out, slice(t, t + 1))[0]
             continue
         keep = torch.arange(active.numel())
         rest = None
-        k = b.opt.neuron_top_k
+        k = b.options.neuron_top_k
         if k is not None and active.numel() > k:
             order = post[t, active].abs().argsort(descending=True, stable=True)
             rest, keep = order[k:], order[:k].sort().values
@@ -724,7 +768,7 @@ def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
 def _collect_mlp_vector_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     lin, T = b.lin, b.lin.n_pos
     loc = loc_resid_post(layer)
-    out = b.c(lin.mlp_out[layer])
+    out = b.cast(lin.mlp_out[layer])
     for t in range(T):
         if t < b.min_mlp_pos():
             b.constants[loc][t] += out[t]
@@ -735,11 +779,11 @@ def _collect_mlp_vector_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
 
 # -------------------------------------------------------------------- targets
 def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: ResolvedTarget) -> NodeId:
-    a, lin = b.a, b.lin
-    L = a.facts.n_layers
+    adapter, lin = b.adapter, b.lin
+    L = adapter.facts.n_layers
     t = tgt.position
     if tgt.kind in ("logit", "logit_diff"):
-        W_U, b_U = b.c(a.W_U), b.c(a.b_U)
+        W_U, b_U = b.cast(adapter.W_U), b.cast(adapter.b_U)
         if tgt.kind == "logit":
             (v,) = tgt.tokens
             w, bias = W_U[:, v], b_U[v]
@@ -758,7 +802,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         norm = fm.ln_final
         g = norm.reader_direction(w) / norm.sigma[t]
         own = (w @ norm.beta if norm.beta is not None else 0.0) + bias
-        normalized = b.c(lin.extra["ln_final_normalized"][t])
+        normalized = b.cast(lin.extra["ln_final_normalized"][t])
         resid_in = normalized * norm.gamma if norm.gamma is not None else normalized
         if norm.beta is not None:
             resid_in = resid_in + norm.beta
@@ -774,10 +818,10 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         node_id = NodeId("feature", tgt.layer, t, tgt.index)
         if node_id in b.index and b.nodes[b.index[node_id]].pre_activation is not None:
             return node_id
-        if b.tc is None or tgt.layer not in b.tc:
+        if b.transcoders is None or tgt.layer not in b.transcoders:
             raise AttributionError(f"target feature at layer {tgt.layer}: no transcoder is loaded for that layer")
         g, own, pre = _feature_reader(b, fm, tgt.layer, t, torch.tensor([tgt.index]))
-        act = float(b.tc[tgt.layer].activation(b.lin.tc_input[tgt.layer][t : t + 1])[0, tgt.index])
+        act = float(b.transcoders[tgt.layer].activation(b.lin.tc_input[tgt.layer][t : t + 1])[0, tgt.index])
         row = _add_or_get(b, node_id, act, f"F{tgt.index} L{tgt.layer}@{t}")
         b.nodes[row].pre_activation = float(pre[0])
         b.readers.add(row, fm.mlp_input_location(tgt.layer), t, g[0], float(own[0]))
@@ -800,8 +844,8 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
             x = resid[tgt.layer][t]
         else:
             x = lin.resid_pre[tgt.layer + 1][t] if tgt.layer + 1 < L else lin.resid_final[t]
-        g = b.c(tgt.vector)
-        pre = float(g @ b.c(x))
+        g = b.cast(tgt.vector)
+        pre = float(g @ b.cast(x))
         node_id = NodeId("target", tgt.layer, t, number)
         row = b.add_node(Node(node_id, activation=pre, pre_activation=pre, label=tgt.name or f"direction {number}",
                               attrs={"site": tgt.site, "target_kind": "direction"}))
