@@ -158,6 +158,8 @@ def test_to_transformer_lens_round_trip():
     assert type(back).__name__ == "HookedTransformer"
     with torch.no_grad():
         assert torch.equal(back(TOKENS), tl(TOKENS))
+        zero = [("blocks.1.hook_attn_out", lambda value, hook: value * 0)]
+        assert torch.equal(native.run_with_hooks(TOKENS, fwd_hooks=zero), tl.run_with_hooks(TOKENS, fwd_hooks=zero))
     adapter = ModelAdapter(native)
     assert adapter.transformer_lens_model() is adapter.transformer_lens_model()  # converted once
     assert ModelAdapter(tl).transformer_lens_model() is tl

@@ -202,6 +202,11 @@ class HookPoint(nn.Module):
         super().__init__()
         self.name: str | None = None
 
+    @property
+    def fwd_hooks(self) -> list[Any]:
+        """The forward hooks on this point (TransformerLens keeps the same list)."""
+        return list(self._forward_hooks.values())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
@@ -390,7 +395,7 @@ class Attention(nn.Module):
     # grouped-query attention: the expanded key/value weights, as TransformerLens's properties
     def __getattr__(self, name: str) -> Any:
         if name in ("W_K", "W_V", "b_K", "b_V"):
-            params = self.__dict__["_parameters"]
+            params = self.__dict__.get("_parameters", {})
             if "_" + name in params:
                 return torch.repeat_interleave(params["_" + name], dim=0, repeats=self.__dict__["repeat_kv_heads"])
         return super().__getattr__(name)
@@ -658,6 +663,12 @@ class NativeTransformer(nn.Module):
         finally:
             for h in handles:
                 h.remove()
+
+    def run_with_hooks(self, *args: Any, fwd_hooks: Sequence[tuple[Any, Callable]] = (),
+                       bwd_hooks: Sequence[Any] = (), **kwargs: Any) -> Any:
+        """``model(*args, **kwargs)`` under :meth:`hooks` (TransformerLens's ``run_with_hooks``)."""
+        with self.hooks(fwd_hooks, bwd_hooks):
+            return self(*args, **kwargs)
 
     def run_with_cache(self, *args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         """``(model output, {hook name: value detached})``, as TransformerLens's ``run_with_cache``
