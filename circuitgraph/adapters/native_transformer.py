@@ -443,7 +443,7 @@ class Attention(nn.Module):
         return torch.cat([x_rot * cos + x_flip * sin, x_pass], dim=-1)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):  # noqa: ANN001 - torch's signature
+                              error_msgs):
         # as TransformerLens: a saved buffer of another length (an older mask or rotary table) keeps ours
         for buffer_name in ("mask", "rotary_sin", "rotary_cos"):
             key = prefix + buffer_name

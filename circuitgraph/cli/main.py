@@ -446,7 +446,7 @@ def _settle_heap(transformer_lens: bool = True) -> None:
 
     if transformer_lens:  # a run whose model needs it (not a folder the native forward runs: 3 s saved)
         try:
-            import transformer_lens  # noqa: F401 - imported with the collector off
+            import transformer_lens  # imported with the collector off
         except ImportError:  # a required dependency; the load reports it
             pass
     gc.freeze()

@@ -14,7 +14,13 @@ import torch
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
 from circuitgraph.adapters.files import read_direction_file
-from circuitgraph.adapters.loading import folder_backend, load_builtin_model, load_model_dir, load_model_name, torch_dtype
+from circuitgraph.adapters.loading import (
+    folder_backend,
+    load_builtin_model,
+    load_model_dir,
+    load_model_name,
+    torch_dtype,
+)
 from circuitgraph.adapters.tokenizer import check_prompt_text
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
@@ -24,7 +30,8 @@ from circuitgraph.dictionaries.registry import load_release
 from circuitgraph.errors import AttributionError, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 
-__all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
+__all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
+           "resolve_prompt_like"]
 
 
 def needs_transformer_lens(spec: Spec) -> bool:
