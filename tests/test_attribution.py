@@ -115,7 +115,7 @@ def test_agrees_with_transformerlens_decomposition(tmp_path, variant_name):
     target = ResolvedTarget(kind="logit", position=t, tokens=(5,))
     g = attribute(adapter, tokens, None, [target], dtype=torch.float64, mlp="neurons", attention="heads",
                   positional_nodes=True, bias_nodes=True, bos_nodes=True)
-    model = adapter.model
+    model = adapter.transformer_lens_model()  # TransformerLens itself: its ActivationCache decomposition
     _, cache = model.run_with_cache(torch.tensor([tokens]))
 
     def check(reader: NodeId, stack, labels, w, norm_site, layer):

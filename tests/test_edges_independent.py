@@ -200,7 +200,7 @@ def test_every_edge_equals_the_libraries_removal(tmp_path, variant, kind, site, 
                "features-heads": dict(attention={0: "frozen", 1: "heads", 2: "frozen"})}[granularity]
     g = attribute(adapter, tokens, tcs, dtype=torch.float64, **options)
     heads = {n.layer for n in g.nodes if n.kind == "attention_head"}
-    ref = _Reference(adapter.model, tokens, raw, heads)
+    ref = _Reference(adapter.transformer_lens_model(), tokens, raw, heads)
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "feature", "error", "attention_head", "neuron")]
     removals = []
     for w in writers:
@@ -224,7 +224,7 @@ def test_bidirectional_edges_reach_earlier_positions(tmp_path):
     adapter, tcs, tokens = load_bundle(path, "float64")
     assert not adapter.facts.causal
     g = attribute(adapter, tokens, tcs, dtype=torch.float64)
-    ref = _Reference(adapter.model, tokens, raw, set())
+    ref = _Reference(adapter.transformer_lens_model(), tokens, raw, set())
     readers = [n for n in g.nodes if n.pre_activation is not None and n.position < len(tokens) - 1]
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "feature", "error")
                and n.position > min(r.position for r in readers)]

@@ -114,7 +114,7 @@ def test_every_edge_equals_the_independent_reference(family, built):
                     "reference (writers from transformers's experts)")
     heads = {n.layer for n in g.nodes if n.kind == "attention_head"}
     assert heads == {1}
-    ref = _Reference(adapter.model, TOKENS, {}, heads)
+    ref = _Reference(adapter.transformer_lens_model(), TOKENS, {}, heads)
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "attention_head", "neuron")]
     removals = [(hook, w.position, vec) for w in writers for hook, vec in [ref.writer_vector(w)]]
     captured = ref.run(removals)
@@ -345,7 +345,7 @@ def test_transcoders_on_parallel_blocks_equal_the_independent_reference(family, 
     g = attribute(adapter, TOKENS, tcs, dtype=torch.float64, attention={0: "frozen", 1: "heads"})
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-11
     raw = {layer: tc.to(torch.float64) for layer, tc in raw.items()}
-    ref = _Reference(adapter.model, TOKENS, raw, {1})
+    ref = _Reference(adapter.transformer_lens_model(), TOKENS, raw, {1})
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "feature", "error", "attention_head")]
     captured = ref.run([(hook, w.position, vec) for w in writers for hook, vec in [ref.writer_vector(w)]])
     readers = [n for n in g.nodes if n.pre_activation is not None]

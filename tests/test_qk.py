@@ -39,7 +39,8 @@ def model_qk(adapter, tokens, layer):
     names = [f"blocks.{layer}.attn.hook_{rot}q", f"blocks.{layer}.attn.hook_{rot}k",
              f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.ln1.hook_scale"]
     with torch.no_grad():
-        _, cache = adapter.model.run_with_cache(torch.tensor(tokens)[None], names_filter=lambda n: n in names)
+        _, cache = adapter.transformer_lens_model().run_with_cache(torch.tensor(tokens)[None],
+                                                                 names_filter=lambda n: n in names)
     q, k = cache[names[0]][0], cache[names[1]][0]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     # a norm-free model has no ln1 (sigma = 1)

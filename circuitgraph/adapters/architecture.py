@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import torch
 
 from circuitgraph.adapters.hf_config import GPT_OSS_ALPHA, GPT_OSS_LIMIT
+from circuitgraph.adapters.native_transformer import NativeTransformer
 from circuitgraph.errors import AttributionError, LoadError
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
@@ -126,6 +127,7 @@ _UNSUPPORTED_ARCH = {"BertForMaskedLM", "T5ForConditionalGeneration"}
 _OUTPUT_NORM_ARCH = {"Olmo2ForCausalLM", "Olmo3ForCausalLM"}
 #: where a model format comes from: a TransformerLens folder / name, or a Hugging Face folder / snapshot
 ModelFormat = Literal["transformer_lens", "huggingface"]
+ModelBackendName = Literal["native", "transformer_lens"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,9 @@ class ModelAdapter:
         self.format = format
         #: the row of circuitgraph.adapters.hf_config.FAMILIES (config.json model_type), None otherwise
         self.family = family
+        #: which implementation runs the forward: ``native`` (circuitgraph's torch-only HookedTransformer,
+        #: circuitgraph.adapters.native_transformer) or ``transformer_lens``
+        self.backend: ModelBackendName = "native" if isinstance(model, NativeTransformer) else "transformer_lens"
         output_norms = getattr(cfg, "original_architecture", None) in _OUTPUT_NORM_ARCH
         n_kv = cfg.n_key_value_heads if cfg.n_key_value_heads is not None else cfg.n_heads
         soft = lambda v: None if v is None or v <= 0 else float(v)  # noqa: E731
@@ -440,6 +445,20 @@ class ModelAdapter:
             return self.hook_resid_pre(layer) if what.startswith("ln1") else self.hook_resid_mid(layer)
         return None
 
+    def transformer_lens_model(self) -> Any:
+        """The model as a TransformerLens ``HookedTransformer``, for the callers that need its own
+        options (``use_split_qkv_input``): the model itself, or for the native backend its conversion
+        (:meth:`NativeTransformer.to_transformer_lens`: same config and weights), built once per
+        dtype and device."""
+        if not isinstance(self.model, NativeTransformer):
+            return self.model
+        key = (self.dtype, self.device)
+        cached = getattr(self, "_tl_model", None)
+        if cached is None or cached[0] != key:
+            cached = (key, self.model.to_transformer_lens())
+            self._tl_model = cached
+        return cached[1]
+
     def has_hook(self, name: str) -> bool:
         return name in self.model.hook_dict or self._virtual_layer(name) is not None or bool(self.hook_alias(name))
 
@@ -611,7 +630,8 @@ class ModelAdapter:
 
     def describe(self) -> dict[str, Any]:
         """Identity for metadata: name, source and facts."""
-        out = {"name": self.name, "source": self.source, "format": self.format, "architecture": self.facts.to_dict()}
+        out = {"name": self.name, "source": self.source, "format": self.format, "backend": self.backend,
+               "architecture": self.facts.to_dict()}
         if self.family is not None:
             out["family"] = self.family
         return out

@@ -157,10 +157,13 @@ def model_names(model_spec: ModelSpec, config_name: str | None) -> dict[str, str
 def model_mismatch(declared: DeclaredDictionary, names: dict[str, str], where: str) -> str | None:
     """``None`` when every model the dictionary names is one of ``names`` (or it names none); else
     one sentence naming both."""
+    # a name written the same way matches without TransformerLens's alias table (importing it costs seconds)
+    plain = {_plain(n) for n in names.values()}
+    unmatched = {f: n for f, n in declared.model_names.items() if _plain(n) not in plain}
     mine: set[str] = set()
-    for n in names.values():
+    for n in names.values() if unmatched else ():
         mine |= _aliases(n)
-    bad = {f: n for f, n in declared.model_names.items() if not (_aliases(n) & mine)}
+    bad = {f: n for f, n in unmatched.items() if not (_aliases(n) & mine)}
     if not bad:
         return None
     file, theirs = next(iter(bad.items()))

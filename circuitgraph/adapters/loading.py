@@ -8,7 +8,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file
@@ -23,12 +23,17 @@ from circuitgraph.adapters.files import (
 )
 from circuitgraph.adapters.hf_config import FAMILIES, load_snapshot, unsupported_model_type_message
 from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
+from circuitgraph.adapters.native_transformer import NativeConfig, NativeTransformer, native_unsupported
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries.hub import _cache_dir, _offline
 from circuitgraph.errors import LoadError, one_line
 
-__all__ = ["load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
+__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
+
+#: how a TransformerLens folder's model runs (the spec's ``model: {backend: ...}``)
+ModelBackend = Literal["auto", "native", "transformer_lens"]
+MODEL_BACKENDS: tuple[str, ...] = ("auto", "native", "transformer_lens")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -56,7 +61,8 @@ def resolve_device(device: str | None) -> str:
 
 
 def load_model_dir(
-    path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False
+    path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False,
+    backend: ModelBackend = "auto",
 ) -> ModelAdapter:
     """Load ``DIR/config.json`` (HookedTransformerConfig fields) + ``DIR/model.safetensors``
     (a HookedTransformer state dict) + optional ``DIR/tokenizer/``.
@@ -64,14 +70,19 @@ def load_model_dir(
     config.json is read through an allow-list (:mod:`circuitgraph.adapters.model_config`):
     ``tokenizer_name`` and ``trust_remote_code`` pass only with ``trust_remote_code=True``
     (the spec's ``model: {trust_remote_code: true}``), so a model folder cannot run code.
+
+    ``backend``: ``auto`` runs the model with circuitgraph's torch-only HookedTransformer
+    (:mod:`circuitgraph.adapters.native_transformer`, no transformer_lens import) when the config is
+    in its whitelist, with TransformerLens otherwise; ``native`` / ``transformer_lens`` force one
+    (``native`` on a config outside the whitelist is a one-line error naming the field).
     """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-
     path = Path(path)
     if not path.is_dir():
         raise LoadError(f"model directory {path} does not exist")
     if model_folder_format(path) == "huggingface":
+        if backend == "native":
+            raise LoadError(f"model directory {path} is a Hugging Face folder: model: {{backend: native}} runs "
+                            "TransformerLens folders only; use backend: auto")
         return load_hf_dir(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     cfg_file, weights = path / "config.json", path / "model.safetensors"
     for f in (cfg_file, weights):
@@ -87,15 +98,9 @@ def load_model_dir(
     # every parameter comes from model.safetensors (a missing one is an error below), so
     # TransformerLens's random initialisation would only cost time (seconds for GPT-2 sizes)
     raw["init_weights"] = False
-    try:
-        cfg = HookedTransformerConfig(**raw)
-    except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error
-        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {one_line(exc, limit=300, typed=False)}") from None
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
-            model = HookedTransformer(cfg, move_to_device=False)
-    except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {one_line(exc, limit=300, typed=False)}") from None
+    native = _choose_backend(raw, backend, cfg_file) == "native"
+    model = _build_native(raw, cfg_file) if native else _build_transformer_lens(raw, cfg_file)
+    cfg = model.cfg
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     wrong = [f"{k} is {list(shapes[k])}, config.json implies {list(expected[k])}"
              for k in shapes if k in expected and tuple(shapes[k]) != expected[k]]
@@ -119,6 +124,54 @@ def load_model_dir(
     tok_dir = resolve_tokenizer_dir(path / "tokenizer")
     tokenizer = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
     return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)}, format="transformer_lens")
+
+
+def _choose_backend(raw: dict[str, Any], backend: str, cfg_file: Path) -> str:
+    """``native`` or ``transformer_lens`` for a TransformerLens folder's config ``raw``."""
+    if backend not in MODEL_BACKENDS:
+        raise LoadError(f"model backend {backend!r} is not one of {', '.join(MODEL_BACKENDS)}")
+    if backend == "transformer_lens":
+        return backend
+    unsupported = native_unsupported(raw)
+    if backend == "native" and unsupported is not None:
+        raise LoadError(f"{cfg_file}: model: {{backend: native}} cannot run this model: {unsupported}; "
+                        "use backend: auto or transformer_lens")
+    return "native" if unsupported is None else "transformer_lens"
+
+
+def folder_backend(path: str | Path, backend: str = "auto", *, trust_remote_code: bool = False) -> str:
+    """What :func:`load_model_dir` will run the model folder ``path`` with: ``native`` or
+    ``transformer_lens`` (Hugging Face folders, configs outside the native whitelist); reads only
+    config.json. A folder that cannot be read says ``transformer_lens`` (the load reports it)."""
+    path = Path(path)
+    try:
+        if model_folder_format(path) == "huggingface":
+            return "transformer_lens"
+        return _choose_backend(read_model_config(path / "config.json", trust_remote_code=trust_remote_code),
+                               backend, path / "config.json")
+    except LoadError:
+        return "transformer_lens"
+
+
+def _build_native(raw: dict[str, Any], cfg_file: Path) -> NativeTransformer:
+    try:
+        return NativeTransformer(NativeConfig.from_kwargs(**raw))
+    except Exception as exc:  # noqa: BLE001 - the config's own problem, as TransformerLens would report it
+        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {one_line(exc, limit=300, typed=False)}") from None
+
+
+def _build_transformer_lens(raw: dict[str, Any], cfg_file: Path) -> Any:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    try:
+        cfg = HookedTransformerConfig(**raw)
+    except Exception as exc:  # noqa: BLE001 - surface TL's message as a load error
+        raise LoadError(f"{cfg_file}: invalid HookedTransformerConfig: {one_line(exc, limit=300, typed=False)}") from None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints on device moves
+            return HookedTransformer(cfg, move_to_device=False)
+    except Exception as exc:  # noqa: BLE001
+        raise LoadError(f"{cfg_file}: TransformerLens cannot build this model: {one_line(exc, limit=300, typed=False)}") from None
 
 
 def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False,
@@ -313,11 +366,12 @@ def load_model_name(
     return ModelAdapter(model, tokenizer=tokenizer, source={"name": name, "fold_ln": fold_ln}, format="transformer_lens")
 
 
-def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu") -> tuple[ModelAdapter, Path]:
+def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu",
+                       backend: ModelBackend = "auto") -> tuple[ModelAdapter, Path]:
     """The built-in model ``name``; returns the adapter and the bundle folder (with transcoders/)."""
     if name not in BUILTIN_MODELS:
         raise LoadError(f"unknown built-in model {name!r}; available: {', '.join(sorted(BUILTIN_MODELS))}")
     bundle = Path(BUILTIN_MODELS[name]())
-    adapter = load_model_dir(bundle / "model", dtype=dtype, device=device)
+    adapter = load_model_dir(bundle / "model", dtype=dtype, device=device, backend=backend)
     adapter.source = {"builtin": name}
     return adapter, bundle

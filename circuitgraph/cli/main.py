@@ -115,8 +115,9 @@ def run(
 
         loaded = load_spec(spec)
         from circuitgraph.pipeline import entry  # imports torch: only here
+        from circuitgraph.pipeline.inputs import needs_transformer_lens
 
-        _settle_heap()
+        _settle_heap(transformer_lens=needs_transformer_lens(loaded))
 
         if dry_run:
             lines = list(entry.dry_run(loaded))
@@ -439,17 +440,18 @@ def openmp_defaults(environ) -> None:  # os.environ or a dict
         environ.update(OPENMP_DEFAULTS)
 
 
-def _settle_heap() -> None:
+def _settle_heap(transformer_lens: bool = True) -> None:
     """Import the model library, freeze what the imports left out of the garbage collector's
     scans (:func:`gc.freeze`) and turn the collector on again with larger generations: what a
     run allocates afterwards is still collected, the million library objects are never
     rescanned."""
     import gc
 
-    try:
-        import transformer_lens  # noqa: F401 - every run loads its model with it; imported with the collector off
-    except ImportError:  # a required dependency; the load reports it
-        pass
+    if transformer_lens:  # a run whose model needs it (not a folder the native forward runs: 3 s saved)
+        try:
+            import transformer_lens  # imported with the collector off
+        except ImportError:  # a required dependency; the load reports it
+            pass
     gc.freeze()
     gc.set_threshold(100_000, 50, 1000)
     gc.enable()

@@ -48,10 +48,13 @@ class ModelRecord:
     architecture: dict[str, Any]
     #: where the model came from: ``transformer_lens`` or ``huggingface`` (docs/models.md)
     format: str = "transformer_lens"
+    #: which implementation ran the forward: ``native`` (circuitgraph's torch-only HookedTransformer) or
+    #: ``transformer_lens`` (docs/models.md)
+    backend: str = "transformer_lens"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "n_layers": self.n_layers, "source": self.source,
-                "architecture": self.architecture, "format": self.format}
+                "architecture": self.architecture, "format": self.format, "backend": self.backend}
 
 
 @dataclass(frozen=True)

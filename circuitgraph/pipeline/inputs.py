@@ -14,17 +14,35 @@ import torch
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
 from circuitgraph.adapters.files import read_direction_file
-from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, torch_dtype
+from circuitgraph.adapters.loading import (
+    folder_backend,
+    load_builtin_model,
+    load_model_dir,
+    load_model_name,
+    torch_dtype,
+)
 from circuitgraph.adapters.tokenizer import check_prompt_text
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
-from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.dictionaries import TranscoderSet, load_dictionaries
 from circuitgraph.dictionaries.hub import load_hf_dictionaries, resolve_hf_dictionary
 from circuitgraph.dictionaries.registry import load_release
 from circuitgraph.errors import AttributionError, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 
-__all__ = ["load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets", "resolve_prompt_like"]
+__all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
+           "resolve_prompt_like"]
+
+
+def needs_transformer_lens(spec: Spec) -> bool:
+    """Whether loading ``spec``'s model imports transformer_lens: models by name, Hugging Face folders,
+    ``backend: transformer_lens`` and TransformerLens folders outside the native whitelist do
+    (:func:`circuitgraph.adapters.loading.folder_backend`)."""
+    m = getattr(spec, "model", None)
+    if m is None or m.source == "name" or m.backend == "transformer_lens":
+        return True
+    path = m.path if m.source == "path" else BUILTIN_MODELS[m.builtin]() / "model"
+    return folder_backend(path, m.backend, trust_remote_code=m.trust_remote_code) != "native"
 
 
 def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
@@ -35,13 +53,14 @@ def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     # float64 accumulation runs the whole forward in float64 so measured values are exact too
     load_dtype = "float64" if compute == torch.float64 else m.dtype
     if m.source == "path":
-        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device, trust_remote_code=m.trust_remote_code)
+        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device, trust_remote_code=m.trust_remote_code,
+                                 backend=m.backend)
     elif m.source == "name":
         adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
                                   center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
                                   trust_remote_code=m.trust_remote_code)
     else:
-        adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device)
+        adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device, backend=m.backend)
     adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
     tcs = None
     t = spec.transcoders

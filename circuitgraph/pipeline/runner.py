@@ -311,7 +311,8 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
     strs = [tok.token_str(t) if tok is not None else f"<{t}>" for t in tokens]
     metadata = RunMetadata(
         spec=spec.model_dump(mode="json"),
-        model=ModelRecord(adapter.name, L, adapter.source, adapter.facts.to_dict(), adapter.format),
+        model=ModelRecord(adapter.name, L, adapter.source, adapter.facts.to_dict(), adapter.format,
+                          adapter.backend),
         transcoders=tcs.describe() if tcs is not None else None,
         prompt_tokens=tokens,
         prompt_token_strs=strs,

@@ -56,6 +56,14 @@ class ModelSpec(StrictModel):
     fold_ln: Bool = Field(False, description="Fold LayerNorm weights (pretrained models loaded by name only).")
     center_writing_weights: Bool = Field(False, description="Center weights writing to the residual (name only).")
     center_unembed: Bool = Field(False, description="Center the unembedding (name only).")
+    backend: Literal["auto", "native", "transformer_lens"] = Field(
+        "auto",
+        description="What runs a TransformerLens folder's forward (path, builtin): auto = circuitgraph's "
+        "torch-only HookedTransformer when the config is one it implements (docs/models.md lists them; no "
+        "transformer_lens import), TransformerLens otherwise; native = always the former (an error naming the "
+        "unsupported field otherwise); transformer_lens = always TransformerLens. Hugging Face folders and "
+        "models loaded by name run with TransformerLens.",
+    )
     trust_remote_code: Bool = Field(
         False,
         description="Let a model folder's config.json name a tokenizer elsewhere (tokenizer_name) and let "
@@ -86,6 +94,9 @@ class ModelSpec(StrictModel):
                         (key, f"{key} is only applied to pretrained models loaded by name, this model uses "
                          f"{given[0]}; remove it")
                     )
+        if self.backend == "native" and self.name is not None:
+            problems.append(("backend", "backend native runs TransformerLens folders (path, builtin), this model "
+                             "is loaded by name with TransformerLens; use backend: auto"))
         if problems:
             raise rule_error(*problems)
         return self

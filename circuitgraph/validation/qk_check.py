@@ -116,7 +116,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     """For each ``(side, node)``: the pre-cap score of ``head`` at (query, key) minus the score
     with ``node`` removed from that side only (``side`` is ``"query"`` or ``"key"``)."""
     a, lin = context.adapter, context.linearisation
-    model = a.model
+    model = a.transformer_lens_model()  # split query/key inputs are TransformerLens's (use_split_qkv_input)
     resid_name = a.hook_resid_pre(layer)
     # 1. the residual at resid_pre(layer) with each node removed, in the frozen model
     removed: list[torch.Tensor] = []
