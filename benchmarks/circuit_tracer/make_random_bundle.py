@@ -3,7 +3,20 @@
 
     python benchmarks/circuit_tracer/make_random_bundle.py --out OUT/bundles/rand-6L \
         [--n-layers 6 --d-model 256 --n-heads 8 --d-mlp 1024 --d-vocab 1000 --d-sae 4096 \
-         --active-frac 0.02 --prompt-len 32 --style gpt2|llama --act relu|jumprelu --skip]
+         --active-frac 0.02 --prompt-len 32 --style gpt2|llama --act relu|jumprelu --skip
+         --n-calib-prompts 64 --calib-len N --no-fit-decoder]
+
+Llama-3.2-1B size (about 6 GB of model and 8.6 GB of transcoders; about 7 GB peak memory,
+13 minutes on 2 busy cores):
+
+    python benchmarks/circuit_tracer/make_random_bundle.py --out OUT/bundles/llama-1b-size \
+        --style llama --n-layers 16 --d-model 2048 --n-heads 32 --n-kv-heads 8 --d-head 64 \
+        --d-mlp 8192 --d-vocab 128256 --n-ctx 256 --d-sae 32768 --active-frac 0.003 \
+        --prompt-len 64 --n-calib-prompts 16 --calib-len 64 --no-fit-decoder
+
+Memory stays bounded at that size: the model is written tensor by tensor (no second copy),
+calibrated on the blocks' activations only (no unembedding) and dropped before the
+transcoders, which are built, written and freed one layer at a time.
 
 Writes (same layout as shared/fixtures/example-*):
   OUT/model/config.json        HookedTransformerConfig.to_dict(), dtype as a string
