@@ -3,7 +3,20 @@
 
     python benchmarks/circuit_tracer/make_random_bundle.py --out OUT/bundles/rand-6L \
         [--n-layers 6 --d-model 256 --n-heads 8 --d-mlp 1024 --d-vocab 1000 --d-sae 4096 \
-         --active-frac 0.02 --prompt-len 32 --style gpt2|llama --act relu|jumprelu --skip]
+         --active-frac 0.02 --prompt-len 32 --style gpt2|llama --act relu|jumprelu --skip
+         --n-calib-prompts 64 --calib-len N --no-fit-decoder]
+
+Llama-3.2-1B size (about 6 GB of model and 8.6 GB of transcoders; about 7 GB peak memory,
+13 minutes on 2 busy cores):
+
+    python benchmarks/circuit_tracer/make_random_bundle.py --out OUT/bundles/llama-1b-size \
+        --style llama --n-layers 16 --d-model 2048 --n-heads 32 --n-kv-heads 8 --d-head 64 \
+        --d-mlp 8192 --d-vocab 128256 --n-ctx 256 --d-sae 32768 --active-frac 0.003 \
+        --prompt-len 64 --n-calib-prompts 16 --calib-len 64 --no-fit-decoder
+
+Memory stays bounded at that size: the model is written tensor by tensor (no second copy),
+calibrated on the blocks' activations only (no unembedding) and dropped before the
+transcoders, which are built, written and freed one layer at a time.
 
 Writes (same layout as shared/fixtures/example-*):
   OUT/model/config.json        HookedTransformerConfig.to_dict(), dtype as a string
@@ -32,7 +45,36 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.float64: "F64", torch.int64: "I64", torch.int32: "I32"}
+
+
+def save_safetensors_streaming(tensors: dict, path: Path) -> None:
+    """Write a .safetensors file one tensor at a time, without the whole-file byte copy that
+    ``safetensors.torch.save_file`` builds first (that copy doubles the peak at 6 GB of weights).
+    Same format: an 8-byte little-endian header length, a JSON header, the raw tensor bytes."""
+    header, offset = {}, 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_suffix(path.suffix + ".partial")
+    with open(tmp, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for t in tensors.values():
+            t = t.detach().contiguous()
+            if t.dtype == torch.bfloat16:
+                f.write(t.view(torch.int16).numpy().data)
+            else:
+                f.write(t.numpy().data)
+    tmp.replace(path)
 
 
 def write_tokenizer(out_dir: Path, d_vocab: int) -> None:
@@ -122,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tc-output-hook", default="hook_mlp_out")
     ap.add_argument("--no-fit-decoder", action="store_true")
     ap.add_argument("--ridge", type=float, default=1e-2)
+    ap.add_argument("--calib-len", type=int, default=None,
+                    help="calibration prompt length (default --prompt-len)")
     args = ap.parse_args(argv)
 
     from sae_lens.saes.transcoder import (
@@ -150,8 +194,10 @@ def main(argv=None) -> int:
         model.unembed.W_U.mul_(args.unembed_scale)
     model.eval()
     buffers = {n for n, _ in model.named_buffers()}
-    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in buffers}
-    save_file(sd, str(out / "model" / "model.safetensors"))
+    # the state dict shares the parameters' storage; written tensor by tensor (no second copy)
+    sd = {k: v for k, v in model.state_dict().items() if k not in buffers}
+    save_safetensors_streaming(sd, out / "model" / "model.safetensors")
+    del sd
     cfg_dict = dict(cfg.to_dict())  # to_dict() may return the live __dict__
     cfg_dict["dtype"] = str(cfg.dtype).replace("torch.", "")
     cfg_dict = {k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
@@ -161,11 +207,16 @@ def main(argv=None) -> int:
     write_tokenizer(out / "tokenizer", args.d_vocab)
 
     # ---------------------------------------------------------------- calibration data
-    calib = random_tokens(gen, args.n_calib_prompts, args.prompt_len, args.d_vocab)
+    calib = random_tokens(gen, args.n_calib_prompts, args.calib_len or args.prompt_len,
+                          args.d_vocab)
     in_names = [f"blocks.{l}.{args.tc_input_hook}" for l in range(args.n_layers)]
     out_names = [f"blocks.{l}.{args.tc_output_hook}" for l in range(args.n_layers)]
     with torch.no_grad():
-        _, cache = model.run_with_cache(calib, names_filter=lambda n: n in in_names + out_names)
+        # the transcoders' inputs and outputs only: the blocks, not the (large) unembedding
+        _, cache = model.run_with_cache(calib, names_filter=lambda n: n in in_names + out_names,
+                                        stop_at_layer=args.n_layers)
+    cache = {k: v for k, v in cache.items()}
+    del model  # the model is on disk; the transcoders need only its cached activations
 
     # ---------------------------------------------------------------- transcoders
     if args.act == "relu":
@@ -238,6 +289,7 @@ def main(argv=None) -> int:
             state["W_skip"] = W_skip
         tc.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, strict=True)
         tc.save_model(out / "transcoders" / f"layer_{layer}")
+        del tc, state, W_enc, W_dec, pre0, pre, acts, recon, W_skip  # one layer resident at a time
         stats.append({"layer": layer, "l0": l0, "active_frac": l0 / args.d_sae, "fvu": fvu,
                       "n_fit_rows": n_rows})
 

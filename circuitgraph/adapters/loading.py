@@ -112,7 +112,10 @@ def load_model_dir(
                         + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
     state = _load_safetensors(weights)
     state = {k: v.to(cfg.dtype) if v.is_floating_point() else v for k, v in state.items()}
-    result = model.load_state_dict(state, strict=False)
+    # assign: the module takes the loaded tensors (its own, never-initialised storage is dropped),
+    # so the weights are in memory once, not twice (12 GB instead of 6 GB at Llama-1B size)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    del state
     buffers = {name for name, _ in model.named_buffers()}
     missing = [k for k in result.missing_keys if k not in buffers]
     if missing or result.unexpected_keys:

@@ -38,6 +38,7 @@ from circuitgraph.dictionaries.clt import load_clt_dir, read_config_yaml
 from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
 from circuitgraph.dictionaries.layer_formats import load_eleuther_dir, load_gemmascope_dir, load_transcoder_set_dir
 from circuitgraph.dictionaries.protocol import Dictionary
+from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES
 from circuitgraph.dictionaries.transcoders import TranscoderSet
 from circuitgraph.errors import LoadError
 from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names
@@ -131,7 +132,7 @@ def _listed_files(path: Path, config: dict[str, Any]) -> dict[int, Path]:
 
 def load_saelens(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
                  config: dict[str, Any] | None) -> Any:
-    return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype)
+    return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
 
 
 def load_circuit_tracer_clt(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
@@ -242,19 +243,24 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     on disk (:class:`~circuitgraph.dictionaries.stored.StoredRows`): memory holds the biases and
     thresholds, the encoders (one layer at a time when they exceed 1 GiB together) and the decoder
     rows of the active features (``active_fraction`` of each layer's features at ``n_pos``
-    positions); sae-lens folders and GemmaScope ``.npz`` files are read whole."""
+    positions), and for per-layer transcoders read lazily the encoder rows of those features;
+    GemmaScope ``.npz`` files are read whole, sae-lens folders too unless their encoders
+    together exceed ``LAZY_ENCODER_BYTES`` (then read lazily, like the safetensors layouts)."""
     path = Path(path)
     fmt = detect_format(path)
     record = DICTIONARY_FORMATS[fmt]
     files = record.function("layer_files")(path)
     on_disk = sum(p.stat().st_size for p in files if p.is_file())
-    if record.footprint == "whole" or not files:
+    whole = record.footprint == "whole"
+    if fmt == "saelens" and files:  # lazy by size (TranscoderSet.from_dir)
+        whole = sum(_header(p).get("W_enc", ((), 0))[1] for p in files if p.is_file()) <= LAZY_ENCODER_BYTES
+    if whole or not files:
         d_sae = None
         if fmt == "saelens" and files:
             d_sae = int(json.loads((files[0].parent / "cfg.json").read_text())["d_sae"])
         return d_sae, on_disk, on_disk, f"{fmt} dictionary: {on_disk / 1024**2:.1f} MiB, read whole"
     enc_keys = {"W_enc", "w_enc", "encoder.weight"}
-    enc_layers, dec_row_bytes, small, d_sae = [], [], 0, None
+    enc_layers, dec_row_bytes, small, d_sae, d_in = [], [], 0, None, 0
     for p in files:
         if not p.is_file():
             continue
@@ -263,15 +269,20 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
             if base in enc_keys:
                 enc_layers.append(nbytes)
                 if d_sae is None:
-                    d_sae = shape[1] if key == "w_enc" else shape[0]
+                    d_sae = shape[1] if key == "w_enc" or fmt == "saelens" else shape[0]
+                    d_in = shape[0] if key == "w_enc" or fmt == "saelens" else shape[1]
             elif base in ("W_dec", "w_dec"):
                 n_rows = shape[0]
                 dec_row_bytes.append((n_rows, nbytes // max(n_rows, 1)))
             else:
                 small += nbytes
     enc_total = sum(enc_layers)
-    enc_bytes = max(enc_layers, default=0) if enc_total > 2**30 else enc_total
-    dec_bytes = sum(min(int(active_fraction * n * max(n_pos - 1, 1)), n) * row for n, row in dec_row_bytes)
+    lazy = enc_total > LAZY_ENCODER_BYTES
+    enc_bytes = max(enc_layers, default=0) if lazy else enc_total
+    n_active = [min(int(active_fraction * n * max(n_pos - 1, 1)), n) for n, _ in dec_row_bytes]
+    dec_bytes = sum(k * row for k, (_, row) in zip(n_active, dec_row_bytes))
+    if lazy and not record.cross_layer and d_sae is not None:  # the active features' encoder rows are kept
+        dec_bytes += sum(n_active) * d_in * 4
     total = small + enc_bytes + dec_bytes
     kind = "cross-layer transcoder" if record.cross_layer else f"{fmt} transcoders"
     note = (f"{kind}: {on_disk / 1024**2:.1f} MiB on disk, ~{total / 1024**2:.1f} MiB read into memory "

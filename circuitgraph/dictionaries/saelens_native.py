@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from circuitgraph.dictionaries.stored import StoredRows
+
 __all__ = ["NativeTranscoder", "read_folder"]
 
 #: architecture -> (skip connection, JumpReLU threshold)
@@ -118,7 +120,11 @@ class NativeTranscoder:
             self.cfg.dtype = _DTYPE_NAMES[dtype] if dtype in _DTYPE_NAMES else str(dtype)
             self.dtype = dtype
         for name in self._names:
-            setattr(self, name, getattr(self, name).to(device=device, dtype=dtype))
+            t = getattr(self, name)
+            if isinstance(t, StoredRows):  # left in its file: read (and cast) as it is used, on the CPU
+                t.dtype = dtype if dtype is not None else t.dtype
+            else:
+                setattr(self, name, t.to(device=device, dtype=dtype))
         return self
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,10 +171,27 @@ def _config(cfg: Any, device: str) -> NativeConfig | None:
     return NativeConfig(arch, *dims, dtype=dtype, device=device, metadata=metadata)
 
 
-def read_folder(path: str | Path, device: str = "cpu") -> NativeTranscoder | None:
+def encoder_bytes(path: str | Path) -> int | None:
+    """Bytes of the encoder ``W_enc`` that a folder's ``cfg.json`` declares (``d_in * d_sae`` in its
+    dtype), without reading the weights; ``None`` when the config is not one :func:`read_folder` reads."""
+    try:
+        with open(Path(path) / "cfg.json") as f:
+            cfg = _config(json.load(f), "cpu")
+    except Exception:  # noqa: BLE001
+        return None
+    if cfg is None:
+        return None
+    return cfg.d_in * cfg.d_sae * torch.tensor([], dtype=_DTYPES[cfg.dtype]).element_size()
+
+
+def read_folder(path: str | Path, device: str = "cpu", *, stored: bool = False) -> NativeTranscoder | None:
     """The transcoder in sae-lens folder ``path`` on ``device``, as ``SAE.load_from_disk(path,
     device=device)`` gives it; ``None`` when the folder is anything this reader does not fully
-    understand (the caller then loads it with sae-lens)."""
+    understand (the caller then loads it with sae-lens).
+
+    ``stored`` (CPU only): ``W_enc`` and ``W_dec`` stay in the memory-mapped file as
+    :class:`~circuitgraph.dictionaries.stored.StoredRows` (read by feature, cast to the config's
+    dtype as they are read); the vectors (``b_enc``, ``b_dec``, ``threshold``) and ``W_skip`` are read."""
     try:
         path = Path(path)
         with open(path / "cfg.json") as f:
@@ -184,10 +207,18 @@ def read_folder(path: str | Path, device: str = "cpu") -> NativeTranscoder | Non
             shapes["threshold"] = (cfg.d_sae,)
         dtype = _DTYPES[cfg.dtype]
         tensors = {}
-        with safe_open(str(path / "sae_weights.safetensors"), framework="pt", device=str(device)) as f:
+        stored = stored and torch.device(device).type == "cpu"
+        weights = path / "sae_weights.safetensors"
+        with safe_open(str(weights), framework="pt", device=str(device)) as f:
             if set(f.keys()) != set(shapes):
                 return None
             for name, shape in shapes.items():
+                if stored and name in ("W_enc", "W_dec"):
+                    sl = f.get_slice(name)
+                    if tuple(sl.get_shape()) != shape or sl.get_dtype() not in ("F16", "BF16", "F32", "F64"):
+                        return None
+                    tensors[name] = StoredRows(weights, name, feature_dim=1 if name == "W_enc" else 0, dtype=dtype)
+                    continue
                 t = f.get_tensor(name)
                 if tuple(t.shape) != shape or not t.is_floating_point():
                     return None

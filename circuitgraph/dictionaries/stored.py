@@ -28,7 +28,14 @@ from safetensors import safe_open
 
 from circuitgraph.errors import LoadError, NumericalError
 
-__all__ = ["StoredRows", "check_finite"]
+__all__ = ["LAZY_ENCODER_BYTES", "StoredRows", "check_finite"]
+
+#: per-layer dictionaries whose encoders together exceed this are read lazily by default (as CLTs):
+#: each layer's encoder is read when its activations are computed and not kept
+LAZY_ENCODER_BYTES = 2**30
+
+#: a column-stored matrix read by more runs of consecutive features than this is read whole
+_MAX_STRIDED_RUNS = 64
 
 
 def check_finite(t: torch.Tensor, where: str, name: str) -> None:
@@ -108,6 +115,13 @@ class StoredRows:
         ids = uniq.tolist()
         if ids[0] < 0 or ids[-1] >= self.n_features:
             raise IndexError(f"{self.path}: {self.key} has {self.n_features} features, asked for {ids[-1]}")
+        n_runs = 1 + sum(1 for a, b in zip(ids, ids[1:]) if b != a + 1)
+        if self.feature_dim == 1 and not self.tail and n_runs > _MAX_STRIDED_RUNS:
+            # features stored as columns: each run is a strided read of every stored row; past a few
+            # runs one read of the whole matrix (then a gather) is far faster, and gives the same values
+            whole = self.stored_matrix_raw()
+            self.bytes_read += whole.numel() * whole.element_size()
+            return self._finish(whole[:, uniq])[inv]
         parts, start = [], 0
         with self._open() as f:
             sl = f.get_slice(self.key)
@@ -117,6 +131,23 @@ class StoredRows:
                     start = i
         whole = torch.cat(parts, dim=self.feature_dim) if len(parts) > 1 else parts[0]
         return self._finish(whole)[inv]
+
+    def stored_matrix_raw(self) -> torch.Tensor:
+        """The whole matrix as stored (no ``tail``, no cast, no check, not counted)."""
+        with self._open() as f:
+            return f.get_slice(self.key)[:]
+
+    def stored_matrix(self) -> torch.Tensor:
+        """The whole matrix in its stored orientation (``feature_dim`` 1: ``(d_in, d_sae)``), contiguous,
+        checked and cast like :meth:`rows` -- for an encoder stored ``(d_in, d_sae)``, ``x @ W`` on it is
+        the same computation as on the in-memory matrix (no transposed copy)."""
+        if self.tail:
+            raise ValueError(f"{self.path}: {self.key}: stored_matrix() of a sliced matrix (tail {self.tail})")
+        t = self.stored_matrix_raw()
+        check_finite(t, str(self.path), self.key)
+        t = t.to(self.dtype).contiguous()
+        self.bytes_read += t.numel() * t.element_size()
+        return t
 
     def all(self) -> torch.Tensor:
         """The whole matrix, feature-major ``(n_features, ...)``."""

@@ -30,8 +30,8 @@ from circuitgraph._hub import require_hub
 from circuitgraph.adapters.files import check_transcoder_dir
 from circuitgraph.dictionaries import saelens_native
 from circuitgraph.dictionaries.clt import output_hook_name, output_site
-from circuitgraph.dictionaries.mlp_input import fold_mlp_input, is_mlp_input_hook, mlp_input_norm
-from circuitgraph.dictionaries.stored import StoredRows
+from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, is_mlp_input_hook, mlp_input_norm
+from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES, StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
 __all__ = ["TranscoderLayer", "TranscoderSet"]
@@ -89,6 +89,10 @@ class TranscoderLayer:
         self.enc_scale = enc_scale
         self.lazy = lazy
         self._enc_cache: torch.Tensor | None = None
+        #: lazy stored encoder: ``(sorted feature ids, their encoder rows)`` of the features active in the
+        #: last :meth:`activation` call that was not a subset of them (read from the one whole-encoder read
+        #: that computed the activations, so the engine's per-feature reads cost no second file read)
+        self._active_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __repr__(self) -> str:
         return (f"TranscoderLayer(layer={self.layer}, d_sae={self.d_sae}, architecture={self.architecture!r}, "
@@ -110,8 +114,12 @@ class TranscoderLayer:
             return self._enc
         if self._enc_cache is not None:
             return self._enc_cache
-        W = self._enc.all()
-        W = (W * self.enc_scale if self.enc_scale is not None else W).T
+        if self._enc.feature_dim == 1 and not self._enc.tail:  # stored (d_in, d_sae): read as it lies
+            W = self._enc.stored_matrix()
+            W = W * self.enc_scale[:, None] if self.enc_scale is not None else W
+        else:
+            W = self._enc.all()
+            W = (W * self.enc_scale if self.enc_scale is not None else W).T
         if not self.lazy:
             self._enc_cache = W
         return W
@@ -125,6 +133,12 @@ class TranscoderLayer:
         """Encoder directions ``(n, d_in)`` of features ``idx``."""
         if not isinstance(self._enc, StoredRows) or self._enc_cache is not None:
             return self.W_enc[:, idx].T.contiguous()  # laid out as rows read from a file: the same sums
+        if self._active_rows is not None:
+            ids, kept = self._active_rows
+            want = torch.as_tensor(idx, dtype=torch.long).reshape(-1).to(ids.device)
+            at = torch.searchsorted(ids, want).clamp(max=max(len(ids) - 1, 0))
+            if len(ids) and bool((ids[at] == want).all()):
+                return kept[at]
         rows = self._enc.rows(idx)
         return rows * self.enc_scale if self.enc_scale is not None else rows
 
@@ -145,7 +159,8 @@ class TranscoderLayer:
 
     def resident_bytes(self) -> int:
         """Bytes this layer holds in memory now (stored matrices count only if cached)."""
-        ts = [self.b_enc, self.b_dec, self.W_skip, self.threshold, self.enc_scale, self._enc_cache]
+        ts = [self.b_enc, self.b_dec, self.W_skip, self.threshold, self.enc_scale, self._enc_cache,
+              *(self._active_rows or ())]
         if not isinstance(self._enc, StoredRows):
             ts.append(self._enc)
         if not isinstance(self._dec, StoredRows):
@@ -154,8 +169,18 @@ class TranscoderLayer:
 
     def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W_enc + b_enc`` for inputs ``x (..., d_in)`` (a lazy stored encoder is read once per call)."""
-        W = self.W_enc
+        return self._pre_activation(x, self.W_enc)
+
+    def _pre_activation(self, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
         return x.to(W.dtype) @ W + self.b_enc
+
+    def _keep_active_rows(self, acts: torch.Tensor, W: torch.Tensor) -> None:
+        """After a lazy read of the whole encoder ``W``: keep the rows of the features ``acts`` shows
+        active (unless a previous call already kept all of them), and nothing else of ``W``."""
+        ids = (acts != 0).reshape(-1, acts.shape[-1]).any(0).nonzero().flatten().cpu()
+        if self._active_rows is not None and bool(torch.isin(ids, self._active_rows[0]).all()):
+            return
+        self._active_rows = (ids, W[:, ids.to(W.device)].T.contiguous())
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
         """Feature activations: the sae-lens object's own ``encode`` (its exact nonlinearity), or
@@ -168,14 +193,23 @@ class TranscoderLayer:
                     x = x * gamma if gamma is not None else x
                     x = x + beta if beta is not None else x
                 return self.sae.encode(x)
-            h = self.pre_activation(x)
-            if self.activation_kind == "jump_relu":
-                return h * (h > self.threshold)
-            h = torch.relu(h)
-            if self.activation_kind == "topk":
-                top = h.topk(min(int(self.topk), h.shape[-1]), dim=-1).indices
-                return h * torch.zeros_like(h).scatter_(-1, top, 1.0)
-            return h
+            W = self.W_enc  # a lazy stored encoder: read whole once here, dropped on return
+            acts = self._activate(self._pre_activation(x, W))
+            if isinstance(self._enc, StoredRows) and self._enc_cache is None:
+                self._keep_active_rows(acts, W)
+            return acts
+
+    def _activate(self, h: torch.Tensor) -> torch.Tensor:
+        if self.activation_kind == "jump_relu":
+            return h * (h > self.threshold)
+        if self.activation_kind == "saelens":  # a sae-lens folder read lazily: its encode, without the object
+            acts = torch.relu(h)
+            return acts * (h > self.threshold).to(acts.dtype) if self.threshold is not None else acts
+        h = torch.relu(h)
+        if self.activation_kind == "topk":
+            top = h.topk(min(int(self.topk), h.shape[-1]), dim=-1).indices
+            return h * torch.zeros_like(h).scatter_(-1, top, 1.0)
+        return h
 
     def reconstruction(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``acts @ W_dec + b_dec`` (+ skip), reading only the decoder rows of active features."""
@@ -220,11 +254,12 @@ def _match_layer(pattern: str, hook: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def load_sae_folder(path: str | Path, device: str = "cpu") -> Any:
+def load_sae_folder(path: str | Path, device: str = "cpu", *, stored: bool = False) -> Any:
     """The transcoder in a sae-lens ``save_model`` folder, as ``SAE.load_from_disk(path, device=device)``
     gives it: read natively (no sae-lens import) when :func:`~circuitgraph.dictionaries.saelens_native.read_folder`
-    recognises the folder exactly, else by sae-lens itself (which raises what it always raised)."""
-    native = saelens_native.read_folder(path, device=device)
+    recognises the folder exactly, else by sae-lens itself (which raises what it always raised).
+    ``stored``: the native reader leaves ``W_enc`` / ``W_dec`` in the file (read by feature)."""
+    native = saelens_native.read_folder(path, device=device, stored=stored)
     if native is not None:
         return native
     from sae_lens import SAE
@@ -232,7 +267,20 @@ def load_sae_folder(path: str | Path, device: str = "cpu") -> Any:
     return SAE.load_from_disk(str(path), device=device)
 
 
-def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any) -> TranscoderLayer:
+def _matrix_shape(m: Any, encoder: bool) -> tuple[int, ...]:
+    """A matrix's shape in sae-lens's orientation (a stored one is feature-major)."""
+    if isinstance(m, StoredRows):
+        n, rest = m.shape()[0], m.shape()[1:]
+        return (*rest, n) if encoder else (n, *rest)
+    return tuple(m.shape)
+
+
+def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any,
+              lazy: bool = False) -> TranscoderLayer:
+    """One layer from a sae-lens transcoder object; ``W_enc`` / ``W_dec`` may be
+    :class:`StoredRows` (a folder read with ``stored``): the layer then reads its encoder when it
+    computes activations (kept unless ``lazy``) and only the decoder rows of active features, and
+    applies sae-lens's ``encode`` itself."""
     cfg = sae.cfg
     arch = cfg.architecture() if callable(getattr(cfg, "architecture", None)) else str(getattr(cfg, "architecture", ""))
     if not hasattr(sae, "W_enc") or not hasattr(sae, "W_dec") or "transcoder" not in arch:
@@ -281,11 +329,12 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     if getattr(cfg, "normalize_activations", "none") not in ("none", None):
         raise LoadError(f"{where}: normalize_activations={cfg.normalize_activations!r} is not supported "
                         "(only 'none'); fold the normalisation into the weights first")
-    W_enc, W_dec = sae.W_enc.detach(), sae.W_dec.detach()
-    d_in, d_sae = W_enc.shape
-    if W_dec.shape[0] != d_sae:
-        raise ShapeMismatchError(f"{where}: W_dec has {W_dec.shape[0]} rows, W_enc has {d_sae} features")
-    d_out = W_dec.shape[1]
+    stored = isinstance(sae.W_enc, StoredRows)
+    W_enc, W_dec = (m if isinstance(m, StoredRows) else m.detach() for m in (sae.W_enc, sae.W_dec))
+    d_in, d_sae = _matrix_shape(W_enc, True)
+    if _matrix_shape(W_dec, False)[0] != d_sae:
+        raise ShapeMismatchError(f"{where}: W_dec has {_matrix_shape(W_dec, False)[0]} rows, W_enc has {d_sae} features")
+    d_out = _matrix_shape(W_dec, False)[1]
     if d_in != facts.d_model or d_out != facts.d_model:
         raise ShapeMismatchError(
             f"{where}: layer {layer} transcoder has d_in={d_in}, d_out={d_out}; "
@@ -299,6 +348,8 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     if threshold is not None:
         tensors["threshold"] = threshold
     for name, t in tensors.items():
+        if isinstance(t, StoredRows):
+            continue  # large (lazy): checked as it is read
         if not torch.isfinite(t).all():
             bad = (~torch.isfinite(t)).nonzero()[0].tolist()
             raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad})")
@@ -306,7 +357,19 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
     b_enc, b_dec = sae.b_enc.detach(), sae.b_dec.detach()
     W_skip = None if W_skip is None else W_skip.detach()
     sae_input = None
-    if site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
+    enc_scale = None
+    if site == "mlp_input" and stored:  # gamma scales every encoder row as it is read; beta: one read now
+        dt = b_enc.dtype
+        gamma, beta = mlp_input_norm(adapter, layer)
+        enc_scale = None if gamma is None else gamma.to(dt)
+        if beta is not None:
+            b_enc = (b_enc.double() + fold_input(W_enc.stored_matrix(), None, beta)[1]).to(dt)
+            W_enc.bytes_read = 0
+        if W_skip is not None:  # sae-lens skip: x @ W_skip.T
+            folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
+            W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
+        site, hook_in = "normalized", adapter.hook_norm_normalized("ln2", layer)
+    elif site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
 
         dt = W_enc.dtype
         folded, shift = fold_mlp_input(adapter, layer, W_enc)
@@ -329,9 +392,11 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any)
         hook_out=hook_out,
         architecture=arch,
         source=where,
-        sae=sae,
+        sae=None if stored else sae,  # stored: the layer applies sae-lens's encode (activation_kind "saelens")
         sae_input=sae_input,
         output_site=out_site,
+        enc_scale=enc_scale,
+        lazy=lazy,
     )
 
 
@@ -407,10 +472,16 @@ class TranscoderSet:
 
     @classmethod
     def from_dir(cls, path: str | Path, adapter: Any, *, layers: list[int] | None = None,
-                 dtype: torch.dtype | None = None) -> "TranscoderSet":
+                 dtype: torch.dtype | None = None, lazy: bool | None = None) -> "TranscoderSet":
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output): read directly from
         their files (:mod:`~circuitgraph.dictionaries.saelens_native`), with sae-lens only for a
-        folder that reader does not recognise."""
+        folder that reader does not recognise.
+
+        ``lazy`` (default: when the encoders together exceed 1 GiB, as for cross-layer
+        transcoders; CPU, natively read folders): the encoders and decoders stay in their
+        memory-mapped files (:class:`StoredRows`); each layer's encoder is read whole when its
+        activations are computed and dropped after (only the rows of the active features are
+        kept), and decoder rows are read for active features only."""
         path = Path(path)
         if not path.is_dir():
             raise LoadError(f"transcoder directory {path} does not exist")
@@ -428,14 +499,18 @@ class TranscoderSet:
             for fname in ("cfg.json", "sae_weights.safetensors"):
                 if not (sub / fname).is_file():
                     raise LoadError(f"{sub} has no {fname} (expected sae-lens save_model output)")
+        if lazy is None:
+            sizes = [saelens_native.encoder_bytes(sub) for sub in found.values()]
+            lazy = sum(s or 0 for s in sizes) > LAZY_ENCODER_BYTES
+        for lyr, sub in sorted(found.items()):
             adapter.check_layer(lyr, what=f"transcoder folder {sub.name}: layer")
             try:
-                sae = load_sae_folder(sub, device=str(adapter.device))
+                sae = load_sae_folder(sub, device=str(adapter.device), stored=lazy)
             except Exception as exc:  # noqa: BLE001
                 raise LoadError(f"{sub}: sae-lens could not load it ({type(exc).__name__}: {exc})") from None
             if dtype is not None:
                 sae = sae.to(dtype=dtype)
-            out[lyr] = _from_sae(sae, where=str(sub), expected_layer=lyr, adapter=adapter)
+            out[lyr] = _from_sae(sae, where=str(sub), expected_layer=lyr, adapter=adapter, lazy=lazy)
         return cls(out, {"path": str(path)})
 
     @classmethod
