@@ -340,15 +340,29 @@ def _agreement(c: dict[str, Any]) -> list[str]:
         f"| largest edge | {c['largest_edge']:.4g} | |",
         f"| largest edge difference (every entry of the adjacency) | {c['max_abs_difference']:.3g} "
         f"({rel:.2e} of the largest edge) | <= 1e-5 of the largest edge: {_met(rel <= 1e-5)} |",
-        f"| kept nodes after pruning (circuit-tracer / circuitgraph) | {p['n_nodes_kept_ct']:,} / "
-        f"{p['n_nodes_kept_circuitgraph']:,}, equal: {p['kept_nodes_equal']} | equal: {_met(p['kept_nodes_equal'])} |",
-        f"| kept edges after pruning (circuit-tracer / circuitgraph) | {p['n_edges_kept_ct']:,} / "
-        f"{p['n_edges_kept_circuitgraph']:,}, equal: {p['kept_edges_equal']} (only circuit-tracer "
-        f"{p['n_edges_only_ct']}, only circuitgraph {p['n_edges_only_circuitgraph']}) | equal: "
-        f"{_met(p['kept_edges_equal'])} |"]
-    if p.get("n_nodes_kept_without_ct_node"):
-        lines.append(f"| kept circuitgraph nodes without a circuit-tracer counterpart (remainder nodes) / their kept "
-                     f"edges | {p['n_nodes_kept_without_ct_node']:,} / {p.get('n_edges_kept_without_ct_node', 0):,} | |")
+    ]
+    if c.get("n_remainder_edges_circuitgraph"):
+        lines.append(f"| circuitgraph's remainder-node edges (the unselected features' contributions, which "
+                     f"circuit-tracer leaves out; not compared): count, largest | "
+                     f"{c['n_remainder_edges_circuitgraph']:,}, {c['largest_remainder_edge_circuitgraph']:.3g} | |")
+    same = c.get("pruning_without_remainders")
+    for label, q, target in (
+            ("circuitgraph's graph as built" + (" (remainder nodes kept)" if same else ""), p, same is None),
+            ("circuitgraph's graph without its remainder nodes (circuit-tracer's node set and adjacency)", same, True)):
+        if q is None:
+            continue
+        lines += [
+            f"| kept nodes after pruning, {label} (circuit-tracer / circuitgraph) | {q['n_nodes_kept_ct']:,} / "
+            f"{q['n_nodes_kept_circuitgraph']:,}, equal: {q['kept_nodes_equal']}"
+            + (f" (+ {q['n_nodes_kept_without_ct_node']:,} remainder nodes)" if q.get("n_nodes_kept_without_ct_node")
+               else "") + f" | {'equal: ' + _met(q['kept_nodes_equal']) if target else ''} |",
+            f"| kept edges after pruning, {label} (circuit-tracer / circuitgraph) | {q['n_edges_kept_ct']:,} / "
+            f"{q['n_edges_kept_circuitgraph']:,}, equal: {q['kept_edges_equal']} (only circuit-tracer "
+            f"{q['n_edges_only_ct']}, only circuitgraph {q['n_edges_only_circuitgraph']}"
+            + (f"; + {q['n_edges_kept_without_ct_node']:,} touching remainder nodes" if q.get("n_edges_kept_without_ct_node")
+               else "") + f") | {'equal: ' + _met(q['kept_edges_equal']) if target else ''} |"]
+    if same is not None:
+        p = same
     cut = p.get("edge_cut")
     if cut and cut.get("rank") is not None:
         before = cut["cumulative_share_before_cut_minus_threshold"]
@@ -665,13 +679,15 @@ def readme_paragraph(results: dict[str, Any]) -> str:
         if ct.get("peak_mb") and n["cg_peak_mb"]:
             text += f"; peak memory {n['cg_peak_mb'] / 1024:.1f} GB against {ct['peak_mb'] / 1024:.1f} GB"
         cmp = e["side_by_side"].get("comparison") or {}
-        p = cmp.get("pruning") or {}
+        p = cmp.get("pruning_without_remainders") or cmp.get("pruning") or {}
         sel = cmp.get("selected_features") or {}
         same = [w for w, ok in (("selected features", sel.get("selected_features_equal")),
                                 ("kept nodes", p.get("kept_nodes_equal")), ("kept edges", p.get("kept_edges_equal")))
                 if ok]
         if same:
-            text += "; the same " + ", ".join(same)
+            text += "; the same " + ", ".join(same) + (
+                " (pruned on circuit-tracer's node set, circuitgraph's remainder nodes set aside)"
+                if "pruning_without_remainders" in cmp and any(w.startswith("kept") for w in same) else "")
         parts.append(text + ".")
     e = suites.get("llama_1b")
     ok = [r for r in (e or {}).get("runs") or [] if "result" in r]

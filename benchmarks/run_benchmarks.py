@@ -380,9 +380,10 @@ def external_bundle(path: Path, make_args: str | None, work: Path, name: str) ->
     MAKE_ARGS`` when ``PATH`` holds no model and ``make_args`` is given.  A string: why not."""
     import shlex
 
-    if not (path / "model" / "config.json").exists():
+    if not (path / "bundle.json").exists():  # make_random_bundle.py writes it last
         if not make_args:
-            return (f"no bundle at {_portable(path)} (give --llama-bundle DIR, or --llama-bundle-args "
+            what = "an incomplete bundle (no bundle.json: still being built?)" if path.exists() else "no bundle"
+            return (f"{what} at {_portable(path)} (give --llama-bundle DIR, or --llama-bundle-args "
                     "'make_random_bundle.py arguments' to build one there)")
         log(f"building bundle {name} in {path}: make_random_bundle.py {make_args}")
         res = run_process([sys.executable, str(MAKE_BUNDLE), "--out", str(path), *shlex.split(make_args)],

@@ -24,8 +24,10 @@ circuit-tracer has an error node at position 0 of every layer whose column is al
 circuitgraph folds the position-0 MLP output into constants, so those nodes have no
 counterpart (and carry no edge).  With ``max_feature_nodes``, circuitgraph's remainder nodes (the
 unselected features' contributions, summed per layer and position) have no circuit-tracer
-counterpart either; the kept nodes and edges are compared over the nodes both have, and the kept
-ones touching a remainder node are counted separately.
+counterpart either (their edges are counted on their own, not as differences); the kept nodes and
+edges are compared over the nodes both have, the kept ones touching a remainder node counted
+separately, and once more after removing the remainder nodes before pruning
+(``pruning_without_remainders``: the graph then holds exactly circuit-tracer's adjacency).
 """
 
 from __future__ import annotations
@@ -82,7 +84,12 @@ def edge_difference(adjacency: np.ndarray, graph: Any, row_map: np.ndarray) -> d
     theirs = adjacency[t[both], s[both]].astype(np.float64)
     diff_on_ours = np.abs(w[both] - theirs)
     worst_i = int(diff_on_ours.argmax()) if diff_on_ours.size else -1
-    only_ours = float(np.abs(w[~both]).max()) if (~both).any() else 0.0
+    # remainder nodes (max_feature_nodes) hold the unselected features' contributions, which
+    # circuit-tracer leaves out of its adjacency: not a disagreement, counted on their own
+    remainder = np.array([n.kind == "remainder" for n in graph.nodes], dtype=bool)
+    from_remainder = remainder[graph.edge_source] | remainder[graph.edge_target]
+    other = ~both & ~from_remainder
+    only_ours = float(np.abs(w[other]).max()) if other.any() else 0.0
     adjacency[t[both], s[both]] = 0.0  # what is left: circuit-tracer entries circuitgraph lacks
     only_theirs = float(np.abs(adjacency).max())
     largest = max(float(diff_on_ours.max()) if diff_on_ours.size else 0.0, only_ours, only_theirs)
@@ -93,6 +100,8 @@ def edge_difference(adjacency: np.ndarray, graph: Any, row_map: np.ndarray) -> d
         "max_difference_on_shared_edges": float(diff_on_ours.max()) if diff_on_ours.size else 0.0,
         "largest_ct_entry_without_circuitgraph_edge": only_theirs,
         "largest_circuitgraph_edge_without_ct_node": only_ours,
+        "n_remainder_edges_circuitgraph": int(from_remainder.sum()),
+        "largest_remainder_edge_circuitgraph": float(np.abs(w[from_remainder]).max()) if from_remainder.any() else 0.0,
         "worst_shared_edge": ([str(graph.nodes[int(graph.edge_source[both][worst_i])].id),
                                str(graph.nodes[int(graph.edge_target[both][worst_i])].id)]
                               if worst_i >= 0 else None),
@@ -214,6 +223,12 @@ def compare(ct_dir: Path, graph_npz: Path) -> dict[str, Any]:
     with np.load(ct_dir / "prune.npz") as z:
         ct_prune = {k: z[k] for k in z.files}
     out["pruning"] = pruning_agreement(ct_prune, graph, row_map, order)
+    if any(n.kind == "remainder" for n in graph.nodes):
+        # the same pruning on circuit-tracer's node set: circuitgraph's graph without its remainder
+        # nodes holds exactly circuit-tracer's adjacency, so a difference left here is a pruning one
+        same_nodes = graph.subgraph([n.id for n in graph.nodes if n.kind != "remainder"])
+        out["pruning_without_remainders"] = pruning_agreement(ct_prune, same_nodes, _row_map(same_nodes, order),
+                                                              order)
     return out
 
 

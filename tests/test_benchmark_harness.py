@@ -263,3 +263,26 @@ def test_selected_features_are_compared_as_sets():
     other = sbs.selected_features_agreement(ct, graph((0, 1, 5), (0, 2, 7)))
     assert not other["selected_features_equal"]
     assert other["only_ct"] == [[1, 3, 9]] and other["only_circuitgraph"] == [[0, 2, 7]]
+
+
+def test_edge_difference_sets_remainder_edges_aside_but_not_missing_or_wrong_edges():
+    """circuitgraph's remainder nodes (max_feature_nodes) hold what circuit-tracer leaves out: their
+    edges are counted apart; an edge that differs, or one circuit-tracer has and circuitgraph lacks,
+    is still a difference."""
+    sbs = _load("side_by_side")
+    kinds = ["feature", "feature", "logit", "remainder"]
+    graph = SimpleNamespace(nodes=[SimpleNamespace(kind=k, id=str(i)) for i, k in enumerate(kinds)],
+                            edge_target=np.array([2, 2, 2]), edge_source=np.array([0, 1, 3]),
+                            edge_weight=np.array([1.0, 2.0, 5.0]), n_edges=3)
+    row_map = np.array([0, 1, 2, -1])  # the remainder node has no circuit-tracer row
+    adjacency = np.zeros((3, 3), dtype=np.float32)
+    adjacency[2, 0], adjacency[2, 1] = 1.0, 2.0
+    same = sbs.edge_difference(adjacency.copy(), graph, row_map)
+    assert same["max_abs_difference"] == 0.0
+    assert (same["n_remainder_edges_circuitgraph"], same["largest_remainder_edge_circuitgraph"]) == (1, 5.0)
+    wrong = adjacency.copy()
+    wrong[2, 1] = 2.5
+    assert sbs.edge_difference(wrong, graph, row_map)["max_abs_difference"] == pytest.approx(0.5)
+    missing = adjacency.copy()
+    missing[1, 0] = 0.75  # an edge circuit-tracer has, circuitgraph not
+    assert sbs.edge_difference(missing, graph, row_map)["largest_ct_entry_without_circuitgraph_edge"] == 0.75
