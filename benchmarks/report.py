@@ -301,7 +301,8 @@ def _side_by_side(s: dict[str, Any], target: float) -> list[str]:
     row("features: active / selected", [f"{pipe[k].get('n_active_features', '-'):,} / "
                                         f"{pipe[k].get('n_selected_features', '-'):,}" if pipe[k] else "-"
                                         for k in kinds],
-        f"{stages.get('n_active_features', 0):,} feature nodes" if stages else "-", ["" for _ in kinds], "")
+        f"{stages.get('n_active_features', 0):,} / {(stages.get('nodes_by_kind') or {}).get('feature', 0):,}"
+        if stages else "-", ["" for _ in kinds], "")
     row("pruned JSON size (MB)", [_mb(pipe[k].get("json_bytes")) for k in kinds],
         _mb(cli_runs[0].get("json_bytes") if cli_runs else None), ["" for _ in kinds], "")
     for k, v in failed.items():

@@ -895,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ct-time-cap-min", type=float, default=60.0,
                     help="stop circuit-tracer's Llama-size attempt after this many minutes")
     ap.add_argument("--dataset-n", type=int, default=None, help="prompts of the dataset suite (default 100, --quick 4)")
+    ap.add_argument("--sbs-batch-size", type=int, default=None,
+                    help="circuitgraph's graph.batch_size in a side by side with max_feature_nodes (default: "
+                         "circuit-tracer's, so that both rank features in the same rounds and select the same ones)")
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(raw_argv)
     work_root = Path(args.work).resolve()
@@ -930,6 +933,9 @@ def main(argv: list[str] | None = None) -> int:
         only = list(RECORDED_SUITES)
     if args.device == "cuda":
         only = ["gpu"]
+    if args.sbs_batch_size:
+        suite.side_by_sides = [dataclasses.replace(r, batch_size=args.sbs_batch_size) if r.max_feature_nodes else r
+                               for r in suite.side_by_sides]
     if args.runs:
         names = set(args.runs.split(","))
         known = {r.name for r in suite.runs} | {r.name for r in suite.side_by_sides}
@@ -972,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict[str, Any] = {
             "suite": name, "mode": "quick" if args.quick else "full",
             "command": " ".join(["python benchmarks/run_benchmarks.py", *(_portable(a) for a in raw_argv)]),
-            "reproduce": reproduce_command(raw_argv, name) + (" --quick" if args.quick and "--quick" not in raw_argv else ""),
+            "reproduce": reproduce_command(raw_argv, name),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
             "load_avg_at_start": list(os.getloadavg()), "code_at_start": code_state(),
             "environment": {"stripped_from_inherited": sorted(tuning_variables(dict(os.environ))),
