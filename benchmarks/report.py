@@ -660,13 +660,17 @@ def readme_paragraph(results: dict[str, Any]) -> str:
     parts = ["Edges come from one transposed sweep of the frozen model per batch of readers (batched GEMMs, no "
              "autograd) and are stored sparsely."]
     recorded = False
-    for name, label in (("side_by_side", "On a 6-layer model with 4096-feature transcoders and a 32-token prompt"),
-                        ("gpt2_side_by_side", "At GPT-2-small size (12 layers, d_model 768, 24,576-feature "
-                                              "transcoders, a 64-token prompt, `max_feature_nodes` 4096 for both)")):
+    for name in ("side_by_side", "gpt2_side_by_side"):
         e = suites.get(name)
         if not e or e.get("mode") == "quick" or not e.get("side_by_side"):
             continue
-        n = side_by_side_numbers(e["side_by_side"])
+        sbs = e["side_by_side"]
+        b, mfn = sbs["bundle_config"], sbs.get("max_feature_nodes")
+        label = (("At GPT-2-small size" if name == "gpt2_side_by_side" else "On the side-by-side benchmark")
+                 + f" ({b['n_layers']} layers, d_model {b['d_model']}, {b['d_sae']:,}-feature transcoders, a "
+                 f"{sbs['n_pos']}-token prompt" + (f", `max_feature_nodes` {mfn} for both" if mfn else ", the full graph")
+                 + f"; {e['machine'].get('cpu_count')} CPU cores)")
+        n = side_by_side_numbers(sbs)
         ct = n["ct"].get("default")
         if not ct or not ct.get("e2e") or not n["cg_e2e"]:
             continue
@@ -679,14 +683,14 @@ def readme_paragraph(results: dict[str, Any]) -> str:
                     f"({ct['attribute'] / n['cg_attribute']:.1f}x)"
         if ct.get("peak_mb") and n["cg_peak_mb"]:
             text += f"; peak memory {n['cg_peak_mb'] / 1024:.1f} GB against {ct['peak_mb'] / 1024:.1f} GB"
-        cmp = e["side_by_side"].get("comparison") or {}
+        cmp = sbs.get("comparison") or {}
         p = cmp.get("pruning_without_remainders") or cmp.get("pruning") or {}
         sel = cmp.get("selected_features") or {}
         same = [w for w, ok in (("selected features", sel.get("selected_features_equal")),
                                 ("kept nodes", p.get("kept_nodes_equal")), ("kept edges", p.get("kept_edges_equal")))
                 if ok]
         if same:
-            text += "; the same " + ", ".join(same) + (
+            text += "; the same " + (" and ".join(same) if len(same) < 3 else f"{same[0]}, {same[1]} and {same[2]}") + (
                 " (pruned on circuit-tracer's node set, circuitgraph's remainder nodes set aside)"
                 if "pruning_without_remainders" in cmp and any(w.startswith("kept") for w in same) else "")
         parts.append(text + ".")
@@ -695,9 +699,12 @@ def readme_paragraph(results: dict[str, Any]) -> str:
     if e and e.get("mode") != "quick" and ok:
         r = ok[0]
         recorded = True
-        parts.append(f"At Llama-3.2-1B size (16 layers, d_model 2048, 16 transcoders of {r['bundle_config']['d_sae']:,} "
-                     f"features), a {r['result']['n_pos']}-token prompt takes {r['process']['wall_s']:.0f} s at "
-                     f"{r['process']['peak_rss_mb'] / 1024:.1f} GB peak.")
+        b = r["bundle_config"]
+        parts.append(f"At Llama-3.2-1B size ({b['n_layers']} layers, d_model {b['d_model']}, d_vocab {b['d_vocab']:,}, "
+                     f"{b['n_layers']} transcoders of {b['d_sae']:,} features), a {r['result']['n_pos']}-token prompt "
+                     f"takes {r['process']['wall_s']:.0f} s at {r['process']['peak_rss_mb'] / 1024:.1f} GB peak"
+                     + (f" (`max_feature_nodes` {r['result']['max_feature_nodes']})"
+                        if r["result"].get("max_feature_nodes") else "") + ".")
     e = suites.get("long_prompt_gpt2")
     ok = sorted([r for r in (e or {}).get("runs") or [] if "result" in r], key=lambda r: r["result"]["n_pos"])
     if e and e.get("mode") != "quick" and ok:

@@ -230,7 +230,7 @@ def test_side_by_side_ratio_uses_the_default_environment(report, tmp_path):
     assert max(len(line) for line in paragraph.splitlines()) <= 92
     paragraph = " ".join(paragraph.split())
     assert "takes 10.0 s against circuit-tracer 0.5.0's 100.0 s in its default environment (10.0x)" in paragraph
-    assert "the same selected features, kept nodes, kept edges" in paragraph
+    assert "the same selected features, kept nodes and kept edges" in paragraph
 
 
 def test_readme_paragraph_is_rewritten_between_its_markers(report, tmp_path):
