@@ -43,7 +43,7 @@ def _graph_kind(r: dict[str, Any]) -> str:
 
 
 def _run_table(runs: list[dict[str, Any]]) -> list[str]:
-    head = ("| run | tokens | active features (per token per layer) | graph | nodes | edges | attribute s | "
+    head = ("| run | tokens | active features (per token per layer) | graph | nodes | edges | import s | load s | attribute s | "
             "scores s | prune s | JSON s | npz s | process s | process CPU s | peak RSS GB | load avg (mean/max) | "
             "completeness (max rel. violation) | pruned nodes / edges |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -57,7 +57,7 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
                 why = ": " + last[-1].strip().replace("|", "/")[:400]
             if r.get("note"):
                 why += f" ({r['note']})"
-            lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | "
+            lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | | | "
                          f"{_s(p['wall_s'])} | "
                          f"{_s(p['user_s'] + p['sys_s'])} | {_gb(p['peak_rss_mb'])} | | | |")
             continue
@@ -66,7 +66,8 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
         load = p["load_avg_1min"]
         lines.append(
             f"| {r['name']} | {res['n_pos']} | {res['n_active_features']:,} ({res['active_per_token_per_layer']:.1f}) "
-            f"| {_graph_kind(r)} | {res['n_nodes']:,} | {res['n_edges']:,} | {_s(t.get('attribute'))} | "
+            f"| {_graph_kind(r)} | {res['n_nodes']:,} | {res['n_edges']:,} | {_s(t.get('import'))} | {_s(t.get('load'))} | "
+            f"{_s(t.get('attribute'))} | "
             f"{_s(t.get('scores'))} | {_s(t.get('prune'))} | {_s(t.get('export_json'))} | {_s(t.get('export_npz'))} | "
             f"{_s(p['wall_s'])} | {_s(p['user_s'] + p['sys_s'])} | {_gb(p['peak_rss_mb'])} | "
             f"{load['mean']:.1f} / {load['max']:.1f} | "
@@ -316,6 +317,15 @@ def _side_by_side(s: dict[str, Any], target: float) -> list[str]:
                       if k in c["stage_times_s"])
             for c in cli_runs)
             + " (its `graph` includes loading; `prune` includes the replacement/completeness scores)."]
+    if s.get("circuitgraph_stages"):
+        lines += ["", "circuitgraph stage by stage (`bench_one.py`, the same configuration, its own process; `import` "
+                  "is from the interpreter's start to circuitgraph imported):", "",
+                  *_run_table([s["circuitgraph_stages"]])]
+    for k in kinds:
+        if t[k]:
+            lines += ["", f"circuit-tracer ({k} environment) stage by stage: " + ", ".join(
+                f"{stage} {t[k][stage]:.1f} s" for stage in ("import", "load", "attribute", "create_graph_files")
+                if stage in t[k]) + "."]
     lines += ["", *_agreement(s.get("comparison") or {})]
     return lines
 

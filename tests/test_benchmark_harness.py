@@ -180,6 +180,10 @@ def _side_by_side(ct_e2e: dict[str, float], cg_e2e: float, cg_peak: float, ct_pe
 def test_report_writes_every_table_from_merged_results(report, tmp_path):
     llama = _run("llama-1b-T64", "llama_1b", 64, 300.0, 12 * 1024.0, mfn=4096, d_sae=32768)
     long = [_run(f"gpt2-2k-T{t}", "long_prompt_gpt2", t, t * 0.5, 1000.0 + t, mfn=8192) for t in (256, 2048)]
+    stopped = _run("gpt2-2k-T4096", "long_prompt_gpt2", 4096, 50.0, 20.5 * 1024, mfn=8192)
+    del stopped["result"]
+    stopped["process"].update(returncode=-9, killed_for_memory=True, log_tail="")
+    long.append(stopped)
     results = {"format": 2, "suites": {
         "gpt2_side_by_side": _entry("gpt2_side_by_side", side_by_side=_side_by_side({"default": 1000.0}, 20.0,
                                                                                     4000.0, 14000.0),
@@ -214,6 +218,9 @@ def test_report_writes_every_table_from_merged_results(report, tmp_path):
     # long prompts: the 30-minute target, the plot
     assert "2048 tokens: 17.1 min, peak 3.0 GiB; target 30 min and 20 GiB: met." in text
     assert (tmp_path / "long_prompts_gpt2.png").stat().st_size > 0
+    head = next(line for line in text.splitlines() if line.startswith("| run | tokens |"))
+    row = next(line for line in text.splitlines() if line.startswith("| gpt2-2k-T4096 |"))
+    assert "FAILED (exit -9, stopped at the memory budget)" in row and row.count("|") == head.count("|")
     assert "| local | 1 | 4 | 30.0 | 40.0 |" in text
     assert "skipped: no GPU lent to this session (device tool status: not drawn)" in text
     assert text.count("```bash no-run") == 1  # the page's one reproduce block is not run by the docs test
