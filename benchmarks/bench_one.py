@@ -3,7 +3,7 @@
 
     python benchmarks/bench_one.py --bundle DIR --tokens TOKENS.json --out-dir DIR --result RESULT.json \
         [--max-feature-nodes N] [--batch-size 256] [--model-dtype float32] [--graph-dtype float32] \
-        [--threads 2] [--no-export] [--memory-limit-gb GB] [--count-only]
+        [--threads N] [--no-export] [--memory-limit-gb GB] [--count-only]
 
 ``run_benchmarks.py`` starts this script once per configuration, so that the peak resident
 memory it records (``ru_maxrss``) belongs to that run alone.  Each stage is timed separately:
@@ -32,8 +32,12 @@ import os  # noqa: E402
 
 from circuitgraph.cli.main import openmp_defaults  # noqa: E402 - imports no torch
 
-# as ``circuitgraph run`` does: OpenMP threads spin briefly, then sleep (set before torch loads)
+# as ``circuitgraph run`` does inside itself (``circuitgraph.cli.main.main``): OpenMP threads spin
+# briefly, then sleep, unless the environment sets either variable (set before torch loads); the
+# benchmark starts this process in the plain environment, as it starts ``circuitgraph run``
 openmp_defaults(os.environ)
+#: the thread-tuning variables this process runs with (recorded in the result)
+TUNING_ENVIRONMENT = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "GOMP_", "KMP_", "MKL_"))}
 import resource  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -57,7 +61,7 @@ class BenchParams:
     def __init__(self, bundle: Path, tokens: list[int], out_dir: Path, *, max_feature_nodes: int | None = None,
                  batch_size: int = 256, model_dtype: str = "float32", graph_dtype: str = "float32",
                  node_threshold: float = 0.8, edge_threshold: float = 0.98, export: bool = True,
-                 threads: int | None = 2, memory_limit_gb: float | None = None, device: str = "cpu"):
+                 threads: int | None = None, memory_limit_gb: float | None = None, device: str = "cpu"):
         self.bundle = Path(bundle)
         self.tokens = list(tokens)
         self.out_dir = Path(out_dir)
@@ -184,6 +188,7 @@ def run_one(p: BenchParams) -> dict[str, Any]:
         "peak_rss_mb": peak,
         "files": files,
         "threads": torch.get_num_threads(),
+        "tuning_environment": TUNING_ENVIRONMENT,
         "device": p.device,
         "device_name": torch.cuda.get_device_name(0) if cuda else None,
         "versions": graph.metadata.get("versions") or _versions(),
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--model-dtype", default="float32")
     ap.add_argument("--graph-dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own count)")
     ap.add_argument("--device", default="cpu", help="model: {device: ...} (cuda: stage times wait for the device)")
     ap.add_argument("--no-export", action="store_true")
     ap.add_argument("--count-only", action="store_true",

@@ -13,7 +13,7 @@ Python process so every configuration pays its own start-up, and records:
 
     python benchmarks/dataset_throughput.py --n 100 --out docs/benchmarks/dataset.json
 
-The Markdown table goes to stdout; docs/benchmarks/dataset.md records a run.
+The Markdown table goes to stdout; ``run_benchmarks.py --only dataset`` records a run on docs/benchmarks/README.md.
 """
 
 from __future__ import annotations

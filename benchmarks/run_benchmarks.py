@@ -1,40 +1,54 @@
 #!/usr/bin/env python
-"""circuitgraph's benchmark suite: one command, random models built here, results in docs/benchmarks/.
+"""circuitgraph's benchmark suite: one command per suite, random models built here, one results page.
 
-    python benchmarks/run_benchmarks.py            # the full suite (~11 min on 2 cores, + bundles once)
-    python benchmarks/run_benchmarks.py --quick    # small configurations, a couple of minutes
+    python benchmarks/run_benchmarks.py --only side_by_side        # one suite, merged into docs/benchmarks/results.json
+    python benchmarks/run_benchmarks.py --quick                    # every suite on small stand-ins (minutes)
+    python benchmarks/run_benchmarks.py --report-only              # redraw docs/benchmarks/README.md
+    python benchmarks/run_benchmarks.py --readme write             # README.md's speed paragraph from results.json
 
 Random GPT-2-style models and ReLU transcoders are built natively by
 ``benchmarks/circuit_tracer/make_random_bundle.py`` (TransformerLens + sae-lens, seeded, no
-download) and cached in the work folder.  Every configuration then runs in its own process
-(``benchmarks/bench_one.py``), so the peak resident memory (``ru_maxrss`` of that child,
-from ``os.wait4``) is per run; graph construction, scores, pruning (0.8 / 0.98), JSON export of
-the pruned graph and binary export of the full graph are timed separately, and the 1-minute
-load average is sampled while it runs.  Suites:
+download) and cached in the work folder (``--work``; a bundle already in ``WORK/bundles`` is
+reused).  Every configuration runs in its own process (``benchmarks/bench_one.py``,
+``circuitgraph run``, circuit-tracer's ``benchmarks/circuit_tracer/ct_pipeline.py``), so the peak
+resident memory (``ru_maxrss`` of that child, from ``os.wait4``) is per run, and the 1-minute load
+average is sampled while it runs.  The recorded suites (``--only``; all of them by default):
 
-* ``prompt_length``: the 6-layer configuration (d_model 256, 8 heads, d_mlp 1024, d_vocab 1000,
-  4096-feature transcoders, ~2% active) at 16 ... 512 tokens;
-* ``active_features``: the same model at 32 tokens with transcoders ~0.25% ... 3% active;
-* ``gpt2_small``: a GPT-2-small-sized model (12 layers, d_model 768, d_vocab 50257, 24576
-  features, ~50 active per token per layer) at 64 and 256 tokens;
-* ``precision``: float32, float64, bfloat16 and float16 weights (float32 accumulation) on a
-  small configuration, with the completeness check of each;
-* ``side_by_side``: circuit-tracer 0.5.0 (its own venv, ``--ct-python``) against
-  ``circuitgraph run`` as whole processes from the spec to a pruned graph JSON on disk, on
-  the same bundle and prompt, plus the edge-by-edge and kept-edge comparison
-  (``benchmarks/side_by_side.py``).
+* ``side_by_side``: 6 layers, d_model 256, 4096-feature transcoders, 32 tokens, full graph:
+  circuit-tracer 0.5.0 (its own venv, ``--ct-python``) against ``circuitgraph run`` as whole
+  processes from the spec to a pruned graph JSON on disk, plus the edge-by-edge and kept-circuit
+  comparison (``benchmarks/side_by_side.py``);
+* ``gpt2_side_by_side``: GPT-2-small size (12 layers, d_model 768, 24576 features, ~0.85%
+  active), 64 tokens, ``max_feature_nodes`` 4096 for both (circuit-tracer at batch size 64, and
+  circuitgraph at the same batch size so that both rank features in the same rounds): times, peak
+  memory, the selected features and the kept circuit compared; plus circuitgraph alone at 256
+  tokens within 16 GiB;
+* ``llama_1b``: Llama-3.2-1B size (a bundle made elsewhere, ``--llama-bundle``, or built with
+  ``--llama-bundle-args``), 64 tokens, circuitgraph only: time, peak memory, the dry run's
+  estimate; ``--ct-llama`` also tries circuit-tracer under a memory and a time cap;
+* ``long_prompt_gpt2``: GPT-2 size, random decoders, 256 to 2048 tokens, ``max_feature_nodes``
+  8192, 20 GiB budget (target: 2048 tokens within 30 minutes);
+* ``dataset``: ``benchmarks/dataset_throughput.py`` (prompts per minute, local and Ray);
+* ``gpu``: the side-by-side, GPT-2-size and long-prompt configurations with ``model: {device:
+  cuda}`` where CUDA exists (``--device cuda`` is the same as ``--only gpu``); otherwise the page
+  records why they were skipped (``--gpu-skip-reason``).
 
-Before each run a short child process counts the active features per (layer, position) on the
-prompt; a run whose full graph would not fit the memory budget by that count
-(``--memory-budget-gb``, default 16; the estimate is in the results) is run with
-``max_feature_nodes`` instead, the other features folded into remainder nodes, and a run that
-passes the budget anyway is stopped and retried with half as many feature rows.  Every child,
-circuit-tracer's included, runs with the OpenMP wait policy ``circuitgraph run`` sets for itself
-(``circuitgraph.cli.main.openmp_defaults``) and the same number of threads.  ``benchmarks/report.py`` writes ``results.md``,
-``results.json`` and the plots; ``--report-only`` redraws them from ``results.json``.
+The older suites (``prompt_length``, ``active_features``, ``gpt2_small``, ``precision``,
+``long_prompt_6l``) still run when named in ``--only``; they are not in the default set.
+
+Environments.  circuit-tracer runs as a user runs it: ``--ct-env default`` (the default) gives it
+the inherited environment without any OpenMP / MKL / BLAS variable (:func:`plain_env`), so it
+uses torch's own thread count; ``--ct-env tuned`` gives it circuitgraph's OpenMP settings
+(:func:`tuned_env`); ``both`` records both, separately (the ratio headline uses ``default``).
+circuitgraph's processes get the same plain environment: ``circuitgraph run`` sets its own
+OpenMP defaults inside itself (``circuitgraph.cli.main.main`` -> ``openmp_defaults``, before torch
+is imported), and ``bench_one.py`` applies the same in-process.  ``--threads N`` sets
+``OMP_NUM_THREADS`` for circuitgraph's processes and for the tuned circuit-tracer only.
+
+Each invocation merges the suites it ran into ``OUT/results.json`` (one entry per suite, with its
+own machine, load, commit and command), so suites can be recorded one at a time;
+``benchmarks/report.py`` writes ``OUT/README.md`` (every table) and the plots from it.
 """
-
-from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -136,6 +150,8 @@ class Run:
     model_dtype: str = "float32"
     graph_dtype: str = "float32"
     batch_size: int = 256
+    #: circuit-tracer's batch size in a side by side (its default 512; 64 at GPT-2 size, where 512 needs 35 GB)
+    ct_batch_size: int = 512
     memory_budget_gb: float | None = None  # None: the suite's --memory-budget-gb
     device: str = "cpu"
 
@@ -144,15 +160,29 @@ class Run:
 class Suite:
     bundles: list[Bundle]
     runs: list[Run]
-    side_by_side: Run | None
+    #: side-by-side configurations with circuit-tracer (``Run.suite`` names the suite)
+    side_by_sides: list[Run]
 
 
-def configurations(quick: bool) -> Suite:
-    """The full suite, or small configurations for ``--quick``.  The 6-layer and GPT-2-sized
-    bundles are calibrated on prompts as long as the longest run on them."""
+#: the suites recorded by default, in the order they run and appear on the page
+RECORDED_SUITES = ("side_by_side", "gpt2_side_by_side", "llama_1b", "long_prompt_gpt2", "dataset", "gpu")
+#: older suites, still available with --only
+OLDER_SUITES = ("prompt_length", "active_features", "gpt2_small", "precision", "long_prompt_6l")
+ALL_SUITES = RECORDED_SUITES + OLDER_SUITES
+#: the Llama-3.2-1B-size bundle's placeholder; main() replaces it by the bundle's own description
+LLAMA = Bundle("llama-1b-size", 16, 2048, 32, 8192, 128256, 32768, 0.0, 2048)
+#: --quick's Llama-style stand-in (make_random_bundle.py arguments)
+QUICK_LLAMA_ARGS = ("--style llama --n-layers 2 --d-model 64 --n-heads 4 --n-kv-heads 2 --d-mlp 128 "
+                    "--d-vocab 3000 --d-sae 512 --active-frac 0.03 --n-ctx 128 --prompt-len 32 --n-calib-prompts 16")
+
+
+def configurations(quick: bool, llama_mfn: int | None = 4096) -> Suite:
+    """Every suite's configurations, or small stand-ins for ``--quick`` (the same code paths)."""
+    small = Bundle("small-4L-128d-1024f", 4, 128, 4, 512, 500, 1024, 0.02, 64)
     if quick:
-        small = Bundle("small-4L-128d-1024f", 4, 128, 4, 512, 500, 1024, 0.02, 64)
         sparse = [Bundle(f"small-4L-128d-1024f-af{af}", 4, 128, 4, 512, 500, 1024, af, 64) for af in (0.01, 0.04)]
+        dense = Bundle("quick-gpt2-standin", 4, 128, 4, 512, 3000, 2048, 0.03, 64)
+        rand = Bundle("quick-gpt2-2k-standin", 4, 128, 4, 512, 3000, 2048, 0.02, 128, fit_decoder=False)
         runs = [Run(f"quick-T{t}", "prompt_length", small, t) for t in (8, 16, 32)]
         runs += [Run(f"quick-af{b.active_frac}-T16", "active_features", b, 16) for b in sparse]
         runs += [Run("quick-T16", "active_features", small, 16)]
@@ -160,31 +190,49 @@ def configurations(quick: bool) -> Suite:
                      graph_dtype="float64" if dt == "float64" else "float32")
                  for dt in ("float32", "float64", "bfloat16", "float16")]
         runs += [Run(f"quick-long-T{t}", "long_prompt_6l", small, t, max_feature_nodes=256) for t in (16, 32, 64)]
-        return Suite([small, *sparse], runs, Run("quick-T16", "side_by_side", small, 16))
+        runs += [Run("quick-gpt2small-T16", "gpt2_small", small, 16, fallback_mfn=256)]
+        runs += [Run("quick-gpt2-T32", "gpt2_side_by_side", dense, 32, max_feature_nodes=128, memory_budget_gb=16.0)]
+        runs += [Run("quick-llama-T16", "llama_1b", LLAMA, 16, max_feature_nodes=llama_mfn and 128,
+                     memory_budget_gb=16.0)]
+        runs += [Run(f"quick-gpt2-long-T{t}", "long_prompt_gpt2", rand, t, max_feature_nodes=256, memory_budget_gb=20.0)
+                 for t in (16, 32, 64)]
+        sbs = [Run("quick-T16", "side_by_side", small, 16),
+               Run("quick-gpt2-T16", "gpt2_side_by_side", dense, 16, max_feature_nodes=128, batch_size=64,
+                   ct_batch_size=64)]
+        return Suite([small, *sparse, dense, rand], runs, sbs)
     six = Bundle("6L-256d-4096f", 6, 256, 8, 1024, 1000, 4096, 0.02, 512, calib_len=512, n_calib=16)
     six_af = [Bundle(f"6L-256d-4096f-af{af}", 6, 256, 8, 1024, 1000, 4096, af, 512, calib_len=512, n_calib=16)
               for af in (0.0025, 0.005, 0.01, 0.03)]
-    # ~50 active per token and layer on the benchmark prompts: the encoder biases are set on 16
-    # calibration prompts, and a new prompt activates ~1.4x more features than the calibration
-    # set at this sparsity (noisy tail quantiles), hence 0.11% rather than 50 / 24576 = 0.20%
+    # ~50 active per token and layer on the benchmark prompts (older gpt2_small suite)
     gpt2 = Bundle("gpt2-small-size", 12, 768, 12, 3072, 50257, 24576, 0.0011, 1024, calib_len=256, n_calib=16)
+    # issue 25: GPT-2-small size with ~0.85% active (about 220k active features on 64 tokens)
+    gpt2_dense = Bundle("gpt2-size-dense", 12, 768, 12, 3072, 50257, 24576, 0.0085, 1024, calib_len=256, n_calib=16)
+    # issue 25: the long-prompt configuration (~110 active per token and layer, random decoders)
+    gpt2_2k = Bundle("gpt2-size-2k-random", 12, 768, 12, 3072, 50257, 24576, 0.0032, 2048, calib_len=256,
+                     n_calib=16, fit_decoder=False)
     runs = [Run(f"6L-T{t}", "prompt_length", six, t) for t in (16, 32, 64, 128, 256, 512)]
     runs += [Run(f"6L-af{b.active_frac}-T32", "active_features", b, 32) for b in six_af]
     runs += [Run("6L-T32", "active_features", six, 32)]
     runs += [Run(f"gpt2-T{t}", "gpt2_small", gpt2, t, fallback_mfn=m) for t, m in ((64, 8192), (256, 4096))]
-    small = Bundle("small-4L-128d-1024f", 4, 128, 4, 512, 500, 1024, 0.02, 64)
     runs += [Run(f"precision-{dt}-T16", "precision", small, 16, model_dtype=dt,
                  graph_dtype="float64" if dt == "float64" else "float32")
              for dt in ("float32", "float64", "bfloat16", "float16")]
-    # long prompts (issue 12): a fixed feature budget, 256 to 2048 positions, 20 GiB
     six_long = Bundle("6L-256d-4096f-2k", 6, 256, 8, 1024, 1000, 4096, 0.02, 2048, calib_len=512, n_calib=16)
-    gpt2_long = Bundle("gpt2-small-size-2k", 12, 768, 12, 3072, 50257, 24576, 0.0011, 2048, calib_len=256,
-                       n_calib=16)
     runs += [Run(f"6L-long-T{t}", "long_prompt_6l", six_long, t, max_feature_nodes=4096, memory_budget_gb=20.0)
              for t in (256, 512, 1024, 2048)]
-    runs += [Run(f"gpt2-long-T{t}", "long_prompt_gpt2", gpt2_long, t, max_feature_nodes=8192, memory_budget_gb=20.0)
+    runs += [Run("gpt2-dense-T256", "gpt2_side_by_side", gpt2_dense, 256, max_feature_nodes=4096,
+                 memory_budget_gb=16.0)]
+    runs += [Run("llama-1b-T64", "llama_1b", LLAMA, 64, max_feature_nodes=llama_mfn, memory_budget_gb=16.0)]
+    runs += [Run(f"gpt2-2k-T{t}", "long_prompt_gpt2", gpt2_2k, t, max_feature_nodes=8192, memory_budget_gb=20.0)
              for t in (256, 512, 1024, 2048)]
-    return Suite([six, *six_af, gpt2, small, six_long, gpt2_long], runs, Run("6L-T32", "side_by_side", six, 32))
+    sbs = [Run("6L-T32", "side_by_side", six, 32),
+           Run("gpt2-dense-T64", "gpt2_side_by_side", gpt2_dense, 64, max_feature_nodes=4096, batch_size=64,
+               ct_batch_size=64)]
+    return Suite([six, *six_af, gpt2, small, six_long, gpt2_dense, gpt2_2k], runs, sbs)
+
+
+#: the time target of the longest long prompt (issue 25: 2048 tokens within 30 minutes)
+LONG_PROMPT_TARGET_S = 30 * 60
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -192,15 +240,66 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
 
 
-def child_env(threads: int) -> dict[str, str]:
-    """The environment of every timed child, circuitgraph's and circuit-tracer's alike: the
-    OpenMP wait policy ``circuitgraph run`` sets for itself (``circuitgraph.cli.main.openmp_defaults``:
-    a brief spin, then sleep; unless the caller set one) and ``threads`` OpenMP threads."""
-    from circuitgraph.cli.main import openmp_defaults
+#: the variables that tune OpenMP, MKL or BLAS threads (what a benchmark could add to a process's
+#: environment): every ``OMP_*``, ``GOMP_*``, ``KMP_*`` and ``MKL_*`` variable, and the other
+#: libraries' thread counts; none of them reaches a process run in the plain environment (other
+#: variables, e.g. ``OPENBLAS_CORETYPE`` set by the system, are kept)
+TUNING_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_")
+TUNING_NAMES = ("OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMEXPR_MAX_THREADS",
+                "BLIS_NUM_THREADS")
 
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    openmp_defaults(env)
+
+def tuning_variables(env: dict[str, str]) -> dict[str, str]:
+    """The thread-tuning variables of ``env`` (:data:`TUNING_PREFIXES`, :data:`TUNING_NAMES`)."""
+    return {k: v for k, v in sorted(env.items()) if k.startswith(TUNING_PREFIXES) or k in TUNING_NAMES}
+
+
+def plain_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The inherited environment without any thread-tuning variable: what a user's shell gives a
+    process, with nothing added by the benchmark (and nothing left over from the caller's own
+    tuning, e.g. ``OMP_NUM_THREADS=1``).  circuit-tracer's default environment, and the one every
+    circuitgraph process starts from (``circuitgraph run`` sets its own OpenMP defaults inside)."""
+    env = dict(os.environ if environ is None else environ)
+    for k in tuning_variables(env):
+        del env[k]
     return env
+
+
+def tuned_env(threads: int | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """circuit-tracer's ``tuned`` environment: the plain one plus the OpenMP settings
+    ``circuitgraph run`` gives itself (``circuitgraph.cli.main.OPENMP_DEFAULTS``) and
+    ``OMP_NUM_THREADS`` (``threads``, default the number of cores)."""
+    from circuitgraph.cli.main import OPENMP_DEFAULTS
+
+    env = plain_env(environ)
+    env.update(OPENMP_DEFAULTS)
+    env["OMP_NUM_THREADS"] = str(threads or os.cpu_count() or 1)
+    return env
+
+
+def circuitgraph_env(threads: int | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """circuitgraph's processes: the plain environment (``--threads N``: plus ``OMP_NUM_THREADS``)."""
+    env = plain_env(environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def ct_env(kind: str, threads: int | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """circuit-tracer's environment of kind ``default`` (:func:`plain_env`) or ``tuned`` (:func:`tuned_env`)."""
+    if kind == "default":
+        return plain_env(environ)
+    if kind == "tuned":
+        return tuned_env(threads, environ)
+    raise ValueError(f"circuit-tracer environment {kind!r}: expected 'default' or 'tuned'")
+
+
+def _thread_args(threads: int | None) -> list[str]:
+    return [] if not threads else ["--threads", str(threads)]
+
+
+#: where bundles are looked for before one is built (the first is where a new one goes; main sets them)
+_BUNDLE_DIRS: list[Path] = []
 
 
 def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None,
@@ -258,16 +357,47 @@ def run_process(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = 
 
 
 def build_bundle(b: Bundle, work: Path) -> Path:
-    """Make (or reuse) the bundle; returns its folder."""
-    out = work / "bundles" / f"{b.name}-{b.key()}"
-    if (out / "bundle.json").exists():
-        return out
-    log(f"building bundle {b.name} ({b.describe()}, {b.active_frac:.2%} active)")
+    """Make (or reuse) the bundle; returns its folder.  A bundle already made under any of the
+    bundle folders (``WORK/bundles``, ``WORK/<mode>/bundles``, the folder of ``--bundles``) with
+    the same definition (name and hash of every field) is reused."""
+    name = f"{b.name}-{b.key()}"
+    dirs = _BUNDLE_DIRS or [work / "bundles"]
+    for d in dirs:
+        if (d / name / "bundle.json").exists():
+            return d / name
+    out = dirs[0] / name
+    log(f"building bundle {b.name} ({b.describe()}, {b.active_frac:.2%} active) in {out}")
     res = run_process([sys.executable, str(MAKE_BUNDLE), "--out", str(out), *b.args()],
-                      log_path=work / "logs" / f"bundle-{b.name}.log")
+                      log_path=work / "logs" / f"bundle-{b.name}.log", env=plain_env())
     if res["returncode"] != 0:
         raise SystemExit(f"building bundle {b.name} failed:\n{res['log_tail']}")
     return out
+
+
+def external_bundle(path: Path, make_args: str | None, work: Path, name: str) -> tuple[Bundle, Path] | str:
+    """A bundle made elsewhere (e.g. the Llama-3.2-1B-size one), described from its files as a
+    :class:`Bundle` (for the tables); built first with ``make_random_bundle.py --out PATH
+    MAKE_ARGS`` when ``PATH`` holds no model and ``make_args`` is given.  A string: why not."""
+    import shlex
+
+    if not (path / "bundle.json").exists():  # make_random_bundle.py writes it last
+        if not make_args:
+            what = "an incomplete bundle (no bundle.json: still being built?)" if path.exists() else "no bundle"
+            return (f"{what} at {_portable(path)} (give --llama-bundle DIR, or --llama-bundle-args "
+                    "'make_random_bundle.py arguments' to build one there)")
+        log(f"building bundle {name} in {path}: make_random_bundle.py {make_args}")
+        res = run_process([sys.executable, str(MAKE_BUNDLE), "--out", str(path), *shlex.split(make_args)],
+                          log_path=work / "logs" / f"bundle-{name}.log", env=plain_env())
+        if res["returncode"] != 0:
+            return f"building the bundle failed (exit {res['returncode']}): {res['log_tail'][-300:]}"
+    cfg = json.loads((path / "model" / "config.json").read_text())
+    layers = sorted((path / "transcoders").glob("layer_*/cfg.json"))
+    d_sae = json.loads(layers[0].read_text()).get("d_sae", 0) if layers else 0
+    meta = json.loads((path / "bundle.json").read_text()) if (path / "bundle.json").exists() else {}
+    active = float((meta.get("args") or {}).get("active_frac") or 0.0)
+    desc = Bundle(name, int(cfg["n_layers"]), int(cfg["d_model"]), int(cfg["n_heads"]), int(cfg.get("d_mlp") or 0),
+                  int(cfg["d_vocab"]), int(d_sae), active, int(cfg.get("n_ctx") or 2048))
+    return desc, path
 
 
 def prompt_tokens(b: Bundle, n_pos: int) -> list[int]:
@@ -302,7 +432,7 @@ def estimate_edges(counts: list[list[int]], n_targets: int = 10) -> dict[str, fl
             "mean_row": feature_edges / max(n_features, 1.0), "widest_row": float(row.max())}
 
 
-def count_features(run: Run, bundle_dir: Path, work: Path, threads: int) -> list[list[int]]:
+def count_features(run: Run, bundle_dir: Path, work: Path, threads: int | None) -> list[list[int]]:
     """Active features per (layer, position) on the run's prompt (a child process; cached)."""
     cache = work / "counts" / f"{bundle_dir.name}-T{run.n_pos}-{run.model_dtype}.json"
     if not cache.exists():
@@ -311,8 +441,8 @@ def count_features(run: Run, bundle_dir: Path, work: Path, threads: int) -> list
         tokens.write_text(json.dumps({"tokens": prompt_tokens(run.bundle, run.n_pos)}))
         proc = run_process([sys.executable, str(HERE / "bench_one.py"), "--count-only", "--bundle", str(bundle_dir),
                             "--tokens", str(tokens), "--out-dir", str(cache.parent), "--result", str(cache),
-                            "--model-dtype", run.model_dtype, "--threads", str(threads)],
-                           log_path=cache.with_suffix(".log"), env=child_env(threads))
+                            "--model-dtype", run.model_dtype, *_thread_args(threads)],
+                           log_path=cache.with_suffix(".log"), env=circuitgraph_env(threads))
         if proc["returncode"] != 0:
             raise SystemExit(f"counting active features for {run.name} failed:\n{proc['log_tail']}")
     return json.loads(cache.read_text())["active_counts"]
@@ -355,24 +485,29 @@ def plan(run: Run, bundle_dir: Path, budget_gb: float, counts: list[list[int]]) 
     return out
 
 
-def recheck_dry_run(suite: Suite, work: Path, out: Path) -> int:
+def recheck_dry_run(suite: Suite, resolve: Any, out: Path) -> int:
     """``--recheck-dry-run``: the dry run's estimate of each recorded run, made again with the
-    current code, stored next to the first one (``plan.dry_run_recheck``, with the commit)."""
+    current code, stored next to the first one (``plan.dry_run_recheck``, with the commit).
+    ``resolve(run)``: the run's bundle folder, or None."""
     from report import write_report
 
-    results = json.loads((out / "results.json").read_text())
+    results = load_results(out)
     by_name = {r.name: r for r in suite.runs}
     code = code_state()
-    for rec in results["runs"]:
-        run = by_name.get(rec["name"])
-        if run is None or "result" not in rec:
-            continue
-        log(f"{run.name}: dry run at {code['commit']}")
-        dr = _dry_run_estimate(run, build_bundle(run.bundle, work), 0.0) or {}
-        rec["plan"]["dry_run_recheck"] = {**dr, "commit": code["commit"]}
-        _save(results, out)
+    for entry in results["suites"].values():
+        for rec in entry.get("runs") or []:
+            run = by_name.get(rec["name"])
+            if run is None or "result" not in rec:
+                continue
+            bundle_dir = resolve(run)
+            if bundle_dir is None:
+                continue
+            log(f"{run.name}: dry run at {code['commit']}")
+            dr = _dry_run_estimate(run, bundle_dir, 0.0) or {}
+            rec["plan"]["dry_run_recheck"] = {**dr, "commit": code["commit"]}
+            save_results(results, out)
     results["dry_run_recheck_code"] = code
-    _save(results, out)
+    save_results(results, out)
     write_report(results, out)
     return 0
 
@@ -390,7 +525,7 @@ def _dry_run_estimate(run: Run, bundle_dir: Path, active_fraction: float) -> dic
         path.write_text(json.dumps(spec))
         try:
             proc = subprocess.run([sys.executable, "-m", "circuitgraph", "run", str(path), "--dry-run", "--quiet"],
-                                  capture_output=True, text=True, timeout=1800, cwd=REPO)
+                                  capture_output=True, text=True, timeout=1800, cwd=REPO, env=plain_env())
         except subprocess.TimeoutExpired:
             return {"error": "dry run timed out"}
     text = proc.stdout + proc.stderr
@@ -425,7 +560,7 @@ def spec_dict(run: Run, bundle_dir: Path, tokens: list[int], json_out: Path | No
     return spec
 
 
-def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, threads: int) -> dict[str, Any]:
+def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, threads: int | None) -> dict[str, Any]:
     """``bench_one.py`` on one configuration, in its own process.  A run that passes the memory
     budget is stopped and, if it used max_feature_nodes (or could), retried with half as many."""
     p = plan(run, bundle_dir, budget_gb, count_features(run, bundle_dir, work, threads))
@@ -440,13 +575,13 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
         cmd = [sys.executable, str(HERE / "bench_one.py"), "--bundle", str(bundle_dir), "--tokens",
                str(rdir / "tokens.json"), "--out-dir", str(rdir), "--result", str(rdir / "result.json"),
                "--batch-size", str(run.batch_size), "--model-dtype", run.model_dtype,
-               "--graph-dtype", run.graph_dtype, "--threads", str(threads), "--memory-limit-gb", str(budget_gb),
+               "--graph-dtype", run.graph_dtype, *_thread_args(threads), "--memory-limit-gb", str(budget_gb),
                "--device", run.device]
         if mfn is not None:
             cmd += ["--max-feature-nodes", str(mfn)]
         log(f"{run.name}: {run.n_pos} tokens, {p['reason']}" + (f", max_feature_nodes {mfn}" if mfn else ""))
         (rdir / "result.json").unlink(missing_ok=True)
-        proc = run_process(cmd, log_path=rdir / "log.txt", env=child_env(threads), memory_limit_mb=budget_gb * 1024,
+        proc = run_process(cmd, log_path=rdir / "log.txt", env=circuitgraph_env(threads), memory_limit_mb=budget_gb * 1024,
                            time_limit_s=_TIME_LIMIT_S[0])
         out["process"] = proc
         if not proc["killed_for_memory"] or run.max_feature_nodes is not None or (mfn is not None and mfn <= 256):
@@ -471,60 +606,62 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
     return out
 
 
-def gpu_reason() -> str | None:
-    """Why the GPU runs cannot be made here (None: they can)."""
+def gpu_reason(override: str | None = None) -> str | None:
+    """Why the GPU runs cannot be made here (None: they can).  ``override`` (``--gpu-skip-reason``)
+    replaces the generic reason, e.g. with what the session's device tool said."""
     try:
         import torch
     except ImportError:
-        return "torch is not installed"
+        return override or "torch is not installed"
     if not torch.cuda.is_available():
-        return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
+        return override or f"no CUDA device here (torch {torch.__version__}: torch.cuda.is_available() is False)"
     return None
 
 
-def gpu_runs(suite: Suite, bundle_dirs: dict[Bundle, Path], work: Path, args: Any, by_name: dict[str, Any],
-             out: Path, results: dict[str, Any]) -> dict[str, Any]:
-    """The side-by-side configuration and the 6-layer long prompts with ``model: {device: cuda}``,
-    each in its own process (times include ``torch.cuda.synchronize``), or the reason they were
-    skipped."""
-    reason = gpu_reason()
-    if reason is not None:
-        log(f"GPU runs skipped: {reason}")
-        return {"skipped": reason}
-    cfgs = [r for r in suite.runs if r.suite == "long_prompt_6l"]
-    if suite.side_by_side is not None:
-        cfgs.insert(0, dataclasses.replace(suite.side_by_side, name=suite.side_by_side.name + "-cuda-sbs"))
-    done = []
-    for r in cfgs:
-        run = dataclasses.replace(r, name=r.name + "-cuda", suite="gpu", device="cuda")
-        if run.bundle not in bundle_dirs:
-            bundle_dirs[run.bundle] = build_bundle(run.bundle, work)
-        res = run_circuitgraph(run, bundle_dirs[run.bundle], work, run.memory_budget_gb or args.memory_budget_gb,
-                               args.threads)
-        results["runs"].append(res)
-        done.append(run.name)
-        _save(results, out)
-    return {"runs": done}
+def gpu_configurations(suite: Suite) -> list[Run]:
+    """The GPU suite: the side-by-side configurations, circuitgraph's GPT-2-size, Llama-size and
+    long-prompt runs, each with ``model: {device: cuda}`` (its CPU counterpart keeps its name
+    without ``-cuda``)."""
+    base = [*suite.side_by_sides] + [r for r in suite.runs if r.suite in ("gpt2_side_by_side", "llama_1b",
+                                                                        "long_prompt_gpt2")]
+    return [dataclasses.replace(r, name=r.name + "-cuda", suite="gpu", device="cuda") for r in base]
 
 
 # ----------------------------------------------------------------------------- side by side
-def side_by_side(run: Run, bundle_dir: Path, work: Path, ct_python: Path | None, threads: int,
-                 budget_gb: float) -> dict[str, Any]:
+def _ct_command(ct_python: Path, run: Run, bundle_dir: Path, tokens: Path, out_dir: Path, t0_epoch: float,
+                threads: int | None, dump: bool) -> list[str]:
+    cmd = [str(ct_python), str(CT_PIPELINE), "--model", str(bundle_dir / "model"),
+           "--transcoders", str(bundle_dir / "transcoders"), "--tokens", str(tokens),
+           "--out-dir", str(out_dir), "--batch-size", str(run.ct_batch_size), "--t0-epoch", repr(t0_epoch)]
+    if run.max_feature_nodes is not None:
+        cmd += ["--max-feature-nodes", str(run.max_feature_nodes)]
+    cmd += _thread_args(threads)
+    return cmd + ([] if dump else ["--no-dump"])
+
+
+def side_by_side(run: Run, bundle_dir: Path, work: Path, ct_python: Path | None, threads: int | None,
+                 budget_gb: float, ct_envs: tuple[str, ...] = ("default",)) -> dict[str, Any]:
     """circuit-tracer and ``circuitgraph run`` as whole processes, then the comparison.
 
     Order: ``circuitgraph run`` (end to end), ``bench_one.py`` (circuitgraph's stages, and the
-    full graph for the comparison), circuit-tracer, ``circuitgraph run`` again; the two
-    end-to-end runs of circuitgraph bracket circuit-tracer's in time, so a change in the
-    machine's load shows up as a difference between them."""
+    full graph for the comparison), circuit-tracer once per environment in ``ct_envs``
+    (``default``: :func:`plain_env`; ``tuned``: :func:`tuned_env`), ``circuitgraph run`` again; the
+    two end-to-end runs of circuitgraph bracket circuit-tracer's in time, so a change in the
+    machine's load shows up as a difference between them.  With ``run.max_feature_nodes`` both
+    select at most that many features (circuit-tracer at ``run.ct_batch_size``)."""
     sdir = work / "side_by_side" / run.name
     sdir.mkdir(parents=True, exist_ok=True)
     tokens = prompt_tokens(run.bundle, run.n_pos)
     (sdir / "tokens.json").write_text(json.dumps({"tokens": tokens}))
     out: dict[str, Any] = {"name": run.name, "bundle": run.bundle.name, "bundle_config": asdict(run.bundle),
-                           "n_pos": run.n_pos, "circuitgraph_cli_runs": []}
-    env = child_env(threads)
+                           "n_pos": run.n_pos, "max_feature_nodes": run.max_feature_nodes,
+                           "batch_size": run.batch_size, "ct_batch_size": run.ct_batch_size,
+                           "circuitgraph_cli_runs": [], "circuit_tracer": {}}
+    env = circuitgraph_env(threads)
+    out["circuitgraph_environment"] = tuning_variables(env)
     spec_path = sdir / "spec.json"
-    spec_path.write_text(json.dumps(spec_dict(run, bundle_dir, tokens, sdir / "circuitgraph" / "graph.json"), indent=1))
+    spec_path.write_text(json.dumps(spec_dict(run, bundle_dir, tokens, sdir / "circuitgraph" / "graph.json",
+                                              mfn=run.max_feature_nodes), indent=1))
     cli = shutil.which("circuitgraph")
     cli_cmd = [cli] if cli else [sys.executable, "-m", "circuitgraph"]
 
@@ -542,31 +679,81 @@ def side_by_side(run: Run, bundle_dir: Path, work: Path, ct_python: Path | None,
     out["circuitgraph_stages"] = cg_result
 
     if ct_python is None or not ct_python.exists():
-        out["circuit_tracer"] = {"skipped": f"no circuit-tracer venv python at {ct_python}; "
+        out["circuit_tracer"] = {"skipped": f"no circuit-tracer venv python at {_portable(ct_python)}; "
                                             "create it with scripts/install_circuit_tracer.sh"}
         return out
-    ct_dir = sdir / "circuit_tracer"
-    log(f"side by side {run.name}: circuit-tracer (attribute + create_graph_files)")
-    t0_epoch = time.time()
-    ct = run_process([str(ct_python), str(CT_PIPELINE), "--model", str(bundle_dir / "model"),
-                      "--transcoders", str(bundle_dir / "transcoders"), "--tokens", str(sdir / "tokens.json"),
-                      "--out-dir", str(ct_dir), "--batch-size", "512", "--t0-epoch", repr(t0_epoch),
-                      "--threads", str(threads)], log_path=sdir / "circuit_tracer.log", env=env)
-    if ct["returncode"] == 0:
-        ct["pipeline"] = json.loads((ct_dir / "ct_pipeline.json").read_text())
-        log(f"side by side {run.name}: circuit-tracer end to end {ct['pipeline']['end_to_end_s']:.1f}s, "
-            f"attribute {ct['pipeline']['timings_s']['attribute']:.1f}s")
-    out["circuit_tracer"] = ct
+    dumped: Path | None = None
+    for kind in ct_envs:
+        ct_dir = sdir / f"circuit_tracer-{kind}"
+        cenv = ct_env(kind, threads)
+        log(f"side by side {run.name}: circuit-tracer, {kind} environment (attribute + create_graph_files)")
+        t0_epoch = time.time()
+        cmd = _ct_command(ct_python, run, bundle_dir, sdir / "tokens.json", ct_dir, t0_epoch,
+                          threads if kind == "tuned" else None, dump=dumped is None)
+        ct = run_process(cmd, log_path=sdir / f"circuit_tracer-{kind}.log", env=cenv)
+        ct["environment"] = tuning_variables(cenv)
+        if ct["returncode"] == 0:
+            ct["pipeline"] = json.loads((ct_dir / "ct_pipeline.json").read_text())
+            dumped = dumped or ct_dir
+            log(f"side by side {run.name}: circuit-tracer ({kind}) end to end {ct['pipeline']['end_to_end_s']:.1f}s, "
+                f"attribute {ct['pipeline']['timings_s']['attribute']:.1f}s")
+        out["circuit_tracer"][kind] = ct
     circuitgraph_cli(2)
-    if ct["returncode"] != 0 or "result" not in cg_result:
+    if dumped is None or "result" not in cg_result:
         return out
-    log(f"side by side {run.name}: comparing edges and pruning")
+    log(f"side by side {run.name}: comparing features, edges and pruning")
     cmp_path = sdir / "comparison.json"
-    cmp = run_process([sys.executable, str(HERE / "side_by_side.py"), "--ct-dir", str(ct_dir), "--graph",
+    cmp = run_process([sys.executable, str(HERE / "side_by_side.py"), "--ct-dir", str(dumped), "--graph",
                        str(work / "runs" / stages.name / "full.npz"), "--json", str(cmp_path)],
-                      log_path=sdir / "comparison.log", env=child_env(threads))
+                      log_path=sdir / "comparison.log", env=circuitgraph_env(threads))
     out["comparison"] = json.loads(cmp_path.read_text()) if cmp["returncode"] == 0 else {"error": cmp["log_tail"]}
     return out
+
+
+def ct_attempt(run: Run, bundle_dir: Path, work: Path, ct_python: Path | None, memory_cap_gb: float,
+               time_cap_s: float) -> dict[str, Any]:
+    """circuit-tracer on ``run``'s bundle in its default environment, stopped above
+    ``memory_cap_gb`` of resident memory or after ``time_cap_s``: whether it fits, and why not."""
+    if ct_python is None or not ct_python.exists():
+        return {"fits": None, "why": f"not tried: no circuit-tracer venv python at {_portable(ct_python)}"}
+    sdir = work / "ct_attempt" / run.name
+    sdir.mkdir(parents=True, exist_ok=True)
+    (sdir / "tokens.json").write_text(json.dumps({"tokens": prompt_tokens(run.bundle, run.n_pos)}))
+    log(f"{run.name}: circuit-tracer attempt (cap {memory_cap_gb:.0f} GiB, {time_cap_s / 60:.0f} min)")
+    cmd = _ct_command(ct_python, dataclasses.replace(run, ct_batch_size=64), bundle_dir, sdir / "tokens.json",
+                      sdir / "out", time.time(), None, dump=False)
+    proc = run_process(cmd, log_path=sdir / "circuit_tracer.log", env=plain_env(),
+                       memory_limit_mb=memory_cap_gb * 1024, time_limit_s=time_cap_s)
+    res: dict[str, Any] = {"process": proc, "memory_cap_gb": memory_cap_gb, "time_cap_s": time_cap_s,
+                           "batch_size": 64, "max_feature_nodes": run.max_feature_nodes}
+    if proc["returncode"] == 0:
+        res["pipeline"] = json.loads((sdir / "out" / "ct_pipeline.json").read_text())
+        res.update(fits=True, why=f"completed in {res['pipeline']['end_to_end_s']:.0f} s, peak "
+                                  f"{proc['peak_rss_mb'] / 1024:.1f} GiB")
+    elif proc["killed_for_memory"]:
+        res.update(fits=False, why=f"passed the {memory_cap_gb:.0f} GiB cap after {proc['wall_s']:.0f} s (stopped)")
+    elif proc["killed_for_time"]:
+        res.update(fits=None, why=f"still running at the {time_cap_s / 60:.0f}-minute cap (stopped), peak "
+                                  f"{proc['peak_rss_mb'] / 1024:.1f} GiB")
+    else:
+        last = [ln for ln in proc["log_tail"].splitlines() if ln.strip()]
+        res.update(fits=False, why=f"failed (exit {proc['returncode']}): " + (last[-1][:300] if last else "no output"))
+    log(f"{run.name}: circuit-tracer {res['why']}")
+    return res
+
+
+def dataset_suite(work: Path, n: int) -> dict[str, Any]:
+    """``benchmarks/dataset_throughput.py --n N`` in a child process; its JSON record."""
+    path = work / "dataset" / "dataset.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    log(f"dataset throughput: {n} prompts, local and Ray, 1 and 2 workers")
+    proc = run_process([sys.executable, str(HERE / "dataset_throughput.py"), "--n", str(n), "--out", str(path)],
+                       log_path=work / "dataset" / "log.txt", env=plain_env())
+    if proc["returncode"] != 0:
+        return {"process": proc, "error": proc["log_tail"][-1000:]}
+    return {"process": proc, "record": json.loads(path.read_text())}
+
 
 
 def _parse_cli_times(text: str) -> dict[str, float]:
@@ -610,110 +797,246 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def _save(results: dict[str, Any], out: Path) -> None:
+def load_results(out: Path) -> dict[str, Any]:
+    """``OUT/results.json`` (``{"format": 2, "suites": {name: entry}}``), or an empty record."""
+    path = out / "results.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        if data.get("format") == RESULTS_FORMAT:
+            return data
+        log(f"{_portable(path)} is in an older format (no per-suite entries): starting a new record")
+    return {"format": RESULTS_FORMAT, "suites": {}}
+
+
+def save_results(results: dict[str, Any], out: Path) -> None:
+    """Write ``OUT/results.json`` whole (a temporary file, then renamed: never a partial file)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    tmp = out / "results.json.partial"
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / "results.json")
 
 
-# ----------------------------------------------------------------------------- main
+RESULTS_FORMAT = 2
+
+
+def reproduce_command(argv: list[str], suite: str) -> str:
+    """The command that records ``suite`` alone, with the options of this invocation that change
+    what is measured (``--only`` replaced; ``--report-only``/``--readme`` dropped)."""
+    keep: list[str] = []
+    skip_next = False
+    for i, a in enumerate(argv):
+        if skip_next:
+            skip_next = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--only", "--runs", "--readme", "--out", "--work"):
+            skip_next = "=" not in a and i + 1 < len(argv)
+            continue
+        if name in ("--report-only",) or (name == "--device" and i + 1 < len(argv) and argv[i + 1] == "cuda"):
+            skip_next = name == "--device"
+            continue
+        keep.append(_portable(a))
+    return " ".join(["python benchmarks/run_benchmarks.py", "--only", suite, *(shlex_quote(a) for a in keep)])
+
+
+def shlex_quote(a: str) -> str:
+    import shlex
+
+    return shlex.quote(a) if a and not a.startswith("$") else a
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small configurations (a couple of minutes)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--quick", action="store_true", help="small stand-ins for every suite (minutes)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="results folder (default docs/benchmarks, or docs/benchmarks/quick with --quick)")
+                    help="results folder (default docs/benchmarks; with --quick, WORK/quick/report)")
     ap.add_argument("--work", type=Path,
                     default=Path(os.environ.get("CIRCUITGRAPH_BENCH_DIR", Path(tempfile.gettempdir()) / "circuitgraph-bench")),
-                    help="bundles, graphs and logs (default $TMPDIR/circuitgraph-bench, or $CIRCUITGRAPH_BENCH_DIR)")
+                    help="bundles, graphs and logs (default $TMPDIR/circuitgraph-bench, or $CIRCUITGRAPH_BENCH_DIR); "
+                         "bundles in WORK/bundles are reused")
     ap.add_argument("--only", default=None,
-                    help="comma-separated suites: prompt_length,active_features,gpt2_small,precision,side_by_side,"
-                         "long_prompt_6l,long_prompt_gpt2")
+                    help=f"comma-separated suites (default: {','.join(RECORDED_SUITES)}); also: {','.join(OLDER_SUITES)}")
     ap.add_argument("--ct-python", type=Path, default=Path(os.environ.get("CIRCUITGRAPH_CT_PYTHON", HERE.parent / ".venv-ct" / "bin" / "python")),
                     help="python of the circuit-tracer 0.5.0 venv (scripts/install_circuit_tracer.sh)")
+    ap.add_argument("--ct-env", choices=("default", "tuned", "both"), default="default",
+                    help="circuit-tracer's environment: default (inherited, no OpenMP/MKL variables: as a user runs "
+                         "it), tuned (circuitgraph's OpenMP settings and OMP_NUM_THREADS), or both, recorded separately")
     ap.add_argument("--skip-ct", action="store_true", help="no circuit-tracer side by side")
     ap.add_argument("--memory-budget-gb", type=float, default=16.0)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--report-only", action="store_true", help="redraw results.md and plots from results.json")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for circuitgraph's processes and the tuned circuit-tracer "
+                         "(default: none set, torch's own thread count)")
+    ap.add_argument("--report-only", action="store_true", help="redraw README.md and the plots from results.json")
+    ap.add_argument("--readme", choices=("print", "write"), default=None,
+                    help="print, or rewrite in README.md (between its benchmark markers), the speed paragraph "
+                         "made from results.json")
     ap.add_argument("--runs", default=None,
-                    help="comma-separated run names (e.g. 6L-long-T1024,gpt2-long-T256): only these, within --only")
+                    help="comma-separated run names (e.g. gpt2-2k-T1024): only these, within --only")
     ap.add_argument("--recheck-dry-run", action="store_true",
                     help="re-make `circuitgraph run --dry-run`'s estimate of every recorded run in --out's "
                          "results.json with the current code (next to the measured peak), and redraw the report")
     ap.add_argument("--time-limit-min", type=float, default=None,
                     help="stop a timed run after this many minutes (recorded as stopped at the time limit)")
-    ap.add_argument("--gpu", action="store_true",
-                    help="also run the side-by-side configuration and the 6-layer long prompts on CUDA "
-                         "(model: {device: cuda}; absolute device times); skipped, with the reason recorded, "
-                         "where no GPU is available")
-    args = ap.parse_args(argv)
-    _WORK[0] = Path(args.work).resolve()
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: run the gpu suite (the same as --only gpu)")
+    ap.add_argument("--gpu-skip-reason", default=None,
+                    help="the reason recorded when no CUDA device is available (e.g. what the device tool said)")
+    ap.add_argument("--llama-bundle", type=Path, default=None,
+                    help="the Llama-3.2-1B-size bundle folder (model/, transcoders/; default WORK/bundles/llama-1b-size)")
+    ap.add_argument("--llama-bundle-args", default=None,
+                    help="make_random_bundle.py arguments to build the Llama bundle at --llama-bundle when it is "
+                         "missing (one quoted string)")
+    ap.add_argument("--llama-max-feature-nodes", type=int, default=4096,
+                    help="max_feature_nodes of the Llama-size run (0: the full graph if it fits the budget)")
+    ap.add_argument("--ct-llama", action="store_true",
+                    help="also try circuit-tracer on the Llama-size bundle (default environment, capped)")
+    ap.add_argument("--ct-memory-cap-gb", type=float, default=22.0,
+                    help="stop circuit-tracer's Llama-size attempt above this resident memory")
+    ap.add_argument("--ct-time-cap-min", type=float, default=60.0,
+                    help="stop circuit-tracer's Llama-size attempt after this many minutes")
+    ap.add_argument("--dataset-n", type=int, default=None, help="prompts of the dataset suite (default 100, --quick 4)")
+    ap.add_argument("--sbs-batch-size", type=int, default=None,
+                    help="circuitgraph's graph.batch_size in a side by side with max_feature_nodes (default: "
+                         "circuit-tracer's, so that both rank features in the same rounds and select the same ones)")
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(raw_argv)
+    work_root = Path(args.work).resolve()
+    _WORK[0] = work_root
     _TIME_LIMIT_S[0] = None if args.time_limit_min is None else 60 * args.time_limit_min
     _PORTABLE_NAMES[str(args.ct_python)] = ".venv-ct/bin/python"
     _PORTABLE_NAMES[shutil.which("circuitgraph") or "circuitgraph"] = "circuitgraph"
-    out = args.out or (REPO / "docs" / "benchmarks" / ("quick" if args.quick else ""))
+    work = work_root / ("quick" if args.quick else "full")
+    out = Path(args.out or (work / "report" if args.quick else REPO / "docs" / "benchmarks"))
     sys.path.insert(0, str(HERE))
-    from report import write_report
+    from report import readme_paragraph, rewrite_readme, write_report
 
-    if args.report_only:
-        write_report(json.loads((out / "results.json").read_text()), out)
+    if args.readme:
+        results = load_results(out)
+        if args.readme == "print":
+            print(readme_paragraph(results))
+        else:
+            rewrite_readme(REPO / "README.md", readme_paragraph(results))
+            log("rewrote the speed paragraph of README.md")
         return 0
-    suite = configurations(args.quick)
-    only = set(args.only.split(",")) if args.only else None
+    if args.report_only:
+        write_report(load_results(out), out)
+        log(f"wrote {out / 'README.md'}")
+        return 0
+    _BUNDLE_DIRS[:] = [work_root / "bundles", work / "bundles"]
+    suite = configurations(args.quick, args.llama_max_feature_nodes or None)
+    if args.only:
+        only = [s for s in args.only.split(",") if s]
+        unknown = sorted(set(only) - set(ALL_SUITES))
+        if unknown:
+            ap.error(f"--only: unknown suites {unknown}; known: {', '.join(ALL_SUITES)}")
+    else:
+        only = list(RECORDED_SUITES)
+    if args.device == "cuda":
+        only = ["gpu"]
+    if args.sbs_batch_size:
+        suite.side_by_sides = [dataclasses.replace(r, batch_size=args.sbs_batch_size) if r.max_feature_nodes else r
+                               for r in suite.side_by_sides]
     if args.runs:
         names = set(args.runs.split(","))
-        unknown = names - {r.name for r in suite.runs}
+        known = {r.name for r in suite.runs} | {r.name for r in suite.side_by_sides}
+        unknown = names - known
         if unknown:
-            ap.error(f"--runs: unknown run names {sorted(unknown)}; known: {', '.join(r.name for r in suite.runs)}")
+            ap.error(f"--runs: unknown run names {sorted(unknown)}; known: {', '.join(sorted(known))}")
         suite.runs = [r for r in suite.runs if r.name in names]
-    work = args.work / ("quick" if args.quick else "full")
+        suite.side_by_sides = [r for r in suite.side_by_sides if r.name in names]
+
+    # the Llama-size bundle: made elsewhere (or here, from --llama-bundle-args)
+    llama_path = Path(args.llama_bundle or (work_root / "bundles" / "llama-1b-size")).resolve()
+    llama_make = args.llama_bundle_args or (QUICK_LLAMA_ARGS if args.quick and not args.llama_bundle else None)
+    if args.quick and not args.llama_bundle:
+        llama_path = work / "bundles" / "quick-llama-standin"
+    llama: tuple[Bundle, Path] | str | None = None
+    bundle_dirs: dict[Bundle, Path] = {}
+
+    def resolve(run: Run) -> Path | None:
+        """The run's bundle folder (built if needed), or None (the Llama bundle is missing)."""
+        nonlocal llama
+        if run.bundle == LLAMA:
+            if llama is None:
+                llama = external_bundle(llama_path, llama_make, work, "llama-1b-size")
+            return None if isinstance(llama, str) else llama[1]
+        if run.bundle not in bundle_dirs:
+            bundle_dirs[run.bundle] = build_bundle(run.bundle, work)
+        return bundle_dirs[run.bundle]
+
+    def with_bundle(run: Run) -> Run:
+        return dataclasses.replace(run, bundle=llama[0]) if run.bundle == LLAMA and isinstance(llama, tuple) else run
+
     if args.recheck_dry_run:
-        return recheck_dry_run(suite, work, out)
-    t_start = time.time()
-    results: dict[str, Any] = {
-        "mode": "quick" if args.quick else "full",
-        "command": " ".join(["python benchmarks/run_benchmarks.py"] + [
-            "$WORK" if a == str(args.work) else _portable(a) for a in (sys.argv[1:] if argv is None else argv)]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": machine(),
-        "load_avg_at_start": list(os.getloadavg()),
-        "code_at_start": code_state(),
-        "omp_wait_policy": " ".join(f"{k}={child_env(args.threads).get(k)}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-                                    if child_env(args.threads).get(k)),
-        "memory_budget_gb": args.memory_budget_gb,
-        "peak_bytes_per_edge_assumed": PEAK_BYTES_PER_EDGE,
-        "runs": [],
-        "side_by_side": None,
-    }
-    wanted_bundles = {r.bundle for r in suite.runs if only is None or r.suite in only}
-    if suite.side_by_side and (only is None or "side_by_side" in only):
-        wanted_bundles.add(suite.side_by_side.bundle)
-    bundle_dirs = {b: build_bundle(b, work) for b in suite.bundles if b in wanted_bundles}
-    sbs = suite.side_by_side
-    if sbs is not None and (only is None or "side_by_side" in only):
-        # first: the comparison matters most, and both sides should meet the same machine load
-        ct_python = None if args.skip_ct else args.ct_python
-        results["side_by_side"] = side_by_side(sbs, bundle_dirs[sbs.bundle], work, ct_python, args.threads,
-                                               args.memory_budget_gb)
-    by_name: dict[str, dict[str, Any]] = {}
-    order = ("prompt_length", "active_features", "precision", "gpt2_small", "long_prompt_6l", "long_prompt_gpt2")
-    for run in sorted(suite.runs, key=lambda r: order.index(r.suite)):
-        if only is not None and run.suite not in only:
-            continue
-        if run.name in by_name:  # the same configuration listed in two suites: run once
-            results["runs"].append({**by_name[run.name], "suite": run.suite})
-            continue
-        res = run_circuitgraph(run, bundle_dirs[run.bundle], work, run.memory_budget_gb or args.memory_budget_gb,
-                               args.threads)
-        by_name[run.name] = res
-        results["runs"].append(res)
-        _save(results, out)  # partial results survive an interrupted run
-    if args.gpu:
-        results["gpu"] = gpu_runs(suite, bundle_dirs, work, args, by_name, out, results)
-    results["load_avg_at_end"] = list(os.getloadavg())
-    results["code_at_end"] = code_state()
-    results["total_seconds"] = time.time() - t_start
-    _save(results, out)
-    write_report(results, out)
-    log(f"wrote {out / 'results.md'} ({results['total_seconds']:.0f} s)")
+        return recheck_dry_run(suite, lambda r: resolve(r), out)
+
+    results = load_results(out)
+    ct_python = None if args.skip_ct else args.ct_python
+    ct_envs = ("default", "tuned") if args.ct_env == "both" else (args.ct_env,)
+    for name in [s for s in ALL_SUITES if s in only]:
+        t_start = time.time()
+        entry: dict[str, Any] = {
+            "suite": name, "mode": "quick" if args.quick else "full",
+            "command": " ".join(["python benchmarks/run_benchmarks.py", *(_portable(a) for a in raw_argv)]),
+            "reproduce": reproduce_command(raw_argv, name),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
+            "load_avg_at_start": list(os.getloadavg()), "code_at_start": code_state(),
+            "environment": {"stripped_from_inherited": sorted(tuning_variables(dict(os.environ))),
+                            "circuitgraph": tuning_variables(circuitgraph_env(args.threads)),
+                            "circuit_tracer": {k: tuning_variables(ct_env(k, args.threads)) for k in ct_envs},
+                            "threads_option": args.threads},
+            "memory_budget_gb": args.memory_budget_gb, "peak_bytes_per_edge_assumed": PEAK_BYTES_PER_EDGE,
+            "runs": [],
+        }
+        if args.quick:
+            entry["stand_ins"] = "quick: small stand-in configurations, not the recorded sizes"
+        results["suites"][name] = entry
+        log(f"suite {name}")
+
+        def save() -> None:
+            save_results(results, out)
+
+        if name == "dataset":
+            entry["dataset"] = dataset_suite(work, args.dataset_n or (4 if args.quick else 100))
+        elif name == "gpu":
+            reason = gpu_reason(args.gpu_skip_reason)
+            if reason is not None:
+                log(f"GPU suite skipped: {reason}")
+                entry["skipped"] = reason
+            for run in [] if reason else gpu_configurations(suite):
+                bdir = resolve(run)
+                if bdir is None:
+                    entry.setdefault("not_run", []).append({"name": run.name, "why": llama})
+                    continue
+                run = with_bundle(run)
+                entry["runs"].append(run_circuitgraph(run, bdir, work, run.memory_budget_gb or args.memory_budget_gb,
+                                                      args.threads))
+                save()
+        else:
+            for sbs in [r for r in suite.side_by_sides if r.suite == name]:
+                entry["side_by_side"] = side_by_side(sbs, resolve(sbs), work, ct_python, args.threads,
+                                                     sbs.memory_budget_gb or args.memory_budget_gb, ct_envs)
+                save()
+            for run in [r for r in suite.runs if r.suite == name]:
+                bdir = resolve(run)
+                if bdir is None:
+                    log(f"{run.name}: skipped: {llama}")
+                    entry["skipped"] = llama
+                    continue
+                run = with_bundle(run)
+                res = run_circuitgraph(run, bdir, work, run.memory_budget_gb or args.memory_budget_gb, args.threads)
+                entry["runs"].append(res)
+                save()  # partial results survive an interrupted run
+                if name == "llama_1b" and args.ct_llama:
+                    entry["ct_attempt"] = ct_attempt(run, bdir, work, ct_python, args.ct_memory_cap_gb,
+                                                     60 * args.ct_time_cap_min)
+                    save()
+        entry["load_avg_at_end"] = list(os.getloadavg())
+        entry["code_at_end"] = code_state()
+        entry["total_seconds"] = time.time() - t_start
+        save_results(results, out)
+        write_report(results, out)
+    log(f"wrote {out / 'README.md'} and {out / 'results.json'}")
     return 0
 
 

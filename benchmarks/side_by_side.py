@@ -11,6 +11,8 @@ section 1): selected features, error nodes (layer-major), token nodes, logit nod
 
 Reported:
 
+* **selected features** (with ``max_feature_nodes``; without it, every active feature): the set
+  of ``(layer, position, feature)`` circuit-tracer selected against circuitgraph's feature nodes;
 * **edges**: the largest ``|circuitgraph edge - circuit-tracer entry|`` over every entry of
   circuit-tracer's adjacency (an entry circuitgraph has no edge for counts as 0 there), also
   relative to the largest edge;
@@ -20,7 +22,12 @@ Reported:
 
 circuit-tracer has an error node at position 0 of every layer whose column is all zero;
 circuitgraph folds the position-0 MLP output into constants, so those nodes have no
-counterpart (and carry no edge).
+counterpart (and carry no edge).  With ``max_feature_nodes``, circuitgraph's remainder nodes (the
+unselected features' contributions, summed per layer and position) have no circuit-tracer
+counterpart either (their edges are counted on their own, not as differences); the kept nodes and
+edges are compared over the nodes both have, the kept ones touching a remainder node counted
+separately, and once more after removing the remainder nodes before pruning
+(``pruning_without_remainders``: the graph then holds exactly circuit-tracer's adjacency).
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ct_node_order", "edge_difference", "pruning_agreement", "compare", "cut_margin", "kept_edges_verdict"]
+__all__ = ["ct_node_order", "selected_features_agreement", "edge_difference", "pruning_agreement", "compare",
+           "cut_margin", "kept_edges_verdict"]
 
 
 def ct_node_order(ct: Any) -> list:
@@ -49,6 +57,19 @@ def ct_node_order(ct: Any) -> list:
     return order
 
 
+def selected_features_agreement(ct: Any, graph: Any) -> dict[str, Any]:
+    """circuit-tracer's selected features against circuitgraph's feature nodes, as sets of
+    ``(layer, position, feature)``."""
+    active, selected = ct["active_features"], ct["selected_features"]
+    theirs = {tuple(int(v) for v in active[i]) for i in selected.tolist()}
+    ours = {(n.id.layer, n.id.position, n.id.index) for n in graph.nodes if n.kind == "feature"}
+    return {"n_selected_ct": len(theirs), "n_selected_circuitgraph": len(ours), "n_active_ct": int(len(active)),
+            "selected_features_equal": theirs == ours, "n_only_ct": len(theirs - ours),
+            "n_only_circuitgraph": len(ours - theirs),
+            "only_ct": [list(t) for t in sorted(theirs - ours)[:10]],
+            "only_circuitgraph": [list(t) for t in sorted(ours - theirs)[:10]]}
+
+
 def _row_map(graph: Any, order: list) -> np.ndarray:
     index = {nid: i for i, nid in enumerate(order)}
     return np.array([index.get(n.id, -1) for n in graph.nodes], dtype=np.int64)
@@ -63,7 +84,12 @@ def edge_difference(adjacency: np.ndarray, graph: Any, row_map: np.ndarray) -> d
     theirs = adjacency[t[both], s[both]].astype(np.float64)
     diff_on_ours = np.abs(w[both] - theirs)
     worst_i = int(diff_on_ours.argmax()) if diff_on_ours.size else -1
-    only_ours = float(np.abs(w[~both]).max()) if (~both).any() else 0.0
+    # remainder nodes (max_feature_nodes) hold the unselected features' contributions, which
+    # circuit-tracer leaves out of its adjacency: not a disagreement, counted on their own
+    remainder = np.array([n.kind == "remainder" for n in graph.nodes], dtype=bool)
+    from_remainder = remainder[graph.edge_source] | remainder[graph.edge_target]
+    other = ~both & ~from_remainder
+    only_ours = float(np.abs(w[other]).max()) if other.any() else 0.0
     adjacency[t[both], s[both]] = 0.0  # what is left: circuit-tracer entries circuitgraph lacks
     only_theirs = float(np.abs(adjacency).max())
     largest = max(float(diff_on_ours.max()) if diff_on_ours.size else 0.0, only_ours, only_theirs)
@@ -74,6 +100,8 @@ def edge_difference(adjacency: np.ndarray, graph: Any, row_map: np.ndarray) -> d
         "max_difference_on_shared_edges": float(diff_on_ours.max()) if diff_on_ours.size else 0.0,
         "largest_ct_entry_without_circuitgraph_edge": only_theirs,
         "largest_circuitgraph_edge_without_ct_node": only_ours,
+        "n_remainder_edges_circuitgraph": int(from_remainder.sum()),
+        "largest_remainder_edge_circuitgraph": float(np.abs(w[from_remainder]).max()) if from_remainder.any() else 0.0,
         "worst_shared_edge": ([str(graph.nodes[int(graph.edge_source[both][worst_i])].id),
                                str(graph.nodes[int(graph.edge_target[both][worst_i])].id)]
                               if worst_i >= 0 else None),
@@ -105,7 +133,9 @@ def pruning_agreement(ct_prune: Any, graph: Any, row_map: np.ndarray, order: lis
     ct_nodes = set(np.flatnonzero(ct_prune["node_mask"]).tolist())
     em = res.edge_mask
     t, s = row_map[graph.edge_target[em]], row_map[graph.edge_source[em]]
-    ours_edges = np.unique(t * np.int64(n) + s)
+    shared = (t >= 0) & (s >= 0)  # edges between nodes circuit-tracer also has (not remainder nodes)
+    ours_edges = np.unique(t[shared] * np.int64(n) + s[shared])
+    unmatched_nodes = {str(graph.nodes[int(i)].id) for i in np.flatnonzero(res.node_mask) if row_map[int(i)] < 0}
     idx = ct_prune["edge_mask_indices"]
     ct_edges = np.unique(idx[:, 0].astype(np.int64) * n + idx[:, 1])
     only_ours = np.setdiff1d(ours_edges, ct_edges)
@@ -117,6 +147,8 @@ def pruning_agreement(ct_prune: Any, graph: Any, row_map: np.ndarray, order: lis
         "kept_nodes_equal": ours_nodes == ct_nodes,
         "nodes_only_ct": [str(order[i]) for i in sorted(ct_nodes - ours_nodes)][:20],
         "nodes_only_circuitgraph": [str(order[i]) for i in sorted(ours_nodes - ct_nodes)][:20],
+        "n_nodes_kept_without_ct_node": len(unmatched_nodes),
+        "n_edges_kept_without_ct_node": int((~shared).sum()),
         "n_edges_kept_ct": int(ct_edges.size),
         "n_edges_kept_circuitgraph": int(ours_edges.size),
         "kept_edges_equal": bool(only_ours.size == 0 and only_ct.size == 0),
@@ -181,6 +213,7 @@ def compare(ct_dir: Path, graph_npz: Path) -> dict[str, Any]:
     ct_targets = [str(n) for n in order[-len(ct["logit_tokens"]):]]
     our_targets = [str(t) for t, _ in graph.targets]
     out: dict[str, Any] = {"targets_equal": ct_targets == our_targets, "n_nodes_ct": len(order),
+                           "selected_features": selected_features_agreement(ct, graph),
                            "n_nodes_circuitgraph": graph.n_nodes,
                            "circuitgraph_nodes_without_ct_node": int((row_map < 0).sum())}
     adjacency = ct.pop("adjacency_matrix")
@@ -190,6 +223,12 @@ def compare(ct_dir: Path, graph_npz: Path) -> dict[str, Any]:
     with np.load(ct_dir / "prune.npz") as z:
         ct_prune = {k: z[k] for k in z.files}
     out["pruning"] = pruning_agreement(ct_prune, graph, row_map, order)
+    if any(n.kind == "remainder" for n in graph.nodes):
+        # the same pruning on circuit-tracer's node set: circuitgraph's graph without its remainder
+        # nodes holds exactly circuit-tracer's adjacency, so a difference left here is a pruning one
+        same_nodes = graph.subgraph([n.id for n in graph.nodes if n.kind != "remainder"])
+        out["pruning_without_remainders"] = pruning_agreement(ct_prune, same_nodes, _row_map(same_nodes, order),
+                                                              order)
     return out
 
 

@@ -54,13 +54,14 @@ def test_bench_one_and_report_on_a_tiny_bundle(tmp_path):
         "process": {"wall_s": 1.0, "user_s": 0.5, "sys_s": 0.1, "peak_rss_mb": 100.0, "returncode": 0,
                     "load_avg_1min": {"start": 1.0, "mean": 1.0, "max": 1.0}},
         "result": res}
-    results = {"mode": "quick", "command": "test", "started": "now", "total_seconds": 1.0,
-               "machine": {"cpu_count": 2, "memory_gb": 1.0, "cuda": False, "python": "3", "torch": "2",
-                           "torch_threads": 1},
-               "load_avg_at_start": [1.0, 1.0, 1.0], "load_avg_at_end": [1.0, 1.0, 1.0],
-               "peak_bytes_per_edge_assumed": 120, "runs": [run], "side_by_side": None}
+    entry = {"suite": "prompt_length", "mode": "quick", "command": "test", "started": "now", "total_seconds": 1.0,
+             "machine": {"cpu_count": 2, "memory_gb": 1.0, "cuda": False, "python": "3", "torch": "2",
+                         "torch_threads": 1},
+             "load_avg_at_start": [1.0, 1.0, 1.0], "load_avg_at_end": [1.0, 1.0, 1.0],
+             "peak_bytes_per_edge_assumed": 120, "runs": [run]}
+    results = {"format": 2, "suites": {"prompt_length": entry}}
     report.write_report(results, tmp_path)
-    text = (tmp_path / "results.md").read_text()
+    text = (tmp_path / "README.md").read_text()
     assert "| tiny | 10 |" in text and "time_memory_vs_prompt_length.png" in text
     assert (tmp_path / "time_memory_vs_prompt_length.png").stat().st_size > 0
 

@@ -5,9 +5,10 @@
         --model B/model --transcoders B/transcoders --tokens TOKENS.json --out-dir OUT \
         [--batch-size 512] [--max-feature-nodes N] [--t0-epoch SECONDS] [--threads N]
 
-``run_benchmarks.py`` starts it with the same environment as circuitgraph's runs
-(the OpenMP wait policy ``circuitgraph run`` sets for itself, and the same thread
-count).  The end-to-end window is what a circuit-tracer user runs to get a pruned graph JSON on disk:
+``run_benchmarks.py`` starts it in circuit-tracer's default environment (the inherited one
+without any OpenMP / MKL variable, torch's own thread count: ``--ct-env default``), or with
+circuitgraph's OpenMP settings and ``--threads`` (``--ct-env tuned``); the variables it saw are
+recorded (``tuning_environment``).  The end-to-end window is what a circuit-tracer user runs to get a pruned graph JSON on disk:
 process start and imports, loading (``run_ct.build_replacement_model``, the same loader as
 ``run_ct.py``), ``attribute`` and ``create_graph_files`` (which calls ``prune_graph`` with node
 0.8 / edge 0.98 itself and writes the Neuronpedia JSON).  The process records the wall-clock
@@ -31,6 +32,7 @@ T_START = time.perf_counter()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         "adjacency_shape": list(graph.adjacency_matrix.shape),
         "logit_tokens": graph.logit_token_ids.cpu().tolist(),
         "threads": torch.get_num_threads(),
+        "tuning_environment": {k: v for k, v in sorted(os.environ.items())
+                               if k.startswith(("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_"))},
         "batch_size": args.batch_size,
         "max_feature_nodes": args.max_feature_nodes,
         "architectures": archs,
