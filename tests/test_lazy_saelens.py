@@ -8,7 +8,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 from circuitgraph.adapters import ModelAdapter
 from circuitgraph.attribution import attribute
