@@ -316,7 +316,8 @@ class AttributionGraph:
         try:
             import networkx as nx
         except ImportError:  # pragma: no cover - networkx is in the networkx and test extras
-            raise QueryError("graph.to_networkx() needs networkx: pip install 'circuitgraph[networkx]'") from None
+            raise QueryError("converting a graph to networkx needs the networkx package: "
+                             "pip install 'circuitgraph[networkx]'") from None
         g = nx.DiGraph(metadata=self.metadata, targets=[[str(t), float(w)] for t, w in self.targets])
         weights = dict((t, float(w)) for t, w in self.targets)
         for node in self.nodes:
