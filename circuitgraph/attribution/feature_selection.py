@@ -11,6 +11,15 @@ The features that are not expanded stop being nodes; their outgoing edges into t
 readers are summed into one ``remainder`` node per (layer, position)
 (``index = REMAINDER_INDEX["features"]``), so completeness still holds exactly for every
 kept reader.
+
+What a run costs is set by *which* features are selected, not by the rounds: a selected row at
+``resid_mid(l)``, position ``t`` crosses the frozen attention of layers ``l, ..., 0``: layer
+``l`` at its single position (cheap), each of the ``l`` others at every position up to ``t``,
+about ``t (2 d_model^2 + n_heads d_head t / 2)`` multiply-adds, plus one per writer the row can
+see. When the selection concentrates on the last positions (random decoders do: the targets'
+direct edges favour the last position's features) every row is about as costly as the widest
+one, e.g. ~8 GFLOP per layer crossed at 2,048 tokens and GPT-2-small size; ranking and folding
+are a few percent of the run.
 """
 
 from __future__ import annotations
