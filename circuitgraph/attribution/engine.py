@@ -254,8 +254,6 @@ class _SparseSink:
     the buffers is never written, so it takes no memory (no per-batch pieces, no final
     concatenation).  Also records the ranges of the buffers per reader location (``segments``)."""
 
-    spread = SPREAD_SPARSE
-
     def __init__(self, capacity: int, dtype: torch.dtype):
         self.target = torch.empty(capacity, dtype=torch.int32)
         self.source = torch.empty(capacity, dtype=torch.int32)
@@ -321,7 +319,6 @@ class _DenseSink:
     """Dense rows: each block kept as it is, ``(slots, readers)``, on the host, with its
     location, slot range and batch number (exact zeros kept)."""
 
-    spread = SPREAD_DENSE
     device = torch.device("cpu")
 
     def __init__(self) -> None:
