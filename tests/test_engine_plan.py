@@ -149,10 +149,10 @@ def test_slot_tables_are_made_once_and_calls_repeat_exactly(tmp_path):
     assert first.constants == again.constants and first.sums == again.sums
 
 
-def test_old_dense_flag_warns_and_cross_layer_writers_refuse_dense_rows(tmp_path):
+def test_cross_layer_writers_refuse_dense_rows(tmp_path):
     col = _collected(tmp_path)
-    with pytest.warns(DeprecationWarning, match="compute_dense_rows"):
-        assert isinstance(compute_edges(col, batch_size=4, dense=True), DenseRows)
+    with pytest.raises(TypeError):
+        compute_edges(col, batch_size=4, dense=True)  # one return type: dense rows have their own entry point
     clt_like = replace(col, multi_location_writers=True)
     assert not dense_rows_supported(clt_like)
     with pytest.raises(AttributionError, match="use compute_edges"):

@@ -39,9 +39,8 @@ the edges again.  Each batch's constants and sums come to the host once, when it
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
-from typing import Callable, Literal, Sequence, overload
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -345,20 +344,6 @@ class _DenseSink:
 
 
 # ---------------------------------------------------------------------------- entry points
-@overload
-def compute_edges(col: Collected, *, batch_size: int = ..., reader_subset: list[int] | None = ...,
-                  progress: Callable[[int, int], None] | None = ...,
-                  constant_parts: dict[int, dict[int, float]] | None = ...,
-                  dense: Literal[False] = ...) -> EdgeResult: ...
-
-
-@overload
-def compute_edges(col: Collected, *, batch_size: int = ..., reader_subset: list[int] | None = ...,
-                  progress: Callable[[int, int], None] | None = ...,
-                  constant_parts: dict[int, dict[int, float]] | None = ...,
-                  dense: Literal[True]) -> "EdgeResult | DenseRows": ...
-
-
 @torch.no_grad()
 def compute_edges(
     col: Collected,
@@ -367,23 +352,14 @@ def compute_edges(
     reader_subset: list[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     constant_parts: dict[int, dict[int, float]] | None = None,
-    dense: bool = False,
-) -> "EdgeResult | DenseRows":
+) -> EdgeResult:
     """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``), as
     squeezed ``(target, source, weight)`` arrays with each reader's constant and row sums.
 
     When ``constant_parts`` is a dict it receives, per reader row, the reader's constant split
     by origin: ``{row: {loc: value}}`` with ``loc`` the residual location of the constant
     writers (``-1`` for the reader's own constant); the parts sum to the reader's constant.
-
-    ``dense=True`` is the old spelling of :func:`compute_dense_rows` (deprecated: it returns
-    :class:`DenseRows` where :func:`dense_rows_supported`, else an :class:`EdgeResult`)."""
-    if dense:
-        warnings.warn("compute_edges(dense=True) is deprecated: call compute_dense_rows (where "
-                      "dense_rows_supported(col)) or compute_edges", DeprecationWarning, stacklevel=2)
-        if dense_rows_supported(col):
-            return compute_dense_rows(col, batch_size=batch_size, reader_subset=reader_subset, progress=progress,
-                                      constant_parts=constant_parts)
+    The same rows as blocks: :func:`compute_dense_rows`."""
     plan = _plan(col, batch_size, reader_subset, SPREAD_SPARSE)
     sink = _SparseSink(_sparse_capacity(col, plan), col.frozen.dtype)
     constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
