@@ -11,8 +11,8 @@ at or before its position, so its causal writer count bounds its edges.  With
 ``max_feature_nodes`` only the rows of the selected features (and the other readers) are
 computed; the bound takes the ``max_feature_nodes`` feature rows with the most possible
 edges.  Edges cost ``EDGE_PEAK_BYTES`` each at the peak of a full-graph run (stored as int32
-target, int32 source and float32 weight, plus the engine's concatenation and pruning's working
-copies) and ``MFN_EDGE_PEAK_BYTES`` with ``max_feature_nodes`` (the ranking rounds and the
+target, int32 source and float32 weight, written straight into their buffers, plus pruning's
+working copies) and ``MFN_EDGE_PEAK_BYTES`` with ``max_feature_nodes`` (the ranking rounds and the
 folding of unselected features), measured on the benchmark runs (docs/benchmarks).  A run that
 would not fit is refused with the advice that would make it fit (computed, not guessed:
 ``max_feature_nodes`` only for transcoder features, ``neuron_top_k`` only for neurons, each
@@ -34,9 +34,11 @@ from circuitgraph.errors import ResourceError
 __all__ = ["EdgePlan", "plan_edges", "check_plan", "check_rows", "device_working_set", "available_memory",
            "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "FLOAT64_EXTRA_BYTES", "USABLE"]
 
-#: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored + the
-#: engine's concatenation (12) + pruning's index arrays; measured 30-35 (docs/benchmarks), with margin
-EDGE_PEAK_BYTES = 48
+#: peak bytes per edge of a full graph (attribution, scores, pruning, export): 12 stored (the engine
+#: writes them straight into their buffers, no concatenation) + pruning's index arrays; measured
+#: 16.2 on the 6-layer side-by-side benchmark (69 M edges: 1.55 GB peak, 0.43 GB before the edges),
+#: with margin
+EDGE_PEAK_BYTES = 24
 #: with max_feature_nodes, per edge of the computed rows before the unselected features are
 #: folded: the rows are kept as the engine's dense blocks (4 bytes an entry; 12 as squeezed int32
 #: target, int32 source, float32 weight), ranked and folded part by part, never concatenated whole:
