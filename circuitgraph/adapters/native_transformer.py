@@ -212,73 +212,51 @@ class HookPoint(nn.Module):
 
 
 # ----------------------------------------------------------------------------- norms
-class LayerNorm(nn.Module):
-    def __init__(self, cfg: NativeConfig, length: int | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.length = cfg.d_model if length is None else length
-        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
-        self.b = nn.Parameter(torch.zeros(self.length, dtype=cfg.dtype))
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
+class _Norm(nn.Module):
+    """TransformerLens's four norms in one: ``centre`` subtracts the mean (LayerNorm), ``weight`` /
+    ``bias`` are the learned ``w`` / ``b`` (absent in the folded ``*Pre`` variants); the scale is
+    ``sqrt(mean(x^2) + eps)``, computed in float32 at least, as TransformerLens does."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cfg.dtype not in (torch.float32, torch.float64):
-            x = x.to(torch.float32)
-        x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = self.hook_normalized(x / scale).to(self.cfg.dtype)
-        return x * self.w + self.b
+    centre = weight = bias = False
 
-
-class LayerNormPre(nn.Module):
     def __init__(self, cfg: NativeConfig):
         super().__init__()
         self.cfg = cfg
         self.eps = cfg.eps
+        self.length = cfg.d_model
+        if self.weight:
+            self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
+        if self.bias:
+            self.b = nn.Parameter(torch.zeros(self.length, dtype=cfg.dtype))
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.dtype not in (torch.float32, torch.float64):
             x = x.to(torch.float32)
-        x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale).to(self.cfg.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, cfg: NativeConfig, length: int | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.length = cfg.d_model if length is None else length
-        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cfg.dtype not in (torch.float32, torch.float64):
-            x = x.to(torch.float32)
+        if self.centre:
+            x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         x = self.hook_normalized(x / scale).to(self.cfg.dtype)
-        return x * self.w
+        if self.weight:
+            x = x * self.w
+        return x + self.b if self.bias else x
 
 
-class RMSNormPre(nn.Module):
-    def __init__(self, cfg: NativeConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
+class LayerNorm(_Norm):
+    centre = weight = bias = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cfg.dtype not in (torch.float32, torch.float64):
-            x = x.to(torch.float32)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale).to(self.cfg.dtype)
+
+class LayerNormPre(_Norm):
+    centre = True
+
+
+class RMSNorm(_Norm):
+    weight = True
+
+
+class RMSNormPre(_Norm):
+    pass
 
 
 def _norm(cfg: NativeConfig, final: bool = False) -> nn.Module:
