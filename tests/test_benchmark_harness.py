@@ -47,14 +47,14 @@ def report():
     return _load("report")
 
 
-INHERITED = {"PATH": "/bin", "PYTHONPATH": "here", "HOME": "/home/u", "OMP_WAIT_POLICY": "ACTIVE",
+INHERITED = {"PATH": "bin-dir", "PYTHONPATH": "here", "HOME": "home-dir", "OMP_WAIT_POLICY": "ACTIVE",
              "GOMP_SPINCOUNT": "20000", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2", "KMP_BLOCKTIME": "0",
              "OPENBLAS_NUM_THREADS": "3", "OPENBLAS_CORETYPE": "Haswell"}
 
 
 def test_circuit_tracer_default_environment_has_no_tuning_variable(rb):
     default = rb.ct_env("default", 4, INHERITED)
-    assert default == {"PATH": "/bin", "PYTHONPATH": "here", "HOME": "/home/u", "OPENBLAS_CORETYPE": "Haswell"}
+    assert default == {"PATH": "bin-dir", "PYTHONPATH": "here", "HOME": "home-dir", "OPENBLAS_CORETYPE": "Haswell"}
     assert rb.plain_env(INHERITED) == default
     assert rb.tuning_variables(default) == {}
     # circuitgraph's processes start from the same plain environment; --threads adds OMP_NUM_THREADS only
