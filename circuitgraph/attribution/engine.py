@@ -60,9 +60,10 @@ __all__ = ["EdgeResult", "compute_edges", "compute_dense_rows", "dense_rows_supp
 #: bytes of writer vectors (and of their edge block) made at once per location in the sweep
 WRITER_CHUNK_BYTES = 1 << 28
 #: while every writer vector of the graph fits in this many bytes (short prompts), the vectors are
-#: made once per sweep and reused by every batch of readers; above it (long prompts) they are made
-#: per chunk of position groups for each batch and never held all at once
-HELD_WRITERS_BYTES = 1 << 28
+#: made once and reused by every batch of readers (by every engine call of a ``max_feature_nodes``
+#: selection: gathering them per call was a fifth of a GPT-2-size run); above it (long prompts)
+#: they are made per chunk of position groups for each batch and never held all at once
+HELD_WRITERS_BYTES = 1 << 31
 #: bytes of the gradients ``G (batch, positions, d_model)`` of the batches that go down together
 #: (one wave: the batches of one location, the writer gathers and pattern reads shared)
 WAVE_BYTES = 1 << 30
@@ -77,7 +78,7 @@ def held_writer_bytes(col: Collected) -> int:
     """The bytes :func:`compute_edges` holds for writer vectors (0 when they are made per chunk)."""
     fm = col.frozen
     elt = torch.empty((), dtype=fm.dtype).element_size()
-    total = sum(block.n_slots() for block in col.writers.blocks.values()) * fm.adapter.facts.d_model * elt
+    total = sum(block.n_writers() for block in col.writers.blocks.values()) * fm.adapter.facts.d_model * elt
     return total if total <= HELD_WRITERS_BYTES else 0
 
 
@@ -272,20 +273,25 @@ class _SparseSink:
     def end_wave(self, location: int) -> None:
         add_segment(self.segments, location, self._wave_start, self.n_edges)
 
-    def add(self, batch: _BatchState, location: int, slot_lo: int, slot_hi: int, edges: torch.Tensor,
-            block_rows: torch.Tensor, sources: torch.Tensor) -> None:
-        """The real slots ``block_rows`` of ``edges (groups * max_n, B)`` (sources ``sources``,
-        slots ``slot_lo..slot_hi-1`` of ``location``'s table) written in (writer, reader) order,
-        exact zeros squeezed out in place."""
+    def scratch(self, batch: _BatchState, n_writers: int, like: torch.Tensor) -> torch.Tensor:
+        """Where the engine writes the next ``(n_writers, B)`` block: this sink's own weight buffer
+        when it is on the engine's device (no copy), else a fresh block."""
+        n_new = n_writers * batch.size
+        if like.device == self.weight.device and like.dtype == self.weight.dtype:
+            return self.weight[self.n_edges:self.n_edges + n_new].view(n_writers, batch.size)
+        return torch.empty(n_writers, batch.size, dtype=like.dtype, device=like.device)
+
+    def add(self, batch: _BatchState, location: int, slot_lo: int, slot_hi: int, values: torch.Tensor,
+            sources: torch.Tensor) -> None:
+        """The block ``values (writers, B)`` of slots ``slot_lo..slot_hi-1`` of ``location``'s table
+        (sources ``sources``) written in (writer, reader) order, exact zeros squeezed out in place."""
         size = batch.size
-        n_writers = block_rows.shape[0]
+        n_writers = values.shape[0]
         n_new = n_writers * size
         at = self.n_edges
         weight = self.weight[at:at + n_new]
-        if edges.device == weight.device:
-            torch.index_select(edges.view(-1, size), 0, block_rows, out=weight.view(n_writers, size))
-        else:
-            weight.copy_(edges.view(-1, size).index_select(0, block_rows).view(-1))
+        if values.data_ptr() != weight.data_ptr() or values.device != weight.device:
+            weight.copy_(values.reshape(-1))
         source = self.source[at:at + n_new]
         target = self.target[at:at + n_new]
         batch.add_sums(weight.view(n_writers, size))
@@ -329,9 +335,13 @@ class _DenseSink:
     def end_wave(self, location: int) -> None:
         pass
 
-    def add(self, batch: _BatchState, location: int, slot_lo: int, slot_hi: int, edges: torch.Tensor,
-            block_rows: torch.Tensor, sources: torch.Tensor) -> None:
-        values = edges.view(-1, batch.size).index_select(0, block_rows).cpu()
+    def scratch(self, batch: _BatchState, n_writers: int, like: torch.Tensor) -> torch.Tensor:
+        """A fresh ``(n_writers, B)`` block for the engine to write (kept as it is)."""
+        return torch.empty(n_writers, batch.size, dtype=like.dtype, device=like.device)
+
+    def add(self, batch: _BatchState, location: int, slot_lo: int, slot_hi: int, values: torch.Tensor,
+            sources: torch.Tensor) -> None:
+        values = values.cpu()
         batch.add_sums(values)
         self.blocks.append((location, slot_lo, slot_hi, batch.number, values.numpy()))
 
@@ -352,6 +362,7 @@ def compute_edges(
     reader_subset: list[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     constant_parts: dict[int, dict[int, float]] | None = None,
+    keep_writer_vectors: bool = False,
 ) -> EdgeResult:
     """All edges into the readers (or into ``reader_subset``, indices into ``col.readers``), as
     squeezed ``(target, source, weight)`` arrays with each reader's constant and row sums.
@@ -359,10 +370,18 @@ def compute_edges(
     When ``constant_parts`` is a dict it receives, per reader row, the reader's constant split
     by origin: ``{row: {loc: value}}`` with ``loc`` the residual location of the constant
     writers (``-1`` for the reader's own constant); the parts sum to the reader's constant.
-    The same rows as blocks: :func:`compute_dense_rows`."""
+    The same rows as blocks: :func:`compute_dense_rows`.
+
+    ``keep_writer_vectors``: leave the writer vectors a short prompt's sweep made on their blocks
+    for the next call (a ``max_feature_nodes`` selection's many calls), until
+    ``col.writers.release_vectors()``; by default they are dropped when the call returns."""
     plan = _plan(col, batch_size, reader_subset, SPREAD_SPARSE)
     sink = _SparseSink(_sparse_capacity(col, plan), col.frozen.dtype)
-    constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
+    try:
+        constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
+    finally:
+        if not keep_writer_vectors:
+            col.writers.release_vectors()
     return sink.result(col, constants, abs_sums, sums)
 
 
@@ -380,17 +399,23 @@ def compute_dense_rows(
     reader_subset: list[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     constant_parts: dict[int, dict[int, float]] | None = None,
+    keep_writer_vectors: bool = False,
 ) -> DenseRows:
     """The edges of :func:`compute_edges`, kept as the sweep's ``(writers, readers)`` blocks
     (:class:`~circuitgraph.attribution.dense_rows.DenseRows`: 4 bytes per entry and no indices;
     exact zeros kept), for ``max_feature_nodes``' rows.  Batches keep tighter position bands
-    (:data:`SPREAD_DENSE`), as a block stores the zeros of readers before a writer's position."""
+    (:data:`SPREAD_DENSE`), as a block stores the zeros of readers before a writer's position.
+    ``keep_writer_vectors``: as for :func:`compute_edges`."""
     if not dense_rows_supported(col):
         raise AttributionError("dense rows need one location per writer; this graph has writers at several "
                                "locations (a cross-layer transcoder): use compute_edges")
     plan = _plan(col, batch_size, reader_subset, SPREAD_DENSE)
     sink = _DenseSink()
-    constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
+    try:
+        constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
+    finally:
+        if not keep_writer_vectors:
+            col.writers.release_vectors()
     return sink.result(col, plan, constants, abs_sums, sums)
 
 
@@ -413,32 +438,34 @@ def _sparse_capacity(col: Collected, plan: SweepPlan) -> int:
 
 # ---------------------------------------------------------------------------- the sweep
 class _WriterVectors:
-    """Writer output vectors per chunk of position groups: held for the whole sweep while they
-    all fit (:data:`HELD_WRITERS_BYTES`), else made per chunk (the decoder rows gathered into one
-    reused buffer when the basis is in the compute dtype and device)."""
+    """Writer output vectors per chunk of position groups, one row per real slot (no padding):
+    held for the whole sweep while they all fit (:data:`HELD_WRITERS_BYTES`), else made per chunk
+    (the decoder rows gathered into one reused buffer when the basis is in the compute dtype and
+    device)."""
 
     def __init__(self, col: Collected):
         fm = col.frozen
         self.dtype, self.device = fm.dtype, fm.device
-        self.held: dict[int, torch.Tensor] | None = {} if held_writer_bytes(col) else None
+        self.held = held_writer_bytes(col) > 0
         self._gather_buffer: torch.Tensor | None = None
 
-    def chunk(self, location: int, block: WriterBlock, start: int, end: int,
+    def chunk(self, block: WriterBlock, slots: SlotTable, start: int, end: int,
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(vectors, scale)`` of groups ``start:end``: the output vectors, or (long prompts) the
-        unscaled basis rows and the ``scale (groups, max_n, 1)`` to apply to the edge blocks (one
-        pass over the vectors instead of two, and no fresh allocation per chunk)."""
-        if self.held is not None:
-            if location not in self.held:
-                self.held[location] = block.vectors()
-            return self.held[location][start:end], None
+        """``(vectors, scale)`` of the real slots of groups ``start:end``: ``(n, d_model)`` output
+        vectors, or (long prompts) the unscaled basis rows and the ``scale (n, 1)`` to apply to
+        the edge rows (one pass over the vectors instead of two, and no fresh allocation per chunk)."""
+        lo, hi = slots.group_starts[start], slots.group_starts[end]
+        if self.held:
+            return block.held_vectors(slots)[lo:hi], None
         if block.basis.dtype == self.dtype and block.basis.device == self.device:
-            n_el = (end - start) * block.index.shape[1] * block.basis.shape[1]
+            d = block.basis.shape[1]
+            n_el = (hi - lo) * d
             if self._gather_buffer is None or self._gather_buffer.numel() < n_el:
                 self._gather_buffer = torch.empty(n_el, dtype=self.dtype, device=self.device)
-            rows = block.basis_rows(start, end, out=self._gather_buffer[:n_el])
-            return rows, block.scale[start:end].unsqueeze(-1)
-        return block.vectors(start, end), None
+            rows = torch.index_select(block.basis, 0, slots.basis_index[lo:hi],
+                                      out=self._gather_buffer[:n_el].view(hi - lo, d))
+            return rows, slots.scale[lo:hi].unsqueeze(-1)
+        return block.slot_vectors(slots, lo, hi).to(device=self.device, dtype=self.dtype), None
 
 
 def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
@@ -494,7 +521,7 @@ def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
 def _write_location(location: int, block: WriterBlock, batches: list[_BatchState], writer_vectors: _WriterVectors,
                     sink: "_SparseSink | _DenseSink", causal: bool, d_model: int) -> None:
     """The edges from ``location``'s writers into every batch of the wave, chunk by chunk of
-    position groups (one batched GEMM per chunk and batch), handed to ``sink``."""
+    position groups, handed to ``sink``."""
     slots = block.slot_table(writer_vectors.device)
     # per batch: the groups at positions before its span's end, and (causal) the groups at or
     # before its first reader position, which feed every reader of the batch; later groups feed
@@ -509,28 +536,30 @@ def _write_location(location: int, block: WriterBlock, batches: list[_BatchState
     step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (d_model + widest) * elt))
     for chunk_start in range(0, n_groups, step):
         chunk_end = min(n_groups, chunk_start + step)
-        vectors, scale = writer_vectors.chunk(location, block, chunk_start, chunk_end)
+        vectors, scale = writer_vectors.chunk(block, slots, chunk_start, chunk_end)
         for batch, end, shared_end in zip(batches, ends, shared_ends):
             for lo, hi in ((chunk_start, min(chunk_end, shared_end)), (max(chunk_start, shared_end), min(chunk_end, end))):
                 if hi > lo:
-                    _write_groups(location, block, slots, batch, vectors, scale, chunk_start, lo, hi, sink)
+                    _write_groups(location, slots, batch, vectors, scale, slots.group_starts[chunk_start], lo, hi, sink)
 
 
-def _write_groups(location: int, block: WriterBlock, slots: SlotTable, batch: _BatchState, vectors: torch.Tensor,
-                  scale: torch.Tensor | None, chunk_start: int, lo: int, hi: int,
+def _write_groups(location: int, slots: SlotTable, batch: _BatchState, vectors: torch.Tensor,
+                  scale: torch.Tensor | None, chunk_slot: int, lo: int, hi: int,
                   sink: "_SparseSink | _DenseSink") -> None:
-    """The edges from the writers of position groups ``lo..hi-1`` (within the chunk made from
-    ``chunk_start``) into ``batch``: ``(groups, max_n, B)``, every writer against every reader."""
-    p0, p1 = slots.positions[lo], slots.positions[hi - 1] + 1
-    # the groups' positions are usually a run of consecutive positions: a view of G
-    G = batch.G[:, p0:p1] if p1 - p0 == hi - lo else batch.G[:, block.positions[lo:hi], :]
-    edges = torch.bmm(vectors[lo - chunk_start:hi - chunk_start], G.permute(1, 2, 0))
+    """The edges from the writers of position groups ``lo..hi-1`` into ``batch``: ``(slots, B)``,
+    every real writer slot (row-major, ``vectors`` and ``scale`` starting at slot ``chunk_slot``)
+    against every reader, one GEMM per group (its writers against the gradients at its position:
+    no padding multiplied, no gather of the gradients)."""
+    starts, positions = slots.group_starts, slots.positions
+    slot_lo, slot_hi = starts[lo], starts[hi]
+    out = sink.scratch(batch, slot_hi - slot_lo, vectors)
+    G = batch.G
+    for g in range(lo, hi):
+        a, b = starts[g], starts[g + 1]
+        torch.mm(vectors[a - chunk_slot:b - chunk_slot], G[:, positions[g]].T, out=out[a - slot_lo:b - slot_lo])
     if scale is not None:
-        edges.mul_(scale[lo - chunk_start:hi - chunk_start])
-    # the real (group, writer) slots, row-major: those of groups lo..hi-1 are a range
-    slot_lo, slot_hi = slots.group_starts[lo], slots.group_starts[hi]
-    block_rows = (slots.group[slot_lo:slot_hi] - lo) * edges.shape[1] + slots.writer[slot_lo:slot_hi]
-    sink.add(batch, location, slot_lo, slot_hi, edges, block_rows, slots.node_rows[slot_lo:slot_hi])
+        out.mul_(scale[slot_lo - chunk_slot:slot_hi - chunk_slot])
+    sink.add(batch, location, slot_lo, slot_hi, out, slots.node_rows[slot_lo:slot_hi])
 
 
 def _add_constants(location: int, constant: torch.Tensor, batches: list[_BatchState], table: ReaderTable,

@@ -262,6 +262,15 @@ def select_and_compute(
 
     ``watch(rows_done, edges_done, rows_total)`` is called after each batch of rows (the memory
     guard: it raises to stop a run that would not fit)."""
+    try:
+        return _select(col, max_feature_nodes, batch_size, update_interval, progress, watch, dense)
+    finally:
+        col.writers.release_vectors()  # held across the engine calls below (short prompts)
+
+
+def _select(col: Collected, max_feature_nodes: int, batch_size: int, update_interval: int,
+            progress: Callable[[int, int], None] | None, watch: Callable[[int, int, int], None] | None,
+            dense: bool) -> tuple[RowParts, list[int]]:
     rd = col.readers
     nodes = col.nodes
     n_nodes = len(nodes)
@@ -306,8 +315,8 @@ def select_and_compute(
 def _compute_rows(col: Collected, dense: bool, **kwargs: Any) -> EdgeResult | DenseRows:
     """One engine call's rows: dense blocks when asked and possible, else squeezed edges."""
     if dense and dense_rows_supported(col):
-        return compute_dense_rows(col, **kwargs)
-    return compute_edges(col, **kwargs)
+        return compute_dense_rows(col, keep_writer_vectors=True, **kwargs)
+    return compute_edges(col, keep_writer_vectors=True, **kwargs)
 
 
 def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tuple[list[Node], EdgeResult, dict[int, int]]:

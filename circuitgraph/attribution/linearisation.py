@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from circuitgraph._finite import first_nonfinite
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.errors import NumericalError
 
@@ -153,19 +154,16 @@ def offload_patterns(lin: Linearisation) -> None:
 
 
 def _check_finite(name: str, t: torch.Tensor) -> None:
-    if not torch.isfinite(t).all():
-        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+    bad = first_nonfinite(t)
+    if bad is not None:
         raise NumericalError(f"NaN or inf in {name} on this prompt (first at index {bad}); "
                              "check the model weights and dtype")
 
 
 def _check_weights(adapter: ModelAdapter) -> None:
     for name, p in adapter.model.named_parameters():
-        # max and min propagate NaN: both finite <=> every entry finite (no boolean copy)
-        if p.numel() and torch.isfinite(p.amax()) and torch.isfinite(p.amin()):
-            continue
-        if not torch.isfinite(p).all():
-            bad = (~torch.isfinite(p)).nonzero()[0].tolist()
+        bad = first_nonfinite(p.detach())
+        if bad is not None:
             raise NumericalError(f"model weight {name} holds NaN or inf (first at index {bad})")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from circuitgraph._finite import first_nonfinite
 from circuitgraph.errors import LoadError, NumericalError
 
 __all__ = ["LAZY_ENCODER_BYTES", "StoredRows", "check_finite"]
@@ -40,8 +41,8 @@ _MAX_STRIDED_RUNS = 64
 
 def check_finite(t: torch.Tensor, where: str, name: str) -> None:
     """One-line NumericalError naming the file and tensor when ``t`` holds NaN or inf."""
-    if not torch.isfinite(t).all():
-        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+    bad = first_nonfinite(t)
+    if bad is not None:
         raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad}); "
                              "re-export the dictionary with finite weights")
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from circuitgraph._finite import first_nonfinite
 from circuitgraph._hub import require_hub
 from circuitgraph.adapters.files import check_transcoder_dir
 from circuitgraph.dictionaries import saelens_native
@@ -350,8 +351,8 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any,
     for name, t in tensors.items():
         if isinstance(t, StoredRows):
             continue  # large (lazy): checked as it is read
-        if not torch.isfinite(t).all():
-            bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        bad = first_nonfinite(t)
+        if bad is not None:
             raise NumericalError(f"{where}: {name} holds NaN or inf (first at index {bad})")
     sae.eval()
     b_enc, b_dec = sae.b_enc.detach(), sae.b_dec.detach()
