@@ -23,6 +23,8 @@ resid_pre(0); ``2l+1`` = resid_mid(l); ``2l+2`` = resid_post(l).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -142,34 +144,53 @@ class FrozenLinearModel:
         return block
 
     def release_pattern_cache(self) -> None:
-        """Drop the kept pattern block (:meth:`pattern`)."""
+        """Drop the kept pattern block (:meth:`pattern`) and the attention transposes' scratch
+        buffers (:meth:`_scratch`)."""
         self._pattern_cache = None
+        self._scratch_buffers = [None, None]
+
+    def _scratch(self, slot: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """One of the two scratch buffers the attention transposes reuse from call to call (a
+        fresh tensor of a batch's gradient size is page-faulted in on first touch: a fifth of
+        a long prompt's run was the kernel zeroing those pages)."""
+        n = math.prod(shape)
+        buffers = getattr(self, "_scratch_buffers", None)
+        if buffers is None:
+            buffers = self._scratch_buffers = [None, None]
+        buf = buffers[slot]
+        if buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device:
+            buffers[slot] = None  # the old one released before the larger one is made
+            buf = buffers[slot] = torch.empty(n, dtype=like.dtype, device=like.device)
+        return buf[:n].view(shape)
 
     # ------------------------------------------------------------------ transposes
     def _attention_values(self, layer: int, G: torch.Tensor) -> torch.Tensor:
         """``v[h, s, b] = sum_t A[h, t, s] W_O^h G'(t)``: ``(H, T, B, d_head)``, as a few large GEMMs
-        (one for W_O, one per head for the pattern)."""
+        (one for W_O, one per head for the pattern), in scratch buffer 0 (valid until the next
+        call; buffer 1 is free again when it returns)."""
         B, T, D = G.shape
         if self.ln1_post is not None:
             G = self.ln1_post[layer].transpose(G, slice(0, T))
         W_O = self.attn[layer]["W_O"]  # (H, d_head, D)
         H, dh = W_O.shape[0], W_O.shape[1]
-        u = (G.reshape(B * T, D) @ W_O.reshape(H * dh, D).T).view(B, T, H, dh)
-        u = u.permute(2, 1, 0, 3).reshape(H, T, B * dh)  # (H, t, B * d_head)
+        u = torch.mm(G.reshape(B * T, D), W_O.reshape(H * dh, D).T, out=self._scratch(0, (B * T, H * dh), G))
+        up = self._scratch(1, (H, T, B, dh), G)
+        up.copy_(u.view(B, T, H, dh).permute(2, 1, 0, 3))
+        up = up.view(H, T, B * dh)  # (H, t, B * d_head)
         At = self.pattern(layer, T).transpose(1, 2)  # (H, s, t): A^T, zero where t < s (causal)
+        v = self._scratch(0, (H, T, B * dh), G)  # u is no longer needed
         if T <= CAUSAL_BLOCK or not self.causal:
-            return torch.bmm(At, u).view(H, T, B, dh)  # (H, s, B, d_head)
+            torch.bmm(At, up, out=v)
+            return v.view(H, T, B, dh)  # (H, s, B, d_head)
         # causal: source s only receives from t >= s, so each block of sources skips the
         # (exactly zero) columns t < s0 of A^T: about half the pattern's multiply-adds
-        v = torch.empty(H, T, B * dh, dtype=u.dtype, device=u.device)
         for s0 in range(0, T, CAUSAL_BLOCK):
             s1 = min(T, s0 + CAUSAL_BLOCK)
-            torch.bmm(At[:, s0:s1, s0:], u[:, s0:], out=v[:, s0:s1])
+            torch.bmm(At[:, s0:s1, s0:], up[:, s0:], out=v[:, s0:s1])
         return v.view(H, T, B, dh)
 
-    def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
-        """Gradient at resid_pre(layer) coming through frozen attention, for ``G (B, T, d_model)``
-        at resid_mid(layer).  Excludes the residual identity term."""
+    def _attention_out(self, layer: int, G: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """``W_V``'s side of :meth:`attention_transpose`, written into ``out (B*T, D)`` (None: scratch 0)."""
         B, T, D = G.shape
         v = self._attention_values(layer, G)
         W_V = self.attn[layer]["W_V"]  # (H, D, d_head)
@@ -179,8 +200,22 @@ class FrozenLinearModel:
             # only the per-position 1/sigma is left to apply (ln1.transpose = P(gamma * .) / sigma)
             flat = W_V.permute(0, 2, 1).reshape(H * dh, D)
             self.attn[layer]["W_V_ln1"] = self.ln1[layer].reader_direction(flat).contiguous()
-        out = (v.permute(2, 1, 0, 3).reshape(B * T, H * dh) @ self.attn[layer]["W_V_ln1"]).view(B, T, D)
+        vp = self._scratch(1, (B, T, H, dh), G)
+        vp.copy_(v.permute(2, 1, 0, 3))
+        out = torch.mm(vp.view(B * T, H * dh), self.attn[layer]["W_V_ln1"],
+                       out=self._scratch(0, (B * T, D), G) if out is None else out).view(B, T, D)
         return out.div_(self.ln1[layer].sigma[:T].unsqueeze(-1))
+
+    def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+        """Gradient at resid_pre(layer) coming through frozen attention, for ``G (B, T, d_model)``
+        at resid_mid(layer).  Excludes the residual identity term."""
+        B, T, D = G.shape
+        return self._attention_out(layer, G, torch.empty(B * T, D, dtype=G.dtype, device=G.device))
+
+    def attention_transpose_add_(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+        """``G + attention_transpose(layer, G)`` written into ``G`` (returned): no fresh tensor of
+        ``G``'s size (the same values, bitwise)."""
+        return G.add_(self._attention_out(layer, G, None))
 
     def attention_transpose_single(self, layer: int, G: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """:meth:`attention_transpose` for a ``G`` that is non-zero only at ``G[b, positions[b]]``
@@ -229,13 +264,16 @@ class FrozenLinearModel:
     def step_down(self, loc: int, G: torch.Tensor, single: torch.Tensor | None = None) -> torch.Tensor:
         """Propagate ``G`` from residual location ``loc`` to ``loc - 1``.  ``single``: the
         position of each row when ``G`` is non-zero at that position only (see
-        :meth:`attention_transpose_single`); the result is the same."""
+        :meth:`attention_transpose_single`); the result is the same.  ``G`` may be overwritten:
+        the result can be ``G`` itself."""
         if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
             layer = (loc - 1) // 2
             out = G
             if self.attention_modes[layer] == "frozen":
                 if single is not None:
                     out = self.attention_transpose_single(layer, G, single).add_(G)
+                elif not self.parallel:  # G itself is not needed below: stepped down in place
+                    out = self.attention_transpose_add_(layer, G)
                 else:
                     out = self.attention_transpose(layer, G).add_(G)
             return self._parallel_skip(layer, G, out)
