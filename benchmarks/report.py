@@ -405,6 +405,11 @@ def _recorded_line(e: dict[str, Any]) -> str:
     state = lambda d: (d.get("commit"), d.get("package_diff_sha1"))  # noqa: E731
     if end and state(end) != state(start):
         code += f"; the package changed during the run (at the end: `{end.get('commit')}`, diff `{end.get('package_diff_sha1')}`)"
+    kept = [r for r in e.get("runs", []) if r.get("recorded_with")]
+    if kept:
+        code += "; " + "; ".join(
+            f"run {r.get('name')} kept from an earlier invocation ({r['recorded_with'].get('started')}, commit "
+            f"`{(r['recorded_with'].get('code') or {}).get('commit')}`)" for r in kept)
     end_load = e.get("load_avg_at_end")
     text = (f"Recorded {e.get('started')}" + (f" in {e['total_seconds'] / 60:.1f} min" if "total_seconds" in e else
                                                " (interrupted: the runs recorded so far)")

@@ -990,6 +990,19 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.quick:
             entry["stand_ins"] = "quick: small stand-in configurations, not the recorded sizes"
+        previous = results["suites"].get(name)
+        if args.runs and previous and previous.get("mode") == entry["mode"]:
+            # --runs re-measures some runs: the suite's other runs stay, each saying when and with which
+            # code it was measured (a suite's record is not replaced by a partial invocation)
+            rerun = set(args.runs.split(","))
+            for old in previous.get("runs", []):
+                if old.get("name") not in rerun:
+                    old.setdefault("recorded_with", {"started": previous.get("started"),
+                                                     "code": previous.get("code_at_start"),
+                                                     "command": previous.get("command")})
+                    entry["runs"].append(old)
+            if "side_by_side" in previous and not any(r.suite == name for r in suite.side_by_sides):
+                entry["side_by_side"] = previous["side_by_side"]
         results["suites"][name] = entry
         log(f"suite {name}")
 

@@ -293,3 +293,16 @@ def test_edge_difference_sets_remainder_edges_aside_but_not_missing_or_wrong_edg
     missing = adjacency.copy()
     missing[1, 0] = 0.75  # an edge circuit-tracer has, circuitgraph not
     assert sbs.edge_difference(missing, graph, row_map)["largest_ct_entry_without_circuitgraph_edge"] == 0.75
+
+
+def test_report_names_runs_kept_from_an_earlier_invocation(report, tmp_path):
+    """``--runs`` re-measures some runs of a suite and keeps the others: the page says which runs
+    were kept and the commit they were measured with."""
+    old = _run("gpt2-2k-T256", "long_prompt_gpt2", 256, 90.0, 7000.0, mfn=8192)
+    old["recorded_with"] = {"started": "2026-12-01 10:00:00 UTC", "code": {"commit": "0ld0ld0"}, "command": "x"}
+    new = _run("gpt2-2k-T2048", "long_prompt_gpt2", 2048, 2000.0, 15000.0, mfn=8192)
+    results = {"format": 2, "suites": {"long_prompt_gpt2": _entry("long_prompt_gpt2", runs=[old, new])}}
+    report.write_report(results, tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "run gpt2-2k-T256 kept from an earlier invocation (2026-12-01 10:00:00 UTC, commit `0ld0ld0`)" in text
+    assert "run gpt2-2k-T2048 kept" not in text

@@ -177,6 +177,26 @@ def test_json_weights_written_at_full_precision():
     assert [e["source"] for e in doc["edges"]][:2] == ["embedding/-1/0/50256", "embedding/-1/1/3797"]
 
 
+def test_compact_json_writes_edges_directly_with_the_encoders_bytes():
+    """The compact writer puts the edges in as text (each id encoded once, ``repr`` floats): the
+    same bytes as the json module's encoding of the edge dicts, ids with quotes and non-ASCII
+    text included, and the general path still names a non-finite weight."""
+    from circuitgraph.export import json_graph
+
+    graph = make_all_kinds_graph()
+    graph.metadata["note"] = 'an "edges": [] lookalike, caf\u00e9'
+    for kind in ("", "positive"):
+        text = graph_to_json(graph)
+        general = json_graph._dumps(json_graph.graph_to_dict(graph), None)
+        assert text == general, kind
+        graph.edge_weight = np.abs(graph.edge_weight) + np.float32(1e-30)
+    assert json_graph._compact_text(graph, None, None, None, None) == text
+    graph.edge_weight[0] = np.nan
+    assert json_graph._compact_text(graph, None, None, None, None) is None
+    with pytest.raises(ExportError):
+        graph_to_json(graph)
+
+
 def test_json_is_byte_identical(tmp_path):
     a = graph_to_json(make_graph(), tmp_path / "a.json")
     b = graph_to_json(make_graph(), tmp_path / "b.json")

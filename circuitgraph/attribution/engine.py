@@ -32,6 +32,10 @@ The code is in four parts:
 The batches of one location go down together in *waves* (their gradients up to
 :data:`WAVE_BYTES`): at each location a chunk of writer vectors is made once for all of them,
 and each layer's attention pattern is read (from its file, on long prompts) once per wave.
+The writer vectors are kept one row per real writer (no padding to the busiest position); a
+position's writers meet the batch's gradients at that position in one GEMM, written straight
+into the sink's buffer.  On short prompts the vectors are made once and kept for all the engine
+calls of a ``max_feature_nodes`` selection (``keep_writer_vectors``).
 As it writes them the engine sums every row (signed and absolute) and records the ranges of
 the edge arrays per reader location (top down), which the graph adopts instead of passing over
 the edges again.  Each batch's constants and sums come to the host once, when it is done.

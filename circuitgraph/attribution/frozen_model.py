@@ -24,7 +24,6 @@ resid_pre(0); ``2l+1`` = resid_mid(l); ``2l+2`` = resid_post(l).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch

@@ -598,6 +598,7 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
     # ---- feature nodes of this encoder layer
     rows_at: dict[int, tuple[list[int], torch.Tensor]] = {}
     source = b.readers.add_source(_feature_direction_source(b, fm, layer))
+    read_at = fm.mlp_input_location(layer)
     # the encoder rows of every feature active somewhere, read once (a gather per position of a
     # column-major encoder was ~2.5 ms); each position takes its rows from them (the same values)
     active_any = (acts[b.min_mlp_pos():] != 0).any(0).nonzero().flatten()
@@ -613,7 +614,7 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
             row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
                                   label=f"F{i} L{layer}@{t}"))
             rows.append(row)
-            b.readers.add_lazy(row, fm.mlp_input_location(layer), t, source, i, o)
+            b.readers.add_lazy(row, read_at, t, source, i, o)
         rows_at[t] = (rows, active)
     st["rows"][layer] = rows_at
     # ---- writes into MLP output `layer`; a dictionary writing before the post-MLP norm

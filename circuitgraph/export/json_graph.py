@@ -80,6 +80,20 @@ def graph_to_dict(
     steering: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSON document of ``graph`` as plain Python objects (see :func:`graph_to_json`)."""
+    header = _document_header(graph, queries, validation, max_edges, steering)
+    ids = [rec["id"] for rec in header["nodes"]]
+    weights = graph.edge_weight.tolist()
+    header["edges"] = [
+        {"source": ids[s], "target": ids[t], "weight": w}
+        for s, t, w in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), weights)
+    ]
+    return header
+
+
+def _document_header(graph: AttributionGraph, queries: Sequence[Mapping[str, Any]] | None,
+                     validation: Sequence[Mapping[str, Any]] | None, max_edges: int | None,
+                     steering: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The document without its edges (checked against ``max_edges``)."""
     if max_edges is not None and graph.n_edges > max_edges:
         raise ExportError(
             f"the graph has {graph.n_edges:,} edges, more than max_edges={max_edges:,} for JSON export; "
@@ -90,13 +104,33 @@ def graph_to_dict(
     header = _header(graph, queries, validation)
     if steering is not None:
         header["steering"] = jsonable(list(steering), "steering")
-    ids = [rec["id"] for rec in header["nodes"]]
-    weights = graph.edge_weight.tolist()
-    header["edges"] = [
-        {"source": ids[s], "target": ids[t], "weight": w}
-        for s, t, w in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), weights)
-    ]
     return header
+
+
+#: stands in the header for the edges while it is encoded (a string no graph holds: NUL-delimited)
+_EDGES_SLOT = "\x00circuitgraph-edges\x00"
+
+
+def _compact_text(graph: AttributionGraph, queries: Sequence[Mapping[str, Any]] | None,
+                  validation: Sequence[Mapping[str, Any]] | None, max_edges: int | None,
+                  steering: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """The compact document's text with the edges written directly, the same bytes as
+    ``_dumps(graph_to_dict(...), None)`` (keys ``source < target < weight`` in sorted order,
+    each id encoded once, floats by ``repr`` as the json module does) at a fraction of the time
+    (a million edges: ~2 s as dicts); None when a weight is not finite (the general path then
+    names it)."""
+    if not bool(np.isfinite(graph.edge_weight).all()):
+        return None
+    header = _document_header(graph, queries, validation, max_edges, steering)
+    header["edges"] = _EDGES_SLOT
+    text = _dumps(header, None)
+    slot = json.dumps(_EDGES_SLOT)
+    if text.count(slot) != 1:
+        return None
+    ids = [json.dumps(rec["id"], ensure_ascii=False) for rec in header["nodes"]]
+    edges = ",".join([f'{{"source":{ids[s]},"target":{ids[t]},"weight":{w!r}}}' for s, t, w in zip(
+        graph.edge_source.tolist(), graph.edge_target.tolist(), graph.edge_weight.tolist())])
+    return text.replace(slot, f"[{edges}]", 1)
 
 
 def graph_to_json(
@@ -135,8 +169,10 @@ def graph_to_json(
     >>> graph_from_json(graph_to_json(g)).nodes == g.nodes
     True
     """
-    doc = graph_to_dict(graph, queries=queries, validation=validation, max_edges=max_edges, steering=steering)
-    text = _dumps(doc, indent)
+    text = _compact_text(graph, queries, validation, max_edges, steering) if indent is None else None
+    if text is None:
+        doc = graph_to_dict(graph, queries=queries, validation=validation, max_edges=max_edges, steering=steering)
+        text = _dumps(doc, indent)
     if path is not None:
         atomic_write_text(path, text)
     return text
