@@ -144,6 +144,21 @@ MUTATIONS = [
         "constants=torch.tensor([0.0 for i in readers], dtype=torch.float64, device=device),",
     ),
     Mutation(
+        "engine-writers-at-wrong-position",
+        "each position's writers met with the gradients at the first position of their chunk",
+        "circuitgraph/attribution/engine.py",
+        "torch.mm(vectors[a - chunk_slot:b - chunk_slot], G[:, positions[g]].T, out=out[a - slot_lo:b - slot_lo])",
+        "torch.mm(vectors[a - chunk_slot:b - chunk_slot], G[:, positions[lo]].T, out=out[a - slot_lo:b - slot_lo])",
+    ),
+    Mutation(
+        "engine-stacked-columns-shifted",
+        "small batches met together: every batch given the first batch's columns of the stacked GEMM",
+        "circuitgraph/attribution/engine.py",
+        "            values.copy_(out[:n, col:col + batch.size])",
+        "            values.copy_(out[:n, :batch.size])",
+        ("tests/test_engine_plan.py", "tests/test_attribution.py"),
+    ),
+    Mutation(
         "fold-keeps-one-writer",
         "max_feature_nodes' fold keeps one of the unselected features folded into a remainder instead "
         "of their sum",

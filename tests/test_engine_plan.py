@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from circuitgraph.attribution.engine import (
+    BatchSpan,
     DenseRows,
     EdgeResult,
     SweepPlan,
@@ -75,6 +76,14 @@ def test_waves_group_one_location_within_the_byte_limit():
 
 
 # ----------------------------------------------------------------------------- the entry points
+def test_mixed_waves_group_consecutive_batches_of_any_location():
+    spans = [BatchSpan(4, 5), BatchSpan(4, 5), BatchSpan(4, 3), BatchSpan(4, 1)]
+    batches = [[0, 1], [2], [3, 4], [5]]
+    assert group_waves(batches, spans, row_bytes=1, wave_bytes=100) == [[0, 1], [2], [3]]
+    assert group_waves(batches, spans, row_bytes=1, wave_bytes=100, mixed=True) == [[0, 1, 2, 3]]
+    assert group_waves(batches, spans, row_bytes=1, wave_bytes=12, mixed=True) == [[0, 1], [2, 3]]
+
+
 def _collected(tmp_path, variant: str = "ln-gelu-learned", **options):
     adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, variant))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
@@ -112,6 +121,50 @@ def test_dense_rows_hold_the_same_edges_as_compute_edges(tmp_path, variant):
         assert dense.constants[row] == pytest.approx(sparse.constants[row], rel=1e-6, abs=1e-6)
         assert dense.sums[row] == pytest.approx(sparse.sums[row], rel=1e-5, abs=1e-6)
         assert dense.abs_sums[row] == pytest.approx(sparse.abs_sums[row], rel=1e-5, abs=1e-6)
+
+
+def test_dense_rows_mix_locations_in_a_wave_and_stack_small_batches(tmp_path, monkeypatch):
+    """compute_dense_rows sends readers of several locations down in one wave (each batch joins
+    at its own location) and meets small batches with one GEMM per position (stacked): the
+    same edges as per-location squeezed calls; split_by_location gives each location its own
+    readers' blocks, constants and sums."""
+    from circuitgraph.attribution import engine
+
+    col = _collected(tmp_path)
+    calls = {"stacked": 0, "mixed_waves": 0}
+    real_stacked, real_sweep = engine._write_stacked, engine._sweep
+
+    def stacked(*args, **kwargs):
+        calls["stacked"] += 1
+        return real_stacked(*args, **kwargs)
+
+    def sweep(col_, plan, *args, **kwargs):
+        calls["mixed_waves"] += sum(len({plan.spans[j].location for j in w}) > 1 for w in plan.waves)
+        return real_sweep(col_, plan, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_write_stacked", stacked)
+    monkeypatch.setattr(engine, "_sweep", sweep)
+    subset = list(range(len(col.readers.rows)))
+    dense = compute_dense_rows(col, batch_size=2, reader_subset=subset)
+    assert calls["stacked"] > 0 and calls["mixed_waves"] > 0
+    sparse = compute_edges(col, batch_size=2, reader_subset=subset)
+    expected = {(int(t), int(s)): float(w) for t, s, w in zip(sparse.target, sparse.source, sparse.weight)}
+    got = _dense_edges(dense, col)
+    assert set(got) == set(expected)
+    scale = max(abs(w) for w in expected.values())
+    assert max(abs(got[k] - expected[k]) for k in expected) <= 1e-6 * scale
+    parts = engine.split_by_location(col, dense)
+    loc_of = dict(zip(col.readers.rows, col.readers.locs))
+    assert [loc for loc, _ in parts] == sorted({loc_of[r] for r in dense.constants}, reverse=True)
+    merged: dict[tuple[int, int], float] = {}
+    for loc, part in parts:
+        rows = {int(r) for r in part.rows()}
+        assert {loc_of[r] for r in rows} == {loc}
+        assert set(part.constants) == set(part.sums) == set(part.abs_sums) == rows
+        edges = _dense_edges(part, col)
+        assert not set(edges) & set(merged)
+        merged.update(edges)
+    assert merged == got
 
 
 def test_row_sums_and_segments_describe_the_edges(tmp_path):

@@ -333,3 +333,36 @@ def test_folded_graph_adopts_its_sums_and_order():
     np.testing.assert_array_equal(adopted.level, derived.level)
     assert adopted.segments == derived.segments and derived.order is None
     assert g.check_completeness().max_violation < 1e-5
+
+
+def test_selection_makes_each_blocks_vectors_once_and_releases_them(monkeypatch):
+    """Short prompts: the writer vectors are made once per block for all the engine calls of a
+    ``max_feature_nodes`` selection (they were gathered again per call), and dropped when it
+    ends; a plain engine call drops them when it returns. The rows are those of a selection
+    that makes them per chunk."""
+    from circuitgraph.attribution import nodes_builder as nb
+
+    col, _ = _collected(torch.float32)
+    made: list[int] = []
+    real = nb.WriterBlock.slot_vectors
+
+    def counting(self, table, lo, hi):
+        made.append(id(self))
+        return real(self, table, lo, hi)
+
+    monkeypatch.setattr(nb.WriterBlock, "slot_vectors", counting)
+    n_features = sum(n.kind == "feature" for n in col.nodes)
+    rows, selected = select_and_compute(col, n_features // 3, batch_size=4, update_interval=1)
+    assert len(rows.parts) > len(col.writers.blocks)  # many engine calls
+    assert sorted(made) == sorted(id(b) for b in col.writers.blocks.values())  # each block once
+    assert all(b._held is None for b in col.writers.blocks.values())
+    engine_mod.compute_edges(col, batch_size=4)
+    assert all(b._held is None for b in col.writers.blocks.values())
+    monkeypatch.setattr(engine_mod, "HELD_WRITERS_BYTES", 0)  # vectors made per chunk instead
+    rows2, selected2 = select_and_compute(col, n_features // 3, batch_size=4, update_interval=1)
+    assert selected2 == selected
+    for (l1, p1), (l2, p2) in zip(rows.edges(), rows2.edges()):
+        assert l1 == l2
+        for b1, b2 in zip(p1.blocks, p2.blocks):
+            assert b1[:4] == b2[:4]
+            np.testing.assert_allclose(b1[4], b2[4], rtol=1e-5, atol=1e-6)

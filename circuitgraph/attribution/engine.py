@@ -59,7 +59,7 @@ from circuitgraph.graph.edges import merge_edges
 __all__ = ["EdgeResult", "compute_edges", "compute_dense_rows", "dense_rows_supported", "DirectionEdges",
            "attribute_directions", "BatchSpan", "SweepPlan", "plan_sweep", "sort_readers", "split_batches",
            "batch_spans", "group_waves", "WRITER_CHUNK_BYTES", "HELD_WRITERS_BYTES", "WAVE_BYTES",
-           "held_writer_bytes"]
+           "STACKED_READERS", "held_writer_bytes", "split_by_location"]
 
 #: bytes of writer vectors (and of their edge block) made at once per location in the sweep
 WRITER_CHUNK_BYTES = 1 << 28
@@ -68,6 +68,10 @@ WRITER_CHUNK_BYTES = 1 << 28
 #: selection: gathering them per call was a fifth of a GPT-2-size run); above it (long prompts)
 #: they are made per chunk of position groups for each batch and never held all at once
 HELD_WRITERS_BYTES = 1 << 31
+#: while the batches met at a location hold at most this many readers in all, their gradients are
+#: stacked and each position's writers meet all of them in one GEMM (a GEMM against a few
+#: readers runs at a fraction of the speed of one against a few hundred)
+STACKED_READERS = 256
 #: bytes of the gradients ``G (batch, positions, d_model)`` of the batches that go down together
 #: (one wave: the batches of one location, the writer gathers and pattern reads shared)
 WAVE_BYTES = 1 << 30
@@ -168,17 +172,17 @@ def batch_spans(readers: ReaderTable, batches: Sequence[Sequence[int]], *, causa
 
 
 def group_waves(batches: Sequence[Sequence[int]], spans: Sequence[BatchSpan], row_bytes: int,
-                wave_bytes: int | None = None) -> list[list[int]]:
-    """Consecutive batches of one location grouped while their gradients (``len(batch) *
-    n_positions * row_bytes`` each) fit in ``wave_bytes`` (default :data:`WAVE_BYTES`); a wave
-    holds at least one batch."""
+                wave_bytes: int | None = None, mixed: bool = False) -> list[list[int]]:
+    """Consecutive batches of one location (``mixed``: of any locations, top down) grouped while
+    their gradients (``len(batch) * n_positions * row_bytes`` each) fit in ``wave_bytes``
+    (default :data:`WAVE_BYTES`); a wave holds at least one batch."""
     limit = WAVE_BYTES if wave_bytes is None else wave_bytes
     waves: list[list[int]] = []
     size = 0
     for j, batch in enumerate(batches):
         span = spans[j]
         nbytes = len(batch) * span.n_positions * row_bytes
-        if waves and spans[waves[-1][0]].location == span.location and size + nbytes <= limit:
+        if waves and (mixed or spans[waves[-1][0]].location == span.location) and size + nbytes <= limit:
             waves[-1].append(j)
             size += nbytes
         else:
@@ -188,12 +192,13 @@ def group_waves(batches: Sequence[Sequence[int]], spans: Sequence[BatchSpan], ro
 
 
 def plan_sweep(readers: ReaderTable, *, batch_size: int, subset: Sequence[int] | None = None,
-               spread: float = SPREAD_SPARSE, causal: bool = True, n_pos: int, row_bytes: int) -> SweepPlan:
+               spread: float = SPREAD_SPARSE, causal: bool = True, n_pos: int, row_bytes: int,
+               mixed: bool = False) -> SweepPlan:
     """Readers sorted, split into batches, their spans and waves (``row_bytes``: one gradient row,
-    ``d_model`` times the element size)."""
+    ``d_model`` times the element size; ``mixed``: waves may hold batches of several locations)."""
     batches = split_batches(readers, sort_readers(readers, subset), batch_size, spread)
     spans = batch_spans(readers, batches, causal=causal, n_pos=n_pos)
-    return SweepPlan(batches, spans, group_waves(batches, spans, row_bytes))
+    return SweepPlan(batches, spans, group_waves(batches, spans, row_bytes, mixed=mixed))
 
 
 # ---------------------------------------------------------------------------- batches on their way down
@@ -413,7 +418,7 @@ def compute_dense_rows(
     if not dense_rows_supported(col):
         raise AttributionError("dense rows need one location per writer; this graph has writers at several "
                                "locations (a cross-layer transcoder): use compute_edges")
-    plan = _plan(col, batch_size, reader_subset, SPREAD_DENSE)
+    plan = _plan(col, batch_size, reader_subset, SPREAD_DENSE, mixed=True)
     sink = _DenseSink()
     try:
         constants, abs_sums, sums = _sweep(col, plan, sink, constant_parts, progress)
@@ -423,11 +428,36 @@ def compute_dense_rows(
     return sink.result(col, plan, constants, abs_sums, sums)
 
 
-def _plan(col: Collected, batch_size: int, reader_subset: Sequence[int] | None, spread: float) -> SweepPlan:
+def split_by_location(col: Collected, rows: DenseRows) -> list[tuple[int, DenseRows]]:
+    """``rows`` (one :func:`compute_dense_rows` call, whose readers may read several residual
+    locations) as one :class:`DenseRows` per reader location, top down: what a back-substitution
+    over the levels visits (each with its own readers' constants and sums)."""
+    loc_of = {r: loc for r, loc in zip(col.readers.rows, col.readers.locs)}
+    by_loc: dict[int, list[int]] = {}
+    for j, readers in enumerate(rows.reader_rows):
+        if len(readers):
+            by_loc.setdefault(loc_of[int(readers[0])], []).append(j)
+    if len(by_loc) <= 1:
+        return [(next(iter(by_loc), -1), rows)]
+    out = []
+    for loc in sorted(by_loc, reverse=True):
+        batches = by_loc[loc]
+        new = {j: k for k, j in enumerate(batches)}
+        keep = {int(r) for j in batches for r in rows.reader_rows[j]}
+        pick = lambda d: {r: v for r, v in d.items() if r in keep}  # noqa: E731
+        out.append((loc, DenseRows(
+            reader_rows=[rows.reader_rows[j] for j in batches],
+            blocks=[(wl, lo, hi, new[j], v) for wl, lo, hi, j, v in rows.blocks if j in new],
+            constants=pick(rows.constants), abs_sums=pick(rows.abs_sums), sums=pick(rows.sums))))
+    return out
+
+
+def _plan(col: Collected, batch_size: int, reader_subset: Sequence[int] | None, spread: float,
+          mixed: bool = False) -> SweepPlan:
     fm = col.frozen
     elt = torch.empty((), dtype=fm.dtype).element_size()
     return plan_sweep(col.readers, batch_size=batch_size, subset=reader_subset, spread=spread, causal=fm.causal,
-                      n_pos=fm.n_pos, row_bytes=fm.adapter.facts.d_model * elt)
+                      n_pos=fm.n_pos, row_bytes=fm.adapter.facts.d_model * elt, mixed=mixed)
 
 
 def _sparse_capacity(col: Collected, plan: SweepPlan) -> int:
@@ -489,22 +519,25 @@ def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
         # the batches of one wave read one location and go down together: each writer chunk is
         # gathered once and each attention pattern read once for all of them
         batches = [_BatchState.start(col, j, plan.batches[j], plan.spans[j], device, sink.device) for j in wave]
-        top = batches[0].span.location
+        top = max(b.span.location for b in batches)
         sink.start_wave()
         for location in range(top, -1, -1):
-            if location == top:  # every reader of the wave reads this location
-                for batch in batches:
+            # a batch joins the wave at the location its readers read (a mixed wave's lower
+            # batches never go through the layers above their own)
+            for batch in batches:
+                if batch.span.location == location:
                     rows, positions, directions = batch.inject
                     batch.G.index_put_((rows, positions), directions, accumulate=True)
+            active = [b for b in batches if b.span.location >= location]
             block = col.writers.blocks.get(location)
             if block is not None:
-                _write_location(location, block, batches, writer_vectors, sink, fm.causal, fm.adapter.facts.d_model)
+                _write_location(location, block, active, writer_vectors, sink, fm.causal, fm.adapter.facts.d_model)
             constant = col.constants.get(location)
             if constant is not None:
-                _add_constants(location, constant, batches, table, constant_parts)
+                _add_constants(location, constant, active, table, constant_parts)
             if location > 0:
                 # the widest batch first: the pattern block read for it serves the narrower ones
-                for batch in sorted(batches, key=lambda b: -b.n_positions):
+                for batch in sorted(active, key=lambda b: -b.n_positions):
                     batch.G = fm.step_down(location, batch.G, batch.single)
                     if ResidualLocation(location).sublayer == "attn":
                         batch.single = None
@@ -535,12 +568,20 @@ def _write_location(location: int, block: WriterBlock, batches: list[_BatchState
     shared_ends = [min(end, slots.groups_up_to(b.first_position)) if causal else end
                    for b, end in zip(batches, ends)]
     n_groups = max(ends)
-    widest = max(b.size for b in batches)
+    n_readers = sum(b.size for b in batches)
+    stacked = (len(batches) > 1 and n_readers <= STACKED_READERS
+               and n_readers * max(b.n_positions for b in batches) * d_model * batches[0].G.element_size()
+               <= WRITER_CHUNK_BYTES)
+    widest = n_readers if stacked else max(b.size for b in batches)
     elt = torch.empty((), dtype=writer_vectors.dtype).element_size()
     step = max(1, WRITER_CHUNK_BYTES // max(1, block.rows.shape[1] * (d_model + widest) * elt))
+    G_all = _stacked_gradients(batches, writer_vectors) if stacked else None
     for chunk_start in range(0, n_groups, step):
         chunk_end = min(n_groups, chunk_start + step)
         vectors, scale = writer_vectors.chunk(block, slots, chunk_start, chunk_end)
+        if G_all is not None:
+            _write_stacked(location, slots, batches, ends, G_all, vectors, scale, chunk_start, chunk_end, sink)
+            continue
         for batch, end, shared_end in zip(batches, ends, shared_ends):
             for lo, hi in ((chunk_start, min(chunk_end, shared_end)), (max(chunk_start, shared_end), min(chunk_end, end))):
                 if hi > lo:
@@ -564,6 +605,47 @@ def _write_groups(location: int, slots: SlotTable, batch: _BatchState, vectors: 
     if scale is not None:
         out.mul_(scale[slot_lo - chunk_slot:slot_hi - chunk_slot])
     sink.add(batch, location, slot_lo, slot_hi, out, slots.node_rows[slot_lo:slot_hi])
+
+
+def _stacked_gradients(batches: list[_BatchState], writer_vectors: _WriterVectors) -> torch.Tensor:
+    """The batches' gradients side by side, position-major: ``(positions, readers, d_model)``
+    (zeros past a batch's span), so that a position's writers meet every batch in one GEMM."""
+    T = max(b.n_positions for b in batches)
+    G0 = batches[0].G
+    out = torch.zeros(T, sum(b.size for b in batches), G0.shape[2], dtype=G0.dtype, device=G0.device)
+    col = 0
+    for b in batches:
+        out[:b.n_positions, col:col + b.size].copy_(b.G.transpose(0, 1))
+        col += b.size
+    return out
+
+
+def _write_stacked(location: int, slots: SlotTable, batches: list[_BatchState], ends: list[int],
+                   G_all: torch.Tensor, vectors: torch.Tensor, scale: torch.Tensor | None, chunk_start: int,
+                   chunk_end: int, sink: "_SparseSink | _DenseSink") -> None:
+    """:func:`_write_groups` for several small batches at once: one GEMM per position group
+    against every batch's readers (``G_all``, :func:`_stacked_gradients`), then each batch's
+    columns, up to its span, handed to the sink."""
+    hi = min(chunk_end, max(ends))
+    if hi <= chunk_start:
+        return
+    starts, positions = slots.group_starts, slots.positions
+    chunk_slot = starts[chunk_start]
+    out = torch.empty(starts[hi] - chunk_slot, G_all.shape[1], dtype=vectors.dtype, device=vectors.device)
+    for g in range(chunk_start, hi):
+        a, b = starts[g] - chunk_slot, starts[g + 1] - chunk_slot
+        torch.mm(vectors[a:b], G_all[positions[g]].T, out=out[a:b])
+    if scale is not None:
+        out.mul_(scale[:out.shape[0]])
+    col = 0
+    for batch, end in zip(batches, ends):
+        e = min(chunk_end, end)
+        if e > chunk_start:
+            n = starts[e] - chunk_slot
+            values = sink.scratch(batch, n, vectors)
+            values.copy_(out[:n, col:col + batch.size])
+            sink.add(batch, location, chunk_slot, starts[e], values, slots.node_rows[chunk_slot:starts[e]])
+        col += batch.size
 
 
 def _add_constants(location: int, constant: torch.Tensor, batches: list[_BatchState], table: ReaderTable,

@@ -33,7 +33,13 @@ from typing import Any, Callable
 import numpy as np
 
 from circuitgraph.attribution.dense_rows import DenseRows, dense_influence, fold_dense, writer_slot_rows
-from circuitgraph.attribution.engine import EdgeResult, compute_dense_rows, compute_edges, dense_rows_supported
+from circuitgraph.attribution.engine import (
+    EdgeResult,
+    compute_dense_rows,
+    compute_edges,
+    dense_rows_supported,
+    split_by_location,
+)
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
 from circuitgraph.graph.dag import add_segment
@@ -300,8 +306,10 @@ def _select(col: Collected, max_feature_nodes: int, batch_size: int, update_inte
         # computed does not matter: all of them at once, by location (larger engine calls, fewer
         # passes over the writers and the patterns than batch_size rows at a time)
         reader_of = {feature_readers[j]: j for j in queue}
-        for loc, part in _by_location(col, list(reader_of), bound, PART_EDGES_DENSE if dense else PART_EDGES):
-            rows.add(loc, _compute_rows(col, dense, batch_size=batch_size, reader_subset=part))
+        pieces = _by_location(col, list(reader_of), bound, PART_EDGES_DENSE if dense else PART_EDGES)
+        for part, computed in _round_calls(col, dense, pieces, bound, batch_size):
+            for loc, edges in computed:
+                rows.add(loc, edges)
             done += part
             visited[[reader_of[i] for i in part]] = True
             n_visited += len(part)
@@ -310,6 +318,28 @@ def _select(col: Collected, max_feature_nodes: int, batch_size: int, update_inte
             if watch is not None:
                 watch(len(done), rows.n_edges, len(other_readers) + max_feature_nodes)
     return rows, sorted(done)
+
+
+def _round_calls(col: Collected, dense: bool, pieces: list[tuple[int, list[int]]], bound: np.ndarray,
+                 batch_size: int) -> Iterator[tuple[list[int], list[tuple[int, EdgeResult | DenseRows]]]]:
+    """A round's rows computed: ``(readers, [(location, rows), ...])`` per engine call.  Dense rows
+    of several locations go in one call while their possible edges stay within
+    :data:`PART_EDGES_DENSE` (its waves mix locations, so that the writers of each location meet
+    the readers of every location above in one GEMM; the rows come back split by location)."""
+    if not (dense and dense_rows_supported(col)):
+        for loc, part in pieces:
+            yield part, [(loc, _compute_rows(col, dense, batch_size=batch_size, reader_subset=part))]
+        return
+    group: list[int] = []
+    total = 0
+    for i, (_, part) in enumerate(pieces):
+        group += part
+        total += int(bound[part].sum())
+        nxt = pieces[i + 1][1] if i + 1 < len(pieces) else None
+        if nxt is None or total + int(bound[nxt].sum()) > PART_EDGES_DENSE:
+            computed = compute_dense_rows(col, batch_size=batch_size, reader_subset=group, keep_writer_vectors=True)
+            yield group, split_by_location(col, computed)
+            group, total = [], 0
 
 
 def _compute_rows(col: Collected, dense: bool, **kwargs: Any) -> EdgeResult | DenseRows:
