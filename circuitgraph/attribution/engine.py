@@ -32,6 +32,9 @@ The code is in four parts:
 The batches of one location go down together in *waves* (their gradients up to
 :data:`WAVE_BYTES`): at each location a chunk of writer vectors is made once for all of them,
 and each layer's attention pattern is read (from its file, on long prompts) once per wave.
+Dense rows (:func:`compute_dense_rows`) mix locations in a wave: each batch joins it at the
+location its readers read, and small batches met at a location share one GEMM per position
+(:data:`STACKED_READERS`).
 The writer vectors are kept one row per real writer (no padding to the busiest position); a
 position's writers meet the batch's gradients at that position in one GEMM, written straight
 into the sink's buffer.  On short prompts the vectors are made once and kept for all the engine
@@ -73,7 +76,8 @@ HELD_WRITERS_BYTES = 1 << 31
 #: readers runs at a fraction of the speed of one against a few hundred)
 STACKED_READERS = 256
 #: bytes of the gradients ``G (batch, positions, d_model)`` of the batches that go down together
-#: (one wave: the batches of one location, the writer gathers and pattern reads shared)
+#: (one wave: the batches of one location, or of several for dense rows; the writer gathers and
+#: pattern reads shared)
 WAVE_BYTES = 1 << 30
 #: how far apart in position a batch's readers may be (last position + 1 over the first's) once
 #: the batch holds a quarter of ``batch_size``: squeezed edges, and dense blocks (which store the
@@ -516,8 +520,8 @@ def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
     sums: dict[int, float] = {}
     n_done = 0
     for wave in plan.waves:
-        # the batches of one wave read one location and go down together: each writer chunk is
-        # gathered once and each attention pattern read once for all of them
+        # the batches of one wave go down together: each writer chunk is gathered once and each
+        # attention pattern read once for all of them
         batches = [_BatchState.start(col, j, plan.batches[j], plan.spans[j], device, sink.device) for j in wave]
         top = max(b.span.location for b in batches)
         sink.start_wave()
