@@ -84,6 +84,8 @@ def _portable(arg: object) -> str:
         return "python"
     if text in _PORTABLE_NAMES:
         return _PORTABLE_NAMES[text]
+    if _WORK[0] is not None and text == str(_WORK[0]):
+        return "$WORK"
     for root, name in ((REPO, ""), (_WORK[0], "$WORK/")):
         prefix = str(root) + os.sep
         if text.startswith(prefix):

@@ -306,3 +306,10 @@ def test_report_names_runs_kept_from_an_earlier_invocation(report, tmp_path):
     text = (tmp_path / "README.md").read_text()
     assert "run gpt2-2k-T256 kept from an earlier invocation (2026-12-01 10:00:00 UTC, commit `0ld0ld0`)" in text
     assert "run gpt2-2k-T2048 kept" not in text
+
+
+def test_recorded_commands_name_the_work_folder_not_this_machines_path(rb, tmp_path, monkeypatch):
+    monkeypatch.setattr(rb, "_WORK", [tmp_path])
+    assert rb._portable(str(tmp_path)) == "$WORK"
+    assert rb._portable(str(tmp_path / "bundles" / "x")) == "$WORK/bundles/x"
+    assert rb._portable(str(rb.REPO / "benchmarks" / "x.py")) == "benchmarks/x.py"
