@@ -44,6 +44,9 @@ class ExplorerServer(http.server.ThreadingHTTPServer):
     """A ``ThreadingHTTPServer`` holding the :class:`Explorer` its handlers answer from."""
 
     daemon_threads = True
+    #: closing the server (Ctrl-C) does not wait for the handler threads: a keep-alive connection's
+    #: thread may still be reading its socket, and it ends with the process anyway
+    block_on_close = False
 
     def __init__(self, address: tuple[str, int], explorer: Explorer):
         self.explorer = explorer
