@@ -383,6 +383,10 @@ def serve(
         if not server.loopback:
             typer.echo(f"warning: listening on {server.server_address[0]}: other machines can read every graph "
                        f"under {path}", err=True)
+        import signal
+
+        # Ctrl-C stops it even when started with SIGINT ignored (a background job of a script)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
