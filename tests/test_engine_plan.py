@@ -193,7 +193,7 @@ def test_slot_tables_are_made_once_and_calls_repeat_exactly(tmp_path):
     table = block.slot_table(col.frozen.device)
     assert block.slot_table(col.frozen.device) is table
     group, writer, node_rows = block.slots()
-    assert torch.equal(table.group, group) and torch.equal(table.writer, writer)
+    assert torch.equal(table.basis_index, block.index[group, writer]) and torch.equal(table.scale, block.scale[group, writer])
     assert torch.equal(table.node_rows, node_rows.to(torch.int32))
     assert table.group_starts[-1] == len(node_rows)
     again = compute_edges(col, batch_size=5)

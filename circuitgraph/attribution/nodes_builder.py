@@ -51,12 +51,10 @@ class GraphOptions:
 class SlotTable:
     """A :class:`WriterBlock`'s real (non-padding) slots, row-major, as the engine indexes them.
 
-    Slot ``i`` is writer ``writer[i]`` of position group ``group[i]``, node row ``node_rows[i]``
-    (int32: the edges' source column), output vector ``scale[i] * basis[basis_index[i]]``; the slots of groups ``g0..g1-1`` are the range
+    Slot ``i`` (the ``i``-th real ``(group, writer)`` entry, :meth:`WriterBlock.slots`) is node row
+    ``node_rows[i]`` (int32: the edges' source column), output vector ``scale[i] * basis[basis_index[i]]``; the slots of groups ``g0..g1-1`` are the range
     ``group_starts[g0]:group_starts[g1]``; ``positions`` are the block's group positions (host ints)."""
 
-    group: torch.Tensor  # (n_slots,) long
-    writer: torch.Tensor  # (n_slots,) long
     node_rows: torch.Tensor  # (n_slots,) int32
     basis_index: torch.Tensor  # (n_slots,) long: the slot's row of the block's basis
     scale: torch.Tensor  # (n_slots,) compute dtype: the slot's scale of that row
@@ -86,11 +84,6 @@ class WriterBlock:
     index: torch.Tensor  # (k, max_n) long, into basis
     basis: torch.Tensor  # (m, d_model)
 
-    def vectors(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """The output vectors of the position groups ``start:end``: ``(end - start, max_n, d_model)``
-        (padding slots zero)."""
-        return self.scale[start:end].unsqueeze(-1) * self.basis[self.index[start:end]]
-
     def slot_vectors(self, table: "SlotTable", lo: int, hi: int) -> torch.Tensor:
         """The output vectors of real slots ``lo..hi-1`` of ``table`` (this block's
         :meth:`slot_table`): ``(hi - lo, d_model)``, no padding."""
@@ -113,7 +106,6 @@ class WriterBlock:
         if table is None:
             group, writer, node_rows = self.slots()
             table = SlotTable(
-                group=group.to(device), writer=writer.to(device),
                 node_rows=node_rows.to(device=device, dtype=torch.int32),
                 basis_index=self.index[group, writer].to(device), scale=self.scale[group, writer].to(device),
                 group_starts=torch.cat([torch.zeros(1, dtype=torch.long),
