@@ -22,6 +22,7 @@ and the graph are imported inside the commands that need them.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -383,8 +384,6 @@ def serve(
         if not server.loopback:
             typer.echo(f"warning: listening on {server.server_address[0]}: other machines can read every graph "
                        f"under {path}", err=True)
-        import signal
-
         # Ctrl-C stops it even when started with SIGINT ignored (a background job of a script)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
