@@ -262,6 +262,8 @@ def test_computed_rows_past_the_memory_budget_go_to_files(monkeypatch):
     adapter, tcs = _inputs()
     in_memory = _graph(adapter, tcs, max_feature_nodes=25, batch_size=8)
     monkeypatch.setattr(feature_selection, "ROWS_IN_MEMORY_BYTES", 0)
+    # the parts here are kilobytes: the 1 GB disk reserve is for real runs, and CI's /tmp may be small
+    monkeypatch.setattr(feature_selection, "DISK_RESERVE_BYTES", 0)
     col, _ = _collected(torch.float32)
     rows, _ = select_and_compute(col, 25, batch_size=8)
     assert rows.bytes_in_memory == 0 and all(isinstance(p, feature_selection._SpilledPart)
