@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -34,7 +35,9 @@ def _graphs():
     from circuitgraph.testing.synthetic import save_bundle
 
     model = tiny_model(norm="LN", mlp="gelu", positional="learned", n_layers=2)
-    root = save_bundle(Path(tempfile.mkdtemp(prefix="cg-diff-")), model, random_transcoders(model, active_frac=0.3))
+    tmp = Path(tempfile.mkdtemp(prefix="cg-diff-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the cached bundle goes when the run ends
+    root = save_bundle(tmp, model, random_transcoders(model, active_frac=0.3))
     adapter = load_model_dir(root / "model")
     tset = TranscoderSet.from_dir(root / "transcoders", adapter)
     out = {}

@@ -10,8 +10,10 @@ intervention code.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -46,6 +48,7 @@ def _setup(kind: str, arch: str = "gpt2"):
     """(adapter, dictionary, raw weights, graph): float64, loaded from files like any local model."""
     model = tiny_model(**ARCHS[arch])
     tmp = Path(tempfile.mkdtemp(prefix="cg-steer-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the cached bundle goes when the run ends
     if kind == "transcoders":
         raw = random_transcoders(model, active_frac=0.3)
         root = save_bundle(tmp, model, raw)
