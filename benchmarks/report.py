@@ -55,6 +55,8 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
             last = [ln for ln in (p.get("log_tail") or "").splitlines() if ln.strip()]
             if last and not why:  # the error the run stopped with
                 why = ": " + last[-1].strip().replace("|", "/")[:400]
+            if r.get("progress_at_stop"):  # "[progress 1800.0 s] 1234 / 8192": rows done when it was stopped
+                why += f" after {r['progress_at_stop'].removeprefix('[progress ').replace('] ', ': ')}"
             if r.get("note"):
                 why += f" ({r['note']})"
             lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | | | "
@@ -510,9 +512,17 @@ def _llama(e: dict[str, Any]) -> list[str]:
 
 
 def _long_prompt_target(e: dict[str, Any]) -> list[str]:
-    longest = max(e.get("runs") or [], key=lambda r: (r.get("result") or {}).get("n_pos", 0), default=None)
-    if not longest or "result" not in longest or longest["result"]["n_pos"] < 2048:
+    n_pos = lambda r: (r.get("result") or {}).get("n_pos", r.get("n_pos", 0))  # noqa: E731
+    longest = max(e.get("runs") or [], key=n_pos, default=None)
+    if not longest or n_pos(longest) < 2048:
         return []
+    if "result" not in longest:  # stopped (time limit, memory budget) or failed: what it had done
+        p = longest["process"]
+        why = ("stopped at the time limit" if p.get("killed_for_time") else
+               "stopped at the memory budget" if p.get("killed_for_memory") else f"failed (exit {p['returncode']})")
+        done = longest.get("progress_at_stop", "").removeprefix("[progress ").split("] ")[-1]
+        return [f"{n_pos(longest)} tokens: {why} after {p['wall_s'] / 60:.1f} min"
+                + (f", {done} feature rows done" if done else "") + "; target 30 min and 20 GiB: not met.", ""]
     wall, peak = longest["process"]["wall_s"], longest["process"]["peak_rss_mb"]
     return [f"2048 tokens: {wall / 60:.1f} min, peak {peak / 1024:.1f} GiB; target 30 min and 20 GiB: "
             f"{_met(wall <= 1800 and peak <= 20 * 1024)}.", ""]

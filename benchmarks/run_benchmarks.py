@@ -570,7 +570,7 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
     rdir = work / "runs" / run.name
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "tokens.json").write_text(json.dumps({"tokens": tokens}))
-    out: dict[str, Any] = {"name": run.name, "suite": run.suite, "bundle": run.bundle.name,
+    out: dict[str, Any] = {"name": run.name, "suite": run.suite, "n_pos": run.n_pos, "bundle": run.bundle.name,
                            "bundle_config": asdict(run.bundle), "plan": p, "attempts": []}
     mfn = p["max_feature_nodes"]
     while True:
@@ -601,10 +601,14 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
             f"peak {proc['peak_rss_mb'] / 1024:.2f} GB, completeness "
             f"{r['completeness']['max_relative_violation']:.1e}")
     else:
+        # bench_one logs its progress (feature rows done of max_feature_nodes, or batches): where it stopped
+        marks = [ln for ln in (proc.get("log_tail") or "").splitlines() if ln.startswith("[progress ")]
+        if marks:
+            out["progress_at_stop"] = marks[-1]
         log(f"{run.name}: FAILED (exit {proc['returncode']}"
             + (", stopped at the memory budget" if proc["killed_for_memory"] else "")
             + (f", stopped at the time limit ({_TIME_LIMIT_S[0]:.0f} s)" if proc.get("killed_for_time") else "")
-            + f"), see {proc['log']}")
+            + (f", {marks[-1]}" if marks else "") + f"), see {proc['log']}")
     return out
 
 

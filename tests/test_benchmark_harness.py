@@ -222,6 +222,19 @@ def test_report_writes_every_table_from_merged_results(report, tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| gpt2-2k-T4096 |"))
     assert "FAILED (exit -9, stopped at the memory budget)" in row and row.count("|") == head.count("|")
     assert "| local | 1 | 4 | 30.0 | 40.0 |" in text
+    # a longest prompt stopped at the time limit: what it had done, and the target not met
+    timed = _run("gpt2-2k-T8192", "long_prompt_gpt2", 8192, 1800.0, 15.0 * 1024, mfn=8192)
+    del timed["result"]
+    timed["n_pos"] = 8192
+    timed["process"].update(returncode=-9, killed_for_time=True, log_tail="")
+    timed["progress_at_stop"] = "[progress 1790.5 s] 2304 / 8192"
+    results["suites"]["long_prompt_gpt2"]["runs"] = long + [timed]
+    report.write_report(results, tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| gpt2-2k-T8192 |"))
+    assert "FAILED (exit -9, stopped at the time limit after 1790.5 s: 2304 / 8192)" in row
+    assert ("8192 tokens: stopped at the time limit after 30.0 min, 2304 / 8192 feature rows done; "
+            "target 30 min and 20 GiB: not met.") in text
     assert "skipped: no GPU lent to this session (device tool status: not drawn)" in text
     assert text.count("```bash no-run") == 1  # the page's one reproduce block is not run by the docs test
 

@@ -39,6 +39,16 @@ def _table(locs_positions: list[tuple[int, int]]) -> ReaderTable:
     return table
 
 
+def test_location_by_row_is_made_once_and_follows_the_table():
+    """node row -> reader location, kept between calls (split_by_location asks it per engine call)
+    and made again when readers are added."""
+    table = _table([(1, 5), (3, 2)])
+    first = table.location_by_row()
+    assert first == {100: 1, 101: 3} and table.location_by_row() is first
+    table.add(102, 7, 0, torch.zeros(4), 0.0)
+    assert table.location_by_row() == {100: 1, 101: 3, 102: 7}
+
+
 # ----------------------------------------------------------------------------- the planner
 def test_readers_sorted_top_down_then_by_position():
     table = _table([(1, 5), (3, 2), (1, 0), (3, 7), (3, 2)])

@@ -436,7 +436,7 @@ def split_by_location(col: Collected, rows: DenseRows) -> list[tuple[int, DenseR
     """``rows`` (one :func:`compute_dense_rows` call, whose readers may read several residual
     locations) as one :class:`DenseRows` per reader location, top down: what a back-substitution
     over the levels visits (each with its own readers' constants and sums)."""
-    loc_of = {r: loc for r, loc in zip(col.readers.rows, col.readers.locs)}
+    loc_of = col.readers.location_by_row()
     by_loc: dict[int, list[int]] = {}
     for j, readers in enumerate(rows.reader_rows):
         if len(readers):
