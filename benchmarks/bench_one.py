@@ -130,7 +130,8 @@ def run_one(p: BenchParams) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     limit = None if p.memory_limit_gb is None else int(p.memory_limit_gb * 1024**3)
-    def progress(done: int, total: int) -> None:  # in the log: what a run stopped at its time limit had done
+
+    def progress(done: int, total: int) -> None:  # in the log (run_benchmarks.PROGRESS_LINE): where a stopped run was
         print(f"[progress {time.perf_counter() - t0:.1f} s] {done} / {total}", flush=True)
 
     graph = attribute(adapter, p.tokens, tcs, batch_size=p.batch_size, max_feature_nodes=p.max_feature_nodes,

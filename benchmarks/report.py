@@ -55,8 +55,8 @@ def _run_table(runs: list[dict[str, Any]]) -> list[str]:
             last = [ln for ln in (p.get("log_tail") or "").splitlines() if ln.strip()]
             if last and not why:  # the error the run stopped with
                 why = ": " + last[-1].strip().replace("|", "/")[:400]
-            if r.get("progress_at_stop"):  # "[progress 1800.0 s] 1234 / 8192": rows done when it was stopped
-                why += f" after {r['progress_at_stop'].removeprefix('[progress ').replace('] ', ': ')}"
+            if (s := r.get("progress_at_stop")):  # what it had done when it was stopped
+                why += f" after {s['seconds']:.1f} s: {s['done']} / {s['total']}"
             if r.get("note"):
                 why += f" ({r['note']})"
             lines.append(f"| {r['name']} | | | FAILED (exit {p['returncode']}{why}) | | | | | | | | | | "
@@ -520,9 +520,10 @@ def _long_prompt_target(e: dict[str, Any]) -> list[str]:
         p = longest["process"]
         why = ("stopped at the time limit" if p.get("killed_for_time") else
                "stopped at the memory budget" if p.get("killed_for_memory") else f"failed (exit {p['returncode']})")
-        done = longest.get("progress_at_stop", "").removeprefix("[progress ").split("] ")[-1]
+        s = longest.get("progress_at_stop")
         return [f"{n_pos(longest)} tokens: {why} after {p['wall_s'] / 60:.1f} min"
-                + (f", {done} feature rows done" if done else "") + "; target 30 min and 20 GiB: not met.", ""]
+                + (f", {s['done']} / {s['total']} feature rows done" if s else "")
+                + "; target 30 min and 20 GiB: not met.", ""]
     wall, peak = longest["process"]["wall_s"], longest["process"]["peak_rss_mb"]
     return [f"2048 tokens: {wall / 60:.1f} min, peak {peak / 1024:.1f} GiB; target 30 min and 20 GiB: "
             f"{_met(wall <= 1800 and peak <= 20 * 1024)}.", ""]

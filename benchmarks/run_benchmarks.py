@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -299,6 +300,9 @@ def ct_env(kind: str, threads: int | None, environ: dict[str, str] | None = None
 def _thread_args(threads: int | None) -> list[str]:
     return [] if not threads else ["--threads", str(threads)]
 
+
+#: bench_one's progress lines in its log: ``[progress SECONDS s] DONE / TOTAL``
+PROGRESS_LINE = re.compile(r"\[progress ([0-9.]+) s\] (\d+) / (\d+)$")
 
 #: where bundles are looked for before one is built (the first is where a new one goes; main sets them)
 _BUNDLE_DIRS: list[Path] = []
@@ -601,14 +605,14 @@ def run_circuitgraph(run: Run, bundle_dir: Path, work: Path, budget_gb: float, t
             f"peak {proc['peak_rss_mb'] / 1024:.2f} GB, completeness "
             f"{r['completeness']['max_relative_violation']:.1e}")
     else:
-        # bench_one logs its progress (feature rows done of max_feature_nodes, or batches): where it stopped
-        marks = [ln for ln in (proc.get("log_tail") or "").splitlines() if ln.startswith("[progress ")]
-        if marks:
-            out["progress_at_stop"] = marks[-1]
+        marks = [m for ln in (proc.get("log_tail") or "").splitlines() if (m := PROGRESS_LINE.match(ln))]
+        if marks:  # where it stopped: seconds into the attribution, feature rows (or batches) done of all
+            seconds, done, total = marks[-1].groups()
+            out["progress_at_stop"] = {"seconds": float(seconds), "done": int(done), "total": int(total)}
         log(f"{run.name}: FAILED (exit {proc['returncode']}"
             + (", stopped at the memory budget" if proc["killed_for_memory"] else "")
             + (f", stopped at the time limit ({_TIME_LIMIT_S[0]:.0f} s)" if proc.get("killed_for_time") else "")
-            + (f", {marks[-1]}" if marks else "") + f"), see {proc['log']}")
+            + (f", {marks[-1].group(0)}" if marks else "") + f"), see {proc['log']}")
     return out
 
 

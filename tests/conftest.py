@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # OpenMP threads sleep instead of spinning while they wait (set before torch is imported):
@@ -43,6 +46,14 @@ VARIANTS = {
     # bidirectional (unmasked) attention: a frozen pattern reads later positions too
     "none-relu-bidirectional": dict(norm=None, mlp="relu", positional="learned", attention_dir="bidirectional"),
 }
+
+
+def run_tmpdir(prefix: str) -> Path:
+    """A temporary folder for a bundle cached across tests (``functools.lru_cache``, where
+    ``tmp_path`` does not live long enough), removed when the test run ends."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def make_bundle(tmp_path: Path, variant: str, *, kind: str = "relu", input_site: str = "normalized",

@@ -227,7 +227,7 @@ def test_report_writes_every_table_from_merged_results(report, tmp_path):
     del timed["result"]
     timed["n_pos"] = 8192
     timed["process"].update(returncode=-9, killed_for_time=True, log_tail="")
-    timed["progress_at_stop"] = "[progress 1790.5 s] 2304 / 8192"
+    timed["progress_at_stop"] = {"seconds": 1790.5, "done": 2304, "total": 8192}
     results["suites"]["long_prompt_gpt2"]["runs"] = long + [timed]
     report.write_report(results, tmp_path)
     text = (tmp_path / "README.md").read_text()
@@ -326,3 +326,9 @@ def test_recorded_commands_name_the_work_folder_not_this_machines_path(rb, tmp_p
     assert rb._portable(str(tmp_path)) == "$WORK"
     assert rb._portable(str(tmp_path / "bundles" / "x")) == "$WORK/bundles/x"
     assert rb._portable(str(rb.REPO / "benchmarks" / "x.py")) == "benchmarks/x.py"
+
+
+def test_progress_lines_of_bench_one_are_parsed(rb):
+    """bench_one's progress line (what a run stopped at its time limit had done) as the harness reads it."""
+    assert rb.PROGRESS_LINE.match("[progress 1790.5 s] 2304 / 8192").groups() == ("1790.5", "2304", "8192")
+    assert rb.PROGRESS_LINE.match("Changing model dtype to torch.float32") is None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import shutil
@@ -20,6 +19,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.queries.diff import diff_graphs
 from circuitgraph.queries.influence import node_influence
 from circuitgraph.testing.synthetic import random_transcoders, tiny_model
+from tests.conftest import run_tmpdir
 
 CLEAN = [1, 5, 7, 9, 4, 3, 11]
 CORRUPTED = [1, 5, 8, 9, 4, 3, 11]  # one token differs
@@ -28,16 +28,13 @@ LONGER = [1, 2, 5, 7, 9, 4, 3, 11]  # the clean prompt with one more token in fr
 
 @functools.lru_cache(maxsize=None)
 def _graphs():
-    import tempfile
 
     from circuitgraph.adapters.loading import load_model_dir
     from circuitgraph.dictionaries import TranscoderSet
     from circuitgraph.testing.synthetic import save_bundle
 
     model = tiny_model(norm="LN", mlp="gelu", positional="learned", n_layers=2)
-    tmp = Path(tempfile.mkdtemp(prefix="cg-diff-"))
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the cached bundle goes when the run ends
-    root = save_bundle(tmp, model, random_transcoders(model, active_frac=0.3))
+    root = save_bundle(run_tmpdir("cg-diff-"), model, random_transcoders(model, active_frac=0.3))
     adapter = load_model_dir(root / "model")
     tset = TranscoderSet.from_dir(root / "transcoders", adapter)
     out = {}

@@ -10,11 +10,8 @@ intervention code.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from circuitgraph.errors import SpecError, ValidationRunError
 from circuitgraph.testing.synthetic import random_clt, random_transcoders, save_bundle, save_clt, tiny_model
 from circuitgraph.validation.predictions import direct_effects, total_effects
 from circuitgraph.validation.steering import steer
+from tests.conftest import run_tmpdir
 
 PROMPT = [1, 5, 7, 9, 4, 3, 11]
 TARGET = (3, 4)
@@ -47,8 +45,7 @@ ARCHS = {
 def _setup(kind: str, arch: str = "gpt2"):
     """(adapter, dictionary, raw weights, graph): float64, loaded from files like any local model."""
     model = tiny_model(**ARCHS[arch])
-    tmp = Path(tempfile.mkdtemp(prefix="cg-steer-"))
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the cached bundle goes when the run ends
+    tmp = run_tmpdir("cg-steer-")
     if kind == "transcoders":
         raw = random_transcoders(model, active_frac=0.3)
         root = save_bundle(tmp, model, raw)
