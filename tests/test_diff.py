@@ -17,7 +17,7 @@ from circuitgraph.attribution import attribute
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import QueryError
 from circuitgraph.queries.diff import diff_graphs
-from circuitgraph.queries.influence import node_influence
+from circuitgraph.queries.influence import influence, node_influence
 from circuitgraph.testing.synthetic import random_transcoders, tiny_model
 from tests.conftest import run_tmpdir
 
@@ -94,8 +94,18 @@ def test_clean_vs_corrupted_equals_an_independent_tally(match, other):
     for k, r in edges.items():
         assert r.weight_a == pytest.approx(ea.get(k, 0.0), abs=1e-6)
         assert r.difference == pytest.approx(eb.get(k, 0.0) - ea.get(k, 0.0), abs=1e-6)
-    top = d.top_changes(5)["influence_difference"].abs().tolist()
-    assert top == sorted(top, reverse=True) and top[0] == pytest.approx(d.nodes["influence_difference"].abs().max())
+    top = d.top_changes(5)["effect_difference"].abs().tolist()
+    assert top == sorted(top, reverse=True) and top[0] == pytest.approx(d.nodes["effect_difference"].abs().max())
+    # effect: the signed total effect on the weighted targets, summed by key
+    for g, side, key in ((a, "a", ka), (b, "b", kb)):
+        res = influence(g)
+        eff = defaultdict(float)
+        for n, e in zip(g.nodes, res.total_effect):
+            eff[key(n)] += float(e)
+        for node, r in rows.iterrows():
+            assert getattr(r, f"effect_{side}") == pytest.approx(eff.get(node, 0.0), abs=1e-6)
+    flips = (np.sign(d.nodes["effect_a"]) * np.sign(d.nodes["effect_b"]) < 0).to_numpy()
+    assert (d.nodes["sign_flip"].to_numpy() == flips).all()
     if match == "position" and other == "corrupted":
         # the changed token: its embedding is only in one graph each, and after it things differ
         assert "embedding/-1/2/7" in set(d.only_in_a()["node"]) and "embedding/-1/2/8" in set(d.only_in_b()["node"])
@@ -196,7 +206,7 @@ def test_files_json_html_and_the_cli(tmp_path):
     out = runner.invoke(app, ["diff", str(tmp_path / "clean.json"), str(tmp_path / "corrupted.json"),
                               "--json", str(tmp_path / "d.json"), "-o", str(tmp_path / "d.html"), "--top", "3"])
     assert out.exit_code == 0, out.output
-    assert "top 3 changes" in out.output and json.loads((tmp_path / "d.json").read_text())["match"] == "position"
+    assert "top 3 node changes" in out.output and json.loads((tmp_path / "d.json").read_text())["match"] == "position"
     if shutil.which("dot") is not None:
         html = (tmp_path / "d.html").read_text()
         assert html.count("<svg") == 2 and "Nodes only in a" in html
@@ -208,3 +218,67 @@ def test_files_json_html_and_the_cli(tmp_path):
     out = runner.invoke(app, ["diff", str(tmp_path / "clean.json"), str(tmp_path / "other.json"),
                               "--allow-different-models"])
     assert out.exit_code == 0, out.output
+
+
+def _two_sided(w_a: tuple[float, float, float], w_b: tuple[float, float, float]):
+    """Three embeddings straight into one target, their edge weights ``w_a`` in a and ``w_b`` in b."""
+    from circuitgraph.graph.graph import AttributionGraph
+    from circuitgraph.graph.nodes import Node, NodeId
+
+    ids = [NodeId("embedding", -1, 0, i) for i in (1, 2, 3)] + [NodeId("target", 1, 0, 0)]
+    out = []
+    for name, w in (("a", w_a), ("b", w_b)):
+        nodes = [Node(i, 1.0) for i in ids[:3]] + [Node(ids[3], sum(w), pre_activation=sum(w), constant=0.0)]
+        meta = {"model": {"name": "m", "n_layers": 1}, "prompt_tokens": [0], "prompt": name}
+        out.append(AttributionGraph(nodes, [3, 3, 3], [0, 1, 2], np.asarray(w, dtype=np.float64),
+                                    targets=[(ids[3], 1.0)], metadata=meta))
+    return out
+
+
+def test_a_sign_flip_is_the_top_change_and_is_flagged(tmp_path):
+    """The IOI case of issue 35: a head's edge into the target goes from +2 to -3.  Its unsigned
+    influence does not move at all (2/8 of the target's |input| in a, 3/12 in b), so a ranking by
+    influence lists it last; the signed change (-5) puts it first, flagged, in the table, the JSON
+    and the HTML page."""
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli.main import app
+    from circuitgraph.export import graph_to_json
+
+    a, b = _two_sided((2.0, 1.0, 5.0), (-3.0, 4.0, 5.0))
+    d = diff_graphs(a, b)
+    rows = d.nodes.set_index("node")
+    flipped = "embedding/-1/0/1"
+    assert rows.loc[flipped, "influence_difference"] == pytest.approx(0.0, abs=1e-12)
+    assert (rows.loc[flipped, "effect_a"], rows.loc[flipped, "effect_b"]) == (2.0, -3.0)
+    assert rows.loc[flipped, "effect_difference"] == -5.0 and rows.loc[flipped, "sign_flip"]
+    assert list(d.top_changes(3)["node"]) == [flipped, "embedding/-1/0/2", "embedding/-1/0/3"]
+    assert not rows.loc["embedding/-1/0/2", "sign_flip"] and not rows.loc["embedding/-1/0/3", "sign_flip"]
+    edges = d.top_edge_changes(1)
+    assert edges["source"].iat[0] == flipped and edges["difference"].iat[0] == -5.0 and edges["sign_flip"].iat[0]
+    assert d.counts()["node_sign_flips"] == 1 and d.counts()["edge_sign_flips"] == 1
+    # sort="flip": flips first, even when another change is larger
+    a2, b2 = _two_sided((0.5, 1.0, 5.0), (-0.5, 9.0, 5.0))
+    d2 = diff_graphs(a2, b2)
+    assert d2.top_changes(1)["node"].iat[0] == "embedding/-1/0/2"
+    assert d2.top_changes(1, sort="flip")["node"].iat[0] == flipped
+    doc = json.loads(d.to_json())
+    top = doc["top_changes"][0]
+    assert top["node"] == flipped and top["effect_a"] == 2.0 and top["effect_b"] == -3.0 and top["sign_flip"] is True
+    assert doc["top_edge_changes"][0]["sign_flip"] is True and doc["ranked_by"] == "abs_effect_difference"
+    line = next(x for x in d.summary_lines() if flipped in x)
+    assert "+2 -> -3" in line and "-5" in line and "FLIP" in line
+    graph_to_json(a, tmp_path / "a.json")
+    graph_to_json(b, tmp_path / "b.json")
+    out = CliRunner().invoke(app, ["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--sort", "flip"])
+    assert out.exit_code == 0, out.output
+    first = out.output.split("top 10 node changes")[1].splitlines()[3]
+    assert first.split()[0] == flipped and "FLIP" in first
+    bad = CliRunner().invoke(app, ["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--sort", "x"])
+    assert bad.exit_code == 2 and "--sort 'x'" in bad.output
+    if shutil.which("dot") is not None:
+        from circuitgraph.export.diff_html import diff_html
+
+        page = diff_html(d)
+        assert '<td class="flip" data-v="1">FLIP</td>' in page and 'class="neg">-3</td>' in page
+        assert "table.sortable" in page

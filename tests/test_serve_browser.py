@@ -325,7 +325,19 @@ def test_diff_view_shows_the_top_changes(steer_diff):
     d = api(server, "/api/diff?a=clean.json&b=corrupted.json&match=position")
     top = page.eval_on_selector_all("#diff-top tr.diff-top", "rows => rows.map(r => r.dataset.node)")
     assert top == [r["node"] for r in d["top_changes"]]
-    assert top[0] == "feature/0/11/292"
+    assert top[0] == "embedding/-1/4/134"
+    # signed: effect a -> b side by side, the signed change, sign flips flagged; headers sort
+    flips = [r["node"] for r in d["top_changes"] if r["sign_flip"]]
+    assert flips and page.eval_on_selector_all("#diff-top tr.flipped", "rows => rows.map(r => r.dataset.node)") == flips
+    first = page.locator("#diff-top tr.diff-top").first.text_content()
+    t0 = d["top_changes"][0]
+    shown = [f"{v:+.4f}".rstrip("0").rstrip(".") for v in (t0["effect_a"], t0["effect_b"], t0["effect_difference"])]
+    assert f"{shown[0]} → {shown[1]}" in first and shown[2] in first
+    page.click("#diff-top th:has-text('flip')")
+    sorted_top = page.eval_on_selector_all("#diff-top tr.diff-top", "rows => rows.map(r => r.dataset.node)")
+    assert sorted_top[:len(flips)] == flips and page.get_attribute("#diff-top", "data-sorted-by") == "flip"
+    page.click("#diff-top th:has-text('change')")
+    assert page.eval_on_selector_all("#diff-top tr.diff-top", "rows => rows.map(r => r.dataset.node)") == top
     only_a = [r["node"] for r in d["nodes"] if r["present"] == "a"]
     assert page.locator("#diff-only-a tr.diff-only").count() == min(100, len(only_a)) > 0
     # the drawn graph (a) marks the top changes and the nodes only in a

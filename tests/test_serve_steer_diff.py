@@ -66,10 +66,15 @@ def test_diff_equals_circuitgraph_diff(server, folder, match):
     assert answer["names"] == ["clean.json", "corrupted.json"]
     assert {**answer, "names": expected["names"]} == expected
     assert answer["top_changes"] and len(answer["top_changes"]) == 20
-    if match == "position":  # docs/steering.md: the consonant-class feature is the top change
-        assert answer["top_changes"][0]["node"] == "feature/0/11/292"
+    if match == "position":  # docs/steering.md: the noun's embedding (" owl") is the top change
+        assert answer["top_changes"][0]["node"] == "embedding/-1/4/134"
     top5 = get_json(server, f"/api/diff?a=clean.json&b=corrupted.json&match={match}&top=5")["top_changes"]
     assert top5 == answer["top_changes"][:5]
+    flips = get_json(server, f"/api/diff?a=clean.json&b=corrupted.json&match={match}&sort=flip")
+    expected = json.loads(circuitgraph.diff(folder / "clean.json", folder / "corrupted.json", match=match)
+                          .to_json(sort="flip"))
+    assert {**flips, "names": expected["names"]} == expected
+    assert flips["top_changes"][0]["sign_flip"] and flips["ranked_by"].startswith("sign_flip")
 
 
 def test_diff_refuses_different_models_and_bad_parameters(server, folder):

@@ -9,7 +9,7 @@
     circuitgraph report SPEC_OR_GRAPH -o report.html [--max-nodes N] [--features DIR]
     circuitgraph schema [--graph]
     circuitgraph steer SPEC [-o steering.json]
-    circuitgraph diff A B [-o diff.html] [--json diff.json] [--match position|identity|from_end]
+    circuitgraph diff A B [-o diff.html] [--json diff.json] [--match position|identity|from_end] [--sort change|flip]
     circuitgraph dataset summary DIR
     circuitgraph features summary DIR
 
@@ -306,25 +306,31 @@ def diff(
                                        "(position-free, summed over positions) or from_end (positions counted "
                                        "from the prompt's end).")] = "position",
     top: Annotated[int, typer.Option("--top", min=1, help="How many top changes to print.")] = 10,
+    sort: Annotated[str, typer.Option("--sort", help="Rank changes by the size of the signed change (change) or "
+                                      "sign flips first (flip).")] = "change",
     allow_different_models: Annotated[bool, typer.Option(
         "--allow-different-models", help="Compare graphs of different models or dictionaries.")] = False,
     max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Nodes per diagram in the HTML page.")] = 60,
     debug: Annotated[bool, _DEBUG] = False,
 ) -> None:
-    """Compare two graphs (or dataset aggregates): matched nodes' activation and influence in
-    both, edges in both, what is only in one, the top changes by |difference in influence|."""
+    """Compare two graphs (or dataset aggregates): matched nodes' signed effect on the targets,
+    influence and activation in both, edges in both, what is only in one; the top node and edge
+    changes by the size of the signed change (a -> b side by side, sign flips flagged)."""
     with _reported(debug):
         from circuitgraph.pipeline.compare import diff as diff_sources
+        from circuitgraph.queries.diff import SORTS
 
+        if sort not in SORTS:
+            raise SpecError(f"--sort {sort!r}: expected one of {', '.join(SORTS)}")
         result = diff_sources(a, b, match=match, allow_different=allow_different_models)
-        _echo_lines(result.summary_lines(top=top))
+        _echo_lines(result.summary_lines(top=top, sort=sort))  # type: ignore[arg-type]
         if json_out is not None:
-            result.to_json(json_out)
+            result.to_json(json_out, sort=sort)
             typer.echo(f"wrote {json_out}")
         if output is not None:
             from circuitgraph.export.diff_html import write_diff_html
 
-            write_diff_html(result, output, max_nodes=max_nodes)
+            write_diff_html(result, output, max_nodes=max_nodes, sort=sort)
             typer.echo(f"wrote {output}")
 
 

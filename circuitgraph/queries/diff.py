@@ -11,14 +11,20 @@ corrupted prompt, two checkpoints or dictionaries, or dataset aggregates):
   - ``identity``: ``(kind, layer, index)``, position-free as in dataset aggregation
     (:mod:`circuitgraph.datasets.reduce`): a node's values are summed over its positions;
 
-  each key has its ``token`` (the token string of an embedding or logit), ``activation`` and
+  each key has its ``token`` (the token string of an embedding or logit), ``activation``,
   ``influence`` (circuit-tracer's influence on the targets,
-  :func:`~circuitgraph.queries.influence.node_influence`; an aggregate's mean influence) in
-  ``a`` and ``b`` (0 where absent), their differences ``b - a``, and ``present`` (``both``,
-  ``a`` or ``b``);
+  :func:`~circuitgraph.queries.influence.node_influence`: unsigned; an aggregate's mean
+  influence) and ``effect`` (the *signed* exact total effect on the weighted targets,
+  :func:`~circuitgraph.queries.influence.total_effects`; an aggregate's mean direct effect: its
+  mean edges into the targets times their weights) in ``a`` and ``b`` (0 where absent), their
+  differences ``b - a``, ``sign_flip`` (the effect is non-zero in both with opposite signs) and
+  ``present`` (``both``, ``a`` or ``b``);
 * **edges** are matched by their (source key, target key), weights summed over merged
-  positions: ``weight_a``, ``weight_b``, ``difference = weight_b - weight_a``, ``present``;
-* the **top changes** are the nodes ranked by ``|influence_b - influence_a|``.
+  positions: ``weight_a``, ``weight_b``, ``difference = weight_b - weight_a``, ``sign_flip``,
+  ``present``, ranked by ``|difference|``;
+* the **top changes** are the nodes ranked by the size of their signed change,
+  ``|effect_b - effect_a|`` (or sign flips first, ``sort="flip"``): a node whose effect goes from
+  +2.6 to -2.9 is a change of -5.5, where its unsigned influence barely moves.
 
 Graphs of different models or dictionaries (from their metadata) are refused unless
 ``allow_different``; a dataset aggregate records neither, so it is not checked (``notes``
@@ -42,12 +48,16 @@ from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries._base import format_table
-from circuitgraph.queries.influence import node_influence
+from circuitgraph.queries._sparse import target_weight_vector
+from circuitgraph.queries.influence import node_influence, total_effects
 
-__all__ = ["Match", "MATCHES", "GraphDiff", "diff_graphs", "graph_identity"]
+__all__ = ["Match", "MATCHES", "Sort", "SORTS", "GraphDiff", "diff_graphs", "graph_identity", "sign_flips"]
 
 Match = Literal["position", "identity", "from_end"]
 MATCHES: tuple[str, ...] = ("position", "identity", "from_end")
+#: how changes are ranked: by ``|b - a|``, or sign flips first (then by ``|b - a|``)
+Sort = Literal["change", "flip"]
+SORTS: tuple[str, ...] = ("change", "flip")
 _KEY = ("kind", "layer", "position", "index")
 
 
@@ -103,14 +113,36 @@ def _pandas() -> Any:
     return pandas
 
 
+def sign_flips(a: Any, b: Any) -> Any:
+    """Where ``a`` and ``b`` are both non-zero with opposite signs (arrays or pandas columns)."""
+    return (np.sign(a) * np.sign(b)) < 0
+
+
+def _direct_effects(graph: AttributionGraph) -> np.ndarray:
+    """Each node's edges into the targets times the targets' weights (a dataset aggregate's mean
+    direct effect: its edges are mean weights)."""
+    w = target_weight_vector(graph)
+    tgt, src = np.asarray(graph.edge_target), np.asarray(graph.edge_source)
+    return np.bincount(src, weights=np.asarray(graph.edge_weight, dtype=np.float64) * w[tgt],
+                       minlength=graph.n_nodes)
+
+
 def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
     pd = _pandas()
     pos = _positions(graph, match, which)
     n = graph.n_nodes
-    if graph.metadata.aggregate is not None and all("influence" in nd.attrs for nd in graph.nodes):
+    aggregate = graph.metadata.aggregate is not None
+    if aggregate and all("influence" in nd.attrs for nd in graph.nodes):
         influence = np.asarray([float(nd.attrs["influence"]) for nd in graph.nodes], dtype=np.float64)
     else:
         influence = node_influence(graph) if graph.targets and n else np.zeros(n)
+    if not (graph.targets and n):
+        effect = np.zeros(n)
+    elif aggregate:
+        effect = _direct_effects(graph)
+    else:
+        weights = np.array([wt for _, wt in graph.targets], dtype=np.float64)
+        effect = weights @ total_effects(graph)
     nodes = pd.DataFrame({
         "kind": [nd.kind for nd in graph.nodes],
         "layer": [nd.layer for nd in graph.nodes],
@@ -118,10 +150,12 @@ def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
         "index": [nd.index for nd in graph.nodes],
         "activation": np.asarray([nd.activation for nd in graph.nodes], dtype=np.float64),
         "influence": np.asarray(influence, dtype=np.float64),
+        "effect": np.asarray(effect, dtype=np.float64),
         "token": [str(nd.attrs.get("token_str", "")) for nd in graph.nodes],
     })
     node_sums = nodes.groupby(list(_KEY), sort=False, as_index=False).agg(
-        activation=("activation", "sum"), influence=("influence", "sum"), token=("token", "first"))
+        activation=("activation", "sum"), influence=("influence", "sum"), effect=("effect", "sum"),
+        token=("token", "first"))
     src, tgt = np.asarray(graph.edge_source), np.asarray(graph.edge_target)
     edges = pd.DataFrame({
         **{f"source_{c}": nodes[c].to_numpy()[src] for c in _KEY},
@@ -157,12 +191,17 @@ class GraphDiff:
     def only_in_b(self) -> Any:
         return self.nodes[self.nodes["present"] == "b"]
 
-    def top_changes(self, k: int = 10) -> Any:
-        """The ``k`` nodes with the largest ``|influence_b - influence_a|`` (ties: by node id)."""
-        df = self.nodes.assign(_abs=self.nodes["influence_difference"].abs())
-        return df.sort_values(["_abs", "node"], ascending=[False, True], kind="stable").head(k).drop(columns="_abs")
+    def top_changes(self, k: int = 10, sort: Sort = "change") -> Any:
+        """The ``k`` nodes with the largest signed change ``|effect_b - effect_a|`` (``sort="flip"``:
+        sign flips first); ties by node id."""
+        return _ranked(self.nodes, "effect_difference", ["node"], sort).head(k)
 
-    def to_dict(self, *, top: int = 20, max_rows: int | None = None) -> dict[str, Any]:
+    def top_edge_changes(self, k: int = 10, sort: Sort = "change") -> Any:
+        """The ``k`` edges with the largest ``|weight_b - weight_a|`` (``sort="flip"``: sign flips
+        first); ties by source and target."""
+        return _ranked(self.edges, "difference", ["source", "target"], sort).head(k)
+
+    def to_dict(self, *, top: int = 20, max_rows: int | None = None, sort: Sort = "change") -> dict[str, Any]:
         """JSON-able: summary counts, the top changes, every node and edge (up to ``max_rows``)."""
         def records(df: Any) -> list[dict[str, Any]]:
             df = df if max_rows is None else df.head(max_rows)
@@ -178,7 +217,9 @@ class GraphDiff:
             "identities": list(self.identities),
             "notes": list(self.notes),
             "counts": self.counts(),
-            "top_changes": records(self.top_changes(top)),
+            "ranked_by": "abs_effect_difference" if sort == "change" else "sign_flip_then_abs_effect_difference",
+            "top_changes": records(self.top_changes(top, sort)),
+            "top_edge_changes": records(self.top_edge_changes(top, sort)),
             "nodes": records(self.nodes),
             "edges": records(self.edges),
         }
@@ -194,25 +235,64 @@ class GraphDiff:
         n, e = self.nodes["present"], self.edges["present"]
         return {"nodes_both": int((n == "both").sum()), "nodes_only_a": int((n == "a").sum()),
                 "nodes_only_b": int((n == "b").sum()), "edges_both": int((e == "both").sum()),
-                "edges_only_a": int((e == "a").sum()), "edges_only_b": int((e == "b").sum())}
+                "edges_only_a": int((e == "a").sum()), "edges_only_b": int((e == "b").sum()),
+                "node_sign_flips": int(self.nodes["sign_flip"].sum()),
+                "edge_sign_flips": int(self.edges["sign_flip"].sum())}
 
-    def table(self, max_rows: int = 10) -> str:
-        top = self.top_changes(max_rows)
-        return format_table(["node", "present", "influence a", "influence b", "difference", "activation a",
-                             "activation b"],
-                            [[r.node, r.present, r.influence_a, r.influence_b, r.influence_difference,
-                              r.activation_a, r.activation_b] for r in top.itertuples()], max_rows=max_rows)
+    def table(self, max_rows: int = 10, sort: Sort = "change") -> str:
+        """The top node changes: effect a -> b, the signed change, a flip flag, influence a -> b."""
+        top = self.top_changes(max_rows, sort)
+        return format_table(["node", "present", "effect a -> b", "change", "flip", "influence a -> b"],
+                            [[r.node, r.present, _arrow(r.effect_a, r.effect_b), _signed(r.effect_difference),
+                              _flag(r.sign_flip), _arrow(r.influence_a, r.influence_b, signed=False)]
+                             for r in top.itertuples()], max_rows=max_rows)
 
-    def summary_lines(self, top: int = 10) -> list[str]:
+    def edge_table(self, max_rows: int = 10, sort: Sort = "change") -> str:
+        """The top edge changes: weight a -> b, the signed change, a flip flag."""
+        top = self.top_edge_changes(max_rows, sort)
+        return format_table(["source", "target", "present", "weight a -> b", "change", "flip"],
+                            [[r.source, r.target, r.present, _arrow(r.weight_a, r.weight_b),
+                              _signed(r.difference), _flag(r.sign_flip)] for r in top.itertuples()],
+                            max_rows=max_rows)
+
+    def summary_lines(self, top: int = 10, sort: Sort = "change") -> list[str]:
         c = self.counts()
         a, b = self.names
+        by = "|effect b - effect a|" if sort == "change" else "sign flips first, then |effect b - effect a|"
+        by_edge = "|weight b - weight a|" if sort == "change" else "sign flips first, then |weight b - weight a|"
         lines = [f"a: {a}", f"b: {b}", f"match: {self.match}",
-                 f"nodes: {c['nodes_both']} in both, {c['nodes_only_a']} only in a, {c['nodes_only_b']} only in b",
-                 f"edges: {c['edges_both']} in both, {c['edges_only_a']} only in a, {c['edges_only_b']} only in b",
-                 f"top {top} changes by |influence b - influence a|:"]
-        lines += ["  " + line for line in self.table(top).splitlines()]
+                 f"nodes: {c['nodes_both']} in both, {c['nodes_only_a']} only in a, {c['nodes_only_b']} only in b; "
+                 f"{c['node_sign_flips']} flip the sign of their effect",
+                 f"edges: {c['edges_both']} in both, {c['edges_only_a']} only in a, {c['edges_only_b']} only in b; "
+                 f"{c['edge_sign_flips']} flip sign",
+                 f"top {top} node changes by {by} (effect: signed total effect on the targets):"]
+        lines += ["  " + line for line in self.table(top, sort).splitlines()]
+        lines.append(f"top {top} edge changes by {by_edge}:")
+        lines += ["  " + line for line in self.edge_table(top, sort).splitlines()]
         lines += [f"note: {n}" for n in self.notes]
         return lines
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.4g}"
+
+
+def _arrow(a: float, b: float, signed: bool = True) -> str:
+    return f"{a:+.4g} -> {b:+.4g}" if signed else f"{a:.4g} -> {b:.4g}"
+
+
+def _flag(flip: bool) -> str:
+    return "FLIP" if flip else ""
+
+
+def _ranked(df: Any, column: str, ties: list[str], sort: str) -> Any:
+    """``df`` ordered by ``|column|`` (descending; ``sort="flip"``: sign flips first), ties by ``ties``."""
+    if sort not in SORTS:
+        raise QueryError(f"sort {sort!r}: expected one of {', '.join(SORTS)}")
+    df = df.assign(_abs=df[column].abs(), _flip=df["sign_flip"].astype(bool))
+    keys = (["_flip"] if sort == "flip" else []) + ["_abs", *ties]
+    ascending = ([False] if sort == "flip" else []) + [False] + [True] * len(ties)
+    return df.sort_values(keys, ascending=ascending, kind="stable").drop(columns=["_abs", "_flip"])
 
 
 def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "position",
@@ -243,9 +323,10 @@ def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "pos
     nodes = nodes.drop(columns="_merge")
     nodes["token"] = nodes["token_a"].fillna(nodes["token_b"]).fillna("")
     nodes = nodes.drop(columns=["token_a", "token_b"])
-    for col in ("activation", "influence"):
+    for col in ("activation", "influence", "effect"):
         nodes[[f"{col}_a", f"{col}_b"]] = nodes[[f"{col}_a", f"{col}_b"]].fillna(0.0)
         nodes[f"{col}_difference"] = nodes[f"{col}_b"] - nodes[f"{col}_a"]
+    nodes["sign_flip"] = sign_flips(nodes["effect_a"], nodes["effect_b"])
     nodes.insert(0, "node", [_key_id(*row, match) for row in nodes[key].itertuples(index=False)])
     if match == "identity":
         nodes["position"] = None
@@ -257,6 +338,7 @@ def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "pos
     edges = edges.drop(columns="_merge")
     edges[["weight_a", "weight_b"]] = edges[["weight_a", "weight_b"]].fillna(0.0)
     edges["difference"] = edges["weight_b"] - edges["weight_a"]
+    edges["sign_flip"] = sign_flips(edges["weight_a"], edges["weight_b"])
     edges.insert(0, "source", [_key_id(*r, match) for r in edges[ekey[:4]].itertuples(index=False)])
     edges.insert(1, "target", [_key_id(*r, match) for r in edges[ekey[4:]].itertuples(index=False)])
     edges = edges.drop(columns=ekey)

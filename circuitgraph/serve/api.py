@@ -45,7 +45,7 @@ from circuitgraph.export.neuronpedia import graph_to_neuronpedia, n_layers_of, n
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
-from circuitgraph.queries.diff import MATCHES, diff_graphs
+from circuitgraph.queries.diff import MATCHES, SORTS, diff_graphs
 from circuitgraph.queries.prune import PruneResult, prune_graph
 from circuitgraph.serve.catalog import Catalog
 from circuitgraph.spec.graph import PruneSpec
@@ -512,11 +512,11 @@ class Explorer:
         return {"name": name, "steering": self.document(name).steering}
 
     def diff(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
-        """``GET /api/diff?a=NAME&b=NAME[&match=M][&allow_different=true][&top=K]``:
+        """``GET /api/diff?a=NAME&b=NAME[&match=M][&allow_different=true][&top=K][&sort=change|flip]``:
         :func:`~circuitgraph.queries.diff.diff_graphs` of the two graphs as loaded, as its JSON
         (``circuitgraph.diff``, :meth:`~circuitgraph.queries.diff.GraphDiff.to_dict`), named by their
         catalog names."""
-        params = _params(query, ("a", "b", "match", "allow_different", "top"))
+        params = _params(query, ("a", "b", "match", "allow_different", "top", "sort"))
         for key in ("a", "b"):
             if not params.get(key):
                 raise ApiError(400, f"{key} must name a graph (GET /api/graphs lists them), e.g. /api/diff?a=A&b=B")
@@ -525,6 +525,9 @@ class Explorer:
             raise ApiError(400, f"match must be one of {', '.join(MATCHES)}, got {match[:40]!r}")
         allow = _flag(params, "allow_different")
         top = _int(params, "top", DEFAULT_DIFF_TOP)
+        sort = params.get("sort", "change")
+        if sort not in SORTS:
+            raise ApiError(400, f"sort must be one of {', '.join(SORTS)}, got {sort[:40]!r}")
         a, b = params["a"], params["b"]
         graph_a, graph_b = self.document(a).graph, self.document(b).graph
         try:
@@ -533,7 +536,7 @@ class Explorer:
             message = str(exc).replace("pass allow_different=True (--allow-different-models)",
                                        "add allow_different=true to the query")
             raise ApiError(400, message) from None
-        return result.to_dict(top=top)
+        return result.to_dict(top=top, sort=sort)  # type: ignore[arg-type]
 
     def export(self, name: str, query: Mapping[str, list[str]]) -> Download:
         """``GET /api/export/NAME?format=F&nodes=ID,ID...``: the pinned nodes' subgraph of the pruned

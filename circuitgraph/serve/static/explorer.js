@@ -681,29 +681,63 @@ function drawnNode(key) {
   return state.view.nodes.find((n) => diffKey(n, state.diff.match) === key) || null;
 }
 
+// the diff tables' columns: header, the value a click on the header sorts by (largest first), the cell
+const DIFF_COLUMNS = [
+  ["node", (r) => r.node, (r) => r.node + (r.token ? " " + showToken(r.token) : "")],
+  ["in", (r) => r.present, (r) => r.present],
+  ["effect a → b", (r) => Math.max(Math.abs(r.effect_a), Math.abs(r.effect_b)),
+    (r) => el("span", {}, signed(r.effect_a), " → ", signed(r.effect_b))],
+  ["change", (r) => Math.abs(r.effect_difference), (r) => signed(r.effect_difference)],
+  ["flip", (r) => (r.sign_flip ? 1 : 0), (r) => (r.sign_flip ? el("span", { class: "neg flip" }, "FLIP") : "")],
+  ["infl. a → b", (r) => Math.abs(r.influence_difference), (r) => `${fmt(r.influence_a, 3)} → ${fmt(r.influence_b, 3)}`],
+];
+
+function diffTable(id, rows, cls, sortBy) {
+  const table = el("table", { id, class: "diff" });
+  const draw = (column) => {
+    const key = DIFF_COLUMNS[column][1];
+    const sorted = rows.slice().sort((x, y) => {
+      const a = key(x), b = key(y);
+      // ties as the server orders them: by |change|, then by node id
+      const tie = Math.abs(y.effect_difference) - Math.abs(x.effect_difference) || (x.node < y.node ? -1 : x.node > y.node ? 1 : 0);
+      return typeof a === "number" ? b - a || tie : String(a) < String(b) ? -1 : String(a) > String(b) ? 1 : tie;
+    });
+    table.dataset.sortedBy = DIFF_COLUMNS[column][0];
+    table.replaceChildren(el("tr", {}, DIFF_COLUMNS.map(([h], i) => el("th", { class: i === column ? "sorted" : "",
+      title: `sort by ${h}`, onclick: () => draw(i) }, h))),
+      ...sorted.slice(0, 100).map((r) => el("tr", { class: cls + (r.sign_flip ? " flipped" : ""), "data-node": r.node,
+        onclick: () => {
+          const n = drawnNode(r.node);
+          if (n) selectNode(n.id);  // its inputs and outputs replace the diff panel; the highlights stay
+        } }, DIFF_COLUMNS.map(([, , cell]) => el("td", { class: "num" }, cell(r))))));
+  };
+  draw(sortBy);
+  return table;
+}
+
 function diffPanel(d) {
   const c = d.counts;
   const [a, b] = d.names;
-  const row = (r, cls) => el("tr", { class: cls, "data-node": r.node, onclick: () => {
-    const n = drawnNode(r.node);
-    if (n) selectNode(n.id);  // its inputs and outputs replace the diff panel; the highlights stay
-  } }, el("td", {}, r.node + (r.token ? " " + showToken(r.token) : "")), el("td", {}, r.present),
-    el("td", { class: "num" }, fmt(r.influence_a, 3)), el("td", { class: "num" }, fmt(r.influence_b, 3)),
-    el("td", { class: "num" }, signed(r.influence_difference)));
-  const head = el("tr", {}, ["node", "in", "infl. a", "infl. b", "b − a"].map((h) => el("th", {}, h)));
-  const byChange = (rows) => rows.slice().sort((x, y) => Math.abs(y.influence_difference) - Math.abs(x.influence_difference));
-  const onlyA = byChange(d.nodes.filter((r) => r.present === "a"));
-  const onlyB = byChange(d.nodes.filter((r) => r.present === "b"));
+  const onlyA = d.nodes.filter((r) => r.present === "a");
+  const onlyB = d.nodes.filter((r) => r.present === "b");
+  const edgeRows = (d.top_edge_changes || []).map((e) => el("tr", { class: e.sign_flip ? "flipped" : "" },
+    el("td", {}, `${e.source} → ${e.target}`), el("td", { class: "num" }, signed(e.weight_a), " → ", signed(e.weight_b)),
+    el("td", { class: "num" }, signed(e.difference)), el("td", {}, e.sign_flip ? el("span", { class: "neg flip" }, "FLIP") : "")));
   const out = [el("h3", {}, "diff"), el("div", { class: "tag" }, `a: ${a}`), el("div", { class: "tag" }, `b: ${b}`),
     el("div", { class: "tag" }, `match: ${d.match}`),
     factsTable([["nodes in both", c.nodes_both], ["nodes only in a", c.nodes_only_a], ["nodes only in b", c.nodes_only_b],
-                ["edges in both", c.edges_both], ["edges only in a", c.edges_only_a], ["edges only in b", c.edges_only_b]]),
+                ["edges in both", c.edges_both], ["edges only in a", c.edges_only_a], ["edges only in b", c.edges_only_b],
+                ["nodes that flip sign", c.node_sign_flips], ["edges that flip sign", c.edge_sign_flips]]),
     ...(d.notes || []).map((n) => el("div", { class: "tag" }, "note: " + n)),
-    el("h4", {}, `top ${d.top_changes.length} changes by |influence b − influence a|`),
-    el("table", { id: "diff-top", class: "diff" }, head, d.top_changes.map((r) => row(r, "diff-top")))];
+    el("h4", {}, `top ${d.top_changes.length} changes by |effect b − effect a|`),
+    el("div", { class: "tag" }, "effect: the signed total effect on the targets; click a header to sort"),
+    diffTable("diff-top", d.top_changes, "diff-top", 3),
+    el("h4", {}, `top ${edgeRows.length} edge changes by |weight b − weight a|`),
+    el("table", { id: "diff-edges", class: "diff" }, el("tr", {}, ["edge", "weight a → b", "change", "flip"].map((h) =>
+      el("th", {}, h))), edgeRows)];
   for (const [title, rows, id] of [["only in a", onlyA, "diff-only-a"], ["only in b", onlyB, "diff-only-b"]]) {
-    out.push(el("h4", {}, `nodes ${title} (${rows.length}${rows.length > 100 ? ", first 100 by |influence|" : ""})`),
-      el("table", { id, class: "diff" }, head.cloneNode(true), rows.slice(0, 100).map((r) => row(r, "diff-only"))));
+    out.push(el("h4", {}, `nodes ${title} (${rows.length}${rows.length > 100 ? ", first 100" : ""})`),
+      diffTable(id, rows, "diff-only", 3));
   }
   out.push(el("div", { class: "tag" }, "orange border: a top change; green: only in the graph shown"));
   return out;
