@@ -21,7 +21,9 @@ __all__ = [
     "ExportError",
     "RenderError",
     "ResourceError",
+    "TokenWarning",
     "UnknownTokenWarning",
+    "LeadingSpaceWarning",
     "one_line",
 ]
 
@@ -132,7 +134,19 @@ class ResourceError(CircuitGraphError):
     """A run would not fit in the memory available."""
 
 
-class UnknownTokenWarning(UserWarning):
+class TokenWarning(UserWarning):
+    """A token-level problem that does not stop a run: recorded in the graph's metadata
+    (``warnings``) and the run's summary, printed by the CLI as one ``warning:`` line."""
+
+
+class UnknownTokenWarning(TokenWarning):
     """A prompt text holds pieces the tokenizer does not know (they became its unknown token or
     were dropped).  A spec records these in the graph's metadata (``warnings``); a prompt with
     ``strict: true`` makes them a :class:`TokenError` instead."""
+
+
+class LeadingSpaceWarning(TokenWarning):
+    """A target token string without a leading space (``"Mary"``) whose space-prefixed form is also
+    one token (``" Mary"``): valid, but after a word the next token usually carries the space, so
+    the graph likely explains a different question than the one asked.  Recorded like
+    :class:`UnknownTokenWarning`."""

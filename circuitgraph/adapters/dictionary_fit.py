@@ -46,6 +46,9 @@ class DeclaredDictionary:
     d_in: dict[str, int] = field(default_factory=dict)  #: file -> input width
     hook_layers: dict[str, tuple[str, int]] = field(default_factory=dict)  #: file -> (input hook, its layer)
     layers: dict[str, int] = field(default_factory=dict)  #: file -> the layer its folder or file name says
+    #: layer -> (features in that layer's dictionary, the file that says so): sae-lens ``d_sae``, sparsify
+    #: ``num_latents``, a CLT's ``W_enc_<layer>`` rows
+    widths: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> Any:
@@ -87,6 +90,11 @@ def _note_cfg(out: DeclaredDictionary, rel: str, cfg: Any, layer: int | None) ->
             out.hook_layers[rel] = (hook, int(m.group(1)))
     if layer is not None:
         out.layers[rel] = layer
+    width = next((cfg[k] for k in ("d_sae", "num_latents") if isinstance(cfg.get(k), int)
+                  and not isinstance(cfg.get(k), bool) and cfg[k] > 0), None)
+    at = layer if layer is not None else out.hook_layers[rel][1] if rel in out.hook_layers else None
+    if width is not None and at is not None:
+        out.widths[at] = (int(width), rel)
 
 
 def read_declared(path: str | Path) -> DeclaredDictionary:
@@ -103,13 +111,17 @@ def read_declared(path: str | Path) -> DeclaredDictionary:
         if isinstance(cfg, dict):
             _note_cfg(out, name, cfg, None)
             if name == "config.yaml":  # a CLT stores W_enc_<i> as (d_transcoder, d_model)
-                for f in sorted(path.glob("W_enc_*.safetensors"))[:1]:
+                for n, f in enumerate(sorted(path.glob("W_enc_*.safetensors"))[:_MAX_FILES]):
                     try:
                         w = safetensors_shapes(f).get(f.stem)
                     except CircuitGraphError:  # the loader reports a broken file
                         w = None
                     if w and len(w) == 2:
-                        out.d_in[f.name] = int(w[1])
+                        if n == 0:
+                            out.d_in[f.name] = int(w[1])
+                        suffix = f.stem[len("W_enc_"):]
+                        if suffix.isdigit():
+                            out.widths[int(suffix)] = (int(w[0]), f.name)
     subs = sorted(p for p in path.iterdir() if p.is_dir())[:_MAX_FILES]
     for sub in subs:
         cfg_file = sub / "cfg.json"

@@ -250,6 +250,37 @@ class Tokenizer:
             f"(ids {ids}); use one of those tokens or give a token id"
         )
 
+    def space_variant(self, text: str) -> tuple[int, int] | None:
+        """``(id of text, id of " " + text)`` when ``text`` has no leading space, is one token whose
+        string has no leading space either, and its space-prefixed form is another single token
+        whose string starts with a space (``"Mary"`` and ``" Mary"`` in a BPE vocabulary); else
+        None (a tokenizer that adds the space itself, a word with only one form, or one form the
+        unknown token)."""
+        if not text or text[0].isspace():
+            return None
+        try:
+            ids, spaced = self.encode(text), self.encode(" " + text)
+        except TokenError:
+            return None
+        if len(ids) != 1 or len(spaced) != 1 or ids[0] == spaced[0]:
+            return None
+        if self.unk_id in (ids[0], spaced[0]):  # one form is not in the vocabulary
+            return None
+        if self.token_str(ids[0])[:1].isspace() or not self.token_str(spaced[0])[:1].isspace():
+            return None
+        return ids[0], spaced[0]
+
+    def space_warning(self, text: str, where: str = "token") -> str | None:
+        """The warning for a target string without its leading space (:meth:`space_variant`), naming
+        both tokens, or None."""
+        found = self.space_variant(text)
+        if found is None:
+            return None
+        plain, spaced = found
+        return (f"{where} {text!r} is token {plain} {self.token_str(plain)!r}, without a leading space, and "
+                f"{' ' + text!r} is token {spaced} {self.token_str(spaced)!r}: after a word the next token carries "
+                f"the space, so write {' ' + text!r} unless the prompt ends where {text!r} follows")
+
 
 def check_prompt_text(tokenizer: Tokenizer, text: str, *, strict: bool, where: str) -> None:
     """Warn (:class:`~circuitgraph.errors.UnknownTokenWarning`) about the pieces of a prompt text

@@ -138,21 +138,30 @@ def run(
 @app.command()
 def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False) -> None:
     """Check a spec (keys, values, input files, and the spec against the model's and dictionaries' config
-    files and the tokenizer) without loading a model."""
+    files and the tokenizer) without loading a model.
+
+    Prints ``spec OK: <summary>``, then a ``warning: ...`` line for each thing that runs but is
+    likely not what was meant (a target token without its leading space), and a ``checked at run
+    time: ...`` line for each thing that only the run can check (what the files here do not say)."""
     with _reported(debug):
         from circuitgraph.spec import check_inputs, load_spec
 
         loaded = load_spec(spec)
-        from circuitgraph.pipeline.preflight import preflight
+        from circuitgraph.pipeline.preflight import preflight_report
 
         # the files, and what they say against the spec (no weights read): every problem at once
-        problems = check_inputs(loaded) + preflight(loaded)
+        report = preflight_report(loaded)
+        problems = check_inputs(loaded) + report.problems
         if problems:
             raise SpecError(problems)
         from circuitgraph.adapters.files import check_input_files
 
         check_input_files(loaded)  # file headers only: no model is built, torch is not imported
         typer.echo(f"spec OK: {loaded.summary()}")
+        for line in report.warnings:
+            typer.echo(f"warning: {line}")
+        for line in report.unchecked:
+            typer.echo(f"checked at run time: {line}")
 
 
 @app.command()
@@ -529,12 +538,12 @@ def _one_line_warnings() -> None:
     import sys
     import warnings
 
-    from circuitgraph.errors import UnknownTokenWarning
+    from circuitgraph.errors import TokenWarning
 
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, UnknownTokenWarning):
+        if issubclass(category, TokenWarning):
             print(f"warning: {message}", file=file or sys.stderr)
         else:
             default(message, category, filename, lineno, file, line)

@@ -6,6 +6,7 @@ positions in range, prompt length against n_ctx) happens here, before anything i
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_d
 from circuitgraph.dictionaries import TranscoderSet, load_dictionaries
 from circuitgraph.dictionaries.hub import load_hf_dictionaries, resolve_hf_dictionary
 from circuitgraph.dictionaries.registry import load_release
-from circuitgraph.errors import AttributionError, LoadError, ShapeMismatchError, TokenError
+from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 
 __all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
@@ -192,12 +193,30 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     return v
 
 
+def _warn_leading_space(spec: Spec, tokenizer: Any) -> None:
+    """A :class:`~circuitgraph.errors.LeadingSpaceWarning` for each target string written without
+    the leading space its single-token form after a word has (``"Mary"`` for ``" Mary"``), unless
+    the prompt text ends in whitespace."""
+    text = getattr(spec.prompt, "text", None)
+    if tokenizer is None or (isinstance(text, str) and text[-1:].isspace()):
+        return
+    for i, t in enumerate(spec.targets):
+        tokens = (t.logit,) if t.kind == "logit" else t.logit_diff if t.kind == "logit_diff" else ()
+        for j, token in enumerate(tokens):
+            if isinstance(token, str):
+                where = f"targets[{i}].{t.kind}" + (f"[{j}]" if t.kind == "logit_diff" else "")
+                message = tokenizer.space_warning(token, where=where)
+                if message is not None:
+                    warnings.warn(message, LeadingSpaceWarning, stacklevel=2)
+
+
 def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: TranscoderSet | None,
                     logits: torch.Tensor, n_pos: int) -> list[ResolvedTarget]:
     """Spec targets -> ResolvedTarget values (tokens resolved, positions and layers checked)."""
     f = adapter.facts
     tok = adapter.tokenizer
     out: list[ResolvedTarget] = []
+    _warn_leading_space(spec, tok)
     for i, t in enumerate(spec.targets):
         where = f"targets[{i}].{t.kind}"
         weight = 1.0 if getattr(t, "weight", None) is None else float(t.weight)

@@ -33,8 +33,10 @@ from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
+from circuitgraph.spec.references import UnitReference, unit_references
 
-__all__ = ["ModelFacts", "Preflight", "PREFLIGHT_CHECKS", "preflight_check", "preflight", "read_model_facts"]
+__all__ = ["ModelFacts", "Preflight", "PreflightReport", "PREFLIGHT_CHECKS", "preflight_check", "preflight",
+           "preflight_report", "read_model_facts", "run_time_notes", "leading_space_warnings"]
 
 Problems = list[tuple[str, str]]
 
@@ -56,9 +58,45 @@ class ModelFacts:
     model_name: str | None
     model_type: str | None
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    #: attention heads per layer (query heads)
+    n_heads: int | None = None
+    #: MLP neurons per layer (``num_experts * d_mlp`` on mixture-of-experts layers, as the graph numbers them)
+    n_neurons: int | None = None
+    #: the config keys that give ``n_heads`` and ``n_neurons`` (for messages)
+    sources: dict[str, str] = field(repr=False, default_factory=dict)
 
     def layers_text(self) -> str:
         return f"the model has {self.n_layers} layers (0-{self.n_layers - 1}; {self.file.name})"
+
+
+def _first_key(cfg: dict[str, Any], *keys: str) -> tuple[int, str] | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, key
+    return None
+
+
+def _unit_sizes(cfg: dict[str, Any], layout: str) -> tuple[int | None, int | None, dict[str, str]]:
+    """``(n_heads, n_neurons, sources)`` of a config (``None`` where it does not say)."""
+    if layout == "transformer_lens":
+        heads = _first_key(cfg, "n_heads")
+        mlp = _first_key(cfg, "d_mlp")
+        experts = _first_key(cfg, "num_experts")
+    else:
+        heads = _first_key(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")
+        mlp = _first_key(cfg, "moe_intermediate_size", "intermediate_size", "n_inner", "ffn_dim", "d_ff")
+        experts = _first_key(cfg, "num_local_experts", "num_experts")
+        if mlp is None and cfg.get("model_type") in ("gpt2", "gptj") and _first_key(cfg, "n_embd"):
+            mlp = (4 * cfg["n_embd"], "4 x n_embd")  # GPT-2's n_inner: null
+    sources = {}
+    if heads:
+        sources["attention_head"] = heads[1]
+    n_neurons = None
+    if mlp:
+        n_neurons = mlp[0] * (experts[0] if experts else 1)
+        sources["neuron"] = f"{experts[1]} x {mlp[1]}" if experts else mlp[1]
+    return (heads[0] if heads else None), n_neurons, sources
 
 
 def _first_int(cfg: dict[str, Any], *keys: str) -> int | None:
@@ -82,15 +120,17 @@ def read_model_facts(model_dir: Path) -> ModelFacts | None:
     if not isinstance(raw, dict):
         return None
     if "n_layers" in raw or "d_model" in raw:
+        heads, neurons, sources = _unit_sizes(raw, "transformer_lens")
         return ModelFacts(file, "transformer_lens", _first_int(raw, "n_layers"), _first_int(raw, "n_ctx"),
                           _first_int(raw, "d_vocab"), _first_int(raw, "d_model"),
                           raw.get("model_name") if isinstance(raw.get("model_name"), str) else None,
-                          None, raw)
+                          None, raw, heads, neurons, sources)
     cfg = raw
     if isinstance(raw.get("text_config"), dict):  # multimodal configs nest the language model's
         cfg = {**raw["text_config"], **{k: v for k, v in raw.items() if k != "text_config" and k not in
                                        raw["text_config"]}}
     name = raw.get("_name_or_path")
+    heads, neurons, sources = _unit_sizes(cfg, "hf")
     return ModelFacts(
         file, "hf",
         _first_int(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -99,7 +139,7 @@ def read_model_facts(model_dir: Path) -> ModelFacts | None:
         _first_int(cfg, "hidden_size", "n_embd", "d_model"),
         Path(name).name if isinstance(name, str) and name else None,
         raw.get("model_type") if isinstance(raw.get("model_type"), str) else None,
-        raw,
+        raw, heads, neurons, sources,
     )
 
 
@@ -116,6 +156,9 @@ class Preflight:
     prompt_tokens: list[int] | None = None
     #: the layers the dictionary folder holds (``None``: unknown)
     dictionary_layers: set[int] | None = None
+    #: what cannot be checked without the weights, or without files it could not read: lines
+    #: ``validate`` prints as ``checked at run time: ...``
+    unchecked: list[str] = field(default_factory=list)
 
 
 #: every preflight check, run in order by :func:`preflight`; add one with :func:`preflight_check`
@@ -160,7 +203,12 @@ def _tokenizer(model_dir: Path) -> Any:
 
 
 def _prompt_tokens(spec: Spec, tokenizer: Any) -> list[int] | None:
-    prompt = spec.prompt
+    return tokens_of(spec.prompt, tokenizer)
+
+
+def tokens_of(prompt: Any, tokenizer: Any) -> list[int] | None:
+    """A spec prompt's token ids as the run makes them (``None``: no prompt, or a text without a
+    tokenizer)."""
     if prompt is None:
         return None
     tokens = getattr(prompt, "tokens", None)
@@ -168,7 +216,10 @@ def _prompt_tokens(spec: Spec, tokenizer: Any) -> list[int] | None:
         return list(tokens)
     if tokenizer is None:
         return None
-    ids = tokenizer.encode(prompt.text)
+    try:
+        ids = tokenizer.encode(prompt.text)
+    except CircuitGraphError:
+        return None  # the run reports a text that cannot be encoded
     if prompt.prepend_bos and tokenizer.bos_id is not None:
         ids = [tokenizer.bos_id] + ids
     return ids
@@ -194,11 +245,27 @@ def gather(spec: Spec) -> Preflight:
 
 def preflight(spec: Spec, checks: Iterable[Callable[[Preflight], Problems]] | None = None) -> Problems:
     """Every problem :data:`PREFLIGHT_CHECKS` (or ``checks``) find in ``spec`` without the weights."""
+    return preflight_report(spec, checks).problems
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """What ``validate`` says: ``problems`` (errors, ``(location, message)``), ``warnings`` (the spec
+    runs, but likely not as meant: :func:`leading_space_warnings`) and ``unchecked`` (what only the run
+    can check, :func:`run_time_notes`)."""
+
+    problems: Problems
+    warnings: list[str]
+    unchecked: list[str]
+
+
+def preflight_report(spec: Spec, checks: Iterable[Callable[[Preflight], Problems]] | None = None) -> PreflightReport:
+    """:func:`preflight`'s problems, with the warnings and what is left to the run."""
     p = gather(spec)
     problems: Problems = []
     for check in PREFLIGHT_CHECKS if checks is None else checks:
         problems += check(p)
-    return problems
+    return PreflightReport(problems, leading_space_warnings(p), run_time_notes(p))
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -352,3 +419,156 @@ def dictionary_fits(p: Preflight) -> Problems:
         d_model=p.model.d_model if p.model else None, n_layers=p.model.n_layers if p.model else None,
         allow_model_mismatch=p.spec.transcoders.allow_model_mismatch, where="")
     return [(p.dictionary_where, msg) for msg in problems]
+
+
+# ---------------------------------------------------------------------------- unit indices
+_UNIT_NAMES = {"feature": "features", "neuron": "neurons", "attention_head": "heads"}
+
+
+def _unit_size(p: Preflight, kind: str, layer: int) -> tuple[int, str] | None:
+    """``(units in layer, the file and key that say so)``, or None when the files do not say."""
+    if kind == "feature":
+        if p.dictionary is None or layer not in p.dictionary.widths:
+            return None
+        width, rel = p.dictionary.widths[layer]
+        return width, rel
+    if p.model is None:
+        return None
+    size = p.model.n_heads if kind == "attention_head" else p.model.n_neurons
+    if size is None:
+        return None
+    return size, f"{p.model.file.name} {p.model.sources.get(kind, '')}".rstrip()
+
+
+def _unit_problem(p: Preflight, ref: UnitReference) -> str | None:
+    n = p.model.n_layers if p.model is not None else None
+    lo, hi = ref.layers if ref.layers is not None else (0, (n or 1) - 1)
+    if n is not None and ref.layers is not None and lo == hi and lo >= n and ref.kind != "feature":
+        return f"layer {lo} requested, {p.model.layers_text()}"
+    sizes = [(layer, _unit_size(p, ref.kind, layer)) for layer in range(max(lo, 0), (hi if n is None else
+                                                                                      min(hi, n - 1)) + 1)]
+    known = [(layer, s) for layer, s in sizes if s is not None]
+    if not known or len(known) != len(sizes):
+        return None  # a layer whose size is unknown: the run checks it
+    if all(ref.index < s[0] for _, s in known):
+        return None
+    name = _UNIT_NAMES[ref.kind]
+    if lo == hi:
+        size, source = known[0][1]
+        return (f"{ref.kind} {ref.index} requested, layer {lo} has {size} {name} (0-{size - 1}; {source}); "
+                f"use an index below {size}")
+    if any(ref.index < s[0] for _, s in known):
+        return None  # some layers of the range have it
+    size = max(s[0] for _, s in known)
+    return (f"{ref.kind} {ref.index} requested, layers {lo}-{hi} have at most {size} {name} (0-{size - 1}); "
+            f"use an index below {size}")
+
+
+@preflight_check
+def units_exist(p: Preflight) -> Problems:
+    """Every feature, neuron and head index the spec names (targets, node ids, node filters with a
+    kind, ``qk`` and ``de_embedding`` heads, steering) is below the size that the model's
+    ``config.json`` (heads: ``num_attention_heads``; neurons: ``intermediate_size``...) or the
+    dictionary's config files (``d_sae``, a CLT's encoder rows) give its layer."""
+    out: Problems = []
+    for ref in unit_references(p.spec):
+        message = _unit_problem(p, ref)
+        if message is not None:
+            out.append((ref.where, message))
+    return out
+
+
+# ---------------------------------------------------------------------------- same-length prompts
+def _paired_prompts(spec: Spec) -> Iterable[tuple[str, Any, str, Any]]:
+    """``(location, prompt, what it must line up with, that prompt)`` of every prompt that is
+    patched position by position into another."""
+    for i, c in enumerate(spec.validate):
+        if c.kind == "patching" and c.params.corrupted is not None:
+            clean = c.params.clean if c.params.clean is not None else spec.prompt
+            what = "the clean prompt" if c.params.clean is not None else "the prompt"
+            yield f"validate[{i}].patching.corrupted", c.params.corrupted, what, clean
+        elif c.kind == "ablate" and c.params.patch_prompt is not None:
+            yield f"validate[{i}].ablate.patch_prompt", c.params.patch_prompt, "the prompt", spec.prompt
+
+
+def _first_difference(tok: Any, a: list[int], b: list[int]) -> str:
+    at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    def piece(ids: list[int]) -> str:
+        return repr(tok.token_str(ids[at])) if tok is not None and at < len(ids) else "(end)"
+
+    return f"the first difference is token {at}: {piece(a)} vs {piece(b)}"
+
+
+@preflight_check
+def patched_prompts_line_up(p: Preflight) -> Problems:
+    """A patching ``corrupted`` prompt (and an ``ablate`` ``patch_prompt``) has as many tokens as the
+    prompt it is patched with: activations are copied position by position."""
+    out: Problems = []
+    for where, prompt, what, other in _paired_prompts(p.spec):
+        a, b = tokens_of(prompt, p.tokenizer), tokens_of(other, p.tokenizer)
+        if a is None or b is None or len(a) == len(b):
+            continue
+        name = "the corrupted prompt" if where.endswith("corrupted") else "patch_prompt"
+        out.append((where, f"{name} has {len(a)} tokens and {what} {len(b)} ({_first_difference(p.tokenizer, a, b)}); "
+                           "activations are patched position by position, so both need the same token length: "
+                           "change words that split into several tokens, or give token ids"))
+    return out
+
+
+# ---------------------------------------------------------------------------- targets without their space
+def _target_strings(spec: Spec) -> Iterable[tuple[str, str]]:
+    for loc, token in _tokens(spec):
+        if isinstance(token, str) and (loc.startswith("targets[") or ".metric." in loc):
+            yield loc, token
+
+
+def leading_space_warnings(p: Preflight) -> list[str]:
+    """A target token string without a leading space that is one token while its space-prefixed
+    form is another single token (``"Mary"`` where the prompt asks for ``" Mary"``), each naming
+    both tokens (:meth:`~circuitgraph.adapters.tokenizer.Tokenizer.space_variant`).  Skipped when the
+    prompt text ends in whitespace (then the token without a space is the one that follows)."""
+    if p.tokenizer is None:
+        return []
+    text = getattr(p.spec.prompt, "text", None)
+    if isinstance(text, str) and text[-1:].isspace():
+        return []
+    out = []
+    for loc, token in _target_strings(p.spec):
+        message = p.tokenizer.space_warning(token, where=loc)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+# ---------------------------------------------------------------------------- what only the run knows
+def run_time_notes(p: Preflight) -> list[str]:
+    """What ``validate`` could not check here, each as one line for ``checked at run time: ...``."""
+    spec, out = p.spec, list(p.unchecked)
+    m = spec.model
+    if p.model is None:
+        why = ("a hub name (its config is not downloaded)" if m.source == "name" else
+               "no config.json was read" if m.source == "path" else f"model source {m.source}")
+        out.append(f"the model's layers, heads, neurons and vocabulary ({why})")
+    elif p.model.n_neurons is None or p.model.n_heads is None:
+        missing = [k for k, v in (("heads", p.model.n_heads), ("neurons", p.model.n_neurons)) if v is None]
+        if any(r.kind in ("attention_head", "neuron") for r in unit_references(spec)):
+            out.append(f"head and neuron indices ({p.model.file.name} does not give the {' or '.join(missing)})")
+    if spec.prompt is not None and p.prompt_tokens is None:
+        out.append("the prompt's length, positions and token strings (no tokenizer files were read)")
+    elif p.tokenizer is None and any(isinstance(t, str) for _, t in _tokens(spec)):
+        out.append("token strings (no tokenizer files were read)")
+    if spec.transcoders is not None:
+        refs = [r for r in unit_references(spec) if r.kind == "feature"]
+        known = p.dictionary.widths if p.dictionary is not None else {}
+        if refs and not all(r.layers is not None and all(layer in known for layer in range(r.layers[0],
+                                                                                         r.layers[1] + 1))
+                            for r in refs):
+            out.append("feature indices (the dictionary's config files do not give every layer's width)")
+    if spec.dataset is not None:
+        out.append("each dataset row's prompt, targets and corrupted prompt (read when the rows run)")
+    filters = [c for c in spec.validate if c.kind == "ablate"] + [s for s in spec.steer]
+    if filters or any(q.kind in ("top_paths", "subgraph", "supernodes", "neighbours", "head_split")
+                      for q in spec.queries):
+        out.append("which graph nodes the node filters and node ids match (the graph is built first)")
+    return out

@@ -26,7 +26,7 @@ from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions
-from circuitgraph.errors import RenderError, SpecError, UnknownTokenWarning, one_line
+from circuitgraph.errors import RenderError, SpecError, TokenWarning, one_line
 from circuitgraph.export import graph_to_json, graph_to_neuronpedia, render_graph, save_graph_binary
 from circuitgraph.export.dot import raw_influence
 from circuitgraph.export.html import run_html, write_report
@@ -189,13 +189,14 @@ def _target_text(node: Any) -> str:
 
 @contextmanager
 def _recorded_warnings(sink: list[str]) -> Iterator[None]:
-    """Collect :class:`~circuitgraph.errors.UnknownTokenWarning` messages into ``sink`` (the run's
-    ``warnings``, printed by the CLI); other warnings pass through unchanged."""
+    """Collect :class:`~circuitgraph.errors.TokenWarning` messages (unknown prompt pieces, targets
+    without their leading space) into ``sink`` (the run's ``warnings``, printed by the CLI); other
+    warnings pass through unchanged."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnknownTokenWarning)
+        warnings.simplefilter("always", TokenWarning)
         yield
     for w in caught:
-        if issubclass(w.category, UnknownTokenWarning):
+        if issubclass(w.category, TokenWarning):
             if str(w.message) not in sink:
                 sink.append(str(w.message))
         else:
@@ -293,7 +294,8 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
         tokens = resolve_prompt(spec, adapter)
     _check_qk_items(spec, adapter, len(tokens))
     lin = linearise(adapter, torch.tensor(tokens), tcs)
-    targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
+    with _recorded_warnings(run_warnings):
+        targets = resolve_targets(spec, adapter, tcs, lin.logits, len(tokens))
     L = adapter.facts.n_layers
     g = spec.graph
     options = GraphOptions(
