@@ -331,7 +331,7 @@ def test_diff_view_shows_the_top_changes(steer_diff):
     assert flips and page.eval_on_selector_all("#diff-top tr.flipped", "rows => rows.map(r => r.dataset.node)") == flips
     first = page.locator("#diff-top tr.diff-top").first.text_content()
     t0 = d["top_changes"][0]
-    shown = [f"{v:+.4f}".rstrip("0").rstrip(".") for v in (t0["effect_a"], t0["effect_b"], t0["effect_difference"])]
+    shown = [re.sub(r"\.0+$", "", f"{v:+.3f}") for v in (t0["effect_a"], t0["effect_b"], t0["effect_difference"])]
     assert f"{shown[0]} → {shown[1]}" in first and shown[2] in first
     page.click("#diff-top th:has-text('flip')")
     sorted_top = page.eval_on_selector_all("#diff-top tr.diff-top", "rows => rows.map(r => r.dataset.node)")

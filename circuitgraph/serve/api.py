@@ -70,12 +70,15 @@ _THRESHOLD_KEYS = ("node_threshold", "edge_threshold")
 
 
 class ApiError(Exception):
-    """A request the API refuses: ``status`` (400 bad parameters, 404 unknown) and one line."""
+    """A request the API refuses: ``status`` (400 bad parameters, 404 unknown) and one line;
+    ``detail``: what the answer carries besides (``error``), e.g. the thresholds a refused view was
+    asked at, so the page shows what was requested."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, **detail: Any):
         super().__init__(message)
         self.status = status
         self.message = " ".join(str(message).split())
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,8 @@ class Explorer:
         view, result = self.view(name, nt, et)
         if view.n_edges > MAX_VIEW_EDGES:
             raise ApiError(400, f"the graph pruned at node_threshold={nt}, edge_threshold={et} has {view.n_edges:,} "
-                                f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds")
+                                f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds",
+                           node_threshold=nt, edge_threshold=et)
         influence: dict[NodeId, float] = {}
         if result is not None:
             kept = result.node_influence[result.node_mask]

@@ -121,8 +121,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         data = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         self._send(status, data, "application/json; charset=utf-8")
 
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": " ".join(message.split())})
+    def _error(self, status: int, message: str, detail: dict[str, Any] | None = None) -> None:
+        self._json(status, {**(detail or {}), "error": " ".join(message.split())})
 
     # ------------------------------------------------------------------ routing
     def do_HEAD(self) -> None:
@@ -137,7 +137,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raw, query = _split(self.path)
             self._route(raw, query)
         except ApiError as exc:
-            self._error(exc.status, exc.message)
+            self._error(exc.status, exc.message, exc.detail)
         except UnicodeDecodeError:
             self._error(400, "the request's percent-encoded path is not UTF-8")
         except (BrokenPipeError, ConnectionResetError):

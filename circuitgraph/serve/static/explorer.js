@@ -33,6 +33,11 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// replaceChildren would write a null or undefined item as the text "null" / "undefined": skip them
+function fill(node, items) {
+  node.replaceChildren(...[items].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+}
+
 function svg(tag, attrs) {
   const node = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
@@ -40,13 +45,16 @@ function svg(tag, attrs) {
 }
 
 function fmt(x, digits) {
-  if (x === null || x === undefined) return "—";
+  if (x === null || x === undefined || (typeof x === "number" && !Number.isFinite(x))) return "—";
   if (typeof x !== "number") return String(x);
   if (x !== 0 && (Math.abs(x) >= 1e5 || Math.abs(x) < 1e-3)) return x.toExponential(digits || 3);
   return x.toFixed(digits === undefined ? 4 : digits).replace(/\.?0+$/, (m) => (m.startsWith(".") ? "" : m));
 }
 
-function signed(x) { return el("span", { class: x < 0 ? "neg" : "pos" }, (x >= 0 ? "+" : "") + fmt(x)); }
+function signed(x, digits) {
+  if (typeof x !== "number" || !Number.isFinite(x)) return el("span", {}, "—");
+  return el("span", { class: x < 0 ? "neg" : "pos" }, (x >= 0 ? "+" : "") + fmt(x, digits));
+}
 
 function showToken(t) { return t === null || t === undefined ? "" : JSON.stringify(t); }
 
@@ -59,7 +67,11 @@ function setStatus(text, error) {
 async function api(path) {
   const response = await fetch(path);
   const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.statusText);
+  if (!response.ok) {  // the error carries the answer (e.g. the thresholds a refused view was asked at)
+    const error = new Error(body.error || response.statusText);
+    error.body = body;
+    throw error;
+  }
   return body;
 }
 
@@ -70,6 +82,39 @@ function nameUrl(endpoint, name, params) {
 
 function thresholds() {
   return { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value };
+}
+
+// the sliders and their read-outs show the thresholds a view was asked at ("—" when unknown: a graph
+// that could not be read); the read-out is the exact value, the slider its nearest step
+function showThresholds(nodeThreshold, edgeThreshold) {
+  for (const [id, v] of [["node-threshold", nodeThreshold], ["edge-threshold", edgeThreshold]]) {
+    const known = typeof v === "number" && Number.isFinite(v);
+    if (known) $(id).value = v;
+    const exact = known ? String(Number(v.toFixed(4))) : "—";
+    $(id + "-value").textContent = !known ? exact : exact.includes(".") && exact.split(".")[1].length >= 2 ? exact : v.toFixed(2);
+    $(id).dataset.requested = known ? String(v) : "";
+  }
+}
+
+// a view that could not be loaded: nothing of the previous graph stays on the page, and the status says why
+function clearView(message) {
+  state.view = null;
+  state.selected = null;
+  const root = $("graph");
+  root.replaceChildren();
+  root.removeAttribute("viewBox");
+  root.setAttribute("width", 0);
+  root.setAttribute("height", 0);
+  delete root.dataset.nodeThreshold;
+  delete root.dataset.edgeThreshold;
+  root.dataset.drawnNodes = "0";
+  $("prompt").replaceChildren();
+  $("search-results").replaceChildren();
+  const panel = $("details");
+  panel.dataset.node = "";
+  panel.dataset.state = "error";
+  fill(panel, [el("h3", {}, "nothing shown"), el("p", { class: "neg", id: "load-error" }, message)]);
+  setStatus(message, true);
 }
 
 function nodeText(n) {
@@ -151,12 +196,7 @@ async function loadView(useDefaults) {
     const view = await api(nameUrl("graph", state.name, params));
     if (ticket !== state.request) return;  // a newer request is on its way
     state.view = view;
-    if (useDefaults) {  // a new graph: the sliders start at its defaults (later, the user moves them)
-      $("node-threshold").value = view.node_threshold;
-      $("edge-threshold").value = view.edge_threshold;
-      $("node-threshold-value").textContent = Number(view.node_threshold).toFixed(2);
-      $("edge-threshold-value").textContent = Number(view.edge_threshold).toFixed(2);
-    }
+    showThresholds(view.node_threshold, view.edge_threshold);  // what this view was pruned at
     renderPrompt(view);
     render();
     fillSearchFilters();
@@ -166,13 +206,18 @@ async function loadView(useDefaults) {
     document.body.dataset.state = "ready";
   } catch (err) {
     if (ticket !== state.request) return;
-    setStatus(err.message, true);
+    const asked = err.body || {};
+    if (useDefaults || "node_threshold" in asked) {  // the thresholds asked for, as far as they are known
+      showThresholds(asked.node_threshold, asked.edge_threshold);
+    }
+    clearView(`${state.name}: ${err.message}`);
     document.body.dataset.state = "error";
   }
 }
 
 function showCounts() {
   const view = state.view;
+  if (!view) return;
   const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
   $("node-threshold").disabled = $("edge-threshold").disabled = !view.prunable;
   setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges` +
@@ -245,6 +290,7 @@ function layout(nodes) {
 
 function render() {
   const view = state.view;
+  if (!view) return;  // nothing loaded (a failed load): nothing to draw
   const showRem = $("show-remainders").checked;
   const nodes = view.nodes.filter((n) => showRem || n.kind !== "remainder");
   const shown = new Set(nodes.map((n) => n.id));
@@ -350,7 +396,7 @@ async function selectNode(id) {
     const query = new URLSearchParams(thresholds()).toString();
     const node = await api(`/api/node/${encodeURIComponent(state.name)}/${id}?${query}`);
     if (state.selected !== id) return;
-    panel.replaceChildren(...nodePanel(node));
+    fill(panel, nodePanel(node));
     panel.dataset.state = "ready";
   } catch (err) {
     panel.replaceChildren(el("p", { class: "neg" }, err.message));
@@ -402,7 +448,7 @@ function tokenChips(list) {
 }
 
 function dashboardPanel(d) {
-  const out = [el("h4", {}, `dashboard: feature ${d.index} of layer ${d.layer}`, el("span", { class: "muted" }, ` (${d.source})`))];
+  const out = [el("h4", {}, `dashboard: feature ${d.index} of layer ${d.layer}`, d.source ? el("span", { class: "muted" }, ` (${d.source})`) : null)];
   if (d.label) out.push(el("div", { class: "label" }, d.label));
   const s = d.stats || {};
   out.push(factsTable([["density", s.density], ["active / tokens", s.n_active !== undefined ?
@@ -543,7 +589,7 @@ async function showQK() {
   if (section.hidden) return;
   const answer = await api(nameUrl("qk", state.name));
   $("qk-list").replaceChildren(...answer.heads.map((h) => el("div", { class: "item", onclick: () => {
-    $("details").replaceChildren(...qkPanel(h, answer.names));
+    fill($("details"), qkPanel(h, answer.names));
     $("details").dataset.node = "";
   } }, el("span", { class: "grow" }, `L${h.layer}H${h.head} ${h.query_position}→${h.key_position}`),
     el("span", { class: "tag" }, `score ${fmt(h.score, 3)} p=${fmt(h.probability, 2)}`))));
@@ -598,7 +644,7 @@ function steerSummary(r) {
 function showSteerItem(i) {
   const panel = $("details");
   panel.dataset.node = `steer ${i}`;
-  panel.replaceChildren(...steerPanel(state.steering[i], i));
+  fill(panel, steerPanel(state.steering[i], i));
   panel.dataset.state = "ready";
 }
 
@@ -655,7 +701,7 @@ async function showDiff() {
   try {
     const d = await api("/api/diff?" + new URLSearchParams(params).toString());
     state.diff = d;
-    panel.replaceChildren(...diffPanel(d));
+    fill(panel, diffPanel(d));
     panel.dataset.state = "ready";
   } catch (err) {
     state.diff = null;
@@ -683,13 +729,12 @@ function drawnNode(key) {
 
 // the diff tables' columns: header, the value a click on the header sorts by (largest first), the cell
 const DIFF_COLUMNS = [
-  ["node", (r) => r.node, (r) => r.node + (r.token ? " " + showToken(r.token) : "")],
-  ["in", (r) => r.present, (r) => r.present],
+  ["node", (r) => r.node, (r) => r.node + (r.token ? " " + showToken(r.token) : "") +
+    (r.present === "both" ? "" : ` (only in ${r.present})`)],
   ["effect a → b", (r) => Math.max(Math.abs(r.effect_a), Math.abs(r.effect_b)),
-    (r) => el("span", {}, signed(r.effect_a), " → ", signed(r.effect_b))],
-  ["change", (r) => Math.abs(r.effect_difference), (r) => signed(r.effect_difference)],
+    (r) => el("span", {}, signed(r.effect_a, 3), " → ", signed(r.effect_b, 3))],
+  ["change", (r) => Math.abs(r.effect_difference), (r) => signed(r.effect_difference, 3)],
   ["flip", (r) => (r.sign_flip ? 1 : 0), (r) => (r.sign_flip ? el("span", { class: "neg flip" }, "FLIP") : "")],
-  ["infl. a → b", (r) => Math.abs(r.influence_difference), (r) => `${fmt(r.influence_a, 3)} → ${fmt(r.influence_b, 3)}`],
 ];
 
 function diffTable(id, rows, cls, sortBy) {
@@ -706,10 +751,12 @@ function diffTable(id, rows, cls, sortBy) {
     table.replaceChildren(el("tr", {}, DIFF_COLUMNS.map(([h], i) => el("th", { class: i === column ? "sorted" : "",
       title: `sort by ${h}`, onclick: () => draw(i) }, h))),
       ...sorted.slice(0, 100).map((r) => el("tr", { class: cls + (r.sign_flip ? " flipped" : ""), "data-node": r.node,
+        title: `influence ${fmt(r.influence_a, 3)} → ${fmt(r.influence_b, 3)}; activation ${fmt(r.activation_a, 3)} → ` +
+          fmt(r.activation_b, 3),
         onclick: () => {
           const n = drawnNode(r.node);
           if (n) selectNode(n.id);  // its inputs and outputs replace the diff panel; the highlights stay
-        } }, DIFF_COLUMNS.map(([, , cell]) => el("td", { class: "num" }, cell(r))))));
+        } }, DIFF_COLUMNS.map(([, , cell], i) => el("td", { class: i ? "num" : "" }, cell(r))))));
   };
   draw(sortBy);
   return table;
@@ -721,8 +768,8 @@ function diffPanel(d) {
   const onlyA = d.nodes.filter((r) => r.present === "a");
   const onlyB = d.nodes.filter((r) => r.present === "b");
   const edgeRows = (d.top_edge_changes || []).map((e) => el("tr", { class: e.sign_flip ? "flipped" : "" },
-    el("td", {}, `${e.source} → ${e.target}`), el("td", { class: "num" }, signed(e.weight_a), " → ", signed(e.weight_b)),
-    el("td", { class: "num" }, signed(e.difference)), el("td", {}, e.sign_flip ? el("span", { class: "neg flip" }, "FLIP") : "")));
+    el("td", {}, `${e.source} → ${e.target}`), el("td", { class: "num" }, signed(e.weight_a, 3), " → ", signed(e.weight_b, 3)),
+    el("td", { class: "num" }, signed(e.difference, 3)), el("td", {}, e.sign_flip ? el("span", { class: "neg flip" }, "FLIP") : "")));
   const out = [el("h3", {}, "diff"), el("div", { class: "tag" }, `a: ${a}`), el("div", { class: "tag" }, `b: ${b}`),
     el("div", { class: "tag" }, `match: ${d.match}`),
     factsTable([["nodes in both", c.nodes_both], ["nodes only in a", c.nodes_only_a], ["nodes only in b", c.nodes_only_b],
@@ -731,13 +778,13 @@ function diffPanel(d) {
     ...(d.notes || []).map((n) => el("div", { class: "tag" }, "note: " + n)),
     el("h4", {}, `top ${d.top_changes.length} changes by |effect b − effect a|`),
     el("div", { class: "tag" }, "effect: the signed total effect on the targets; click a header to sort"),
-    diffTable("diff-top", d.top_changes, "diff-top", 3),
+    diffTable("diff-top", d.top_changes, "diff-top", 2),
     el("h4", {}, `top ${edgeRows.length} edge changes by |weight b − weight a|`),
-    el("table", { id: "diff-edges", class: "diff" }, el("tr", {}, ["edge", "weight a → b", "change", "flip"].map((h) =>
+    el("table", { id: "diff-edges", class: "diff" }, el("tr", {}, ["edge", "a → b", "change", "flip"].map((h) =>
       el("th", {}, h))), edgeRows)];
   for (const [title, rows, id] of [["only in a", onlyA, "diff-only-a"], ["only in b", onlyB, "diff-only-b"]]) {
     out.push(el("h4", {}, `nodes ${title} (${rows.length}${rows.length > 100 ? ", first 100" : ""})`),
-      diffTable(id, rows, "diff-only", 3));
+      diffTable(id, rows, "diff-only", 2));
   }
   out.push(el("div", { class: "tag" }, "orange border: a top change; green: only in the graph shown"));
   return out;
@@ -785,7 +832,7 @@ async function showFeature(layer, index) {
   panel.dataset.state = "loading";
   try {
     const d = await api(`/api/features/${encodeURIComponent(layer)}/${encodeURIComponent(index)}`);
-    panel.replaceChildren(...dashboardPanel(d));
+    fill(panel, dashboardPanel(d));
     panel.dataset.state = "ready";
   } catch (err) {
     panel.replaceChildren(el("p", { class: "neg" }, err.message));
