@@ -76,6 +76,8 @@ def _label(rec: Any, side: str) -> str:
         head = f"{rec.token!r}{pos}" if rec.kind == "embedding" else f"logit {rec.token!r}{pos}"
     else:
         head = f"{kind_short.get(rec.kind, rec.kind)}{rec.index} L{rec.layer}{pos}"
+    if rec.kind in ("logit", "target"):
+        return head  # a target's effect on the targets is not a path through it
     return f"{head}\neff {getattr(rec, f'effect_{side}'):+.3g}"
 
 
