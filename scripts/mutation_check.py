@@ -38,6 +38,8 @@ The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mu
         by tests/test_qk.py::test_sums_equal_the_model_score_every_head_float32
     neuronpedia-links-reversed, neuronpedia-influence-of-the-pruned-graph
         by tests/test_neuronpedia.py::test_scores_and_nodes_equal_circuit_tracers_file
+    diff-ranked-by-unsigned-influence, diff-sign-flip-inverted (run alone, 2026-12-03)
+        by tests/test_diff.py::test_clean_vs_corrupted_equals_an_independent_tally
 """
 
 from __future__ import annotations
@@ -247,6 +249,22 @@ MUTATIONS = [
         "influence = cumulative_influence(full_graph if full_graph is not None else graph)",
         "influence = cumulative_influence(graph)",
         ("tests/test_neuronpedia.py",),
+    ),
+    Mutation(
+        "diff-ranked-by-unsigned-influence",
+        "the diff's top changes ranked by |influence b - influence a| (unsigned) instead of the signed effect",
+        "circuitgraph/queries/diff.py",
+        'return _ranked(self.nodes, "effect_difference", ["node"], sort).head(k)',
+        'return _ranked(self.nodes, "influence_difference", ["node"], sort).head(k)',
+        ("tests/test_diff.py",),
+    ),
+    Mutation(
+        "diff-sign-flip-inverted",
+        "the diff flags values of the same sign as sign flips",
+        "circuitgraph/queries/diff.py",
+        "return (np.sign(a) * np.sign(b)) < 0",
+        "return (np.sign(a) * np.sign(b)) > 0",
+        ("tests/test_diff.py",),
     ),
 ]
 
