@@ -165,6 +165,15 @@ def test_dataset_aggregates_diff_like_their_graphs(tmp_path, position, match):
     assert list(x.index) == list(y.index) and list(x["present"]) == list(y["present"])
     np.testing.assert_allclose(x["activation_a"], y["activation_a"], atol=1e-6)
     np.testing.assert_allclose(x["influence_difference"], y["influence_difference"], atol=1e-6)
+    # an aggregate's effect: its mean direct effect, the edges into the targets times their weights
+    clean, key = g["clean"], KEYS[match](g["clean"])
+    weight = {t: w for t, w in clean.targets}
+    into_targets = defaultdict(float)
+    for s_, t_, w_ in zip(clean.edge_source, clean.edge_target, clean.edge_weight):
+        target = clean.nodes[t_].id
+        if target in weight:
+            into_targets[key(clean.nodes[s_])] += float(w_) * weight[target]
+    np.testing.assert_allclose(x["effect_a"], [into_targets.get(k, 0.0) for k in x.index], atol=1e-5)
     ex = agg.edges.set_index(["source", "target"]).sort_index()
     ey = direct.edges.set_index(["source", "target"]).sort_index()
     ey = ey[ey["weight_a"].ne(0) | ey["weight_b"].ne(0)]  # an aggregate drops edges of weight 0

@@ -43,8 +43,9 @@ def load_comparable(source: Any) -> tuple[AttributionGraph, str]:
 
 def diff(a: Any, b: Any, *, match: Match = "position", allow_different: bool = False) -> GraphDiff:
     """Compare ``a`` with ``b`` (graphs, graph files or dataset folders): matched nodes with their
-    activation and influence in both, edges with their weight in both and the difference, what is
-    only in one, and the top changes by ``|influence_b - influence_a|``
+    signed effect on the targets, influence and activation in both, edges with their weight in both
+    and the difference, sign flips flagged, what is only in one, and the top changes by the size of
+    the signed change ``|effect_b - effect_a|``
     (:class:`~circuitgraph.queries.diff.GraphDiff`).  Graphs of different models or dictionaries are
     refused unless ``allow_different``.  ``match``: ``position``, ``identity`` (position-free, as
     dataset aggregation) or ``from_end`` (positions counted from the prompt's end).
