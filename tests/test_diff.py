@@ -291,3 +291,33 @@ def test_a_sign_flip_is_the_top_change_and_is_flagged(tmp_path):
         page = diff_html(d)
         assert '<td class="flip" data-v="1">FLIP</td>' in page and 'class="neg">-3</td>' in page
         assert "table.sortable" in page
+
+
+@pytest.mark.real
+def test_swapped_names_on_smollm2_put_the_flipped_head_first(smollm2_dir):
+    """Issue 35 on the real model: IOI against the same prompt with the names swapped.  Head L23H3's
+    edge into the target goes from about +2.6 to about -2.9; ranked by unsigned influence it was
+    fifth (+0.014), by the signed change it is the top change, flagged."""
+    from circuitgraph.pipeline.inputs import load_inputs
+    from circuitgraph.pipeline.runner import build
+    from circuitgraph.spec import load_spec
+
+    def spec(prompt):
+        return load_spec({"format_version": 1, "model": {"path": str(smollm2_dir)}, "prompt": prompt,
+                          "targets": [{"logit_diff": [" Mary", " John"]}],
+                          "graph": {"mlp": "mlp", "attention": "heads"}})
+
+    inputs = load_inputs(spec("x"))  # the model once, for both prompts
+
+    def ioi(prompt):
+        return build(spec(prompt), inputs=inputs)
+
+    d = diff_graphs(ioi("When Mary and John went to the store, John gave a drink to"),
+                    ioi("When John and Mary went to the store, Mary gave a drink to"))
+    top = d.top_changes(1).iloc[0]
+    assert top["node"] == "attention_head/23/14/3" and top["sign_flip"]
+    assert top["effect_a"] > 2 and top["effect_b"] < -2 and abs(top["influence_difference"]) < 0.05
+    edge = d.top_edge_changes(1).iloc[0]
+    assert (edge["source"], edge["target"]) == ("attention_head/23/14/3", "target/30/14/0") and edge["sign_flip"]
+    by_influence = d.nodes.reindex(d.nodes["influence_difference"].abs().sort_values(ascending=False).index)
+    assert list(by_influence["node"]).index("attention_head/23/14/3") >= 3
