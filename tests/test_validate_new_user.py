@@ -134,6 +134,19 @@ def test_a_patching_prompt_of_another_length_is_one_line(tmp_path):
     assert preflight(load_spec(clean)) == []
 
 
+def test_dataset_rows_corrupted_prompts_are_checked_too(tmp_path):
+    rows = [{"id": "ok", "prompt": "mia saw the owl . she wants", "corrupted": "mia saw the dog . she wants"},
+            {"id": "long", "prompt": "mia saw the owl . she wants", "corrupted": "mia saw the the dog . she wants"}]
+    spec = {k: v for k, v in DEMO.items() if k != "prompt"}
+    spec.update(dataset=rows, validate=[{"patching": {"granularity": ["layer"]}}],
+                export={"dataset": str(tmp_path / "out")})
+    problems = dict(preflight(load_spec(spec)))
+    assert list(problems) == ["dataset row 2 (long).corrupted"]
+    assert problems["dataset row 2 (long).corrupted"].startswith("the corrupted prompt has 9 tokens and its prompt 8 (the first difference is token 4: ' the' vs ' owl')")
+    # the repository's demo dataset lines up
+    assert preflight(load_spec(Path(__file__).resolve().parents[1] / "examples" / "demo_dataset.yaml")) == []
+
+
 # ---------------------------------------------------------------------------- targets without their space
 def _space_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers

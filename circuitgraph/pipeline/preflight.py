@@ -33,6 +33,7 @@ from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
+from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.references import UnitReference, unit_references
 
 __all__ = ["ModelFacts", "Preflight", "PreflightReport", "PREFLIGHT_CHECKS", "preflight_check", "preflight",
@@ -479,9 +480,22 @@ def units_exist(p: Preflight) -> Problems:
 
 
 # ---------------------------------------------------------------------------- same-length prompts
+def _dataset_rows(spec: Spec) -> list[Any]:
+    """The parsed rows of a dataset spec (those that parse: ``check_inputs`` reports the others)."""
+    if spec.dataset is None:
+        return []
+    raw = list(spec.dataset) if isinstance(spec.dataset, tuple) else read_dataset_rows(Path(spec.dataset))[0]
+    return parse_rows(raw)[0]
+
+
 def _paired_prompts(spec: Spec) -> Iterable[tuple[str, Any, str, Any]]:
     """``(location, prompt, what it must line up with, that prompt)`` of every prompt that is
-    patched position by position into another."""
+    patched position by position into another: a patching check's ``corrupted`` (or a dataset row's,
+    when the check gives none), an ``ablate`` ``patch_prompt``."""
+    if any(c.kind == "patching" and c.params.corrupted is None for c in spec.validate):
+        for row in _dataset_rows(spec):
+            if row.corrupted is not None:
+                yield f"dataset row {row.number} ({row.id}).corrupted", row.corrupted, "its prompt", row.prompt
     for i, c in enumerate(spec.validate):
         if c.kind == "patching" and c.params.corrupted is not None:
             clean = c.params.clean if c.params.clean is not None else spec.prompt
@@ -509,7 +523,7 @@ def patched_prompts_line_up(p: Preflight) -> Problems:
         a, b = tokens_of(prompt, p.tokenizer), tokens_of(other, p.tokenizer)
         if a is None or b is None or len(a) == len(b):
             continue
-        name = "the corrupted prompt" if where.endswith("corrupted") else "patch_prompt"
+        name = "the corrupted prompt" if where.endswith(".corrupted") else "patch_prompt"
         out.append((where, f"{name} has {len(a)} tokens and {what} {len(b)} ({_first_difference(p.tokenizer, a, b)}); "
                            "activations are patched position by position, so both need the same token length: "
                            "change words that split into several tokens, or give token ids"))
@@ -566,7 +580,7 @@ def run_time_notes(p: Preflight) -> list[str]:
                             for r in refs):
             out.append("feature indices (the dictionary's config files do not give every layer's width)")
     if spec.dataset is not None:
-        out.append("each dataset row's prompt, targets and corrupted prompt (read when the rows run)")
+        out.append("each dataset row's targets and positions (checked against the model when the rows run)")
     filters = [c for c in spec.validate if c.kind == "ablate"] + [s for s in spec.steer]
     if filters or any(q.kind in ("top_paths", "subgraph", "supernodes", "neighbours", "head_split")
                       for q in spec.queries):
