@@ -93,3 +93,18 @@ def test_diff_refuses_different_models_and_bad_parameters(server, folder):
         assert message in get_json(server, "/api/diff?" + query, 400)["error"]
     assert "no graph named" in get_json(server, "/api/diff?a=clean.json&b=" + urllib.parse.quote("x.json"), 404)["error"]
     assert get_json(server, "/api/diff/clean.json", 404)["error"]
+
+
+def test_a_refused_view_carries_the_thresholds_it_was_asked_at(server, monkeypatch):
+    """The page shows what was requested even when the view is refused (issue 35): the error
+    answer holds the thresholds used, the defaults when none were given."""
+    import circuitgraph.serve.api as serve_api
+
+    monkeypatch.setattr(serve_api, "MAX_VIEW_EDGES", 1)
+    answer = get_json(server, "/api/graph/clean.json?node_threshold=0.7&edge_threshold=0.9", status=400)
+    assert "more than the page draws" in answer["error"]
+    assert (answer["node_threshold"], answer["edge_threshold"]) == (0.7, 0.9)
+    first = get_json(server, "/api/graph/clean.json", status=400)
+    assert "error" in first and {"node_threshold", "edge_threshold"} <= set(first)
+    bad = get_json(server, "/api/graph/clean.json?node_threshold=2", status=400)
+    assert set(bad) == {"error"}  # a bad parameter: nothing was asked
