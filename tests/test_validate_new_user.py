@@ -99,6 +99,10 @@ def test_indices_beyond_a_layer_are_one_line_each_before_any_model_loads(tmp_pat
     ok = {**spec, "targets": DEMO["targets"], "queries": [], "validate": [],
           "steer": [{"interventions": [{"node": "neuron/1/3/255", "mode": "zero"}]}]}
     assert preflight(load_spec(ok)) == []
+    # a layer beyond the model: once, where it is named (targets' layers by the layer check)
+    beyond = load_spec({**DEMO, "targets": [{"neuron": {"layer": 5, "position": 0, "index": 0}}],
+                        "queries": [{"neighbours": {"node": "feature/7/0/1"}}]})
+    assert [where for where, _ in preflight(beyond)] == ["targets[0].neuron.layer", "queries[0].neighbours.node"]
 
 
 def test_hugging_face_configs_give_heads_and_neurons(tmp_path):

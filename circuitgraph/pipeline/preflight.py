@@ -443,9 +443,13 @@ def _unit_size(p: Preflight, kind: str, layer: int) -> tuple[int, str] | None:
 
 def _unit_problem(p: Preflight, ref: UnitReference) -> str | None:
     n = p.model.n_layers if p.model is not None else None
-    lo, hi = ref.layers if ref.layers is not None else (0, (n or 1) - 1)
-    if n is not None and ref.layers is not None and lo == hi and lo >= n and ref.kind != "feature":
-        return f"layer {lo} requested, {p.model.layers_text()}"
+    if ref.layers is None and n is None:
+        return None  # every layer, and the number of layers is unknown
+    lo, hi = ref.layers if ref.layers is not None else (0, n - 1)
+    if n is not None and lo == hi and lo >= n:
+        # targets' and qk's layers are reported by layers_exist
+        elsewhere = ref.where.startswith("targets[") or ".qk." in ref.where
+        return None if elsewhere else f"layer {lo} requested, {p.model.layers_text()}"
     sizes = [(layer, _unit_size(p, ref.kind, layer)) for layer in range(max(lo, 0), (hi if n is None else
                                                                                       min(hi, n - 1)) + 1)]
     known = [(layer, s) for layer, s in sizes if s is not None]
