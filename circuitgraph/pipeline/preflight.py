@@ -584,7 +584,8 @@ def run_time_notes(p: Preflight) -> list[str]:
                             for r in refs):
             out.append("feature indices (the dictionary's config files do not give every layer's width)")
     if spec.dataset is not None:
-        out.append("each dataset row's targets and positions (checked against the model when the rows run)")
+        out.append("each dataset row's prompt against the model's context and vocabulary, and a row's own targets "
+                   "(checked with the model loaded, before any row runs)")
     filters = [c for c in spec.validate if c.kind == "ablate"] + [s for s in spec.steer]
     if filters or any(q.kind in ("top_paths", "subgraph", "supernodes", "neighbours", "head_split")
                       for q in spec.queries):
