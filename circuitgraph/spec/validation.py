@@ -57,6 +57,7 @@ __all__ = [
     "LogitDiffMetric",
     "Metric",
     "Patching",
+    "PatchSet",
     "PatchingCheck",
     "Faithfulness",
     "FaithfulnessCheck",
@@ -226,6 +227,25 @@ Granularity = Literal["layer", "head", "neuron", "feature", "position"]
 HEATMAP_SUFFIXES = (".png", ".svg", ".pdf")
 
 
+_LayerIndex = Annotated[tuple[NonNegativeInt, NonNegativeInt], Field(description="[layer, index]")]
+
+
+class PatchSet(StrictModel):
+    """Units patched together from the clean run, at every position: one row of a patching check."""
+
+    name: str | None = Field(None, description="The row's label (default: its units).")
+    neurons: tuple[_LayerIndex, ...] = Field((), description="Neurons as [layer, index] pairs.")
+    heads: tuple[_LayerIndex, ...] = Field((), description="Heads as [layer, head] pairs.")
+    mlps: tuple[NonNegativeInt, ...] = Field((), description="Whole MLP outputs, by layer.")
+    attns: tuple[NonNegativeInt, ...] = Field((), description="Whole attention outputs, by layer.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "PatchSet":
+        if not (self.neurons or self.heads or self.mlps or self.attns):
+            raise rule_error(("", "a patching set needs at least one unit: give neurons, heads, mlps or attns"))
+        return self
+
+
 class Patching(StrictModel):
     """Activation patching: run ``corrupted`` with activations of ``clean`` (the main prompt by
     default) patched in, one unit at a time at each granularity; relative recovery =
@@ -242,10 +262,15 @@ class Patching(StrictModel):
         BeforeValidator(_one_or_many, json_schema_input_type=Union[Granularity, list[Granularity]]),
     ] = Field(("layer", "head"), min_length=1, description="What to patch, one sweep each.")
     heatmap: OutputPath | None = Field(None, description="Write a heatmap image here.")
+    layers: tuple[NonNegativeInt, ...] | None = Field(
+        None, min_length=1, description="Only these layers in the layer, head, neuron and feature sweeps (null = "
+        "all; a neuron sweep of every layer is one patch per neuron).")
+    sets: tuple[PatchSet, ...] = Field((), description="Units patched together, one row each (granularity set).")
 
     @model_validator(mode="after")
     def _unique(self) -> "Patching":
         problems = _unique("granularity", self.granularity)
+        problems += _unique("layers", self.layers)
         if self.heatmap is not None and self.heatmap.suffix.lower() not in HEATMAP_SUFFIXES:
             problems.append(
                 ("heatmap", f"heatmap image {str(self.heatmap)!r} should end in {', '.join(HEATMAP_SUFFIXES)} "

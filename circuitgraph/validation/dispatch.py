@@ -35,6 +35,7 @@ from circuitgraph.validation.circuit_faithfulness import faithfulness
 from circuitgraph.validation.faithfulness_curves import faithfulness_curve
 from circuitgraph.validation.fidelity import replacement_fidelity
 from circuitgraph.validation.gated_signs import sign_regimes
+from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.qk_check import qk_check
 
@@ -167,12 +168,38 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
         tokenizer=c.tokenizer)
 
 
+def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
+    """The units of the spec's patching ``sets`` (checked against the model) and their names."""
+    f = c.adapter.facts
+    out, names = [], []
+    for i, s in enumerate(sets):
+        where = f"patching.sets[{i}]"
+        units = []
+        for site, pairs, size, what in (("neuron", s.neurons, f.d_mlp, "neurons"),
+                                        ("head", s.heads, f.n_heads, "heads")):
+            for layer, index in pairs:
+                if layer >= f.n_layers or index >= size:
+                    raise ValidationRunError(f"{where}.{what}: [{layer}, {index}] is out of range: the model has "
+                                             f"{f.n_layers} layers of {size} {what}")
+                units.append(Unit(site, layer, None, index))
+        for site, layers, what in (("mlp", s.mlps, "mlps"), ("attn", s.attns, "attns")):
+            for layer in layers:
+                if layer >= f.n_layers:
+                    raise ValidationRunError(f"{where}.{what}: layer {layer} is out of range: the model has "
+                                             f"{f.n_layers} layers")
+                units.append(Unit(site, layer, None))
+        out.append(units)
+        names.append(s.name if s.name is not None else " + ".join(str(u) for u in units))
+    return out, names
+
+
 def run_patching(c: CheckCall, p: Any) -> Any:
+    sets, names = _patch_sets(c, p.sets)
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
         metric=_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
-        heatmap=p.heatmap, tokenizer=c.tokenizer)
+        heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
