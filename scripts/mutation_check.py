@@ -233,6 +233,31 @@ MUTATIONS = [
         ("tests/test_qk.py",),
     ),
     Mutation(
+        "patch-sweep-wrong-neuron",
+        "the patching check's neuron sweep patches the next neuron under each neuron's label",
+        "circuitgraph/validation/activation_patching.py",
+        'jobs.append(("neuron", (Unit("neuron", layer, None, i),), layer, None, i, f"neuron/{layer}/*/{i}"))',
+        'jobs.append(("neuron", (Unit("neuron", layer, None, (i + 1) % f.d_mlp),), layer, None, i, '
+        'f"neuron/{layer}/*/{i}"))',
+        ("tests/test_patching_sweep.py",),
+    ),
+    Mutation(
+        "echo-closed-gate-counts-as-echo",
+        "the echo selection counts every closed-gate top activation as an echo, whatever the value's sign",
+        "circuitgraph/validation/echo_stats.py",
+        "flags = torch.cat([self.top_echo, echo.cpu()])",
+        "flags = torch.cat([self.top_echo, (gate <= 0).cpu()])",
+        ("tests/test_echo.py",),
+    ),
+    Mutation(
+        "echo-controls-matched-on-selection-rows",
+        "sign_regimes matches its controls on the selection rows' echo mass, not the evaluation rows'",
+        "circuitgraph/validation/gated_signs.py",
+        'mags = {("neuron", l): (eval_stats[l].echo_mass.unsqueeze(0), None, None) for l in layers}',
+        'mags = {("neuron", l): (stats[l].echo_mass.unsqueeze(0), None, None) for l in layers}',
+        ("tests/test_echo.py",),
+    ),
+    Mutation(
         "neuronpedia-links-reversed",
         "the Neuronpedia export writes every link from its target to its source",
         "circuitgraph/export/neuronpedia.py",
