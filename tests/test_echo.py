@@ -225,3 +225,56 @@ def test_memory_does_not_grow_with_the_rows():
     assert {s.top_values.shape for s in stats.values()} == {(5, D_MLP)}
     small = stream_stats(a, rows(7, 2, 30), [0, 1, 2], top_k=5)
     assert sum(s.nbytes() for s in small.values()) == sum(s.nbytes() for s in stats.values())
+
+
+def test_layer_stats_by_hand():
+    """One neuron, three tokens: a closed gate with a positive value is not an echo."""
+    from circuitgraph.validation.echo_stats import LayerStats
+
+    s = LayerStats.empty(2, 1)
+    gate = torch.tensor([[-1.0], [-2.0], [2.0]])
+    value = torch.tensor([[1.0], [-1.0], [1.0]])
+    act = gate * torch.sigmoid(gate)
+    post = torch.tensor([[5.0], [4.0], [3.0]])  # any values: the ranking is by post
+    s.update(gate, value, act, post)
+    assert s.top_values[:, 0].tolist() == [5.0, 4.0]
+    assert s.top_echo[:, 0].tolist() == [False, True]
+    assert float(s.echo_share()[0]) == 0.5
+    assert float(s.echo_mass[0]) == pytest.approx(float(act[1, 0] * value[1, 0]))
+    assert s.regime_counts.tolist() == [1, 0, 1, 1] and bool(s.ever_open[0])
+    assert float(s.max_echo[0]) == 4.0 and float(s.max_open[0]) == 3.0
+    s.update(torch.tensor([[-3.0]]), torch.tensor([[-2.0]]), torch.tensor([[-0.14]]), torch.tensor([[6.0]]))
+    assert s.top_values[:, 0].tolist() == [6.0, 5.0] and s.top_echo[:, 0].tolist() == [True, False]
+    assert s.n_tokens == 4
+
+
+def test_the_run_records_uncontrolled_checks(tmp_path):
+    import json
+
+    import circuitgraph
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = {"format_version": 1, "model": {"path": str(repo / "examples/fixtures/example-llama/model")},
+            "prompt": {"tokens": [1, 4, 33, 31, 12, 33, 41, 27, 32, 7]}, "graph": {"mlp": "neurons", "neuron_top_k": 4},
+            "validate": [{"sign_regimes": {"top_k": 20, "echo_threshold": 0.01, "n_controls": 2, "groups": False,
+                                           "eval_prompts": [{"tokens": [1, 3, 8, 21, 40, 2, 6]}]}}]}
+    result = circuitgraph.run(spec)
+    (entry,) = result.validation
+    assert entry["status"] == "uncontrolled" and "matched_magnitude" in entry["error"]
+    assert result.failures and "uncontrolled" in result.failures[0]
+    (written,) = json.loads(result.to_json())["validation"]
+    assert written["status"] == "uncontrolled" and written["error"] == entry["error"]
+    assert written["result"]["status"] == "uncontrolled"
+
+
+def test_an_ablation_without_any_control_set_is_uncontrolled():
+    from circuitgraph.validation.ablation import AblationResult
+    from circuitgraph.validation.controls import ControlSummary
+
+    empty = ControlSummary("matched_magnitude", 0, 0.05, -1.0, 2.0, [], [], [], [], 10, "only 0 of 10 ...")
+    drawn = ControlSummary("count_matched", 0, None, -1.0, 2.0, [0.1, 0.2], [1.0, 1.0], [1, 1], [["a"], ["b"]], 2)
+    base = dict(nodes=["n"], mode="zero", metric="m", before=1.0, after=0.0, predicted=None, predicted_total=None,
+                frozen_change=None, tolerance=0.1, removed_magnitude=2.0)
+    assert AblationResult(**base, controls=[empty]).status == "uncontrolled"
+    assert AblationResult(**base, controls=[empty, drawn]).status == "ok"
+    assert AblationResult(**base, controls=[]).status == "ok"
