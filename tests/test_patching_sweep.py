@@ -100,6 +100,7 @@ def test_spec_layers_and_sets(tmp_path):
     assert res.rows_of("set")[0].recovery == pytest.approx(
         hand_recovery(a, [("blocks.2.mlp.hook_post", 3)]), abs=1e-9)
     assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert res.grid("heads (all positions)").rows == ["layer 2"]  # only the swept layers are drawn
     with pytest.raises(ValidationRunError, match="out of range"):
         run_check(g, {"patching": {"corrupted": {"tokens": CORRUPTED}, "sets": [{"neurons": [[2, 999]]}]}})
     with pytest.raises(ValidationRunError, match="layers"):

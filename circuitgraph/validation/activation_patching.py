@@ -324,19 +324,21 @@ def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corru
             v[r.layer, r.position] = r.recovery
         grids.append(PatchGrid("residual stream", [f"resid_pre {l}" for l in range(L)] + [f"resid_post {L - 1}"],
                                cols, v.tolist()))
-    for site in ("attn", "mlp"):
+    for site in ("attn", "mlp"):  # one row per swept layer (patching: layers)
         sel = [r for r in rows if r.granularity == "layer" and r.unit.startswith(site + "/") and r.position is not None]
         if sel:
-            v = np.zeros((L, T))
+            layers = sorted({r.layer for r in sel})
+            v = np.zeros((len(layers), T))
             for r in sel:
-                v[r.layer, r.position] = r.recovery
-            grids.append(PatchGrid(f"{site} output", [f"{site} {l}" for l in range(L)], cols, v.tolist()))
+                v[layers.index(r.layer), r.position] = r.recovery
+            grids.append(PatchGrid(f"{site} output", [f"{site} {l}" for l in layers], cols, v.tolist()))
     heads = [r for r in rows if r.granularity == "head"]
     if heads:
-        v = np.zeros((L, H))
+        layers = sorted({r.layer for r in heads})
+        v = np.zeros((len(layers), H))
         for r in heads:
-            v[r.layer, r.index] = r.recovery
-        grids.append(PatchGrid("heads (all positions)", [f"layer {l}" for l in range(L)], [f"H{h}" for h in range(H)],
+            v[layers.index(r.layer), r.index] = r.recovery
+        grids.append(PatchGrid("heads (all positions)", [f"layer {l}" for l in layers], [f"H{h}" for h in range(H)],
                                v.tolist()))
     neurons = [r for r in rows if r.granularity == "neuron"]
     if neurons:  # one row per swept layer, every neuron a column (0: not different, not run)
