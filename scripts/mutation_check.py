@@ -38,6 +38,12 @@ The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mu
         by tests/test_qk.py::test_sums_equal_the_model_score_every_head_float32
     neuronpedia-links-reversed, neuronpedia-influence-of-the-pruned-graph
         by tests/test_neuronpedia.py::test_scores_and_nodes_equal_circuit_tracers_file
+
+Added since (run alone with ``--only``, each caught): patch-sweep-wrong-neuron by
+tests/test_patching_sweep.py::test_neuron_sweep_equals_a_hand_loop_of_single_patches;
+echo-closed-gate-counts-as-echo by tests/test_echo.py::test_layer_stats_by_hand;
+echo-controls-matched-on-selection-rows by
+tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation.
 """
 
 from __future__ import annotations
