@@ -40,6 +40,12 @@ The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mu
         by tests/test_neuronpedia.py::test_scores_and_nodes_equal_circuit_tracers_file
     diff-ranked-by-unsigned-influence, diff-sign-flip-inverted (run alone, 2026-12-03)
         by tests/test_diff.py::test_clean_vs_corrupted_equals_an_independent_tally
+
+Added since (run alone with ``--only``, each caught): patch-sweep-wrong-neuron by
+tests/test_patching_sweep.py::test_neuron_sweep_equals_a_hand_loop_of_single_patches;
+echo-closed-gate-counts-as-echo by tests/test_echo.py::test_layer_stats_by_hand;
+echo-controls-matched-on-selection-rows by
+tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation.
 """
 
 from __future__ import annotations
@@ -233,6 +239,31 @@ MUTATIONS = [
         "dirs.append(norm.reader_direction(w) / sigma[t])",
         "dirs.append(norm.reader_direction(w) / sigma[q_pos])",
         ("tests/test_qk.py",),
+    ),
+    Mutation(
+        "patch-sweep-wrong-neuron",
+        "the patching check's neuron sweep patches the next neuron under each neuron's label",
+        "circuitgraph/validation/activation_patching.py",
+        'jobs.append(("neuron", (Unit("neuron", layer, None, i),), layer, None, i, f"neuron/{layer}/*/{i}"))',
+        'jobs.append(("neuron", (Unit("neuron", layer, None, (i + 1) % f.d_mlp),), layer, None, i, '
+        'f"neuron/{layer}/*/{i}"))',
+        ("tests/test_patching_sweep.py",),
+    ),
+    Mutation(
+        "echo-closed-gate-counts-as-echo",
+        "the echo selection counts every closed-gate top activation as an echo, whatever the value's sign",
+        "circuitgraph/validation/echo_stats.py",
+        "flags = torch.cat([self.top_echo, echo.cpu()])",
+        "flags = torch.cat([self.top_echo, (gate <= 0).cpu()])",
+        ("tests/test_echo.py",),
+    ),
+    Mutation(
+        "echo-controls-matched-on-selection-rows",
+        "sign_regimes matches its controls on the selection rows' echo mass, not the evaluation rows'",
+        "circuitgraph/validation/gated_signs.py",
+        'mags = {("neuron", l): (eval_stats[l].echo_mass.unsqueeze(0), None, None) for l in layers}',
+        'mags = {("neuron", l): (stats[l].echo_mass.unsqueeze(0), None, None) for l in layers}',
+        ("tests/test_echo.py",),
     ),
     Mutation(
         "neuronpedia-links-reversed",

@@ -64,9 +64,11 @@ class RunResult:
         graph: the exported graph (pruned when the spec asks for pruning).
         full_graph: the unpruned graph.
         queries: one entry per declared query: ``{"kind", "params", "on", "status", "error", "result"}``;
-            ``status`` is ``"ok"`` (``result`` is the result object, ``error`` None) or ``"failed"``
+            ``status`` is ``"ok"`` (``result`` is the result object, ``error`` None), ``"failed"``
             (``error`` is the one-line message, ``result`` None).
-        validation: one entry per declared check, same shape.
+        validation: one entry per declared check, same shape; a check that ran but whose result
+            cannot be trusted reports its own status (``"uncontrolled"``: controls that could not be
+            drawn), ``error`` the reason and ``result`` the result.
         steering: one entry per ``steer:`` item, same shape (``result`` a
             :class:`~circuitgraph.validation.steering.SteeringResult`).
         exports: ``{kind: path}`` of every file written.
@@ -87,18 +89,18 @@ class RunResult:
 
     @property
     def failures(self) -> list[str]:
-        """One line per failed query, check or steer item: ``queries[i] kind: error``."""
-        return [f"{where}[{i}] {e['kind']}: {e['error']}"
+        """One line per failed (or uncontrolled) query, check or steer item: ``queries[i] kind: error``."""
+        return [f"{where}[{i}] {e['kind']}: " + ("" if e["status"] == "failed" else f"{e['status']}: ") + f"{e['error']}"
                 for where, entries in (("queries", self.queries), ("validate", self.validation),
                                        ("steer", self.steering))
-                for i, e in enumerate(entries) if e["status"] == "failed"]
+                for i, e in enumerate(entries) if e["status"] != "ok"]
 
     def _entries_json(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pruned = self.graph is not self.full_graph
         out = []
         for e in entries:
             d = {"kind": e["kind"], "params": e["params"], "on": e["on"], "status": e["status"]}
-            if e["status"] == "failed":
+            if e["status"] != "ok":
                 d["error"] = e["error"]
             if e["on"] == "full" and pruned:
                 d["refers_to"] = ("unpruned graph: node ids name nodes of the full graph, some of which "
@@ -430,6 +432,8 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
                     lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver,
                                                                         seed=spec.seed).result,
                     f"validate[{i}]")
+            if status == "ok" and getattr(res, "status", "ok") != "ok":  # e.g. controls that could not be drawn
+                status, error = res.status, getattr(res, "reason", None)
             validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
                                "result": res})
         timings["validation"] = time.perf_counter() - t0

@@ -11,7 +11,8 @@
   ``cosine = dot / (|W_out[i]| |u|)``; ``input_scaled = dot * |W_in[:, i]|`` (features:
   ``|W_enc[:, j]|``), so a unit whose output weights shrank while its input weights grew is
   not under-rated.  For gated MLPs ``W_in`` is the linear (value) branch.  Weight-only:
-  every unit of the model is scored, and ``in_graph`` says whether it is active on this prompt.
+  every unit of the model is scored, and ``in_graph`` says whether it is a node of this graph
+  (a unit active on the prompt but left out by the graph's selection or pruning is not).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from circuitgraph.spec.base import (
     CheckItem,
     Float,
     Fraction,
+    InputPath,
     Int,
     KeyedModel,
     NonNegativeInt,
@@ -56,6 +57,7 @@ __all__ = [
     "LogitDiffMetric",
     "Metric",
     "Patching",
+    "PatchSet",
     "PatchingCheck",
     "Faithfulness",
     "FaithfulnessCheck",
@@ -225,6 +227,25 @@ Granularity = Literal["layer", "head", "neuron", "feature", "position"]
 HEATMAP_SUFFIXES = (".png", ".svg", ".pdf")
 
 
+_LayerIndex = Annotated[tuple[NonNegativeInt, NonNegativeInt], Field(description="[layer, index]")]
+
+
+class PatchSet(StrictModel):
+    """Units patched together from the clean run, at every position: one row of a patching check."""
+
+    name: str | None = Field(None, description="The row's label (default: its units).")
+    neurons: tuple[_LayerIndex, ...] = Field((), description="Neurons as [layer, index] pairs.")
+    heads: tuple[_LayerIndex, ...] = Field((), description="Heads as [layer, head] pairs.")
+    mlps: tuple[NonNegativeInt, ...] = Field((), description="Whole MLP outputs, by layer.")
+    attns: tuple[NonNegativeInt, ...] = Field((), description="Whole attention outputs, by layer.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "PatchSet":
+        if not (self.neurons or self.heads or self.mlps or self.attns):
+            raise rule_error(("", "a patching set needs at least one unit: give neurons, heads, mlps or attns"))
+        return self
+
+
 class Patching(StrictModel):
     """Activation patching: run ``corrupted`` with activations of ``clean`` (the main prompt by
     default) patched in, one unit at a time at each granularity; relative recovery =
@@ -241,10 +262,15 @@ class Patching(StrictModel):
         BeforeValidator(_one_or_many, json_schema_input_type=Union[Granularity, list[Granularity]]),
     ] = Field(("layer", "head"), min_length=1, description="What to patch, one sweep each.")
     heatmap: OutputPath | None = Field(None, description="Write a heatmap image here.")
+    layers: tuple[NonNegativeInt, ...] | None = Field(
+        None, min_length=1, description="Only these layers in the layer, head, neuron and feature sweeps (null = "
+        "all; a neuron sweep of every layer is one patch per neuron).")
+    sets: tuple[PatchSet, ...] = Field((), description="Units patched together, one row each (granularity set).")
 
     @model_validator(mode="after")
     def _unique(self) -> "Patching":
         problems = _unique("granularity", self.granularity)
+        problems += _unique("layers", self.layers)
         if self.heatmap is not None and self.heatmap.suffix.lower() not in HEATMAP_SUFFIXES:
             problems.append(
                 ("heatmap", f"heatmap image {str(self.heatmap)!r} should end in {', '.join(HEATMAP_SUFFIXES)} "
@@ -328,14 +354,76 @@ class FaithfulnessCurveCheck(CheckItem):
     faithfulness_curve: Params[FaithfulnessCurve] = Field(default_factory=FaithfulnessCurve)
 
 
-class SignRegimes(StrictModel):
-    """Whether the top units keep their sign of contribution across prompts."""
+_CONTROL_KIND = Literal["matched_magnitude", "count_matched"]
+
+
+class SignRegimes(UsageModel):
+    """Gated (SwiGLU-style) MLP neurons: the sign regimes of their activations, the neurons whose
+    top activations are gate-closed 'double negative' echoes (selected on some rows), and the
+    next-token loss cost of removing that echo on other rows against random neurons matched on
+    the echo they remove there (docs/validation.md)."""
 
     layers: tuple[NonNegativeInt, ...] | None = Field(None, min_length=1, description="Only these layers (null = all).")
     top_k: PositiveInt = Field(20, description="Top activations per neuron whose sign regimes are counted.")
-    prompts: tuple[Prompt, ...] = Field((), description="Extra prompts to compare with the main prompt.")
-    echo_threshold: Fraction = Field(0.5, description="Share of a neuron's top activations that are 'double "
-                                     "negative' echoes above which it is listed as echo-dominated.")
+    echo_threshold: Fraction = Field(
+        1.0, description="Share of a neuron's top_k activations that must be echoes for it to be echo-dominated "
+        "(1: all of them, the published selection).")
+    prompts: tuple[Prompt, ...] = Field((), description="Selection rows besides the main prompt.")
+    eval_prompts: tuple[Prompt, ...] = Field(
+        (), description="Evaluation rows: the echo is removed and the controls matched on these (none and no "
+        "evaluation part of a dataset: the selection rows, reported as such).")
+    use_graph_prompt: Bool = Field(True, description="Whether the graph's prompt is a selection row.")
+    dataset: InputPath | None = Field(
+        None, description="A .jsonl/.csv file of rows (the dataset: format); its first selection_share of rows "
+        "are selection rows, the rest evaluation rows (all selection rows when eval_dataset is given).")
+    eval_dataset: InputPath | None = Field(None, description="A .jsonl/.csv file of evaluation rows.")
+    selection_share: Annotated[float, Field(gt=0, lt=1, strict=True, allow_inf_nan=False)] = Field(
+        0.5, description="With dataset and no eval_dataset: the share of its rows (the first ones) that select.")
+    max_rows: PositiveInt | None = Field(None, description="Read at most this many rows of each file.")
+    max_row_tokens: Annotated[int, Field(ge=2, strict=True)] | None = Field(
+        None, description="Cut every row to its first this many tokens.")
+    token_budget: PositiveInt | None = Field(
+        None, description="At most this many tokens of selection rows and as many of evaluation rows (file rows "
+        "are read in order until the budget is spent; the last one cut).")
+    groups: Bool = Field(True, description="Also report the echo-dominated neurons of group_layer, those whose "
+                         "gate never opened, and neither, each with its own controls.")
+    group_layer: NonNegativeInt = Field(1, description="The layer of the first group.")
+    controls: Annotated[
+        tuple[_CONTROL_KIND, ...],
+        BeforeValidator(_one_or_many, json_schema_input_type=Union[_CONTROL_KIND, list[_CONTROL_KIND]]),
+    ] = Field(("matched_magnitude", "count_matched"), description="Kinds of random control sets ([] = none).")
+    n_controls: PositiveInt = Field(10, description="Control sets per kind (and per group).")
+    control_tolerance: Fraction = Field(
+        0.05, description="A matched control must remove the selected neurons' echo mass on the evaluation rows "
+        "within this relative tolerance, in each layer.")
+    max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
+    seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
+    batch_size: PositiveInt = Field(8, description="Evaluation runs (neuron sets) per forward pass.")
+
+    def field_usage(self) -> dict[str, tuple[bool, str]]:
+        no_controls = "controls is [] (no control sets are drawn)"
+        matched = "matched_magnitude" in self.controls
+        files = self.dataset is not None or self.eval_dataset is not None
+        return {
+            "selection_share": (self.dataset is not None and self.eval_dataset is None,
+                                "it splits dataset's rows, and there is no dataset or eval_dataset holds the "
+                                "evaluation rows"),
+            "max_rows": (files, "it limits the rows read from dataset or eval_dataset, and neither is given"),
+            "group_layer": (self.groups, "groups is false"),
+            "n_controls": (bool(self.controls), no_controls),
+            "seed": (bool(self.controls), f"it draws the control sets, and {no_controls}"),
+            "control_tolerance": (matched, "it is the tolerance of matched_magnitude controls, which controls "
+                                  "does not list"),
+            "max_draws": (matched, "it bounds the draws of matched_magnitude controls, which controls does not "
+                          "list"),
+        }
+
+    @model_validator(mode="after")
+    def _rules(self) -> "SignRegimes":
+        problems = _unique("controls", self.controls) + unused_rules(self, self.field_usage())
+        if problems:
+            raise rule_error(*problems)
+        return self
 
 
 class SignRegimesCheck(CheckItem):

@@ -140,6 +140,20 @@ class AblationResult(Tabular):
         return self.after - self.before
 
     @property
+    def status(self) -> str:
+        """``uncontrolled`` when controls were asked for and not one set of any kind could be
+        drawn (the change then stands alone; the run records the check so, never ``ok``)."""
+        if self.controls and all(not c.effects for c in self.controls):
+            return "uncontrolled"
+        return "ok"
+
+    @property
+    def reason(self) -> str | None:
+        if self.status == "ok":
+            return None
+        return "; ".join(f"{c.kind}: {c.degenerate}" for c in self.controls)
+
+    @property
     def agrees(self) -> bool | None:
         """``|change - predicted_total| <= tolerance * |predicted_total|`` (``None`` without a prediction)."""
         if self.predicted_total is None:
@@ -162,6 +176,8 @@ class AblationResult(Tabular):
             "agrees": self.agrees,
             "removed_magnitude": self.removed_magnitude,
             "seed": self.seed,
+            "status": self.status,
+            "reason": self.reason,
             "controls": [c.to_dict() for c in self.controls],
         }
 

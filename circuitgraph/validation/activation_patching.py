@@ -18,6 +18,13 @@ so 1 means the patch alone restores the clean metric and 0 means it changes noth
 * ``feature``: each transcoder feature (spliced), at every position, for the features
   active on either prompt.
 
+``layers`` limits the layer, head, neuron and feature sweeps to those layers (a neuron sweep
+of a 30-layer model is ~46,000 patches; one layer ~1,500).  A neuron sweep also patches each
+swept layer's whole MLP output (at every position), so every neuron row carries
+``share_of_layer``: its recovery over its MLP layer's (the GPT-2 a/an neuron: one neuron
+recovering about as much as its whole layer).  ``sets`` patch chosen units together (e.g. one
+neuron, or a layer's top neurons), one row each (granularity ``set``).
+
 Two sanity rows are always run: patching every position of the residual stream before
 layer 0 recovers exactly 1, patching nothing exactly 0.  A heat map (layers x positions and
 layers x heads panels) can be written as PNG/SVG/PDF, atomically.
@@ -47,6 +54,8 @@ __all__ = ["Granularity", "PatchRow", "PatchGrid", "PatchingResult", "patching",
 
 Granularity = Literal["layer", "head", "neuron", "feature", "position"]
 GRANULARITIES: tuple[str, ...] = ("layer", "head", "neuron", "feature", "position")
+#: the granularity of the rows of ``sets`` (units patched together)
+SET = "set"
 
 
 @dataclass
@@ -60,6 +69,7 @@ class PatchRow:
     index: int | None
     patched: float
     recovery: float
+    share_of_layer: float | None = None  # neuron rows: recovery / the whole MLP layer's
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -122,9 +132,14 @@ class PatchingResult(Tabular):
         head = (f"metric {self.metric}: clean {fmt(self.clean)}, corrupted {fmt(self.corrupted)}; sanity: patching "
                 f"everything recovers {fmt(self.recovery_everything)}, nothing {fmt(self.recovery_nothing)}")
         parts = [head]
-        for gran in GRANULARITIES:
+        for gran in GRANULARITIES + (SET,):
             rows = sorted(self.rows_of(gran), key=lambda r: -abs(r.recovery))
-            if rows:
+            if rows and gran == "neuron":
+                parts.append(f"\n{gran} (ranked by |recovery|; share of layer = recovery / its MLP layer's):\n\n"
+                             + markdown_table(["unit", "patched", "recovery", "share of layer"],
+                                              [[r.unit, r.patched, r.recovery, r.share_of_layer] for r in rows],
+                                              max_rows))
+            elif rows:
                 parts.append(f"\n{gran}:\n\n" + markdown_table(["unit", "patched", "recovery"],
                                                                [[r.unit, r.patched, r.recovery] for r in rows],
                                                                max_rows))
@@ -178,6 +193,9 @@ def patching(
     transcoders: Any = None,
     tokenizer: Any = None,
     batch_size: int = 64,
+    layers: Sequence[int] | None = None,
+    sets: Sequence[Sequence[Unit]] = (),
+    set_names: Sequence[str] | None = None,
 ) -> PatchingResult:
     """Patch clean activations into the corrupted run at each granularity (module docstring).
 
@@ -203,6 +221,12 @@ def patching(
     _check_lengths(clean_t, corrupt_t)
     f = adapter.facts
     L, T, H = f.n_layers, len(clean_t), f.n_heads
+    swept = list(range(L)) if layers is None else sorted(set(layers))
+    bad = [l for l in swept if not 0 <= l < L]
+    if bad:
+        raise ValidationRunError(f"patching layers {bad} requested, the model has {L} layers (0-{L - 1})")
+    if set_names is not None and len(set_names) != len(sets):
+        raise ValidationRunError(f"patching: {len(set_names)} set names for {len(sets)} sets; give one name per set")
     c_val = run_rows(adapter, clean_t, [[]], metric, transcoders=transcoders).metric[0].item()
 
     # every sweep is a list of (granularity, unit set, layer, position, index, label)
@@ -216,23 +240,25 @@ def patching(
                              f"resid_pre/{layer}/{t}" if layer < L else f"resid_post/{L - 1}/{t}"))
     if "layer" in granularity:
         for site in ("attn", "mlp"):
-            for layer in range(L):
+            for layer in swept:
                 for t in range(T):
                     jobs.append(("layer", (Unit(site, layer, t),), layer, t, None, f"{site}/{layer}/{t}"))
                 jobs.append(("layer", (Unit(site, layer, None),), layer, None, None, f"{site}/{layer}/*"))
     if "head" in granularity:
-        for layer in range(L):
+        for layer in swept:
             for h in range(H):
                 jobs.append(("head", (Unit("head", layer, None, h),), layer, None, h, f"head/{layer}/*/{h}"))
     if "neuron" in granularity or "feature" in granularity:
         names: set[str] = set()
-        for layer in range(L):
+        for layer in swept:
             names.add(adapter.hook_mlp_post(layer))
             if transcoders is not None and layer in transcoders:
                 names.add(transcoders[layer].hook_in)
         cc, xc = _cache_run(adapter, clean_t, names), _cache_run(adapter, corrupt_t, names)
     if "neuron" in granularity:
-        for layer in range(L):
+        for layer in swept:
+            if "layer" not in granularity:  # the whole layer, for each neuron's share of it
+                jobs.append(("layer", (Unit("mlp", layer, None),), layer, None, None, f"mlp/{layer}/*"))
             a, b = cc[adapter.hook_mlp_post(layer)][0], xc[adapter.hook_mlp_post(layer)][0]
             differ = (a != b).any(0).nonzero().flatten().tolist()
             notes.append(f"layer {layer}: {len(differ)} of {f.d_mlp} neurons differ between the prompts "
@@ -242,12 +268,20 @@ def patching(
     if "feature" in granularity:
         if transcoders is None or len(transcoders) == 0:
             raise ValidationRunError("patching granularity 'feature' needs transcoders; none are loaded")
-        for layer in sorted(transcoders.layers):
+        for layer in [l for l in sorted(transcoders.layers) if l in swept]:
             fa = site_values(adapter, "feature", layer, cc, transcoders)[0, :, :, 0]
             fb = site_values(adapter, "feature", layer, xc, transcoders)[0, :, :, 0]
             active = ((fa != 0) | (fb != 0)).any(0) & (fa != fb).any(0)
             for j in active.nonzero().flatten().tolist():
                 jobs.append(("feature", (Unit("feature", layer, None, j),), layer, None, j, f"feature/{layer}/*/{j}"))
+
+    names_of_sets = list(set_names) if set_names is not None else [" + ".join(str(u) for u in units) for units in sets]
+    for name, units in zip(names_of_sets, sets):
+        units = tuple(units)
+        if not units:
+            raise ValidationRunError(f"patching set {name!r} is empty; give at least one unit")
+        layer = min(u.layer for u in units)
+        jobs.append((SET, units, layer, None, None, name))
 
     rows_iv = [[]] + [[Intervention.patched(u, clean_t)] if u else [] for u in sanity]
     rows_iv += [[Intervention.patched(units, clean_t)] for _, units, *_ in jobs]
@@ -258,7 +292,11 @@ def patching(
     everything, nothing = rec[1], rec[2]
     rows = [PatchRow(g, label, layer, pos, idx, float(out[i + 3]), rec[i + 3])
             for i, (g, _, layer, pos, idx, label) in enumerate(jobs)]
-    grids = _grids(rows, L, T, H, clean_t, corrupt_t, tokenizer)
+    whole = {r.layer: r.recovery for r in rows if r.granularity == "layer" and r.unit == f"mlp/{r.layer}/*"}
+    for r in rows:
+        if r.granularity == "neuron" and whole.get(r.layer):
+            r.share_of_layer = r.recovery / whole[r.layer]
+    grids = _grids(rows, L, T, H, clean_t, corrupt_t, tokenizer, f.d_mlp)
     result = PatchingResult(clean_t, corrupt_t, metric.describe(tokenizer), c_val, x_val, rows, grids,
                             everything, nothing, None, notes)
     if heatmap is not None and grids:
@@ -276,7 +314,7 @@ def _tok_labels(clean: list[int], corrupted: list[int], tokenizer: Any) -> list[
 
 
 def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corrupted: list[int],
-           tokenizer: Any) -> list[PatchGrid]:
+           tokenizer: Any, d_mlp: int = 0) -> list[PatchGrid]:
     cols = _tok_labels(clean, corrupted, tokenizer)
     grids = []
     pos_rows = [r for r in rows if r.granularity == "position"]
@@ -286,20 +324,30 @@ def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corru
             v[r.layer, r.position] = r.recovery
         grids.append(PatchGrid("residual stream", [f"resid_pre {l}" for l in range(L)] + [f"resid_post {L - 1}"],
                                cols, v.tolist()))
-    for site in ("attn", "mlp"):
+    for site in ("attn", "mlp"):  # one row per swept layer (patching: layers)
         sel = [r for r in rows if r.granularity == "layer" and r.unit.startswith(site + "/") and r.position is not None]
         if sel:
-            v = np.zeros((L, T))
+            layers = sorted({r.layer for r in sel})
+            v = np.zeros((len(layers), T))
             for r in sel:
-                v[r.layer, r.position] = r.recovery
-            grids.append(PatchGrid(f"{site} output", [f"{site} {l}" for l in range(L)], cols, v.tolist()))
+                v[layers.index(r.layer), r.position] = r.recovery
+            grids.append(PatchGrid(f"{site} output", [f"{site} {l}" for l in layers], cols, v.tolist()))
     heads = [r for r in rows if r.granularity == "head"]
     if heads:
-        v = np.zeros((L, H))
+        layers = sorted({r.layer for r in heads})
+        v = np.zeros((len(layers), H))
         for r in heads:
-            v[r.layer, r.index] = r.recovery
-        grids.append(PatchGrid("heads (all positions)", [f"layer {l}" for l in range(L)], [f"H{h}" for h in range(H)],
+            v[layers.index(r.layer), r.index] = r.recovery
+        grids.append(PatchGrid("heads (all positions)", [f"layer {l}" for l in layers], [f"H{h}" for h in range(H)],
                                v.tolist()))
+    neurons = [r for r in rows if r.granularity == "neuron"]
+    if neurons:  # one row per swept layer, every neuron a column (0: not different, not run)
+        layers = sorted({r.layer for r in neurons})
+        v = np.zeros((len(layers), d_mlp))
+        for r in neurons:
+            v[layers.index(r.layer), r.index] = r.recovery
+        grids.append(PatchGrid("neurons (all positions)", [f"MLP {l}" for l in layers],
+                               [f"N{i}" for i in range(d_mlp)], v.tolist()))
     return grids
 
 
@@ -321,7 +369,7 @@ def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Any = 
     if not grids:
         raise ValidationRunError("no grid to draw: the heat map needs the position, layer or head granularity")
     heights = [max(len(g.rows), 1) * 0.45 + 1.6 for g in grids]
-    width = max(6.0, 0.9 * max(len(g.columns) for g in grids) + 2.5)
+    width = min(max(6.0, 0.9 * max(len(g.columns) for g in grids) + 2.5), 18.0)
     fig = Figure(figsize=(width, sum(heights)), constrained_layout=True)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(grids), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
@@ -331,7 +379,8 @@ def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Any = 
         im = ax.imshow(v, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
         ax.set_title(g.name, fontsize=10)
         ax.set_yticks(range(len(g.rows)), g.rows, fontsize=8)
-        ax.set_xticks(range(len(g.columns)), g.columns, fontsize=8, rotation=45, ha="right")
+        step = max(1, -(-len(g.columns) // 40))  # at most ~40 labelled columns (a neuron row has thousands)
+        ax.set_xticks(range(0, len(g.columns), step), g.columns[::step], fontsize=8, rotation=45, ha="right")
         if v.size <= 400:
             for i in range(v.shape[0]):
                 for j in range(v.shape[1]):

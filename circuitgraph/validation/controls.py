@@ -172,12 +172,12 @@ def _strata(units: Sequence[Unit], match_layers: bool, match_positions: bool) ->
 
 
 def _candidates(key: tuple, selected: list[Unit], magnitudes: dict, reach: Callable[[str, int], np.ndarray] | None,
-                use_first: bool, active_only: bool) -> tuple[list[Unit], np.ndarray]:
+                use_first: bool, active_only: bool, exclude: Sequence[Unit] = ()) -> tuple[list[Unit], np.ndarray]:
     """Candidate units of a stratum and their removed magnitudes (reachable, not selected, and
     with ``active_only`` removing something)."""
     site, layer, position = key
     all_positions = any(u.position is None for u in selected)
-    chosen = set(selected)
+    chosen = set(selected) | set(exclude)
     units: list[Unit] = []
     masses: list[np.ndarray] = []
     for (s, lyr), (mag, *_rest) in sorted(magnitudes.items()):
@@ -221,12 +221,15 @@ def draw_controls(
     match_layers: bool = False,
     reach: Callable[[str, int], np.ndarray] | None = None,
     active_only: bool = True,
+    exclude: Sequence[Unit] = (),
 ) -> ControlDraw:
     """Up to ``n_sets`` random control sets, each ``(units, removed magnitude)`` (see the module
     docstring).  ``magnitudes``: per ``(site, layer)``, ``(magnitude (pos, n), ...)`` as from
     :func:`unit_magnitudes`, for every layer the controls may come from; ``reach``: which
     positions of a ``(site, layer)`` can affect the metric (default: all); ``active_only``:
-    count-matched controls skip units that remove nothing (matched-magnitude ones always do)."""
+    count-matched controls skip units that remove nothing (matched-magnitude ones always do);
+    ``exclude``: units never drawn besides the selected ones (a subgroup's controls avoid the
+    whole selection)."""
     rng = np.random.default_rng(seed)
     use_first = any(u.position == 0 for u in selected)
     strata = []
@@ -236,7 +239,8 @@ def draw_controls(
             mag = magnitudes[(u.site, u.layer)][0]
             row = mag.sum(0) if u.position is None else mag[u.position]
             target += float(row.sum() if u.index is None else row[u.index])
-        cands, masses = _candidates(key, units, magnitudes, reach, use_first, active_only or kind != "count_matched")
+        cands, masses = _candidates(key, units, magnitudes, reach, use_first, active_only or kind != "count_matched",
+                                    exclude)
         strata.append(_Stratum(key, units, target, cands, masses))
     pool_size = [len(st.units) for st in strata]
     distinct = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,7 @@ from circuitgraph._results import Tabular
 from circuitgraph.attribution.targets import resolve_token
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.base import implementation_of
+from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
 from circuitgraph.validation.ablation import ablate, predicted_vs_actual
@@ -33,6 +35,7 @@ from circuitgraph.validation.circuit_faithfulness import faithfulness
 from circuitgraph.validation.faithfulness_curves import faithfulness_curve
 from circuitgraph.validation.fidelity import replacement_fidelity
 from circuitgraph.validation.gated_signs import sign_regimes
+from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.qk_check import qk_check
 
@@ -165,12 +168,38 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
         tokenizer=c.tokenizer)
 
 
+def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
+    """The units of the spec's patching ``sets`` (checked against the model) and their names."""
+    f = c.adapter.facts
+    out, names = [], []
+    for i, s in enumerate(sets):
+        where = f"patching.sets[{i}]"
+        units = []
+        for site, pairs, size, what in (("neuron", s.neurons, f.d_mlp, "neurons"),
+                                        ("head", s.heads, f.n_heads, "heads")):
+            for layer, index in pairs:
+                if layer >= f.n_layers or index >= size:
+                    raise ValidationRunError(f"{where}.{what}: [{layer}, {index}] is out of range: the model has "
+                                             f"{f.n_layers} layers of {size} {what}")
+                units.append(Unit(site, layer, None, index))
+        for site, layers, what in (("mlp", s.mlps, "mlps"), ("attn", s.attns, "attns")):
+            for layer in layers:
+                if layer >= f.n_layers:
+                    raise ValidationRunError(f"{where}.{what}: layer {layer} is out of range: the model has "
+                                             f"{f.n_layers} layers")
+                units.append(Unit(site, layer, None))
+        out.append(units)
+        names.append(s.name if s.name is not None else " + ".join(str(u) for u in units))
+    return out, names
+
+
 def run_patching(c: CheckCall, p: Any) -> Any:
+    sets, names = _patch_sets(c, p.sets)
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
         metric=_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
-        heatmap=p.heatmap, tokenizer=c.tokenizer)
+        heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
@@ -179,10 +208,57 @@ def run_faithfulness(c: CheckCall, p: Any) -> Any:
         tokenizer=c.tokenizer)
 
 
+def _file_rows(c: CheckCall, path: Any, max_rows: int | None, where: str) -> list[list[int]]:
+    """Token ids of the rows of a .jsonl/.csv dataset file (every problem at once)."""
+    raw, problems = read_dataset_rows(Path(path))
+    rows, more = parse_rows(raw[:max_rows] if max_rows is not None else raw)
+    problems += more
+    if problems:
+        raise ValidationRunError(f"{where} {path}: " + "; ".join(f"{w}: {m}" if w else m for w, m in problems[:5]))
+    return [c.prompt(r.prompt, f"{where} row {r.number} (id {r.id})") for r in rows]
+
+
+def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | None) -> list[list[int]]:
+    """Rows cut to ``max_row_tokens``, then read in order until ``budget`` tokens (the last one cut;
+    a piece shorter than two tokens predicts nothing and is dropped)."""
+    out, used = [], 0
+    for toks in rows:
+        toks = toks[:max_row_tokens] if max_row_tokens is not None else toks
+        if budget is not None:
+            toks = toks[:budget - used]
+        if len(toks) >= 2:
+            out.append(toks)
+            used += len(toks)
+        if budget is not None and used >= budget:
+            break
+    return out
+
+
 def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+    selection = c.prompts(p.prompts, "sign_regimes.prompts")
+    evaluation = c.prompts(p.eval_prompts, "sign_regimes.eval_prompts")
+    if p.dataset is not None:
+        rows = _file_rows(c, p.dataset, p.max_rows, "sign_regimes.dataset")
+        if p.eval_dataset is None:
+            cut = max(1, min(len(rows) - 1, round(p.selection_share * len(rows))))
+            if len(rows) < 2:
+                raise ValidationRunError(f"sign_regimes.dataset {p.dataset}: {len(rows)} row(s); selecting on some "
+                                         "rows and evaluating on others needs at least 2 (or give eval_dataset)")
+            selection += rows[:cut]
+            evaluation += rows[cut:]
+        else:
+            selection += rows
+    if p.eval_dataset is not None:
+        evaluation += _file_rows(c, p.eval_dataset, p.max_rows, "sign_regimes.eval_dataset")
+    if p.max_row_tokens is not None or p.token_budget is not None:
+        selection = _budgeted(selection, p.max_row_tokens, p.token_budget)
+        evaluation = _budgeted(evaluation, p.max_row_tokens, p.token_budget)
     return sign_regimes(
-        c.graph, prompts=c.prompts(p.prompts, "sign_regimes.prompts"), layers=p.layers, top_k=p.top_k,
-        echo_threshold=p.echo_threshold, tokenizer=c.tokenizer)
+        c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
+        use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
+        controls=tuple(p.controls), n_controls=p.n_controls, control_tolerance=p.control_tolerance,
+        max_draws=p.max_draws, seed=p.seed if p.seed is not None else c.seed, groups=p.groups,
+        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer)
 
 
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
