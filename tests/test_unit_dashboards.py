@@ -1,0 +1,264 @@
+"""Neuron and head dashboards (``features: {units: neurons | heads}``): exact top-k against an
+independent computation, the same bytes however the dataset is split, the Parquet files read
+back, the explorer's node panel, and what ``validate`` says without the weights.
+
+The model is a tiny Llama checkpoint (RMSNorm, SwiGLU, grouped-query attention: 4 heads, 2
+key-value heads) saved as a Hugging Face folder; the independent computation runs it with
+**transformers** (not TransformerLens): a neuron's activation is the input of ``down_proj``
+(``act(gate) * up``), a head's pattern is ``output_attentions``, its values the output of
+``v_proj`` and its ``W_O`` a slice of ``o_proj``.  Every activation of every row is collected
+and sorted by (value desc, row, position, key position).  The dataset repeats some rows, so
+exact ties occur and must go to the earlier row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pa = pytest.importorskip("pyarrow", reason="dashboards need pyarrow (pip install '.[dataset]')")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import circuitgraph  # noqa: E402
+from circuitgraph.errors import SpecError  # noqa: E402
+from circuitgraph.features import open_features  # noqa: E402
+from circuitgraph.pipeline.preflight import preflight  # noqa: E402
+from circuitgraph.spec import load_spec  # noqa: E402
+from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint  # noqa: E402
+
+N_ROWS = 60
+TOP_K = 5
+CONTEXT = 2
+BOS = 1
+FILES = ("features.parquet", "examples.parquet")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    base = tmp_path_factory.mktemp("unit_dashboards")
+    model = tiny_checkpoint("llama", seed=5)
+    save_checkpoint(model, base / "llama")
+    gen = np.random.default_rng(11)
+    rows = []
+    for i in range(N_ROWS):
+        if i % 10 == 9:  # an exact copy of an earlier row: every value ties with it
+            rows.append({"id": f"dup{i}", "tokens": list(rows[i - 7]["tokens"])})
+        else:
+            body = gen.integers(3, 96, size=int(gen.integers(2, 12))).tolist()
+            rows.append({"id": f"p{i:02d}", "tokens": ([BOS] if i % 3 else []) + body})
+    return {"base": base, "model": model, "rows": rows}
+
+
+def _spec(bundle, out: Path, executor: dict, **features) -> dict:
+    return {
+        "format_version": 1,
+        "model": {"path": str(bundle["base"] / "llama")},
+        "dataset": bundle["rows"],
+        "features": {"top_k": TOP_K, "context": CONTEXT, "shard_size": 16, **features},
+        "executor": executor,
+        "export": {"features": str(out)},
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(bundle):
+    base = bundle["base"]
+    one = {"kind": "local", "workers": 1}
+    return {
+        "neurons": circuitgraph.run(_spec(bundle, base / "neurons", one, units="neurons")),
+        "neurons2": circuitgraph.run(_spec(bundle, base / "neurons2", {"kind": "local", "workers": 2},
+                                           units="neurons", shard_size=7)),
+        "heads": circuitgraph.run(_spec(bundle, base / "heads", one, units="heads",
+                                        head_metrics=["attention", "norm", "score"])),
+        "heads2": circuitgraph.run(_spec(bundle, base / "heads2", {"kind": "local", "workers": 2}, units="heads",
+                                         head_metrics=["attention", "norm", "score"], shard_size=5)),
+    }
+
+
+# ------------------------------------------------------------------ the independent computation
+def _transformers_values(bundle):
+    """Per row: ``{layer: neurons (pos, d_mlp)}``, ``{layer: (pattern (H, q, k), norm (H, q, k))}``."""
+    model = bundle["model"]
+    cfg = model.config
+    H, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    dh = cfg.hidden_size // H
+    out = []
+    for row in bundle["rows"]:
+        grabbed: dict[str, torch.Tensor] = {}
+        hooks = []
+        for i, layer in enumerate(model.model.layers):
+            hooks.append(layer.mlp.down_proj.register_forward_hook(
+                lambda m, inp, o, i=i: grabbed.__setitem__(f"mlp{i}", inp[0][0].detach())))
+            hooks.append(layer.self_attn.v_proj.register_forward_hook(
+                lambda m, inp, o, i=i: grabbed.__setitem__(f"v{i}", o[0].detach())))
+        with torch.no_grad():
+            res = model(torch.tensor([row["tokens"]]), output_attentions=True)
+        for h in hooks:
+            h.remove()
+        neurons, heads = {}, {}
+        for i, layer in enumerate(model.model.layers):
+            neurons[i] = grabbed[f"mlp{i}"]
+            pattern = res.attentions[i][0]  # (H, q, k)
+            v = grabbed[f"v{i}"].reshape(-1, kv, dh).repeat_interleave(H // kv, dim=1)  # (pos, H, dh)
+            W_O = layer.self_attn.o_proj.weight.detach()  # (d_model, H * dh)
+            written = torch.stack([(v[:, h] @ W_O[:, h * dh:(h + 1) * dh].T).norm(dim=-1) for h in range(H)])
+            heads[i] = (pattern, pattern * written[:, None, :])
+        out.append((neurons, heads))
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(bundle):
+    return _transformers_values(bundle)
+
+
+def _first(tokens: list[int]) -> int:
+    return 1 if tokens[0] == BOS else 0
+
+
+def _check_order(got: list[tuple], want: list[tuple], got_acts, want_acts, what) -> None:
+    """The same entries in the same order as the first ``len(got)`` of ``want`` (the expected
+    ranking, longer than the top k); a swap is allowed only between activations equal to
+    float32 rounding (two implementations may round a near tie differently)."""
+    k = len(got)
+    assert k == min(TOP_K, len(want)), what
+    np.testing.assert_allclose(got_acts, want_acts[:k], rtol=2e-5, atol=2e-6, err_msg=str(what))
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            j = want.index(g) if g in want else None
+            assert j is not None and abs(want_acts[j] - want_acts[i]) <= 2e-5 * abs(want_acts[i]) + 2e-6, \
+                (what, i, g, w)
+
+
+def test_neuron_top_k_equals_an_independent_top_k(bundle, runs, expected):
+    fd = open_features(runs["neurons"].directory)
+    ex, feats = fd.examples, fd.features
+    n_layers, d_mlp = 2, 48
+    assert len(feats) == n_layers * d_mlp and (feats["n_tokens"] == sum(
+        len(r["tokens"]) - _first(r["tokens"]) for r in bundle["rows"])).all()
+    ties = 0
+    for layer in range(n_layers):
+        items = []  # (activation, row, position, neuron)
+        for number, (row, (neurons, _)) in enumerate(zip(bundle["rows"], expected), start=1):
+            a = neurons[layer]
+            for pos in range(_first(row["tokens"]), a.shape[0]):
+                items += [(float(a[pos, j]), number, pos, j) for j in range(d_mlp)]
+        for j in range(d_mlp):
+            mine = sorted((x for x in items if x[3] == j), key=lambda x: (-x[0], x[1], x[2]))
+            top, ranking = mine[:TOP_K], mine[:TOP_K + 5]
+            ties += sum(1 for a, b in zip(top, top[1:]) if a[0] == b[0])
+            got = ex[(ex["layer"] == layer) & (ex["index"] == j)].sort_values("rank")
+            _check_order(list(zip(got["row"], got["position"])), [(r, p) for _, r, p, _ in ranking],
+                         got["activation"].to_numpy(np.float64), [a for a, _, _, _ in ranking], (layer, j))
+            rec = feats[(feats["layer"] == layer) & (feats["index"] == j)].iloc[0]
+            assert rec["n_active"] == sum(1 for x in mine if x[0] != 0)
+            assert rec["max_activation"] == pytest.approx(top[0][0], rel=2e-5, abs=2e-6)
+            assert rec["mean_active_activation"] == pytest.approx(np.mean([x[0] for x in mine]), rel=1e-4, abs=1e-5)
+            for (_, e) in got.iterrows():
+                r, p = int(e["row"]), int(e["position"])
+                tokens = bundle["rows"][r - 1]["tokens"]
+                lo, hi = max(p - CONTEXT, 0), min(p + CONTEXT + 1, len(tokens))
+                assert list(e["tokens"]) == tokens[lo:hi] and e["start"] == lo
+    assert ties > 0, "the repeated rows give exact ties: the test must see some"
+
+
+@pytest.mark.parametrize("metric", ["attention", "norm"])
+def test_head_top_k_equals_an_independent_top_k(bundle, runs, expected, metric):
+    fd = open_features(runs["heads"].directory)
+    ex, feats = fd.examples, fd.features
+    n_pairs = sum((len(r["tokens"]) - _first(r["tokens"])) * (len(r["tokens"]) - _first(r["tokens"]) + 1) // 2
+                  for r in bundle["rows"])
+    assert (feats["n_pairs"] == n_pairs).all() and len(feats) == 2 * 4 * 3
+    which = 0 if metric == "attention" else 1
+    for layer in range(2):
+        for h in range(4):
+            items = []
+            for number, (row, (_, heads)) in enumerate(zip(bundle["rows"], expected), start=1):
+                v = heads[layer][which][h]
+                f = _first(row["tokens"])
+                items += [(float(v[q, k]), number, q, k) for q in range(f, v.shape[0]) for k in range(f, q + 1)]
+            ranking = sorted(items, key=lambda x: (-x[0], x[1], x[2], x[3]))[:TOP_K + 5]
+            got = ex[(ex["layer"] == layer) & (ex["index"] == h) & (ex["metric"] == metric)].sort_values("rank")
+            _check_order(list(zip(got["row"], got["position"], got["key_position"])),
+                         [(r, q, k) for _, r, q, k in ranking], got["activation"].to_numpy(np.float64),
+                         [a for a, *_ in ranking], (layer, h, metric))
+            for _, e in got.iterrows():
+                r, q, k = int(e["row"]), int(e["position"]), int(e["key_position"])
+                want = expected[r - 1][1][layer]
+                assert e["attention"] == pytest.approx(float(want[0][h, q, k]), rel=2e-5, abs=2e-6)
+                assert e["norm"] == pytest.approx(float(want[1][h, q, k]), rel=2e-5, abs=2e-6)
+                assert np.isfinite(e["score"])
+                tokens = bundle["rows"][r - 1]["tokens"]
+                assert list(e["key_tokens"]) == tokens[max(k - CONTEXT, 0):k + CONTEXT + 1]
+                assert e["key_start"] == max(k - CONTEXT, 0)
+                assert "\u00ab" in e["text"] and "\u27e6" in e["key_text"]
+
+
+def test_the_same_bytes_however_the_dataset_is_split(runs):
+    for a, b in (("neurons", "neurons2"), ("heads", "heads2")):
+        for name in FILES:
+            assert (runs[a].directory / name).read_bytes() == (runs[b].directory / name).read_bytes(), (a, name)
+
+
+def test_parquet_round_trip_and_dashboards(bundle, runs):
+    neurons = pq.read_table(runs["neurons"].directory / "features.parquet")
+    assert neurons.column_names[:3] == ["layer", "index", "n_tokens"] and "top_gate_tokens" in neurons.column_names
+    heads = pq.read_table(runs["heads"].directory / "examples.parquet")
+    assert heads.schema.field("key_position").type == pa.int64()
+    assert heads.schema.field("attention").type == pa.float32()
+    fd = open_features(runs["heads"].directory)
+    assert fd.info["units"] == "heads" and fd.info["head_metrics"] == ["attention", "norm", "score"]
+    board = fd.dashboard(1, 2)
+    assert [s["metric"] for s in board["metrics"]] == ["attention", "norm", "score"]
+    top = board["metrics"][0]["examples"][0]
+    assert top["rank"] == 1 and top["key_position"] <= top["position"]
+    nd = open_features(runs["neurons"].directory).dashboard(0, 3)
+    assert nd["units"] == "neurons" and len(nd["examples"]) == TOP_K and len(nd["top_gate_tokens"]) == 10
+    # the explorer's reader, as the node panel uses it
+    from circuitgraph.serve.dashboards import FeatureDashboards
+
+    sd = FeatureDashboards.open(runs["heads"].directory)
+    d = sd.dashboard(1, 2)
+    assert d["units"] == "heads" and [s["metric"] for s in d["metrics"]] == ["attention", "norm", "score"]
+    assert d["metrics"][1]["examples"][0]["key_position"] >= 0
+
+
+def test_validate_says_what_a_features_section_needs(bundle, tmp_path):
+    base = {"format_version": 1, "model": {"path": str(bundle["base"] / "llama")}, "dataset": bundle["rows"][:3],
+            "export": {"features": str(tmp_path / "out")}}
+    with pytest.raises(SpecError, match="units: features .* needs transcoders"):
+        load_spec({**base, "features": {}})
+    with pytest.raises(SpecError, match="head_metrics is not used here"):
+        load_spec({**base, "features": {"units": "neurons", "head_metrics": ["norm"]}})
+    spec = load_spec({**base, "features": {"units": "heads", "layers": [1, 2, 7],
+                                           "features": {"from_graph": str(tmp_path / "missing.json")}}})
+    problems = dict(preflight(spec))
+    assert problems["features.layers"] == "layers [2, 7] requested, the model has 2 layers (0-1; config.json)"
+    assert problems["features.features.from_graph"].startswith("graph file not found")
+    assert "attention_head nodes" in problems["features.features.from_graph"]
+    assert preflight(load_spec({**base, "features": {"units": "neurons", "layers": [0, 1]}})) == []
+
+
+def test_neurons_of_a_graph(bundle, runs, tmp_path):
+    """``features: {from_graph: PATH}`` with units: neurons computes the graph's neuron nodes only,
+    with the same examples as the run over every neuron."""
+    g = circuitgraph.run({"format_version": 1, "model": {"path": str(bundle["base"] / "llama")},
+                          "prompt": {"tokens": bundle["rows"][1]["tokens"]}, "targets": [{"logit": 5}],
+                          "graph": {"mlp": "neurons", "attention": "frozen"}, "prune": "none",
+                          "export": {"json": str(tmp_path / "graph.json")}})
+    wanted = {(n.layer, n.index) for n in g.graph.nodes if n.kind == "neuron"}
+    assert wanted
+    out = tmp_path / "sel"
+    circuitgraph.run(_spec(bundle, out, {"kind": "local", "workers": 1}, units="neurons",
+                           features={"from_graph": str(tmp_path / "graph.json")}))
+    feats = open_features(out).features
+    assert set(zip(feats["layer"], feats["index"])) == wanted
+    full = open_features(runs["neurons"].directory).examples
+    mine = open_features(out).examples
+    for layer, index in sorted(wanted)[:5]:
+        a = mine[(mine["layer"] == layer) & (mine["index"] == index)][["row", "position", "activation"]]
+        b = full[(full["layer"] == layer) & (full["index"] == index)][["row", "position", "activation"]]
+        assert a.to_numpy().tolist() == b.to_numpy().tolist()
