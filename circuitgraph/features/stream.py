@@ -88,7 +88,8 @@ class ShardJob:
                              "n_rows": len(task.rows)})
 
 
-def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection) -> FeatureState:
+def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection, *,
+                flush_entries: int = _FLUSH_ENTRIES) -> FeatureState:
     """The :class:`FeatureState` of one shard's rows.
 
     Every active value of every unit feeds the statistics; only the candidates that beat the
@@ -143,7 +144,7 @@ def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selec
                 if entries is not None:
                     buffer.append(entries)
                     buffered += entries["all_g"].size
-        if buffered > _FLUSH_ENTRIES:
+        if buffered > flush_entries:
             flush()
     flush()
     state.n_tokens = n_seen
