@@ -119,18 +119,23 @@ def _first(tokens: list[int]) -> int:
     return 1 if tokens[0] == BOS else 0
 
 
-def _check_order(got: list[tuple], want: list[tuple], got_acts, want_acts, what) -> None:
-    """The same entries in the same order as the first ``len(got)`` of ``want`` (the expected
-    ranking, longer than the top k); a swap is allowed only between activations equal to
-    float32 rounding (two implementations may round a near tie differently)."""
+def _check_order(got: list[tuple], want: list[tuple], got_acts, want_acts, what) -> int:
+    """``got`` (the run's top k: ``(row, position[, key])``) is in the total order of its own
+    values (activation descending, then row, position, key: an exact tie goes to the earlier
+    row), and holds the first entries of ``want`` (the independent ranking, longer than the top
+    k) but where two implementations round a near tie differently (a swap allowed only
+    between activations equal to float32 rounding).  Returns the exact ties seen."""
     k = len(got)
     assert k == min(TOP_K, len(want)), what
     np.testing.assert_allclose(got_acts, want_acts[:k], rtol=2e-5, atol=2e-6, err_msg=str(what))
+    keys = [(-float(a), *g) for a, g in zip(got_acts, got)]
+    assert keys == sorted(keys), (what, keys)
     for i, (g, w) in enumerate(zip(got, want)):
-        if g != w:  # an exact tie (a repeated row) is never swapped: the earlier row comes first
+        if g != w:
             j = want.index(g) if g in want else None
-            assert j is not None and want_acts[j] != want_acts[i] and \
-                abs(want_acts[j] - want_acts[i]) <= 2e-5 * abs(want_acts[i]) + 2e-6, (what, i, g, w)
+            assert j is not None and abs(want_acts[j] - want_acts[i]) <= 2e-5 * abs(want_acts[i]) + 2e-6, \
+                (what, i, g, w)
+    return sum(1 for a, b in zip(got_acts, got_acts[1:]) if a == b)
 
 
 def test_neuron_top_k_equals_an_independent_top_k(bundle, runs, expected):
@@ -149,9 +154,8 @@ def test_neuron_top_k_equals_an_independent_top_k(bundle, runs, expected):
         for j in range(d_mlp):
             mine = sorted((x for x in items if x[3] == j), key=lambda x: (-x[0], x[1], x[2]))
             top, ranking = mine[:TOP_K], mine[:TOP_K + 5]
-            ties += sum(1 for a, b in zip(top, top[1:]) if a[0] == b[0])
             got = ex[(ex["layer"] == layer) & (ex["index"] == j)].sort_values("rank")
-            _check_order(list(zip(got["row"], got["position"])), [(r, p) for _, r, p, _ in ranking],
+            ties += _check_order(list(zip(got["row"], got["position"])), [(r, p) for _, r, p, _ in ranking],
                          got["activation"].to_numpy(np.float64), [a for a, _, _, _ in ranking], (layer, j))
             rec = feats[(feats["layer"] == layer) & (feats["index"] == j)].iloc[0]
             assert rec["n_active"] == sum(1 for x in mine if x[0] != 0)
