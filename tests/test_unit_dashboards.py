@@ -272,10 +272,10 @@ def test_neurons_of_a_graph(bundle, runs, tmp_path):
 def test_flushing_often_gives_the_same_state(bundle, units, tmp_path):
     """A shard folded with a flush after every row (so the k-th-value thresholds cut the
     candidates from the second row on) holds the state of one fold at the end."""
+    from circuitgraph.datasets.rows import row_problems
     from circuitgraph.features.stream import make_shards, shard_state
     from circuitgraph.features.units import select_units
     from circuitgraph.pipeline.inputs import load_inputs
-    from circuitgraph.datasets.rows import row_problems
 
     spec = load_spec(_spec(bundle, tmp_path / "x", {"kind": "local", "workers": 1}, units=units,
                            **({"head_metrics": ["norm", "score"]} if units == "heads" else {})))
