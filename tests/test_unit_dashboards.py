@@ -285,3 +285,30 @@ def test_flushing_often_gives_the_same_state(bundle, units, tmp_path):
     once = shard_state(spec, shard, adapter, None, selection)
     often = shard_state(spec, shard, adapter, None, selection, flush_entries=1)
     assert once.to_bytes() == often.to_bytes()
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("name", ["demo_features_neurons.yaml", "demo_features_heads.yaml"])
+def test_demo_examples_run(name, tmp_path):
+    """examples/demo_features_{neurons,heads}.yaml on the demo dataset's first 40 rows, one worker."""
+    import json
+
+    import yaml
+
+    spec = yaml.safe_load((EXAMPLES / name).read_text())
+    lines = (EXAMPLES / spec["dataset"]).read_text().splitlines()[:40]
+    spec.update(dataset=[json.loads(line) for line in lines], executor={"kind": "local", "workers": 1})
+    spec["export"]["features"] = str(tmp_path / "out")
+    result = circuitgraph.run(circuitgraph.load_spec(spec, base_dir=EXAMPLES))
+    fd = open_features(result.directory)
+    assert fd.units == spec["features"]["units"] and result.n_rows == 40
+    ex = fd.examples
+    assert (ex["rank"] >= 1).all() and len(ex) == result.n_examples > 0
+    if fd.units == "heads":
+        assert (ex["key_position"] <= ex["position"]).all() and set(ex["metric"]) == {"attention", "norm"}
+        assert (ex["key_position"] > 0).all()  # the BOS key (position 0) is left out by default
+    else:
+        assert (ex["position"] > 0).all() and "top_output_tokens" in fd.features.columns
+    assert fd.summary_lines()[0].startswith("features ")

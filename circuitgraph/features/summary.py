@@ -154,7 +154,8 @@ class FeatureDashboards:
         info = self.info
         n = len(df)
         seen = "n_pairs" if "n_pairs" in df.columns else "n_tokens"
-        lines = [f"features {self.directory}: {n} features in layers {info.get('layers')} over {info.get('n_rows')} "
+        word = {"features": "features", "neurons": "neurons", "heads": "head rankings (head x metric)"}[self.units]
+        lines = [f"features {self.directory}: {n} {word} in layers {info.get('layers')} over {info.get('n_rows')} "
                  f"rows ({int(df[seen].iloc[0]) if n else 0} {seen[2:]}); top_k {info.get('top_k')}, context "
                  f"{info.get('context')}; {len(self.examples)} examples"]
         if n:
@@ -172,7 +173,7 @@ class FeatureDashboards:
             lines.append("strongest features (max activation):")
             lines += [self._line(r) for _, r in shown.head(top).iterrows()]
         if self.units != "features":
-            lines = [line.replace("features", self.units) for line in lines]
+            lines = lines[:1] + [line.replace(" features", f" {self.units}") for line in lines[1:]]
         return lines
 
     def _line(self, r: Any) -> str:
