@@ -13,6 +13,7 @@ exact ties occur and must go to the earlier row.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -312,3 +313,45 @@ def test_demo_examples_run(name, tmp_path):
     else:
         assert (ex["position"] > 0).all() and "top_output_tokens" in fd.features.columns
     assert fd.summary_lines()[0].startswith("features ")
+
+
+def test_the_explorer_node_panel_shows_neuron_and_head_dashboards(bundle, runs, tmp_path):
+    """A graph with neuron and head nodes served beside a neurons and a heads folder: clicking a
+    node shows its unit's dashboard (a head's with the query and the key marked)."""
+    import os
+
+    from circuitgraph.serve import running_server
+    from circuitgraph.testing.browser import playwright_chromium, playwright_unavailable
+
+    reason = playwright_unavailable()
+    if reason:
+        if os.environ.get("CIRCUITGRAPH_REQUIRE_BROWSER"):
+            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_BROWSER is set)")
+        pytest.skip(reason)
+    root = tmp_path / "served"
+    circuitgraph.run({"format_version": 1, "model": {"path": str(bundle["base"] / "llama")},
+                      "prompt": {"tokens": bundle["rows"][1]["tokens"]}, "targets": [{"logit": 5}],
+                      "graph": {"mlp": "neurons", "attention": "heads"}, "prune": "none",
+                      "export": {"json": str(root / "graph.json")}})
+    for name in ("neurons", "heads"):
+        shutil.copytree(runs[name].directory, root / name, ignore=shutil.ignore_patterns("shards"))
+    with running_server(root) as server, playwright_chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server.url + "#graph=graph.json")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        ids = page.eval_on_selector_all("#graph g.node", "els => els.map(e => e.dataset.id)")
+        for kind, words in (("neuron", ("dashboard: neuron", "gate read from tokens", "top examples")),
+                            ("attention_head", ("dashboard: head", "ranked by attention", "ranked by norm"))):
+            nid = next(i for i in ids if i.startswith(kind + "/"))
+            page.click(f'#graph g.node[data-id="{nid}"]')
+            page.wait_for_function(f"document.getElementById('details').dataset.node === '{nid}' && "
+                                   "document.getElementById('details').dataset.state === 'ready'")
+            text = page.text_content("#details")
+            assert all(w in text for w in words), (kind, text[:400])
+            if kind == "attention_head":
+                assert page.locator("#details .example mark.key").count() > 0
+                assert page.locator("#details .example mark.query").count() > 0
+        assert not errors, errors

@@ -408,7 +408,10 @@ function dashboardPanel(d) {
   const out = [el("h4", {}, `dashboard: ${unit} ${d.index} of layer ${d.layer}`, el("span", { class: "muted" }, ` (${d.source})`))];
   if (d.label) out.push(el("div", { class: "label" }, d.label));
   if (d.metrics) {  // an attention head: one section per ranking of its (query, key) pairs
-    for (const sec of d.metrics) out.push(...dashboardSection(sec, `top pairs by ${sec.metric}`));
+    for (const sec of d.metrics) {
+      out.push(el("h4", { class: "metric" }, `ranked by ${sec.metric}`));
+      out.push(...dashboardSection(sec, `top (query → key) pairs by ${sec.metric}`));
+    }
     return out;
   }
   out.push(...dashboardSection(d, "top examples"));
