@@ -355,3 +355,82 @@ def test_the_explorer_node_panel_shows_neuron_and_head_dashboards(bundle, runs, 
                 assert page.locator("#details .example mark.key").count() > 0
                 assert page.locator("#details .example mark.query").count() > 0
         assert not errors, errors
+
+
+# ------------------------------------------------------------------ the real model
+REAL_TEXT = [
+    "The big grey animal with a long trunk is called an elephant.",
+    "She ate an apple and an orange for breakfast, then a banana.",
+    "It took me an hour to walk to an island in the middle of the lake.",
+    "He is an engineer and she is an artist who paints a river every day.",
+    "I saw a dog, a cat and an owl in the garden last night.",
+    "Please bring an umbrella because it will rain in the afternoon.",
+    "Mary and John went to the store, and John gave a drink to Mary.",
+    "When the meeting ended, the manager thanked everyone and left the room.",
+]
+
+
+@pytest.mark.real
+def test_real_model_neurons_and_heads_equal_an_independent_top_k(smollm2_dir, tmp_path):
+    """SmolLM2-135M-Instruct (30 layers, SwiGLU, 9 query heads on 3 key-value heads): the shard
+    state of a few neurons (all of layer 25) and heads (layer 3) equals a top-k over
+    transformers's own forward of the same folder (``down_proj``'s input; ``output_attentions``,
+    ``v_proj``, ``o_proj``)."""
+    from transformers import AutoModelForCausalLM
+
+    from circuitgraph.datasets.rows import row_problems
+    from circuitgraph.features.stream import make_shards, shard_state
+    from circuitgraph.features.units import select_units
+    from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt_like
+
+    rows = [{"id": f"s{i}", "prompt": t} for i, t in enumerate(REAL_TEXT)]
+    base = {"format_version": 1, "model": {"path": str(smollm2_dir)}, "dataset": rows,
+            "export": {"features": str(tmp_path / "x")}}
+    neurons = load_spec({**base, "features": {"units": "neurons", "layers": [25], "top_k": TOP_K, "context": 2}})
+    heads = load_spec({**base, "features": {"units": "heads", "layers": [3], "top_k": TOP_K, "context": 2}})
+    adapter, _ = load_inputs(neurons)
+    shard = make_shards(row_problems(neurons)[0], len(rows))[0]
+    sn = shard_state(neurons, shard, adapter, None, select_units(neurons, adapter, None))
+    sh = shard_state(heads, shard, adapter, None, select_units(heads, adapter, None))
+    tokens = [resolve_prompt_like(r.prompt, adapter, where="row") for r in shard.rows]
+    del adapter
+
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    cfg = model.config
+    H, kv, dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    neuron_items: dict[int, list] = {}
+    head_items: dict[tuple[int, int], list] = {}
+    for number, toks in enumerate(tokens, start=1):
+        grab: dict[str, torch.Tensor] = {}
+        hooks = [model.model.layers[25].mlp.down_proj.register_forward_hook(
+                     lambda m, i, o: grab.__setitem__("mlp", i[0][0])),
+                 model.model.layers[3].self_attn.v_proj.register_forward_hook(
+                     lambda m, i, o: grab.__setitem__("v", o[0]))]
+        with torch.no_grad():
+            out = model(torch.tensor([toks]), output_attentions=True)
+        for h in hooks:
+            h.remove()
+        f = 1 if toks[0] == cfg.bos_token_id else 0
+        a = grab["mlp"]
+        for j in (0, 1527, 700):
+            neuron_items.setdefault(j, []).extend((float(a[p, j]), number, p) for p in range(f, len(toks)))
+        pattern = out.attentions[3][0]
+        v = grab["v"].reshape(-1, kv, dh).repeat_interleave(H // kv, dim=1)
+        W_O = model.model.layers[3].self_attn.o_proj.weight
+        for h in (0, 4, 8):
+            written = (v[:, h] @ W_O[:, h * dh:(h + 1) * dh].T).norm(dim=-1)
+            for m, values in (("attention", pattern[h]), ("norm", pattern[h] * written[None, :])):
+                head_items.setdefault((h, m), []).extend(
+                    (float(values[q, k]), number, q, k) for q in range(f, len(toks)) for k in range(f, q + 1))
+    for j, items in neuron_items.items():
+        ranking = sorted(items, key=lambda x: (-x[0], x[1], x[2]))[:TOP_K + 5]
+        sel = sn.g == j
+        _check_order(list(zip(sn.row[sel].tolist(), sn.pos[sel].tolist())), [(r, p) for _, r, p in ranking],
+                     sn.act[sel].astype(np.float64), [a for a, _, _ in ranking], ("L25 neuron", j))
+    for (h, m), items in head_items.items():
+        ranking = sorted(items, key=lambda x: (-x[0], x[1], x[2], x[3]))[:TOP_K + 5]
+        sel = sh.g == h * 2 + ("attention", "norm").index(m)
+        _check_order(list(zip(sh.row[sel].tolist(), sh.pos[sel].tolist(), sh.key[sel].tolist())),
+                     [(r, q, k) for _, r, q, k in ranking], sh.act[sel].astype(np.float64),
+                     [a for a, *_ in ranking], ("L3 head", h, m))
