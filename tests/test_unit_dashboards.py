@@ -434,3 +434,14 @@ def test_real_model_neurons_and_heads_equal_an_independent_top_k(smollm2_dir, tm
         _check_order(list(zip(sh.row[sel].tolist(), sh.pos[sel].tolist(), sh.key[sel].tolist())),
                      [(r, q, k) for _, r, q, k in ranking], sh.act[sel].astype(np.float64),
                      [a for a, *_ in ranking], ("L3 head", h, m))
+
+
+def test_a_one_prompt_run_refuses_a_neurons_folder_as_export_features(bundle, runs, tmp_path):
+    """``export.features`` of a one-prompt run labels feature nodes by (layer, index): a neurons
+    or heads folder there would name features after neurons, so it is refused before any work."""
+    with pytest.raises(SpecError, match="holds neurons dashboards"):
+        circuitgraph.run({"format_version": 1, "model": {"path": str(bundle["base"] / "llama")},
+                          "prompt": {"tokens": [1, 5, 9]}, "targets": [{"logit": 5}],
+                          "export": {"features": str(runs["neurons"].directory),
+                                     "json": str(tmp_path / "g.json")}})
+    assert not (tmp_path / "g.json").exists()

@@ -2,11 +2,10 @@
 
 A worker loads the model and dictionaries once (:meth:`ShardJob.load`), then for each shard
 (:class:`Shard`, consecutive rows of the dataset) runs every row alone (batch of one, so a
-row's activations never depend on which rows share its shard), reads each selected
-dictionary layer's input with TransformerLens hooks (``hook_resid_mid`` or
-``ln2.hook_normalized``, as the graph's feature nodes read it:
-:func:`~circuitgraph.attribution.linearisation.dictionary_input`) and the dictionary's own
-activation function, and folds every active (feature, position) into a
+row's activations never depend on which rows share its shard), reads the values of the
+selected units with TransformerLens hooks (:mod:`circuitgraph.features.units`: transcoder
+features through their dictionaries, neurons' ``mlp.hook_post``, heads' (query, key) pairs),
+and folds every active (unit, position[, key]) into a
 :class:`~circuitgraph.features.topk.FeatureState`.  The shard's state is written atomically
 to ``DIR/shards/<first>-<last>.npz`` (its completeness marker), then its record.
 """

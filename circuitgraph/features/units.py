@@ -93,9 +93,9 @@ def _wanted(spec: Spec, layers: list[int]) -> dict[int, set[int]] | None:
         if node.kind == f.node_kind and node.layer in layers:
             wanted.setdefault(node.layer, set()).add(int(node.index))
     if not wanted:
-        raise SpecError([("features.features.from_graph", f"{path} has no {f.node_kind} node in layers {layers}"
-                          + ("" if f.units == "features" else "; build the graph with graph: {"
-                             + ("mlp: neurons" if f.units == "neurons" else "attention: heads") + "}")) ])
+        how = {"features": "", "neurons": "; build the graph with graph: {mlp: neurons}",
+               "heads": "; build the graph with graph: {attention: heads}"}[f.units]
+        raise SpecError([("features.features.from_graph", f"{path} has no {f.node_kind} node in layers {layers}{how}")])
     return wanted
 
 
