@@ -297,6 +297,23 @@ MUTATIONS = [
         "return (np.sign(a) * np.sign(b)) > 0",
         ("tests/test_diff.py",),
     ),
+    Mutation(
+        "dashboards-gqa-heads-tiled",
+        "a grouped-query head's values taken from the wrong key-value head (repeat for repeat_interleave) "
+        "in the heads' output norm",
+        "circuitgraph/features/units.py",
+        "v = v.repeat_interleave(n_heads // v.shape[1], dim=1)",
+        "v = v.repeat(1, n_heads // v.shape[1], 1)",
+        ("tests/test_unit_dashboards.py::test_head_top_k_equals_an_independent_top_k",),
+    ),
+    Mutation(
+        "dashboards-ties-to-the-later-row",
+        "the top-k order breaks an exact tie towards the later row",
+        "circuitgraph/features/topk.py",
+        "order = np.lexsort((self.key, self.pos, self.row, -self.act.astype(np.float64), self.g))",
+        "order = np.lexsort((self.key, self.pos, -self.row, -self.act.astype(np.float64), self.g))",
+        ("tests/test_unit_dashboards.py::test_neuron_top_k_equals_an_independent_top_k",),
+    ),
 ]
 
 

@@ -96,8 +96,10 @@ FIXTURE_SPECS = sorted(p.name for p in EXAMPLES.glob("fixture_*.yaml"))
 def test_every_example_is_tested():
     assert set(p.name for p in EXAMPLES.glob("*.yaml")) == {"demo.yaml", "demo_clt.yaml", "qk_demo.yaml", "demo_dataset.yaml", "demo_steer.yaml",
                                                            "demo_features.yaml", "demo_features_clt.yaml",
+                                                           "demo_features_neurons.yaml", "demo_features_heads.yaml",
                                                            *FIXTURE_SPECS}
-    # qk_demo: tests/test_qk.py; demo_dataset: tests/test_datasets.py; demo_features(_clt): tests/test_features.py
+    # qk_demo: tests/test_qk.py; demo_dataset: tests/test_datasets.py; demo_features(_clt): tests/test_features.py;
+    # demo_features_neurons/_heads: tests/test_unit_dashboards.py
     assert len(FIXTURE_SPECS) >= 2
 
 

@@ -281,6 +281,12 @@ class ModelAdapter:
         return f"blocks.{layer}.hook_{side}_input"
 
     @staticmethod
+    def hook_v(layer: int) -> str:
+        """The values of ``layer``'s attention ``(batch, pos, n_kv_heads, d_head)`` (one per key-value
+        head: grouped-query heads share them)."""
+        return f"blocks.{layer}.attn.hook_v"
+
+    @staticmethod
     def hook_z(layer: int) -> str:
         return f"blocks.{layer}.attn.hook_z"
 

@@ -31,14 +31,10 @@ from circuitgraph.datasets.executors import make_executor
 from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.rows import model_problems, row_problems
 from circuitgraph.errors import DatasetError
-from circuitgraph.features.stream import (
-    ShardJob,
-    make_shards,
-    select_features,
-    shard_path,
-)
+from circuitgraph.features.stream import HEAD_EXTRA, ShardJob, make_shards, shard_path
 from circuitgraph.features.summary import open_features
 from circuitgraph.features.topk import FeatureState
+from circuitgraph.features.units import select_units
 from circuitgraph.features.write import (
     examples_table,
     features_table,
@@ -51,6 +47,8 @@ from circuitgraph.spec import Spec, SpecSource, load_spec
 __all__ = ["FeaturesRunResult", "features_fingerprint", "run_features"]
 
 FORMAT = "circuitgraph-features"
+#: what a summary calls the rows of features.parquet
+_UNIT_WORDS = {"features": "features", "neurons": "neurons", "heads": "head rankings (head x metric)"}
 
 
 @dataclass
@@ -73,7 +71,8 @@ class FeaturesRunResult:
     def summary_lines(self) -> list[str]:
         rate = self.timings.get("rows_per_minute")
         return [
-            f"features: {self.n_features} features over {self.n_rows} rows, {self.n_examples} examples "
+            f"features: {self.n_features} {_UNIT_WORDS[self.spec.features.units]} over {self.n_rows} rows, "
+            f"{self.n_examples} examples "
             f"({self.n_shards} shards" + (f", {self.n_skipped} already complete, skipped)" if self.n_skipped else ")"),
             f"wrote {self.directory.resolve()}: features.parquet, examples.parquet",
             "time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items() if k.startswith("time_"))
@@ -87,6 +86,8 @@ def features_fingerprint(spec: Spec, rows: list[Any]) -> str:
     settings except ``shard_size``, and the rows (not the executor, not the graph sections)."""
     dump = spec.model_dump(mode="json", include={"model", "transcoders", "graph", "features"})
     dump["features"].pop("shard_size", None)
+    if dump["features"].get("units") == "features":  # the default: the fingerprints of runs before units: hold
+        dump["features"].pop("units")
     dump["graph"] = {"dtype": dump["graph"].get("dtype")}
     rows_json = [{"id": r.id, "prompt": r.prompt.model_dump(mode="json")} for r in rows]
     text = json.dumps({"spec": dump, "rows": rows_json}, sort_keys=True, default=str)
@@ -127,12 +128,13 @@ def run_features(spec: SpecSource, *, progress: bool = False) -> FeaturesRunResu
     problems += model_problems(rows, spec, adapter, dictionaries)
     if problems:
         raise DatasetError(problems)
-    selection = select_features(spec, dictionaries)
+    selection = select_units(spec, adapter, dictionaries)
     f = spec.features
     out = Path(spec.export.features)
-    settings = {"top_k": f.top_k, "context": f.context, "quantiles": list(f.quantiles), "layers": list(selection.layers),
+    settings = {"units": f.units, **({"head_metrics": list(f.head_metrics)} if f.units == "heads" else {}),
+                "top_k": f.top_k, "context": f.context, "quantiles": list(f.quantiles), "layers": list(selection.layers),
                 "n_features": selection.n_features, "n_rows": len(rows), "include_bos": f.include_bos,
-                "dictionaries": dictionaries.describe().get("kind")}
+                "dictionaries": dictionaries.describe().get("kind") if dictionaries is not None else None}
     _prepare(out, features_fingerprint(spec, rows), settings)
     timings: dict[str, float] = {"time_check": time.perf_counter() - t_start}
 
@@ -164,8 +166,9 @@ def run_features(spec: SpecSource, *, progress: bool = False) -> FeaturesRunResu
                            f"resume): {'; '.join(failures[:5])}")
 
     t0 = time.perf_counter()
-    width = 2 * f.context + 1
-    state = FeatureState.empty(f.top_k, width)
+    heads = f.units == "heads"
+    width = (2 if heads else 1) * (2 * f.context + 1)
+    state = FeatureState.empty(f.top_k, width, len(HEAD_EXTRA) if heads else 0)
     for s in shards:  # one shard read at a time; the merge is exact, so the order does not matter
         state = state.merge(FeatureState.from_bytes(shard_path(out, s.id).read_bytes()))
     tok = adapter.tokenizer

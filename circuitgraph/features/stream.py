@@ -2,11 +2,10 @@
 
 A worker loads the model and dictionaries once (:meth:`ShardJob.load`), then for each shard
 (:class:`Shard`, consecutive rows of the dataset) runs every row alone (batch of one, so a
-row's activations never depend on which rows share its shard), reads each selected
-dictionary layer's input with TransformerLens hooks (``hook_resid_mid`` or
-``ln2.hook_normalized``, as the graph's feature nodes read it:
-:func:`~circuitgraph.attribution.linearisation.dictionary_input`) and the dictionary's own
-activation function, and folds every active (feature, position) into a
+row's activations never depend on which rows share its shard), reads the values of the
+selected units with TransformerLens hooks (:mod:`circuitgraph.features.units`: transcoder
+features through their dictionaries, neurons' ``mlp.hook_post``, heads' (query, key) pairs),
+and folds every active (unit, position[, key]) into a
 :class:`~circuitgraph.features.topk.FeatureState`.  The shard's state is written atomically
 to ``DIR/shards/<first>-<last>.npz`` (its completeness marker), then its record.
 """
@@ -22,16 +21,14 @@ import numpy as np
 import torch
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text
-from circuitgraph.attribution.linearisation import dictionary_input
 from circuitgraph.datasets.prompt import PromptOutput, one_line
-from circuitgraph.errors import SpecError
-from circuitgraph.export.html import read_graph_file
 from circuitgraph.features.topk import FeatureState
+from circuitgraph.features.units import Selection, head_values, neuron_values, row_activations, select_units
 from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt_like
 from circuitgraph.spec.dataset import Row
 from circuitgraph.spec.root import Spec
 
-__all__ = ["Selection", "Shard", "ShardJob", "make_shards", "row_activations", "shard_path"]
+__all__ = ["HEAD_EXTRA", "Shard", "ShardJob", "make_shards", "shard_path", "shard_state"]
 
 #: reduce a shard's buffered entries to their top-k when they exceed this many
 _FLUSH_ENTRIES = 1 << 20
@@ -60,105 +57,12 @@ def shard_path(out_dir: Path, shard_id: str) -> Path:
     return out_dir / "shards" / f"{shard_id}.npz"
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The features of a run: per dictionary layer, the sorted feature indices (``None``: all
-    ``d_sae`` of them); a feature's global number ``g`` is its row in ``features.parquet``."""
-
-    layers: tuple[int, ...]
-    sizes: tuple[int, ...]
-    indices: tuple[np.ndarray | None, ...]
-
-    @property
-    def counts(self) -> list[int]:
-        return [size if idx is None else int(idx.size) for size, idx in zip(self.sizes, self.indices)]
-
-    @property
-    def offsets(self) -> list[int]:
-        return [int(x) for x in np.r_[0, np.cumsum(self.counts)][:-1]]
-
-    @property
-    def n_features(self) -> int:
-        return int(sum(self.counts))
-
-    def layer_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(layer, index)`` of every feature, in ``g`` order."""
-        layers, indices = [], []
-        for layer, size, idx in zip(self.layers, self.sizes, self.indices):
-            ids = np.arange(size, dtype=np.int64) if idx is None else idx.astype(np.int64)
-            layers.append(np.full(ids.size, layer, dtype=np.int64))
-            indices.append(ids)
-        return np.concatenate(layers), np.concatenate(indices)
-
-
-def select_features(spec: Spec, dictionaries: Any) -> Selection:
-    """The run's :class:`Selection` from ``features.layers`` / ``features.features``; one-line
-    errors for layers without a dictionary and graph files with no feature of them."""
-    f = spec.features
-    available = sorted(dictionaries.layers) if dictionaries is not None else []
-    if not available:
-        raise SpecError([("transcoders", "features: needs dictionaries (transcoders or a CLT); add transcoders:")])
-    layers = available if f.layers == "all" else list(f.layers)
-    missing = [layer for layer in layers if layer not in available]
-    if missing:
-        raise SpecError([("features.layers", f"layers {missing} have no dictionary; the dictionaries have layers "
-                                            f"{available}")])
-    wanted: dict[int, set[int]] | None = None
-    if f.features != "all":
-        path = f.features.from_graph
-        try:
-            graph = read_graph_file(path).graph
-        except Exception as exc:  # noqa: BLE001 - any unreadable graph file is one line
-            raise SpecError([("features.features.from_graph", f"cannot read the graph file {path}: {one_line(exc)}")])
-        wanted = {}
-        for node in graph.nodes:
-            if node.kind == "feature" and node.layer in layers:
-                wanted.setdefault(node.layer, set()).add(int(node.index))
-        if not wanted:
-            raise SpecError([("features.features.from_graph", f"{path} has no feature node in layers {layers}")])
-        layers = sorted(wanted)
-    sizes, indices = [], []
-    for layer in layers:
-        size = int(dictionaries[layer].d_sae)
-        sizes.append(size)
-        if wanted is None:
-            indices.append(None)
-            continue
-        idx = np.array(sorted(wanted[layer]), dtype=np.int64)
-        if idx.size and (idx[-1] >= size or idx[0] < 0):
-            raise SpecError([("features.features.from_graph", f"feature {int(idx[-1])} of layer {layer} is out of "
-                             f"range: the dictionary has {size} features (0-{size - 1})")])
-        indices.append(idx)
-    return Selection(tuple(layers), tuple(sizes), tuple(indices))
-
-
-def row_activations(adapter: Any, dictionaries: Any, layers: tuple[int, ...], tokens: list[int]) -> dict[int, torch.Tensor]:
-    """``{layer: activations (pos, d_sae) float32}`` of one row: the dictionaries' own
-    activation functions on the inputs TransformerLens's hooks record."""
-    names = set()
-    for layer in layers:
-        site = dictionaries[layer].input_site
-        names.add(adapter.hook_resid_mid(layer) if site == "raw" else adapter.hook_norm_normalized("ln2", layer))
-    toks = torch.tensor([tokens], device=adapter.device)
-    with torch.no_grad():
-        _, cache = adapter.model.run_with_cache(toks, names_filter=lambda n: n in names,
-                                                stop_at_layer=max(layers) + 1)
-        out = {}
-        for layer in layers:
-            d = dictionaries[layer]
-            mid = cache[adapter.hook_resid_mid(layer)][0] if d.input_site == "raw" else None
-            ln2 = cache[adapter.hook_norm_normalized("ln2", layer)][0] if d.input_site != "raw" else None
-            x = dictionary_input(adapter, d.input_site, layer, mid, ln2)
-            out[layer] = d.activation(x).detach().to(device="cpu", dtype=torch.float32)
-    return out
-
-
 class ShardJob:
     """The executors' job of a features run (see :mod:`circuitgraph.datasets.executors`)."""
 
     def load(self, spec: Spec) -> Any:
         adapter, dictionaries = load_inputs(spec)
-        return adapter, dictionaries, select_features(spec, dictionaries)
+        return adapter, dictionaries, select_units(spec, adapter, dictionaries)
 
     def run(self, spec: Spec, task: Shard, inputs: Any) -> PromptOutput:
         record: dict[str, Any] = {"id": task.id, "row": task.number, "status": "ok", "error": None,
@@ -183,53 +87,138 @@ class ShardJob:
                              "n_rows": len(task.rows)})
 
 
-def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection) -> FeatureState:
-    """The :class:`FeatureState` of one shard's rows."""
+def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection, *,
+                flush_entries: int = _FLUSH_ENTRIES) -> FeatureState:
+    """The :class:`FeatureState` of one shard's rows.
+
+    Every active value of every unit feeds the statistics; only the candidates that beat the
+    shard's current k-th activation of their unit (:meth:`FeatureState.thresholds`, exact since
+    rows come in order and a later row loses ties) get a context window."""
     f = spec.features
     k, c = f.top_k, f.context
-    width = 2 * c + 1
+    heads = selection.units == "heads"
+    width = (2 if heads else 1) * (2 * c + 1)
+    n_extra = len(HEAD_EXTRA) if heads else 0
     offsets = dict(zip(selection.layers, selection.offsets))
     index_of = dict(zip(selection.layers, selection.indices))
     bos = adapter.tokenizer.bos_id if adapter.tokenizer is not None else None
-    state = FeatureState.empty(k, width)
-    buffer: list[tuple[np.ndarray, ...]] = []
+    state = FeatureState.empty(k, width, n_extra)
+    thr = state.thresholds(selection.n_features)
+    buffer: list[dict[str, np.ndarray]] = []
     buffered = 0
-    n_tokens = 0
+    n_seen = 0
 
     def flush() -> None:
-        nonlocal state, buffer, buffered
+        nonlocal state, buffer, buffered, thr
         if buffer:
-            cols = [np.concatenate(parts) for parts in zip(*buffer)]
-            state = state.merge(FeatureState.from_entries(k, width, 0, *cols))
+            cols = {name: np.concatenate([b[name] for b in buffer]) for name in buffer[0]}
+            state = state.merge(FeatureState.from_entries(k, width, 0, **cols))
+            thr = state.thresholds(selection.n_features)
         buffer, buffered = [], 0
 
     for row in shard.rows:
         tokens = resolve_prompt_like(row.prompt, adapter, where=f"row {row.number} (id {row.id}) prompt")
         n = len(tokens)
         first = 1 if (not f.include_bos and bos is not None and tokens[0] == bos) else 0
-        n_tokens += n - first
         tok = np.asarray(tokens, dtype=np.int32)
-        acts = row_activations(adapter, dictionaries, selection.layers, tokens)
-        for layer in selection.layers:
-            a = acts[layer]
-            idx = index_of[layer]
-            if idx is not None:
-                a = a[:, torch.as_tensor(idx)]
-            a = a.numpy()
-            pos, col = np.nonzero(a[first:])
-            if pos.size == 0:
-                continue
-            pos = pos + first
-            window = pos[:, None] + np.arange(-c, c + 1)[None, :]
-            valid = (window >= 0) & (window < n)
-            clipped = np.clip(window, 0, n - 1)
-            win_acts = np.where(valid, a[clipped, col[:, None]], 0.0).astype(np.float32)
-            win_tokens = np.where(valid, tok[clipped], -1).astype(np.int32)
-            buffer.append((offsets[layer] + col.astype(np.int64), a[pos, col], np.full(pos.size, row.number),
-                           pos, np.maximum(pos - c, 0), win_tokens, win_acts))
-            buffered += pos.size
-        if buffered > _FLUSH_ENTRIES:
+        if heads:
+            n_seen += _pair_count(n, first, adapter.facts.causal)
+            values = head_values(adapter, selection.layers, selection.metrics, tokens)
+            for layer in selection.layers:
+                entries = _head_entries(values[layer], index_of[layer], offsets[layer], selection.metrics, thr,
+                                        row.number, first, tok, c, adapter.facts.causal)
+                if entries is not None:
+                    buffer.append(entries)
+                    buffered += entries["all_g"].size
+        else:
+            n_seen += n - first
+            acts = row_activations(adapter, dictionaries, selection.layers, tokens) \
+                if selection.units == "features" else neuron_values(adapter, selection.layers, tokens)
+            for layer in selection.layers:
+                a = acts[layer]
+                idx = index_of[layer]
+                if idx is not None:
+                    a = a[:, torch.as_tensor(idx)]
+                entries = _token_entries(a.numpy(), offsets[layer], thr, row.number, first, tok, c)
+                if entries is not None:
+                    buffer.append(entries)
+                    buffered += entries["all_g"].size
+        if buffered > flush_entries:
             flush()
     flush()
-    state.n_tokens = n_tokens
+    state.n_tokens = n_seen
     return state
+
+
+#: the values an attention head's example records at its pair, whatever it is ranked by
+HEAD_EXTRA = ("attention", "score", "norm")
+
+
+def _windows(centre: np.ndarray, n: int, c: int, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(positions clipped, valid, token ids or -1)`` of the ``2c+1`` windows around ``centre``."""
+    window = centre[:, None] + np.arange(-c, c + 1)[None, :]
+    valid = (window >= 0) & (window < n)
+    clipped = np.clip(window, 0, n - 1)
+    return clipped, valid, np.where(valid, tok[clipped], -1).astype(np.int32)
+
+
+def _token_entries(a: np.ndarray, offset: int, thr: np.ndarray, row: int, first: int, tok: np.ndarray,
+                   c: int) -> dict[str, np.ndarray] | None:
+    """One layer's entries of a row for features and neurons: ``a`` ``(pos, units)``."""
+    n = a.shape[0]
+    pos, col = np.nonzero(a[first:])
+    if pos.size == 0:
+        return None
+    pos = pos + first
+    act = a[pos, col]
+    g = offset + col.astype(np.int64)
+    cand = act > thr[g]
+    cp, cc = pos[cand], col[cand]
+    clipped, valid, win_tokens = _windows(cp, n, c, tok)
+    win_acts = np.where(valid, a[clipped, cc[:, None]], 0.0).astype(np.float32)
+    return {"g": g[cand], "act": act[cand], "row": np.full(cp.size, row, np.int64), "pos": cp,
+            "start": np.maximum(cp - c, 0), "win_tokens": win_tokens, "win_acts": win_acts, "all_g": g,
+            "all_act": act}
+
+
+def _pair_count(n: int, first: int, causal: bool) -> int:
+    m = n - first
+    return m * (m + 1) // 2 if causal else m * m
+
+
+def _head_entries(v: torch.Tensor, idx: np.ndarray | None, offset: int, metrics: tuple[str, ...], thr: np.ndarray,
+                  row: int, first: int, tok: np.ndarray, c: int, causal: bool) -> dict[str, np.ndarray] | None:
+    """One layer's entries of a row for heads: ``v`` ``(metrics, heads, query, key)``; each
+    entry is a (head, metric, query, key) with a non-zero value, its windows around the query
+    and around the key (the head's metric from the query to each token there; 0 where it cannot
+    attend) and the pair's attention, score and norm (NaN for a metric not computed)."""
+    if idx is not None:
+        v = v[:, torch.as_tensor(idx)]
+    a = v.numpy()
+    M, H, n, _ = a.shape
+    if first >= n:
+        return None
+    allowed = np.tril(np.ones((n, n), dtype=bool)) if causal else np.ones((n, n), dtype=bool)
+    allowed[:first, :] = False
+    allowed[:, :first] = False
+    masked = np.where(allowed[None, None], a, np.float32(0))  # a score is -inf where a head cannot attend
+    m_i, h_i, q_i, k_i = np.nonzero(masked)
+    if q_i.size == 0:
+        return None
+    act = a[m_i, h_i, q_i, k_i]
+    g = offset + h_i.astype(np.int64) * M + m_i
+    cand = act > thr[g]
+    cm, ch, cq, ck = m_i[cand], h_i[cand], q_i[cand], k_i[cand]
+    qc, qvalid, qtok = _windows(cq, n, c, tok)
+    kc, kvalid, ktok = _windows(ck, n, c, tok)
+    qacts = np.where(qvalid, masked[cm[:, None], ch[:, None], cq[:, None], qc], 0.0)
+    kacts = np.where(kvalid, masked[cm[:, None], ch[:, None], cq[:, None], kc], 0.0)
+    extra = np.full((cq.size, len(HEAD_EXTRA)), np.nan, dtype=np.float32)
+    for j, name in enumerate(HEAD_EXTRA):
+        if name in metrics:
+            extra[:, j] = a[metrics.index(name), ch, cq, ck]
+    # the key window's start rides in the row of key positions' context: start + (2c+1) columns
+    return {"g": g[cand], "act": act[cand], "row": np.full(cq.size, row, np.int64), "pos": cq, "key": ck,
+            "start": np.maximum(cq - c, 0), "win_tokens": np.concatenate([qtok, ktok], axis=1),
+            "win_acts": np.concatenate([qacts, kacts], axis=1).astype(np.float32), "extra": extra,
+            "all_g": g, "all_act": act}

@@ -24,6 +24,11 @@ __all__ = ["FEATURE_FILES", "FeatureDashboards", "open_features"]
 
 #: the files a finished features run has written
 FEATURE_FILES = ("features.json", "features.parquet", "examples.parquet")
+#: the token-list columns a features or neurons folder may have
+_TOKEN_COLUMNS = ("top_output_tokens", "bottom_output_tokens", "top_input_tokens", "top_gate_tokens")
+#: an example's columns, and a head example's extra ones
+_EXAMPLE_KEYS = ("rank", "row_id", "row", "position", "activation", "tokens", "start", "activations", "text")
+_HEAD_KEYS = ("key_position", "attention", "score", "norm", "key_tokens", "key_start", "key_activations", "key_text")
 
 
 def _plain(value: Any) -> Any:
@@ -51,6 +56,8 @@ class FeatureDashboards:
         self.info: dict[str, Any] = json.loads((self.directory / "features.json").read_text(encoding="utf-8"))
         self._frames: dict[str, Any] = {}
         self._by_feature: dict[tuple[int, int], Any] | None = None
+        #: what the rows are: ``features`` (transcoder features), ``neurons`` or ``heads``
+        self.units: str = self.info.get("units", "features")
         labels = self.directory / "labels.csv"
         self.labels: dict[tuple[int, int], str] = load_feature_labels(labels) if labels.is_file() else {}
 
@@ -75,35 +82,60 @@ class FeatureDashboards:
         return key in self._index()
 
     def _index(self) -> dict[tuple[int, int], Any]:
+        """``(layer, index)`` -> the first of its rows in ``features.parquet`` (a head has one row
+        per metric, consecutive)."""
         if self._by_feature is None:
             df = self.features
-            self._by_feature = {(int(l), int(i)): r for r, (l, i) in enumerate(zip(df["layer"], df["index"]))}
+            self._by_feature = {}
+            for r, (l, i) in enumerate(zip(df["layer"], df["index"])):
+                self._by_feature.setdefault((int(l), int(i)), r)
         return self._by_feature
 
-    def dashboard(self, layer: int, index: int) -> dict[str, Any] | None:
-        """One feature's dashboard as JSON values, or ``None`` when the folder has no such feature::
+    def _section(self, r: Any, examples: Any) -> dict[str, Any]:
+        """One ``features.parquet`` row and its examples as JSON values."""
+        out: dict[str, Any] = {}
+        for key in ("n_tokens", "n_pairs", "n_active", "density", "max_activation", "mean_active_activation"):
+            if key in r.index:
+                out[key] = _plain(r[key])
+        out["quantiles"] = {c: _plain(r[c]) for c in self.features.columns if c.startswith("q")}
+        for key in _TOKEN_COLUMNS:
+            if key in r.index:
+                out[key] = [_plain(dict(t)) for t in r[key]]
+        keys = _EXAMPLE_KEYS + (_HEAD_KEYS if "key_position" in examples.columns else ())
+        out["examples"] = [{k: _plain(e[k]) for k in keys} for _, e in examples.iterrows()]
+        for e in out["examples"]:
+            e["row_id"] = str(e["row_id"])
+        return out
 
-            {layer, index, label, n_tokens, n_active, density, max_activation, mean_active_activation,
+    def dashboard(self, layer: int, index: int) -> dict[str, Any] | None:
+        """One unit's dashboard as JSON values, or ``None`` when the folder has no such unit.
+        A feature's or a neuron's::
+
+            {units, layer, index, label, n_tokens, n_active, density, max_activation, mean_active_activation,
              quantiles: {"q0.5": ...}, top_output_tokens, bottom_output_tokens, top_input_tokens,
+             (neurons of gated MLPs: top_gate_tokens),
              examples: [{rank, row_id, row, position, activation, tokens, start, activations, text}]}
+
+        A head's: ``{units, layer, index, label, metrics: [{metric, n_pairs, n_active, ..., quantiles,
+        examples: [{..., key_position, attention, score, norm, key_tokens, key_start,
+        key_activations, key_text}]}]}``, one section per metric.
         """
         row = self._index().get((int(layer), int(index)))
         if row is None:
             return None
-        r = self.features.iloc[row]
-        qcols = [c for c in self.features.columns if c.startswith("q")]
-        out: dict[str, Any] = {"layer": int(layer), "index": int(index), "label": self.labels.get((layer, index), "")}
-        for key in ("n_tokens", "n_active", "density", "max_activation", "mean_active_activation"):
-            out[key] = _plain(r[key])
-        out["quantiles"] = {c: _plain(r[c]) for c in qcols}
-        for key in ("top_output_tokens", "bottom_output_tokens", "top_input_tokens"):
-            out[key] = [_plain(dict(t)) for t in r[key]]
+        out: dict[str, Any] = {"units": self.units, "layer": int(layer), "index": int(index),
+                               "label": self.labels.get((layer, index), "")}
         sel = self._examples_of(int(layer), int(index))
-        out["examples"] = [
-            {"rank": int(e["rank"]), "row_id": str(e["row_id"]), "row": int(e["row"]), "position": int(e["position"]),
-             "activation": float(e["activation"]), "tokens": [int(t) for t in e["tokens"]], "start": int(e["start"]),
-             "activations": [float(a) for a in e["activations"]], "text": str(e["text"])}
-            for _, e in sel.iterrows()]
+        if self.units != "heads":
+            out.update(self._section(self.features.iloc[row], sel))
+            return out
+        out["metrics"] = []
+        df = self.features
+        while row < len(df) and int(df["layer"].iloc[row]) == layer and int(df["index"].iloc[row]) == index:
+            r = df.iloc[row]
+            metric = str(r["metric"])
+            out["metrics"].append({"metric": metric, **self._section(r, sel[sel["metric"] == metric])})
+            row += 1
         return out
 
     def _examples_of(self, layer: int, index: int) -> Any:
@@ -121,8 +153,10 @@ class FeatureDashboards:
         df = self.features
         info = self.info
         n = len(df)
-        lines = [f"features {self.directory}: {n} features in layers {info.get('layers')} over {info.get('n_rows')} "
-                 f"rows ({int(df['n_tokens'].iloc[0]) if n else 0} tokens); top_k {info.get('top_k')}, context "
+        seen = "n_pairs" if "n_pairs" in df.columns else "n_tokens"
+        word = {"features": "features", "neurons": "neurons", "heads": "head rankings (head x metric)"}[self.units]
+        lines = [f"features {self.directory}: {n} {word} in layers {info.get('layers')} over {info.get('n_rows')} "
+                 f"rows ({int(df[seen].iloc[0]) if n else 0} {seen[2:]}); top_k {info.get('top_k')}, context "
                  f"{info.get('context')}; {len(self.examples)} examples"]
         if n:
             alive = df[df["n_active"] > 0]
@@ -138,17 +172,23 @@ class FeatureDashboards:
                                       kind="stable")
             lines.append("strongest features (max activation):")
             lines += [self._line(r) for _, r in shown.head(top).iterrows()]
+        if self.units != "features":
+            lines = lines[:1] + [line.replace(" features", f" {self.units}") for line in lines[1:]]
         return lines
 
     def _line(self, r: Any) -> str:
         key = (int(r["layer"]), int(r["index"]))
         label = self.labels.get(key)
         first = self._examples_of(*key)
+        if "metric" in r.index:
+            first = first[first["metric"] == r["metric"]]
         text = str(first["text"].iloc[0]).replace("\n", "\\n") if len(first) else ""
-        promoted = ", ".join(repr(t["token"]) for t in list(r["top_output_tokens"])[:3])
-        return (f"  L{key[0]} #{key[1]}" + (f" ({label})" if label else "")
+        promoted = ", ".join(repr(t["token"]) for t in list(r["top_output_tokens"])[:3]) \
+            if "top_output_tokens" in r.index else ""
+        return (f"  L{key[0]} #{key[1]}" + (f" {r['metric']}" if "metric" in r.index else "")
+                + (f" ({label})" if label else "")
                 + f": density {r['density']:.4g}, max {r['max_activation']:.4g}, mean {r['mean_active_activation']:.4g}"
-                + f"; promotes {promoted}; top example: {text[:80]!r}")
+                + (f"; promotes {promoted}" if promoted else "") + f"; top example: {text[:80]!r}")
 
 
 def open_features(directory: str | Path) -> FeatureDashboards:

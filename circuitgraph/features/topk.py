@@ -4,10 +4,12 @@ Every feature of the run has a global number ``g`` (its row in ``features.parque
 :class:`FeatureState` holds, for a set of rows of the dataset:
 
 * ``n_tokens``: positions seen (the same for every feature);
-* the top-k entries of every feature: activation, row number, position, and the context
-  window (token ids and the feature's activations there), ordered by activation
-  (descending), then row number, then position -- a total order, so the top k of a union is
-  the top k of the tops of its parts, whatever the parts;
+* the top-k entries of every feature: activation, row number, position, key position (an
+  attention head's pairs; -1 for other units), the context window (token ids and the
+  feature's activations there) and ``extra`` values of the entry (a head's attention weight,
+  score and output norm at the pair), ordered by activation (descending), then row number,
+  then position, then key position -- a total order, so the top k of a union is the top k
+  of the tops of its parts, whatever the parts;
 * ``hist``: counts of the active activations per ``(g, bin)``, a bin being the top 20 bits of
   the float32 in an order-preserving encoding (sign, exponent and 11 mantissa bits);
 * ``sums``: the exact sum of the active activations per ``(g, exponent)``, as the integer sum
@@ -36,7 +38,7 @@ __all__ = ["HIST_SHIFT", "FeatureState", "exact_means", "float_keys", "quantiles
 #: 2**-11 relative width; a quantile read from a bin is within 2**-12 relative of the value)
 HIST_SHIFT = 12
 _BIN_BITS = 32 - HIST_SHIFT
-_FIELDS = ("g", "act", "row", "pos", "start", "win_tokens", "win_acts")
+_FIELDS = ("g", "act", "row", "pos", "key", "start", "win_tokens", "win_acts", "extra")
 
 
 def float_keys(values: np.ndarray) -> np.ndarray:
@@ -65,7 +67,8 @@ def _unique_sum(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nd
 @dataclass
 class FeatureState:
     """See the module docstring.  Arrays of the top-k entries are parallel, sorted by
-    ``(g, -act, row, pos)`` with at most ``k`` entries per ``g``."""
+    ``(g, -act, row, pos, key)`` with at most ``k`` entries per ``g``; ``extra`` is
+    ``(entries, n_extra)``."""
 
     k: int
     width: int
@@ -74,9 +77,11 @@ class FeatureState:
     act: np.ndarray
     row: np.ndarray
     pos: np.ndarray
+    key: np.ndarray
     start: np.ndarray
     win_tokens: np.ndarray
     win_acts: np.ndarray
+    extra: np.ndarray
     hist_keys: np.ndarray
     hist_counts: np.ndarray
     sum_keys: np.ndarray
@@ -85,43 +90,68 @@ class FeatureState:
     min_value: np.ndarray
 
     @classmethod
-    def empty(cls, k: int, width: int) -> FeatureState:
+    def empty(cls, k: int, width: int, n_extra: int = 0) -> FeatureState:
         i64, f32 = np.zeros(0, np.int64), np.zeros(0, np.float32)
-        return cls(k, width, 0, i64, f32, i64, i64, i64, np.zeros((0, width), np.int32),
-                   np.zeros((0, width), np.float32), i64, i64, i64, i64, i64, f32)
+        return cls(k, width, 0, i64, f32, i64, i64, i64, i64, np.zeros((0, width), np.int32),
+                   np.zeros((0, width), np.float32), np.zeros((0, n_extra), np.float32), i64, i64, i64, i64, i64, f32)
+
+    @property
+    def n_extra(self) -> int:
+        return int(self.extra.shape[1])
+
+    def thresholds(self, n_features: int) -> np.ndarray:
+        """Per feature, the activation an entry of a *later* row must exceed to enter the top
+        k (``-inf`` while a feature has fewer than ``k`` entries): an equal activation loses the
+        tie on the row number.  Candidates below it need no context window."""
+        out = np.full(n_features, -np.inf, dtype=np.float32)
+        if self.g.size:
+            bounds = np.searchsorted(self.g, np.arange(n_features + 1))
+            full = np.flatnonzero(bounds[1:] - bounds[:-1] >= self.k)
+            out[full] = self.act[bounds[full] + self.k - 1]
+        return out
 
     # ------------------------------------------------------------------ building
     @classmethod
     def from_entries(cls, k: int, width: int, n_tokens: int, g: np.ndarray, act: np.ndarray, row: np.ndarray,
                      pos: np.ndarray, start: np.ndarray, win_tokens: np.ndarray,
-                     win_acts: np.ndarray) -> FeatureState:
-        """The state of a set of active entries (every active (feature, row, position))."""
+                     win_acts: np.ndarray, *, key: np.ndarray | None = None, extra: np.ndarray | None = None,
+                     all_g: np.ndarray | None = None, all_act: np.ndarray | None = None) -> FeatureState:
+        """The state of a set of active entries (every active (feature, row, position)).
+
+        With ``all_g``/``all_act`` the statistics (counts, sums, histogram, minima) are those
+        of every active entry given there, and ``g, act, ...`` need only hold the candidates
+        for the top k (a superset of each feature's top k among them): their context windows
+        are all that must be built."""
         act = act.astype(np.float32)
         g = g.astype(np.int64)
-        keys = float_keys(act).astype(np.int64)
-        hist_keys, hist_counts = _unique_sum((g << _BIN_BITS) | (keys >> HIST_SHIFT), np.ones(g.size, np.int64))
-        bits = act.view(np.uint32).astype(np.int64)
+        sg = g if all_g is None else all_g.astype(np.int64)
+        sa = act if all_act is None else all_act.astype(np.float32)
+        keys = float_keys(sa).astype(np.int64)
+        hist_keys, hist_counts = _unique_sum((sg << _BIN_BITS) | (keys >> HIST_SHIFT), np.ones(sg.size, np.int64))
+        bits = sa.view(np.uint32).astype(np.int64)
         exponent = (bits >> 23) & 0xFF
         significand = np.where(exponent > 0, (bits & 0x7FFFFF) | 0x800000, bits & 0x7FFFFF)
         signed = np.where(bits >> 31, -significand, significand)
-        sum_keys, sum_values = _unique_sum((g << 8) | exponent, signed)
-        if g.size:
-            order = np.lexsort((act, g))  # per g, smallest first
+        sum_keys, sum_values = _unique_sum((sg << 8) | exponent, signed)
+        if sg.size:
+            order = np.lexsort((sa, sg))  # per g, smallest first
             first = np.ones(order.size, dtype=bool)
-            first[1:] = g[order][1:] != g[order][:-1]
-            min_g, min_value = g[order][first], act[order][first]
+            first[1:] = sg[order][1:] != sg[order][:-1]
+            min_g, min_value = sg[order][first], sa[order][first]
         else:
             min_g, min_value = np.zeros(0, np.int64), np.zeros(0, np.float32)
-        state = cls(k, width, int(n_tokens), g, act, row.astype(np.int64), pos.astype(np.int64),
-                    start.astype(np.int64), win_tokens.astype(np.int32), win_acts.astype(np.float32),
+        key = np.full(g.size, -1, np.int64) if key is None else key.astype(np.int64)
+        extra = np.zeros((g.size, 0), np.float32) if extra is None else extra.astype(np.float32)
+        state = cls(k, width, int(n_tokens), g, act, row.astype(np.int64), pos.astype(np.int64), key,
+                    start.astype(np.int64), win_tokens.astype(np.int32), win_acts.astype(np.float32), extra,
                     hist_keys, hist_counts, sum_keys, sum_values, min_g, min_value)
         return state._cut()
 
     def _cut(self) -> FeatureState:
-        """Keep the top ``k`` entries per feature, in ``(g, -act, row, pos)`` order."""
+        """Keep the top ``k`` entries per feature, in ``(g, -act, row, pos, key)`` order."""
         if self.g.size == 0:
             return self
-        order = np.lexsort((self.pos, self.row, -self.act.astype(np.float64), self.g))
+        order = np.lexsort((self.key, self.pos, self.row, -self.act.astype(np.float64), self.g))
         g = self.g[order]
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
         rank = np.arange(g.size) - np.repeat(starts, np.diff(np.r_[starts, g.size]))
@@ -132,8 +162,9 @@ class FeatureState:
 
     def merge(self, other: FeatureState) -> FeatureState:
         """The state of the union of the two sets of rows (exact; see the module docstring)."""
-        if (other.k, other.width) != (self.k, self.width):
-            raise ValueError(f"cannot merge states of top_k/width {(self.k, self.width)} and {(other.k, other.width)}")
+        if (other.k, other.width, other.n_extra) != (self.k, self.width, self.n_extra):
+            raise ValueError(f"cannot merge states of top_k/width/extra {(self.k, self.width, self.n_extra)} and "
+                             f"{(other.k, other.width, other.n_extra)}")
         parts = {name: np.concatenate([getattr(self, name), getattr(other, name)]) for name in _FIELDS}
         hist = _unique_sum(np.concatenate([self.hist_keys, other.hist_keys]),
                            np.concatenate([self.hist_counts, other.hist_counts]))

@@ -590,4 +590,40 @@ def run_time_notes(p: Preflight) -> list[str]:
     if filters or any(q.kind in ("top_paths", "subgraph", "supernodes", "neighbours", "head_split")
                       for q in spec.queries):
         out.append("which graph nodes the node filters and node ids match (the graph is built first)")
+
+
+@preflight_check
+def features_fit(p: Preflight) -> Problems:
+    """A ``features:`` section's units exist: its layers are the model's (and, for transcoder
+    features, the dictionary's), a neuron run's model has dense MLPs, ``from_graph`` exists."""
+    f = p.spec.features
+    if f is None:
+        return []
+    out: Problems = []
+    n = p.model.n_layers if p.model is not None else None
+    layers = [] if f.layers == "all" else list(f.layers)
+    if n is not None:
+        bad = [layer for layer in layers if layer >= n]
+        if bad:
+            out.append(("features.layers", f"layers {bad} requested, {p.model.layers_text()}"))
+    if f.units == "features" and p.dictionary_layers is not None:
+        bad = [layer for layer in layers if layer not in p.dictionary_layers and (n is None or layer < n)]
+        if bad:
+            out.append(("features.layers", f"layers {bad} have no transcoder; the dictionary folder has layers "
+                                           f"{sorted(p.dictionary_layers)} (or give units: neurons / heads)"))
+    if f.units == "neurons" and p.model is not None:
+        raw = p.model.raw
+        experts = next((raw[k] for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                        if isinstance(raw.get(k), int) and raw[k] > 0), None)
+        if experts:
+            out.append(("features.units", f"units: neurons: the model routes its MLP through {experts} experts "
+                                          f"({p.model.file.name}); neuron dashboards read dense MLPs: give units: "
+                                          "heads, or units: features with transcoders"))
+        if raw.get("attn_only") is True:
+            out.append(("features.units", f"units: neurons: the model has no MLP layers ({p.model.file.name}, "
+                                          "attn_only); give units: heads"))
+    if f.features != "all" and not Path(f.features.from_graph).is_file():
+        out.append(("features.features.from_graph", f"graph file not found: {f.features.from_graph}; give a graph "
+                                                    f"written by circuitgraph (.json or .npz) with "
+                                                    f"{f.node_kind} nodes"))
     return out

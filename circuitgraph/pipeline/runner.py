@@ -245,7 +245,11 @@ def _check_outputs(spec: Spec) -> None:
     if ex.diagram.labels is not None:
         load_feature_labels(ex.diagram.labels)
     if ex.features is not None:
-        open_features(ex.features)  # a folder written by a features run, checked before any work
+        units = open_features(ex.features).units  # a folder written by a features run, checked before any work
+        if units != "features":
+            raise SpecError([("export.features", f"{ex.features} holds {units} dashboards; a one-prompt run reads "
+                                                 "transcoder features' dashboards here (units: features); show "
+                                                 f"{units} dashboards with circuitgraph serve")])
     if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
         raise RenderError(
             "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "

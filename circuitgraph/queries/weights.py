@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
 
 __all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding",
-           "feature_reader_directions", "feature_writer_directions"]
+           "feature_reader_directions", "feature_writer_directions", "neuron_reader_directions",
+           "neuron_writer_directions"]
 
 _NEEDS = "needs the live model: run the spec, not a loaded JSON"
 
@@ -125,7 +126,7 @@ class _Weights:
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
-            g = a.norm("ln2", unit.layer).reader_direction(a.mlp_weights(unit.layer)["W_in"][:, unit.index].double())
+            g = neuron_reader_directions(a, unit.layer, torch.tensor([unit.index]))[0]
             return g, ResidualLocation.resid_mid(unit.layer)
         if unit.kind == "logit":
             self._check_index(unit, f.d_vocab, "the vocabulary")
@@ -147,12 +148,8 @@ class _Weights:
         if unit.kind == "neuron":
             self._check_layer(unit)
             self._check_index(unit, f.d_mlp, "the MLP")
-            v = a.mlp_weights(unit.layer)["W_out"][unit.index].double()
-            if f.post_norms:
-                n = a.norm("ln2_post", unit.layer)  # the writer through the post-norm: gamma * P(v)
-                v = v - v.mean(-1, keepdim=True) if n.center else v
-                v = v * n.gamma.double() if n.gamma is not None else v
-            return v, ResidualLocation.resid_post(unit.layer)
+            return neuron_writer_directions(a, unit.layer, torch.tensor([unit.index]))[0], \
+                ResidualLocation.resid_post(unit.layer)
         if unit.kind == "embedding":
             self._check_index(unit, f.d_vocab, "the vocabulary")
             return a.W_E[unit.index].double(), ResidualLocation.resid_pre(0)
@@ -172,6 +169,26 @@ def feature_reader_directions(adapter: Any, dictionaries: Any, layer: int, idx: 
     elif tc.input_site == "mlp_input":  # the MLP's input, gamma2 * P(x) / sigma2 + beta2
         w = ln2.reader_direction(w)
     return w
+
+
+def neuron_reader_directions(adapter: Any, layer: int, idx: Any, weight: str = "W_in") -> Any:
+    """Weight-only reader directions ``g = P(gamma2 * w)`` ``(n, d_model)`` (float64) of neurons
+    ``idx`` of ``layer``: ``w`` the column of ``W_in`` (the neuron's pre-activation; a gated
+    MLP's value) or, with ``weight="W_gate"``, of a gated MLP's gate.  The one implementation:
+    :class:`_Weights` and the neuron dashboards' input tokens call it."""
+    w = adapter.mlp_weights(layer)[weight][:, idx].T.double()
+    return adapter.norm("ln2", layer).reader_direction(w)
+
+
+def neuron_writer_directions(adapter: Any, layer: int, idx: Any) -> Any:
+    """Weight-only writer directions ``(n, d_model)`` (float64) of neurons ``idx`` of ``layer``:
+    rows of ``W_out``, through the post-MLP norm's ``gamma * P(v)`` where the block has one."""
+    v = adapter.mlp_weights(layer)["W_out"][idx].double()
+    if adapter.facts.post_norms:
+        n = adapter.norm("ln2_post", layer)  # the writer through the post-norm: gamma * P(v)
+        v = v - v.mean(-1, keepdim=True) if n.center else v
+        v = v * n.gamma.double() if n.gamma is not None else v
+    return v
 
 
 def feature_writer_directions(adapter: Any, dictionaries: Any, layer: int, idx: Any) -> list[tuple[Any, Any]]:

@@ -48,6 +48,7 @@ from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries.diff import MATCHES, SORTS, diff_graphs
 from circuitgraph.queries.prune import PruneResult, prune_graph
 from circuitgraph.serve.catalog import Catalog
+from circuitgraph.serve.dashboards import UNITS_OF_NODE_KIND
 from circuitgraph.spec.graph import PruneSpec
 
 __all__ = ["ApiError", "Explorer", "Download", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS",
@@ -216,6 +217,19 @@ class Explorer:
             self._feature_errors[next(iter(self.catalog.features))] = str(exc)
             return None
 
+    def _dash_of(self, kind: str) -> Any:
+        """The features folder with the dashboards of graph nodes of ``kind`` (feature, neuron,
+        attention_head: a folder of features, neurons or heads), or None (an unreadable folder is
+        reported in ``feature_errors``, as :meth:`_dash`)."""
+        units = UNITS_OF_NODE_KIND.get(kind)
+        if units is None:
+            return None
+        try:
+            return self.catalog.dashboards_for(units)
+        except CircuitGraphError as exc:
+            self._feature_errors[units] = str(exc)
+            return None
+
     def _with_labels(self, graph: AttributionGraph) -> AttributionGraph:
         dash = self._dash()
         if dash is None or not dash.labels:
@@ -269,7 +283,7 @@ class Explorer:
 
     def _node_json(self, node: Node, influence: float | None, targets: set[NodeId]) -> dict[str, Any]:
         token = node.attrs.get("token_str")
-        dash = self._dash()
+        dash = self._dash_of(node.kind)
         rec = {
             "id": str(node.id),
             "kind": node.kind,
@@ -282,7 +296,7 @@ class Explorer:
             "caption": node_caption(node),
             "influence": _number(influence),
             "is_target": node.id in targets,
-            "has_dashboard": bool(dash is not None and node.kind == "feature" and (node.layer, node.index) in dash),
+            "has_dashboard": bool(dash is not None and (node.layer, node.index) in dash),
         }
         if "supernode" in node.attrs:
             rec["supernode"] = node.attrs["supernode"]
@@ -388,8 +402,8 @@ class Explorer:
                    and int(h["head"]) == node.index and int(h["query_position"]) == node.position],
         })
         rec["qk_names"] = self._qk_names(name, rec["qk"])
-        dash = self._dash()
-        if dash is not None and node.kind == "feature":
+        dash = self._dash_of(node.kind)
+        if dash is not None:
             rec["dashboard"] = dash.dashboard(node.layer, node.index)
         return rec
 

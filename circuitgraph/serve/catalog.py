@@ -22,7 +22,7 @@ from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import LoadError
 from circuitgraph.export.graph_files import read_graph_file
 from circuitgraph.export.json_graph import GraphDocument
-from circuitgraph.serve.dashboards import FeatureDashboards, is_features_folder
+from circuitgraph.serve.dashboards import FeatureDashboards, folder_units, is_features_folder
 
 __all__ = ["Catalog", "GraphEntry", "DatasetEntry", "MAX_DEPTH", "inside", "is_dataset_folder", "sniff_graph_file"]
 
@@ -209,3 +209,11 @@ class Catalog:
                     self._dashboard_errors[key] = exc
                     raise
             return self._dashboards[key]
+
+    def dashboards_for(self, units: str) -> FeatureDashboards | None:
+        """The first features folder whose rows are ``units`` (``features``, ``neurons`` or
+        ``heads``: a graph node's dashboards), read on first use; None if there is none."""
+        for key, path in self.features.items():
+            if folder_units(path) == units:
+                return self.dashboards(key)
+        return None

@@ -10,7 +10,11 @@ The folder holds (docs/explorer.md, "Feature dashboards"):
   index, rank, row_id, position, activation, tokens, text`` (``text``: the decoded context with
   the activating token between ``«`` and ``»``), and optionally ``row``, ``start``,
   ``activations``;
-* ``labels.csv`` (optional): ``layer, index, label``.
+* ``labels.csv`` (optional): ``layer, index, label``;
+* ``features.json`` (optional here): ``units`` says what the rows are: ``features`` (the
+  default), ``neurons`` or ``heads``.  A heads folder has a row per (head, ``metric``) and
+  examples with ``key_position``, ``attention``, ``score``, ``norm`` and the key's window; its
+  dashboard has one section per metric.
 
 Every column but ``layer`` and ``index`` is optional: what a folder lacks is left out of the
 dashboards.  The tables are read once (pyarrow, the ``dataset`` extra) and indexed by
@@ -19,6 +23,7 @@ dashboards.  The tables are read once (pyarrow, the ``dataset`` extra) and index
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -28,19 +33,23 @@ from typing import Any
 from circuitgraph.errors import LoadError
 from circuitgraph.export.labels import load_feature_labels
 
-__all__ = ["FeatureDashboards", "is_features_folder", "split_marked_text", "FEATURES_FILE", "EXAMPLES_FILE",
-           "LABELS_FILE"]
+__all__ = ["FeatureDashboards", "folder_units", "is_features_folder", "split_marked_text", "FEATURES_FILE",
+           "EXAMPLES_FILE", "LABELS_FILE", "UNITS_OF_NODE_KIND"]
 
 FEATURES_FILE = "features.parquet"
 EXAMPLES_FILE = "examples.parquet"
 LABELS_FILE = "labels.csv"
 
 #: the columns of features.parquet a dashboard shows as numbers (when present)
-STAT_COLUMNS = ("n_tokens", "n_active", "density", "max_activation", "mean_active_activation")
+STAT_COLUMNS = ("n_tokens", "n_pairs", "n_active", "density", "max_activation", "mean_active_activation")
 #: the token-list columns of features.parquet
-TOKEN_COLUMNS = ("top_output_tokens", "bottom_output_tokens", "top_input_tokens")
+TOKEN_COLUMNS = ("top_output_tokens", "bottom_output_tokens", "top_input_tokens", "top_gate_tokens")
 #: the columns of examples.parquet a dashboard passes on (when present)
-EXAMPLE_COLUMNS = ("rank", "row_id", "row", "position", "start", "activation", "tokens", "activations", "text")
+EXAMPLE_COLUMNS = ("rank", "row_id", "row", "position", "start", "activation", "tokens", "activations", "text",
+                   "key_position", "attention", "score", "norm", "key_tokens", "key_start", "key_activations",
+                   "key_text")
+#: the folder units whose dashboards a graph node of each kind has
+UNITS_OF_NODE_KIND = {"feature": "features", "neuron": "neurons", "attention_head": "heads"}
 _QUANTILE = re.compile(r"^q(\d+(\.\d+)?|\.\d+)$")
 #: pairs of markers around the activating token in an example's ``text``, tried in order
 TEXT_MARKERS = (("«", "»"), ("⟦", "⟧"), ("[[", "]]"), ("<<", ">>"))
@@ -49,6 +58,17 @@ TEXT_MARKERS = (("«", "»"), ("⟦", "⟧"), ("[[", "]]"), ("<<", ">>"))
 def is_features_folder(path: Path) -> bool:
     """A folder with a ``features.parquet``."""
     return path.is_dir() and (path / FEATURES_FILE).is_file()
+
+
+def folder_units(path: Path) -> str:
+    """What a features folder's rows are (``features.json``'s ``units``; ``features`` when it
+    does not say)."""
+    try:
+        info = json.loads((path / "features.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "features"
+    units = info.get("units") if isinstance(info, dict) else None
+    return units if units in ("features", "neurons", "heads") else "features"
 
 
 def split_marked_text(text: str) -> dict[str, str] | None:
@@ -89,6 +109,9 @@ class FeatureDashboards:
     examples: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)
     labels: dict[tuple[int, int], str] = field(default_factory=dict)
     quantile_columns: tuple[str, ...] = ()
+    units: str = "features"
+    #: heads: per (layer, index), the metrics in the file's order (its rows' ``metric``)
+    metrics: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, directory: str | Path) -> "FeatureDashboards":
@@ -101,25 +124,33 @@ class FeatureDashboards:
             import pyarrow.parquet as pq
         except ImportError:
             raise LoadError("reading feature dashboards needs pyarrow: pip install 'circuitgraph[dataset]'") from None
-        out = cls(directory)
+        out = cls(directory, units=folder_units(directory))
         table = _read(pq, directory / FEATURES_FILE)
         columns = table.column_names
         _require(columns, ("layer", "index"), directory / FEATURES_FILE)
+        heads = out.units == "heads" and "metric" in columns
         out.quantile_columns = tuple(sorted((c for c in columns if _QUANTILE.match(c)), key=lambda c: float(c[1:])))
         keep = [c for c in (*STAT_COLUMNS, *out.quantile_columns, *TOKEN_COLUMNS) if c in columns]
-        for row in table.select(["layer", "index", *keep]).to_pylist():
-            out.stats[(int(row["layer"]), int(row["index"]))] = {c: _plain(row[c]) for c in keep}
+        for row in table.select(["layer", "index", *keep, *(["metric"] if heads else [])]).to_pylist():
+            key = (int(row["layer"]), int(row["index"]))
+            record = {c: _plain(row[c]) for c in keep}
+            if heads:  # a head's stats: {metric: stats}
+                out.stats.setdefault(key, {})[str(row["metric"])] = record
+                out.metrics.setdefault(key, []).append(str(row["metric"]))
+            else:
+                out.stats[key] = record
         if (directory / EXAMPLES_FILE).is_file():
             ex = _read(pq, directory / EXAMPLES_FILE)
             _require(ex.column_names, ("layer", "index"), directory / EXAMPLES_FILE)
-            keep_ex = [c for c in EXAMPLE_COLUMNS if c in ex.column_names]
+            keep_ex = [c for c in (*EXAMPLE_COLUMNS, *(["metric"] if heads else [])) if c in ex.column_names]
             for row in ex.select(["layer", "index", *keep_ex]).to_pylist():
                 record = {c: _plain(row[c]) for c in keep_ex}
                 if isinstance(record.get("text"), str):
                     record["marked"] = split_marked_text(record["text"])
                 out.examples.setdefault((int(row["layer"]), int(row["index"])), []).append(record)
             for rows in out.examples.values():
-                rows.sort(key=lambda r: (r.get("rank") if isinstance(r.get("rank"), int) else 0))
+                rows.sort(key=lambda r: (str(r.get("metric", "")), r.get("rank") if isinstance(r.get("rank"), int)
+                                         else 0))
         if (directory / LABELS_FILE).is_file():
             out.labels = load_feature_labels(directory / LABELS_FILE)
         return out
@@ -154,8 +185,20 @@ class FeatureDashboards:
         if key not in self:
             return None
         examples = self.examples.get(key, [])
+        if self.units == "heads" and key in self.metrics:
+            sections = []
+            for metric in self.metrics[key]:
+                stats = dict(self.stats[key][metric])
+                mine = [e for e in examples if e.get("metric") == metric]
+                sections.append({"metric": metric, "stats": {c: stats.pop(c) for c in STAT_COLUMNS if c in stats},
+                                 "quantiles": {c: stats.pop(c) for c in self.quantile_columns if c in stats},
+                                 "examples": mine if max_examples is None else mine[:max_examples],
+                                 "n_examples": len(mine)})
+            return {"units": "heads", "layer": key[0], "index": key[1], "label": self.labels.get(key, ""),
+                    "metrics": sections, "source": self.directory.name}
         stats = dict(self.stats.get(key, {}))
         return {
+            "units": self.units,
             "layer": key[0],
             "index": key[1],
             "label": self.labels.get(key, ""),

@@ -1,29 +1,56 @@
-"""Feature dashboards: the ``features:`` section (no torch here).
+"""Dashboards: the ``features:`` section (no torch here).
 
 A spec with ``dataset:``, ``features:`` and ``export: {features: DIR}`` streams the dataset once
-through the model and its dictionaries and writes, in ``DIR``, every selected feature's
-statistics (``features.parquet``) and its exact top-k activating tokens with their context
-(``examples.parquet``); see :mod:`circuitgraph.features` and docs/features.md.
+through the model (and its dictionaries) and writes, in ``DIR``, every selected unit's
+statistics (``features.parquet``) and its exact top-k activations with their context
+(``examples.parquet``); see :mod:`circuitgraph.features` and docs/features.md.  The units
+(``units:``) are transcoder features (the default), the MLP's neurons, or attention heads::
 
     features: {top_k: 20, context: 8, layers: all, features: all, quantiles: [0.5, 0.9, 0.99]}
+    features: {units: neurons, layers: [25]}
+    features: {units: heads, layers: [3, 4], head_metrics: [attention, norm]}
+    features: {units: neurons, features: {from_graph: graph.json}}
 """
 
 from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from circuitgraph.spec.base import Bool, Float, InputPath, NonNegativeInt, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.base import (
+    Bool,
+    Float,
+    InputPath,
+    NonNegativeInt,
+    PositiveInt,
+    StrictModel,
+    UsageModel,
+    rule_error,
+    unused_rules,
+)
 
-__all__ = ["FeaturesSpec", "FromGraph", "quantile_column"]
+__all__ = ["HEAD_METRICS", "UNIT_NODE_KINDS", "FeaturesSpec", "FromGraph", "HeadMetric", "Units", "quantile_column"]
+
+#: what a dashboard is made of: transcoder features (per-layer or cross-layer), the MLP's
+#: neurons (``mlp.hook_post``: the activation, for gated MLPs ``act(gate) * value``), or
+#: attention heads (ranked over (query, key) position pairs)
+Units = Literal["features", "neurons", "heads"]
+#: the graph node kind of each unit kind (``features: {from_graph: PATH}`` reads these nodes)
+UNIT_NODE_KINDS: dict[str, str] = {"features": "feature", "neurons": "neuron", "heads": "attention_head"}
+#: how a head's (query, key) pairs are ranked: ``attention`` the pattern weight ``A[q, k]``,
+#: ``score`` the pre-softmax score, ``norm`` the norm of what the head writes from key ``k``
+#: at query ``q``: ``A[q, k] * ||v_k W_O||``
+HeadMetric = Literal["attention", "score", "norm"]
+HEAD_METRICS: tuple[str, ...] = ("attention", "score", "norm")
 
 
 class FromGraph(StrictModel):
-    """Only the features that are nodes of a graph file (graph JSON or ``.npz``)."""
+    """Only the units that are nodes of a graph file (graph JSON or ``.npz``)."""
 
-    from_graph: InputPath = Field(description="A graph file written by circuitgraph (.json or .npz): its feature "
-                                              "nodes' (layer, index) are the features computed.")
+    from_graph: InputPath = Field(description="A graph file written by circuitgraph (.json or .npz): its nodes of "
+                                              "the run's unit kind (feature, neuron or attention_head nodes) are "
+                                              "the units computed.")
 
 
 def quantile_column(q: float) -> str:
@@ -32,25 +59,34 @@ def quantile_column(q: float) -> str:
     return f"q{float(q)!r}"
 
 
-class FeaturesSpec(StrictModel):
+class FeaturesSpec(UsageModel):
     """What a features run computes (``features:``)."""
 
-    top_k: PositiveInt = Field(20, description="Top activating tokens kept per feature (exact, ties broken by "
-                                               "row then position).")
+    units: Units = Field("features", description="What the dashboards are of: 'features' (the transcoders' or "
+                         "CLT's features; needs transcoders:), 'neurons' (the MLP neurons' activations, "
+                         "mlp.hook_post) or 'heads' (attention heads, ranked over (query, key) position pairs).")
+    top_k: PositiveInt = Field(20, description="Top activations kept per unit (exact, ties broken by row, "
+                                               "then position, then key position).")
     context: NonNegativeInt = Field(8, description="Tokens of context kept before and after each example's token "
                                                    "(clipped at the prompt's ends).")
     layers: Union[Literal["all"], tuple[NonNegativeInt, ...]] = Field(
-        "all", description="The dictionary layers to compute: 'all' or a list of layers.")
+        "all", description="The layers to compute: 'all' (every dictionary layer for features, every model layer "
+        "for neurons and heads) or a list of layers.")
     features: Union[Literal["all"], FromGraph] = Field(
-        "all", description="'all' features of the selected layers, or {from_graph: PATH}: the feature nodes of a "
-        "graph file.")
+        "all", description="'all' units of the selected layers, or {from_graph: PATH}: the graph file's nodes of "
+        "the unit kind (feature, neuron or attention_head nodes).")
+    head_metrics: tuple[HeadMetric, ...] = Field(
+        ("attention", "norm"), description="units: heads only: the rankings of each head's (query, key) pairs, "
+        "each its own top-k: 'attention' (pattern weight), 'score' (pre-softmax score), 'norm' "
+        "(A[q,k] * ||v_k W_O||, the size of what the head writes from that key).")
     quantiles: tuple[Float, ...] = Field(
         (0.5, 0.9, 0.99), description="Quantiles of each feature's active (non-zero) activations, each in [0, 1]; "
         "column q<value> of features.parquet.")
     top_tokens: PositiveInt = Field(10, description="Output tokens (promoted and suppressed) and input tokens "
                                                     "(de-embeddings) listed per feature.")
     include_bos: Bool = Field(False, description="Also count and rank position 0 when it holds the tokenizer's "
-                                                 "BOS token (skipped by default: it is where attention sinks).")
+                                                 "BOS token (skipped by default: it is where attention sinks); for "
+                                                 "heads, the pairs whose query or key is that position.")
     shard_size: PositiveInt = Field(16, description="Rows per task handed to a worker (and per resumable shard); "
                                                     "the files do not depend on it.")
 
@@ -63,6 +99,31 @@ class FeaturesSpec(StrictModel):
         if len({quantile_column(q) for q in value}) != len(value):
             raise rule_error(("", f"quantiles {list(value)} repeat a value; give each once"))
         return tuple(float(q) for q in value)
+
+    @field_validator("head_metrics")
+    @classmethod
+    def _head_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise rule_error(("", f"head_metrics is empty; give at least one of {', '.join(HEAD_METRICS)}"))
+        if len(set(value)) != len(value):
+            raise rule_error(("", f"head_metrics {list(value)} repeat a metric; give each once"))
+        return value
+
+    def field_usage(self) -> dict[str, tuple[bool, str]]:
+        return {"head_metrics": (self.units == "heads", f"it ranks attention heads' pairs, and units is "
+                                                        f"{self.units}")}
+
+    @model_validator(mode="after")
+    def _used(self) -> "FeaturesSpec":
+        problems = unused_rules(self, self.field_usage())
+        if problems:
+            raise rule_error(*problems)
+        return self
+
+    @property
+    def node_kind(self) -> str:
+        """The graph node kind of the run's units (``feature``, ``neuron``, ``attention_head``)."""
+        return UNIT_NODE_KINDS[self.units]
 
     @field_validator("layers")
     @classmethod

@@ -163,6 +163,10 @@ with warnings.catch_warnings():
             problems: list[tuple[str, str]] = []
             if self.features is not None and self.export.features is None:
                 problems.append(("export.features", "features: needs an output folder: add export: {features: DIR}"))
+            if self.features is not None and self.features.units == "features" and self.transcoders is None:
+                problems.append(("features.units", "units: features (the default) reads transcoder features and "
+                                                   "needs transcoders: (or a CLT); for the model's own units give "
+                                                   "units: neurons or units: heads"))
             if self.features is None and self.export.features is not None:
                 problems.append(("features", "export.features is the output folder of feature dashboards; add "
                                              "features: {} (or remove export.features)"))

@@ -447,24 +447,67 @@ function tokenChips(list) {
   }));
 }
 
+const UNIT_WORDS = { features: "feature", neurons: "neuron", heads: "head" };
+
 function dashboardPanel(d) {
-  const out = [el("h4", {}, `dashboard: feature ${d.index} of layer ${d.layer}`, d.source ? el("span", { class: "muted" }, ` (${d.source})`) : null)];
+  const unit = UNIT_WORDS[d.units] || "feature";
+  const out = [el("h4", {}, `dashboard: ${unit} ${d.index} of layer ${d.layer}`, d.source ? el("span", { class: "muted" }, ` (${d.source})`) : null)];
   if (d.label) out.push(el("div", { class: "label" }, d.label));
+  if (d.metrics) {  // an attention head: one section per ranking of its (query, key) pairs
+    for (const sec of d.metrics) {
+      out.push(el("h4", { class: "metric" }, `ranked by ${sec.metric}`));
+      out.push(...dashboardSection(sec, `top (query → key) pairs by ${sec.metric}`));
+    }
+    return out;
+  }
+  out.push(...dashboardSection(d, "top examples"));
+  return out;
+}
+
+// text with the query/activating token in «» and a head's key in ⟦⟧, both drawn as <mark>
+function markedText(text) {
+  const out = [];
+  const re = /(«⟦|⟦|«)([\s\S]*?)(⟧»|⟧|»)/g;
+  let at = 0, m;
+  while ((m = re.exec(text)) !== null) {
+    out.push(text.slice(at, m.index));
+    const cls = m[1] === "«" ? "query" : m[1] === "⟦" ? "key" : "query key";
+    out.push(el("mark", { class: cls, title: cls === "query" ? "query / activating token" : cls === "key" ?
+      "key token" : "query and key" }, m[2]));
+    at = m.index + m[0].length;
+  }
+  out.push(text.slice(at));
+  return out;
+}
+
+function dashboardSection(d, title) {
+  const out = [];
   const s = d.stats || {};
-  out.push(factsTable([["density", s.density], ["active / tokens", s.n_active !== undefined ?
-    `${s.n_active} / ${s.n_tokens ?? "?"}` : undefined], ["max activation", s.max_activation],
-    ["mean active activation", s.mean_active_activation]]));
+  const seen = s.n_pairs !== undefined ? "pairs" : "tokens";
+  out.push(factsTable([["density", s.density], [`active / ${seen}`, s.n_active !== undefined ?
+    `${s.n_active} / ${s.n_tokens ?? s.n_pairs ?? "?"}` : undefined], ["max", s.max_activation],
+    ["mean active", s.mean_active_activation]]));
   const q = Object.entries(d.quantiles || {});
   if (q.length) out.push(el("div", { class: "tag" }, "quantiles: " + q.map(([k, v]) => `${k} ${fmt(v, 3)}`).join(", ")));
-  const names = { top_output_tokens: "promotes", bottom_output_tokens: "suppresses", top_input_tokens: "read from tokens" };
+  const names = { top_output_tokens: "promotes", bottom_output_tokens: "suppresses", top_input_tokens: "read from tokens",
+                  top_gate_tokens: "gate read from tokens" };
   for (const [key, list] of Object.entries(d.tokens || {})) {
     out.push(el("h4", {}, names[key] || key), tokenChips(list));
   }
-  out.push(el("h4", {}, `top examples (${d.examples.length} of ${d.n_examples})`));
+  out.push(el("h4", {}, `${title} (${d.examples.length} of ${d.n_examples})`));
   const box = el("div", { class: "examples" });
   for (const ex of d.examples) {
-    const act = el("span", { class: "act" }, `#${ex.rank ?? "?"} a=${fmt(ex.activation, 3)}` +
-      (ex.row_id !== undefined ? ` row ${ex.row_id}@${ex.position}` : ""));
+    const pair = ex.key_position !== undefined && ex.key_position !== null;
+    const where = ex.row_id !== undefined ? ` row ${ex.row_id}@${ex.position}` + (pair ? `→${ex.key_position}` : "") : "";
+    const extra = pair ? ` (A ${fmt(ex.attention, 3)}` + (ex.score !== null && ex.score !== undefined ?
+      `, score ${fmt(ex.score, 3)}` : "") + (ex.norm !== null && ex.norm !== undefined ? `, norm ${fmt(ex.norm, 3)}` : "") + ")" : "";
+    const act = el("span", { class: "act" }, `#${ex.rank ?? "?"} ${pair ? "" : "a="}${fmt(ex.activation, 3)}${where}${extra}`);
+    if (pair) {
+      const far = ex.key_text && !(ex.text || "").includes("⟦");
+      box.append(el("div", { class: "example" }, act, ...markedText(ex.text || ""),
+        far ? el("span", { class: "muted" }, " … key: ") : "", ...(far ? markedText(ex.key_text) : [])));
+      continue;
+    }
     const m = ex.marked;
     box.append(m ? el("div", { class: "example" }, act, m.before, el("mark", {}, m.token), m.after)
                  : el("div", { class: "example" }, act, ex.text ?? (ex.tokens || []).join(" ")));
