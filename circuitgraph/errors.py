@@ -22,6 +22,8 @@ __all__ = [
     "RenderError",
     "ResourceError",
     "UnknownTokenWarning",
+    "DequantisedWeightsWarning",
+    "IndexUnreachableError",
     "one_line",
 ]
 
@@ -130,6 +132,17 @@ class RenderError(ExportError):
 
 class ResourceError(CircuitGraphError):
     """A run would not fit in the memory available."""
+
+
+class IndexUnreachableError(LoadError):
+    """A pretrained model could not be fetched because the Python package index cannot be reached
+    (no network, a proxy refusing, DNS failing): the one failure the real-model tests skip on."""
+
+
+class DequantisedWeightsWarning(UserWarning):
+    """The model's weights were dequantised from a quantised checkpoint (a GGUF file): they are an
+    approximation of the published model's weights.  The graph's ``metadata.model.quantisation``
+    records the quantisation type."""
 
 
 class UnknownTokenWarning(UserWarning):
