@@ -248,6 +248,15 @@ MUTATIONS = [
         "influence = cumulative_influence(graph)",
         ("tests/test_neuronpedia.py",),
     ),
+    Mutation(
+        "gguf-dequantised-to-bfloat16",
+        "a GGUF checkpoint dequantised to bfloat16 instead of float32 (the weights rounded again: the model is "
+        "not the file's)",
+        "circuitgraph/adapters/gguf.py",
+        "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)",
+        "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.bfloat16)",
+        ("tests/test_gguf.py",),
+    ),
 ]
 
 
