@@ -114,10 +114,10 @@ def _spec(spec: dict, smollm2_path: Path | None, tmp_path: Path | None = None) -
 #: logit attribution's top 8 on the unpruned graph, and the least correlation of predicted_vs_actual
 #: with the real model
 DOCUMENTED = {
-    "ioi": {"top": [], "correlation": 0.0},
-    "a_an": {"top": ["neuron/25/19/1527"], "correlation": 0.0},
-    "factual": {"top": ["neuron/27/5/1392", "neuron/25/5/1120"], "correlation": 0.5},
-    "induction": {"top": [], "correlation": 0.0},
+    "ioi": {"top": ["neuron/26/14/1262"], "correlation": 0.3},
+    "a_an": {"top": ["neuron/25/19/1527"], "correlation": 0.95},
+    "factual": {"top": ["neuron/27/5/1392", "neuron/13/4/1033", "neuron/25/5/1120"], "correlation": 0.75},
+    "induction": {"top": ["neuron/28/12/1078"], "correlation": -1.0},  # documented as poor (0.02)
 }
 
 
@@ -129,7 +129,7 @@ def test_real_example(name, smollm2, smollm2_dir, tmp_path, request):
     assert result.full_graph.check_completeness().max_violation < 1e-4
     assert result.graph.metadata.quantisation in (None, smollm2.quantisation)
     dla = next(q["result"] for q in result.queries if q["kind"] == "direct_logit_attribution")
-    top = [row["node"] for row in dla.to_dict()["rows"]][:8]
+    top = [row["node"] for row in dla.to_dict()["top"]][:8]
     for node in DOCUMENTED[name]["top"]:
         assert node in top, f"{node} is not among {top}"
     check = next(v["result"] for v in result.validation if v["kind"] == "predicted_vs_actual")
