@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph.testing.hf_checkpoints import tiny_checkpoint
+
 __all__ = ["GGUF_FAMILIES", "BYTE_TOKENS", "gguf_tiny_model", "write_gguf"]
 
 #: families this writer knows (transformers's GGUF architecture name = the model_type here)
@@ -43,8 +45,6 @@ BYTE_TOKENS: list[str] = _SPECIAL + _bytes_to_unicode() + ["".join(m) for m in _
 
 def gguf_tiny_model(family: str = "llama", *, seed: int = 0) -> Any:
     """A tiny random model of ``family`` whose sizes suit GGUF's 32-wide quantisation blocks."""
-    from circuitgraph.testing.hf_checkpoints import tiny_checkpoint
-
     extra = dict(vocab_size=len(BYTE_TOKENS), intermediate_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "llama":  # the plain rope of a llama.cpp file (its writer here records no rope scaling)
         extra["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
