@@ -24,6 +24,8 @@ __all__ = [
     "TokenWarning",
     "UnknownTokenWarning",
     "LeadingSpaceWarning",
+    "DequantisedWeightsWarning",
+    "IndexUnreachableError",
     "one_line",
 ]
 
@@ -137,6 +139,17 @@ class ResourceError(CircuitGraphError):
 class TokenWarning(UserWarning):
     """A token-level problem that does not stop a run: recorded in the graph's metadata
     (``warnings``) and the run's summary, printed by the CLI as one ``warning:`` line."""
+
+
+class IndexUnreachableError(LoadError):
+    """A pretrained model could not be fetched because the Python package index cannot be reached
+    (no network, a proxy refusing, DNS failing): the one failure the real-model tests skip on."""
+
+
+class DequantisedWeightsWarning(UserWarning):
+    """The model's weights were dequantised from a quantised checkpoint (a GGUF file): they are an
+    approximation of the published model's weights.  The graph's ``metadata.model.quantisation``
+    records the quantisation type."""
 
 
 class UnknownTokenWarning(TokenWarning):

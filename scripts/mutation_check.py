@@ -314,6 +314,15 @@ MUTATIONS = [
         "order = np.lexsort((self.key, self.pos, -self.row, -self.act.astype(np.float64), self.g))",
         ("tests/test_unit_dashboards.py::test_neuron_top_k_equals_an_independent_top_k",),
     ),
+    Mutation(
+        "gguf-dequantised-to-bfloat16",
+        "a GGUF checkpoint dequantised to bfloat16 instead of float32 (the weights rounded again: the model is "
+        "not the file's)",
+        "circuitgraph/adapters/gguf.py",
+        "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)",
+        "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.bfloat16)",
+        ("tests/test_gguf.py",),
+    ),
 ]
 
 

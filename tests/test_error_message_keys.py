@@ -29,6 +29,7 @@ NOT_SPEC_KEYS = {
     "logit_difference",  # a Python function (circuitgraph.queries)
     "max_nodes",  # a Python parameter; the spec validates export.max_render_nodes itself
     "content",  # a field of a tokenizer_config.json token ({content: ...}), not the spec key context
+    "save_pretrained",  # transformers's method (a Hugging Face folder), not the spec key pretrained
 }
 
 #: dotted words that look like spec paths but are Python attributes or file names

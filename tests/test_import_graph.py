@@ -37,6 +37,7 @@ LAZY_PACKAGES = {
     "tracr": "optional extra (tracr: compiled ground-truth models)",
     "jax": "optional extra (tracr)",
     "haiku": "optional extra (tracr)",
+    "gguf": "optional extra (gguf: GGUF checkpoints)",
 }
 
 #: modules whose function-local imports are deliberate, with the reason
@@ -52,6 +53,8 @@ LAZY_IN_MODULE = {
                                               "every input file without loading it",
     ("circuitgraph.adapters.hf_config", "torch"): "`circuitgraph validate` reads the families table without torch",
     ("circuitgraph.adapters.hf_config", "einops"): "with torch: only when weights are converted",
+    ("circuitgraph.adapters.gguf", "torch"): "`circuitgraph validate` reads a GGUF header without torch; torch "
+                                             "only when the file is dequantised",
 }
 
 #: standard-library modules the CLI imports late as well (with its other imports)

@@ -415,7 +415,7 @@ def test_target_errors(targets, location, words):
         ({"prompt": {"tokens": [1, -2]}}, "prompt.tokens[1]", [">= 0"]),
         ({"prompt": 5}, "prompt", ["a string, {text: ...} or {tokens: [...]}", "got 5"]),
         ({"prompt": {"text": "a", "tokens": [1]}}, "prompt", ["got text and tokens"]),
-        ({"model": {}}, "model", ["exactly one of path, name or builtin", "none of them"]),
+        ({"model": {}}, "model", ["exactly one of path, name, builtin or pretrained", "none of them"]),
         ({"model": {"name": "gpt2", "builtin": "demo"}}, "model", ["got name and builtin"]),
         ({"model": {"builtin": "other"}}, "model.builtin", ["'demo'", "'other'"]),
         ({"model": {"path": "m", "fold_ln": True}}, "model.fold_ln", ["loaded by name"]),

@@ -145,7 +145,8 @@ class ModelAdapter:
     :data:`circuitgraph.adapters.hf_config.FAMILIES`)."""
 
     def __init__(self, model: Any, *, tokenizer: Any = None, source: dict[str, Any] | None = None,
-                 format: ModelFormat = "transformer_lens", family: str | None = None):
+                 format: ModelFormat = "transformer_lens", family: str | None = None,
+                 quantisation: dict[str, Any] | None = None):
         cfg = model.cfg
         if getattr(cfg, "original_architecture", None) in _UNSUPPORTED_ARCH:
             raise LoadError(
@@ -170,6 +171,9 @@ class ModelAdapter:
         self.format = format
         #: the row of circuitgraph.adapters.hf_config.FAMILIES (config.json model_type), None otherwise
         self.family = family
+        #: the quantised checkpoint the weights were dequantised from (a GGUF file's type and tensor
+        #: types, circuitgraph.adapters.gguf), None for weights as published
+        self.quantisation = dict(quantisation) if quantisation is not None else None
         #: which implementation runs the forward: ``native`` (circuitgraph's torch-only HookedTransformer,
         #: circuitgraph.adapters.native_transformer) or ``transformer_lens``
         self.backend: ModelBackendName = "native" if isinstance(model, NativeTransformer) else "transformer_lens"
@@ -640,4 +644,6 @@ class ModelAdapter:
                "architecture": self.facts.to_dict()}
         if self.family is not None:
             out["family"] = self.family
+        if self.quantisation is not None:
+            out["quantisation"] = self.quantisation
         return out

@@ -7,6 +7,7 @@ import difflib
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,15 +22,17 @@ from circuitgraph.adapters.files import (
     read_json_file,
     safetensors_header,
 )
+from circuitgraph.adapters.gguf import gguf_folder, is_gguf_file, read_record, warning_text
 from circuitgraph.adapters.hf_config import FAMILIES, load_snapshot, unsupported_model_type_message
 from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
 from circuitgraph.adapters.native_transformer import NativeConfig, NativeTransformer, native_unsupported
+from circuitgraph.adapters.pretrained import fetch
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries.hub import _cache_dir, _offline
-from circuitgraph.errors import LoadError, one_line
+from circuitgraph.errors import DequantisedWeightsWarning, LoadError, one_line
 
-__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "torch_dtype", "resolve_device"]
+__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "load_pretrained", "torch_dtype", "resolve_device"]
 
 #: how a TransformerLens folder's model runs (the spec's ``model: {backend: ...}``)
 ModelBackend = Literal["auto", "native", "transformer_lens"]
@@ -75,8 +78,19 @@ def load_model_dir(
     (:mod:`circuitgraph.adapters.native_transformer`, no transformer_lens import) when the config is
     in its whitelist, with TransformerLens otherwise; ``native`` / ``transformer_lens`` force one
     (``native`` on a config outside the whitelist is a one-line error naming the field).
+
+    A GGUF file (``*.gguf``) is dequantised to float32 once into a cached Hugging Face folder
+    (:func:`circuitgraph.adapters.gguf.gguf_folder`) and loaded from there.
     """
     path = Path(path)
+    if is_gguf_file(path):
+        if backend == "native":
+            raise LoadError(f"{path} is a GGUF file, loaded as a Hugging Face model: model: {{backend: native}} runs "
+                            "TransformerLens folders only; use backend: auto")
+        return _named(load_hf_dir(gguf_folder(path), dtype=dtype, device=device, source={"path": str(path)}),
+                      path.stem)
+    if path.is_file():
+        raise LoadError(f"model path {path} is a file; give a model folder or a GGUF checkpoint (*.gguf)")
     if not path.is_dir():
         raise LoadError(f"model directory {path} does not exist")
     if model_folder_format(path) == "huggingface":
@@ -148,7 +162,7 @@ def folder_backend(path: str | Path, backend: str = "auto", *, trust_remote_code
     config.json. A folder that cannot be read says ``transformer_lens`` (the load reports it)."""
     path = Path(path)
     try:
-        if model_folder_format(path) == "huggingface":
+        if is_gguf_file(path) or model_folder_format(path) == "huggingface":
             return "transformer_lens"
         return _choose_backend(read_model_config(path / "config.json", trust_remote_code=trust_remote_code),
                                backend, path / "config.json")
@@ -219,8 +233,26 @@ def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
         hf_tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                                **({"trust_remote_code": True} if trust_remote_code else {}))
         tokenizer = Tokenizer.from_hf(hf_tok)
+    record = read_record(path)
+    quantisation = record.get("gguf") if record is not None else None
+    if isinstance(quantisation, dict):  # weights dequantised from a GGUF file (circuitgraph.adapters.gguf)
+        warnings.warn(warning_text(quantisation), DequantisedWeightsWarning, stacklevel=2)
+    else:
+        quantisation = None
     return ModelAdapter(model, tokenizer=tokenizer, source=dict(source or {"path": str(path)}), format="huggingface",
-                        family=model_type)
+                        family=model_type, quantisation=quantisation)
+
+
+def load_pretrained(name: str, *, dtype: str = "float32", device: str = "cpu") -> ModelAdapter:
+    """A pretrained model of :data:`circuitgraph.spec.pretrained.PRETRAINED_MODELS` by name, fetched into
+    the cache on first use (:func:`circuitgraph.adapters.pretrained.fetch`)."""
+    return _named(load_hf_dir(fetch(name), dtype=dtype, device=device, source={"pretrained": name}), name)
+
+
+def _named(adapter: ModelAdapter, name: str) -> ModelAdapter:
+    """The model's name in the graph's metadata: a folder's config gives none (TransformerLens says "custom")."""
+    adapter.model.cfg.model_name = name
+    return adapter
 
 
 def _numel(shape: Any) -> int:

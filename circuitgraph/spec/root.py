@@ -280,7 +280,7 @@ with warnings.catch_warnings():
         def summary(self) -> str:
             """One line: model, prompt, targets, graph, queries, checks, exports."""
             m = self.model
-            model = {"path": f"path {m.path}", "name": f"name {m.name}", "builtin": f"builtin {m.builtin}"}[m.source]
+            model = f"{m.source} {getattr(m, m.source)}"
             if self.dataset is not None:
                 prompt = f"dataset {self.dataset}" if not isinstance(self.dataset, tuple) else (
                     f"dataset of {len(self.dataset)} inline rows")
