@@ -242,3 +242,36 @@ def test_neuron_graphs_keep_the_identity():
     assert g.check_completeness().max_violation < 1e-10
     heads = [n for n in g.nodes if n.kind == "attention_head"]
     assert heads and all(n.pre_activation is not None for n in heads)
+
+
+@pytest.mark.parametrize("variant", ["rms-gated-rotary-gqa", "rms-gated-postnorm-softcap", "none-relu-bidirectional"])
+def test_position_local_edges_equal_the_engine_sweep(variant):
+    """With every attention layer as heads no path between nodes leaves its position, and the
+    component edges are plain dot products (``_local_edges``); they equal the engine's sweep."""
+    from circuitgraph.attribution.component_inputs import component_inputs
+
+    _, _, g = _graph(variant)
+    col = g.context._tables
+    index = {n.id: i for i, n in enumerate(g.nodes)}
+    fast = component_inputs(col, index, position_local=True)
+    slow = component_inputs(col, index, position_local=False)
+    np.testing.assert_array_equal(fast.target, slow.target)
+    np.testing.assert_array_equal(fast.source, slow.source)
+    np.testing.assert_allclose(fast.weight, slow.weight, rtol=1e-12, atol=1e-14 * np.abs(slow.weight).max())
+    for row, c in slow.constant.items():
+        assert fast.constant[row] == pytest.approx(c, rel=1e-10, abs=1e-12)
+
+
+def test_mixed_attention_modes_keep_the_identities():
+    """A frozen attention layer below head nodes: the edges go through the engine's sweep (paths
+    cross positions through the frozen pattern); both identities still hold."""
+    model = tiny_model(seed=1, n_layers=3, **VARIANTS["ln-gelu-learned"]).to(torch.float64)
+    adapter = ModelAdapter(model)
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    g = attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention={0: "frozen", 1: "heads", 2: "heads"},
+                  dtype=torch.float64, component_inputs=True)
+    assert g.check_completeness().max_violation < 1e-10
+    # a head whose output reaches the targets (non-zero total effect) has incoming edges
+    heads = [i for i, n in enumerate(g.nodes) if n.kind == "attention_head" and n.pre_activation != 0]
+    into = set(g.edge_target.tolist())
+    assert heads and all(i in into for i in heads)

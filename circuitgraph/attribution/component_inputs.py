@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from circuitgraph.attribution.engine import attribute_directions
+from circuitgraph.attribution.engine import DirectionEdges, attribute_directions
 from circuitgraph.attribution.frozen_model import FrozenLinearModel, loc_resid_mid, loc_resid_post, loc_resid_pre
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import AttributionError
@@ -177,6 +177,60 @@ def total_effect_gradients(col: Collected, full: FrozenLinearModel | None = None
     return out
 
 
+def _paths_stay_at_their_position(col: Collected) -> bool:
+    """True when the frozen model between nodes is the residual stream alone: every attention layer
+    a layer of head nodes and no skip path (then the engine's transposes are identities)."""
+    fm = col.frozen
+    return all(m == "heads" for m in fm.attention_modes.values()) and not fm.skip and not col.multi_location_writers
+
+
+def _local_edges(col: Collected, location: int, positions: list[int], dirs: torch.Tensor,
+                 own: torch.Tensor) -> "DirectionEdges":
+    """The engine's edges into ad-hoc readers when every path between nodes stays at its position
+    (:func:`_paths_stay_at_their_position`): reader ``i`` at ``(location, positions[i])`` meets each
+    writer at its position and a location ``<= location`` with ``direction . output`` (the residual
+    stream's transpose is the identity), and the constant writers there with ``direction . c``."""
+    pos = torch.as_tensor(positions, dtype=torch.long)
+    readers_at: dict[int, torch.Tensor] = {}
+    for p in sorted(set(positions)):
+        readers_at[p] = (pos == p).nonzero().flatten()
+    node_rows: list[np.ndarray] = []
+    reader_parts: list[np.ndarray] = []
+    writer_parts: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    from_constants = torch.zeros(len(positions), dtype=torch.float64, device=dirs.device)
+    for loc in range(location + 1):
+        c = col.constants.get(loc)
+        if c is not None:
+            from_constants += (dirs * c[pos]).sum(-1).to(torch.float64)
+        block = col.writers.blocks.get(loc)
+        if block is None:
+            continue
+        table = block.slot_table(dirs.device)
+        for p, idx in readers_at.items():
+            g = table.groups_before(p)
+            if g >= len(table.positions) or table.positions[g] != p:
+                continue
+            lo, hi = table.group_starts[g], table.group_starts[g + 1]
+            E = (dirs[idx] @ block.slot_vectors(table, lo, hi).T).to(torch.float64)  # (n, k)
+            reader_parts.append(np.repeat(idx.numpy(), hi - lo))
+            writer_parts.append(np.tile(table.node_rows[lo:hi].cpu().numpy().astype(np.int64), len(idx)))
+            weights.append(E.cpu().numpy().reshape(-1))
+    constants = [{-1: float(o), location: float(k)} for o, k in zip(own.tolist(), from_constants.tolist())]
+    if weights:
+        reader = np.concatenate(reader_parts)
+        rows = np.concatenate(writer_parts)
+        weight = np.concatenate(weights)
+        nz = weight != 0
+        reader, rows, weight = reader[nz], rows[nz], weight[nz]
+    else:
+        reader = rows = np.zeros(0, dtype=np.int64)
+        weight = np.zeros(0)
+    uniq, writer = np.unique(rows, return_inverse=True)
+    return DirectionEdges(reader.astype(np.int64), writer.astype(np.int64).reshape(-1),
+                          [col.nodes[r].id for r in uniq.tolist()], weight, constants)
+
+
 def _graph_row(node: NodeId, index: dict[NodeId, int]) -> int:
     """The graph row that carries writer ``node``'s edges: itself, or the remainder it was folded into."""
     row = index.get(node)
@@ -193,9 +247,14 @@ def _graph_row(node: NodeId, index: dict[NodeId, int]) -> int:
 
 @torch.no_grad()
 def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: int = 1,
-                     batch_size: int = 256) -> ComponentInputs:
+                     batch_size: int = 256, position_local: bool | None = None) -> ComponentInputs:
     """The edges into every head node and whole-MLP node of ``col`` (module docstring), as rows of
-    the graph whose node index is ``index`` (node id -> row)."""
+    the graph whose node index is ``index`` (node id -> row).
+
+    ``position_local``: compute the edges as plain dot products with the writers at the reader's
+    position (:func:`_local_edges`), which is what the engine's sweep computes when no path between
+    two nodes leaves its position (every attention layer is heads, no skip path); None: whenever
+    that holds.  The engine's sweep otherwise."""
     fm = col.frozen
     adapter, lin = fm.adapter, fm.lin
     L, T = fm.n_layers, fm.n_pos
@@ -206,9 +265,14 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
     total: dict[int, float] = {}
     constant: dict[int, float] = {}
 
+    local = position_local if position_local is not None else _paths_stay_at_their_position(col)
+
     def sweep(location: int, rows: list[int], positions: list[int], dirs: torch.Tensor, own: torch.Tensor) -> None:
         """Readers ``i`` of component rows ``rows[i]``: edges summed per (component, writer)."""
-        edges = attribute_directions(col, location, positions, dirs, own.tolist(), batch_size=batch_size)
+        if local:
+            edges = _local_edges(col, location, positions, dirs, own)
+        else:
+            edges = attribute_directions(col, location, positions, dirs, own.tolist(), batch_size=batch_size)
         rows_np = np.asarray(rows, dtype=np.int64)
         writer_rows = np.array([_graph_row(n, index) for n in edges.writer_ids], dtype=np.int64)
         tgt_parts.append(rows_np[edges.reader])
