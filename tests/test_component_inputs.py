@@ -248,13 +248,9 @@ def test_neuron_graphs_keep_the_identity():
 def test_position_local_edges_equal_the_engine_sweep(variant):
     """With every attention layer as heads no path between nodes leaves its position, and the
     component edges are plain dot products (``_local_edges``); they equal the engine's sweep."""
-    from circuitgraph.attribution.component_inputs import component_inputs
-
     _, _, g = _graph(variant)
-    col = g.context._tables
-    index = {n.id: i for i, n in enumerate(g.nodes)}
-    fast = component_inputs(col, index, position_local=True)
-    slow = component_inputs(col, index, position_local=False)
+    fast = g.context.component_inputs(position_local=True)
+    slow = g.context.component_inputs(position_local=False)
     np.testing.assert_array_equal(fast.target, slow.target)
     np.testing.assert_array_equal(fast.source, slow.source)
     np.testing.assert_allclose(fast.weight, slow.weight, rtol=1e-12, atol=1e-14 * np.abs(slow.weight).max())

@@ -194,7 +194,6 @@ def _local_edges(col: Collected, location: int, positions: list[int], dirs: torc
     readers_at: dict[int, torch.Tensor] = {}
     for p in sorted(set(positions)):
         readers_at[p] = (pos == p).nonzero().flatten()
-    node_rows: list[np.ndarray] = []
     reader_parts: list[np.ndarray] = []
     writer_parts: list[np.ndarray] = []
     weights: list[np.ndarray] = []
