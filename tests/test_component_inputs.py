@@ -271,3 +271,50 @@ def test_mixed_attention_modes_keep_the_identities():
     heads = [i for i, n in enumerate(g.nodes) if n.kind == "attention_head" and n.pre_activation != 0]
     into = set(g.edge_target.tolist())
     assert heads and all(i in into for i in heads)
+
+
+def test_pipeline_queries_and_exports_handle_component_inputs(tmp_path):
+    """A spec run on the demo model with head and MLP nodes with inputs: pruning, influence,
+    top_paths, the JSON round trip (the identity kept), the diagram, Neuronpedia and the
+    explorer's graph API all take it."""
+    import json
+
+    import circuitgraph
+    from circuitgraph.export.json_graph import graph_from_json
+
+    spec = {"format_version": 1, "model": {"builtin": "demo"},
+            "prompt": "mia saw the owl in the park . later she wants",
+            "targets": [{"logit_diff": [" an", " a"]}],
+            "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True},
+            "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
+            "queries": [{"scores": {}}, {"top_paths": {"source": {"kind": "embedding"}, "k": 5}}],
+            "export": {"json": str(tmp_path / "g.json"), "neuronpedia": str(tmp_path / "np.json"),
+                       "svg": str(tmp_path / "g.svg")}}
+    result = circuitgraph.run(spec)
+    assert not result.failures
+    full = result.full_graph
+    assert full.check_completeness().ok()
+    heads = [n for n in full.nodes if n.kind == "attention_head"]
+    assert all(n.pre_activation is not None and "total_effect" in n.attrs for n in heads)
+    # edges into heads survive pruning and reach the files
+    pruned = result.graph
+    kinds = {pruned.nodes[t].kind for t in pruned.edge_target.tolist()}
+    assert "attention_head" in kinds or "mlp" in kinds
+    back = graph_from_json((tmp_path / "g.json").read_text())
+    assert back.check_completeness().ok()
+    paths = result.queries[1]["result"].to_dict()
+    assert paths["paths"]
+    npj = json.loads((tmp_path / "np.json").read_text())
+    assert npj["links"] and (tmp_path / "g.svg").stat().st_size > 0
+    # the explorer's API over the graph file: the view and a head node's inputs
+    from circuitgraph.serve.api import Explorer
+    from circuitgraph.serve.catalog import Catalog
+
+    explorer = Explorer(Catalog(tmp_path))
+    (name,) = [n for n in explorer.catalog.graphs if n.endswith("g.json")]
+    view = explorer.graph_view(name, {})
+    assert view["nodes"]
+    head = max((n for n in full.nodes if n.kind == "attention_head"), key=lambda n: abs(n.pre_activation))
+    info = explorer.node(name, str(head.id), {"node_threshold": ["1"], "edge_threshold": ["1"]})
+    assert info["n_inputs"] > 0 and info["inputs"]
+    assert info["sum_inputs"] + info["constant"] == pytest.approx(info["pre_activation"], rel=1e-4, abs=1e-6)
