@@ -152,10 +152,12 @@ def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6) ->
         patched = real.path_patch_value(mv.id, [w for w, _ in incoming])
         all_edges = np.array([w for _, w in incoming])
         rho = _spearman(all_edges, patched)
+        pearson = float(np.corrcoef(all_edges, patched)[0, 1]) if len(all_edges) > 2 else float("nan")
         entry = {"head": name(g, mv.id), "direct_effect": direct.get(mv.id, 0.0),
                  "direct_share": direct.get(mv.id, 0.0) / ld, "total_effect": mv.pre_activation,
                  "total_share": mv.pre_activation / ld, "real_removal_effect": real.remove_component(mv.id),
                  "n_incoming": len(incoming), "incoming_vs_real_path_patching_spearman": rho,
+                 "incoming_vs_real_path_patching_pearson": pearson,
                  "feeders": []}
         for (w, e), p in zip(feeders, patched[: len(feeders)]):
             entry["feeders"].append({"writer": name(g, w), "edge": e, "share_of_ld": e / ld,
@@ -171,7 +173,9 @@ def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6) ->
         report["feeder_components"].append({"node": name(g, nid), "total_effect": node.pre_activation,
                                              "real_removal_effect": real.remove_component(nid)})
     sub = g.subgraph(keep)
-    sub.render(str(out / "component_ioi.svg"), max_nodes=None, title="IOI component circuit (SmolLM2-135M-Instruct)")
+    for suffix in ("svg", "png"):
+        sub.render(str(out / f"component_ioi.{suffix}"), max_nodes=None,
+                   title="IOI component circuit (SmolLM2-135M-Instruct)")
     g.to_json(str(out / "component_ioi_graph.json"))
     (out / "component_ioi.json").write_text(json.dumps(report, indent=1))
     return report
