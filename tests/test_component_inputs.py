@@ -358,3 +358,16 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
         largest = max(largest, float(np.abs(expected).max()))
         worst = max(worst, float(np.abs(got - expected).max()))
     assert worst <= 1e-9 * largest, (worst, largest)
+
+
+def test_component_edge_bound_refuses_with_advice(monkeypatch):
+    from circuitgraph.attribution import component_inputs as ci
+
+    _, adapter, g = _graph("ln-gelu-learned")
+    into = sum(1 for t in g.edge_target.tolist() if g.nodes[t].kind in ("attention_head", "mlp"))
+    assert 0 < into
+    monkeypatch.setattr(ci, "MAX_COMPONENT_EDGES", 10)
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    with pytest.raises(AttributionError, match="shorter prompt"):
+        attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
+                  component_inputs=True)

@@ -8,7 +8,11 @@ import numpy as np
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
-from circuitgraph.attribution.component_inputs import check_component_inputs_supported, component_inputs
+from circuitgraph.attribution.component_inputs import (
+    check_component_edge_bound,
+    check_component_inputs_supported,
+    component_inputs,
+)
 from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
@@ -39,6 +43,8 @@ def build_graph(
     col = collect_nodes(adapter, lin, transcoders, targets, options)
     plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
     check_plan(plan)  # refuse, with advice that works, before the sweep
+    if options.component_inputs:
+        check_component_edge_bound(col)
     nodes = col.nodes
     if plan.max_feature_nodes is not None:
         rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,

@@ -42,7 +42,8 @@ from circuitgraph.errors import AttributionError
 from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 
-__all__ = ["ComponentInputs", "component_inputs", "total_effect_gradients", "check_component_inputs_supported"]
+__all__ = ["ComponentInputs", "component_inputs", "total_effect_gradients", "check_component_inputs_supported",
+           "component_edge_bound", "check_component_edge_bound", "MAX_COMPONENT_EDGES"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,41 @@ def check_component_inputs_supported(adapter, mlp_modes: dict[int, str]) -> None
             f"graph.component_inputs: layers {other} use transcoders; a component's total effect is defined in the "
             "frozen model with MLPs linear at their neurons' frozen ratios, which a transcoder's features do not "
             "follow; set graph.mlp to 'mlp' or 'neurons' on those layers, or component_inputs: false")
+
+
+#: the most edges into head and MLP nodes a graph may get (their bound, :func:`component_edge_bound`)
+MAX_COMPONENT_EDGES = 100_000_000
+
+
+def component_edge_bound(col: Collected) -> int:
+    """An upper bound on the edges into head and whole-MLP nodes: a head of layer ``m`` at ``t``
+    reads every source ``s <= t`` (any ``s`` without a causal mask), each reader meets at most the
+    writers at its position up to resid_pre(m) (or, through frozen attention, at any position)."""
+    fm = col.frozen
+    L, T = fm.n_layers, fm.n_pos
+    counts, _, _, _ = col.count_tables(2 * L + 1, T)
+    local = _paths_stay_at_their_position(col)
+    total = 0
+    for m in range(L):
+        upto = counts[: 2 * m + 1]
+        per_pos = upto.sum(0) if local else np.full(T, upto.sum())
+        if fm.attention_modes[m] == "heads":
+            H = int(fm.attn[m]["W_V"].shape[0])
+            readers = (T - np.arange(T)) if fm.causal else np.full(T, T)
+            total += int((H * readers * per_pos).sum())
+        upto_mid = counts[: 2 * m + 2]
+        total += int((upto_mid.sum(0) if local else np.full(T, upto_mid.sum())).sum())
+    return total
+
+
+def check_component_edge_bound(col: Collected) -> None:
+    """Refuse a graph whose component edges could exceed :data:`MAX_COMPONENT_EDGES`."""
+    bound = component_edge_bound(col)
+    if bound > MAX_COMPONENT_EDGES:
+        raise AttributionError(
+            f"graph.component_inputs: up to {bound:,} edges into head and MLP nodes (the limit is "
+            f"{MAX_COMPONENT_EDGES:,}: a head at each position reads every earlier position); use a shorter prompt, "
+            "heads on fewer layers (attention: {layer: heads}), or component_inputs: false")
 
 
 def _slopes_and_offsets(adapter, lin, layer: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
