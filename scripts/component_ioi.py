@@ -122,7 +122,7 @@ class RealModel:
             return self.clean[0] - self.ld(model(self.tokens.repeat(B, 1)))
 
 
-def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6) -> dict:
+def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6, n_checked: int = 40) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -149,14 +149,15 @@ def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6) ->
                     if t == rows]
         incoming.sort(key=lambda x: -abs(x[1]))
         feeders = incoming[:n_feeders]
-        patched = real.path_patch_value(mv.id, [w for w, _ in incoming])
-        all_edges = np.array([w for _, w in incoming])
+        checked = incoming[:n_checked]  # the strongest edges: real path patching of each (batched)
+        patched = real.path_patch_value(mv.id, [w for w, _ in checked])
+        all_edges = np.array([w for _, w in checked])
         rho = _spearman(all_edges, patched)
         pearson = float(np.corrcoef(all_edges, patched)[0, 1]) if len(all_edges) > 2 else float("nan")
         entry = {"head": name(g, mv.id), "direct_effect": direct.get(mv.id, 0.0),
                  "direct_share": direct.get(mv.id, 0.0) / ld, "total_effect": mv.pre_activation,
                  "total_share": mv.pre_activation / ld, "real_removal_effect": real.remove_component(mv.id),
-                 "n_incoming": len(incoming), "incoming_vs_real_path_patching_spearman": rho,
+                 "n_incoming": len(incoming), "n_checked": len(checked), "incoming_vs_real_path_patching_spearman": rho,
                  "incoming_vs_real_path_patching_pearson": pearson,
                  "feeders": []}
         for (w, e), p in zip(feeders, patched[: len(feeders)]):
