@@ -122,7 +122,7 @@ class RealModel:
             return self.clean[0] - self.ld(model(self.tokens.repeat(B, 1)))
 
 
-def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6, n_checked: int = 40) -> dict:
+def main(model_dir: str, out_dir: str, n_movers: int = 3, n_feeders: int = 6, n_checked: int = 20) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -177,7 +177,7 @@ def main(model_dir: str, out_dir: str, n_movers: int = 4, n_feeders: int = 6, n_
     for suffix in ("svg", "png"):
         sub.render(str(out / f"component_ioi.{suffix}"), max_nodes=None,
                    title="IOI component circuit (SmolLM2-135M-Instruct)")
-    g.to_json(str(out / "component_ioi_graph.json"))
+    sub.to_json(str(out / "component_ioi_circuit.json"))
     (out / "component_ioi.json").write_text(json.dumps(report, indent=1))
     return report
 

@@ -220,38 +220,52 @@ def _paths_stay_at_their_position(col: Collected) -> bool:
     return all(m == "heads" for m in fm.attention_modes.values()) and not fm.skip and not col.multi_location_writers
 
 
+class _PositionWriters:
+    """Every writer's output vector grouped by position, in location order, and the constant
+    writers' prefix sums over locations: what :func:`_local_edges` multiplies (made once per graph)."""
+
+    def __init__(self, col: Collected, device: torch.device):
+        T = col.frozen.n_pos
+        per: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {p: [] for p in range(T)}
+        for loc in sorted(col.writers.blocks):
+            block = col.writers.blocks[loc]
+            table = block.slot_table(device)
+            for g, p in enumerate(table.positions):
+                lo, hi = table.group_starts[g], table.group_starts[g + 1]
+                per[p].append((loc, block.slot_vectors(table, lo, hi), table.node_rows[lo:hi]))
+        self.vectors, self.rows, self.locs = {}, {}, {}
+        for p, items in per.items():
+            if items:
+                self.vectors[p] = torch.cat([v for _, v, _ in items])
+                self.rows[p] = torch.cat([r for _, _, r in items]).cpu().numpy().astype(np.int64)
+                self.locs[p] = np.concatenate([np.full(len(r), loc) for loc, _, r in items])
+        locs = sorted(col.constants)
+        self.constant_prefix = torch.stack([col.constants[l] for l in locs]).cumsum(0)  # (n_locs, T, D)
+
+
 def _local_edges(col: Collected, location: int, positions: list[int], dirs: torch.Tensor,
-                 own: torch.Tensor) -> "DirectionEdges":
+                 own: torch.Tensor, writers: _PositionWriters) -> "DirectionEdges":
     """The engine's edges into ad-hoc readers when every path between nodes stays at its position
     (:func:`_paths_stay_at_their_position`): reader ``i`` at ``(location, positions[i])`` meets each
     writer at its position and a location ``<= location`` with ``direction . output`` (the residual
     stream's transpose is the identity), and the constant writers there with ``direction . c``."""
     pos = torch.as_tensor(positions, dtype=torch.long)
-    readers_at: dict[int, torch.Tensor] = {}
-    for p in sorted(set(positions)):
-        readers_at[p] = (pos == p).nonzero().flatten()
     reader_parts: list[np.ndarray] = []
     writer_parts: list[np.ndarray] = []
     weights: list[np.ndarray] = []
-    from_constants = torch.zeros(len(positions), dtype=torch.float64, device=dirs.device)
-    for loc in range(location + 1):
-        c = col.constants.get(loc)
-        if c is not None:
-            from_constants += (dirs * c[pos]).sum(-1).to(torch.float64)
-        block = col.writers.blocks.get(loc)
-        if block is None:
+    for p in sorted(set(positions)):
+        if p not in writers.vectors:
             continue
-        table = block.slot_table(dirs.device)
-        for p, idx in readers_at.items():
-            g = table.groups_before(p)
-            if g >= len(table.positions) or table.positions[g] != p:
-                continue
-            lo, hi = table.group_starts[g], table.group_starts[g + 1]
-            E = (dirs[idx] @ block.slot_vectors(table, lo, hi).T).to(torch.float64)  # (n, k)
-            reader_parts.append(np.repeat(idx.numpy(), hi - lo))
-            writer_parts.append(np.tile(table.node_rows[lo:hi].cpu().numpy().astype(np.int64), len(idx)))
-            weights.append(E.cpu().numpy().reshape(-1))
-    constants = [{-1: float(o), location: float(k)} for o, k in zip(own.tolist(), from_constants.tolist())]
+        idx = (pos == p).nonzero().flatten()
+        k = int(np.searchsorted(writers.locs[p], location, side="right"))
+        if k == 0:
+            continue
+        E = (dirs[idx] @ writers.vectors[p][:k].T).to(torch.float64)  # (n, k)
+        reader_parts.append(np.repeat(idx.numpy(), k))
+        writer_parts.append(np.tile(writers.rows[p][:k], len(idx)))
+        weights.append(E.cpu().numpy().reshape(-1))
+    from_constants = (dirs * writers.constant_prefix[location][pos]).sum(-1).to(torch.float64)
+    constants = [{-1: float(o), location: float(c)} for o, c in zip(own.tolist(), from_constants.tolist())]
     if weights:
         reader = np.concatenate(reader_parts)
         rows = np.concatenate(writer_parts)
@@ -301,11 +315,12 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
     constant: dict[int, float] = {}
 
     local = position_local if position_local is not None else _paths_stay_at_their_position(col)
+    writers = _PositionWriters(col, fm.device) if local else None
 
     def sweep(location: int, rows: list[int], positions: list[int], dirs: torch.Tensor, own: torch.Tensor) -> None:
         """Readers ``i`` of component rows ``rows[i]``: edges summed per (component, writer)."""
         if local:
-            edges = _local_edges(col, location, positions, dirs, own)
+            edges = _local_edges(col, location, positions, dirs, own, writers)
         else:
             edges = attribute_directions(col, location, positions, dirs, own.tolist(), batch_size=batch_size)
         rows_np = np.asarray(rows, dtype=np.int64)
