@@ -323,6 +323,24 @@ MUTATIONS = [
         "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.bfloat16)",
         ("tests/test_gguf.py",),
     ),
+    Mutation(
+        "component-head-destination-sigma",
+        "a head's value-input reader divided by ln1's sigma at the head's destination instead of at the source "
+        "position it reads (graph.component_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "dirs.append(A[h, t, s] * read[t, h] / sigma[s])",
+        "dirs.append(A[h, t, s] * read[t, h] / sigma[t])",
+        ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
+        "component-total-effect-mlp-slopes-dropped",
+        "the total-effect gradient crosses every MLP without its neurons' frozen slopes (a self-consistent "
+        "mistake: the total-effect identity still holds; path patching by hooks catches it)",
+        "circuitgraph/attribution/component_inputs.py",
+        "        u = (self.output_gradient(G) @ self.W_out.T) * self.r[: G.shape[0]]  # (T, d_mlp)\n",
+        "        u = self.output_gradient(G) @ self.W_out.T  # (T, d_mlp)\n",
+        ("tests/test_component_inputs.py::test_edges_into_components_are_path_patching",),
+    ),
 ]
 
 

@@ -8,6 +8,11 @@ import numpy as np
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.attribution.component_inputs import (
+    check_component_edge_bound,
+    check_component_inputs_supported,
+    component_inputs,
+)
 from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
@@ -33,9 +38,13 @@ def build_graph(
     metadata: dict[str, Any] | None = None,
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
+    if options.component_inputs:
+        check_component_inputs_supported(adapter, options.mlp)
     col = collect_nodes(adapter, lin, transcoders, targets, options)
     plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
     check_plan(plan)  # refuse, with advice that works, before the sweep
+    if options.component_inputs:
+        check_component_edge_bound(col)
     nodes = col.nodes
     if plan.max_feature_nodes is not None:
         rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
@@ -49,17 +58,20 @@ def build_graph(
     for row, c in edges.constants.items():
         nodes[row].constant = c
     np_dtype = np.float32 if options.dtype == torch.float32 else np.float64
+    edge_target, edge_source, edge_weight = edges.target, edges.source, edges.weight
+    if options.component_inputs:
+        edge_target, edge_source, edge_weight = _add_component_inputs(col, nodes, edges, options)
     graph = AttributionGraph(
         nodes=nodes,
-        edge_target=edges.target,
-        edge_source=edges.source,
-        edge_weight=edges.weight.astype(np_dtype, copy=False),
+        edge_target=edge_target,
+        edge_source=edge_source,
+        edge_weight=edge_weight.astype(np_dtype, copy=False),
         targets=col.targets,
         metadata=dict(metadata or {}),
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
         edges_unique=True,  # one edge per (reader, writer) pair: queries skip coalescing
     )
-    if edges.sums is not None and edges.abs_sums is not None:
+    if edges.sums is not None and edges.abs_sums is not None and not options.component_inputs:
         # the engine summed every row as it wrote it and knows its order: no pass over the edges
         # for the completeness check and the scores' level order
         graph.adopt_incoming_sums(_per_node(edges.sums, len(nodes)), _per_node(edges.abs_sums, len(nodes)))
@@ -73,6 +85,25 @@ def build_graph(
     graph.metadata["completeness"] = report.to_dict()
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
     return graph
+
+
+def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptions
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The edges into head and whole-MLP nodes appended to the engine's; each such node's
+    ``pre_activation`` becomes its total effect on the targets and ``constant`` the part of it no
+    node carries, so that :meth:`AttributionGraph.check_completeness` checks the identity
+    ``total effect = sum of incoming edges + constant`` (:mod:`~circuitgraph.attribution.component_inputs`)."""
+    index = {n.id: i for i, n in enumerate(nodes)}
+    comp = component_inputs(col, index, min_mlp_pos=0 if options.bos_nodes else 1, batch_size=options.batch_size)
+    for row, value in comp.total_effect.items():
+        node = nodes[row]
+        node.pre_activation = value
+        node.constant = comp.constant[row]
+        node.attrs = {**node.attrs, "total_effect": value, "inputs": "value" if node.kind == "attention_head" else "input"}
+    index_dtype = edges.target.dtype
+    return (np.concatenate([edges.target, comp.target.astype(index_dtype)]),
+            np.concatenate([edges.source, comp.source.astype(edges.source.dtype)]),
+            np.concatenate([edges.weight.astype(np.float64), comp.weight]))
 
 
 def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from circuitgraph.attribution.component_inputs import ComponentInputs, component_inputs
 from circuitgraph.attribution.engine import attribute_directions
 from circuitgraph.attribution.locations import ResidualLocation
 from circuitgraph.graph.nodes import Node, NodeId
@@ -124,6 +125,14 @@ class AttributionContext:
         :func:`circuitgraph.attribution.engine.attribute_directions`."""
         return attribute_directions(self._tables, location, positions, directions, own_constants,
                                     batch_size=self.options.batch_size)
+
+    def component_inputs(self, *, position_local: bool | None = None) -> ComponentInputs:
+        """The edges into every head and whole-MLP node of the attributed graph (rows of
+        :attr:`attributed_nodes`), their total effects and constants
+        (:func:`circuitgraph.attribution.component_inputs.component_inputs`)."""
+        index = {n.id: i for i, n in enumerate(self._tables.nodes)}
+        return component_inputs(self._tables, index, min_mlp_pos=0 if self.options.bos_nodes else 1,
+                                batch_size=self.options.batch_size, position_local=position_local)
 
     def _readers(self) -> dict[NodeId, int]:
         """node id -> its index in the engine's reader table (directions are made on request)."""

@@ -42,6 +42,9 @@ class GraphOptions:
     bos_nodes: bool = False
     neuron_top_k: int | None = None
     max_feature_nodes: int | None = None
+    #: head and whole-MLP nodes get incoming edges (their total effects split over their inputs,
+    #: :mod:`circuitgraph.attribution.component_inputs`)
+    component_inputs: bool = False
     dtype: torch.dtype = torch.float32
     batch_size: int = 256
     memory_limit: int | None = None  # bytes; None = the memory available

@@ -312,6 +312,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
         bos_nodes=g.bos_nodes,
         neuron_top_k=g.neuron_top_k,
         max_feature_nodes=g.max_feature_nodes,
+        component_inputs=g.component_inputs,
         dtype=torch_dtype(g.dtype),
         batch_size=g.batch_size,
     )
@@ -333,6 +334,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
             "bos_nodes": options.bos_nodes,
             "neuron_top_k": options.neuron_top_k,
             "max_feature_nodes": options.max_feature_nodes,
+            **({"component_inputs": True} if options.component_inputs else {}),
         },
         versions=_versions(),
         warnings=run_warnings,

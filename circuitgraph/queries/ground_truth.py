@@ -11,7 +11,11 @@ MLP; every logit or target node is the target) and its edges aggregated by compo
 ``|weight|`` over positions (and tokens, neurons, features):
 
 * into the target: the graph's own edges into its target nodes;
-* into a head or a whole MLP (vector nodes, not readers of the graph): the same exact sweep of
+* into a head or a whole MLP, when the graph has component inputs (``graph.component_inputs``):
+  the graph's own edges into those nodes (each a writer's share of the component's total effect
+  through its value / MLP input, exactly path patching of the frozen model), ``|weight|`` summed
+  over positions; the query/key paths (``qk``) as below;
+* into a head or a whole MLP of a graph without component inputs (vector nodes, not readers): the same exact sweep of
   the frozen model with the component's input directions as readers
   (:meth:`AttributionContext.attribute_directions`), at every position: a head's value path
   reads ``W_V`` (through ln1's frozen norm) and its contribution at source ``s`` counts with the
@@ -156,11 +160,17 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
         key = (src, dst, path)
         weights[key] = weights.get(key, 0.0) + w
 
-    # into the target: the graph's own edges
+    # into the target (and, with component inputs, into heads and MLPs): the graph's own edges
+    own_inputs = bool(getattr(opts, "component_inputs", False))
     t_rows = {graph.index_of(t) for t in targets}
+    component_rows = {i for i, n in enumerate(graph.nodes) if n.kind in ("attention_head", "mlp")} if own_inputs else set()
     for s, d, x in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), np.abs(graph.edge_weight).tolist()):
         if d in t_rows:
             add(comp[graph.nodes[s].id], ("target", L, -1), "direct", x)
+        elif d in component_rows:
+            dst = comp[graph.nodes[d].id]
+            if dst is not None:
+                add(comp[graph.nodes[s].id], dst, "direct", x)
     # into heads and MLPs: their input directions as extra readers of the same sweep
     a, lin, fm = ctx.adapter, ctx.linearisation, ctx.frozen_model
     T = lin.n_pos
@@ -174,6 +184,8 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
         A = fm.pattern(layer).to(torch.float64)  # (H, T, T)
         attended = A.sum(1)  # (H, s): attention paid to each source position
         for side, W in qkv.items():
+            if own_inputs and side == "value":  # the graph's own edges (above)
+                continue
             H, D, dh = W.shape
             cols = W.to(device=device, dtype=dtype).permute(0, 2, 1).reshape(H * dh, D)
             g = ln1.reader_direction(cols)  # (H dh, D), before 1/sigma
@@ -189,7 +201,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
             path = "direct" if side == "value" else "qk"
             for wr, h, m in zip(edges.writer.tolist(), head.tolist(), mags.tolist()):
                 add(comp.get(edges.writer_ids[wr]), ("attention_head", layer, int(h)), path, m)
-        if a.facts.attn_only:
+        if a.facts.attn_only or own_inputs:
             continue
         W_in = a.mlp_weights(layer)["W_in"].to(device=device, dtype=dtype)  # (D, d_mlp)
         ln2 = fm.ln2[layer]

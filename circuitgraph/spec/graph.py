@@ -52,6 +52,13 @@ class GraphSpec(StrictModel):
     bos_nodes: Bool = Field(False, description="Keep nodes at the BOS position.")
     neuron_top_k: PositiveInt | None = Field(None, description="Keep the top k neurons per position (null = all).")
     max_feature_nodes: PositiveInt | None = Field(None, description="Keep at most this many feature nodes.")
+    component_inputs: Bool = Field(
+        False,
+        description="Head nodes (attention: heads) and whole-MLP nodes (mlp: mlp) get incoming edges: each one's "
+        "scalar is its total effect on the targets in the frozen model, and the edge from a writer is that "
+        "writer's share of it through the component's input (for a head, its value input: exactly path "
+        "patching of the frozen model). Needs mlp: mlp or neurons on every layer.",
+    )
     dtype: Literal["float32", "float64"] = Field("float32", description="Dtype in which edges are accumulated.")
     batch_size: PositiveInt = Field(256, description="Readers per backward batch.")
     max_dense_nodes: PositiveInt = Field(20000, description="Never build a dense N x N matrix above this N.")

@@ -1,0 +1,373 @@
+"""Head and whole-MLP nodes with inputs (graph.component_inputs): every edge into them is path
+patching of the frozen model, recomputed here with TransformerLens hooks and modules only (the
+model's own norms, weights and cache; no engine vector), in float64; the total-effect identity and
+the flow identity (a component's total effect = the sum of its outgoing edges) on every graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from circuitgraph.adapters import ModelAdapter
+from circuitgraph.attribution.build import attribute
+from circuitgraph.attribution.linearisation import frozen, linearise
+from circuitgraph.attribution.targets import ResolvedTarget
+from circuitgraph.errors import AttributionError
+from circuitgraph.graph.nodes import NodeId
+from circuitgraph.testing.synthetic import tiny_model
+
+from .conftest import VARIANTS
+
+#: the variants whose logits are the targets' readout (no logit soft-cap) and whose MLP output is
+#: the MLP's own (no post-norm): the hook reference below reads both directly
+CASES = ["ln-gelu-learned", "ln-gated-rotary", "rms-gelu-learned", "rms-gated-rotary-gqa", "lnpre-relu-rotary",
+         "none-relu-learned", "ln-attnonly-rotary"]
+TOKENS = [1, 5, 7, 2, 9, 4, 11]
+A_TOK, B_TOK = 3, 8
+
+
+def _graph(variant: str, **kw):
+    model = tiny_model(seed=1, n_layers=3, **VARIANTS[variant]).to(torch.float64)
+    adapter = ModelAdapter(model)
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    g = attribute(adapter, TOKENS, targets=[target], mlp=kw.pop("mlp", "mlp"), attention="heads",
+                  dtype=torch.float64, component_inputs=True, **kw)
+    return model, adapter, g
+
+
+def _frozen_slopes(adapter, lin):
+    """Hooks that make every MLP linear at its neurons' frozen slopes (TransformerLens names):
+    GELU/ReLU ``post = (act(pre0) / pre0) * pre``; gated ``post = act(gate0) * linear + b_in``."""
+    hooks, seen = [], {}
+    m = adapter.model
+    for l in range(adapter.facts.n_layers):
+        if adapter.facts.attn_only:
+            break
+        pre0, post0 = lin.mlp_pre[l], lin.mlp_post[l]
+        if adapter.facts.gated_mlp:
+            gate = m.blocks[l].mlp.act_fn(pre0)
+
+            def keep(x, hook, l=l):
+                seen[l] = x
+                return x
+
+            def post(x, hook, l=l, gate=gate, post0=post0):
+                out = gate[None, : x.shape[1]] * seen[l] + m.blocks[l].mlp.b_in
+                out[:, 0] = post0[0]  # the BOS position's MLP output is a constant of the graph
+                return out
+
+            hooks += [(f"blocks.{l}.mlp.hook_pre_linear", keep), (f"blocks.{l}.mlp.hook_post", post)]
+        else:
+            ratio = torch.where(pre0 != 0, post0 / torch.where(pre0 != 0, pre0, 1.0), 0.0)
+
+            def keep(x, hook, l=l):
+                seen[l] = x
+                return x
+
+            def post(x, hook, l=l, ratio=ratio, post0=post0):
+                out = ratio[None, : x.shape[1]] * seen[l]
+                out[:, 0] = post0[0]  # the BOS position's MLP output is a constant of the graph
+                return out
+
+            hooks += [(f"blocks.{l}.mlp.hook_pre", keep), (f"blocks.{l}.mlp.hook_post", post)]
+    return hooks
+
+
+def _logit_diff(logits, a: int = A_TOK, b: int = B_TOK):
+    return logits[:, -1, a] - logits[:, -1, b]
+
+
+def _writer_vectors(model, cache, g):
+    """Every writer node of the graph and its output vector, from the model's cache and weights."""
+    out = {}
+    for n in g.nodes:
+        nid = n.id
+        if nid.kind == "embedding":
+            out[nid] = cache["hook_embed"][0, nid.position]
+        elif nid.kind == "attention_head":
+            W_O = model.blocks[nid.layer].attn.W_O[nid.index]
+            out[nid] = cache[f"blocks.{nid.layer}.attn.hook_z"][0, nid.position, nid.index] @ W_O
+        elif nid.kind == "mlp":
+            out[nid] = cache[f"blocks.{nid.layer}.hook_mlp_out"][0, nid.position]
+    return out
+
+
+def _patched_head(model, adapter, lin, head: NodeId, removed: torch.Tensor, extra, tokens=TOKENS, ab=(A_TOK, B_TOK)):
+    """Targets with ``removed[b] (T, d_model)`` taken out of ``head``'s value input only."""
+    m, t, h = head.layer, head.position, head.index
+    B = removed.shape[0]
+    x = lin.resid_pre[m][None].expand(B, -1, -1) - removed
+    attn = model.blocks[m].attn
+    A = lin.patterns[m][h, t]  # (T,)
+
+    def patch_z(z, hook):
+        z = z.clone()
+        normed = model.blocks[m].ln1(x)  # the model's own norm, its sigma frozen by the hooks
+        v = normed @ attn.W_V[h] + attn.b_V[h]  # (B, T, d_head)
+        z[:, t, h] = torch.einsum("s,bsk->bk", A, v)
+        return z
+
+    with frozen(adapter, lin, extra_hooks=extra + [(f"blocks.{m}.attn.hook_z", patch_z)]) as fm:
+        return _logit_diff(fm(torch.tensor([tokens] * B)), *ab)
+
+
+def _patched_mlp(model, adapter, lin, node: NodeId, removed: torch.Tensor, extra, slopes):
+    """Targets with ``removed[b] (d_model,)`` taken out of MLP ``node``'s input at its position only."""
+    m, t = node.layer, node.position
+    B = removed.shape[0]
+    mlp = model.blocks[m].mlp
+    x = lin.resid_mid[m][None, t : t + 1].expand(B, -1, -1) - removed[:, None]
+
+    def patch_post(post, hook):
+        post = post.clone()
+        normed = _ln2_at(model, m, x, t)
+        r, c = slopes[m]
+        post[:, t] = r[t] * (normed[:, 0] @ mlp.W_in) + c[t]
+        return post
+
+    with frozen(adapter, lin, extra_hooks=extra + [(f"blocks.{m}.mlp.hook_post", patch_post)]) as fm:
+        return _logit_diff(fm(torch.tensor([TOKENS] * B)))
+
+
+def _ln2_at(model, m, x, t):
+    """ln2 of ``x (B, 1, d_model)`` at position ``t`` with the frozen sigma: the module sees a
+    prompt-length input (its frozen-scale hook expands over positions) and ``t``'s row is read."""
+    B = x.shape[0]
+    T = len(TOKENS)
+    full = torch.zeros(B, T, x.shape[-1], dtype=x.dtype)
+    full[:, t] = x[:, 0]
+    return model.blocks[m].ln2(full)[:, t : t + 1]
+
+
+def _slopes(adapter, lin):
+    """Per layer ``(r, c) (T, d_mlp)``: the frozen MLP's ``post = r * (W_in . N2) + c`` from the cache."""
+    out = {}
+    for l in range(adapter.facts.n_layers):
+        mlp = adapter.model.blocks[l].mlp
+        pre, post = lin.mlp_pre[l], lin.mlp_post[l]
+        if adapter.facts.gated_mlp:
+            out[l] = (mlp.act_fn(pre), mlp.b_in.expand_as(pre))
+        else:
+            r = torch.where(pre != 0, post / torch.where(pre != 0, pre, 1.0), 0.0)
+            out[l] = (r, r * mlp.b_in)
+    return out
+
+
+@pytest.mark.parametrize("variant", CASES)
+@torch.no_grad()
+def test_edges_into_components_are_path_patching(variant):
+    model, adapter, g = _graph(variant)
+    lin = linearise(adapter, torch.tensor(TOKENS))
+    _, cache = model.run_with_cache(torch.tensor([TOKENS]))
+    writers = _writer_vectors(model, cache, g)
+    extra = _frozen_slopes(adapter, lin)
+    with frozen(adapter, lin, extra_hooks=extra) as fm:
+        clean = float(_logit_diff(fm(torch.tensor([TOKENS])))[0])
+    target = g.node(g.targets[0][0])
+    assert abs(clean - target.pre_activation) < 1e-10  # the frozen model reproduces the target
+    ids = list(writers)
+    T = len(TOKENS)
+    checked = 0
+    largest = 0.0
+    worst = 0.0
+    L = adapter.facts.n_layers
+    # heads in the last two layers (the first layer's inputs are embeddings only) at three positions
+    comps = [NodeId("attention_head", l, t, h) for l in range(1, L) for t in (2, T - 2, T - 1)
+             for h in range(model.cfg.n_heads)]
+    if not adapter.facts.attn_only:
+        comps += [NodeId("mlp", l, t, 0) for l in range(L) for t in (1, T - 1)]
+    slopes = _slopes(adapter, lin) if not adapter.facts.attn_only else {}
+    for comp in comps:
+        row = g.index_of(comp)
+        loc_order = (2 * comp.layer) if comp.kind == "attention_head" else (2 * comp.layer + 1)
+        before = [w for w in ids if _writes_at(w) <= loc_order and (comp.kind == "attention_head" or
+                                                                   w.position == comp.position)]
+        if comp.kind == "attention_head":
+            removed = torch.zeros(len(before), T, model.cfg.d_model, dtype=torch.float64)
+            for b, w in enumerate(before):
+                removed[b, w.position] = writers[w]
+            patched = _patched_head(model, adapter, lin, comp, removed, extra)
+        else:
+            removed = torch.stack([writers[w] for w in before])
+            patched = _patched_mlp(model, adapter, lin, comp, removed, extra, slopes)
+        expected = clean - patched.numpy()
+        got = np.array([g.edge_weight_between(w, comp) for w in before])
+        largest = max(largest, float(np.abs(expected).max()))
+        worst = max(worst, float(np.abs(got - expected).max()))
+        checked += len(before)
+        # every edge into the component is one of these writers'
+        sources = {g.nodes[s].id for s, t in zip(g.edge_source, g.edge_target) if t == row}
+        assert sources <= set(before), sources - set(before)
+    assert largest > 1e-3 and checked > 50
+    assert worst <= 1e-9 * largest, (worst, largest)
+
+
+def _writes_at(node: NodeId) -> int:
+    """The residual location a writer writes at: 0 embeddings, 2l+1 heads, 2l+2 MLPs."""
+    return {"embedding": 0, "attention_head": 2 * node.layer + 1, "mlp": 2 * node.layer + 2}[node.kind]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_total_effect_identity_and_flow(variant):
+    """total effect = incoming edges + constant (the completeness check) on every variant; and,
+    with every component a node with inputs, a component's total effect is the sum of its
+    outgoing edges (into the targets and into later components)."""
+    _, _, g = _graph(variant)
+    report = g.check_completeness()
+    assert report.max_violation < 1e-10, report
+    comps = [i for i, n in enumerate(g.nodes) if n.kind in ("attention_head", "mlp")]
+    assert all(g.nodes[i].constant is not None for i in comps)
+    out = np.zeros(g.n_nodes)
+    np.add.at(out, g.edge_source, g.edge_weight)
+    for i in comps:
+        T_i = g.nodes[i].pre_activation
+        assert abs(out[i] - T_i) <= 1e-10 * max(1.0, abs(T_i)), (g.nodes[i].id, out[i], T_i)
+
+
+def test_off_by_default_and_transcoders_refused(tmp_path):
+    model = tiny_model(seed=1, n_layers=2, **VARIANTS["ln-gelu-learned"])
+    adapter = ModelAdapter(model)
+    g = attribute(adapter, TOKENS, mlp="mlp", attention="heads")
+    heads = {g.index_of(n.id) for n in g.nodes if n.kind == "attention_head"}
+    assert not (set(g.edge_target.tolist()) & heads)
+    assert all(n.pre_activation is None for n in g.nodes if n.kind == "attention_head")
+    with pytest.raises(AttributionError, match="transcoders"):
+        attribute(adapter, TOKENS, mlp={0: "transcoders", 1: "mlp"}, attention="heads", component_inputs=True)
+
+
+def test_neuron_graphs_keep_the_identity():
+    """With neurons as nodes the heads' total effects still split exactly over their inputs."""
+    _, _, g = _graph("ln-gelu-learned", mlp="neurons")
+    assert g.check_completeness().max_violation < 1e-10
+    heads = [n for n in g.nodes if n.kind == "attention_head"]
+    assert heads and all(n.pre_activation is not None for n in heads)
+
+
+@pytest.mark.parametrize("variant", ["rms-gated-rotary-gqa", "rms-gated-postnorm-softcap", "none-relu-bidirectional"])
+def test_position_local_edges_equal_the_engine_sweep(variant):
+    """With every attention layer as heads no path between nodes leaves its position, and the
+    component edges are plain dot products (``_local_edges``); they equal the engine's sweep."""
+    _, _, g = _graph(variant)
+    fast = g.context.component_inputs(position_local=True)
+    slow = g.context.component_inputs(position_local=False)
+    np.testing.assert_array_equal(fast.target, slow.target)
+    np.testing.assert_array_equal(fast.source, slow.source)
+    np.testing.assert_allclose(fast.weight, slow.weight, rtol=1e-12, atol=1e-14 * np.abs(slow.weight).max())
+    for row, c in slow.constant.items():
+        assert fast.constant[row] == pytest.approx(c, rel=1e-10, abs=1e-12)
+
+
+def test_mixed_attention_modes_keep_the_identities():
+    """A frozen attention layer below head nodes: the edges go through the engine's sweep (paths
+    cross positions through the frozen pattern); both identities still hold."""
+    model = tiny_model(seed=1, n_layers=3, **VARIANTS["ln-gelu-learned"]).to(torch.float64)
+    adapter = ModelAdapter(model)
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    g = attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention={0: "frozen", 1: "heads", 2: "heads"},
+                  dtype=torch.float64, component_inputs=True)
+    assert g.check_completeness().max_violation < 1e-10
+    # a head whose output reaches the targets (non-zero total effect) has incoming edges
+    heads = [i for i, n in enumerate(g.nodes) if n.kind == "attention_head" and n.pre_activation != 0]
+    into = set(g.edge_target.tolist())
+    assert heads and all(i in into for i in heads)
+
+
+def test_pipeline_queries_and_exports_handle_component_inputs(tmp_path):
+    """A spec run on the demo model with head and MLP nodes with inputs: pruning, influence,
+    top_paths, the JSON round trip (the identity kept), the diagram, Neuronpedia and the
+    explorer's graph API all take it."""
+    import json
+
+    import circuitgraph
+    from circuitgraph.export.json_graph import graph_from_json
+
+    spec = {"format_version": 1, "model": {"builtin": "demo"},
+            "prompt": "mia saw the owl in the park . later she wants",
+            "targets": [{"logit_diff": [" an", " a"]}],
+            "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True},
+            "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
+            "queries": [{"scores": {}}, {"top_paths": {"source": {"kind": "embedding"}, "k": 5}}],
+            "export": {"json": str(tmp_path / "g.json"), "neuronpedia": str(tmp_path / "np.json"),
+                       "svg": str(tmp_path / "g.svg")}}
+    result = circuitgraph.run(spec)
+    assert not result.failures
+    full = result.full_graph
+    assert full.check_completeness().ok()
+    heads = [n for n in full.nodes if n.kind == "attention_head"]
+    assert all(n.pre_activation is not None and "total_effect" in n.attrs for n in heads)
+    # edges into heads survive pruning and reach the files
+    pruned = result.graph
+    kinds = {pruned.nodes[t].kind for t in pruned.edge_target.tolist()}
+    assert "attention_head" in kinds or "mlp" in kinds
+    back = graph_from_json((tmp_path / "g.json").read_text())
+    assert back.check_completeness().ok()
+    paths = result.queries[1]["result"].to_dict()
+    assert paths["paths"]
+    npj = json.loads((tmp_path / "np.json").read_text())
+    assert npj["links"] and (tmp_path / "g.svg").stat().st_size > 0
+    # the explorer's API over the graph file: the view and a head node's inputs
+    from circuitgraph.serve.api import Explorer
+    from circuitgraph.serve.catalog import Catalog
+
+    explorer = Explorer(Catalog(tmp_path))
+    (name,) = [n for n in explorer.catalog.graphs if n.endswith("g.json")]
+    view = explorer.graph_view(name, {})
+    assert view["nodes"]
+    head = max((n for n in full.nodes if n.kind == "attention_head"), key=lambda n: abs(n.pre_activation))
+    info = explorer.node(name, str(head.id), {"node_threshold": ["1"], "edge_threshold": ["1"]})
+    assert info["n_inputs"] > 0 and info["inputs"]
+    assert info["sum_inputs"] + info["constant"] == pytest.approx(info["pre_activation"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.real
+@torch.no_grad()
+def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
+    """SmolLM2-135M-Instruct in float64 on a short IOI prompt: every edge into the final position's
+    strongest head equals path patching of the frozen model by hooks (<= 1e-9 of the largest), and
+    the total-effect identity holds."""
+    from circuitgraph.adapters.loading import load_model_dir
+
+    adapter = load_model_dir(smollm2_dir, dtype="float64")
+    model = adapter.model
+    tok = adapter.tokenizer
+    tokens = tok.encode("When Mary and John went out, John gave it to")
+    a, b = tok.encode(" Mary")[-1], tok.encode(" John")[-1]
+    target = ResolvedTarget("logit_diff", position=len(tokens) - 1, tokens=(a, b))
+    g = attribute(adapter, tokens, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
+                  component_inputs=True)
+    assert g.check_completeness().max_violation < 1e-9
+    lin = linearise(adapter, torch.tensor(tokens))
+    _, cache = model.run_with_cache(torch.tensor([tokens]))
+    writers = _writer_vectors(model, cache, g)
+    extra = _frozen_slopes(adapter, lin)
+    with frozen(adapter, lin, extra_hooks=extra) as fm:
+        clean = float(_logit_diff(fm(torch.tensor([tokens])), a, b)[0])
+    assert abs(clean - g.node(g.targets[0][0]).pre_activation) < 1e-8
+    T = len(tokens)
+    last = sorted((n for n in g.nodes if n.kind == "attention_head" and n.position == T - 1),
+                  key=lambda n: -abs(n.pre_activation))[:1]
+    largest = worst = 0.0
+    for head in last:
+        before = [w for w in writers if _writes_at(w) <= 2 * head.layer]
+        removed = torch.zeros(len(before), T, model.cfg.d_model, dtype=torch.float64)
+        for i, w in enumerate(before):
+            removed[i, w.position] = writers[w]
+        expected = clean - _patched_head(model, adapter, lin, head.id, removed, extra, tokens, (a, b)).numpy()
+        got = np.array([g.edge_weight_between(w, head.id) for w in before])
+        largest = max(largest, float(np.abs(expected).max()))
+        worst = max(worst, float(np.abs(got - expected).max()))
+    assert worst <= 1e-9 * largest, (worst, largest)
+
+
+def test_component_edge_bound_refuses_with_advice(monkeypatch):
+    from circuitgraph.attribution import component_inputs as ci
+
+    _, adapter, g = _graph("ln-gelu-learned")
+    into = sum(1 for t in g.edge_target.tolist() if g.nodes[t].kind in ("attention_head", "mlp"))
+    assert 0 < into
+    monkeypatch.setattr(ci, "MAX_COMPONENT_EDGES", 10)
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    with pytest.raises(AttributionError, match="shorter prompt"):
+        attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
+                  component_inputs=True)
