@@ -588,6 +588,7 @@ def run_time_notes(p: Preflight) -> list[str]:
     if filters or any(q.kind in ("top_paths", "subgraph", "supernodes", "neighbours", "head_split")
                       for q in spec.queries):
         out.append("which graph nodes the node filters and node ids match (the graph is built first)")
+    return out
 
 
 @preflight_check
