@@ -13,7 +13,14 @@ from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 from circuitgraph.attribution.linearisation import Linearisation, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
-from circuitgraph.attribution.plan import EdgePlan, check_plan, check_rows, device_working_set, plan_edges
+from circuitgraph.attribution.plan import (
+    EdgePlan,
+    check_plan,
+    check_rows,
+    device_working_set,
+    plan_edges,
+    process_memory,
+)
 from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
 from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.dag import adopt_engine_order
@@ -33,8 +40,10 @@ def build_graph(
     metadata: dict[str, Any] | None = None,
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
+    before = process_memory()
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+                      rss_before_nodes=before)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     nodes = col.nodes
     if plan.max_feature_nodes is not None:
@@ -90,8 +99,10 @@ def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary 
     """The dry run's part in the engine: the node tables, the edge plan
     (:func:`circuitgraph.attribution.plan.plan_edges`) and the edge sweep's per-batch working
     set on the model's device (bytes), without computing any edge."""
+    before = process_memory()
     col = collect_nodes(adapter, lin, transcoders, targets, options)
-    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+                      rss_before_nodes=before)
     n_pos = max(col.readers.positions, default=0) + 1
     return plan, device_working_set(col.largest_writer_block(), n_pos, adapter.facts.d_model, options)
 
