@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -14,10 +15,13 @@ from circuitgraph.attribution.feature_selection import fold_unselected, select_a
 from circuitgraph.attribution.linearisation import Linearisation, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
 from circuitgraph.attribution.plan import (
+    USABLE,
     EdgePlan,
+    available_memory,
     check_plan,
     check_rows,
     device_working_set,
+    neuron_probe_top_k,
     plan_edges,
     process_memory,
 )
@@ -40,10 +44,7 @@ def build_graph(
     metadata: dict[str, Any] | None = None,
 ) -> AttributionGraph:
     """Build the exact attribution graph of the frozen model on one prompt."""
-    before = process_memory()
-    col = collect_nodes(adapter, lin, transcoders, targets, options)
-    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit,
-                      rss_before_nodes=before)
+    col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     nodes = col.nodes
     if plan.max_feature_nodes is not None:
@@ -94,15 +95,43 @@ def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:
     return out
 
 
+def _collect_and_plan(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
+                      targets: list[ResolvedTarget], options: GraphOptions) -> tuple[Any, EdgePlan]:
+    """The node tables and their edge plan.  When every neuron's node table would not fit (a long
+    prompt's neuron graph without ``neuron_top_k``), the nodes are collected with a probe's
+    ``neuron_top_k`` (:func:`~circuitgraph.attribution.plan.neuron_probe_top_k`) and the plan is
+    the spec's (it does not fit; its advice, within the probe, does): the dry run and the refusal
+    never build what cannot fit."""
+    f = adapter.facts
+    before = process_memory()
+    neuron_layers = sum(1 for mode in options.mlp.values() if mode == "neurons")
+    n_sites = neuron_layers * lin.n_pos
+    probe = None
+    if options.neuron_top_k is None and n_sites:
+        usable = int(USABLE * (available_memory() + before))
+        limit = usable if options.memory_limit is None else min(options.memory_limit, usable)
+        probe = neuron_probe_top_k(n_sites, f.d_mlp, f.d_model, max(limit - before, 0))
+    probing = options if probe is None else dataclasses.replace(options, neuron_top_k=probe)
+    col = collect_nodes(adapter, lin, transcoders, targets, probing)
+    unseen = 0
+    if probe is not None:
+        unseen = max(0, n_sites * f.d_mlp - int(sum(1 for n in col.nodes if n.kind == "neuron")))
+    plan = plan_edges(col, probing, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+                      rss_before_nodes=before, unseen_neurons=unseen)
+    if probe is not None and plan.fits:  # every neuron fits after all: the spec's own node tables
+        del col
+        col = collect_nodes(adapter, lin, transcoders, targets, options)
+        plan = plan_edges(col, options, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+                          rss_before_nodes=before)
+    return col, plan
+
+
 def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
              targets: list[ResolvedTarget], options: GraphOptions) -> tuple[EdgePlan, int]:
     """The dry run's part in the engine: the node tables, the edge plan
     (:func:`circuitgraph.attribution.plan.plan_edges`) and the edge sweep's per-batch working
     set on the model's device (bytes), without computing any edge."""
-    before = process_memory()
-    col = collect_nodes(adapter, lin, transcoders, targets, options)
-    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit,
-                      rss_before_nodes=before)
+    col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options)
     n_pos = max(col.readers.positions, default=0) + 1
     return plan, device_working_set(col.largest_writer_block(), n_pos, adapter.facts.d_model, options)
 
