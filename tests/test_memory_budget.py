@@ -207,3 +207,29 @@ def test_later_stages_count_what_the_spec_runs(tmp_path, bundle):
     assert h.kept_edge_bytes > b.kept_edge_bytes == 0
     assert h.kept_cap == heavy.export.max_json_edges and b.kept_cap is None
     assert "top_paths" in h.heaviest
+
+
+def test_neuron_tables_that_cannot_fit_are_planned_from_a_probe(tmp_path, bundle, monkeypatch):
+    """A neuron graph whose node tables alone would not fit (a long prompt without neuron_top_k)
+    is never built: the nodes are collected with a probe's neuron_top_k, the plan counts every
+    neuron's table, the dry run says NO with a neuron_top_k within the probe, the run is refused
+    before the sweep with the same advice, and that advice, followed, fits."""
+    from circuitgraph.attribution import plan as plan_mod
+
+    out = tmp_path / "out"
+    spec = _spec(out, bundle)
+    spec["export"].pop("svg")
+    # 2 MB a neuron at d_model 32 (the recorded cost is per 576 dimensions): 3,072 neurons = 6 GB
+    monkeypatch.setattr(plan_mod, "NEURON_NODE_BYTES", 36 * 1024**2)
+    budget = int(memory_watch.process_memory() + GB)
+    lines = circuitgraph.dry_run(spec, memory_limit=budget)
+    k = _advice_k(lines)
+    probe = plan_mod.neuron_probe_top_k(2 * 24, 64, 32, budget - memory_watch.process_memory())
+    assert _fits(lines).startswith("fits: NO") and k is not None and 1 <= k <= probe < 64, lines
+    with pytest.raises(ResourceError, match=r"neuron_top_k: \d+"):
+        run(spec, memory_limit=budget)
+    assert _no_outputs(out)
+    followed = {**spec, "graph": {"mlp": "neurons", "neuron_top_k": k}}
+    assert _fits(circuitgraph.dry_run(followed, memory_limit=budget)) == "fits: yes"
+    run(followed, memory_limit=budget)
+    assert (out / "g.json").is_file()

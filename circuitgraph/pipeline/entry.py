@@ -18,6 +18,7 @@ from circuitgraph.datasets.rows import load_rows
 from circuitgraph.features.driver import FeaturesRunResult, run_features
 from circuitgraph.pipeline import runner
 from circuitgraph.pipeline.estimate import estimate_run
+from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
 from circuitgraph.spec import SpecSource, load_spec
 
 __all__ = ["run", "dry_run"]
@@ -55,6 +56,13 @@ def dry_run(spec: SpecSource, *, memory_limit: int | None = None) -> list[str]:
     ``CIRCUITGRAPH_MEMORY_LIMIT`` in GB), which lowers the memory the run may use."""
     spec = load_spec(spec)
     check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
+    budget = memory_budget(memory_limit)
+    # the dry run loads the model and makes the node tables: it too stops before the system's killer
+    with MemoryWatch(run_limit(budget), budget_given=budget is not None).watching():
+        return _dry_run(spec, memory_limit)
+
+
+def _dry_run(spec: Any, memory_limit: int | None) -> list[str]:
     if spec.is_dataset:
         rows = load_rows(spec)
         longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))

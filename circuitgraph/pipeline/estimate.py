@@ -17,6 +17,11 @@ from typing import Any
 
 import torch
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX (Windows): the loading peak is not known
+    resource = None  # type: ignore[assignment]
+
 from circuitgraph._io import safetensors_header
 from circuitgraph.adapters.files import hf_weight_files, model_folder_format
 from circuitgraph.attribution.build import plan_run
@@ -178,9 +183,7 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
 
 def _peak_so_far() -> int:
     """The process's peak resident memory so far (``ru_maxrss``; 0 where it is not known)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
+    if resource is None:  # pragma: no cover - not POSIX
         return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
