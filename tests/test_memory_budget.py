@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -141,32 +143,50 @@ def _peak_and_edges(lines: list[str]) -> tuple[float, float]:
     return peak, limit
 
 
+_RUN = """
+import json, sys
+import circuitgraph
+limit = int(float(sys.argv[2]) * 1024**3)
+if sys.argv[3] == "dry":
+    print(json.dumps(circuitgraph.dry_run(sys.argv[1], memory_limit=limit)))
+else:
+    r = circuitgraph.run(sys.argv[1], memory_limit=limit)
+    print(json.dumps(max(m["peak"] for m in r.memory.values())))
+"""
+
+
+def _in_process(spec: dict, path: Path, budget_gb: float, mode: str):
+    """A dry run or a run in its own process (as the CLI runs them: the same starting memory)."""
+    path.write_text(json.dumps(spec))
+    res = subprocess.run([sys.executable, "-c", _RUN, str(path), repr(budget_gb), mode], capture_output=True,
+                         text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def test_budget_lowers_the_advice_and_the_advice_fits(tmp_path, bundle):
     """A dry run over its budget advises a neuron_top_k; the spec with that setting fits the same
-    budget in a dry run (and runs under it, every stage and export included); a lower budget
-    advises less."""
+    budget in a dry run and runs under it (every stage and export included, measured); a lower
+    budget advises less.  Each in its own process, as the CLI runs them."""
     out = tmp_path / "out"
     spec = _spec(out, bundle)
     spec["export"].pop("svg")
-    lines = circuitgraph.dry_run(spec)
+    lines = _in_process(spec, tmp_path / "a.json", 1000.0, "dry")
     assert _fits(lines) == "fits: yes", lines
     peak, _ = _peak_and_edges(lines)
-    rss = memory_watch.process_memory() / GB
+    base = float(re.search(r"memory: ([\d.]+) GB after", "\n".join(lines)).group(1))
     # budgets between what the process holds and the estimated peak: the graph no longer fits
-    hi = int((rss + (peak - rss) * 0.9) * GB)
-    lo = int((rss + (peak - rss) * 0.6) * GB)
+    hi, lo = base + (peak - base) * 0.9, base + (peak - base) * 0.6
     advice = {}
     for budget in (hi, lo):
-        lines = circuitgraph.dry_run(spec, memory_limit=budget)
+        lines = _in_process(spec, tmp_path / "b.json", budget, "dry")
         assert _fits(lines).startswith("fits: NO"), lines
         advice[budget] = _advice_k(lines)
     assert advice[hi] is not None and advice[lo] is not None and advice[lo] <= advice[hi]
     followed = {**spec, "graph": {"mlp": "neurons", "neuron_top_k": advice[hi]}}
-    lines = circuitgraph.dry_run(followed, memory_limit=hi)
-    assert _fits(lines) == "fits: yes", lines
-    result = run(followed, memory_limit=hi)
-    assert (out / "g.json").is_file() and result.memory
-    assert max(m["peak"] for m in result.memory.values()) <= hi
+    assert _fits(_in_process(followed, tmp_path / "c.json", hi, "dry")) == "fits: yes"
+    measured = _in_process(followed, tmp_path / "c.json", hi, "run")
+    assert (out / "g.json").is_file() and measured <= hi * GB
 
 
 def test_json_limit_is_met_by_pruning_and_checked_before_the_sweep(tmp_path, bundle):

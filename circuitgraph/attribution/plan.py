@@ -351,27 +351,19 @@ NEURON_ADVICE = "neuron_top_k"
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
             bounds: np.ndarray, reach: _Reach, extra: int = 0, cap: np.ndarray | None = None,
             batch_size: int | None = None, full_bpe: int | None = None,
-            neuron_setting: str | None = None) -> list[str]:
+            neuron_setting: str | None = None, neuron_cap: np.ndarray | None = None) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound (the
     later stages and the exports' limit included).  ``neuron_setting``: the setting named for
-    neuron graphs (default :data:`NEURON_ADVICE`)."""
+    neuron graphs (default :data:`NEURON_ADVICE`): ``neuron_top_k``, or a selection of neuron
+    rows like ``max_feature_nodes`` (``max_neuron_nodes``), whose folded rows are capped by
+    ``neuron_cap`` (per reader, as ``cap`` for features)."""
     full_bpe = EDGE_PEAK_BYTES + extra if full_bpe is None else full_bpe
     room = plan.limit - plan.bytes_fixed
     out: list[str] = []
     is_feature = kinds == "feature"
+    batch = batch_size or 256
     if is_feature.any() and cap is not None:
-        # the largest max_feature_nodes whose rows fit (the same bound as plan_edges')
-        feat = np.sort(bounds[is_feature])[::-1]
-        computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
-        batch = batch_size or 256
-
-        def need(k: int) -> float:
-            folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
-            part = _part_bytes(batch, k, int(feat[0]), extra)
-            return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
-                       _full_graph_bytes(plan, folded, full_bpe))
-
-        k = _largest_fitting(max(feat.size - 1, 1) if feat.size > 1 else feat.size, need, room)
+        k = _largest_selection(plan, bounds, is_feature, cap, room, batch, extra, full_bpe)
         if k >= 1:
             out.append(f"set graph.max_feature_nodes: {k} (or less)")
     is_neuron = kinds == "neuron"
@@ -379,10 +371,16 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
     if is_neuron.any() and setting == "neuron_top_k":
         per_node = int(plan.bytes_per_node * (1 + LATER_STAGES_SHARE))
         k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room,
-                                  lambda edges, nodes: _full_graph_bytes(plan, edges, full_bpe)
-                                  + (nodes - plan.n_nodes) * per_node)
+                                  lambda edges, neurons: _full_graph_bytes(plan, edges, full_bpe)
+                                  + (neurons - plan.n_neuron_nodes) * per_node)
         if k:
             out.append(f"set graph.neuron_top_k: {k} (or less)")
+    elif is_neuron.any() and neuron_cap is not None:
+        # neurons selected by influence like features (max_neuron_nodes): the same bound, with the
+        # neurons' folded-row cap (_folded_row_cap of the neuron writers)
+        k = _largest_selection(plan, bounds, is_neuron, neuron_cap, room, batch, extra, full_bpe)
+        if k >= 1:
+            out.append(f"set graph.{setting}: {k} (or less)")
     # whole-MLP nodes: no MLP readers at all (only the targets read)
     coarse = counts.copy()
     mlp_locs = np.unique(locs[is_feature | is_neuron]) + 1
@@ -399,10 +397,26 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
     return out
 
 
+def _largest_selection(plan: EdgePlan, bounds: np.ndarray, selectable: np.ndarray, cap: np.ndarray, room: int,
+                       batch: int, extra: int, full_bpe: int) -> int:
+    """The largest number of ``selectable`` rows (max_feature_nodes; max_neuron_nodes) whose
+    computed rows and folded graph fit ``room`` (the same bound as plan_edges'; 0: none)."""
+    rows = np.sort(bounds[selectable])[::-1]
+    computed = int(bounds[~selectable].sum()) + np.cumsum(rows)  # [k - 1]: with k selected rows
+
+    def need(k: int) -> float:
+        folded, _, _ = _rows_total(np.minimum(bounds, cap + k), selectable, k)
+        part = _part_bytes(batch, k, int(rows[0]), extra)
+        return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
+                   _full_graph_bytes(plan, folded, full_bpe))
+
+    return _largest_fitting(max(rows.size - 1, 1) if rows.size > 1 else rows.size, need, room)
+
+
 def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
                           reach: _Reach, room: int, edge_bytes: Callable[[int, int], float]) -> int:
     """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none); ``edge_bytes(edges,
-    nodes)``: what a graph of that many edges and nodes costs beyond the room's base."""
+    neurons)``: what a graph of that many edges and neuron nodes costs beyond the room's base."""
     is_neuron = kinds == "neuron"
     per_site = np.zeros_like(counts)
     np.add.at(per_site, (locs[is_neuron], positions[is_neuron]), 1)
@@ -418,9 +432,8 @@ def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.nd
         per_reader = _row_bounds(c, site_loc, site_pos, reach)
         total = (readers[site_loc, site_pos] * per_reader).sum() + _row_bounds(c, locs[other], positions[other],
                                                                                  reach).sum()
-        # nodes: the kept neurons and one remainder per site that loses some, and every other node
-        nodes = int(readers.sum() + (per_site > k).sum()) + int(other.sum())
-        return edge_bytes(int(total), nodes)
+        # the neuron nodes: the kept neurons and one remainder per site that loses some
+        return edge_bytes(int(total), int(readers.sum() + (per_site > k).sum()))
 
     return _largest_fitting(int(per_site.max(initial=0)), need, room)
 
