@@ -248,6 +248,23 @@ MUTATIONS = [
         "influence = cumulative_influence(graph)",
         ("tests/test_neuronpedia.py",),
     ),
+    Mutation(
+        "memory-plan-ignores-later-stages",
+        "the memory plan counts the sweep alone: queries on the full graph (top_paths: 5x the sweep's "
+        "bytes an edge) and the exports are left out of the estimate and the advice",
+        "circuitgraph/attribution/plan.py",
+        '    stages = getattr(options, "stages", None)\n',
+        "    stages = None\n",
+        ("tests/test_memory_budget.py",),
+    ),
+    Mutation(
+        "memory-watch-never-interrupts",
+        "the memory watch records a run over its limit but never interrupts it",
+        "circuitgraph/pipeline/memory_watch.py",
+        "                _thread.interrupt_main()",
+        "                pass",
+        ("tests/test_memory_budget.py",),
+    ),
 ]
 
 
