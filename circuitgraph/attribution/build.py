@@ -96,7 +96,7 @@ def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:
 
 
 def _collect_and_plan(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
-                      targets: list[ResolvedTarget], options: GraphOptions) -> tuple[Any, EdgePlan]:
+                      targets: list[ResolvedTarget], options: GraphOptions, floor: int = 0) -> tuple[Any, EdgePlan]:
     """The node tables and their edge plan.  When every neuron's node table would not fit (a long
     prompt's neuron graph without ``neuron_top_k``), the nodes are collected with a probe's
     ``neuron_top_k`` (:func:`~circuitgraph.attribution.plan.neuron_probe_top_k`) and the plan is
@@ -117,21 +117,23 @@ def _collect_and_plan(adapter: ModelAdapter, lin: Linearisation, transcoders: Di
     if probe is not None:
         unseen = max(0, n_sites * f.d_mlp - int(sum(1 for n in col.nodes if n.kind == "neuron")))
     plan = plan_edges(col, probing, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
-                      rss_before_nodes=before, unseen_neurons=unseen)
+                      rss_before_nodes=before, unseen_neurons=unseen, floor=floor)
+    plan.probe_top_k = probe
     if probe is not None and plan.fits:  # every neuron fits after all: the spec's own node tables
         del col
         col = collect_nodes(adapter, lin, transcoders, targets, options)
         plan = plan_edges(col, options, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
-                          rss_before_nodes=before)
+                          rss_before_nodes=before, floor=floor)
     return col, plan
 
 
 def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
-             targets: list[ResolvedTarget], options: GraphOptions) -> tuple[EdgePlan, int]:
+             targets: list[ResolvedTarget], options: GraphOptions, floor: int = 0) -> tuple[EdgePlan, int]:
     """The dry run's part in the engine: the node tables, the edge plan
     (:func:`circuitgraph.attribution.plan.plan_edges`) and the edge sweep's per-batch working
-    set on the model's device (bytes), without computing any edge."""
-    col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options)
+    set on the model's device (bytes), without computing any edge.  ``floor``: the process's peak
+    so far (loading), see :func:`~circuitgraph.attribution.plan.plan_edges`."""
+    col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options, floor)
     n_pos = max(col.readers.positions, default=0) + 1
     return plan, device_working_set(col.largest_writer_block(), n_pos, adapter.facts.d_model, options)
 

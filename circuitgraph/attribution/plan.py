@@ -106,6 +106,19 @@ class EdgePlan:
     #: the process's peak before the plan (loading the model: the dry run measures it), which
     #: the run's peak is at least
     floor: int = 0
+    #: the neuron_top_k the node tables were made with to plan a neuron graph whose every neuron
+    #: would not fit (:func:`neuron_probe_top_k`; the edge bound is the probe's)
+    probe_top_k: int | None = None
+    #: the neurons a probe left out, and what each is counted at in the base
+    unseen_neurons: int = 0
+    unseen_node_bytes: int = 0
+
+    def node_savings(self, neurons: int) -> int:
+        """What the node tables shrink by with ``neurons`` neuron nodes instead of the plan's: the
+        neurons a probe left out first (at what they were counted), then the collected ones."""
+        drop = max(0, self.n_neuron_nodes - neurons)
+        unseen = min(drop, self.unseen_neurons)
+        return unseen * self.unseen_node_bytes + (drop - unseen) * self.bytes_per_node
 
     def _full_bytes(self, edges: int, bytes_per_edge: int) -> int:
         """A full graph of ``edges`` edges at its peak: the stages on it (``bytes_per_edge`` an
@@ -266,12 +279,15 @@ def neuron_probe_top_k(n_sites: int, d_mlp: int, d_model: int, room: int) -> int
 
 def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
                base: int | None = None, rss_before_nodes: int | None = None,
-               unseen_neurons: int = 0) -> EdgePlan:
+               unseen_neurons: int = 0, floor: int = 0) -> EdgePlan:
     """The edge plan of collected nodes (see the module docstring), with advice if it does not fit.
     ``rss_before_nodes``: the resident memory before the node tables were made (what they cost
     per node scales the advice's base when it lowers the number of nodes).  ``unseen_neurons``:
     neurons the spec asks for that a probe (:func:`neuron_probe_top_k`) did not collect: their
-    node tables are added to the base (the plan is the spec's), the advice stays within the probe."""
+    node tables are added to the base (the plan is the spec's), the advice stays within the probe.
+    ``floor``: the process's peak before the plan (the dry run's loading peak): the memory a run
+    holds before its node tables may stay that high (the allocator keeps freed pages), so the
+    base is counted from it."""
     counts, locs, positions, kinds = _counts(col, n_locs, n_pos)
     reach = _reach(options, n_locs, col.frozen.adapter.facts.causal)
     bounds = _row_bounds(counts, locs, positions, reach)
@@ -305,13 +321,20 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
         plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
 
         plan.rows_in_memory = feature_selection.ROWS_IN_MEMORY_BYTES
-    if rss_before_nodes is not None and len(col.nodes):
-        plan.bytes_per_node = max(0, base - rss_before_nodes) // len(col.nodes)
+    per_neuron = NEURON_NODE_BYTES * col.frozen.adapter.facts.d_model // 576
+    measured = max(0, base - rss_before_nodes) // len(col.nodes) if rss_before_nodes is not None and len(
+        col.nodes) else None
+    # what the advice saves per neuron it drops: the recorded cost, or the measured one if lower
+    # (the measured one holds the node tables' fixed part too, which dropping neurons does not free)
+    plan.bytes_per_node = per_neuron if measured is None else min(measured, per_neuron)
+    if floor and rss_before_nodes is not None and floor > rss_before_nodes:
+        plan.base += floor - rss_before_nodes
+    plan.floor = floor
     if unseen_neurons:
         # the spec's own node tables: the probe's, and every neuron it left out at the measured cost
-        # (or the recorded one); their edges are not bounded: a graph whose nodes do not fit does not
-        plan.bytes_per_node = max(plan.bytes_per_node, NEURON_NODE_BYTES * col.frozen.adapter.facts.d_model // 576)
-        plan.base += unseen_neurons * plan.bytes_per_node
+        # or the recorded one, whichever is higher (what the advice saves first when it drops some)
+        plan.unseen_neurons, plan.unseen_node_bytes = unseen_neurons, max(per_neuron, measured or 0)
+        plan.base += unseen_neurons * plan.unseen_node_bytes
         plan.n_nodes += unseen_neurons
         plan.n_neuron_nodes += unseen_neurons
     if not plan.fits:
@@ -369,10 +392,9 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
     is_neuron = kinds == "neuron"
     setting = neuron_setting or NEURON_ADVICE
     if is_neuron.any() and setting == "neuron_top_k":
-        per_node = int(plan.bytes_per_node * (1 + LATER_STAGES_SHARE))
         k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room,
                                   lambda edges, neurons: _full_graph_bytes(plan, edges, full_bpe)
-                                  + (neurons - plan.n_neuron_nodes) * per_node)
+                                  - plan.node_savings(neurons) * (1 + LATER_STAGES_SHARE))
         if k:
             out.append(f"set graph.neuron_top_k: {k} (or less)")
     elif is_neuron.any() and neuron_cap is not None:

@@ -99,6 +99,9 @@ class RunEstimate:
                     if p.max_feature_nodes is not None else "every row")
             out.append(f"estimated nodes: {p.n_nodes} (feature nodes {p.n_feature_nodes}, neuron nodes "
                        f"{p.n_neuron_nodes}); edges at most {p.n_edges_upper:,} ({rows})")
+            if p.probe_top_k is not None:
+                out.append(f"the node tables of every neuron would not fit: they were made with neuron_top_k "
+                           f"{p.probe_top_k} to plan (the edge bound is for those), the others counted at their cost")
             if p.max_feature_nodes is not None:
                 out.append(f"after folding the unselected features: at most {p.n_edges_folded_upper:,} edges")
             st = p.stages
@@ -167,8 +170,8 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
 
     p = prepare(spec, memory_limit=budget)
     f = p.adapter.facts
-    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options)
-    plan.floor = _peak_so_far()  # loading the model and dictionaries passes through a higher peak
+    # loading the model and dictionaries passes through a higher peak, whose pages a run may keep
+    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=_peak_so_far())
     if plan.floor > plan.limit or (not plan.fits and not plan.advice):
         plan.advice = [_LAST_RESORT]  # loading alone passes the limit: no setting of the graph helps
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
