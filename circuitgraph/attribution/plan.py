@@ -296,12 +296,14 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     mfn = options.max_feature_nodes
     selecting = mfn is not None and mfn < n_feat
     total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
+    held = 0
     if base is None:
         base = process_memory()
         # a budget lowers what the run may use, never raises it above what is available
         usable = int(USABLE * (available_memory() + base))
         limit = usable if limit is None else min(int(limit), usable)
-        base += engine.held_writer_bytes(col)  # the writer vectors a short prompt's sweep holds
+        held = engine.held_writer_bytes(col)  # the writer vectors a short prompt's sweep holds
+        base += held
     limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
     # 8-byte weights (graph: {dtype: float64}): the stored copy and its working copies
     extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
@@ -321,20 +323,20 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
         plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
 
         plan.rows_in_memory = feature_selection.ROWS_IN_MEMORY_BYTES
+    # the neurons' node tables at their recorded cost: the freed pages of loading, which the
+    # allocator keeps, can hide them from the measured memory (and make it differ between the dry
+    # run and the run), so the base is at least what the process held before them (or its loading
+    # peak) plus their recorded cost
     per_neuron = NEURON_NODE_BYTES * col.frozen.adapter.facts.d_model // 576
-    measured = max(0, base - rss_before_nodes) // len(col.nodes) if rss_before_nodes is not None and len(
-        col.nodes) else None
-    # what the advice saves per neuron it drops: the recorded cost, or the measured one if lower
-    # (the measured one holds the node tables' fixed part too, which dropping neurons does not free)
-    plan.bytes_per_node = per_neuron if measured is None else min(measured, per_neuron)
-    if floor and rss_before_nodes is not None and floor > rss_before_nodes:
-        plan.base += floor - rss_before_nodes
+    if rss_before_nodes is not None:
+        plan.bytes_per_node = per_neuron  # what the advice saves per neuron it drops
+        modelled = max(rss_before_nodes, floor) + plan.n_neuron_nodes * per_neuron + held
+        plan.base = max(plan.base, modelled)
     plan.floor = floor
     if unseen_neurons:
-        # the spec's own node tables: the probe's, and every neuron it left out at the measured cost
-        # or the recorded one, whichever is higher (what the advice saves first when it drops some)
-        plan.unseen_neurons, plan.unseen_node_bytes = unseen_neurons, max(per_neuron, measured or 0)
-        plan.base += unseen_neurons * plan.unseen_node_bytes
+        # the spec's own node tables: the probe's, and every neuron it left out at the recorded cost
+        plan.unseen_neurons, plan.unseen_node_bytes = unseen_neurons, per_neuron
+        plan.base += unseen_neurons * per_neuron
         plan.n_nodes += unseen_neurons
         plan.n_neuron_nodes += unseen_neurons
     if not plan.fits:
