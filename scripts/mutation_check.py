@@ -341,6 +341,23 @@ MUTATIONS = [
         "        u = self.output_gradient(G) @ self.W_out.T  # (T, d_mlp)\n",
         ("tests/test_component_inputs.py::test_edges_into_components_are_path_patching",),
     ),
+    Mutation(
+        "memory-plan-ignores-later-stages",
+        "the memory plan counts the sweep alone: queries on the full graph (top_paths: 5x the sweep's "
+        "bytes an edge) and the exports are left out of the estimate and the advice",
+        "circuitgraph/attribution/plan.py",
+        '    stages = getattr(options, "stages", None)\n',
+        "    stages = None\n",
+        ("tests/test_memory_budget.py",),
+    ),
+    Mutation(
+        "memory-watch-never-interrupts",
+        "the memory watch records a run over its limit but never interrupts it",
+        "circuitgraph/pipeline/memory_watch.py",
+        "                _thread.interrupt_main()",
+        "                pass",
+        ("tests/test_memory_budget.py",),
+    ),
 ]
 
 

@@ -132,14 +132,15 @@ def fake_api(monkeypatch):
         def summary_lines(self):
             return ["graph: 12 nodes, 30 edges", "wrote out/graph.json"]
 
-    def run(spec, *, progress=False, force=False):
-        calls.append(("run", spec, {"progress": progress}))
+    def run(spec, *, progress=False, force=False, memory_limit=None):
+        calls.append(("run", spec, {"progress": progress} if memory_limit is None else
+                      {"progress": progress, "memory_limit": memory_limit}))
         if spec.seed == 13:
             raise AttributionError("layer 7 requested, the model has 2 layers (0-1)")
         return Result()
 
-    def dry_run(spec):
-        calls.append(("dry_run", spec, {}))
+    def dry_run(spec, *, memory_limit=None):
+        calls.append(("dry_run", spec, {} if memory_limit is None else {"memory_limit": memory_limit}))
         return ["would build a graph of at most 40 nodes"]
 
     module = types.ModuleType("circuitgraph.pipeline.entry")
@@ -163,6 +164,15 @@ def test_run_quiet_and_dry_run(tmp_path, fake_api):
     result = invoke("run", path, "--dry-run")
     assert result.exit_code == 0 and result.stdout.splitlines() == ["would build a graph of at most 40 nodes"]
     assert [(name, kwargs) for name, _, kwargs in fake_api] == [("run", {"progress": False}), ("dry_run", {})]
+
+
+def test_run_memory_limit_is_passed_in_bytes(tmp_path, fake_api):
+    path = write(tmp_path, GOOD)
+    assert invoke("run", path, "--quiet", "--memory-limit", "2.5").exit_code == 0
+    assert invoke("run", path, "--dry-run", "--memory-limit", "6").exit_code == 0
+    assert [(name, kwargs) for name, _, kwargs in fake_api] == [
+        ("run", {"progress": False, "memory_limit": int(2.5 * 1024**3)}), ("dry_run", {"memory_limit": 6 * 1024**3})]
+    assert_one_line_error(invoke("run", path, "--memory-limit", "-1"), "--memory-limit")
 
 
 def test_run_errors_are_one_line(tmp_path, fake_api):

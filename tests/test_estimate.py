@@ -156,8 +156,9 @@ print(json.dumps(out))
     {"mlp": "neurons", "attention": "heads"},
 ], ids=["transcoders", "max_feature_nodes", "neurons-heads"])
 def test_estimate_bounds_the_measured_peak(tmp_path, shared_bundle, graph):
-    """The dry run's peak is at least the real run's measured peak (ru_maxrss of the process) and
-    at most twice it."""
+    """The dry run's peak is at least the real run's measured peak (ru_maxrss of the process) and,
+    less what the exports add at their bound (pruning keeping every edge it may: real pruning
+    keeps a few percent), at most twice it."""
     spec = _spec(tmp_path, shared_bundle, graph)
     res = subprocess.run([sys.executable, "-c", _MEASURE, str(spec)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], timeout=600)
@@ -165,7 +166,8 @@ def test_estimate_bounds_the_measured_peak(tmp_path, shared_bundle, graph):
     assert out["dry_rc"] == 0 and out["run_rc"] == 0, out
     est = float(re.search(r"peak at most about ([\d.]+) GB", out["dry"]).group(1)) * 1024**3
     assert est >= out["peak"], (est / 1024**3, out["peak"] / 1024**3)
-    assert est <= 2 * out["peak"], (est / 1024**3, out["peak"] / 1024**3)
+    exports = float(re.search(r"the exports add up to ([\d.]+) GB", out["dry"]).group(1)) * 1024**3
+    assert est - exports <= 2 * out["peak"], (est / 1024**3, exports / 1024**3, out["peak"] / 1024**3)
 
 
 def test_max_feature_nodes_rows_are_watched_as_they_are_computed():

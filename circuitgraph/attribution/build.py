@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -18,7 +19,17 @@ from circuitgraph.attribution.engine import compute_edges
 from circuitgraph.attribution.feature_selection import fold_unselected, select_and_compute
 from circuitgraph.attribution.linearisation import Linearisation, linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
-from circuitgraph.attribution.plan import EdgePlan, check_plan, check_rows, device_working_set, plan_edges
+from circuitgraph.attribution.plan import (
+    USABLE,
+    EdgePlan,
+    available_memory,
+    check_plan,
+    check_rows,
+    device_working_set,
+    neuron_probe_top_k,
+    plan_edges,
+    process_memory,
+)
 from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
 from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.dag import adopt_engine_order
@@ -40,8 +51,7 @@ def build_graph(
     """Build the exact attribution graph of the frozen model on one prompt."""
     if options.component_inputs:
         check_component_inputs_supported(adapter, options.mlp)
-    col = collect_nodes(adapter, lin, transcoders, targets, options)
-    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     if options.component_inputs:
         check_component_edge_bound(col)
@@ -116,13 +126,45 @@ def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:
     return out
 
 
+def _collect_and_plan(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
+                      targets: list[ResolvedTarget], options: GraphOptions, floor: int = 0) -> tuple[Any, EdgePlan]:
+    """The node tables and their edge plan.  When every neuron's node table would not fit (a long
+    prompt's neuron graph without ``neuron_top_k``), the nodes are collected with a probe's
+    ``neuron_top_k`` (:func:`~circuitgraph.attribution.plan.neuron_probe_top_k`) and the plan is
+    the spec's (it does not fit; its advice, within the probe, does): the dry run and the refusal
+    never build what cannot fit."""
+    f = adapter.facts
+    before = process_memory()
+    neuron_layers = sum(1 for mode in options.mlp.values() if mode == "neurons")
+    n_sites = neuron_layers * lin.n_pos
+    probe = None
+    if options.neuron_top_k is None and n_sites:
+        usable = int(USABLE * (available_memory() + before))
+        limit = usable if options.memory_limit is None else min(options.memory_limit, usable)
+        probe = neuron_probe_top_k(n_sites, f.d_mlp, f.d_model, max(limit - before, 0))
+    probing = options if probe is None else dataclasses.replace(options, neuron_top_k=probe)
+    col = collect_nodes(adapter, lin, transcoders, targets, probing)
+    unseen = 0
+    if probe is not None:
+        unseen = max(0, n_sites * f.d_mlp - int(sum(1 for n in col.nodes if n.kind == "neuron")))
+    plan = plan_edges(col, probing, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+                      rss_before_nodes=before, unseen_neurons=unseen, floor=floor)
+    plan.probe_top_k = probe
+    if probe is not None and plan.fits:  # every neuron fits after all: the spec's own node tables
+        del col
+        col = collect_nodes(adapter, lin, transcoders, targets, options)
+        plan = plan_edges(col, options, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+                          rss_before_nodes=before, floor=floor)
+    return col, plan
+
+
 def plan_run(adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
-             targets: list[ResolvedTarget], options: GraphOptions) -> tuple[EdgePlan, int]:
+             targets: list[ResolvedTarget], options: GraphOptions, floor: int = 0) -> tuple[EdgePlan, int]:
     """The dry run's part in the engine: the node tables, the edge plan
     (:func:`circuitgraph.attribution.plan.plan_edges`) and the edge sweep's per-batch working
-    set on the model's device (bytes), without computing any edge."""
-    col = collect_nodes(adapter, lin, transcoders, targets, options)
-    plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
+    set on the model's device (bytes), without computing any edge.  ``floor``: the process's peak
+    so far (loading), see :func:`~circuitgraph.attribution.plan.plan_edges`."""
+    col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options, floor)
     n_pos = max(col.readers.positions, default=0) + 1
     return plan, device_working_set(col.largest_writer_block(), n_pos, adapter.facts.d_model, options)
 

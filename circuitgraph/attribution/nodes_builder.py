@@ -23,6 +23,7 @@ from circuitgraph.attribution.frozen_model import (
     loc_resid_post,
     loc_resid_pre,
 )
+from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.attribution.linearisation import Linearisation
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
@@ -48,6 +49,7 @@ class GraphOptions:
     dtype: torch.dtype = torch.float32
     batch_size: int = 256
     memory_limit: int | None = None  # bytes; None = the memory available
+    stages: LaterStages | None = None  # what queries, pruning and exports add (None: the sweep alone)
 
 
 @dataclass(frozen=True)

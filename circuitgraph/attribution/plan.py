@@ -29,6 +29,7 @@ import psutil
 
 # the engine's sizes are read from their modules when a plan is made (tests and benchmarks set them)
 from circuitgraph.attribution import engine, feature_selection
+from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.errors import ResourceError
 
 __all__ = ["EdgePlan", "plan_edges", "check_plan", "check_rows", "device_working_set", "available_memory",
@@ -96,15 +97,66 @@ class EdgePlan:
     bytes_part: int = 0
     #: the most bytes of computed rows held in memory (the rest go to temporary files)
     rows_in_memory: int | None = None
+    #: what the stages after the sweep add (queries and checks on the full graph, the pruned
+    #: graph and its exports); ``None``: the sweep alone
+    stages: LaterStages | None = None
+    #: what the node tables cost per node (measured: the resident memory they added), by which
+    #: the advice lowers the base when it lowers the number of nodes (neuron_top_k)
+    bytes_per_node: int = 0
+    #: the process's peak before the plan (loading the model: the dry run measures it), which
+    #: the run's peak is at least
+    floor: int = 0
+    #: the neuron_top_k the node tables were made with to plan a neuron graph whose every neuron
+    #: would not fit (:func:`neuron_probe_top_k`; the edge bound is the probe's)
+    probe_top_k: int | None = None
+    #: the neurons a probe left out, and what each is counted at in the base
+    unseen_neurons: int = 0
+    unseen_node_bytes: int = 0
+
+    def node_savings(self, neurons: int) -> int:
+        """What the node tables shrink by with ``neurons`` neuron nodes instead of the plan's: the
+        neurons a probe left out first (at what they were counted), then the collected ones."""
+        drop = max(0, self.n_neuron_nodes - neurons)
+        unseen = min(drop, self.unseen_neurons)
+        return unseen * self.unseen_node_bytes + (drop - unseen) * self.bytes_per_node
+
+    def _full_bytes(self, edges: int, bytes_per_edge: int) -> int:
+        """A full graph of ``edges`` edges at its peak: the stages on it (``bytes_per_edge`` an
+        edge), or the exports (the full graph resident, the pruned graph's edges, at most the
+        full graph's and the kept-edge cap, being written)."""
+        st = self.stages
+        if st is None:
+            return edges * bytes_per_edge
+        kept = edges if st.kept_cap is None else min(edges, st.kept_cap)
+        return max(edges * bytes_per_edge, edges * st.resident_edge_bytes + kept * st.kept_edge_bytes)
 
     def _edge_bytes(self, computed: int, folded: int) -> int:
         if self.max_feature_nodes is None:
-            return computed * self.bytes_per_edge
+            return self._full_bytes(computed, self.bytes_per_edge)
         # the computed rows (while they are ranked and folded), or the folded graph (later stages)
         held = computed * self.bytes_per_edge
         if self.rows_in_memory is not None:
             held = min(held, self.rows_in_memory * self.bytes_per_edge // 12)
-        return max(held + self.bytes_part, folded * self.folded_bytes_per_edge)
+        return max(held + self.bytes_part, self._full_bytes(folded, self.folded_bytes_per_edge))
+
+    @property
+    def bytes_exports(self) -> int:
+        """What the exports add to the peak above the stages on the full graph, at their bound
+        (pruning keeps as many edges as it may)."""
+        edges, bpe = ((self.n_edges_upper, self.bytes_per_edge) if self.max_feature_nodes is None
+                      else (self.n_edges_folded_upper, self.folded_bytes_per_edge))
+        return self._full_bytes(edges, bpe) - edges * bpe
+
+    @property
+    def n_edges_final(self) -> int:
+        """The most edges the full graph can hold (after folding, with max_feature_nodes)."""
+        return self.n_edges_upper if self.max_feature_nodes is None else self.n_edges_folded_upper
+
+    @property
+    def export_fits(self) -> bool:
+        """An unpruned graph's JSON/Neuronpedia export accepts every edge it can hold."""
+        st = self.stages
+        return st is None or st.export_limit is None or self.n_edges_final <= st.export_limit
 
     @property
     def bytes_edges(self) -> int:
@@ -113,33 +165,39 @@ class EdgePlan:
     @property
     def bytes_fixed(self) -> int:
         """Everything but the edges: the measured base and the later stages' allowance."""
-        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES
+        fixed = self.stages.fixed if self.stages is not None else 0
+        return int(self.base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES + fixed
 
     @property
     def bytes_peak(self) -> int:
-        return self.bytes_fixed + self.bytes_edges
+        return max(self.bytes_fixed + self.bytes_edges, self.floor)
 
     @property
     def bytes_peak_lower(self) -> int:
         if self.n_edges_lower is None:
             return self.bytes_peak
-        return self.bytes_fixed + self._edge_bytes(self.n_edges_lower, self.n_edges_folded_lower)
+        return max(self.bytes_fixed + self._edge_bytes(self.n_edges_lower, self.n_edges_folded_lower), self.floor)
 
     @property
     def fits(self) -> bool:
-        """The upper bound fits: the run fits."""
-        return self.bytes_peak <= self.limit
+        """The upper bound fits (and the exports accept the graph): the run fits."""
+        return self.bytes_peak <= self.limit and self.export_fits
 
     @property
     def may_fit(self) -> bool:
         """Some selection of the feature rows fits (equal to :attr:`fits` without max_feature_nodes);
         the run then checks its memory as the rows are computed."""
-        return self.bytes_peak_lower <= self.limit
+        return self.bytes_peak_lower <= self.limit and self.export_fits
 
     def refusal(self) -> str:
+        advice = "; or ".join(self.advice or [_LAST_RESORT])
+        if not self.export_fits:
+            return (f"the unpruned graph could hold up to {self.n_edges_final:,} edges, more than the "
+                    f"{self.stages.export_limit:,} its JSON/Neuronpedia export writes (export.max_json_edges); "
+                    + advice)
         return (f"the graph could hold up to {self.n_edges_upper:,} edges; with what is already in memory "
                 f"({_gb(self.base)}) the run would need about {_gb(self.bytes_peak)}, more than the "
-                f"{_gb(self.limit)} it may use; " + "; or ".join(self.advice or [_LAST_RESORT]))
+                f"{_gb(self.limit)} it may use; " + advice)
 
 
 _LAST_RESORT = "shorten the prompt or use a machine with more memory"
@@ -204,9 +262,32 @@ def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: i
     return int(other.sum() + feat[:k].sum()), int(other.size + k), lower
 
 
+#: resident bytes per neuron node of the node tables (its reader and writer vectors, the node
+#: record): measured 10.6 KB on SmolLM2-135M (d_model 576; 645,120 neurons at 15 tokens: 8.2 GB)
+NEURON_NODE_BYTES = 12 * 1024
+
+
+def neuron_probe_top_k(n_sites: int, d_mlp: int, d_model: int, room: int) -> int | None:
+    """When the node tables of every neuron (``n_sites`` (layer, position) sites of ``d_mlp``)
+    would take more than half of ``room``, the ``neuron_top_k`` to collect the nodes with
+    instead (a probe: its plan gives the advice, up to that value); else ``None``."""
+    per_node = NEURON_NODE_BYTES * max(d_model, 1) // 576
+    if n_sites <= 0 or n_sites * d_mlp * per_node <= room // 2:
+        return None
+    return max(1, min(d_mlp, room // 2 // (n_sites * per_node)))
+
+
 def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
-               base: int | None = None) -> EdgePlan:
-    """The edge plan of collected nodes (see the module docstring), with advice if it does not fit."""
+               base: int | None = None, rss_before_nodes: int | None = None,
+               unseen_neurons: int = 0, floor: int = 0) -> EdgePlan:
+    """The edge plan of collected nodes (see the module docstring), with advice if it does not fit.
+    ``rss_before_nodes``: the resident memory before the node tables were made (what they cost
+    per node scales the advice's base when it lowers the number of nodes).  ``unseen_neurons``:
+    neurons the spec asks for that a probe (:func:`neuron_probe_top_k`) did not collect: their
+    node tables are added to the base (the plan is the spec's), the advice stays within the probe.
+    ``floor``: the process's peak before the plan (the dry run's loading peak): the memory a run
+    holds before its node tables may stay that high (the allocator keeps freed pages), so the
+    base is counted from it."""
     counts, locs, positions, kinds = _counts(col, n_locs, n_pos)
     reach = _reach(options, n_locs, col.frozen.adapter.facts.causal)
     bounds = _row_bounds(counts, locs, positions, reach)
@@ -215,31 +296,64 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     mfn = options.max_feature_nodes
     selecting = mfn is not None and mfn < n_feat
     total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
+    held = 0
     if base is None:
         base = process_memory()
-        limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
-        base += engine.held_writer_bytes(col)  # the writer vectors a short prompt's sweep holds
+        # a budget lowers what the run may use, never raises it above what is available
+        usable = int(USABLE * (available_memory() + base))
+        limit = usable if limit is None else min(int(limit), usable)
+        held = engine.held_writer_bytes(col)  # the writer vectors a short prompt's sweep holds
+        base += held
     limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
     # 8-byte weights (graph: {dtype: float64}): the stored copy and its working copies
     extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
-    bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
+    stages = getattr(options, "stages", None)
+    # a full-graph edge at the heaviest stage on the full graph: the sweep's, or a later stage's
+    full_bpe = max(EDGE_PEAK_BYTES, stages.full_edge_bytes if stages is not None else 0) + extra
+    bpe = (MFN_EDGE_PEAK_BYTES + extra) if selecting else full_bpe
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
                     mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
-                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0)
+                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0, stages=stages)
     if selecting:
         cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
         plan.n_edges_folded_upper, _, plan.n_edges_folded_lower = _rows_total(
             np.minimum(bounds, cap + mfn), is_feature, mfn)
-        plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
+        plan.folded_bytes_per_edge = full_bpe
         widest = int(bounds[is_feature].max()) if n_feat else 0
         plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
 
         plan.rows_in_memory = feature_selection.ROWS_IN_MEMORY_BYTES
+    # the neurons' node tables at their recorded cost: the freed pages of loading, which the
+    # allocator keeps, can hide them from the measured memory (and make it differ between the dry
+    # run and the run), so the base is at least what the process held before them (or its loading
+    # peak) plus their recorded cost
+    per_neuron = NEURON_NODE_BYTES * col.frozen.adapter.facts.d_model // 576
+    if rss_before_nodes is not None:
+        plan.bytes_per_node = per_neuron  # what the advice saves per neuron it drops
+        modelled = max(rss_before_nodes, floor) + plan.n_neuron_nodes * per_neuron + held
+        plan.base = max(plan.base, modelled)
+    plan.floor = floor
+    if unseen_neurons:
+        # the spec's own node tables: the probe's, and every neuron it left out at the recorded cost
+        plan.unseen_neurons, plan.unseen_node_bytes = unseen_neurons, per_neuron
+        plan.base += unseen_neurons * per_neuron
+        plan.n_nodes += unseen_neurons
+        plan.n_neuron_nodes += unseen_neurons
     if not plan.fits:
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
                               cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
-                              if n_feat else None, batch_size=getattr(options, "batch_size", None))
+                              if n_feat else None, batch_size=getattr(options, "batch_size", None),
+                              full_bpe=full_bpe)
     return plan
+
+
+def _full_graph_bytes(plan: EdgePlan, edges: int, bytes_per_edge: int) -> float:
+    """What ``edges`` edges of the full graph cost at the peak with the later stages (infinite
+    when an unpruned export would refuse that many): the advice's measure."""
+    st = plan.stages
+    if st is not None and st.export_limit is not None and edges > st.export_limit:
+        return float("inf")
+    return plan._full_bytes(edges, bytes_per_edge)
 
 
 def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
@@ -253,48 +367,80 @@ def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: n
     return _row_bounds(others, locs, positions, reach) + _row_bounds(sites, locs, positions, reach)
 
 
+#: the setting the advice names for neuron graphs: ``neuron_top_k`` (the top neurons per
+#: position); with ``max_neuron_nodes`` (neurons selected by influence, like max_feature_nodes)
+#: the advice computes it as it computes max_feature_nodes (see :func:`_advice`)
+NEURON_ADVICE = "neuron_top_k"
+
+
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
             bounds: np.ndarray, reach: _Reach, extra: int = 0, cap: np.ndarray | None = None,
-            batch_size: int | None = None) -> list[str]:
-    """Changes of the spec that would make the run fit, each checked with the same bound."""
-    room = plan.limit - (plan.bytes_peak - plan.bytes_edges)
+            batch_size: int | None = None, full_bpe: int | None = None,
+            neuron_setting: str | None = None, neuron_cap: np.ndarray | None = None) -> list[str]:
+    """Changes of the spec that would make the run fit, each checked with the same bound (the
+    later stages and the exports' limit included).  ``neuron_setting``: the setting named for
+    neuron graphs (default :data:`NEURON_ADVICE`): ``neuron_top_k``, or a selection of neuron
+    rows like ``max_feature_nodes`` (``max_neuron_nodes``), whose folded rows are capped by
+    ``neuron_cap`` (per reader, as ``cap`` for features)."""
+    full_bpe = EDGE_PEAK_BYTES + extra if full_bpe is None else full_bpe
+    room = plan.limit - plan.bytes_fixed
     out: list[str] = []
     is_feature = kinds == "feature"
+    batch = batch_size or 256
     if is_feature.any() and cap is not None:
-        # the largest max_feature_nodes whose rows fit (the same bound as plan_edges')
-        feat = np.sort(bounds[is_feature])[::-1]
-        computed = int(bounds[~is_feature].sum()) + np.cumsum(feat)  # [k - 1]: with k feature rows
-        batch = batch_size or 256
-
-        def need(k: int) -> int:
-            folded, _, _ = _rows_total(np.minimum(bounds, cap + k), is_feature, k)
-            part = _part_bytes(batch, k, int(feat[0]), extra)
-            return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
-                       folded * (EDGE_PEAK_BYTES + extra))
-
-        k = _largest_fitting(max(feat.size - 1, 1) if feat.size > 1 else feat.size, need, room)
+        k = _largest_selection(plan, bounds, is_feature, cap, room, batch, extra, full_bpe)
         if k >= 1:
             out.append(f"set graph.max_feature_nodes: {k} (or less)")
     is_neuron = kinds == "neuron"
-    if is_neuron.any():
-        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
+    setting = neuron_setting or NEURON_ADVICE
+    if is_neuron.any() and setting == "neuron_top_k":
+        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room,
+                                  lambda edges, neurons: _full_graph_bytes(plan, edges, full_bpe)
+                                  - plan.node_savings(neurons) * (1 + LATER_STAGES_SHARE))
         if k:
             out.append(f"set graph.neuron_top_k: {k} (or less)")
+    elif is_neuron.any() and neuron_cap is not None:
+        # neurons selected by influence like features (max_neuron_nodes): the same bound, with the
+        # neurons' folded-row cap (_folded_row_cap of the neuron writers)
+        k = _largest_selection(plan, bounds, is_neuron, neuron_cap, room, batch, extra, full_bpe)
+        if k >= 1:
+            out.append(f"set graph.{setting}: {k} (or less)")
     # whole-MLP nodes: no MLP readers at all (only the targets read)
     coarse = counts.copy()
     mlp_locs = np.unique(locs[is_feature | is_neuron]) + 1
     for loc in mlp_locs:
         coarse[loc] = np.minimum(coarse[loc], 1)
     keep = ~(is_feature | is_neuron)
-    if (is_feature | is_neuron).any() and (
-            _row_bounds(coarse, locs[keep], positions[keep], reach).sum() * (EDGE_PEAK_BYTES + extra) <= room):
+    if (is_feature | is_neuron).any() and _full_graph_bytes(
+            plan, int(_row_bounds(coarse, locs[keep], positions[keep], reach).sum()), full_bpe) <= room:
         out.append("set graph.mlp: mlp (one node per MLP output)")
+    st = plan.stages
+    if st is not None and st.export_limit is not None and plan.n_edges_final > st.export_limit:
+        out.append("prune the graph (prune: {node_threshold: 0.8, edge_threshold: 0.98}: the JSON then keeps at "
+                   "most export.max_json_edges edges) or write export.graph (.npz) instead of JSON")
     return out
 
 
+def _largest_selection(plan: EdgePlan, bounds: np.ndarray, selectable: np.ndarray, cap: np.ndarray, room: int,
+                       batch: int, extra: int, full_bpe: int) -> int:
+    """The largest number of ``selectable`` rows (max_feature_nodes; max_neuron_nodes) whose
+    computed rows and folded graph fit ``room`` (the same bound as plan_edges'; 0: none)."""
+    rows = np.sort(bounds[selectable])[::-1]
+    computed = int(bounds[~selectable].sum()) + np.cumsum(rows)  # [k - 1]: with k selected rows
+
+    def need(k: int) -> float:
+        folded, _, _ = _rows_total(np.minimum(bounds, cap + k), selectable, k)
+        part = _part_bytes(batch, k, int(rows[0]), extra)
+        return max(int(computed[k - 1]) * (MFN_EDGE_PEAK_BYTES + extra) + part,
+                   _full_graph_bytes(plan, folded, full_bpe))
+
+    return _largest_fitting(max(rows.size - 1, 1) if rows.size > 1 else rows.size, need, room)
+
+
 def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
-                          reach: _Reach, room: int, bytes_per_edge: int) -> int:
-    """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none)."""
+                          reach: _Reach, room: int, edge_bytes: Callable[[int, int], float]) -> int:
+    """The largest ``neuron_top_k`` whose bound fits ``room`` (0: none); ``edge_bytes(edges,
+    neurons)``: what a graph of that many edges and neuron nodes costs beyond the room's base."""
     is_neuron = kinds == "neuron"
     per_site = np.zeros_like(counts)
     np.add.at(per_site, (locs[is_neuron], positions[is_neuron]), 1)
@@ -310,12 +456,13 @@ def _largest_neuron_top_k(counts: np.ndarray, locs: np.ndarray, positions: np.nd
         per_reader = _row_bounds(c, site_loc, site_pos, reach)
         total = (readers[site_loc, site_pos] * per_reader).sum() + _row_bounds(c, locs[other], positions[other],
                                                                                  reach).sum()
-        return int(total) * bytes_per_edge
+        # the neuron nodes: the kept neurons and one remainder per site that loses some
+        return edge_bytes(int(total), int(readers.sum() + (per_site > k).sum()))
 
     return _largest_fitting(int(per_site.max(initial=0)), need, room)
 
 
-def _largest_fitting(hi: int, need: Callable[[int], int], room: int) -> int:
+def _largest_fitting(hi: int, need: Callable[[int], float], room: int) -> int:
     """The largest ``k`` in ``0..hi`` with ``need(k) <= room`` (``need`` grows with ``k``; 0 when
     none fits), by bisection."""
     lo = 0

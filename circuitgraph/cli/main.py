@@ -2,7 +2,7 @@
 
 ::
 
-    circuitgraph run SPEC [--dry-run] [--quiet] [--debug] [--strict] [--force]
+    circuitgraph run SPEC [--dry-run] [--memory-limit GB] [--quiet] [--debug] [--strict] [--force]
     circuitgraph serve PATH [--port P] [--host H] [--features DIR]
     circuitgraph validate SPEC
     circuitgraph render GRAPH.json -o FILE.svg [--max-nodes N] [--labels FILE_OR_FEATURES_DIR]
@@ -103,6 +103,13 @@ def run(
         bool, typer.Option("--force", help="Replace export files that circuitgraph did not write (or that were "
                            "changed since it wrote them).")
     ] = False,
+    memory_limit: Annotated[
+        Optional[float], typer.Option(
+            "--memory-limit", metavar="GB", help="The memory the run may use, in GB (default: the "
+            "CIRCUITGRAPH_MEMORY_LIMIT environment variable, else what is available); the dry run's estimate "
+            "and advice use it, and a run that passes it stops with advice, writing nothing.",
+            show_default=False)
+    ] = None,
 ) -> None:
     """Run a spec: build the graph, run its queries and checks, write its exports (or, for a
     spec with dataset:, every prompt of the dataset and the aggregate).
@@ -120,14 +127,16 @@ def run(
         from circuitgraph.pipeline.inputs import needs_transformer_lens
 
         _settle_heap(transformer_lens=needs_transformer_lens(loaded))
+        from circuitgraph.pipeline.memory_watch import parse_gb
 
+        limit = None if memory_limit is None else parse_gb(memory_limit, "--memory-limit")
         if dry_run:
-            lines = list(entry.dry_run(loaded))
+            lines = list(entry.dry_run(loaded, memory_limit=limit))
             _echo_lines(lines)
             if any(line.startswith("fits: NO") for line in lines):
                 raise typer.Exit(EXIT_DOES_NOT_FIT)
         else:
-            result = entry.run(loaded, progress=not quiet, force=force)
+            result = entry.run(loaded, progress=not quiet, force=force, memory_limit=limit)
             _echo_lines(list(result.summary_lines()))
             failures = result.failures
             for line in failures:

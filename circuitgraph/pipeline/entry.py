@@ -18,13 +18,14 @@ from circuitgraph.datasets.rows import load_rows
 from circuitgraph.features.driver import FeaturesRunResult, run_features
 from circuitgraph.pipeline import runner
 from circuitgraph.pipeline.estimate import estimate_run
+from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
 from circuitgraph.spec import SpecSource, load_spec
 
 __all__ = ["run", "dry_run"]
 
 
-def run(spec: SpecSource, *, progress: bool = False, force: bool = False,
-        inputs: Any = None) -> runner.RunResult | DatasetRunResult | FeaturesRunResult:
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
+        memory_limit: int | None = None) -> runner.RunResult | DatasetRunResult | FeaturesRunResult:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
     A spec with ``dataset:`` runs every prompt of the dataset and returns a
@@ -32,7 +33,8 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False,
     also the feature dashboards (its ``features``; a features-only spec returns the
     :class:`~circuitgraph.features.FeaturesRunResult`, see docs/features.md); otherwise the
     result is the single-prompt pipeline's :class:`~circuitgraph.pipeline.runner.RunResult`
-    (see :func:`circuitgraph.pipeline.runner.run` for ``force`` and ``inputs``).
+    (see :func:`circuitgraph.pipeline.runner.run` for ``force``, ``inputs`` and ``memory_limit``,
+    the memory budget in bytes; a dataset's prompts read the budget from ``CIRCUITGRAPH_MEMORY_LIMIT``).
     """
     spec = load_spec(spec)
     if spec.is_dataset:
@@ -44,19 +46,28 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False,
             return features
         result.features = features
         return result
-    return runner.run(spec, progress=progress, force=force, inputs=inputs)
+    return runner.run(spec, progress=progress, force=force, inputs=inputs, memory_limit=memory_limit)
 
 
-def dry_run(spec: SpecSource) -> list[str]:
+def dry_run(spec: SpecSource, *, memory_limit: int | None = None) -> list[str]:
     """Validate a spec and estimate the peak memory of its run without building the graph: the
     lines ``circuitgraph run --dry-run`` prints, ending with ``fits: yes`` or ``fits: NO - <advice>``
-    (see :mod:`circuitgraph.pipeline.estimate`)."""
+    (see :mod:`circuitgraph.pipeline.estimate`).  ``memory_limit``: the budget in bytes (else
+    ``CIRCUITGRAPH_MEMORY_LIMIT`` in GB), which lowers the memory the run may use."""
     spec = load_spec(spec)
     check_input_files(spec)  # a broken bundle is reported here, in one line, not by the estimator
+    budget = memory_budget(memory_limit)
+    # the dry run loads the model and makes the node tables: it too stops before the system's killer
+    with MemoryWatch(run_limit(budget), budget_given=budget is not None).watching():
+        return _dry_run(spec, memory_limit)
+
+
+def _dry_run(spec: Any, memory_limit: int | None) -> list[str]:
     if spec.is_dataset:
         rows = load_rows(spec)
         longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
         one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
         return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
-                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(one).lines()
-    return estimate_run(spec).lines()
+                f"{longest.id}): each worker holds one graph at a time"] + estimate_run(
+                    one, memory_limit=memory_limit).lines()
+    return estimate_run(spec, memory_limit=memory_limit).lines()

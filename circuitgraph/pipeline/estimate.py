@@ -10,11 +10,17 @@ reported, with the advice that would make a run fit.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX (Windows): the loading peak is not known
+    resource = None  # type: ignore[assignment]
 
 from circuitgraph._io import safetensors_header
 from circuitgraph.adapters.files import existing_model_folder, hf_weight_files, model_folder_format
@@ -37,6 +43,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
 )
 from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
+from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
 from circuitgraph.spec import Spec
 
@@ -93,11 +100,24 @@ class RunEstimate:
                     if p.max_feature_nodes is not None else "every row")
             out.append(f"estimated nodes: {p.n_nodes} (feature nodes {p.n_feature_nodes}, neuron nodes "
                        f"{p.n_neuron_nodes}); edges at most {p.n_edges_upper:,} ({rows})")
+            if p.probe_top_k is not None:
+                out.append(f"the node tables of every neuron would not fit: they were made with neuron_top_k "
+                           f"{p.probe_top_k} to plan (the edge bound is for those), the others counted at their cost")
             if p.max_feature_nodes is not None:
                 out.append(f"after folding the unselected features: at most {p.n_edges_folded_upper:,} edges")
+            st = p.stages
+            if st is not None:
+                kept = ("as many as the full graph" if st.kept_cap is None
+                        else f"at most {st.kept_cap:,} (prune.top_k_edges or what its JSON export writes)")
+                out.append(f"later stages: the heaviest on the full graph is {st.heaviest}; the exported graph "
+                           f"keeps {kept} edges, {st.kept_edge_bytes} bytes each while exported (the exports add "
+                           f"up to {_gb(p.bytes_exports)} to the peak if pruning keeps that many)"
+                           + (f"; an unpruned graph's JSON holds at most {st.export_limit:,} edges"
+                              if st.export_limit is not None else ""))
             out.append(f"memory: {_gb(p.base)} after the forward pass and node tables (measured), edges at most "
                        f"{_gb(p.bytes_edges)} ({p.bytes_per_edge} bytes each at the peak"
                        + (f"; {p.folded_bytes_per_edge} per folded edge" if p.max_feature_nodes is not None else "")
+                       + (f"; loading peaked at {_gb(p.floor)}" if p.floor else "")
                        + f"); peak at most about {_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
         out += self.device_lines
         if self.fits:
@@ -117,9 +137,12 @@ class RunEstimate:
         return out + [f"note: {n}" for n in self.notes]
 
 
-def estimate_run(spec: Spec) -> RunEstimate:
+def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     """The dry run: the files' sizes first; when the model fits, the forward pass and the node
-    tables (what is active where), the resident memory measured, and the edges bounded."""
+    tables (what is active where), the resident memory measured, and the edges bounded, with
+    what the later stages (queries and checks on the full graph, pruning, exports) add.
+    ``memory_limit``: the budget in bytes (else ``CIRCUITGRAPH_MEMORY_LIMIT``), which lowers the
+    memory the run may use."""
     m = spec.model
     notes: list[str] = []
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
@@ -143,14 +166,23 @@ def estimate_run(spec: Spec) -> RunEstimate:
         notes.append("hub model: its size is known only once it is loaded")
     avail = available_memory()
     base = process_memory()
+    budget = memory_budget(memory_limit)
+    usable = int(USABLE * (avail + base))
+    limit = usable if budget is None else min(budget, usable)
+    if budget is not None:
+        notes.append(f"memory budget: {_gb(budget)} (--memory-limit or {MEMORY_LIMIT_ENV}); the run may use "
+                     f"{_gb(limit)}")
     # loading holds a dictionary twice while it is converted
-    static_fits = base + bytes_model + 2 * bytes_tc <= USABLE * (avail + base)
+    static_fits = base + bytes_model + 2 * bytes_tc <= limit
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
 
-    p = prepare(spec)
+    p = prepare(spec, memory_limit=budget)
     f = p.adapter.facts
-    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options)
+    # loading the model and dictionaries passes through a higher peak, whose pages a run may keep
+    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=_peak_so_far())
+    if plan.floor > plan.limit or (not plan.fits and not plan.advice):
+        plan.advice = [_LAST_RESORT]  # loading alone passes the limit: no setting of the graph helps
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
                       str(p.adapter.device), notes=notes)
     if str(p.adapter.device).startswith("cuda"):
@@ -159,6 +191,14 @@ def estimate_run(spec: Spec) -> RunEstimate:
         est.device_lines = [f"device {p.adapter.device}: about {_gb(need)} more needed for the edge sweep, "
                             f"{_gb(free)} free"]
     return est
+
+
+def _peak_so_far() -> int:
+    """The process's peak resident memory so far (``ru_maxrss``; 0 where it is not known)."""
+    if resource is None:  # pragma: no cover - not POSIX
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _device_free(device: Any) -> int:

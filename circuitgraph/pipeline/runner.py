@@ -7,6 +7,7 @@ The CLI is a thin layer over this module.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import logging
 import shutil
@@ -26,11 +27,12 @@ from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions
-from circuitgraph.errors import RenderError, SpecError, TokenWarning, one_line
+from circuitgraph.errors import RenderError, ResourceError, SpecError, TokenWarning, one_line
 from circuitgraph.export import graph_to_json, graph_to_neuronpedia, render_graph, save_graph_binary
 from circuitgraph.export.dot import raw_influence
 from circuitgraph.export.html import run_html, write_report
 from circuitgraph.export.labels import LABELS_FILE, apply_feature_labels, load_feature_labels
+from circuitgraph.export.neuronpedia import DEFAULT_MAX_LINKS
 from circuitgraph.export.outputs import OutputSet
 from circuitgraph.features.summary import open_features
 from circuitgraph.graph.graph import AttributionGraph
@@ -42,8 +44,10 @@ from circuitgraph.pipeline.inputs import (
     resolve_prompt_like,
     resolve_targets,
 )
+from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
 from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.pipeline.precision import precision_warning
+from circuitgraph.pipeline.stage_memory import later_stages
 from circuitgraph.queries import graph_scores, prune_graph, run_query
 from circuitgraph.queries.qk import qk_problems
 from circuitgraph.spec import Spec, SpecSource, load_spec
@@ -75,6 +79,9 @@ class RunResult:
         timings: seconds per stage.
         warnings: what the run warned about (unknown pieces of prompt texts...), also in the
             graph's metadata under ``warnings``.
+        memory: per stage, the process's resident memory when it started and its peak, in
+            bytes (``{stage: {"start", "peak"}}``, sampled by
+            :class:`~circuitgraph.pipeline.memory_watch.MemoryWatch`).
     """
 
     spec: Spec
@@ -86,6 +93,7 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     steering: list[dict[str, Any]] = field(default_factory=list)
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[str]:
@@ -269,14 +277,20 @@ class Prepared:
     metadata: dict[str, Any]
 
 
-def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> AttributionGraph:
+def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None,
+          memory_limit: int | None = None) -> AttributionGraph:
     """Load inputs and build the unpruned graph of a spec (no queries, no exports).
 
     ``inputs`` is an ``(adapter, transcoders)`` pair already loaded for this spec's model and
     dictionaries (dataset workers load them once and reuse them for every prompt).
+    ``memory_limit``: the budget in bytes (see :func:`run`).
     """
     spec = load_spec(spec)
-    p = prepare(spec, inputs=inputs)
+    return _build_prepared(spec, prepare(spec, inputs=inputs, memory_limit=memory_limit), progress)
+
+
+def _build_prepared(spec: Spec, p: "Prepared", progress: bool) -> AttributionGraph:
+    """The unpruned graph of a prepared spec (:func:`build` after :func:`prepare`)."""
     bar, update = _progress_bar(progress, "attribution")
     try:
         graph = build_graph(p.adapter, p.lin, p.transcoders, p.targets, p.options, progress=update,
@@ -288,9 +302,11 @@ def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> At
     return graph
 
 
-def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
+def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = None) -> Prepared:
     """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
-    resolve targets and options."""
+    resolve targets and options.  ``memory_limit``: the budget in bytes (else
+    ``CIRCUITGRAPH_MEMORY_LIMIT``; :func:`~circuitgraph.pipeline.memory_watch.memory_budget`),
+    with what the later stages cost on top of the sweep (:func:`~circuitgraph.pipeline.stage_memory.later_stages`)."""
     spec = load_spec(spec)
     torch.manual_seed(spec.seed)
     adapter, tcs = load_inputs(spec) if inputs is None else inputs
@@ -315,6 +331,8 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
         component_inputs=g.component_inputs,
         dtype=torch_dtype(g.dtype),
         batch_size=g.batch_size,
+        memory_limit=memory_budget(memory_limit),
+        stages=later_stages(spec),
     )
     tok = adapter.tokenizer
     strs = [tok.token_str(t) if tok is not None else f"<{t}>" for t in tokens]
@@ -375,12 +393,19 @@ def _check_qk_items(spec: Spec, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None) -> Any:
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
+        memory_limit: int | None = None) -> Any:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
     The exports are written together or not at all (:class:`~circuitgraph.export.outputs.OutputSet`);
     an existing file at an export path that circuitgraph did not write is refused before any
     work unless ``force`` is true.
+
+    ``memory_limit``: the memory budget in bytes (default: the ``CIRCUITGRAPH_MEMORY_LIMIT``
+    environment variable in GB, else none); the run may use the smaller of it and what is
+    available.  A run that would not fit is refused before its edge sweep with advice; one that
+    passes the limit anyway is stopped by :class:`~circuitgraph.pipeline.memory_watch.MemoryWatch`
+    with a :class:`~circuitgraph.errors.ResourceError`, and writes nothing.
 
     The single-prompt pipeline; returns a :class:`RunResult`.  ``inputs``: see :func:`build`.
     A spec with ``dataset:`` is run by :func:`circuitgraph.run`
@@ -394,9 +419,25 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     _check_outputs(spec)
     heatmaps = _heatmap_outputs(spec)
     OutputSet({**spec.export.outputs(), **heatmaps}, force=force).check()
+    budget = memory_budget(memory_limit)
+    watch = MemoryWatch(run_limit(budget), budget_given=budget is not None)
+    with watch.watching():
+        result = _run_stages(spec, watch, progress=progress, force=force, inputs=inputs, budget=budget,
+                             heatmaps=heatmaps)
+    result.memory = {stage: {"start": watch.starts.get(stage, 0), "peak": peak} for stage, peak in watch.peaks.items()}
+    return result
+
+
+def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: Any, budget: int | None,
+                heatmaps: dict[str, Path]) -> RunResult:
+    """The stages of :func:`run`, each under the memory watch."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    full = build(spec, progress=progress, inputs=inputs)
+    with watch.stage("load and forward"):
+        prepared = prepare(spec, inputs=inputs, memory_limit=budget)
+    with watch.stage("graph"):
+        full = _build_prepared(spec, prepared, progress)
+    del prepared
     timings["graph"] = time.perf_counter() - t0
     _label_features(spec, full)
     precision = precision_warning(full.metadata.completeness or {}, weights_dtype=spec.model.dtype,
@@ -406,13 +447,13 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
         full.metadata.setdefault("warnings", []).append(precision)
 
     t0 = time.perf_counter()
-    _attach_scores(full)
+    with watch.stage("scores"):
+        _attach_scores(full)
     graph = full
     if spec.pruning is not None:
         p = spec.pruning
-        graph = prune_graph(full, node_threshold=p.node_threshold, edge_threshold=p.edge_threshold,
-                            top_k_nodes=p.top_k_nodes, top_k_edges=p.top_k_edges,
-                            target_share=p.target_share).graph
+        with watch.stage("prune"):
+            graph = _prune_within(full, p, export_edge_limit(spec))
         timings["prune"] = time.perf_counter() - t0
 
     graphs = {"full": full, "pruned": graph}
@@ -420,7 +461,8 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     if spec.queries:
         t0 = time.perf_counter()
         for i, q in enumerate(spec.queries):
-            status, error, res = _attempt(lambda q=q: run_query(graphs[q.on], q), f"queries[{i}]")
+            with watch.stage(f"queries[{i}] {q.kind}"):
+                status, error, res = _attempt(lambda q=q: run_query(graphs[q.on], q), f"queries[{i}]")
             queries.append({"kind": q.kind, "params": _params(q), "on": q.on, "status": status, "error": error,
                             "result": res})
         timings["queries"] = time.perf_counter() - t0
@@ -433,7 +475,7 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
             resolver = lambda p, i=i: resolve_prompt_like(p, adapter, where=f"validate[{i}]")  # noqa: E731
             # checks need the live model; a pruned graph keeps its parent's context
             on = graphs[c.on] if graphs[c.on].context is not None else full
-            with _recorded_warnings(run_warnings):
+            with _recorded_warnings(run_warnings), watch.stage(f"validate[{i}] {c.kind}"):
                 status, error, res = _attempt(
                     lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver,
                                                                         seed=spec.seed).result,
@@ -444,14 +486,62 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
                                "result": res})
         timings["validation"] = time.perf_counter() - t0
         OutputSet.record([path for path in heatmaps.values() if Path(path).is_file()])
-    steering = _run_steering(spec, full, run_warnings, timings)
+    with watch.stage("steering"):
+        steering = _run_steering(spec, full, run_warnings, timings)
     if graph is not full:
         graph.metadata["warnings"] = list(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings), steering)
     t0 = time.perf_counter()
-    result.exports = _write_exports(result, force=force)
+    result.exports = _write_exports(result, force=force, watch=watch)
     timings["export"] = time.perf_counter() - t0
     return result
+
+
+def export_edge_limit(spec: Spec) -> int | None:
+    """The most edges the spec's exports accept: ``export.max_json_edges`` with a JSON export,
+    the Neuronpedia export's limit with one (``None``: no export limits the edges)."""
+    ex = spec.export
+    caps = [c for c in (ex.max_json_edges if ex.json is not None else None,
+                        DEFAULT_MAX_LINKS if ex.neuronpedia is not None else None) if c is not None]
+    return min(caps) if caps else None
+
+
+def _prune_within(full: AttributionGraph, p: Any, cap: int | None) -> AttributionGraph:
+    """The pruned graph of ``prune:``, with at most ``cap`` edges (what the JSON and Neuronpedia
+    exports write at most, :func:`export_edge_limit`): when the thresholds keep more, the most
+    influential edges are kept (``top_k_edges`` lowered until the edges kept plus the remainder
+    nodes' edges fit; the run records a warning), so an export never refuses the pruned graph
+    after the sweep."""
+    top_k = p.top_k_edges
+
+    def prune(k: int | None) -> Any:
+        return prune_graph(full, node_threshold=p.node_threshold, edge_threshold=p.edge_threshold,
+                           top_k_nodes=p.top_k_nodes, top_k_edges=k, target_share=p.target_share)
+
+    res = prune(top_k)
+    if cap is None or res.graph.n_edges <= cap:
+        return res.graph
+    # the largest top_k_edges whose graph (kept edges and the remainder nodes' edges) fits: the
+    # first guess leaves room for the remainder edges seen, then bisection (to 1% of the cap)
+    hi = cap if top_k is None else min(top_k, cap)
+    lo, best = 0, None
+    k = max(1, hi - (res.graph.n_edges - min(int(res.edge_mask.sum()), hi)))
+    for _ in range(16):
+        trial = prune(k)
+        if trial.graph.n_edges <= cap:
+            lo, best = k, trial
+        else:
+            hi = k
+        if hi - lo <= max(1, cap // 100):
+            break
+        k = (lo + hi) // 2 if lo or hi <= 1 else max(1, hi // 2)
+    if best is None:
+        raise ResourceError(f"pruning cannot keep the graph within the {cap:,} edges its JSON/Neuronpedia export "
+                            "writes (export.max_json_edges): raise it or write export.graph (.npz) instead")
+    full.metadata.setdefault("warnings", []).append(
+        f"pruning kept {best.graph.n_edges:,} edges (the most influential; the most the JSON/Neuronpedia export "
+        f"writes is {cap:,}, export.max_json_edges); the thresholds alone keep more: raise it to keep them")
+    return best.graph
 
 
 def _run_steering(spec: Spec, full: AttributionGraph, run_warnings: list[str],
@@ -517,8 +607,12 @@ def spec_base_dir(spec: Spec) -> Path | None:
     return getattr(spec, "base_dir", None)
 
 
-def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]:
-    """Write every export of the spec: staged, then moved into place all together (or none)."""
+def _write_exports(result: RunResult, *, force: bool = False, watch: MemoryWatch | None = None) -> dict[str, Path]:
+    """Write every export of the spec: staged, then moved into place all together (or none);
+    each one a stage of ``watch`` (its memory recorded, the run stopped above the limit)."""
+    def stage(name: str) -> Any:
+        return watch.stage(f"export {name}") if watch is not None else contextlib.nullcontext()
+
     ex = result.spec.export
     g = result.graph  # a pruned graph carries the full graph's scores (attached before pruning)
     base = spec_base_dir(result.spec)
@@ -532,29 +626,37 @@ def _write_exports(result: RunResult, *, force: bool = False) -> dict[str, Path]
     dashboards = None
     if ex.features is not None:
         dashboards = open_features(ex.features)
-    diagram = _diagram_options(result) if any(
-        getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
+    with stage("diagram influence"):
+        diagram = _diagram_options(result) if any(
+            getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
     with OutputSet(outputs, force=force).writing() as out:
         if ex.json is not None:
             steering = portable_paths(result.steering_json(), base) if result.steering else None
-            graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
-                          max_edges=ex.max_json_edges, steering=steering)
+            with stage("json"):
+                graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
+                              max_edges=ex.max_json_edges, steering=steering)
         if ex.graph is not None:
-            save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation,
-                              steering=portable_paths(result.steering_json(), base) if result.steering else None)
+            with stage("graph"):
+                save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation,
+                                  steering=portable_paths(result.steering_json(), base) if result.steering else None)
         if ex.neuronpedia is not None:
             p = result.spec.pruning
             thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-            graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk,
-                                 dashboards=dashboards, **thresholds)
+            with stage("neuronpedia"):
+                graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk,
+                                     dashboards=dashboards, **thresholds)
         if ex.dot is not None:
-            atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset, **diagram))
+            with stage("dot"):
+                atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset,
+                                                                  **diagram))
         for fmt in ("svg", "png"):
             if getattr(ex, fmt) is not None:
-                render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
+                with stage(fmt):
+                    render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
         if ex.html is not None:
-            write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
-                         diagram={**diagram, "qk": inset}, features=dashboards)
+            with stage("html"):
+                write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
+                             diagram={**diagram, "qk": inset}, features=dashboards)
     return {kind: Path(path) for kind, path in outputs.items()}
 
 
