@@ -68,8 +68,14 @@ function nameUrl(endpoint, name, params) {
   return `/api/${endpoint}/${encodeURIComponent(name)}` + (query ? "?" + query : "");
 }
 
-function thresholds() {
-  return { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value };
+function thresholds() {  // the view's settings: thresholds and the node budget (top_k_nodes)
+  return { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value,
+           top_k_nodes: budgetText() };
+}
+
+function budgetText() {  // the budget slider's value; at its right end, every node ("all")
+  const s = $("node-budget");
+  return Number(s.value) >= Number(s.max) ? "all" : s.value;
 }
 
 function nodeText(n) {
@@ -156,6 +162,10 @@ async function loadView(useDefaults) {
       $("edge-threshold").value = view.edge_threshold;
       $("node-threshold-value").textContent = Number(view.node_threshold).toFixed(2);
       $("edge-threshold-value").textContent = Number(view.edge_threshold).toFixed(2);
+      // the node budget: a large graph opens at its most influential nodes; the right end is "all"
+      $("node-budget").max = Math.max(1, view.n_rankable_nodes);
+      $("node-budget").value = view.top_k_nodes === null ? view.n_rankable_nodes : view.top_k_nodes;
+      $("node-budget-value").textContent = budgetText();
     }
     renderPrompt(view);
     render();
@@ -174,9 +184,13 @@ async function loadView(useDefaults) {
 function showCounts() {
   const view = state.view;
   const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
-  $("node-threshold").disabled = $("edge-threshold").disabled = !view.prunable;
-  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges` +
-    (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
+  $("node-threshold").disabled = $("edge-threshold").disabled = $("node-budget").disabled = !view.prunable;
+  const budget = view.prunable && view.top_k_nodes !== null && view.top_k_nodes < view.n_rankable_nodes ?
+    `; at most ${view.top_k_nodes} nodes by influence (max nodes)` : "";
+  const share = view.influence_share !== null && view.influence_share !== undefined ?
+    `, ${Math.round(100 * view.influence_share)}% of the influence` : "";
+  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes${share}, ${view.edges.length} of ${view.n_edges_before} edges` +
+    budget + (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
 }
 
 function renderPrompt(view) {
@@ -764,6 +778,7 @@ let sliderTimer = null;
 function onSlider() {
   $("node-threshold-value").textContent = Number($("node-threshold").value).toFixed(2);
   $("edge-threshold-value").textContent = Number($("edge-threshold").value).toFixed(2);
+  $("node-budget-value").textContent = budgetText();
   document.body.dataset.state = "loading";
   clearTimeout(sliderTimer);
   sliderTimer = setTimeout(() => loadView(false), 120);
@@ -772,6 +787,7 @@ function onSlider() {
 $("graph-select").addEventListener("change", (ev) => selectGraph(ev.target.value));
 $("node-threshold").addEventListener("input", onSlider);
 $("edge-threshold").addEventListener("input", onSlider);
+$("node-budget").addEventListener("input", onSlider);
 $("show-remainders").addEventListener("change", () => { render(); runSearch(); showCounts(); });
 $("search").addEventListener("input", runSearch);
 $("search-kind").addEventListener("change", runSearch);
