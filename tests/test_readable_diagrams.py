@@ -144,6 +144,10 @@ def test_the_report_shows_the_diagram_at_its_own_size():
     svg = html[start:html.index("</svg>", start)]
     assert '<svg width="' in svg and "max-width:100%" not in svg  # not scaled down to the column
     assert "#diagram svg{max-width:none}" in html and 'data-zoom="fit"' in html and "<script>" in html
+    # what the diagram hides, said above it (the SVG's own title may be scrolled out of view)
+    summary = html[html.index('id="diagram-summary">'):html.index("</p>", html.index('id="diagram-summary">'))]
+    assert f"showing 40 of {g.n_nodes:,} nodes" in summary and "weaker nodes left out (ranked by influence; they hold" \
+        in summary
 
 
 @needs_dot

@@ -171,6 +171,16 @@ def _fit_width(svg: str) -> str:
     return svg
 
 
+def _svg_title_lines(svg: str) -> list[str]:
+    """The lines of a Graphviz SVG's graph label (its title: what the diagram shows and leaves out),
+    as escaped HTML: the ``<text>`` elements of the top-level group before its first subgroup."""
+    start = svg.find('<g id="graph0"')
+    end = svg.find("<g ", start + 1)
+    if start < 0:
+        return []
+    return re.findall(r"<text [^>]*>([^<]*)</text>", svg[start:end if end > 0 else len(svg)])
+
+
 def _target_text(node: Any) -> str:
     """A target as a reader sees it: a token quoted (``' an'``), a difference as labelled (``' an' - ' a'``)."""
     if node.kind == "logit" and node.label:
@@ -420,6 +430,9 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
         body.append('<p class="cg-note">Hover a node for its activation, influence and label; edge colour is '
                     'the sign, width the magnitude. Drawn at its own size (labels legible): drag to pan, '
                     'ctrl + wheel or the buttons to zoom.</p>')
+        drawn = _svg_title_lines(svg)[1:]  # what the diagram shows and hides, readable at any scroll
+        if drawn:
+            body.append('<p class="cg-note" id="diagram-summary">' + "<br>".join(drawn) + "</p>")
         body.append(_ZOOM_BUTTONS + f'<div class="cg-diagram" id="diagram">{svg}</div>' + _ZOOM_SCRIPT)
 
     body.append("<h2>Graph</h2>" + html_table(_graph_facts(graph)))
