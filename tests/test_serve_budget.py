@@ -111,6 +111,14 @@ def test_a_large_graph_opens_at_the_budget_in_chromium(served, monkeypatch):
         assert drawn == len(shown) > 10
         assert page.input_value("#node-budget") == "40" and page.inner_text("#node-budget-value") == "40"
         assert "at most 40 nodes" in page.inner_text("#status")
+        # legible at first (not shrunk to fit: labels of 8 px and up), scrolled to the targets
+        assert float(page.get_attribute("#graph", "data-zoom")) >= 0.8
+        seen = page.evaluate("""() => {
+            const c = document.getElementById('canvas').getBoundingClientRect();
+            const t = document.querySelector('#graph g.node.target').getBoundingClientRect();
+            return t.left >= c.left && t.right <= c.right && t.top >= c.top && t.bottom <= c.bottom;
+        }""")
+        assert seen
         # the rest is behind the slider: its right end is every node (here more than the page draws)
         page.focus("#node-budget")
         page.keyboard.press("End")

@@ -6,6 +6,8 @@
 const SVG_NS = "http://www.w3.org/2000/svg";
 const NODE_W = 72, NODE_H = 30, GAP = 5, COL_GAP = 10, ROW_GAP = 46, PER_LINE = 8, MARGIN_L = 44, MARGIN_T = 26,
   MARGIN_B = 10;
+// a graph opens at least this large (labels of 8 px and up), scrolled to its targets; "fit" shows it whole
+const OPEN_ZOOM = 0.8;
 const KIND_ORDER = ["embedding", "positional", "feature", "error", "neuron", "attention_head", "mlp", "bias",
                     "remainder", "logit", "target"];
 
@@ -267,9 +269,12 @@ function render() {
   const root = $("graph");
   root.replaceChildren();
   root.setAttribute("viewBox", `0 0 ${lay.totalW} ${lay.totalH}`);
-  if (state.zoom === null) {  // fit the canvas, within reason
+  let opening = false;
+  if (state.zoom === null || state.zoom === "fit") {  // fit the canvas, within reason
     const canvas = $("canvas");
-    state.zoom = Math.max(0.3, Math.min(1.3, (canvas.clientWidth - 8) / lay.totalW, (canvas.clientHeight - 8) / lay.totalH));
+    const fit = Math.max(0.3, Math.min(1.3, (canvas.clientWidth - 8) / lay.totalW, (canvas.clientHeight - 8) / lay.totalH));
+    opening = state.zoom === null;
+    state.zoom = opening ? Math.max(OPEN_ZOOM, fit) : fit;
   }
   root.setAttribute("width", Math.round(lay.totalW * state.zoom));
   root.setAttribute("height", Math.round(lay.totalH * state.zoom));
@@ -335,6 +340,16 @@ function render() {
   }
   root.append(nodeLayer);
   root.dataset.drawnNodes = String(nodes.length);
+  root.dataset.zoom = state.zoom.toFixed(3);
+  if (opening) {  // a graph larger than the canvas at a legible size: show its targets first
+    const targets = nodes.filter((n) => n.is_target).map((n) => lay.place.get(n.id));
+    if (targets.length) {
+      const canvas = $("canvas");
+      const x = targets.reduce((a, p) => a + p.x + NODE_W / 2, 0) / targets.length;
+      canvas.scrollLeft = Math.max(0, x * state.zoom - canvas.clientWidth / 2);
+      canvas.scrollTop = 0;
+    }
+  }
   highlight();
   highlightDiff();
 }
@@ -800,5 +815,5 @@ $("diff-button").addEventListener("click", showDiff);
 $("diff-clear").addEventListener("click", () => { state.diff = null; highlightDiff(); $("diff-clear").hidden = true; });
 $("zoom-in").addEventListener("click", () => { state.zoom *= 1.25; render(); });
 $("zoom-out").addEventListener("click", () => { state.zoom /= 1.25; render(); });
-$("zoom-fit").addEventListener("click", () => { state.zoom = null; render(); });
+$("zoom-fit").addEventListener("click", () => { state.zoom = "fit"; render(); });
 start();
