@@ -309,38 +309,62 @@ def _kbest_dag(
     edge_level = level[dst]
     by_level = np.argsort(edge_level, kind="stable")
     bounds = np.searchsorted(edge_level[by_level], np.arange(int(level.max(initial=0)) + 2))
-    slot_state = np.arange(S * k) // k
+    def extend(j: np.ndarray, best_only: bool) -> tuple[np.ndarray, ...]:
+        """Candidates ``(group, score, pred node, pred code)`` extending the partial paths into the
+        sources of edges ``j`` (only each state's best with ``best_only``)."""
+        kk = 1 if best_only else k
+        base = score[src[j], :, :kk].reshape(j.size, S * kk)
+        row, c = np.nonzero(np.isfinite(base))
+        code = (c // kk) * k + c % kk  # the predecessor's state * k + slot
+        jj, old = j[row], c // kk
+        length = states.length(old) + 1
+        if states.max_length is not None:
+            fits = length <= states.max_length
+            row, c, code, jj, old, length = row[fits], c[fits], code[fits], jj[fits], old[fits], length[fits]
+        base_score = base[row, c]
+        new = base_score + score_mid[jj] if combine == "sum" else np.minimum(base_score, score_mid[jj])
+        group = dst[jj] * np.int64(S) + states.encode(states.mask(old) | bits[dst[jj]], length)
+        return group, new, src[jj], code
+
     for d in range(int(level.max(initial=0)) + 1):
         edges = by_level[bounds[d]:bounds[d + 1]]
         if not edges.size:
             continue
-        parts = []  # (node, state, score, pred node, pred code)
+        parts = []  # (group = node * S + state, score, pred node, pred code)
         first = edges[is_source[src[edges]] & np.isfinite(score_start[edges])]
         if first.size:
             length = np.ones(first.size, dtype=np.int64)
-            parts.append((dst[first], states.encode(bits[src[first]] | bits[dst[first]], length),
+            parts.append((dst[first] * np.int64(S) + states.encode(bits[src[first]] | bits[dst[first]], length),
                           score_start[first], src[first], np.full(first.size, -1, dtype=np.int64)))
         live = edges[np.isfinite(score_mid[edges]) & np.isfinite(score[src[edges], :, 0]).any(axis=1)]
         per_chunk = max(1, _CHUNK // (S * k))
-        for c in range(0, live.size, per_chunk):
-            j = live[c:c + per_chunk]
-            base = score[src[j]].reshape(j.size, S * k)
-            ok = np.isfinite(base)
-            if not ok.any():
-                continue
-            row, code = np.nonzero(ok)
-            jj = j[row]
-            old = slot_state[code]
-            length = states.length(old) + 1
-            keep = np.ones(jj.size, dtype=bool) if states.max_length is None else length <= states.max_length
-            row, code, jj, old, length = row[keep], code[keep], jj[keep], old[keep], length[keep]
-            base_score = base[row, code]
-            new = base_score + score_mid[jj] if combine == "sum" else np.minimum(base_score, score_mid[jj])
-            parts.append((dst[jj], states.encode(states.mask(old) | bits[dst[jj]], length), new, src[jj], code))
+        chunks = [live[c:c + per_chunk] for c in range(0, live.size, per_chunk)]
+        if k > 1 and live.size:
+            # a lower bound of each group's k-th best: the k-th best of the candidates extending
+            # each predecessor's best partial path (they are candidates too); weaker ones are dropped
+            # before the sort, so it sorts about as many candidates as edges, not edges x k
+            g0, v0 = (np.concatenate(x) for x in zip(*[(p[0], p[1]) for p in parts],
+                                                      *[extend(j, True)[:2] for j in chunks]))
+            order = np.lexsort((-v0, g0))
+            g0, v0 = g0[order], v0[order]
+            starts = np.r_[0, np.flatnonzero(g0[1:] != g0[:-1]) + 1]
+            rank = np.arange(g0.size) - np.repeat(starts, np.diff(np.r_[starts, g0.size]))
+            groups, bound = g0[starts], np.full(starts.size, -np.inf)
+            at_k = rank == k - 1
+            bound[np.searchsorted(groups, g0[at_k])] = v0[at_k]
+
+            def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+                i = np.minimum(np.searchsorted(groups, cand[0]), groups.size - 1)
+                floor = np.where(groups[i] == cand[0], bound[i], -np.inf)
+                keep = cand[1] >= floor
+                return tuple(x[keep] for x in cand)
+        else:
+            def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+                return cand
+        parts = [strong(p) for p in parts] + [strong(extend(j, False)) for j in chunks]
         if not parts:
             continue
-        node, state, value, p_node, p_code = (np.concatenate(x) for x in zip(*parts))
-        group = node * np.int64(S) + state
+        group, value, p_node, p_code = (np.concatenate(x) for x in zip(*parts))
         order = np.lexsort((p_code, p_node, -value, group))  # per group, best first
         group, value = group[order], value[order]
         starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
