@@ -288,6 +288,8 @@ class _States:
 
 #: candidate entries built at once by the exact search (memory: ~40 bytes each)
 _CHUNK = 4_000_000
+#: the exact search's tables hold nodes x states x k entries (24 bytes each): above this, the beam
+_MAX_TABLE = 40_000_000
 
 
 def _kbest_dag(
@@ -309,6 +311,7 @@ def _kbest_dag(
     edge_level = level[dst]
     by_level = np.argsort(edge_level, kind="stable")
     bounds = np.searchsorted(edge_level[by_level], np.arange(int(level.max(initial=0)) + 2))
+
     def extend(j: np.ndarray, best_only: bool) -> tuple[np.ndarray, ...]:
         """Candidates ``(group, score, pred node, pred code)`` extending the partial paths into the
         sources of edges ``j`` (only each state's best with ``best_only``)."""
@@ -522,10 +525,13 @@ def top_paths(
     states = _States(full, max_length or min_length or 0, max_length, min_length or 1)
     level = None
     chosen = method
-    if method == "auto" and src.size * k * states.n > EXACT_BUDGET:
+    if method == "auto" and (src.size * k * states.n > EXACT_BUDGET or n * states.n * k > _MAX_TABLE):
         chosen = "beam"
     elif method in ("auto", "exact"):
         level = topological_levels(n, src, dst)
+        if n * states.n * k > _MAX_TABLE:
+            raise QueryError(f"top_paths method 'exact': {n:,} nodes x {states.n:,} constraint states x k={k} is more "
+                             "than the exact search holds; use fewer through filters, a smaller k or method 'beam'")
         if (level[relevant] < 0).any():
             if method == "exact":
                 raise QueryError("top_paths method 'exact' needs an acyclic graph; this one has a cycle (use 'beam')")
