@@ -209,6 +209,22 @@ MUTATIONS = [
         ("tests/test_queries_paths.py",),
     ),
     Mutation(
+        "paths-flow-bottleneck-max",
+        "rank 'flow' scoring a path by its strongest edge instead of its weakest",
+        "circuitgraph/queries/paths.py",
+        "else np.minimum(base_score, score_mid[jj])",
+        "else np.maximum(base_score, score_mid[jj])",
+        ("tests/test_queries_paths_ranks.py",),
+    ),
+    Mutation(
+        "diagram-hidden-share-of-drawn",
+        "the diagram's title giving the drawn nodes' share of the influence as the hidden nodes'",
+        "circuitgraph/export/dot.py",
+        "        if r not in drawn:\n            left += abs(float(value))",
+        "        if r in drawn:\n            left += abs(float(value))",
+        ("tests/test_readable_diagrams.py",),
+    ),
+    Mutation(
         "influence-row-divisor-off",
         "node influence computed without normalising each row by its sum of |w|",
         "circuitgraph/queries/influence.py",

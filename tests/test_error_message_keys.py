@@ -28,6 +28,7 @@ NOT_SPEC_KEYS = {
     "transcoder_set", "layer_0",  # circuit-tracer's config.yaml model_kind and per-layer file names
     "logit_difference",  # a Python function (circuitgraph.queries)
     "max_nodes",  # a Python parameter; the spec validates export.max_render_nodes itself
+    "max_row_nodes",  # a Python parameter of graph_to_dot (the nodes side by side in a diagram row)
     "content",  # a field of a tokenizer_config.json token ({content: ...}), not the spec key context
     "save_pretrained",  # transformers's method (a Hugging Face folder), not the spec key pretrained
 }

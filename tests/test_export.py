@@ -441,13 +441,14 @@ def test_dot_truncation_keeps_targets_and_notes_what_was_left_out():
     dot = graph_to_dot(graph, max_nodes=3)
     assert '"logit/2/2/42"' in dot
     # ranked by circuit-tracer's influence on the targets, computed from the edges
-    assert "showing 3 of 8 nodes" in dot and "5 weaker nodes left out (ranked by influence)" in dot
+    assert "showing 3 of 8 nodes" in dot and "5 weaker nodes left out (ranked by influence; they hold" in dot
     assert "feature/0/1/17" in dot and "feature/1/2/5" in dot
     assert "error/0/1/0" not in dot
     for node in graph.nodes:
         node.attrs["influence"] = {"error/1/2/0": 9.0, "feature/0/1/17": 8.0}.get(str(node.id), 0.0)
     dot = graph_to_dot(graph, max_nodes=3)
     assert "ranked by influence" in dot and "error/1/2/0" in dot and "feature/1/2/5" not in dot
+    assert "they hold 0% of the influence" in dot  # every node with influence is drawn
 
 
 def test_dot_min_edge_fraction_drops_weak_edges():

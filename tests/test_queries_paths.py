@@ -150,7 +150,7 @@ def test_paths_between_filters_on_attributed_graph():
     (dict(k=-2), "k must be a positive integer, got -2"),
     (dict(beam_width=0), "beam_width must be a positive integer, got 0"),
     (dict(max_length=0), "max_length must be a positive integer, got 0"),
-    (dict(rank="best"), "rank must be 'exact' or 'normalized', got 'best'"),
+    (dict(rank="best"), "rank must be one of 'exact', 'normalized', 'flow', got 'best'"),
     (dict(through=[{"kind": "neuron"}]), r"top_paths through\[0\] \{kind: neuron\} matches no node"),
     (dict(avoid=[{"layer": 7}]), r"top_paths avoid\[0\] \{layer: 7\} matches no node"),
     (dict(target={"id": "feature/0/0/99"}), "feature/0/0/99 is not in the graph"),

@@ -210,7 +210,10 @@ def report(
     source: Annotated[Path, typer.Argument(help="A spec (.yaml/.yml/.json) to run, or a graph file written by "
                                            "circuitgraph (.json or .npz).", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The report file (.html).", show_default=False)],
-    max_nodes: Annotated[int, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")] = 80,
+    max_nodes: Annotated[
+        Optional[int], typer.Option("--max-nodes", min=1, help="Draw at most this many nodes (default: the spec's "
+                                    "export.max_render_nodes, 40 unless it says otherwise).")
+    ] = None,
     features: Annotated[
         Optional[Path], typer.Option("--features", help="A features folder (export.features of a features run): "
                                      "its labels.csv names the features, and each feature gets its dashboard.",
@@ -224,6 +227,7 @@ def report(
             raise SpecError(f"report output {str(output)!r} should end in .html; rename it")
         from circuitgraph.export.html import write_report
 
+        budget = {} if max_nodes is None else {"max_nodes": max_nodes}
         boards = None
         if features is not None:
             from circuitgraph.features.summary import open_features
@@ -235,10 +239,10 @@ def report(
 
             doc = read_graph_file(source)
             apply_feature_labels(doc.graph, boards.labels, kinds=("feature",))
-            write_report(doc.graph, output, max_nodes=max_nodes, queries=doc.queries, validation=doc.validation,
+            write_report(doc.graph, output, **budget, queries=doc.queries, validation=doc.validation,
                          features=boards)
         elif _is_graph_file(source):
-            write_report(source, output, max_nodes=max_nodes)
+            write_report(source, output, **budget)
         else:
             from circuitgraph.spec import load_spec
 
@@ -250,7 +254,8 @@ def report(
 
                 boards = open_features(loaded.export.features)
             only, skipped = report_only(loaded)
-            write_report(entry.run(only, progress=False), output, max_nodes=max_nodes, features=boards)
+            write_report(entry.run(only, progress=False), output,
+                         max_nodes=loaded.export.max_render_nodes if max_nodes is None else max_nodes, features=boards)
             if skipped:
                 typer.echo(f"wrote {output} (only the report: the spec's {', '.join(skipped)} are written by "
                            "`circuitgraph run`)")

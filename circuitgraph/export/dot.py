@@ -18,9 +18,14 @@ Conventions (docs/export.md, "Diagrams"):
 * labels: ``F17 L1 @4`` (feature 17 of layer 1 at position 4), ``N`` for neurons,
   ``L1H3`` for head 3 of layer 1, token strings in quotes for embeddings and logits,
   plus the node's label on a second line when it says more than the id;
-* above ``max_nodes`` the strongest nodes are kept (targets always; the others ranked
+* a node budget: above ``max_nodes`` (default :data:`DEFAULT_MAX_NODES`, the spec's
+  ``export.max_render_nodes``) the strongest nodes are kept (targets always; the others ranked
   by influence on the targets, else by their largest ``|edge|``), and the title says how
-  many nodes and edges were left out;
+  many nodes and edges were left out and what share of the total influence the hidden nodes
+  hold (``+1,751 nodes hidden (64% of the influence)``); the full graph still goes to JSON;
+* legible at any depth: a layer with more than ``max_row_nodes`` drawn nodes is wrapped onto
+  further rows (``L0``, ``L0 cont.``), so the width is bounded by the row length, not by the
+  number of nodes of the busiest layer;
 * for a paper: feature descriptions as labels, activations, a layer axis, an edge-width
   scale, supernodes, and nodes with no path to a target hidden (see :func:`graph_to_dot`).
 """
@@ -42,9 +47,12 @@ from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, No
 # re-exported here, its old home
 from circuitgraph.queries.influence import raw_influence
 from circuitgraph.queries.neighbours import merge_supernodes, propose_supernodes, reaches_a_target
+from circuitgraph.spec.export import ExportSpec
 
 __all__ = [
     "graph_to_dot",
+    "DEFAULT_MAX_NODES",
+    "DEFAULT_MAX_ROW_NODES",
     "KIND_COLORS",
     "POSITIVE_COLOR",
     "NEGATIVE_COLOR",
@@ -56,6 +64,12 @@ __all__ = [
     "reaches_a_target",
     "raw_influence",
 ]
+
+#: the node budget of a diagram (and of the explorer's first view): the spec's
+#: ``export.max_render_nodes``, stated once there
+DEFAULT_MAX_NODES: int = ExportSpec.model_fields["max_render_nodes"].default
+#: nodes drawn side by side in one row; a layer with more is wrapped onto further rows
+DEFAULT_MAX_ROW_NODES = 8
 
 #: fill colour of each node kind
 KIND_COLORS: dict[str, str] = {
@@ -86,7 +100,7 @@ _MIN_PEN, _MAX_PEN = 0.4, 5.0
 def graph_to_dot(
     graph: AttributionGraph,
     *,
-    max_nodes: int | None = 100,
+    max_nodes: int | None = DEFAULT_MAX_NODES,
     min_edge_fraction: float = 0.0,
     max_edges: int | None = -1,
     show_remainders: bool = False,
@@ -96,13 +110,15 @@ def graph_to_dot(
     supernodes: Mapping[str, Any] | str | None = None,
     influence: Mapping[NodeId, float] | None = None,
     qk: Sequence[Mapping[str, Any]] = (),
+    max_row_nodes: int | None = DEFAULT_MAX_ROW_NODES,
 ) -> str:
     """DOT text of ``graph`` (see the module docstring for the diagram's conventions).
 
     Args:
         graph: the graph to draw.
-        max_nodes: draw at most this many nodes (targets are always drawn, even beyond
-            it); ``None`` draws all.
+        max_nodes: draw at most this many nodes, the most influential (targets are always
+            drawn, even beyond it); ``None`` draws all.  The title says how many were hidden
+            and their share of the total influence.
         min_edge_fraction: leave out edges whose ``|weight|`` is below this fraction of
             the largest ``|weight|`` among the drawn nodes' edges (0 keeps all).
         max_edges: draw at most this many edges: the strongest, plus each drawn node's
@@ -124,6 +140,9 @@ def graph_to_dot(
             head, a node ``QK L{l}H{h}`` with each top pair drawn as dashed edges from its
             query-side and key-side nodes (labelled ``q``/``k``) through a small pair node
             (its value) into the head; the pairs' nodes are drawn even beyond ``max_nodes``.
+        max_row_nodes: at most this many nodes side by side in a layer's row; a layer with
+            more is wrapped onto further rows above it (``None``: one row per layer, however
+            wide).
 
     Returns:
         DOT source; render it with :func:`circuitgraph.export.render.render_dot_text`.
@@ -137,6 +156,8 @@ def graph_to_dot(
     """
     if max_nodes is not None and max_nodes < 1:
         raise ExportError(f"max_nodes must be at least 1, got {max_nodes}")
+    if max_row_nodes is not None and max_row_nodes < 1:
+        raise ExportError(f"max_row_nodes must be at least 1 (or None: one row per layer), got {max_row_nodes}")
     if not (0.0 <= min_edge_fraction <= 1.0):
         raise ExportError(f"min_edge_fraction must be between 0 and 1, got {min_edge_fraction}")
     if influence is None and graph.targets and not all(_is_number(n.attrs.get("influence")) for n in graph.nodes):
@@ -183,7 +204,8 @@ def graph_to_dot(
     target_ids = set(graph.target_ids)
     ids = [graph.nodes[r].id for r in range(graph.n_nodes)]
     title_lines = _title_lines(graph, title, len(rows), len(edge_sel), score_name, len(hidden), n_unreachable,
-                               totals=totals, n_merged=n_merged)
+                               totals=totals, n_merged=n_merged,
+                               hidden_share=_hidden_influence_share(graph, rows, hidden) if score_name else None)
     dot = graphviz.Digraph("circuitgraph")
     dot.attr("graph", rankdir="BT", newrank="true", ranksep="0.8", nodesep="0.15", splines="true",
              fontname="Helvetica", fontsize="12", labelloc="t", label=_text(title_lines))
@@ -200,19 +222,21 @@ def graph_to_dot(
     for key in rank_keys:
         members = sorted(ranks[key], key=lambda r: _order_key(graph.nodes[r]))
         layer, sub = key
-        name = f"layer {layer}" + (" attention" if sub == 0 else "")
-        axis = f"axis {name}"
-        axis_names.append(axis)
-        with dot.subgraph(name=f"rank {name}") as rank:
-            rank.attr(rank="same")
-            # the layer axis: a label at the left end of every rank
-            rank.node(axis, label=_text([_axis_label(layer, sub, n_layers)]), shape="plaintext", style="",
-                      fontsize="10", fontcolor="#666666")
-            for r in members:
-                _add_node(rank, graph.nodes[r], ids[r] in target_ids, positions=positions)
-            chain = [axis] + [str(ids[r]) for r in members]
-            for u, v in zip(chain, chain[1:]):
-                rank.edge(u, v, style="invis")
+        for line, chunk in enumerate(_wrap(members, max_row_nodes)):
+            name = f"layer {layer}" + (" attention" if sub == 0 else "") + (f" row {line + 1}" if line else "")
+            axis = f"axis {name}"
+            axis_names.append(axis)
+            with dot.subgraph(name=f"rank {name}") as rank:
+                rank.attr(rank="same")
+                # the layer axis: a label at the left end of every rank (a wrapped layer: "cont.")
+                caption = _axis_label(layer, sub, n_layers) + (" cont." if line else "")
+                rank.node(axis, label=_text([caption]), shape="plaintext", style="", fontsize="10",
+                          fontcolor="#666666")
+                for r in chunk:
+                    _add_node(rank, graph.nodes[r], ids[r] in target_ids, positions=positions)
+                chain = [axis] + [str(ids[r]) for r in chunk]
+                for u, v in zip(chain, chain[1:]):
+                    rank.edge(u, v, style="invis")
     # invisible edges between consecutive ranks keep the layers in order even where no
     # real edge joins them (and stack the axis labels in one column)
     for lower, upper in zip(axis_names, axis_names[1:]):
@@ -313,6 +337,35 @@ def _select_rows(graph: AttributionGraph, max_nodes: int | None,
     budget = max(max_nodes - len(target_rows), 0)
     best = sorted(others, key=lambda r: (-scores[r], r))[:budget]
     return sorted(target_rows | set(best)), score_name
+
+
+def _wrap(members: list[int], max_row_nodes: int | None) -> list[list[int]]:
+    """``members`` (in drawing order) split into as few rows of at most ``max_row_nodes`` as
+    possible, of balanced lengths (30 nodes at 8 a row: 8, 8, 7, 7)."""
+    if max_row_nodes is None or len(members) <= max_row_nodes:
+        return [members]
+    n_rows = -(-len(members) // max_row_nodes)
+    base, extra = divmod(len(members), n_rows)
+    bounds = np.cumsum([0] + [base + (i < extra) for i in range(n_rows)])
+    return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _hidden_influence_share(graph: AttributionGraph, rows: Sequence[int], hidden: set[int]) -> float | None:
+    """The share of the total influence (over the nodes that could be drawn: not targets, not
+    ``hidden``) held by the nodes left out; None when a node has no influence to count."""
+    target_rows = {graph.index_of(t) for t in graph.target_ids}
+    drawn = set(rows)
+    total = left = 0.0
+    for r, node in enumerate(graph.nodes):
+        if r in hidden or r in target_rows:
+            continue
+        value = node.attrs.get("influence")
+        if not _is_number(value):
+            return None
+        total += abs(float(value))
+        if r not in drawn:
+            left += abs(float(value))
+    return left / total if total > 0 else None
 
 
 def _rank_key(node: Node) -> tuple[int, int]:
@@ -434,15 +487,17 @@ def _tooltip(node: Node) -> str:
 
 
 def _count(n: int, what: str) -> str:
-    """``1 node``, ``2 nodes``."""
-    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+    """``1 node``, ``2 nodes``, ``1,751 nodes``."""
+    return f"{n} {what}" if n == 1 else f"{n:,} {what}s"
 
 
 def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edges: int,
                  score_name: str | None, n_hidden: int = 0, n_unreachable: int = 0, *,
-                 totals: tuple[int, int] | None = None, n_merged: int = 0) -> list[str]:
+                 totals: tuple[int, int] | None = None, n_merged: int = 0,
+                 hidden_share: float | None = None) -> list[str]:
     """The title, and what is left out: counted against ``totals`` (the graph as given, before
-    unreachable nodes were hidden and supernodes merged)."""
+    unreachable nodes were hidden and supernodes merged); ``hidden_share``: the share of the
+    total influence held by the nodes the budget left out."""
     if title is None:
         prompt = graph.metadata.prompt
         title = f'Attribution graph: "{_shorten(_show_text(prompt), 80)}"' if prompt is not None else \
@@ -451,7 +506,8 @@ def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edg
     total_nodes, total_edges = totals if totals is not None else (graph.n_nodes, graph.n_edges)
     left_nodes, left_edges = total_nodes - n_nodes, total_edges - n_edges
     if left_nodes or left_edges:
-        note = f"showing {n_nodes} of {_count(total_nodes, 'node')} and {n_edges} of {_count(total_edges, 'edge')}"
+        note = (f"showing {n_nodes:,} of {_count(total_nodes, 'node')} and {n_edges:,} of "
+                f"{_count(total_edges, 'edge')}")
         reasons = []
         if n_hidden:
             reasons.append(f"{_count(n_hidden, 'remainder node')} (pruned-away contributions) not drawn")
@@ -459,13 +515,24 @@ def _title_lines(graph: AttributionGraph, title: str | None, n_nodes: int, n_edg
             reasons.append(f"{_count(n_merged, 'node')} drawn inside supernode boxes")
         weaker = left_nodes - n_hidden - n_unreachable - n_merged
         if weaker > 0:
-            reasons.append(f"{_count(weaker, 'weaker node')} left out (ranked by {score_name})")
+            held = f"; they hold {_percent(hidden_share)} of the influence" if hidden_share is not None else ""
+            reasons.append(f"{_count(weaker, 'weaker node')} left out (ranked by {score_name}{held})")
         if left_edges:
             reasons.append(f"{_count(left_edges, 'edge')} left out")
-        lines.append(f"{note}; " + ", ".join(reasons) if reasons else note)
+        # one reason a line: a long title would set the diagram's width
+        lines += [f"{note}:", *reasons] if reasons else [note]
     if n_unreachable:
         lines.append(f"{_count(n_unreachable, 'node')} with no path to a target not drawn")
     return lines
+
+
+def _percent(share: float) -> str:
+    """``0.643`` -> ``64%``; below 1% (but not zero) ``<1%``, above 99% (but not all) ``>99%``."""
+    if 0 < share < 0.01:
+        return "<1%"
+    if 0.99 < share < 1:
+        return ">99%"
+    return f"{share:.0%}"
 
 
 def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from circuitgraph._io import atomic_write_text
 from circuitgraph._results import rows_of, summary_of
 from circuitgraph.errors import RenderError
-from circuitgraph.export.dot import raw_influence
+from circuitgraph.export.dot import DEFAULT_MAX_NODES, raw_influence
 from circuitgraph.export.graph_files import read_graph_file  # re-exported: its old home
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.export.steering_html import steering_html
@@ -38,7 +38,7 @@ from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.validation.activation_patching import write_heatmap
 
 __all__ = [
-    "result_html", "document_html", "graph_html", "graph_svg", "run_html", "report_html", "write_report", "html_table",
+    "result_html", "document_html", "graph_html", "graph_svg", "diagram_svg", "run_html", "report_html", "write_report", "html_table",
     "read_graph_file",
 ]
 
@@ -51,6 +51,8 @@ table.cg{border-collapse:collapse;font-size:12px;margin:.3em 0 1em}
 table.cg th,table.cg td{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 table.cg th{background:#f3f3f3}table.cg td.num{text-align:right;font-variant-numeric:tabular-nums}
 .cg-diagram{overflow:auto;border:1px solid #ddd;max-height:80vh}.cg-diagram svg{max-width:100%;height:auto}
+#diagram{cursor:grab;height:80vh;max-height:none;width:calc(100vw - 48px);margin-left:calc(50% - 50vw + 24px)}#diagram.cg-panning{cursor:grabbing}#diagram svg{max-width:none}
+.cg-zoom{margin:.3em 0}.cg-zoom button{font-size:12px;min-width:2.4em;margin-right:2px}
 .cg-note{color:#666;font-size:12px}.cg-ok{color:#1a7f37;font-weight:bold}.cg-bad{color:#b2182b;font-weight:bold}
 pre.cg-spec{background:#f7f7f7;padding:8px;font-size:12px;overflow:auto;max-height:40vh}
 img.cg-figure{max-width:100%;border:1px solid #eee}
@@ -143,14 +145,22 @@ def result_html(kind: str, result: Any, *, max_rows: int = 50, names: "_NodeName
 
 # --------------------------------------------------------------------------- graphs
 def graph_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
-    """The diagram as inline SVG text (``<svg ...>``), or ``None`` when Graphviz's ``dot`` is
-    not installed.  ``dot_kwargs`` go to :func:`circuitgraph.export.dot.graph_to_dot`."""
+    """The diagram as inline SVG text (``<svg ...>``) scaled to fit its container's width (a
+    notebook cell), or ``None`` when Graphviz's ``dot`` is not installed.  ``dot_kwargs`` go to
+    :func:`circuitgraph.export.dot.graph_to_dot`."""
+    svg = diagram_svg(graph, **dot_kwargs)
+    return None if svg is None else _fit_width(svg)
+
+
+def diagram_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
+    """The diagram as inline SVG text at Graphviz's own size (1 pt a CSS pt: labels at their
+    font size), or ``None`` when Graphviz's ``dot`` is not installed."""
     try:
         svg = render_dot_bytes(graph.to_dot(**dot_kwargs), "svg").decode("utf-8")
     except RenderError:
         return None
     start = svg.find("<svg")
-    return _fit_width(svg[start:] if start >= 0 else svg)
+    return svg[start:] if start >= 0 else svg
 
 
 def _fit_width(svg: str) -> str:
@@ -159,6 +169,16 @@ def _fit_width(svg: str) -> str:
     if svg.startswith("<svg") and "max-width" not in svg[:400]:
         return '<svg style="max-width:100%;height:auto"' + svg[4:]
     return svg
+
+
+def _svg_title_lines(svg: str) -> list[str]:
+    """The lines of a Graphviz SVG's graph label (its title: what the diagram shows and leaves out),
+    as escaped HTML: the ``<text>`` elements of the top-level group before its first subgroup."""
+    start = svg.find('<g id="graph0"')
+    end = svg.find("<g ", start + 1)
+    if start < 0:
+        return []
+    return re.findall(r"<text [^>]*>([^<]*)</text>", svg[start:end if end > 0 else len(svg)])
 
 
 def _target_text(node: Any) -> str:
@@ -186,7 +206,7 @@ def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
     return facts
 
 
-def graph_html(graph: AttributionGraph, *, max_nodes: int = 40) -> str:
+def graph_html(graph: AttributionGraph, *, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
     """A graph as an HTML block: a facts table and the diagram (when ``dot`` is installed)."""
     svg = graph_svg(graph, max_nodes=max_nodes)
     parts = [f"<div class=\"cg-graph\"><h3>{_esc(repr(graph))}</h3>", html_table(_graph_facts(graph))]
@@ -211,6 +231,61 @@ def run_html(result: Any) -> str:
 
 
 # --------------------------------------------------------------------------- the report
+_ZOOM_BUTTONS = ('<div class="cg-zoom"><button data-zoom="out" title="zoom out">−</button>'
+                 '<button data-zoom="one" title="actual size: labels at their font size">100%</button>'
+                 '<button data-zoom="fit" title="the whole diagram in the box">fit</button>'
+                 '<button data-zoom="in" title="zoom in">+</button> <span id="diagram-zoom" class="cg-note">100%</span>'
+                 '</div>')
+#: the report's one script (inline, nothing fetched): the diagram starts at its own size (1 pt a
+#: CSS pt) in a scrolling box, scrolled to the top centre (the targets); zoom by buttons or
+#: ctrl + wheel, pan by dragging
+_ZOOM_SCRIPT = """<script>(function () {
+  var box = document.getElementById("diagram"), svg = box && box.querySelector("svg");
+  if (!svg) return;
+  var w = svg.width.baseVal.valueInSpecifiedUnits, h = svg.height.baseVal.valueInSpecifiedUnits;
+  var unit = svg.width.baseVal.unitType === 9 ? 4 / 3 : 1, zoom = 1;  /* 9: pt */
+  function set(z) {
+    zoom = Math.max(0.05, Math.min(8, z));
+    svg.style.width = (w * unit * zoom) + "px"; svg.style.height = (h * unit * zoom) + "px";
+    document.getElementById("diagram-zoom").textContent = Math.round(zoom * 100) + "%";
+  }
+  set(1);
+  var top = null;  /* the highest node (a target): centred in the box at first */
+  box.querySelectorAll("g.node").forEach(function (g) {
+    var t = g.querySelector("title"), name = t ? t.textContent : "";
+    if (/^(axis|legend|width) /.test(name)) return;
+    var r = g.getBoundingClientRect();
+    if (top === null || r.top < top.top) top = r;
+  });
+  if (top !== null) {
+    var b = box.getBoundingClientRect();
+    box.scrollLeft = top.left + top.width / 2 - b.left - box.clientWidth / 2;
+  }
+  document.querySelectorAll(".cg-zoom button").forEach(function (b) {
+    b.addEventListener("click", function () {
+      var what = b.dataset.zoom;
+      if (what === "in") set(zoom * 1.25); else if (what === "out") set(zoom / 1.25);
+      else if (what === "one") set(1);
+      else set(Math.min(box.clientWidth / (w * unit), box.clientHeight / (h * unit)));
+    });
+  });
+  box.addEventListener("wheel", function (e) {
+    if (!e.ctrlKey) return;
+    e.preventDefault(); set(zoom * (e.deltaY < 0 ? 1.1 : 1 / 1.1));
+  }, { passive: false });
+  var drag = null;
+  box.addEventListener("mousedown", function (e) {
+    if (e.button !== 0 || e.target.closest("a")) return;
+    drag = [e.clientX, e.clientY, box.scrollLeft, box.scrollTop]; box.classList.add("cg-panning"); e.preventDefault();
+  });
+  window.addEventListener("mousemove", function (e) {
+    if (!drag) return;
+    box.scrollLeft = drag[2] - (e.clientX - drag[0]); box.scrollTop = drag[3] - (e.clientY - drag[1]);
+  });
+  window.addEventListener("mouseup", function () { drag = null; box.classList.remove("cg-panning"); });
+})();</script>"""
+
+
 def _image_uri(data: bytes, fmt: str) -> str:
     mime = {"png": "image/png", "svg": "image/svg+xml"}[fmt]
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
@@ -316,7 +391,7 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
     return rows
 
 
-def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
+def report_html(source: Any, *, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES,
                 queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
                 diagram: Mapping[str, Any] | None = None, steering: Sequence[Mapping[str, Any]] = (),
                 features: Any = None) -> str:
@@ -348,13 +423,17 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int = 80,
     if full is not None and full.targets and "influence" not in options:
         options["influence"] = raw_influence(full)
     boards = _feature_boards(graph, features)
-    svg = graph_svg(_linked(graph, boards), max_nodes=max_nodes, **options)
+    svg = diagram_svg(_linked(graph, boards), max_nodes=max_nodes, **options)
     if svg is None:
         body.append('<p class="cg-bad">Graphviz `dot` is not installed: no diagram (apt-get install graphviz)</p>')
     else:
         body.append('<p class="cg-note">Hover a node for its activation, influence and label; edge colour is '
-                    'the sign, width the magnitude.</p>')
-        body.append(f'<div class="cg-diagram" id="diagram">{svg}</div>')
+                    'the sign, width the magnitude. Drawn at its own size (labels legible): drag to pan, '
+                    'ctrl + wheel or the buttons to zoom.</p>')
+        drawn = _svg_title_lines(svg)[1:]  # what the diagram shows and hides, readable at any scroll
+        if drawn:
+            body.append('<p class="cg-note" id="diagram-summary">' + "<br>".join(drawn) + "</p>")
+        body.append(_ZOOM_BUTTONS + f'<div class="cg-diagram" id="diagram">{svg}</div>' + _ZOOM_SCRIPT)
 
     body.append("<h2>Graph</h2>" + html_table(_graph_facts(graph)))
     body.append("<h2>Model and dictionaries</h2>" + html_table(_identity_rows(full or graph)))

@@ -15,7 +15,7 @@ from typing import Any
 
 from circuitgraph._io import atomic_write_bytes
 from circuitgraph.errors import RenderError
-from circuitgraph.export.dot import graph_to_dot
+from circuitgraph.export.dot import DEFAULT_MAX_NODES, graph_to_dot
 from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["RENDER_FORMATS", "find_dot", "render_dot_bytes", "render_dot_text", "render_graph"]
@@ -79,7 +79,7 @@ def render_graph(
     path: str | os.PathLike[str],
     *,
     format: str | None = None,
-    max_nodes: int | None = 100,
+    max_nodes: int | None = DEFAULT_MAX_NODES,
     **dot_kwargs: Any,
 ) -> str:
     """Draw ``graph`` (see :func:`circuitgraph.export.dot.graph_to_dot`) and render it to ``path``.

@@ -375,7 +375,7 @@ class AttributionGraph:
         return _export("html")(self)
 
     def _repr_svg_(self) -> str | None:
-        return _export("svg")(self, max_nodes=40)
+        return _export("svg")(self)
 
     def subgraph(self, keep: Iterable[NodeId]) -> "AttributionGraph":
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""

@@ -134,8 +134,9 @@ class RunResult:
         return str(path) if path is not None else text
 
     def report(self, path: str | Path) -> str:
-        """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`); returns the path."""
-        return write_report(self, path)
+        """Write the one-file HTML report of this run (:mod:`circuitgraph.export.html`), its diagram at
+        the spec's node budget (``export.max_render_nodes``); returns the path."""
+        return write_report(self, path, max_nodes=self.spec.export.max_render_nodes)
 
     def queries_json(self) -> list[dict[str, Any]]:
         return self._entries_json(self.queries)

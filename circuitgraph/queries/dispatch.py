@@ -31,7 +31,7 @@ __all__ = ["run_query", "QUERY_FUNCTIONS"]
 
 def run_top_paths(g: AttributionGraph, p: q.TopPaths) -> QueryResult:
     return top_paths(g, p.source, p.target, p.k, rank=p.rank, method=p.method, beam_width=p.beam_width,
-                     max_length=p.max_length, through=p.through, avoid=p.avoid, expand_heads=p.expand_heads)
+                     max_length=p.max_length, min_length=p.min_length, through=p.through, avoid=p.avoid, expand_heads=p.expand_heads)
 
 
 def run_influence(g: AttributionGraph, p: q.Influence) -> QueryResult:

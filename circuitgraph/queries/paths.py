@@ -19,19 +19,38 @@ Ranking (``rank``):
 
 * ``"exact"``: by ``|contribution|``;
 * ``"normalized"``: by the product of row-normalised absolute edge weights
-  ``|E[r, s]| / sum_s' |E[r, s']|`` (circuit-tracer's normalisation; a product of shares).
+  ``|E[r, s]| / sum_s' |E[r, s']|`` (circuit-tracer's normalisation; a product of shares);
+* ``"flow"``: by the share of the target carried by the path's weakest edge.  The *flow* of an
+  edge ``u -> v`` towards ``T`` is ``E[v, u] * y_T[v]`` with ``y_T[v] = d pre_T / d pre_v`` in
+  the linear model: the sum of the contributions of *all* paths through that edge (counting
+  ``u``'s whole pre-activation), so it does not shrink with the path's length.  A path scores
+  ``min |flow| / |pre_T|`` over its edges (the widest path); paths that share their weakest
+  edge tie, and are listed by ``|contribution|``.
+
+Why the exact ranking returns short paths: a path's share of the target is a product of one
+factor per edge, ``E[r_{i+1}, r_i] / pre_{r_{i+1}}`` (the part of each reader's value that the
+previous node gives it), and a node of a real model has hundreds of inputs, so every hop
+multiplies by a small number.  The target's value is spread over exponentially many long
+paths, each small; ``embedding -> layer-0 neuron -> target`` (a layer-0 neuron's input is
+mostly its token's embedding, and its output reaches the logits directly) carries the most of
+any single path.  ``min_length`` (at least this many edges) and ``through`` (e.g. a range of
+layers) ask for the paths through the middle of the model under the same exact ranking;
+``rank="flow"`` ranks by edges instead of whole paths.
 
 Search (``method``):
 
 * ``"exact"``: k-best dynamic programming over the graph restricted to the nodes reachable
-  from the sources and reaching the targets, in topological order.  Scores multiply along a
-  path by non-negative factors, so the k best paths into a node extend the k best paths into
-  its predecessors: keeping k per node (per constraint state: which ``through`` filters were
-  visited, and the length when ``max_length`` is set) is exact on a DAG;
+  from the sources and reaching the targets, level by level in topological order, vectorised
+  (numpy over every edge into a level at once).  Scores combine along a path monotonically (a
+  product of non-negative factors, or a bottleneck), so the k best paths into a node extend the
+  k best paths into its predecessors: keeping k per node (per constraint state: which
+  ``through`` filters were visited, and the length when ``max_length`` or ``min_length`` is
+  set) is exact on a DAG;
 * ``"beam"``: greedy beam search backwards from the targets, keeping the ``beam_width`` best
   partial paths at each step; for very large graphs; not guaranteed optimal;
 * ``"auto"``: exact when (relevant edges x k x constraint states) is at most
   :data:`EXACT_BUDGET` and the relevant graph is acyclic, else beam.  The result says which ran.
+  ``min_length`` and ``rank="flow"`` need the exact search.
 
 ``expand_heads``: each edge of each path is split exactly over the last attention head (and
 the source position it reads) its frozen paths pass through (Dunefsky et al.'s computational
@@ -42,6 +61,7 @@ versions of a path sum to the path).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -57,11 +77,16 @@ from circuitgraph.queries._base import QueryResult, check_k, fmt, format_table, 
 from circuitgraph.queries._sparse import coalesced_edges, pass_through_divisors, row_normalised_abs
 from circuitgraph.queries.filters import filter_mask, match_nodes, resolve_target_set
 from circuitgraph.queries.head_split import HeadPart, split_edge
+from circuitgraph.queries.influence import reader_gradients
 
-__all__ = ["AttributionPath", "PathsResult", "HeadResolvedPath", "top_paths", "path_contribution", "EXACT_BUDGET"]
+__all__ = ["AttributionPath", "PathsResult", "HeadResolvedPath", "top_paths", "path_contribution", "EXACT_BUDGET",
+           "RANKS"]
 
-#: ``method="auto"`` runs the exact search when edges x k x states is at most this
-EXACT_BUDGET = 4_000_000
+#: ``method="auto"`` runs the exact search when edges x k x states is at most this (it is
+#: vectorised by level: ~1 s per 10 million)
+EXACT_BUDGET = 200_000_000
+#: the path rankings (the module docstring defines them)
+RANKS = ("exact", "normalized", "flow")
 #: head-resolved versions listed per path when ``expand_heads`` is on
 N_HEAD_RESOLVED = 5
 
@@ -86,6 +111,9 @@ class AttributionPath:
     contribution: float
     share: float | None
     normalized_weight: float
+    #: ``rank="flow"``: the share of the target carried by the path's weakest edge (every path through
+    #: that edge counted): ``min |E[v, u] y_T[v]|`` over its edges, over ``pre_T``
+    flow_share: float | None = None
     edge_parts: tuple[tuple[Any, ...], ...] | None = None
     head_resolved: tuple[HeadResolvedPath, ...] | None = None
 
@@ -108,6 +136,8 @@ class AttributionPath:
             "cancelling": self.cancelling,
             "normalized_weight": self.normalized_weight,
         }
+        if self.flow_share is not None:
+            out["flow_share"] = self.flow_share
         if self.edge_parts is not None:
             out["edge_parts"] = [[p.to_dict() for p in parts] for parts in self.edge_parts]
         if self.head_resolved is not None:
@@ -122,12 +152,13 @@ class PathsResult(QueryResult):
     kind = "top_paths"
     paths: tuple[AttributionPath, ...]
     method: Literal["exact", "beam"]
-    rank: Literal["exact", "normalized"]
+    rank: Literal["exact", "normalized", "flow"]
     k: int
     n_sources: int
     n_targets: int
     max_length: int | None = None
     beam_width: int | None = None
+    min_length: int | None = None
     #: what the paths' nodes are called besides their ids (token strings, feature labels)
     names: dict[NodeId, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -147,18 +178,22 @@ class PathsResult(QueryResult):
             "n_sources": self.n_sources,
             "n_targets": self.n_targets,
             "max_length": self.max_length,
+            "min_length": self.min_length,
             "beam_width": self.beam_width,
             "paths": [p.to_dict() for p in self.paths],
         }
 
     def table(self, max_rows: int = 10) -> str:
-        rows = [(" -> ".join(self._named(n) for n in p.nodes), p.contribution, p.share, p.normalized_weight,
-                 "cancelling" if p.cancelling else "") for p in self.paths]
+        flow = self.rank == "flow"
+        rows = [(" -> ".join(self._named(n) for n in p.nodes), p.contribution, p.share,
+                 p.flow_share if flow else p.normalized_weight, "cancelling" if p.cancelling else "")
+                for p in self.paths]
         values = ", ".join(f"{t} = {fmt(v)}" for t, v in self.target_values)
         footer = (f"share = contribution / the target's value ({values}); paths of both signs add up to it, so "
                   "|share| > 1 marks a cancelling path (larger than the whole target, offset by paths of the other "
                   "sign)") if self.target_values else None
-        return format_table(["path", "contribution", "share of target", "normalized", ""], rows, max_rows=max_rows,
+        return format_table(["path", "contribution", "share of target", "weakest edge's share" if flow else "normalized",
+                             ""], rows, max_rows=max_rows,
                             title=f"top {self.k} paths (rank {self.rank}, method {self.method})", footer=footer)
 
 
@@ -210,75 +245,158 @@ def _contribution(idx: _EdgeIndex, rows: list[int]) -> tuple[float, float, list[
     return value, normalized, weights
 
 
-def _topological_order(n: int, nodes: np.ndarray, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
-    """``nodes`` (the only ends of the edges ``src -> dst``) in a topological order; None when
-    there is a cycle."""
-    level = topological_levels(n, src, dst)[nodes]
-    if (level < 0).any():
-        return None
-    return nodes[np.argsort(level, kind="stable")].tolist()
-
-
 def _log_abs(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.log(np.abs(x))
 
 
 # ---------------------------------------------------------------------------- searches
-def _exact_kbest(
-    n: int, src: np.ndarray, dst: np.ndarray, logf_start: np.ndarray, logf_mid: np.ndarray,
-    is_source: np.ndarray, is_target: np.ndarray, bits: np.ndarray, full: int, k: int,
-    max_length: int | None, order: list[int],
-) -> list[tuple[float, list[int]]]:
-    """k best paths by sum of log-factors; returns ``[(score, [rows])]``.
+@dataclass(frozen=True)
+class _States:
+    """The constraint states of the exact search: which ``through`` filters were visited (a bit
+    mask, ``full`` when all were) and, when lengths matter, the path's length in edges (capped at
+    ``cap``: ``max_length`` when given, else ``min_length``, beyond which lengths are alike)."""
 
-    ``logf_start[j]`` is edge j's log-factor when its source starts the path, ``logf_mid[j]``
-    when its source is an intermediate node."""
-    in_order = np.argsort(dst, kind="stable")
-    ptr = np.searchsorted(dst[in_order], np.arange(n + 1))
-    # entries[v]: state -> list of (score, length, pred_node, pred_state, pred_idx); pred_idx -1 = start
-    entries: dict[int, dict[tuple[int, int], list[tuple[float, int, int, Any, int]]]] = {}
-    for v in order:
-        cands: dict[tuple[int, int], list[tuple[float, int, int, Any, int]]] = {}
-        bv = int(bits[v])
-        for j in in_order[ptr[v] : ptr[v + 1]]:
-            u = int(src[j])
-            if is_source[u] and math.isfinite(logf_start[j]):
-                state = (int(bits[u]) | bv, 1 if max_length else 0)
-                cands.setdefault(state, []).append((float(logf_start[j]), 1, u, None, -1))
-            lf = float(logf_mid[j])
-            if not math.isfinite(lf):
-                continue
-            for u_state, lst in entries.get(u, {}).items():
-                for i, (score, length, *_rest) in enumerate(lst):
-                    if max_length and length + 1 > max_length:
-                        continue
-                    state = (u_state[0] | bv, length + 1 if max_length else 0)
-                    cands.setdefault(state, []).append((score + lf, length + 1, u, u_state, i))
-        if cands:
-            entries[v] = {s: heapq.nlargest(k, lst, key=lambda c: c[0]) for s, lst in cands.items()}
-    finals = []
-    for v in order:
-        if not is_target[v]:
+    full: int
+    cap: int  # 0: lengths are not tracked
+    max_length: int | None
+    min_length: int
+
+    @property
+    def n_lengths(self) -> int:
+        return max(self.cap, 1)
+
+    @property
+    def n(self) -> int:
+        return (self.full + 1) * self.n_lengths
+
+    def encode(self, mask: np.ndarray, length: np.ndarray) -> np.ndarray:
+        if not self.cap:
+            return mask
+        return mask * self.cap + (np.minimum(length, self.cap) - 1)
+
+    def mask(self, state: np.ndarray) -> np.ndarray:
+        return state // self.cap if self.cap else state
+
+    def length(self, state: np.ndarray) -> np.ndarray:
+        return state % self.cap + 1 if self.cap else np.ones_like(state)
+
+    def final(self, state: np.ndarray) -> np.ndarray:
+        """States a path may end in: every ``through`` filter visited, at least ``min_length`` edges."""
+        return (self.mask(state) == self.full) & (self.length(state) >= self.min_length)
+
+
+#: candidate entries built at once by the exact search (memory: ~40 bytes each)
+_CHUNK = 4_000_000
+#: the exact search's tables hold nodes x states x k entries (24 bytes each): above this, the beam
+_MAX_TABLE = 40_000_000
+
+
+def _kbest_dag(
+    n: int, src: np.ndarray, dst: np.ndarray, score_start: np.ndarray, score_mid: np.ndarray, combine: str,
+    is_source: np.ndarray, is_target: np.ndarray, bits: np.ndarray, states: _States, k: int, level: np.ndarray,
+) -> list[tuple[float, list[int]]]:
+    """The k best paths on a DAG, vectorised by topological level; returns ``[(score, [rows])]``.
+
+    A path's score starts as ``score_start[j]`` of its first edge and each further edge ``j``
+    combines it with ``score_mid[j]``: ``combine="sum"`` adds (log-factors: a product), ``"min"``
+    takes the smaller (a bottleneck).  Both are monotone (a better partial path never makes a worse
+    extension), so the k best paths into a node per constraint state extend the k best into its
+    predecessors: keeping k per (node, state), nodes taken level by level (every predecessor of a
+    level lies in an earlier one), is exact.  Ties between equal scores are broken by node order."""
+    S = states.n
+    score = np.full((n, S, k), -np.inf)
+    pred_node = np.full((n, S, k), -1, dtype=np.int64)
+    pred_code = np.full((n, S, k), -1, dtype=np.int64)  # state * k + slot of the predecessor; -1: a start
+    edge_level = level[dst]
+    by_level = np.argsort(edge_level, kind="stable")
+    bounds = np.searchsorted(edge_level[by_level], np.arange(int(level.max(initial=0)) + 2))
+
+    def extend(j: np.ndarray, best_only: bool) -> tuple[np.ndarray, ...]:
+        """Candidates ``(group, score, pred node, pred code)`` extending the partial paths into the
+        sources of edges ``j`` (only each state's best with ``best_only``)."""
+        kk = 1 if best_only else k
+        base = score[src[j], :, :kk].reshape(j.size, S * kk)
+        row, c = np.nonzero(np.isfinite(base))
+        code = (c // kk) * k + c % kk  # the predecessor's state * k + slot
+        jj, old = j[row], c // kk
+        length = states.length(old) + 1
+        if states.max_length is not None:
+            fits = length <= states.max_length
+            row, c, code, jj, old, length = row[fits], c[fits], code[fits], jj[fits], old[fits], length[fits]
+        base_score = base[row, c]
+        new = base_score + score_mid[jj] if combine == "sum" else np.minimum(base_score, score_mid[jj])
+        group = dst[jj] * np.int64(S) + states.encode(states.mask(old) | bits[dst[jj]], length)
+        return group, new, src[jj], code
+
+    for d in range(int(level.max(initial=0)) + 1):
+        edges = by_level[bounds[d]:bounds[d + 1]]
+        if not edges.size:
             continue
-        for state, lst in entries.get(v, {}).items():
-            if state[0] != full:
-                continue
-            for i, c in enumerate(lst):
-                finals.append((c[0], v, state, i))
-    best = heapq.nlargest(k, finals, key=lambda c: c[0])
+        parts = []  # (group = node * S + state, score, pred node, pred code)
+        first = edges[is_source[src[edges]] & np.isfinite(score_start[edges])]
+        if first.size:
+            length = np.ones(first.size, dtype=np.int64)
+            parts.append((dst[first] * np.int64(S) + states.encode(bits[src[first]] | bits[dst[first]], length),
+                          score_start[first], src[first], np.full(first.size, -1, dtype=np.int64)))
+        live = edges[np.isfinite(score_mid[edges]) & np.isfinite(score[src[edges], :, 0]).any(axis=1)]
+        per_chunk = max(1, _CHUNK // (S * k))
+        chunks = [live[c:c + per_chunk] for c in range(0, live.size, per_chunk)]
+        if k > 1 and live.size:
+            # a lower bound of each group's k-th best: the k-th best of the candidates extending
+            # each predecessor's best partial path (they are candidates too); weaker ones are dropped
+            # before the sort, so it sorts about as many candidates as edges, not edges x k
+            g0, v0 = (np.concatenate(x) for x in zip(*[(p[0], p[1]) for p in parts],
+                                                      *[extend(j, True)[:2] for j in chunks]))
+            order = np.lexsort((-v0, g0))
+            g0, v0 = g0[order], v0[order]
+            starts = np.r_[0, np.flatnonzero(g0[1:] != g0[:-1]) + 1]
+            rank = np.arange(g0.size) - np.repeat(starts, np.diff(np.r_[starts, g0.size]))
+            groups, bound = g0[starts], np.full(starts.size, -np.inf)
+            at_k = rank == k - 1
+            bound[np.searchsorted(groups, g0[at_k])] = v0[at_k]
+
+            def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+                i = np.minimum(np.searchsorted(groups, cand[0]), groups.size - 1)
+                floor = np.where(groups[i] == cand[0], bound[i], -np.inf)
+                keep = cand[1] >= floor
+                return tuple(x[keep] for x in cand)
+        else:
+            def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+                return cand
+        parts = [strong(p) for p in parts] + [strong(extend(j, False)) for j in chunks]
+        if not parts:
+            continue
+        group, value, p_node, p_code = (np.concatenate(x) for x in zip(*parts))
+        order = np.lexsort((p_code, p_node, -value, group))  # per group, best first
+        group, value = group[order], value[order]
+        starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
+        rank = np.arange(group.size) - np.repeat(starts, np.diff(np.r_[starts, group.size]))
+        take = rank < k
+        g, r = group[take], rank[take]
+        score[g // S, g % S, r] = value[take]
+        pred_node[g // S, g % S, r] = p_node[order][take]
+        pred_code[g // S, g % S, r] = p_code[order][take]
+    # the best k finished paths: at a target, in a final state
+    t_rows = np.flatnonzero(is_target)
+    finals = score[t_rows]  # (n_targets, S, k)
+    finals = np.where(states.final(np.arange(S))[None, :, None], finals, -np.inf)
+    flat = finals.reshape(-1)
+    n_found = int(np.isfinite(flat).sum())
+    best = np.lexsort((np.arange(flat.size), -flat))[:min(k, n_found)]
     out = []
-    for score, v, state, i in best:
+    for b in best.tolist():
+        t, rest = divmod(b, S * k)
+        st, slot = divmod(rest, k)
+        v = int(t_rows[t])
         rows = [v]
-        node, st, idx = v, state, i
         while True:
-            c = entries[node][st][idx]
-            _, _, u, pst, pidx = c
+            u, code = int(pred_node[v, st, slot]), int(pred_code[v, st, slot])
             rows.append(u)
-            if pidx < 0:
+            if code < 0:
                 break
-            node, st, idx = u, pst, pidx
-        out.append((score, rows[::-1]))
+            v, (st, slot) = u, divmod(code, k)
+        out.append((float(flat[b]), rows[::-1]))
     return out
 
 
@@ -332,10 +450,11 @@ def top_paths(
     target: Any = "targets",
     k: int = 10,
     *,
-    rank: Literal["exact", "normalized"] = "exact",
+    rank: Literal["exact", "normalized", "flow"] = "exact",
     method: Literal["auto", "exact", "beam"] = "auto",
     beam_width: int = 100,
     max_length: int | None = None,
+    min_length: int | None = None,
     through: Iterable[Any] = (),
     avoid: Iterable[Any] = (),
     expand_heads: bool = False,
@@ -344,7 +463,8 @@ def top_paths(
 
     ``source``/``through``/``avoid`` are node filters; ``target`` is ``"targets"`` (the graph's
     targets) or a filter.  Paths must visit a node of every ``through`` filter, no node of any
-    ``avoid`` filter, and have at most ``max_length`` edges.
+    ``avoid`` filter, and have at least ``min_length`` and at most ``max_length`` edges.
+    ``rank`` is ``"exact"``, ``"normalized"`` or ``"flow"`` (the module docstring defines them).
 
     Example::
 
@@ -355,8 +475,13 @@ def top_paths(
     beam_width = check_k(beam_width, "beam_width")
     if max_length is not None:
         max_length = check_k(max_length, "max_length")
-    if rank not in ("exact", "normalized"):
-        raise QueryError(f"rank must be 'exact' or 'normalized', got {rank!r}")
+    if min_length is not None:
+        min_length = check_k(min_length, "min_length")
+        if max_length is not None and min_length > max_length:
+            raise QueryError(f"top_paths: min_length {min_length} is above max_length {max_length}; no path has "
+                             "both; lower min_length or raise max_length")
+    if rank not in RANKS:
+        raise QueryError(f"rank must be one of {', '.join(repr(r) for r in RANKS)}, got {rank!r}")
     if method not in ("auto", "exact", "beam"):
         raise QueryError(f"method must be 'auto', 'exact' or 'beam', got {method!r}")
     n = graph.n_nodes
@@ -397,28 +522,53 @@ def top_paths(
     keep = allowed & relevant[idx.source] & relevant[idx.target]
     src, dst, w, norm = idx.source[keep], idx.target[keep], idx.weight[keep], idx.norm[keep]
 
-    n_states = (full + 1) * (max_length or 1)
-    order = None
+    states = _States(full, max_length or min_length or 0, max_length, min_length or 1)
+    level = None
     chosen = method
-    if method == "auto" and src.size * k * n_states > EXACT_BUDGET:
+    if method == "auto" and (src.size * k * states.n > EXACT_BUDGET or n * states.n * k > _MAX_TABLE):
         chosen = "beam"
     elif method in ("auto", "exact"):
-        order = _topological_order(n, np.flatnonzero(relevant), src, dst)
-        if order is None and method == "exact":
-            raise QueryError("top_paths method 'exact' needs an acyclic graph; this one has a cycle (use 'beam')")
-        chosen = "exact" if order is not None else "beam"
-
-    if chosen == "exact":
-        if rank == "normalized":
-            logf_start = logf_mid = _log_abs(norm)
+        level = topological_levels(n, src, dst)
+        if n * states.n * k > _MAX_TABLE:
+            raise QueryError(f"top_paths method 'exact': {n:,} nodes x {states.n:,} constraint states x k={k} is more "
+                             "than the exact search holds; use fewer through filters, a smaller k or method 'beam'")
+        if (level[relevant] < 0).any():
+            if method == "exact":
+                raise QueryError("top_paths method 'exact' needs an acyclic graph; this one has a cycle (use 'beam')")
+            chosen = "beam"
         else:
-            logf_start = _log_abs(w)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                logf_mid = _log_abs(w) - _log_abs(idx.divisor[src])
-            logf_mid[~np.isfinite(_log_abs(idx.divisor[src]))] = -np.inf
-        found = _exact_kbest(n, src, dst, logf_start, logf_mid, is_source, is_target, bits, full, k,
-                             max_length, order)
+            chosen = "exact"
+    if chosen == "beam" and min_length is not None:
+        raise QueryError(f"top_paths min_length needs the exact search, and this graph is too large for it "
+                         f"({src.size:,} relevant edges x k={k} x {states.n} states > {EXACT_BUDGET:,}) or cyclic; "
+                         "lower k, narrow source or target, or drop min_length")
+
+    flows = None
+    if rank == "flow":
+        flows = _edge_flows(graph, idx, is_target)
+    if chosen == "exact":
+        found = []
+        if rank == "flow":  # a flow is relative to one target: one search per target
+            for t, (flow, share_of) in flows.items():
+                only = np.zeros(n, dtype=bool)
+                only[t] = True
+                score = _log_abs(flow[keep]) - (math.log(abs(share_of)) if share_of else 0.0)
+                found += _kbest_dag(n, src, dst, score, score, "min", is_source, only, bits, states, k, level)
+            found = sorted(found, key=lambda f: -f[0])[:k]
+        else:
+            if rank == "normalized":
+                score_start = score_mid = _log_abs(norm)
+            else:
+                score_start = _log_abs(w)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    score_mid = _log_abs(w) - _log_abs(idx.divisor[src])
+                score_mid[~np.isfinite(_log_abs(idx.divisor[src]))] = -np.inf
+            found = _kbest_dag(n, src, dst, score_start, score_mid, "sum", is_source, is_target, bits, states, k,
+                               level)
     else:
+        if rank == "flow":
+            raise QueryError("top_paths rank 'flow' needs the exact search (an acyclic graph within the budget); "
+                             "lower k or narrow source or target")
         targets_rel = [int(t) for t in np.flatnonzero(is_target & relevant)]
         found = _beam(n, src, dst, w, idx.divisor, norm, rank, is_source, targets_rel, bits, full, k,
                       beam_width, max_length)
@@ -426,13 +576,20 @@ def top_paths(
     for _, rows in found:
         value, normalized, weights = _contribution(idx, rows)
         tgt = graph.nodes[rows[-1]]
+        bottleneck = None
+        if flows is not None:
+            flow = flows[rows[-1]][0]
+            bottleneck = min(abs(float(flow[idx.find(u, v)])) for u, v in zip(rows[:-1], rows[1:]))
         paths.append(AttributionPath(
             nodes=tuple(graph.nodes[r].id for r in rows),
             edge_weights=tuple(weights),
             contribution=value,
             share=share(value, tgt.pre_activation),
             normalized_weight=normalized,
+            flow_share=share(bottleneck, tgt.pre_activation) if bottleneck is not None else None,
         ))
+    if rank == "flow":  # equal bottlenecks (paths sharing their weakest edge): the larger contribution first
+        paths.sort(key=lambda p: (-abs(p.flow_share or 0.0), -abs(p.contribution)))
     if expand_heads:
         _check_frozen_attention(graph)
         paths = [_expand(graph, p) for p in paths]
@@ -441,7 +598,20 @@ def top_paths(
     values = tuple((str(t), graph.node(t).pre_activation) for t in ends)
     return PathsResult(tuple(paths), chosen, rank, k, int(is_source.sum()), int(is_target.sum()), max_length,
                        beam_width if chosen == "beam" else None, names={n: t for n, t in names.items() if t},
-                       target_values=values)
+                       target_values=values, min_length=min_length)
+
+
+def _edge_flows(graph: AttributionGraph, idx: "_EdgeIndex", is_target: np.ndarray) -> dict[int, tuple[np.ndarray, float]]:
+    """Per target row ``T``: the flow of every edge of ``idx``, ``E[v, u] * y_T[v]`` with
+    ``y_T = d pre_T / d pre`` (the part of ``pre_T`` carried by all paths through the edge), and
+    ``pre_T``, what a flow's share is relative to."""
+    t_rows = np.flatnonzero(is_target)
+    y = reader_gradients(graph, [graph.nodes[t].id for t in t_rows])
+    out = {}
+    for j, t in enumerate(t_rows.tolist()):
+        pre = graph.nodes[t].pre_activation
+        out[t] = (idx.weight * y[idx.target, j], float(pre) if pre is not None else 0.0)
+    return out
 
 
 def _check_passable(matched: list[NodeId], any_in: bool, any_out: bool, what: str) -> None:
@@ -493,5 +663,4 @@ def _expand(graph: AttributionGraph, path: AttributionPath) -> AttributionPath:
         HeadResolvedPath(tuple(parts_per_edge[e][i].label for e, i in enumerate(idx)), path.contribution * frac)
         for frac, idx in combos
     )
-    return AttributionPath(path.nodes, path.edge_weights, path.contribution, path.share, path.normalized_weight,
-                           tuple(parts_per_edge), resolved)
+    return dataclasses.replace(path, edge_parts=tuple(parts_per_edge), head_resolved=resolved)

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.export.dot import (
+    DEFAULT_MAX_NODES,
     KIND_COLORS,
     NEGATIVE_COLOR,
     POSITIVE_COLOR,
@@ -46,17 +47,21 @@ from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries.diff import MATCHES, SORTS, diff_graphs
-from circuitgraph.queries.prune import PruneResult, prune_graph
+from circuitgraph.queries.prune import ALWAYS_KEPT_KINDS, PruneResult, prune_graph
 from circuitgraph.serve.catalog import Catalog
 from circuitgraph.serve.dashboards import UNITS_OF_NODE_KIND
 from circuitgraph.spec.graph import PruneSpec
 
 __all__ = ["ApiError", "Explorer", "Download", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS",
-           "DEFAULT_DIFF_TOP"]
+           "DEFAULT_DIFF_TOP", "DEFAULT_TOP_K_NODES"]
 
 #: the thresholds of an unpruned graph's first view: the spec's pruning defaults
 DEFAULT_NODE_THRESHOLD = PruneSpec.model_fields["node_threshold"].default
 DEFAULT_EDGE_THRESHOLD = PruneSpec.model_fields["edge_threshold"].default
+#: the node budget of every view unless a request says otherwise (``top_k_nodes``, prune's cap on
+#: the nodes kept besides embeddings, targets and remainders): the diagrams' budget, stated once in
+#: the spec (``export.max_render_nodes``), so a large graph opens at once at its most influential nodes
+DEFAULT_TOP_K_NODES = DEFAULT_MAX_NODES
 #: what a pinned subgraph can be saved as
 EXPORT_FORMATS = ("json", "neuronpedia", "svg")
 #: a node's inputs and outputs listed by default (the strongest)
@@ -67,7 +72,7 @@ MAX_VIEW_EDGES = 100_000
 DEFAULT_DIFF_TOP = 20
 #: pruned views kept per explorer (the slider asks for many)
 _CACHE_SIZE = 32
-_THRESHOLD_KEYS = ("node_threshold", "edge_threshold")
+_THRESHOLD_KEYS = ("node_threshold", "edge_threshold", "top_k_nodes")
 
 
 class ApiError(Exception):
@@ -128,6 +133,13 @@ def _int(params: Mapping[str, str], key: str, default: int, low: int = 1) -> int
     if value < low:
         raise ApiError(400, f"{key} must be at least {low}, got {value}")
     return value
+
+
+def _budget(params: Mapping[str, str]) -> int | None:
+    """``top_k_nodes``: an integer of at least 1, or ``all`` (no budget); missing: the default budget."""
+    if params.get("top_k_nodes", "").lower() == "all":
+        return None
+    return _int(params, "top_k_nodes", DEFAULT_TOP_K_NODES)
 
 
 def _flag(params: Mapping[str, str], key: str) -> bool:
@@ -250,21 +262,25 @@ class Explorer:
         pruned = any(n.kind == "remainder" and n.index == REMAINDER_INDEX["pruned"] for n in graph.nodes)
         return (1.0, 1.0) if pruned else (DEFAULT_NODE_THRESHOLD, DEFAULT_EDGE_THRESHOLD)
 
-    def _thresholds(self, graph: AttributionGraph, params: Mapping[str, str]) -> tuple[float, float]:
+    def _thresholds(self, graph: AttributionGraph, params: Mapping[str, str]) -> tuple[float, float, int | None]:
+        """The view's node and edge thresholds and node budget (``top_k_nodes``; None: all)."""
         node_default, edge_default = self.default_thresholds(graph)
-        return (_fraction(params, "node_threshold", node_default), _fraction(params, "edge_threshold", edge_default))
+        return (_fraction(params, "node_threshold", node_default), _fraction(params, "edge_threshold", edge_default),
+                _budget(params))
 
-    def pruned(self, name: str, node_threshold: float, edge_threshold: float) -> PruneResult:
-        """``prune_graph`` of the graph ``name`` at these thresholds (cached)."""
+    def pruned(self, name: str, node_threshold: float, edge_threshold: float,
+               top_k_nodes: int | None = None) -> PruneResult:
+        """``prune_graph`` of the graph ``name`` at these thresholds and node budget (cached)."""
         graph = self.graph(name)
-        key = (name, float(node_threshold), float(edge_threshold))
+        key = (name, float(node_threshold), float(edge_threshold), top_k_nodes)
         with self._lock:
             hit = self._pruned.get(key)
             if hit is not None:
                 self._pruned.move_to_end(key)
                 return hit
             try:
-                result = prune_graph(graph, node_threshold=node_threshold, edge_threshold=edge_threshold)
+                result = prune_graph(graph, node_threshold=node_threshold, edge_threshold=edge_threshold,
+                                     top_k_nodes=top_k_nodes)
             except CircuitGraphError as exc:
                 raise ApiError(400, str(exc)) from None
             self._pruned[key] = result
@@ -272,13 +288,15 @@ class Explorer:
                 self._pruned.popitem(last=False)
             return result
 
-    def view(self, name: str, node_threshold: float, edge_threshold: float) -> tuple[AttributionGraph, PruneResult | None]:
-        """What the page shows of graph ``name``: ``prune_graph`` at these thresholds, or, for a graph
-        without targets (pruning ranks nodes by their influence on the targets), the graph whole."""
+    def view(self, name: str, node_threshold: float, edge_threshold: float,
+             top_k_nodes: int | None = None) -> tuple[AttributionGraph, PruneResult | None]:
+        """What the page shows of graph ``name``: ``prune_graph`` at these thresholds and node budget,
+        or, for a graph without targets (pruning ranks nodes by their influence on the targets), the
+        graph whole."""
         graph = self.graph(name)
         if not graph.targets:
             return graph, None
-        result = self.pruned(name, node_threshold, edge_threshold)
+        result = self.pruned(name, node_threshold, edge_threshold, top_k_nodes)
         return result.graph, result
 
     def _node_json(self, node: Node, influence: float | None, targets: set[NodeId]) -> dict[str, Any]:
@@ -322,17 +340,21 @@ class Explorer:
         """``GET /api/graph/NAME?node_threshold=T&edge_threshold=E[&supernodes=JSON]``: the pruned graph."""
         params = _params(query, (*_THRESHOLD_KEYS, "supernodes"))
         graph = self.graph(name)
-        nt, et = self._thresholds(graph, params)
+        nt, et, budget = self._thresholds(graph, params)
         groups = _groups(params)
-        view, result = self.view(name, nt, et)
+        view, result = self.view(name, nt, et, budget)
         if view.n_edges > MAX_VIEW_EDGES:
             raise ApiError(400, f"the graph pruned at node_threshold={nt}, edge_threshold={et} has {view.n_edges:,} "
-                                f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds",
+                                f"edges, more than the page draws ({MAX_VIEW_EDGES:,}); lower the thresholds or "
+                                f"the node budget (top_k_nodes={budget if budget is not None else 'all'})",
                            node_threshold=nt, edge_threshold=et)
         influence: dict[NodeId, float] = {}
+        influence_share = None
         if result is not None:
             kept = result.node_influence[result.node_mask]
             influence = {n.id: float(v) for n, v in zip(view.nodes, kept)}
+            total = float(result.node_influence.sum())
+            influence_share = float(kept.sum()) / total if total > 0 else None
         if groups:
             try:
                 view = merge_supernodes(view, groups)
@@ -351,6 +373,11 @@ class Explorer:
             "edge_threshold": et,
             "default_node_threshold": default[0],
             "default_edge_threshold": default[1],
+            "top_k_nodes": budget,
+            "default_top_k_nodes": DEFAULT_TOP_K_NODES,
+            "n_rankable_nodes": sum(1 for n in graph.nodes if n.kind not in ALWAYS_KEPT_KINDS and n.kind != "remainder")
+            - len(graph.targets),
+            "influence_share": influence_share,
             "prunable": result is not None,
             "n_nodes_before": graph.n_nodes,
             "n_edges_before": graph.n_edges,
@@ -375,8 +402,8 @@ class Explorer:
         node_id = _node_id(node_text)
         graph = self.graph(name)
         limit = _int(params, "limit", DEFAULT_EDGE_LIMIT)
-        nt, et = self._thresholds(graph, params)
-        view, result = self.view(name, nt, et)
+        nt, et, budget = self._thresholds(graph, params)
+        view, result = self.view(name, nt, et, budget)
         source, influence = graph, None
         if node_id in graph:  # prune's node influence is that of the graph it was given
             if result is not None:
@@ -462,8 +489,8 @@ class Explorer:
         """``GET /api/supernodes/NAME?...``: :func:`propose_supernodes` of the pruned graph."""
         params = _params(query, _THRESHOLD_KEYS)
         graph = self.graph(name)
-        nt, et = self._thresholds(graph, params)
-        proposals = propose_supernodes(self.view(name, nt, et)[0])
+        nt, et, budget = self._thresholds(graph, params)
+        proposals = propose_supernodes(self.view(name, nt, et, budget)[0])
         return {"name": name, "node_threshold": nt, "edge_threshold": et,
                 "proposals": {k: [str(m) for m in v] for k, v in proposals.items()}}
 
@@ -568,8 +595,8 @@ class Explorer:
         if not ids:
             raise ApiError(400, "nodes must list the node ids to save, separated by commas (pin some nodes)")
         graph = self.graph(name)
-        nt, et = self._thresholds(graph, params)
-        view = self.view(name, nt, et)[0]
+        nt, et, budget = self._thresholds(graph, params)
+        view = self.view(name, nt, et, budget)[0]
         missing = [i for i in ids if i not in view]
         if missing:
             raise ApiError(400, f"node {missing[0]} is not in the pruned graph at node_threshold={nt}, "
@@ -581,7 +608,7 @@ class Explorer:
             if stray:
                 raise ApiError(400, f"supernode {gname!r} holds {stray[0]}, which is not pinned; pin it or drop it")
         sub = view.subgraph(ids)
-        sub.metadata["explorer"] = {"source": name, "node_threshold": nt, "edge_threshold": et,
+        sub.metadata["explorer"] = {"source": name, "node_threshold": nt, "edge_threshold": et, "top_k_nodes": budget,
                                     "pinned": sorted(pinned), "supernodes": groups}
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "graph"
         try:

@@ -67,7 +67,10 @@ with warnings.catch_warnings():
         dataset_format: Literal["binary", "json"] = Field(
             "binary", description="Dataset runs: each prompt's graph as binary .npz (default) or pruned graph JSON."
         )
-        max_render_nodes: PositiveInt = Field(100, description="Draw at most this many nodes in diagrams.")
+        max_render_nodes: PositiveInt = Field(
+            40, description="The node budget of diagrams (dot, svg, png, the HTML report's) and of the explorer's "
+            "first view: the most influential nodes are drawn, the title says how many were hidden and their share "
+            "of the influence; the JSON exports hold the whole graph.")
         diagram: DiagramSpec = Field(default_factory=DiagramSpec, description="How diagrams are drawn.")
         qk_inset: Bool = Field(False, description="Draw the results of the qk queries in the diagrams (svg, png, "
                                "dot) as an inset: each head's top pairs as dashed edges into the head.")

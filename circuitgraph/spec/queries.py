@@ -77,17 +77,24 @@ class TopPaths(UsageModel):
     """The k strongest paths from ``source`` nodes to ``target`` nodes.
 
     ``rank: exact`` ranks by the exact contribution (edge weights, each intermediate node divided by its pre-activation); ``normalized`` by the product
-    of edge weights normalised by each target's total incoming weight.  ``method: auto``
+    of edge weights normalised by each target's total incoming weight; ``flow`` by the share of the
+    target carried by the path's weakest edge (every path through an edge counted: long paths are not
+    penalised for their length).  ``min_length`` skips the short paths.  ``method: auto``
     enumerates exactly when the graph is small and uses beam search otherwise.
     """
 
     source: NodeFilter = Field(description="Where paths start.")
     target: TargetSet = Field("targets", description="Where paths end: 'targets' or a node filter.")
     k: PositiveInt = Field(10, description="How many paths.")
-    rank: Literal["exact", "normalized"] = Field("exact", description="Path score.")
+    rank: Literal["exact", "normalized", "flow"] = Field(
+        "exact", description="Path score: exact (the path's own contribution), normalized (a product of shares of "
+        "each reader's absolute input), flow (the target share carried by the path's weakest edge).")
     method: Literal["auto", "exact", "beam"] = Field("auto", description="Search method.")
     beam_width: PositiveInt = Field(100, description="Beam width of the beam search.")
     max_length: PositiveInt | None = Field(None, description="At most this many edges per path (null = any).")
+    min_length: PositiveInt | None = Field(
+        None, description="At least this many edges per path (null = any): e.g. 3 skips embedding -> node -> target "
+        "and finds the paths through the middle of the model.")
     through: tuple[NodeFilter, ...] = Field((), description="Paths must pass through a node of each filter.")
     avoid: tuple[NodeFilter, ...] = Field((), description="Paths must avoid the nodes of every filter.")
     expand_heads: Bool = Field(False, description="Split edges through frozen attention into per-head edges.")
@@ -98,6 +105,9 @@ class TopPaths(UsageModel):
     @model_validator(mode="after")
     def _used(self) -> "TopPaths":
         problems = unused_rules(self, self.field_usage())
+        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
+            problems.append(("min_length", f"min_length {self.min_length} is above max_length {self.max_length}; "
+                                           "lower min_length or raise max_length"))
         if problems:
             raise rule_error(*problems)
         return self

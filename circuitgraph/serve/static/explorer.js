@@ -6,6 +6,8 @@
 const SVG_NS = "http://www.w3.org/2000/svg";
 const NODE_W = 72, NODE_H = 30, GAP = 5, COL_GAP = 10, ROW_GAP = 46, PER_LINE = 8, MARGIN_L = 44, MARGIN_T = 26,
   MARGIN_B = 10;
+// a graph opens at least this large (labels of 8 px and up), scrolled to its targets; "fit" shows it whole
+const OPEN_ZOOM = 0.8;
 const KIND_ORDER = ["embedding", "positional", "feature", "error", "neuron", "attention_head", "mlp", "bias",
                     "remainder", "logit", "target"];
 
@@ -80,8 +82,14 @@ function nameUrl(endpoint, name, params) {
   return `/api/${endpoint}/${encodeURIComponent(name)}` + (query ? "?" + query : "");
 }
 
-function thresholds() {
-  return { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value };
+function thresholds() {  // the view's settings: thresholds and the node budget (top_k_nodes)
+  return { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value,
+           top_k_nodes: budgetText() };
+}
+
+function budgetText() {  // the budget slider's value; at its right end, every node ("all")
+  const s = $("node-budget");
+  return Number(s.value) >= Number(s.max) ? "all" : s.value;
 }
 
 // the sliders and their read-outs show the thresholds a view was asked at ("—" when unknown: a graph
@@ -197,6 +205,10 @@ async function loadView(useDefaults) {
     if (ticket !== state.request) return;  // a newer request is on its way
     state.view = view;
     showThresholds(view.node_threshold, view.edge_threshold);  // what this view was pruned at
+    // the node budget: a large graph opens at its most influential nodes; the right end is "all"
+    $("node-budget").max = Math.max(1, view.n_rankable_nodes);
+    $("node-budget").value = view.top_k_nodes === null ? view.n_rankable_nodes : view.top_k_nodes;
+    $("node-budget-value").textContent = budgetText();
     renderPrompt(view);
     render();
     fillSearchFilters();
@@ -219,9 +231,13 @@ function showCounts() {
   const view = state.view;
   if (!view) return;
   const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
-  $("node-threshold").disabled = $("edge-threshold").disabled = !view.prunable;
-  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes, ${view.edges.length} of ${view.n_edges_before} edges` +
-    (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
+  $("node-threshold").disabled = $("edge-threshold").disabled = $("node-budget").disabled = !view.prunable;
+  const budget = view.prunable && view.top_k_nodes !== null && view.top_k_nodes < view.n_rankable_nodes ?
+    `; at most ${view.top_k_nodes} nodes by influence (max nodes)` : "";
+  const share = view.influence_share !== null && view.influence_share !== undefined ?
+    `, ${Math.round(100 * view.influence_share)}% of the influence` : "";
+  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes${share}, ${view.edges.length} of ${view.n_edges_before} edges` +
+    budget + (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
 }
 
 function renderPrompt(view) {
@@ -299,9 +315,12 @@ function render() {
   const root = $("graph");
   root.replaceChildren();
   root.setAttribute("viewBox", `0 0 ${lay.totalW} ${lay.totalH}`);
-  if (state.zoom === null) {  // fit the canvas, within reason
+  let opening = false;
+  if (state.zoom === null || state.zoom === "fit") {  // fit the canvas, within reason
     const canvas = $("canvas");
-    state.zoom = Math.max(0.3, Math.min(1.3, (canvas.clientWidth - 8) / lay.totalW, (canvas.clientHeight - 8) / lay.totalH));
+    const fit = Math.max(0.3, Math.min(1.3, (canvas.clientWidth - 8) / lay.totalW, (canvas.clientHeight - 8) / lay.totalH));
+    opening = state.zoom === null;
+    state.zoom = opening ? Math.max(OPEN_ZOOM, fit) : fit;
   }
   root.setAttribute("width", Math.round(lay.totalW * state.zoom));
   root.setAttribute("height", Math.round(lay.totalH * state.zoom));
@@ -367,6 +386,16 @@ function render() {
   }
   root.append(nodeLayer);
   root.dataset.drawnNodes = String(nodes.length);
+  root.dataset.zoom = state.zoom.toFixed(3);
+  if (opening) {  // a graph larger than the canvas at a legible size: show its targets first
+    const targets = nodes.filter((n) => n.is_target).map((n) => lay.place.get(n.id));
+    if (targets.length) {
+      const canvas = $("canvas");
+      const x = targets.reduce((a, p) => a + p.x + NODE_W / 2, 0) / targets.length;
+      canvas.scrollLeft = Math.max(0, x * state.zoom - canvas.clientWidth / 2);
+      canvas.scrollTop = 0;
+    }
+  }
   highlight();
   highlightDiff();
 }
@@ -888,6 +917,7 @@ let sliderTimer = null;
 function onSlider() {
   $("node-threshold-value").textContent = Number($("node-threshold").value).toFixed(2);
   $("edge-threshold-value").textContent = Number($("edge-threshold").value).toFixed(2);
+  $("node-budget-value").textContent = budgetText();
   document.body.dataset.state = "loading";
   clearTimeout(sliderTimer);
   sliderTimer = setTimeout(() => loadView(false), 120);
@@ -896,6 +926,7 @@ function onSlider() {
 $("graph-select").addEventListener("change", (ev) => selectGraph(ev.target.value));
 $("node-threshold").addEventListener("input", onSlider);
 $("edge-threshold").addEventListener("input", onSlider);
+$("node-budget").addEventListener("input", onSlider);
 $("show-remainders").addEventListener("change", () => { render(); runSearch(); showCounts(); });
 $("search").addEventListener("input", runSearch);
 $("search-kind").addEventListener("change", runSearch);
@@ -908,5 +939,5 @@ $("diff-button").addEventListener("click", showDiff);
 $("diff-clear").addEventListener("click", () => { state.diff = null; highlightDiff(); $("diff-clear").hidden = true; });
 $("zoom-in").addEventListener("click", () => { state.zoom *= 1.25; render(); });
 $("zoom-out").addEventListener("click", () => { state.zoom /= 1.25; render(); });
-$("zoom-fit").addEventListener("click", () => { state.zoom = null; render(); });
+$("zoom-fit").addEventListener("click", () => { state.zoom = "fit"; render(); });
 start();
