@@ -37,9 +37,9 @@ def build_graph(
     plan = plan_edges(col, options, 2 * adapter.facts.n_layers + 1, lin.n_pos, limit=options.memory_limit)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     nodes = col.nodes
-    if plan.max_feature_nodes is not None:
-        rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
-                                            progress=progress,
+    if plan.selecting:
+        rows, selected = select_and_compute(col, plan.max_feature_nodes, max_neuron_nodes=plan.max_neuron_nodes,
+                                            batch_size=options.batch_size, progress=progress,
                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
         nodes, edges, new_row = fold_unselected(col, rows, selected)
         del rows

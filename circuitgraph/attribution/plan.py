@@ -96,9 +96,16 @@ class EdgePlan:
     bytes_part: int = 0
     #: the most bytes of computed rows held in memory (the rest go to temporary files)
     rows_in_memory: int | None = None
+    #: with max_neuron_nodes (fewer than the neurons): how many neuron rows are computed
+    max_neuron_nodes: int | None = None
+
+    @property
+    def selecting(self) -> bool:
+        """Only the rows of selected features and/or neurons are computed (then folded)."""
+        return self.max_feature_nodes is not None or self.max_neuron_nodes is not None
 
     def _edge_bytes(self, computed: int, folded: int) -> int:
-        if self.max_feature_nodes is None:
+        if not self.selecting:
             return computed * self.bytes_per_edge
         # the computed rows (while they are ranked and folded), or the folded graph (later stages)
         held = computed * self.bytes_per_edge
@@ -213,8 +220,15 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     is_feature = kinds == "feature"
     n_feat = int(is_feature.sum())
     mfn = options.max_feature_nodes
-    selecting = mfn is not None and mfn < n_feat
-    total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
+    mnn = getattr(options, "max_neuron_nodes", None)
+    by_feature = mfn is not None and mfn < n_feat
+    by_neuron = mnn is not None and mnn < int((kinds == "neuron").sum())
+    selecting = by_feature or by_neuron
+    # the rows that are selected (features, neurons or both: each limit applies to its kind; the
+    # bounds take the widest / narrowest rows of either kind, whichever are selected)
+    selectable = (is_feature & by_feature) | ((kinds == "neuron") & by_neuron)
+    n_selected = (mfn if by_feature else 0) + (mnn if by_neuron else 0)
+    total, rows, lower = _rows_total(bounds, selectable, n_selected if selecting else None)
     if base is None:
         base = process_memory()
         limit = int(USABLE * (available_memory() + base)) if limit is None else int(limit)
@@ -224,15 +238,17 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     extra = FLOAT64_EXTRA_BYTES if "float64" in str(options.dtype) else 0
     bpe = (MFN_EDGE_PEAK_BYTES if selecting else EDGE_PEAK_BYTES) + extra
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
-                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
-                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0)
+                    mfn if by_feature else None, base, limit, n_edges_lower=lower if selecting else None,
+                    min_row_edges=int(bounds[selectable].min()) if selectable.any() else 0,
+                    max_neuron_nodes=mnn if by_neuron else None)
     if selecting:
-        cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
+        kinds_selected = tuple(k for k, on in (("feature", by_feature), ("neuron", by_neuron)) if on)
+        cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos, kinds_selected)
         plan.n_edges_folded_upper, _, plan.n_edges_folded_lower = _rows_total(
-            np.minimum(bounds, cap + mfn), is_feature, mfn)
+            np.minimum(bounds, cap + n_selected), selectable, n_selected)
         plan.folded_bytes_per_edge = EDGE_PEAK_BYTES + extra
-        widest = int(bounds[is_feature].max()) if n_feat else 0
-        plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
+        widest = int(bounds[selectable].max())
+        plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), n_selected, widest, extra)
 
         plan.rows_in_memory = feature_selection.ROWS_IN_MEMORY_BYTES
     if not plan.fits:
@@ -243,11 +259,11 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
 
 
 def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
-                    n_locs: int, n_pos: int) -> np.ndarray:
-    """Per reader, the edges its row can keep after the unselected features are folded, less the
-    selected features it can see: one per other writer and one per (layer, position) remainder
-    node it can see."""
-    features = col.feature_writer_counts(n_locs, n_pos)
+                    n_locs: int, n_pos: int, kinds: tuple[str, ...] = ("feature",)) -> np.ndarray:
+    """Per reader, the edges its row can keep after the unselected features (``kinds``) are
+    folded, less the selected ones it can see: one per other writer and one per (layer, position)
+    remainder node it can see."""
+    features = col.feature_writer_counts(n_locs, n_pos, kinds)
     others = counts - features
     sites = (features > 0).astype(np.int64)
     return _row_bounds(others, locs, positions, reach) + _row_bounds(sites, locs, positions, reach)
@@ -276,7 +292,7 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         if k >= 1:
             out.append(f"set graph.max_feature_nodes: {k} (or less)")
     is_neuron = kinds == "neuron"
-    if is_neuron.any():
+    if is_neuron.any() and plan.max_neuron_nodes is None:  # neuron_top_k cannot go with max_neuron_nodes
         k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room, EDGE_PEAK_BYTES + extra)
         if k:
             out.append(f"set graph.neuron_top_k: {k} (or less)")
@@ -364,8 +380,10 @@ def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int)
         return
     width = edges_done / rows_done
     k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (
-        plan.n_rows - (plan.max_feature_nodes or 0))
-    advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
+        plan.n_rows - (plan.max_feature_nodes or 0) - (plan.max_neuron_nodes or 0))
+    key = "max_feature_nodes" if plan.max_neuron_nodes is None else (
+        "max_neuron_nodes" if plan.max_feature_nodes is None else "max_feature_nodes + max_neuron_nodes")
+    advice = f"set graph.{key}: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
     raise ResourceError(
         f"after {rows_done} of the {rows_total} rows ({edges_done:,} edges), the run would need at least "
         f"{_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")

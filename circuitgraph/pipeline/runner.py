@@ -304,6 +304,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
         bos_nodes=g.bos_nodes,
         neuron_top_k=g.neuron_top_k,
         max_feature_nodes=g.max_feature_nodes,
+        max_neuron_nodes=g.max_neuron_nodes,
         dtype=torch_dtype(g.dtype),
         batch_size=g.batch_size,
     )
@@ -325,6 +326,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None) -> Prepared:
             "bos_nodes": options.bos_nodes,
             "neuron_top_k": options.neuron_top_k,
             "max_feature_nodes": options.max_feature_nodes,
+            "max_neuron_nodes": options.max_neuron_nodes,
         },
         versions=_versions(),
         warnings=run_warnings,

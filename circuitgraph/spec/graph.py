@@ -52,6 +52,10 @@ class GraphSpec(StrictModel):
     bos_nodes: Bool = Field(False, description="Keep nodes at the BOS position.")
     neuron_top_k: PositiveInt | None = Field(None, description="Keep the top k neurons per position (null = all).")
     max_feature_nodes: PositiveInt | None = Field(None, description="Keep at most this many feature nodes.")
+    max_neuron_nodes: PositiveInt | None = Field(
+        None, description="Keep the K neurons (over all layers and positions) with the largest influence "
+        "on the targets, ranked as max_feature_nodes ranks features; the others fold into one remainder per "
+        "(layer, position) (null = all; not with neuron_top_k).")
     dtype: Literal["float32", "float64"] = Field("float32", description="Dtype in which edges are accumulated.")
     batch_size: PositiveInt = Field(256, description="Readers per backward batch.")
     max_dense_nodes: PositiveInt = Field(20000, description="Never build a dense N x N matrix above this N.")
