@@ -192,7 +192,7 @@ MUTATIONS = [
         "rows it expanded)",
         "circuitgraph/attribution/feature_selection.py",
         "        infl = parts_influence(rows, start)\n",
-        "        infl = parts_influence(rows, start) if not n_visited or sum(n_visited.values()) == 0 else infl\n",
+        "        infl = parts_influence(rows, start) if sum(n_visited.values()) == 0 else infl\n",
         ("tests/test_neuron_selection.py",),
     ),
     Mutation(
