@@ -146,9 +146,9 @@ def test_max_neuron_nodes_with_neuron_top_k_is_refused(neuron_model):
 
 def test_the_plan_counts_only_the_selected_neuron_rows(neuron_model):
     """The memory plan of a max_neuron_nodes run counts the target rows and K neuron rows."""
+    from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
     from circuitgraph.attribution.plan import plan_edges
-    from circuitgraph.attribution.linearisation import linearise
     from circuitgraph.attribution.targets import top_logit_targets
 
     adapter, tokens, full = neuron_model
@@ -163,3 +163,22 @@ def test_the_plan_counts_only_the_selected_neuron_rows(neuron_model):
     assert plan.selecting and plan.max_neuron_nodes == 9 and plan.max_feature_nodes is None
     assert plan.n_rows == n_targets + 9
     assert plan.n_edges_lower <= plan.n_edges_upper < full.n_edges
+
+
+def test_a_spec_run_with_max_neuron_nodes_validates_its_predictions():
+    """The whole pipeline on the built-in demo: K neurons kept, the remainders recorded, and
+    predicted_vs_actual's frozen self-test passes (the frozen model reads only the targets)."""
+    import circuitgraph
+
+    res = circuitgraph.run({
+        "format_version": 1, "model": {"builtin": "demo"}, "prompt": "mia saw the owl . later she wants",
+        "targets": [{"logit_diff": [" an", " a"]}], "graph": {"mlp": "neurons", "max_neuron_nodes": 12},
+        "validate": [{"predicted_vs_actual": {"k": 5, "mode": "zero"}}], "prune": "none"})
+    g = res.full_graph
+    assert sum(1 for n in g.nodes if n.kind == "neuron") == 12
+    assert any(n.kind == "remainder" for n in g.nodes)
+    assert g.metadata["completeness"]["max_relative_violation"] < 1e-4
+    assert res.spec.graph.max_neuron_nodes == 12
+    (check,) = res.validation
+    assert check["status"] == "ok", check["error"]
+    assert check["result"].frozen_max_deviation <= check["result"].frozen_tolerance
