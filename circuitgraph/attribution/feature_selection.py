@@ -78,9 +78,10 @@ class _SpilledPart:
         free = shutil.disk_usage(tempfile.gettempdir()).free
         if free - need < DISK_RESERVE_BYTES:
             raise ResourceError(
-                f"max_feature_nodes: the computed rows pass {ROWS_IN_MEMORY_BYTES / 1024**3:.1f} GB of memory and the "
-                f"temporary folder {tempfile.gettempdir()} has {free / 1024**3:.1f} GB free for the rest; "
-                "set a smaller graph.max_feature_nodes, shorten the prompt or free disk space")
+                f"max_feature_nodes / max_neuron_nodes: the computed rows pass {ROWS_IN_MEMORY_BYTES / 1024**3:.1f} GB "
+                f"of memory and the temporary folder {tempfile.gettempdir()} has {free / 1024**3:.1f} GB free for the "
+                "rest; set a smaller graph.max_feature_nodes or graph.max_neuron_nodes, shorten the prompt or free "
+                "disk space")
         self.constants = edges.constants
         self._file = tempfile.TemporaryFile(prefix="circuitgraph-rows-")
         if isinstance(edges, DenseRows):
