@@ -29,6 +29,8 @@ The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mu
     engine-reader-constant-dropped    by tests/test_attribution.py::test_completeness_every_node
     fold-keeps-one-writer             by tests/test_attribution.py::test_max_feature_nodes_keeps_completeness
     selection-reversed-ranking        by tests/test_attribution.py::test_max_feature_nodes_selects_the_most_influential_features
+    neuron-candidates-without-gate    by tests/test_neuron_selection.py (not in the last full run)
+    neuron-selection-skips-round-refresh  by tests/test_neuron_selection.py (not in the last full run)
     cumulative-influence-ascending    by tests/test_queries_prune.py::test_cumulative_scores_are_the_shares_of_the_nodes_ranked_at_or_above
     prune-threshold-ascending         by tests/test_queries_prune.py::test_find_threshold_by_hand
     paths-no-divisor                  by tests/test_queries_paths.py::test_exact_kbest_equals_brute_force
@@ -179,9 +181,27 @@ MUTATIONS = [
         "selection-reversed-ranking",
         "max_feature_nodes keeps the least influential features (argsort(infl) for argsort(-infl))",
         "circuitgraph/attribution/feature_selection.py",
-        'rank = np.argsort(-infl[feature_node_rows], kind="stable")',
-        'rank = np.argsort(infl[feature_node_rows], kind="stable")',
-        ("tests/test_attribution.py",),
+        'rank = np.argsort(-infl[node_rows[kind]], kind="stable")',
+        'rank = np.argsort(infl[node_rows[kind]], kind="stable")',
+        ("tests/test_attribution.py", "tests/test_neuron_selection.py"),
+    ),
+    Mutation(
+        "neuron-candidates-without-gate",
+        "max_neuron_nodes' candidate neurons read without their frozen gate (the lazy direction of a "
+        "gated neuron is its linear branch's)",
+        "circuitgraph/attribution/nodes_builder.py",
+        "            g = g * act(pre).to(device=device, dtype=dtype).unsqueeze(-1)",
+        "            g = g * 1.0",
+        ("tests/test_neuron_selection.py",),
+    ),
+    Mutation(
+        "neuron-selection-skips-round-refresh",
+        "max_neuron_nodes ranks every round by the first round's influence (the ranking never sees the "
+        "rows it expanded)",
+        "circuitgraph/attribution/feature_selection.py",
+        "        infl = parts_influence(rows, start)\n",
+        "        infl = parts_influence(rows, start) if sum(n_visited.values()) == 0 else infl\n",
+        ("tests/test_neuron_selection.py",),
     ),
     Mutation(
         "cumulative-influence-ascending",

@@ -126,6 +126,9 @@ def test_congruence_single_token_runs_and_its_table_names_its_columns():
     ({"mlp": "mlp", "neuron_top_k": 5}, True, "mlp: mlp makes no neuron nodes"),
     ({"max_feature_nodes": 50}, False, "there is no transcoders section"),
     ({"mlp": "neurons", "max_feature_nodes": 50}, True, "mlp: neurons makes no feature nodes"),
+    ({"mlp": "transcoders", "max_neuron_nodes": 50}, True, "graph.max_neuron_nodes: max_neuron_nodes is not used here"),
+    ({"mlp": "mlp", "max_neuron_nodes": 50}, False, "mlp: mlp makes none"),
+    ({"mlp": "neurons", "max_neuron_nodes": 50, "neuron_top_k": 5}, False, "max_neuron_nodes and neuron_top_k both"),
 ])
 def test_unused_graph_parameters_are_errors(graph, transcoders, words):
     spec = _demo(graph=graph)
@@ -138,6 +141,8 @@ def test_unused_graph_parameters_are_errors(graph, transcoders, words):
 def test_used_graph_parameters_pass():
     circuitgraph.load_spec(_demo(graph={"mlp": {0: "neurons"}, "neuron_top_k": 5, "max_feature_nodes": 50}))
     circuitgraph.load_spec(_demo(graph={"max_feature_nodes": 50}))
+    # transcoders on some layers, neurons on the others: both limits apply
+    circuitgraph.load_spec(_demo(graph={"mlp": {0: "neurons"}, "max_neuron_nodes": 5, "max_feature_nodes": 50}))
 
 
 def test_unused_export_parameters_are_errors():

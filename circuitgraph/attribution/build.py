@@ -56,9 +56,9 @@ def build_graph(
     if options.component_inputs:
         check_component_edge_bound(col)
     nodes = col.nodes
-    if plan.max_feature_nodes is not None:
-        rows, selected = select_and_compute(col, options.max_feature_nodes, batch_size=options.batch_size,
-                                            progress=progress,
+    if plan.selecting:
+        rows, selected = select_and_compute(col, plan.max_feature_nodes, max_neuron_nodes=plan.max_neuron_nodes,
+                                            batch_size=options.batch_size, progress=progress,
                                             watch=lambda done, n_edges, total: check_rows(plan, done, n_edges, total))
         nodes, edges, new_row = fold_unselected(col, rows, selected)
         del rows
@@ -138,7 +138,7 @@ def _collect_and_plan(adapter: ModelAdapter, lin: Linearisation, transcoders: Di
     neuron_layers = sum(1 for mode in options.mlp.values() if mode == "neurons")
     n_sites = neuron_layers * lin.n_pos
     probe = None
-    if options.neuron_top_k is None and n_sites:
+    if options.neuron_top_k is None and options.max_neuron_nodes is None and n_sites:
         usable = int(USABLE * (available_memory() + before))
         limit = usable if options.memory_limit is None else min(options.memory_limit, usable)
         probe = neuron_probe_top_k(n_sites, f.d_mlp, f.d_model, max(limit - before, 0))

@@ -99,6 +99,15 @@ class AttributionContext:
         for node_id in self._readers():
             yield node_id, self.reader(node_id)
 
+    def reader_ids(self) -> list[NodeId]:
+        """Every reader node of the attributed graph (without making their directions)."""
+        return list(self._readers())
+
+    def attributed_node(self, node: NodeId) -> Node | None:
+        """The record of reader ``node`` as attributed (None if it reads nothing)."""
+        i = self._readers().get(node)
+        return None if i is None else self._tables.nodes[self._tables.readers.rows[i]]
+
     def writes(self, node: NodeId) -> list[WriterVector]:
         """Where ``node`` writes and what: one entry for most nodes, one per downstream MLP output
         for a cross-layer transcoder feature; empty if it writes nothing (or was added after

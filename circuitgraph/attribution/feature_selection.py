@@ -1,4 +1,5 @@
-"""``max_feature_nodes``: compute the rows of only the most influential features.
+"""``max_feature_nodes`` / ``max_neuron_nodes``: compute the rows of only the most influential
+features and neurons.
 
 The selection follows circuit-tracer's rule, so that the same features are chosen on the same
 inputs: the target rows are computed first; then, repeatedly, every feature not yet expanded
@@ -11,6 +12,12 @@ The features that are not expanded stop being nodes; their outgoing edges into t
 readers are summed into one ``remainder`` node per (layer, position)
 (``index = REMAINDER_INDEX["features"]``), so completeness still holds exactly for every
 kept reader.
+
+``max_neuron_nodes`` selects neurons by the same rule (every neuron of a SiLU/GELU model is
+active, so every neuron at every position is a candidate): the same rounds and the same
+influence, the unexpanded neurons folded into ``remainder`` nodes with ``index =
+REMAINDER_INDEX["neurons"]``.  With transcoders on some layers and neurons on others both
+limits apply: each round expands the best readers of each kind that has not reached its limit.
 
 What a run costs is set by *which* features are selected, not by the rounds: a selected row at
 ``resid_mid(l)``, position ``t`` crosses the frozen attention of layers ``l, ..., 0``: layer
@@ -46,7 +53,7 @@ from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 
-__all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts",
+__all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts", "SELECTED_KINDS",
            "ROWS_IN_MEMORY_BYTES", "PART_EDGES", "reader_edge_bounds"]
 
 
@@ -71,9 +78,10 @@ class _SpilledPart:
         free = shutil.disk_usage(tempfile.gettempdir()).free
         if free - need < DISK_RESERVE_BYTES:
             raise ResourceError(
-                f"max_feature_nodes: the computed rows pass {ROWS_IN_MEMORY_BYTES / 1024**3:.1f} GB of memory and the "
-                f"temporary folder {tempfile.gettempdir()} has {free / 1024**3:.1f} GB free for the rest; "
-                "set a smaller graph.max_feature_nodes, shorten the prompt or free disk space")
+                f"max_feature_nodes / max_neuron_nodes: the computed rows pass {ROWS_IN_MEMORY_BYTES / 1024**3:.1f} GB "
+                f"of memory and the temporary folder {tempfile.gettempdir()} has {free / 1024**3:.1f} GB free for the "
+                "rest; set a smaller graph.max_feature_nodes or graph.max_neuron_nodes, shorten the prompt or free "
+                "disk space")
         self.constants = edges.constants
         self._file = tempfile.TemporaryFile(prefix="circuitgraph-rows-")
         if isinstance(edges, DenseRows):
@@ -251,72 +259,104 @@ def reader_edge_bounds(col: Collected) -> np.ndarray:
     return seen[np.asarray(rd.locs, dtype=np.int64), np.asarray(rd.positions, dtype=np.int64)]
 
 
+#: the node kinds whose rows are selected, and the remainder each folds into
+SELECTED_KINDS = {"feature": ("features", "n_features", "other features"),
+                  "neuron": ("neurons", "n_neurons", "other neurons")}
+
+
 def select_and_compute(
     col: Collected,
-    max_feature_nodes: int,
+    max_feature_nodes: int | None,
     *,
     batch_size: int,
     update_interval: int = 4,
     progress: Callable[[int, int], None] | None = None,
     watch: Callable[[int, int, int], None] | None = None,
     dense: bool = True,
+    max_neuron_nodes: int | None = None,
 ) -> tuple[RowParts, list[int]]:
-    """Rows of the targets and of the selected features; returns (rows, selected reader indices).
+    """Rows of the targets and of the selected features and neurons; returns (rows, selected
+    reader indices).
+
+    ``max_feature_nodes`` / ``max_neuron_nodes``: how many feature / neuron readers to keep
+    (None: all of that kind).  Both kinds are ranked by the same influence in the same rounds;
+    each round expands the best ``update_interval * batch_size`` unexpanded readers of each kind
+    that has not reached its limit.  A reader that is a target is always kept.
 
     ``dense``: keep the rows as the engine's dense blocks (:mod:`~circuitgraph.attribution.dense_rows`,
     4 bytes per entry) rather than as squeezed edge arrays (12 bytes per edge); the same graph.
 
     ``watch(rows_done, edges_done, rows_total)`` is called after each batch of rows (the memory
     guard: it raises to stop a run that would not fit)."""
+    limits = {"feature": max_feature_nodes, "neuron": max_neuron_nodes}
     try:
-        return _select(col, max_feature_nodes, batch_size, update_interval, progress, watch, dense)
+        return _select(col, limits, batch_size, update_interval, progress, watch, dense)
     finally:
         col.writers.release_vectors()  # held across the engine calls below (short prompts)
 
 
-def _select(col: Collected, max_feature_nodes: int, batch_size: int, update_interval: int,
+def _select(col: Collected, limits: dict[str, int | None], batch_size: int, update_interval: int,
             progress: Callable[[int, int], None] | None, watch: Callable[[int, int, int], None] | None,
             dense: bool) -> tuple[RowParts, list[int]]:
     rd = col.readers
     nodes = col.nodes
     n_nodes = len(nodes)
-    feature_readers = [i for i, r in enumerate(rd.rows) if nodes[r].kind == "feature"]
-    other_readers = [i for i, r in enumerate(rd.rows) if nodes[r].kind != "feature"]
+    target_ids = {nid for nid, _ in col.targets}
+    # the readers of each kind that is selected (fewer kept than there are); the rest are computed whole
+    pools: dict[str, list[int]] = {kind: [] for kind, k in limits.items() if k is not None}
+    other_readers = []
+    for i, r in enumerate(rd.rows):
+        node = nodes[r]
+        pool = pools.get(node.kind)
+        if pool is None or node.id in target_ids:
+            other_readers.append(i)
+        else:
+            pool.append(i)
+    for kind in list(pools):
+        if limits[kind] >= len(pools[kind]):
+            other_readers += pools.pop(kind)
     rows = RowParts(n_nodes, slot_rows=writer_slot_rows(col))
-    if max_feature_nodes >= len(feature_readers):
+    if not pools:
         rows.add(-1, compute_edges(col, batch_size=batch_size, progress=progress))
         return rows, list(range(len(rd.rows)))
-    target_rows = {nid: w for nid, w in col.targets}
+    other_readers.sort()
     start = np.zeros(n_nodes)
-    index = {n.id: i for i, n in enumerate(nodes)}
-    for nid, w in target_rows.items():
-        start[index[nid]] = w
+    target_row = {nodes[r].id: r for r in rd.rows if nodes[r].id in target_ids}  # every target is a reader
+    for nid, w in col.targets:
+        start[target_row[nid]] = w
     for loc, subset in _by_location(col, other_readers):
         rows.add(loc, _compute_rows(col, dense, batch_size=batch_size, reader_subset=subset))
     done = list(other_readers)
     bound = reader_edge_bounds(col)
-    visited = np.zeros(len(feature_readers), dtype=bool)
-    feature_node_rows = np.array([rd.rows[i] for i in feature_readers])
-    n_visited = 0
-    while n_visited < max_feature_nodes:
+    total = sum(limits[kind] for kind in pools)
+    # per pool: its readers (indices into the reader table), their node rows, which are expanded
+    readers = {kind: np.asarray(pool, dtype=np.int64) for kind, pool in pools.items()}
+    node_rows = {kind: np.asarray(rd.rows, dtype=np.int64)[idx] for kind, idx in readers.items()}
+    visited = {kind: np.zeros(len(idx), dtype=bool) for kind, idx in readers.items()}
+    n_visited = dict.fromkeys(pools, 0)
+    while any(n_visited[kind] < limits[kind] for kind in pools):
         infl = parts_influence(rows, start)
-        rank = np.argsort(-infl[feature_node_rows], kind="stable")
-        queue = rank[~visited[rank]][: min(update_interval * batch_size, max_feature_nodes - n_visited)]
+        reader_of: dict[int, tuple[str, int]] = {}
+        for kind in pools:
+            rank = np.argsort(-infl[node_rows[kind]], kind="stable")
+            queue = rank[~visited[kind][rank]][: min(update_interval * batch_size, limits[kind] - n_visited[kind])]
+            reader_of.update((int(readers[kind][j]), (kind, int(j))) for j in queue)
         # the ranking is refreshed only after the whole queue, so the order in which its rows are
         # computed does not matter: all of them at once, by location (larger engine calls, fewer
         # passes over the writers and the patterns than batch_size rows at a time)
-        reader_of = {feature_readers[j]: j for j in queue}
         pieces = _by_location(col, list(reader_of), bound, PART_EDGES_DENSE if dense else PART_EDGES)
         for part, computed in _round_calls(col, dense, pieces, bound, batch_size):
             for loc, edges in computed:
                 rows.add(loc, edges)
             done += part
-            visited[[reader_of[i] for i in part]] = True
-            n_visited += len(part)
+            for i in part:
+                kind, j = reader_of[i]
+                visited[kind][j] = True
+                n_visited[kind] += 1
             if progress is not None:
-                progress(n_visited, max_feature_nodes)
+                progress(sum(n_visited.values()), total)
             if watch is not None:
-                watch(len(done), rows.n_edges, len(other_readers) + max_feature_nodes)
+                watch(len(done), rows.n_edges, len(other_readers) + total)
     return rows, sorted(done)
 
 
@@ -350,7 +390,7 @@ def _compute_rows(col: Collected, dense: bool, **kwargs: Any) -> EdgeResult | De
 
 
 def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tuple[list[Node], EdgeResult, dict[int, int]]:
-    """Replace unselected features by per-(layer, position) remainder nodes; renumber rows.
+    """Replace unselected features (neurons) by per-(layer, position) remainder nodes; renumber rows.
 
     Returns the new node list, the renumbered edges (duplicates summed; top down by reader
     location, as the engine stores them) and the map old row -> new row for kept nodes.  The
@@ -358,28 +398,36 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
     so the pre-fold edges are never copied whole."""
     rd = col.readers
     nodes = col.nodes
-    keep_reader = {rd.rows[i] for i in selected}
-    dropped = {r for r in rd.rows if nodes[r].kind == "feature" and r not in keep_reader}
+    keep_reader = np.zeros(len(nodes), dtype=bool)
+    keep_reader[np.asarray([rd.rows[i] for i in selected], dtype=np.int64)] = True
+    dropped = [r for r in rd.rows if not keep_reader[r] and nodes[r].kind in SELECTED_KINDS]
+    is_dropped = np.zeros(len(nodes), dtype=bool)
+    is_dropped[np.asarray(dropped, dtype=np.int64)] = True
     new_nodes: list[Node] = []
     old_to_new: dict[int, int] = {}
-    remainder_row: dict[tuple[int, int], int] = {}
-    counts: dict[tuple[int, int], int] = {}
+    remainder_row: dict[tuple[str, int, int], int] = {}
+    counts: dict[tuple[str, int, int], int] = {}
+    site_of = {}
     for r in dropped:
-        key = (nodes[r].layer, nodes[r].position)
+        node = nodes[r]
+        key = (node.kind, node.layer, node.position)
         counts[key] = counts.get(key, 0) + 1
+        site_of[r] = key
     for r, node in enumerate(nodes):
-        if r not in dropped:
+        if not is_dropped[r]:
             old_to_new[r] = len(new_nodes)
             new_nodes.append(node)
     for key in sorted(counts):
+        kind, layer, position = key
+        which, count_attr, label = SELECTED_KINDS[kind]
         remainder_row[key] = len(new_nodes)
-        new_nodes.append(Node(NodeId("remainder", key[0], key[1], REMAINDER_INDEX["features"]), 1.0,
-                              label=f"other features L{key[0]}@{key[1]}", attrs={"n_features": counts[key]}))
+        new_nodes.append(Node(NodeId("remainder", layer, position, REMAINDER_INDEX[which]), 1.0,
+                              label=f"{label} L{layer}@{position}", attrs={count_attr: counts[key]}))
     src_map = np.full(len(nodes), -1, dtype=np.int64)
     for old, new in old_to_new.items():
         src_map[old] = new
     for r in dropped:
-        src_map[r] = remainder_row[(nodes[r].layer, nodes[r].position)]
+        src_map[r] = remainder_row[site_of[r]]
     tgt_map = np.full(len(nodes), -1, dtype=np.int64)
     for old, new in old_to_new.items():
         tgt_map[old] = new

@@ -46,6 +46,8 @@ class GraphOptions:
     #: head and whole-MLP nodes get incoming edges (their total effects split over their inputs,
     #: :mod:`circuitgraph.attribution.component_inputs`)
     component_inputs: bool = False
+    #: keep this many neurons, chosen by influence (every neuron is a candidate; not with neuron_top_k)
+    max_neuron_nodes: int | None = None
     dtype: torch.dtype = torch.float32
     batch_size: int = 256
     memory_limit: int | None = None  # bytes; None = the memory available
@@ -324,10 +326,10 @@ class Collected:
         kinds = np.array([self.nodes[r].kind for r in self.readers.rows], dtype=object)
         return counts, locs, positions, kinds
 
-    def feature_writer_counts(self, n_locs: int, n_pos: int) -> Any:
-        """Transcoder feature writers per (location, position) ``(n_locs, n_pos)`` (numpy)."""
+    def feature_writer_counts(self, n_locs: int, n_pos: int, kinds: tuple[str, ...] = ("feature",)) -> Any:
+        """Transcoder feature writers (nodes of ``kinds``) per (location, position) ``(n_locs, n_pos)`` (numpy)."""
         counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-        is_feature = np.array([n.kind == "feature" for n in self.nodes] + [False])  # row -1: padding
+        is_feature = np.array([n.kind in kinds for n in self.nodes] + [False])  # row -1: padding
         for loc, block in self.writers.blocks.items():
             counts[loc, block.positions.numpy()] += is_feature[block.rows.numpy()].sum(1)
         return counts
@@ -406,6 +408,10 @@ def collect_nodes(
     options: GraphOptions,
 ) -> Collected:
     """Build the node table, writers, readers and constants for one prompt."""
+    if options.max_neuron_nodes is not None and options.neuron_top_k is not None:
+        raise AttributionError(
+            f"max_neuron_nodes ({options.max_neuron_nodes}) and neuron_top_k ({options.neuron_top_k}) both choose "
+            "which neurons stay nodes (by influence on the targets, by activation); set only one")
     b = _Builder(adapter, lin, transcoders, options)
     f = adapter.facts
     L, T = f.n_layers, lin.n_pos
@@ -511,6 +517,8 @@ def _collect_mlp(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
         _collect_transcoder_layer(b, fm, layer)
     elif mode == "neurons" and b.adapter.facts.num_experts:
         _collect_expert_layer(b, fm, layer)
+    elif mode == "neurons" and b.options.max_neuron_nodes is not None:
+        _collect_neuron_candidates(b, fm, layer)
     elif mode == "neurons":
         _collect_neuron_layer(b, fm, layer)
     elif mode == "mlp":
@@ -735,6 +743,85 @@ def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
             row = b.add_node(Node(NodeId("remainder", layer, t, REMAINDER_INDEX["neurons"]), activation=1.0,
                                   label=f"other neurons L{layer}@{t}", attrs={"n_neurons": int(rest.numel())}))
             b.writers.add(loc, t, [row], _post_norm_forward(fm, posts, layer, vec, slice(t, t + 1)))
+
+
+def _neuron_direction_source(b: _Builder, fm: FrozenLinearModel, layer: int):
+    """fn(neurons, positions) -> read directions of ``layer``'s neurons, as :func:`_neuron_reader`
+    makes them (``P(gamma2 * W_in[:, i]) / sigma2(t)``, times the frozen gate for gated MLPs),
+    made when a sweep needs them."""
+    adapter, lin, device, dtype = b.adapter, b.lin, b.device, b.dtype
+    W_in = adapter.mlp_weights(layer)["W_in"]
+    norm = adapter.norm("ln2", layer)
+    weights = NormWeights(None if norm.gamma is None else b.cast(norm.gamma),
+                          None if norm.beta is None else b.cast(norm.beta), norm.center)
+    sigma = fm.ln2[layer].sigma
+    act = adapter.mlp_act_fn(layer) if adapter.facts.gated_mlp else None
+
+    def directions(neurons: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        W = W_in[:, neurons.to(W_in.device)].T.to(device=device, dtype=dtype)
+        g = weights.reader_direction(W) / sigma[positions.to(sigma.device)].unsqueeze(-1)
+        if act is not None:
+            pre = lin.mlp_pre[layer][positions.to(lin.mlp_pre[layer].device), neurons.to(lin.mlp_pre[layer].device)]
+            g = g * act(pre).to(device=device, dtype=dtype).unsqueeze(-1)
+        return g
+
+    return directions
+
+
+def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
+    """``graph.max_neuron_nodes``: every active neuron of ``layer`` at every node position is a
+    candidate node; the selection (:mod:`~circuitgraph.attribution.feature_selection`) keeps the
+    most influential ones and folds the others into one remainder per (layer, position).
+
+    The same nodes, readers and writers as :func:`_collect_neuron_layer` without ``neuron_top_k``,
+    held compactly: a real model has millions of candidates (SmolLM2, 64 tokens: 30 x 1536 x 63),
+    so their read directions are made when a sweep needs them (a lazy source) and their output
+    vectors are ``activation x W_out`` row (a shared basis; through a frozen post-norm,
+    ``(activation / sigma(t)) x gamma P(W_out row)``)."""
+    adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
+    loc = loc_resid_post(layer)
+    w = adapter.mlp_weights(layer)
+    W_out, b_out = b.cast(w["W_out"]), b.cast(w["b_out"])
+    posts = fm.ln2_post
+    post = b.cast(lin.mlp_post[layer])  # (T, d_mlp)
+    bias = _post_norm_forward(fm, posts, layer, b_out.expand(T, -1).clone(), slice(0, T))
+    if posts is not None and posts[layer].beta is not None:
+        bias = bias + posts[layer].beta
+    _add_bias(b, loc, layer, "mlp", bias)
+    basis = b.writers.add_basis(W_out if posts is None else _without_sigma(posts[layer], W_out))
+    # own constants: gate * (W_in[:, i] . beta2) + b_in[i] (gated), W_in[:, i] . beta2 + b_in[i] (GELU/ReLU)
+    norm = adapter.norm("ln2", layer)
+    b_in = b.cast(w["b_in"])
+    lin_const = (b.cast(norm.beta) @ b.cast(w["W_in"]) if norm.beta is not None else torch.zeros_like(b_in))
+    gated = adapter.facts.gated_mlp
+    source = b.readers.add_source(_neuron_direction_source(b, fm, layer))
+    read_at = fm.mlp_input_location(layer)
+    for t in range(T):
+        if t < b.min_mlp_pos():
+            b.constants[loc][t] += _post_norm_forward(fm, posts, layer, (post[t] @ W_out)[None], slice(t, t + 1))[0]
+            continue
+        active = post[t].nonzero().flatten()
+        if not active.numel():
+            continue
+        pre = lin.mlp_pre[layer][t, active.to(lin.mlp_pre[layer].device)]
+        if gated:
+            own = b.cast(adapter.mlp_act_fn(layer)(pre)) * lin_const[active] + b_in[active]
+            measured = post[t, active]
+            linear = lin.mlp_pre_linear[layer][t, active.to(lin.mlp_pre[layer].device)].tolist()
+        else:
+            own = lin_const[active] + b_in[active]
+            measured = b.cast(pre)
+        rows = []
+        pre_values = pre.tolist()
+        for j, (i, a, o, m) in enumerate(zip(active.tolist(), post[t, active].tolist(), own.tolist(),
+                                             measured.tolist())):
+            attrs = {"gate": pre_values[j], "linear": linear[j]} if gated else {"hook_pre": pre_values[j]}
+            row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=a, pre_activation=m,
+                                  label=f"N{i} L{layer}@{t}", attrs=attrs))
+            rows.append(row)
+            b.readers.add_lazy(row, read_at, t, source, i, o)
+        scales = post[t, active] if posts is None else post[t, active] / posts[layer].sigma[t]
+        b.writers.add_scaled(loc, t, rows, scales, basis, active)
 
 
 # -------------------------------------------------------------------- mixture of experts

@@ -97,6 +97,8 @@ class EdgePlan:
     bytes_part: int = 0
     #: the most bytes of computed rows held in memory (the rest go to temporary files)
     rows_in_memory: int | None = None
+    #: with max_neuron_nodes (fewer than the neurons): how many neuron rows are computed
+    max_neuron_nodes: int | None = None
     #: what the stages after the sweep add (queries and checks on the full graph, the pruned
     #: graph and its exports); ``None``: the sweep alone
     stages: LaterStages | None = None
@@ -130,8 +132,13 @@ class EdgePlan:
         kept = edges if st.kept_cap is None else min(edges, st.kept_cap)
         return max(edges * bytes_per_edge, edges * st.resident_edge_bytes + kept * st.kept_edge_bytes)
 
+    @property
+    def selecting(self) -> bool:
+        """Only the rows of selected features and/or neurons are computed (then folded)."""
+        return self.max_feature_nodes is not None or self.max_neuron_nodes is not None
+
     def _edge_bytes(self, computed: int, folded: int) -> int:
-        if self.max_feature_nodes is None:
+        if not self.selecting:
             return self._full_bytes(computed, self.bytes_per_edge)
         # the computed rows (while they are ranked and folded), or the folded graph (later stages)
         held = computed * self.bytes_per_edge
@@ -143,14 +150,14 @@ class EdgePlan:
     def bytes_exports(self) -> int:
         """What the exports add to the peak above the stages on the full graph, at their bound
         (pruning keeps as many edges as it may)."""
-        edges, bpe = ((self.n_edges_upper, self.bytes_per_edge) if self.max_feature_nodes is None
+        edges, bpe = ((self.n_edges_upper, self.bytes_per_edge) if not self.selecting
                       else (self.n_edges_folded_upper, self.folded_bytes_per_edge))
         return self._full_bytes(edges, bpe) - edges * bpe
 
     @property
     def n_edges_final(self) -> int:
         """The most edges the full graph can hold (after folding, with max_feature_nodes)."""
-        return self.n_edges_upper if self.max_feature_nodes is None else self.n_edges_folded_upper
+        return self.n_edges_upper if not self.selecting else self.n_edges_folded_upper
 
     @property
     def export_fits(self) -> bool:
@@ -294,8 +301,15 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     is_feature = kinds == "feature"
     n_feat = int(is_feature.sum())
     mfn = options.max_feature_nodes
-    selecting = mfn is not None and mfn < n_feat
-    total, rows, lower = _rows_total(bounds, is_feature, mfn if selecting else None)
+    mnn = getattr(options, "max_neuron_nodes", None)
+    by_feature = mfn is not None and mfn < n_feat
+    by_neuron = mnn is not None and mnn < int((kinds == "neuron").sum())
+    selecting = by_feature or by_neuron
+    # the rows that are selected (features, neurons or both: each limit applies to its kind; the
+    # bounds take the widest / narrowest rows of either kind, whichever are selected)
+    selectable = (is_feature & by_feature) | ((kinds == "neuron") & by_neuron)
+    n_selected = (mfn if by_feature else 0) + (mnn if by_neuron else 0)
+    total, rows, lower = _rows_total(bounds, selectable, n_selected if selecting else None)
     held = 0
     if base is None:
         base = process_memory()
@@ -312,15 +326,17 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     full_bpe = max(EDGE_PEAK_BYTES, stages.full_edge_bytes if stages is not None else 0) + extra
     bpe = (MFN_EDGE_PEAK_BYTES + extra) if selecting else full_bpe
     plan = EdgePlan(len(col.nodes), n_feat, int((kinds == "neuron").sum()), rows, total, bpe,
-                    mfn if selecting else None, base, limit, n_edges_lower=lower if selecting else None,
-                    min_row_edges=int(bounds[is_feature].min()) if n_feat else 0, stages=stages)
+                    mfn if by_feature else None, base, limit, n_edges_lower=lower if selecting else None,
+                    min_row_edges=int(bounds[selectable].min()) if selectable.any() else 0, stages=stages,
+                    max_neuron_nodes=mnn if by_neuron else None)
     if selecting:
-        cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
+        kinds_selected = tuple(k for k, on in (("feature", by_feature), ("neuron", by_neuron)) if on)
+        cap = _folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos, kinds_selected)
         plan.n_edges_folded_upper, _, plan.n_edges_folded_lower = _rows_total(
-            np.minimum(bounds, cap + mfn), is_feature, mfn)
+            np.minimum(bounds, cap + n_selected), selectable, n_selected)
         plan.folded_bytes_per_edge = full_bpe
-        widest = int(bounds[is_feature].max()) if n_feat else 0
-        plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), mfn, widest, extra)
+        widest = int(bounds[selectable].max())
+        plan.bytes_part = _part_bytes(getattr(options, "batch_size", 256), n_selected, widest, extra)
 
         plan.rows_in_memory = feature_selection.ROWS_IN_MEMORY_BYTES
     # the neurons' node tables at their recorded cost: the freed pages of loading, which the
@@ -343,7 +359,12 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
                               cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
                               if n_feat else None, batch_size=getattr(options, "batch_size", None),
-                              full_bpe=full_bpe)
+                              full_bpe=full_bpe,
+                              # with max_neuron_nodes, the advice lowers it (the neurons' folded-row cap)
+                              neuron_setting="max_neuron_nodes" if plan.max_neuron_nodes is not None else None,
+                              neuron_cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos,
+                                                         ("neuron",)) if plan.max_neuron_nodes is not None
+                              else None)
     return plan
 
 
@@ -357,11 +378,11 @@ def _full_graph_bytes(plan: EdgePlan, edges: int, bytes_per_edge: int) -> float:
 
 
 def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
-                    n_locs: int, n_pos: int) -> np.ndarray:
-    """Per reader, the edges its row can keep after the unselected features are folded, less the
-    selected features it can see: one per other writer and one per (layer, position) remainder
-    node it can see."""
-    features = col.feature_writer_counts(n_locs, n_pos)
+                    n_locs: int, n_pos: int, kinds: tuple[str, ...] = ("feature",)) -> np.ndarray:
+    """Per reader, the edges its row can keep after the unselected features (``kinds``) are
+    folded, less the selected ones it can see: one per other writer and one per (layer, position)
+    remainder node it can see."""
+    features = col.feature_writer_counts(n_locs, n_pos, kinds)
     others = counts - features
     sites = (features > 0).astype(np.int64)
     return _row_bounds(others, locs, positions, reach) + _row_bounds(sites, locs, positions, reach)
@@ -393,7 +414,7 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
             out.append(f"set graph.max_feature_nodes: {k} (or less)")
     is_neuron = kinds == "neuron"
     setting = neuron_setting or NEURON_ADVICE
-    if is_neuron.any() and setting == "neuron_top_k":
+    if is_neuron.any() and plan.max_neuron_nodes is None and setting == "neuron_top_k":
         k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room,
                                   lambda edges, neurons: _full_graph_bytes(plan, edges, full_bpe)
                                   - plan.node_savings(neurons) * (1 + LATER_STAGES_SHARE))
@@ -511,8 +532,10 @@ def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int)
         return
     width = edges_done / rows_done
     k = int((plan.limit - plan.bytes_fixed) / max(width * plan.bytes_per_edge, 1.0)) - (
-        plan.n_rows - (plan.max_feature_nodes or 0))
-    advice = f"set graph.max_feature_nodes: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
+        plan.n_rows - (plan.max_feature_nodes or 0) - (plan.max_neuron_nodes or 0))
+    key = "max_feature_nodes" if plan.max_neuron_nodes is None else (
+        "max_neuron_nodes" if plan.max_feature_nodes is None else "max_feature_nodes + max_neuron_nodes")
+    advice = f"set graph.{key}: {max(k, 1)} (or less)" if k >= 1 else _LAST_RESORT
     raise ResourceError(
         f"after {rows_done} of the {rows_total} rows ({edges_done:,} edges), the run would need at least "
         f"{_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")

@@ -96,15 +96,18 @@ class RunEstimate:
                    f"{_gb(self.available)} of memory available")
         p = self.plan
         if p is not None:
-            rows = (f"rows of {p.max_feature_nodes} of the {p.n_feature_nodes} active features (max_feature_nodes)"
-                    if p.max_feature_nodes is not None else "every row")
+            chosen = ([f"{p.max_feature_nodes} of the {p.n_feature_nodes} active features (max_feature_nodes)"]
+                      if p.max_feature_nodes is not None else []) + \
+                     ([f"{p.max_neuron_nodes} of the {p.n_neuron_nodes} neurons (max_neuron_nodes)"]
+                      if p.max_neuron_nodes is not None else [])
+            rows = f"rows of {' and '.join(chosen)}" if chosen else "every row"
             out.append(f"estimated nodes: {p.n_nodes} (feature nodes {p.n_feature_nodes}, neuron nodes "
                        f"{p.n_neuron_nodes}); edges at most {p.n_edges_upper:,} ({rows})")
             if p.probe_top_k is not None:
                 out.append(f"the node tables of every neuron would not fit: they were made with neuron_top_k "
                            f"{p.probe_top_k} to plan (the edge bound is for those), the others counted at their cost")
-            if p.max_feature_nodes is not None:
-                out.append(f"after folding the unselected features: at most {p.n_edges_folded_upper:,} edges")
+            if p.selecting:
+                out.append(f"after folding the unselected nodes: at most {p.n_edges_folded_upper:,} edges")
             st = p.stages
             if st is not None:
                 kept = ("as many as the full graph" if st.kept_cap is None
@@ -116,7 +119,7 @@ class RunEstimate:
                               if st.export_limit is not None else ""))
             out.append(f"memory: {_gb(p.base)} after the forward pass and node tables (measured), edges at most "
                        f"{_gb(p.bytes_edges)} ({p.bytes_per_edge} bytes each at the peak"
-                       + (f"; {p.folded_bytes_per_edge} per folded edge" if p.max_feature_nodes is not None else "")
+                       + (f"; {p.folded_bytes_per_edge} per folded edge" if p.selecting else "")
                        + (f"; loading peaked at {_gb(p.floor)}" if p.floor else "")
                        + f"); peak at most about {_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
         out += self.device_lines

@@ -59,6 +59,10 @@ class GraphSpec(StrictModel):
         "writer's share of it through the component's input (for a head, its value input: exactly path "
         "patching of the frozen model). Needs mlp: mlp or neurons on every layer.",
     )
+    max_neuron_nodes: PositiveInt | None = Field(
+        None, description="Keep the K neurons (over all layers and positions) with the largest influence "
+        "on the targets, ranked as max_feature_nodes ranks features; the others fold into one remainder per "
+        "(layer, position) (null = all; not with neuron_top_k).")
     dtype: Literal["float32", "float64"] = Field("float32", description="Dtype in which edges are accumulated.")
     batch_size: PositiveInt = Field(256, description="Readers per backward batch.")
     max_dense_nodes: PositiveInt = Field(20000, description="Never build a dense N x N matrix above this N.")

@@ -237,6 +237,13 @@ with warnings.catch_warnings():
             if g.neuron_top_k is not None and g.mlp in ("transcoders", "mlp"):
                 problems.append(("graph.neuron_top_k", f"neuron_top_k is not used here: it keeps the top neurons and "
                                  f"mlp: {g.mlp} makes no neuron nodes; remove it"))
+            if g.max_neuron_nodes is not None and g.neuron_top_k is not None:
+                problems.append(("graph.max_neuron_nodes", "max_neuron_nodes and neuron_top_k both choose which "
+                                 "neurons stay nodes (by influence on the targets, by activation); keep one "
+                                 "(max_neuron_nodes: K keeps the K most influential neurons of the graph)"))
+            if g.max_neuron_nodes is not None and g.mlp in ("transcoders", "mlp"):
+                problems.append(("graph.max_neuron_nodes", f"max_neuron_nodes is not used here: it caps the neuron "
+                                 f"nodes and mlp: {g.mlp} makes none; remove it"))
             if g.max_feature_nodes is not None and (not has_tc or g.mlp in ("neurons", "mlp")):
                 why = "there is no transcoders section" if not has_tc else f"mlp: {g.mlp} makes no feature nodes"
                 problems.append(("graph.max_feature_nodes", f"max_feature_nodes is not used here: it caps the "

@@ -100,7 +100,7 @@ def _vector_factor(mode: str, scale: float | None, value: float | None) -> float
 
 
 def _frozen_metric(ctx: AttributionContext, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
-    vals = frozen_reader_values(ctx, list(ablate), scale=scale)
+    vals = frozen_reader_values(ctx, list(ablate), scale=scale, readers=[t for t, _ in graph.targets])
     return float(sum(w * vals[t] for t, w in graph.targets))
 
 

@@ -23,8 +23,10 @@ __all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks
 
 
 @torch.no_grad()
-def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] = (), scale: float = 0.0) -> dict[NodeId, float]:
-    """Every reader's pre-activation in the frozen real model, with the writers in ``ablate``
+def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] = (), scale: float = 0.0,
+                         readers: Iterable[NodeId] | None = None) -> dict[NodeId, float]:
+    """Every reader's pre-activation in the frozen real model (only ``readers``' when given: a
+    ``max_neuron_nodes`` run has millions of candidate readers), with the writers in ``ablate``
     scaled by ``scale`` (0 = removed)."""
     a, lin = context.adapter, context.linearisation
     hooks, captured = frozen_node_hooks(context, ablate, scale)
@@ -45,7 +47,7 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
     hooks += [(n, keep) for n in sorted(names)]
     with frozen(a, lin, extra_hooks=hooks) as model:
         model(lin.tokens.to(a.device)[None])
-    return _read_values(context, captured)
+    return _read_values(context, captured, readers)
 
 
 def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = (),
@@ -123,10 +125,11 @@ def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = ()
     return hooks, captured
 
 
-def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dict[NodeId, float]:
-    """Reader pre-activations from the captured hooks of a frozen run (vectorised per kind)."""
+def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
+                 readers: Iterable[NodeId] | None = None) -> dict[NodeId, float]:
+    """Reader pre-activations from the captured hooks of a frozen run (vectorised per kind); a
+    reader's direction is made only for a direction target (the others are read from hooks)."""
     a, lin, tcs = context.adapter, context.linearisation, context.transcoders
-    nodes = {n.id: n for n in context.attributed_nodes}
     out: dict[NodeId, float] = {}
     norm = a.norm("ln_final")
     n = c[a.hook_norm_normalized("ln_final")]
@@ -136,8 +139,7 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
     W_U, b_U = a.W_U, a.b_U
     feature_pre: dict[int, torch.Tensor] = {}
     neuron_val: dict[int, torch.Tensor] = {}
-    for nid, reader in context.readers():
-        node = nodes[nid]
+    for nid in (context.reader_ids() if readers is None else readers):
         t = nid.position
         if nid.kind == "feature":
             if nid.layer not in feature_pre:
@@ -145,7 +147,8 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
                 x = dictionary_input(a, tc.input_site, nid.layer, *_mlp_inputs(a, c, nid.layer))
                 feature_pre[nid.layer] = tc.pre_activation(x)
             out[nid] = float(feature_pre[nid.layer][t, nid.index])
-        elif nid.kind == "neuron" and a.facts.num_experts:
+            continue
+        if nid.kind == "neuron" and a.facts.num_experts:
             # expert neuron: routing weight and gate frozen, W_in^e[:, i] read on ln2's output
             layer, e = nid.layer, nid.index // a.facts.d_mlp
             x2 = dictionary_input(a, "mlp_input", layer, *_mlp_inputs(a, c, layer))[t]
@@ -155,7 +158,8 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
                                                lin.mlp_pre_linear[layer][t, i:i + 1], w["b_in"])
             route = lin.routing[layer][t, e]
             out[nid] = float(route * (scale[0] * (x2 @ w["W_in"][:, 0].to(x2.dtype)) + offset[0]))
-        elif nid.kind == "neuron":
+            continue
+        if nid.kind == "neuron":
             if nid.layer not in neuron_val:
                 if a.facts.gated_mlp:
                     gate = a.mlp_act_fn(nid.layer)(lin.mlp_pre[nid.layer])
@@ -164,7 +168,9 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
                 else:
                     neuron_val[nid.layer] = c[a.hook_mlp_pre(nid.layer)]
             out[nid] = float(neuron_val[nid.layer][t, nid.index])
-        elif node.attrs.get("target_kind") in ("logit", "logit_diff"):
+            continue
+        node = context.attributed_node(nid)
+        if node.attrs.get("target_kind") in ("logit", "logit_diff"):
             toks = node.attrs["tokens"]
             if len(toks) == 2:
                 w, b = W_U[:, toks[0]] - W_U[:, toks[1]], b_U[toks[0]] - b_U[toks[1]]
@@ -179,7 +185,7 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor]) -> dic
                 x = _resid_mid(a, c, layer)
             else:
                 x = c[a.hook_resid_pre(layer) if site == "resid_pre" else a.hook_resid_post(layer)]
-            out[nid] = float(x[t] @ reader.direction.to(x.dtype))
+            out[nid] = float(x[t] @ context.reader(nid).direction.to(x.dtype))
     return out
 
 
