@@ -21,7 +21,7 @@ def _ruff() -> list[str] | None:
 def test_ruff_check_passes():
     ruff = _ruff()
     if ruff is None:
-        pytest.skip("ruff is not installed (pip install 'circuitgraph[test]')")
+        pytest.skip("ruff is not installed (pip install 'circuitgraph-lm[test]')")
     done = subprocess.run([*ruff, "check", "--no-cache", "circuitgraph", "tests", "scripts", "benchmarks", "examples"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -620,7 +620,7 @@ def _scan(graph: AttributionGraph, scan: str | Sequence[str] | None) -> tuple[st
 
 def _package_version() -> str:
     try:
-        return importlib_metadata.version("circuitgraph")
+        return importlib_metadata.version("circuitgraph-lm")
     except importlib_metadata.PackageNotFoundError:
         return "unknown"
 
