@@ -19,7 +19,7 @@ from circuitgraph.spec.train import TRAIN_SCHEMA_PATH, load_train_spec, train_sc
 from circuitgraph.testing.circuit_tracer import circuit_tracer_python, circuit_tracer_unavailable
 from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint
 from circuitgraph.training import train
-from circuitgraph.training.data import read_documents, token_windows
+from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import apply_weights
 from circuitgraph.training.metrics import evaluate
 from circuitgraph.training.run import DICTIONARY_FOLDER
@@ -115,7 +115,6 @@ def test_each_kind_trains_and_loads_in_circuitgraph(tiny, tmp_path, kind, activa
     tcs = load_dictionaries(tmp_path / DICTIONARY_FOLDER, adapter)
     tokens = torch.tensor([[1, 5, 9, 11, 20, 4]])
     x, y = layer_activations(adapter, tokens, [0, 1], skip_first=False)
-    from circuitgraph.training.run import TrainableDictionary  # noqa: F401 (the module trained)
     w = _weights(tmp_path / DICTIONARY_FOLDER, kind, activation)
     a_ref, r_ref = apply_weights(w, x)
     acts = {l: tcs[l].activation(x[l]) for l in (0, 1)}
@@ -124,6 +123,14 @@ def test_each_kind_trains_and_loads_in_circuitgraph(tiny, tmp_path, kind, activa
     for l in (0, 1):
         assert torch.allclose(acts[l].float(), a_ref[l], atol=1e-5)
         assert torch.allclose(recon[l].float(), r_ref[l], atol=1e-4)
+    # the files hold what was trained: the held-out metrics recomputed from them are metrics.json's
+    windows = token_windows(read_documents([root / "text.txt"]), adapter.tokenizer, 12, bos_id=adapter.tokenizer.bos_id)
+    held_out = split_windows(windows, -(-100 // 11), 0)[1]
+    again = evaluate(adapter, w, held_out, [0, 1], batch=4, skip_first=True)
+    for l in ("0", "1"):
+        assert again["layers"][l]["explained_variance"] == pytest.approx(m["eval"]["layers"][l]["explained_variance"],
+                                                                         abs=1e-5)
+    assert again["ce_loss"]["spliced"] == pytest.approx(m["eval"]["ce_loss"]["spliced"], abs=1e-5)
 
 
 def _weights(folder, kind, activation):
