@@ -107,9 +107,10 @@ def test_splice_of_the_mlp_itself_keeps_the_loss(tiny):
 def test_each_kind_trains_and_loads_in_circuitgraph(tiny, tmp_path, kind, activation):
     root, adapter = tiny
     seen = []
-    m = train(_spec(root, tmp_path, kind=kind, activation=activation, lr=3e-3), adapter=adapter,
+    m = train(_spec(root, tmp_path, kind=kind, activation=activation, lr=3e-3, tokens=1500), adapter=adapter,
               progress=seen.append)
-    assert len(seen) == m["steps"] and seen[-1].loss < seen[0].loss
+    first, last = (sum(p.loss for p in part) / 4 for part in (seen[:4], seen[-4:]))
+    assert len(seen) == m["steps"] and last < 0.95 * first, (first, last)
     assert (tmp_path / "report.html").is_file() and json.loads((tmp_path / "metrics.json").read_text())["eval"]
     # circuitgraph reads the folder as it is, and its reconstruction is the trained one's
     tcs = load_dictionaries(tmp_path / DICTIONARY_FOLDER, adapter)

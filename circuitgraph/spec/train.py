@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from circuitgraph.errors import SpecError
 from circuitgraph.spec.base import Bool, InputPath, OutputPath, PositiveInt, StrictModel, rule_error
+from circuitgraph.spec.load import check_plain_data, read_spec_file
 from circuitgraph.spec.messages import format_validation_error
 from circuitgraph.spec.model import ModelSpec
 from circuitgraph.spec.root import FORMAT_VERSION, Seed, _exact_version
@@ -53,7 +54,7 @@ class TrainSpec(StrictModel):
         64, description="Tokens per window, the BOS token included when the model's tokenizer has one.")
     tokens: PositiveInt = Field(100_000, description="Training tokens (windows x context; BOS positions are not trained on).")
     batch: PositiveInt = Field(16, description="Windows per optimisation step.")
-    lr: PositiveFloat = Field(1e-3, description="Adam learning rate.")
+    lr: PositiveFloat = Field(5e-3, description="Adam learning rate (normalised units).")
     sparsity: NonNegativeFloat = Field(3e-3, description="Sparsity coefficient: the loss adds sparsity x "
                                        "sum_j a_j ||W_dec_j|| (normalised units).")
     eval_tokens: PositiveInt = Field(4096, description="Held-out tokens (windows set aside before training) "
@@ -83,8 +84,6 @@ class TrainRunSpec(StrictModel):
 
 def load_train_spec(source: "str | os.PathLike[str] | Mapping[str, Any]") -> TrainRunSpec:
     """Read a training spec (a YAML/JSON file or a mapping); bad input raises SpecError listing every problem."""
-    from circuitgraph.spec.load import check_plain_data, read_spec_file
-
     base_dir = None
     if isinstance(source, Mapping):
         data = dict(source)

@@ -77,11 +77,13 @@ def train_loop(adapter: Any, windows: torch.Tensor, layers: list[int], module: T
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
         step = int(state["step"])
-    else:  # the normalising scales, from the first batch
+    else:  # the normalising scales and the decoder bias, from the first batch
         x, y = layer_activations(adapter, windows[_batch_ids(0, len(windows), cfg.batch, cfg.seed)], layers,
                                  skip_first=cfg.skip_first)
         module.s_in.copy_(x.norm(dim=-1).pow(2).mean(dim=1).sqrt().clamp(min=1e-8))
         module.s_out.copy_(y.norm(dim=-1).pow(2).mean(dim=1).sqrt().clamp(min=1e-8))
+        with torch.no_grad():  # the decoder bias starts at the mean output (normalised units)
+            module.b_dec.copy_(y.mean(dim=1) / module.s_out[:, None])
     t0, tokens_done = time.perf_counter(), 0
     while step < cfg.steps:
         tokens = windows[_batch_ids(step, len(windows), cfg.batch, cfg.seed)]

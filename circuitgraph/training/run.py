@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name
 from circuitgraph.errors import SpecError
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import TrainableDictionary
@@ -26,8 +27,6 @@ DICTIONARY_FOLDER = "dictionaries"
 
 def load_model(model_spec: Any) -> Any:
     """The model adapter of a spec's ``model:`` section (any model circuitgraph loads)."""
-    from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name
-
     m = model_spec
     if m.source == "path":
         return load_model_dir(m.path, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code,
