@@ -11,8 +11,10 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import load_file
+from typer.testing import CliRunner
 
 from circuitgraph.adapters.loading import load_model_dir
+from circuitgraph.cli import main as cli
 from circuitgraph.dictionaries import load_dictionaries
 from circuitgraph.errors import LoadError, SpecError
 from circuitgraph.spec.train import TRAIN_SCHEMA_PATH, load_train_spec, train_schema_text
@@ -215,3 +217,17 @@ def test_outputs_load_in_circuit_tracer(tiny, tmp_path, kind):
     ct = torch.load(tmp_path / "ct.pt")
     _, ref = apply_weights(_weights(folder, kind, "jump_relu"), x)
     assert torch.allclose(ct.float(), ref, atol=1e-4)
+
+
+def test_cli_trains_shows_progress_and_resumes(tiny, tmp_path):
+    root, _ = tiny
+    spec = {"format_version": 1, "model": {"path": str(root / "model")},
+            "train": {"text": [str(root / "text.txt")], "output": str(tmp_path / "out"), "width": 8, "context": 12,
+                      "tokens": 200, "batch": 4, "eval_tokens": 50, "checkpoint_every": 2}}
+    (tmp_path / "t.json").write_text(json.dumps(spec))
+    r = CliRunner().invoke(cli.app, ["train", str(tmp_path / "t.json"), "--every", "1"])
+    assert r.exit_code == 0, r.output
+    assert "step 1/5" in r.output and "tokens/s" in r.output and "zero-ablated MLPs" in r.output
+    assert (tmp_path / "out" / "checkpoint.pt").is_file()
+    again = CliRunner().invoke(cli.app, ["train", str(tmp_path / "t.json")])  # resumes at the end: no step runs
+    assert again.exit_code == 0 and "step" not in again.output.split("wrote")[0], again.output
