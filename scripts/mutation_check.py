@@ -82,6 +82,14 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "train-skip-transposed",
+        "a trained skip transcoder's W_skip written transposed (not what was trained)",
+        "circuitgraph/training/writers.py",
+        '                t["W_skip"] = c(w.W_skip[i])\n',
+        '                t["W_skip"] = c(w.W_skip[i].T)\n',
+        ("tests/test_training.py::test_each_kind_trains_and_loads_in_circuitgraph",),
+    ),
+    Mutation(
         "reversed-decoder-rows",
         "the transcoder's decoder rows in reverse order (each feature writes another feature's row; "
         "the error node absorbs the difference, so completeness still holds)",

@@ -146,6 +146,28 @@ def run(
 
 
 @app.command()
+def train(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False,
+          every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10) -> None:
+    """Train dictionaries (transcoders, skip transcoders, a cross-layer transcoder) from a training
+    spec (format_version, model, train); resumes from train.output/checkpoint.pt after a kill."""
+    with _reported(debug):
+        from circuitgraph.spec.train import load_train_spec
+
+        loaded = load_train_spec(spec)
+        from circuitgraph.training import train as run_training
+
+        def show(p) -> None:
+            if p.step % every == 0 or p.step == p.steps:
+                typer.echo(f"step {p.step}/{p.steps}  {p.tokens_per_s:.0f} tokens/s  loss {p.loss:.4f}  "
+                           f"L0 {p.l0:.1f}  explained variance {p.explained_variance:.3f}")
+
+        m = run_training(loaded, progress=show)
+        ce = m["eval"]["ce_loss"]
+        typer.echo(f"wrote {m['dictionaries']}, metrics.json, report.html; held-out CE: model {ce['model']:.4f}, "
+                   f"spliced {ce['spliced']:.4f}, zero-ablated MLPs {ce['zero_ablated']:.4f}")
+
+
+@app.command()
 def validate(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False) -> None:
     """Check a spec (keys, values, input files, and the spec against the model's and dictionaries' config
     files and the tokenizer) without loading a model.

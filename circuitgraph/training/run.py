@@ -1,0 +1,100 @@
+"""``circuitgraph train SPEC``: from a training spec to dictionaries, metrics.json and report.html."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name
+from circuitgraph.errors import SpecError
+from circuitgraph.training.data import read_documents, split_windows, token_windows
+from circuitgraph.training.dictionary import TrainableDictionary
+from circuitgraph.training.loop import LoopConfig, Progress, train_loop
+from circuitgraph.training.metrics import evaluate
+from circuitgraph.training.report import report_html
+from circuitgraph.training.writers import write_dictionaries
+
+__all__ = ["train", "load_model", "DICTIONARY_FOLDER"]
+
+#: the dictionaries' folder inside train.output
+DICTIONARY_FOLDER = "dictionaries"
+
+
+def load_model(model_spec: Any) -> Any:
+    """The model adapter of a spec's ``model:`` section (any model circuitgraph loads)."""
+    m = model_spec
+    if m.source == "path":
+        return load_model_dir(m.path, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code,
+                              backend=m.backend)
+    if m.source == "name":
+        return load_model_name(m.name, dtype=m.dtype, device=m.device, fold_ln=m.fold_ln,
+                               center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
+                               trust_remote_code=m.trust_remote_code)
+    return load_builtin_model(m.builtin, dtype=m.dtype, device=m.device, backend=m.backend)[0]
+
+
+def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None] | None = None,
+          stop_after: int | None = None) -> dict[str, Any]:
+    """Train the dictionaries a :class:`~circuitgraph.spec.train.TrainRunSpec` describes; returns
+    the metrics written to ``train.output/metrics.json`` (or, when ``stop_after`` stops the run
+    early as a kill would, ``{"stopped_at": step}`` and nothing but the checkpoint)."""
+    t = spec.train
+    adapter = load_model(spec.model) if adapter is None else adapter
+    f = adapter.facts
+    layers = list(range(f.n_layers)) if t.layers is None else sorted(t.layers)
+    bad = [l for l in layers if l >= f.n_layers]
+    if bad:
+        raise SpecError(f"train.layers: layers {bad} requested, the model has {f.n_layers} layers "
+                        f"(0-{f.n_layers - 1}); list layers of the model")
+    tok = adapter.tokenizer
+    if tok is None:
+        raise SpecError("train: the model has no tokenizer, so text cannot be tokenised; give a model folder "
+                        "with tokenizer files")
+    bos = getattr(tok, "bos_id", None)
+    windows = token_windows(read_documents(list(t.text), t.text_field), tok, t.context, bos_id=bos)
+    skip_first = bos is not None
+    per_window = t.context - (1 if skip_first else 0)
+    train_w, eval_w = split_windows(windows, -(-t.eval_tokens // per_window), t.seed)
+    steps = max(-(-t.tokens // (t.batch * per_window)), 1)
+    torch.manual_seed(t.seed)
+    module = TrainableDictionary(len(layers), f.d_model, t.width, kind=t.kind, activation=t.activation, seed=t.seed)
+    out = Path(t.output)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = LoopConfig(steps=steps, batch=t.batch, lr=t.lr, sparsity=t.sparsity, seed=t.seed,
+                     checkpoint_every=t.checkpoint_every, skip_first=skip_first)
+    last: list[Progress] = []
+
+    def seen(p: Progress) -> None:
+        last[:] = [p]
+        if progress is not None:
+            progress(p)
+
+    t0 = time.perf_counter()
+    reached = train_loop(adapter, train_w, layers, module, cfg, out, resume=t.resume, progress=seen,
+                         stop_after=stop_after)
+    seconds = time.perf_counter() - t0
+    if reached < steps:
+        return {"stopped_at": reached}
+    weights = module.export()
+    module.cpu()
+    folder = write_dictionaries(weights, layers, out / DICTIONARY_FOLDER, scan=f"circuitgraph-train:{out.name}")
+    metrics = {
+        "settings": {"kind": t.kind, "activation": t.activation, "layers": layers, "width": t.width,
+                     "context": t.context, "tokens": t.tokens, "batch": t.batch, "lr": t.lr, "sparsity": t.sparsity,
+                     "seed": t.seed, "model": str(spec.model.path or spec.model.name or spec.model.builtin),
+                     "text": [str(p) for p in t.text], "train_windows": len(train_w), "held_out_windows": len(eval_w),
+                     "bos": bos is not None},
+        "steps": steps, "train_tokens": steps * t.batch * per_window, "seconds": seconds,
+        "last": asdict(last[0]) if last else {"loss": float("nan"), "l0": float("nan"),
+                                               "explained_variance": float("nan")},
+        "dictionaries": str(folder),
+        "eval": evaluate(adapter, weights, eval_w, layers, batch=t.batch, skip_first=skip_first),
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    (out / "report.html").write_text(report_html(metrics), encoding="utf-8")
+    return metrics
