@@ -350,10 +350,15 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
     largest = worst = 0.0
     for head in last:
         before = [w for w in writers if _writes_at(w) <= 2 * head.layer]
-        removed = torch.zeros(len(before), T, model.cfg.d_model, dtype=torch.float64)
-        for i, w in enumerate(before):
-            removed[i, w.position] = writers[w]
-        expected = clean - _patched_head(model, adapter, lin, head.id, removed, extra, tokens, (a, b)).numpy()
+        # the patched forwards in chunks: one batch of every writer is many GB in float64 on 30 layers
+        parts = []
+        for start in range(0, len(before), 32):
+            chunk = before[start:start + 32]
+            removed = torch.zeros(len(chunk), T, model.cfg.d_model, dtype=torch.float64)
+            for i, w in enumerate(chunk):
+                removed[i, w.position] = writers[w]
+            parts.append(_patched_head(model, adapter, lin, head.id, removed, extra, tokens, (a, b)).numpy())
+        expected = clean - np.concatenate(parts)
         got = np.array([g.edge_weight_between(w, head.id) for w in before])
         largest = max(largest, float(np.abs(expected).max()))
         worst = max(worst, float(np.abs(got - expected).max()))
