@@ -352,8 +352,8 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
         before = [w for w in writers if _writes_at(w) <= 2 * head.layer]
         # the patched forwards in chunks: one batch of every writer is many GB in float64 on 30 layers
         parts = []
-        for start in range(0, len(before), 32):
-            chunk = before[start:start + 32]
+        for start in range(0, len(before), 128):
+            chunk = before[start:start + 128]
             removed = torch.zeros(len(chunk), T, model.cfg.d_model, dtype=torch.float64)
             for i, w in enumerate(chunk):
                 removed[i, w.position] = writers[w]
