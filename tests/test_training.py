@@ -21,11 +21,11 @@ from circuitgraph.spec.train import TRAIN_SCHEMA_PATH, load_train_spec, train_sc
 from circuitgraph.testing.circuit_tracer import circuit_tracer_python, circuit_tracer_unavailable
 from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint
 from circuitgraph.training import train
+from circuitgraph.training.activation_stream import layer_activations, next_token_loss, spliced
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import apply_weights
-from circuitgraph.training.metrics import evaluate
-from circuitgraph.training.run import DICTIONARY_FOLDER
-from circuitgraph.training.stream import layer_activations, next_token_loss, spliced
+from circuitgraph.training.quality import evaluate
+from circuitgraph.training.trainer import DICTIONARY_FOLDER
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.dictionary import TrainableDictionary
-from circuitgraph.training.stream import layer_activations
 
 __all__ = ["LoopConfig", "Progress", "train_loop", "CHECKPOINT"]
 

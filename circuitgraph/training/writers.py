@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 from safetensors.torch import save_file
 
+from circuitgraph.training.activation_stream import INPUT_HOOK, OUTPUT_HOOK
 from circuitgraph.training.dictionary import DictionaryWeights
-from circuitgraph.training.stream import INPUT_HOOK, OUTPUT_HOOK
 
 __all__ = ["write_dictionaries"]
 

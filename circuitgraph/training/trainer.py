@@ -15,7 +15,7 @@ from circuitgraph.errors import SpecError
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import TrainableDictionary
 from circuitgraph.training.loop import LoopConfig, Progress, train_loop
-from circuitgraph.training.metrics import evaluate
+from circuitgraph.training.quality import evaluate
 from circuitgraph.training.report import report_html
 from circuitgraph.training.writers import write_dictionaries
 

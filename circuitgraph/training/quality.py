@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from circuitgraph.training.activation_stream import layer_activations, next_token_loss, spliced
 from circuitgraph.training.dictionary import DictionaryWeights, activate, apply_weights
-from circuitgraph.training.stream import layer_activations, next_token_loss, spliced
 
 __all__ = ["evaluate", "splice_function", "DENSE"]
 
@@ -24,7 +24,7 @@ DENSE = 0.1
 
 
 def splice_function(w: DictionaryWeights):
-    """``replace(i, inputs)`` for :func:`circuitgraph.training.stream.spliced`: the reconstruction
+    """``replace(i, inputs)`` for :func:`circuitgraph.training.activation_stream.spliced`: the reconstruction
     of output ``i`` from the inputs ``(B, T, D)`` of layers ``<= i``."""
     def act(j: int, x: torch.Tensor) -> torch.Tensor:
         h = x.float() @ w.W_enc[j].T.to(x.device) + w.b_enc[j].to(x.device)
