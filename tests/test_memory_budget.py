@@ -253,3 +253,16 @@ def test_neuron_tables_that_cannot_fit_are_planned_from_a_probe(tmp_path, bundle
     assert _fits(circuitgraph.dry_run(followed, memory_limit=budget)) == "fits: yes"
     run(followed, memory_limit=budget)
     assert (out / "g.json").is_file()
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="resetting the peak needs Linux's /proc")
+def test_the_loading_peak_is_the_dry_runs_own(tmp_path, bundle):
+    """A dry run in a process that once held much more (a notebook, a test session) counts the
+    peak of its own loading, not the process's lifetime peak: that made every advice on a tiny
+    model 'shorten the prompt' after the real-model tests had run in the same pytest process."""
+    big = np.ones(int(2e9 // 8))
+    big[::512] = 2.0  # touch the pages
+    del big
+    lines = circuitgraph.dry_run(_spec(tmp_path, bundle))
+    loading = [float(m.group(1)) for line in lines for m in [re.search(r"loading peaked at ([0-9.]+) GB", line)] if m]
+    assert loading and loading[0] < 1.9, lines

@@ -180,6 +180,7 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
 
+    _reset_peak()  # the loading peak is this estimate's, not what the process ran before (a notebook, a test session)
     p = prepare(spec, memory_limit=budget)
     f = p.adapter.facts
     # loading the model and dictionaries passes through a higher peak, whose pages a run may keep
@@ -196,8 +197,27 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     return est
 
 
+_PROC_SELF = Path("/proc/self")
+
+
+def _reset_peak() -> None:
+    """Start the process's peak resident memory afresh (Linux: ``5`` to ``/proc/self/clear_refs``
+    resets ``VmHWM``); elsewhere the peak stays the process's whole lifetime's."""
+    try:
+        (_PROC_SELF / "clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def _peak_so_far() -> int:
-    """The process's peak resident memory so far (``ru_maxrss``; 0 where it is not known)."""
+    """The process's peak resident memory since :func:`_reset_peak` (``VmHWM``), or its lifetime
+    peak (``ru_maxrss``) where ``/proc`` does not say; 0 where neither is known."""
+    try:
+        for line in (_PROC_SELF / "status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     if resource is None:  # pragma: no cover - not POSIX
         return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
