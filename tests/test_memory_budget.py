@@ -260,9 +260,12 @@ def test_the_loading_peak_is_the_dry_runs_own(tmp_path, bundle):
     """A dry run in a process that once held much more (a notebook, a test session) counts the
     peak of its own loading, not the process's lifetime peak: that made every advice on a tiny
     model 'shorten the prompt' after the real-model tests had run in the same pytest process."""
+    import psutil
+
+    held = psutil.Process().memory_info().rss / 1e9  # what the process holds now (earlier tests' caches)
     big = np.ones(int(2e9 // 8))
-    big[::512] = 2.0  # touch the pages
+    big[::512] = 2.0  # touch the pages: the lifetime peak is now above held + 2 GB
     del big
     lines = circuitgraph.dry_run(_spec(tmp_path, bundle))
     loading = [float(m.group(1)) for line in lines for m in [re.search(r"loading peaked at ([0-9.]+) GB", line)] if m]
-    assert loading and loading[0] < 1.9, lines
+    assert loading and loading[0] < held + 1.5, (held, lines)
