@@ -699,17 +699,25 @@ def _neuron_reader(b: _Builder, fm: FrozenLinearModel, layer: int, t: int, idx: 
     return g, own, measured
 
 
-def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
-    adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
+def _neuron_layer_start(b: _Builder, fm: FrozenLinearModel, layer: int) -> tuple[Any, torch.Tensor, Any, torch.Tensor]:
+    """A neuron layer's shared start: its MLP bias added as a bias node (through a frozen post-norm),
+    and ``(location, W_out, post-norms, neuron activations (T, d_mlp))``."""
+    T = b.lin.n_pos
     loc = loc_resid_post(layer)
-    w = adapter.mlp_weights(layer)
+    w = b.adapter.mlp_weights(layer)
     W_out, b_out = b.cast(w["W_out"]), b.cast(w["b_out"])
     posts = fm.ln2_post
-    post = b.cast(lin.mlp_post[layer])  # (T, d_mlp)
+    post = b.cast(b.lin.mlp_post[layer])  # (T, d_mlp)
     bias = _post_norm_forward(fm, posts, layer, b_out.expand(T, -1).clone(), slice(0, T))
     if posts is not None and posts[layer].beta is not None:
         bias = bias + posts[layer].beta
     _add_bias(b, loc, layer, "mlp", bias)
+    return loc, W_out, posts, post
+
+
+def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
+    adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
+    loc, W_out, posts, post = _neuron_layer_start(b, fm, layer)
     gated = adapter.facts.gated_mlp
     for t in range(T):
         if t < b.min_mlp_pos():
@@ -779,18 +787,10 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
     vectors are ``activation x W_out`` row (a shared basis; through a frozen post-norm,
     ``(activation / sigma(t)) x gamma P(W_out row)``)."""
     adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
-    loc = loc_resid_post(layer)
-    w = adapter.mlp_weights(layer)
-    W_out, b_out = b.cast(w["W_out"]), b.cast(w["b_out"])
-    posts = fm.ln2_post
-    post = b.cast(lin.mlp_post[layer])  # (T, d_mlp)
-    bias = _post_norm_forward(fm, posts, layer, b_out.expand(T, -1).clone(), slice(0, T))
-    if posts is not None and posts[layer].beta is not None:
-        bias = bias + posts[layer].beta
-    _add_bias(b, loc, layer, "mlp", bias)
+    loc, W_out, posts, post = _neuron_layer_start(b, fm, layer)
     basis = b.writers.add_basis(W_out if posts is None else _without_sigma(posts[layer], W_out))
     # own constants: gate * (W_in[:, i] . beta2) + b_in[i] (gated), W_in[:, i] . beta2 + b_in[i] (GELU/ReLU)
-    norm = adapter.norm("ln2", layer)
+    norm, w = adapter.norm("ln2", layer), adapter.mlp_weights(layer)
     b_in = b.cast(w["b_in"])
     lin_const = (b.cast(norm.beta) @ b.cast(w["W_in"]) if norm.beta is not None else torch.zeros_like(b_in))
     gated = adapter.facts.gated_mlp
