@@ -1,6 +1,6 @@
 """``graph.max_neuron_nodes`` on a real model: one spec run end to end, its numbers as JSON.
 
-    flock /work/locks/heavy /usr/bin/time -v python benchmarks/neuron_selection_real.py \\
+    /usr/bin/time -v python benchmarks/neuron_selection_real.py \\
         examples/real/neurons_selection_ioi64.yaml [--model DIR] [--out results.json]
 
 Prints (and writes with ``--out``) the stage timings, the graph's size, completeness (the

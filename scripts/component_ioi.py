@@ -15,9 +15,9 @@ logit difference " Mary" - " John" as target, then:
    head's pattern as on the prompt), everything downstream recomputed;
 4. a diagram of the circuit (the name movers, their feeders, the target) and a JSON of the numbers.
 
-Usage (heavy: run under the shared lock)::
+Usage (heavy: about 2.5 GB and 2 CPU minutes)::
 
-    flock /work/locks/heavy python scripts/component_ioi.py MODEL_DIR OUT_DIR
+    python scripts/component_ioi.py MODEL_DIR OUT_DIR
 """
 
 from __future__ import annotations
