@@ -59,7 +59,7 @@ def main() -> None:
         G.add_(out.view(B, T, D))
         t["add"] = time.perf_counter()
         keys = list(t)
-        return {k: t[k] - t[p] for p, k in zip(keys, keys[1:])}
+        return {k: t[k] - t[p] for p, k in zip(keys, keys[1:], strict=False)}
 
     crossing()  # first touch of the buffers
     steps = crossing()

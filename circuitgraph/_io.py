@@ -17,8 +17,9 @@ import os
 import stat
 import struct
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from circuitgraph.errors import LoadError, one_line
 

@@ -113,5 +113,5 @@ class Tabular:
 
     def _repr_html_(self) -> str:
         # named, not imported: export imports the results (see circuitgraph.graph.graph.EXPORTS)
-        result_html = getattr(importlib.import_module("circuitgraph.export.html"), "result_html")
+        result_html = importlib.import_module("circuitgraph.export.html").result_html
         return result_html(getattr(self, "kind", "") or type(self).__name__, self)

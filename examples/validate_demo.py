@@ -102,7 +102,7 @@ def main(out: Path = REPO / "docs" / "validation", bundle: Path | None = None) -
         "faithfulness": "Faithfulness of the pruned circuit",
         "replacement_fidelity": "Replacement fidelity (graph prompt + 12 held-out task prompts)",
     }
-    for (_, spec), res in zip(checks, results):
+    for (_, spec), res in zip(checks, results, strict=False):
         params = dict(next(iter(spec.values())))
         for key in ("reference_prompts", "prompts"):
             if key in params:

@@ -134,7 +134,7 @@ def main(model_dir: str, out_dir: str, n_movers: int = 3, n_feeders: int = 6, n_
     ld = g.node(tid).pre_activation
     T = ctx.n_pos
     real = RealModel(ctx.adapter, g.metadata["prompt_tokens"], *g.node(tid).attrs["tokens"])
-    direct = {g.nodes[s].id: float(w) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)
+    direct = {g.nodes[s].id: float(w) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False)
               if g.nodes[t].id == tid}
     heads_last = sorted((n for n in g.nodes if n.kind == "attention_head" and n.position == T - 1),
                         key=lambda n: -direct.get(n.id, 0.0))
@@ -145,7 +145,7 @@ def main(model_dir: str, out_dir: str, n_movers: int = 3, n_feeders: int = 6, n_
     keep = {tid}
     for mv in movers:
         rows = g.index_of(mv.id)
-        incoming = [(g.nodes[s].id, float(w)) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)
+        incoming = [(g.nodes[s].id, float(w)) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False)
                     if t == rows]
         incoming.sort(key=lambda x: -abs(x[1]))
         feeders = incoming[:n_feeders]
@@ -160,7 +160,7 @@ def main(model_dir: str, out_dir: str, n_movers: int = 3, n_feeders: int = 6, n_
                  "n_incoming": len(incoming), "n_checked": len(checked), "incoming_vs_real_path_patching_spearman": rho,
                  "incoming_vs_real_path_patching_pearson": pearson,
                  "feeders": []}
-        for (w, e), p in zip(feeders, patched[: len(feeders)]):
+        for (w, e), p in zip(feeders, patched[: len(feeders)], strict=False):
             entry["feeders"].append({"writer": name(g, w), "edge": e, "share_of_ld": e / ld,
                                      "real_path_patching": float(p),
                                      "path_share_to_target": e * direct.get(mv.id, 0.0) / (mv.pre_activation * ld)})

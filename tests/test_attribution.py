@@ -124,7 +124,7 @@ def test_agrees_with_transformerlens_decomposition(tmp_path, variant_name):
         projected = stack[:, 0, t, :] @ direction
         edges = dict(g.in_edges(reader))
         bias_total = sum(w for s, w in edges.items() if s.kind == "bias")
-        for label, value in zip(labels, projected.tolist()):
+        for label, value in zip(labels, projected.tolist(), strict=False):
             if label == "bias":  # TransformerLens accumulates its bias term in float32
                 assert bias_total == pytest.approx(value, rel=1e-6, abs=1e-7)
                 continue
@@ -236,7 +236,7 @@ def test_bidirectional_head_split_of_an_edge_from_a_later_position(tmp_path):
 
     adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "none-relu-bidirectional"), dtype="float64")
     g = attribute(adapter, tokens, tcs, dtype=torch.float64)
-    later = [(s, t, w) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)
+    later = [(s, t, w) for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False)
              if g.nodes[s].position > g.nodes[t].position and g.nodes[t].kind == "feature" and abs(w) > 1e-3]
     assert later
     s, t, _ = max(later, key=lambda e: abs(e[2]))

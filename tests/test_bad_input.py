@@ -18,7 +18,7 @@ from circuitgraph.cli.main import app
 DEMO = "format_version: 1\nmodel: {builtin: demo}\nprompt: a\n"
 BOMB = "".join(
     f"{name}: &{name} [{', '.join([f'*{prev}' if prev else 'x'] * 9)}]\n"
-    for prev, name in zip(["", "a", "b", "c", "d", "e", "f", "g", "h"], "abcdefghi")
+    for prev, name in zip(["", "a", "b", "c", "d", "e", "f", "g", "h"], "abcdefghi", strict=False)
 )
 
 #: (name, spec text, a piece of the expected message)
@@ -73,7 +73,7 @@ def test_alias_bomb_message_is_bounded(tmp_path):
     """Formatting an error never prints (or repr()s) the whole value."""
     spec = tmp_path / "spec.yaml"
     small = "".join(f"{n}: &{n} [{', '.join([f'*{p}' if p else 'x'] * 9)}]\n"
-                    for p, n in zip(["", "a", "b", "c"], "abcd"))  # 6,561 values: under the budget
+                    for p, n in zip(["", "a", "b", "c"], "abcd", strict=False))  # 6,561 values: under the budget
     spec.write_text(small + DEMO.replace("prompt: a", "prompt: *d"))
     res = _invoke(["validate", str(spec)])
     assert_clean_error(res, "prompt")

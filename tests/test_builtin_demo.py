@@ -81,7 +81,7 @@ def test_patching_pairs_flip_the_prediction(model, tokenizer):
     for pair in make_patching_pairs(4, seed=7):
         clean, corrupted = tokenizer.encode(pair.clean), tokenizer.encode(pair.corrupted)
         assert len(clean) == len(corrupted)
-        assert sum(c != d for c, d in zip(clean, corrupted)) == 1
+        assert sum(c != d for c, d in zip(clean, corrupted, strict=False)) == 1
         logits = model(torch.tensor([clean, corrupted]))[:, -1]
         diff = logits[:, an] - logits[:, a]
         assert diff[0] > 0 > diff[1]

@@ -23,7 +23,7 @@ def test_edges_equal_circuit_tracers(circuit_tracer_graphs, name):
     adapter, tcs, _ = load_bundle(bundle)
     last = len(ct.input_tokens) - 1
     targets = [ResolvedTarget("logit", last, p, (v,), True, probability=p)
-               for v, p in zip(ct.logit_tokens, ct.logit_probabilities)]
+               for v, p in zip(ct.logit_tokens, ct.logit_probabilities, strict=False)]
     g = attribute(adapter, ct.input_tokens, tcs, targets, dtype=torch.float32)
     report = compare_with_circuit_tracer(g, ct)
     assert report["our_nodes_not_in_ct"] == [] and report["largest_dropped_edge"] == 0.0, report
@@ -31,7 +31,7 @@ def test_edges_equal_circuit_tracers(circuit_tracer_graphs, name):
     assert report["max_difference_relative_to_largest_edge"] < 1e-5, report
     # the same active features, with the same activations
     ours = {n.id: n.activation for n in g.nodes if n.kind == "feature"}
-    theirs = dict(zip(ct.node_ids, ct.activation_values.tolist()))
+    theirs = dict(zip(ct.node_ids, ct.activation_values.tolist(), strict=False))
     assert set(ours) == {nid for nid in theirs if nid.kind == "feature"}
     assert max(abs(ours[k] - theirs[k]) for k in ours) < 1e-4 * max(abs(v) for v in ours.values())
 
@@ -53,7 +53,7 @@ def test_max_feature_nodes_selects_circuit_tracers_features(circuit_tracer_graph
     adapter, tcs, _ = load_bundle(bundle)
     last = len(ct.input_tokens) - 1
     targets = [ResolvedTarget("logit", last, p, (v,), True, probability=p)
-               for v, p in zip(ct.logit_tokens, ct.logit_probabilities)]
+               for v, p in zip(ct.logit_tokens, ct.logit_probabilities, strict=False)]
     g = attribute(adapter, ct.input_tokens, tcs, targets, dtype=torch.float32, max_feature_nodes=k,
                   batch_size=batch_size)
     ours = {n.id for n in g.nodes if n.kind == "feature"}

@@ -122,7 +122,7 @@ def test_clt_edges_equal_frozen_model_interventions(tmp_path, arch, act, skip):
     scale = float(np.abs(g.edge_weight).max())
     feats = [n.id for n in g.nodes if n.kind == "feature" and n.layer < adapter.facts.n_layers - 1][:4]
     assert feats
-    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight)}
+    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight, strict=False)}
     for f in feats:
         after = frozen_reader_values(ctx, [f])
         for r, v in base.items():
@@ -373,7 +373,7 @@ def test_head_split_of_a_clt_edge_sums_to_the_edge(tmp_path):
     adapter, clt, _ = _clt(tmp_path, GPT2)
     g = attribute(adapter, TOKENS, clt)
     logit = next(n.id for n in g.nodes if n.kind == "logit")
-    srcs = [g.nodes[s].id for t, s in zip(g.edge_target, g.edge_source)
+    srcs = [g.nodes[s].id for t, s in zip(g.edge_target, g.edge_source, strict=False)
             if g.nodes[t].id == logit and g.nodes[s].kind == "feature" and g.nodes[s].layer == 0]
     assert srcs
     for s in srcs[:3]:

@@ -197,7 +197,7 @@ def test_edges_into_components_are_path_patching(variant):
         worst = max(worst, float(np.abs(got - expected).max()))
         checked += len(before)
         # every edge into the component is one of these writers'
-        sources = {g.nodes[s].id for s, t in zip(g.edge_source, g.edge_target) if t == row}
+        sources = {g.nodes[s].id for s, t in zip(g.edge_source, g.edge_target, strict=False) if t == row}
         assert sources <= set(before), sources - set(before)
     assert largest > 1e-3 and checked > 50
     assert worst <= 1e-9 * largest, (worst, largest)

@@ -98,12 +98,12 @@ def _independent(directory: Path, ids: list[str]) -> tuple[pd.DataFrame, pd.Data
         infl = _influence(g)
         targets = {g.index_of(t): w for t, w in g.targets}
         direct = np.zeros(g.n_nodes)
-        for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight):
+        for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False):
             if t in targets:
                 direct[s] += targets[t] * w
         for i, node in enumerate(g.nodes):
             node_rows.append((rid, node.kind, node.layer, node.index, node.activation, infl[i], direct[i]))
-        for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight):
+        for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False):
             a, b = g.nodes[s], g.nodes[t]
             if w != 0:
                 edge_rows.append((rid, a.kind, a.layer, a.index, b.kind, b.layer, b.index, w))

@@ -26,7 +26,7 @@ CORRUPTED = [1, 5, 8, 9, 4, 3, 11]  # one token differs
 LONGER = [1, 2, 5, 7, 9, 4, 3, 11]  # the clean prompt with one more token in front
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _graphs():
 
     from circuitgraph.adapters.loading import load_model_dir
@@ -49,7 +49,7 @@ def _graphs():
 def _by_key(graph, key):
     act, inf = defaultdict(float), defaultdict(float)
     influence = node_influence(graph)
-    for n, i in zip(graph.nodes, influence):
+    for n, i in zip(graph.nodes, influence, strict=False):
         act[key(n)] += n.activation
         inf[key(n)] += float(i)
     return act, inf
@@ -57,7 +57,7 @@ def _by_key(graph, key):
 
 def _edges_by_key(graph, key):
     out = defaultdict(float)
-    for s, t, w in zip(graph.edge_source, graph.edge_target, graph.edge_weight):
+    for s, t, w in zip(graph.edge_source, graph.edge_target, graph.edge_weight, strict=False):
         out[(key(graph.nodes[s]), key(graph.nodes[t]))] += float(w)
     return out
 
@@ -100,7 +100,7 @@ def test_clean_vs_corrupted_equals_an_independent_tally(match, other):
     for g, side, key in ((a, "a", ka), (b, "b", kb)):
         res = influence(g)
         eff = defaultdict(float)
-        for n, e in zip(g.nodes, res.total_effect):
+        for n, e in zip(g.nodes, res.total_effect, strict=False):
             eff[key(n)] += float(e)
         for node, r in rows.iterrows():
             assert getattr(r, f"effect_{side}") == pytest.approx(eff.get(node, 0.0), abs=1e-6)
@@ -169,7 +169,7 @@ def test_dataset_aggregates_diff_like_their_graphs(tmp_path, position, match):
     clean, key = g["clean"], KEYS[match](g["clean"])
     weight = {t: w for t, w in clean.targets}
     into_targets = defaultdict(float)
-    for s_, t_, w_ in zip(clean.edge_source, clean.edge_target, clean.edge_weight):
+    for s_, t_, w_ in zip(clean.edge_source, clean.edge_target, clean.edge_weight, strict=False):
         target = clean.nodes[t_].id
         if target in weight:
             into_targets[key(clean.nodes[s_])] += float(w_) * weight[target]

@@ -36,7 +36,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gated(dtype: str = "float64"):
     cfg = tiny_config(norm="RMS", mlp="gated", positional="rotary", n_layers=3, d_mlp=D_MLP, n_ctx=40, d_vocab=29)
     model = tiny_model(cfg)
@@ -128,7 +128,7 @@ def test_selection_and_evaluation_rows_match_an_independent_computation():
     mm = res.group("all").control("matched_magnitude")
     assert mm is not None and len(mm.effects) == 3
     dominated = {f"neuron/{n.layer}/*/{n.index}" for n in res.echo_dominated}
-    for units, mass in zip(mm.units, mm.magnitudes):
+    for units, mass in zip(mm.units, mm.magnitudes, strict=False):
         assert not dominated & set(units)
         assert mass == pytest.approx(res.group("all").echo_mass, rel=0.05 * 1.01)
         by_layer: dict[int, float] = {}

@@ -236,5 +236,5 @@ def test_bidirectional_edges_reach_earlier_positions(tmp_path):
         expected = (ref.reader_values(r, captured)[0] - ref.reader_values(r, captured)[1:]).double().numpy()
         got = dense[g.index_of(r.id), [g.index_of(w) for w in writers]]
         np.testing.assert_allclose(got, expected, atol=1e-9 * max(1.0, np.abs(expected).max()))
-        n_later += int(sum(1 for w, e in zip(writers, expected) if w.position > r.position and abs(e) > 1e-6))
+        n_later += int(sum(1 for w, e in zip(writers, expected, strict=False) if w.position > r.position and abs(e) > 1e-6))
     assert n_later > 10

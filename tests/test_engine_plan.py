@@ -107,7 +107,7 @@ def _dense_edges(rows: DenseRows, col) -> dict[tuple[int, int], float]:
     slot_rows = {loc: block.slots()[2].numpy() for loc, block in col.writers.blocks.items()}
     out: dict[tuple[int, int], float] = {}
     for loc, lo, hi, j, values in rows.blocks:
-        for w, r in zip(*np.nonzero(values)):
+        for w, r in zip(*np.nonzero(values), strict=False):
             key = (int(rows.reader_rows[j][r]), int(slot_rows[loc][lo + w]))
             assert key not in out
             out[key] = float(values[w, r])
@@ -122,7 +122,7 @@ def test_dense_rows_hold_the_same_edges_as_compute_edges(tmp_path, variant):
     dense = compute_dense_rows(col, batch_size=3, reader_subset=subset)
     assert isinstance(sparse, EdgeResult) and isinstance(dense, DenseRows)
     got = _dense_edges(dense, col)
-    expected = {(int(t), int(s)): float(w) for t, s, w in zip(sparse.target, sparse.source, sparse.weight)}
+    expected = {(int(t), int(s)): float(w) for t, s, w in zip(sparse.target, sparse.source, sparse.weight, strict=False)}
     assert len(expected) == len(sparse.target) > 0 and set(got) == set(expected)
     scale = max(abs(w) for w in expected.values())
     assert max(abs(got[k] - expected[k]) for k in expected) <= 1e-6 * scale
@@ -158,13 +158,13 @@ def test_dense_rows_mix_locations_in_a_wave_and_stack_small_batches(tmp_path, mo
     dense = compute_dense_rows(col, batch_size=2, reader_subset=subset)
     assert calls["stacked"] > 0 and calls["mixed_waves"] > 0
     sparse = compute_edges(col, batch_size=2, reader_subset=subset)
-    expected = {(int(t), int(s)): float(w) for t, s, w in zip(sparse.target, sparse.source, sparse.weight)}
+    expected = {(int(t), int(s)): float(w) for t, s, w in zip(sparse.target, sparse.source, sparse.weight, strict=False)}
     got = _dense_edges(dense, col)
     assert set(got) == set(expected)
     scale = max(abs(w) for w in expected.values())
     assert max(abs(got[k] - expected[k]) for k in expected) <= 1e-6 * scale
     parts = engine.split_by_location(col, dense)
-    loc_of = dict(zip(col.readers.rows, col.readers.locs))
+    loc_of = dict(zip(col.readers.rows, col.readers.locs, strict=False))
     assert [loc for loc, _ in parts] == sorted({loc_of[r] for r in dense.constants}, reverse=True)
     merged: dict[tuple[int, int], float] = {}
     for loc, part in parts:
@@ -189,7 +189,7 @@ def test_row_sums_and_segments_describe_the_edges(tmp_path):
         assert edges.abs_sums[row] == pytest.approx(abs_sums[row], rel=1e-5, abs=1e-6)
     # the segments cover the edges in order, highest reader location first, each range's
     # targets reading that location
-    loc_of = dict(zip(col.readers.rows, col.readers.locs))
+    loc_of = dict(zip(col.readers.rows, col.readers.locs, strict=False))
     assert edges.segments[0][1] == 0 and edges.segments[-1][2] == len(edges.target)
     assert [s[0] for s in edges.segments] == sorted({s[0] for s in edges.segments}, reverse=True)
     for loc, start, end in edges.segments:

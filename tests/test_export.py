@@ -51,7 +51,7 @@ def make_graph(dtype=np.float32) -> AttributionGraph:
     ]
     weights = np.array([w for _, _, w in edges], dtype=dtype)
     sums = {nid: 0.0 for nid in ids}
-    for (s, t, _), w in zip(edges, weights):
+    for (s, t, _), w in zip(edges, weights, strict=False):
         sums[t] += float(w)
     constants = {f0: 0.125, f1: -0.0625, logit: 1.0 / 3.0}
     readers = {}
@@ -102,7 +102,7 @@ def make_all_kinds_graph() -> AttributionGraph:
 
 def assert_graphs_equal(a: AttributionGraph, b: AttributionGraph) -> None:
     assert len(a.nodes) == len(b.nodes)
-    for x, y in zip(a.nodes, b.nodes):
+    for x, y in zip(a.nodes, b.nodes, strict=False):
         assert x.id == y.id
         assert x.activation == y.activation
         assert x.pre_activation == y.pre_activation

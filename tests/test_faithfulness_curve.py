@@ -152,7 +152,7 @@ def _edge_key(node_id):
 
 def _edges_by_pair(g):
     return {(_edge_key(g.nodes[s].id), _edge_key(g.nodes[t].id)): float(w)
-            for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)}
+            for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False)}
 
 
 @pytest.mark.parametrize("ablation", ["mean", "patch"])
@@ -268,7 +268,7 @@ def test_edge_mean_over_two_prompts_equals_the_average_by_hand():
             for p in _MEAN]
     res = faithfulness_curve(g, sizes=[0.0, 0.3], ablation="mean", unit="edges", reference_prompts=list(_MEAN))
     order = _edge_ranking(g)
-    for k, value in zip(res.n_kept, res.values):
+    for k, value in zip(res.n_kept, res.values, strict=False):
         expected = res.full
         for e in order[k:]:
             pair = (_edge_key(g.nodes[g.edge_source[e]].id), _edge_key(g.nodes[g.edge_target[e]].id))

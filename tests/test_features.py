@@ -113,10 +113,10 @@ def _check_against_independent(directory: Path, acts: dict, bundle, d_sae: int) 
         top = items[:TOP_K]
         got = ex[(ex["layer"] == layer) & (ex["index"] == index)].sort_values("rank")
         assert got["rank"].tolist() == list(range(1, len(top) + 1))
-        assert list(zip(got["row"], got["position"])) == [(r, p) for _, r, p in top], (layer, index)
+        assert list(zip(got["row"], got["position"], strict=False)) == [(r, p) for _, r, p in top], (layer, index)
         np.testing.assert_allclose(got["activation"], [a for a, _, _ in top], rtol=1e-5, atol=1e-6)
         assert got["row_id"].tolist() == [bundle["rows"][r - 1]["id"] for _, r, _ in top]
-        for (_, r, p), (_, e) in zip(top, got.iterrows()):
+        for (_, r, p), (_, e) in zip(top, got.iterrows(), strict=False):
             tokens = bundle["rows"][r - 1]["tokens"]
             lo = max(0, p - CONTEXT)
             assert int(e["start"]) == lo and list(e["tokens"]) == tokens[lo:p + CONTEXT + 1]
@@ -205,7 +205,7 @@ def test_merge_is_independent_of_the_split():
     for feature in range(7):
         items = sorted((-float(act[i]), int(row[i]), int(pos[i])) for i in range(n) if g[i] == feature)[:4]
         expected += [(feature, -a, r, p) for a, r, p in items]
-    assert list(zip(whole.g.tolist(), whole.act.tolist(), whole.row.tolist(), whole.pos.tolist())) == expected
+    assert list(zip(whole.g.tolist(), whole.act.tolist(), whole.row.tolist(), whole.pos.tolist(), strict=False)) == expected
     parts = FeatureState.empty(4, 3)
     for chunk in np.array_split(gen.permutation(n), 9):
         parts = state(chunk).merge(parts)
@@ -254,9 +254,9 @@ def test_features_from_a_graph(bundle, tmp_path):
                  features={"from_graph": str(tmp_path / "graph.json")})
     circuitgraph.run(spec)
     feats = open_features(tmp_path / "sel").features
-    assert list(zip(feats["layer"], feats["index"])) == wanted
+    assert list(zip(feats["layer"], feats["index"], strict=False)) == wanted
     ex = open_features(tmp_path / "sel").examples
-    assert set(zip(ex["layer"], ex["index"])) <= set(wanted)
+    assert set(zip(ex["layer"], ex["index"], strict=False)) <= set(wanted)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -445,7 +445,7 @@ def test_other_dictionaries_and_models_match_the_independent_top_k(tmp_path, mod
     for key, items in expected.items():
         top = sorted(items, key=lambda x: (-x[0], x[1], x[2]))[:4]
         got = ex[(ex["layer"] == key[0]) & (ex["index"] == key[1])].sort_values("rank")
-        assert list(zip(got["row"], got["position"])) == [(r, p) for _, r, p in top], key
+        assert list(zip(got["row"], got["position"], strict=False)) == [(r, p) for _, r, p in top], key
         np.testing.assert_allclose(got["activation"], [a for a, _, _ in top], rtol=1e-5, atol=1e-6)
 
 

@@ -164,7 +164,7 @@ def test_gemmascope2_clt_published_layout(tmp_path, out, skip):
     ctx = g.context
     base = frozen_reader_values(ctx)
     scale = float(np.abs(g.edge_weight).max())
-    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight)}
+    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight, strict=False)}
     for f in [n.id for n in g.nodes if n.kind == "feature" and n.layer == 0][:3]:
         after = frozen_reader_values(ctx, [f])
         for r, v in base.items():

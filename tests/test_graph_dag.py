@@ -30,7 +30,7 @@ def shuffled(g: AttributionGraph, seed: int) -> AttributionGraph:
 
 
 def _by_id(g: AttributionGraph, values: np.ndarray) -> dict:
-    return {n.id: v for n, v in zip(g.nodes, values)}
+    return {n.id: v for n, v in zip(g.nodes, values, strict=False)}
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -40,15 +40,15 @@ def test_merge_edges_sums_each_pair_once(seed):
     n, t, s, w = _random_edges(seed)
     t, s, w = np.concatenate([t, t[:20]]), np.concatenate([s, s[:20]]), np.concatenate([w, -w[:10], w[10:20]])
     ref: dict[tuple[int, int], float] = {}
-    for a, b, x in zip(t.tolist(), s.tolist(), w.tolist()):
+    for a, b, x in zip(t.tolist(), s.tolist(), w.tolist(), strict=False):
         ref[(a, b)] = ref.get((a, b), 0.0) + x
     mt, ms, mw, inv = merge_edges(t, s, w, n)
-    assert list(zip(mt.tolist(), ms.tolist())) == sorted(ref)
+    assert list(zip(mt.tolist(), ms.tolist(), strict=False)) == sorted(ref)
     np.testing.assert_allclose(mw, [ref[k] for k in sorted(ref)], rtol=1e-14, atol=1e-15)
     assert (mt[inv] == t).all() and (ms[inv] == s).all()
     zt, zs, zw, zinv = merge_edges(t, s, w, n, drop_zeros=True)
     assert zinv is None and (zw != 0).all()
-    assert set(zip(zt.tolist(), zs.tolist())) == {k for k, v in ref.items() if v != 0}
+    assert set(zip(zt.tolist(), zs.tolist(), strict=False)) == {k for k, v in ref.items() if v != 0}
 
 
 def test_incoming_sums_and_grouping():

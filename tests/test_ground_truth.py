@@ -18,8 +18,8 @@ from circuitgraph.queries.ground_truth import component_edges
 
 def _brute_auc(scores, labels):
     """Every (positive, negative) pair: 1 if the positive scores higher, 1/2 on a tie."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
+    pos = [s for s, y in zip(scores, labels, strict=False) if y]
+    neg = [s for s, y in zip(scores, labels, strict=False) if not y]
     total = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg))
     return total / (len(pos) * len(neg))
 

@@ -45,7 +45,7 @@ def _graph(adapter, tcs, **opts):
 
 def _edges(g) -> dict[tuple[str, str], float]:
     ids = [n.id for n in g.nodes]
-    return {(str(ids[t]), str(ids[s])): float(w) for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight)}
+    return {(str(ids[t]), str(ids[s])): float(w) for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight, strict=False)}
 
 
 def _assert_same_edges(a, b, rtol=1e-6):
@@ -189,7 +189,7 @@ def _part_rows(p):
 def _global_fold(col, rows, selected):
     """The reference: every computed edge at once, one global sort of (target, new source)."""
     parts = [_part_edges(p, rows.slot_rows) for _, p in rows.parts]
-    t, s, w = (np.concatenate(x) for x in zip(*parts))
+    t, s, w = (np.concatenate(x) for x in zip(*parts, strict=False))
     nodes, rd = col.nodes, col.readers
     keep = {rd.rows[i] for i in selected}
     dropped = [r for r in rd.rows if nodes[r].kind == "feature" and r not in keep]
@@ -199,7 +199,7 @@ def _global_fold(col, rows, selected):
     src = {r: i for i, r in enumerate(kept)}
     src.update({r: len(kept) + rem.index((nodes[r].layer, nodes[r].position)) for r in dropped})
     out: dict[tuple[NodeId, NodeId], float] = {}
-    for a, b, c in zip(t.tolist(), s.tolist(), w.tolist()):
+    for a, b, c in zip(t.tolist(), s.tolist(), w.tolist(), strict=False):
         key = (new_ids[src[a]], new_ids[src[b]])
         out[key] = out.get(key, 0.0) + c
     return {k: v for k, v in out.items() if v != 0}
@@ -220,7 +220,7 @@ def test_max_feature_nodes_parts_fold_like_one_global_fold(dense):
     ref = _global_fold(col, rows, selected)
     nodes, edges, _ = fold_unselected(col, rows, selected)
     ids = [n.id for n in nodes]
-    got = {(ids[t], ids[s]): float(w) for t, s, w in zip(edges.target, edges.source, edges.weight)}
+    got = {(ids[t], ids[s]): float(w) for t, s, w in zip(edges.target, edges.source, edges.weight, strict=False)}
     assert got.keys() == ref.keys()
     assert max(abs(got[k] - ref[k]) for k in ref) <= 1e-12 * max(abs(v) for v in ref.values())
     assert rows.parts == []  # released while folding
@@ -309,8 +309,8 @@ def test_dense_rows_select_and_fold_like_squeezed_edges():
     a = fold_unselected(col, dense_rows, dense_sel)
     b = fold_unselected(col, sparse_rows, sparse_sel)
     assert [n.id for n in a[0]] == [n.id for n in b[0]]
-    got = {(int(t), int(s)): float(w) for t, s, w in zip(a[1].target, a[1].source, a[1].weight)}
-    ref = {(int(t), int(s)): float(w) for t, s, w in zip(b[1].target, b[1].source, b[1].weight)}
+    got = {(int(t), int(s)): float(w) for t, s, w in zip(a[1].target, a[1].source, a[1].weight, strict=False)}
+    ref = {(int(t), int(s)): float(w) for t, s, w in zip(b[1].target, b[1].source, b[1].weight, strict=False)}
     assert got.keys() == ref.keys()
     assert max(abs(got[k] - ref[k]) for k in ref) <= 1e-12 * max(abs(v) for v in ref.values())
     assert a[1].constants.keys() == b[1].constants.keys()
@@ -363,8 +363,8 @@ def test_selection_makes_each_blocks_vectors_once_and_releases_them(monkeypatch)
     monkeypatch.setattr(engine_mod, "HELD_WRITERS_BYTES", 0)  # vectors made per chunk instead
     rows2, selected2 = select_and_compute(col, n_features // 3, batch_size=4, update_interval=1)
     assert selected2 == selected
-    for (l1, p1), (l2, p2) in zip(rows.edges(), rows2.edges()):
+    for (l1, p1), (l2, p2) in zip(rows.edges(), rows2.edges(), strict=False):
         assert l1 == l2
-        for b1, b2 in zip(p1.blocks, p2.blocks):
+        for b1, b2 in zip(p1.blocks, p2.blocks, strict=False):
             assert b1[:4] == b2[:4]
             np.testing.assert_allclose(b1[4], b2[4], rtol=1e-5, atol=1e-6)

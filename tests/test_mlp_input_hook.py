@@ -56,7 +56,7 @@ def _check_interventions(g, n_layers: int) -> None:
     scale = float(np.abs(g.edge_weight).max())
     feats = [n.id for n in g.nodes if n.kind == "feature" and n.layer < n_layers - 1][:3]
     assert feats
-    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight)}
+    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight, strict=False)}
     for f in feats:
         after = frozen_reader_values(ctx, [f])
         for r, v in base.items():

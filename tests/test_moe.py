@@ -103,7 +103,7 @@ def test_expert_neurons_are_the_routed_experts_and_sum_to_the_layer_output(famil
     for l in range(2):
         for t in range(1, len(TOKENS)):
             nodes = [n for n in g.nodes if n.kind == "neuron" and n.layer == l and n.position == t]
-            chosen = dict(zip(ref[l]["indices"][t].tolist(), ref[l]["weights"][t].tolist()))
+            chosen = dict(zip(ref[l]["indices"][t].tolist(), ref[l]["weights"][t].tolist(), strict=False))
             # the nodes are the neurons of the experts the router chose, with its weights
             assert {n.attrs["expert"] for n in nodes} == set(chosen)
             total = torch.zeros(adapter.facts.d_model, dtype=torch.float64)

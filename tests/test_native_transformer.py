@@ -199,7 +199,7 @@ def test_folder_loads_natively_and_the_graph_equals_transformer_lens(tmp_path, n
     assert [n.id for n in a.nodes] == [n.id for n in b.nodes]
     assert np.array_equal(a.edge_source, b.edge_source) and np.array_equal(a.edge_target, b.edge_target)
     np.testing.assert_allclose(a.edge_weight, b.edge_weight, rtol=1e-12, atol=1e-12 * np.abs(b.edge_weight).max())
-    for x, y in zip(a.nodes, b.nodes):
+    for x, y in zip(a.nodes, b.nodes, strict=False):
         for field in ("activation", "constant"):
             u, v = getattr(x, field), getattr(y, field)
             assert (u is None) == (v is None) and (u is None or abs(u - v) <= 1e-12 * max(1.0, abs(v))), (x.id, field)

@@ -43,7 +43,7 @@ def fixture_spec(name: str, **overrides) -> dict:
     return spec
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fixture_run(name: str, variant: str = "default"):
     from circuitgraph import run
 

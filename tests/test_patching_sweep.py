@@ -21,7 +21,7 @@ CORRUPTED = [1, 5, 8, 2, 9, 4, 11, 3]
 A, B = 3, 4  # metric: logit(A) - logit(B) at the last position
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model(mlp: str):
     cfg = tiny_config(norm="RMS" if mlp == "gated" else "LN", mlp=mlp,
                       positional="rotary" if mlp == "gated" else "learned", n_layers=3, d_mlp=24)

@@ -127,7 +127,7 @@ def test_clt_before_post_norm_edges_equal_frozen_model_interventions(tmp_path):
     ctx = g.context
     base = frozen_reader_values(ctx)
     scale = float(np.abs(g.edge_weight).max())
-    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight)}
+    edges = {(g.nodes[t].id, g.nodes[s].id): w for t, s, w in zip(g.edge_target, g.edge_source, g.edge_weight, strict=False)}
     feats = [n.id for n in g.nodes if n.kind == "feature" and n.layer < adapter.facts.n_layers - 1][:4]
     errors = [n.id for n in g.nodes if n.kind == "error" and n.layer == 0][:2]
     assert feats and errors

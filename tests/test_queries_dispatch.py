@@ -17,7 +17,7 @@ from tests.test_queries_graphs import attributed, chain_graph
 def spec_items(g: AttributionGraph) -> list:
     """One item of every query kind, valid for the ln-gelu transcoder graph."""
     feature = next(n.id for n in g.nodes if n.kind == "feature" and n.layer == 1)
-    edge = max(zip(g.edge_source, g.edge_target, g.edge_weight), key=lambda x: abs(x[2]))
+    edge = max(zip(g.edge_source, g.edge_target, g.edge_weight, strict=False), key=lambda x: abs(x[2]))
     return [
         sq.TopPathsQuery(top_paths={"source": {"kind": "embedding"}, "k": 3, "expand_heads": True}),
         sq.TopPathsQuery(top_paths={"source": {"kind": "embedding"}, "target": {"kind": "feature", "layer": 1},

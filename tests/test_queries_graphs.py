@@ -130,7 +130,7 @@ ARCHS = {"ln-gelu": dict(norm="LN", mlp="gelu", positional="learned"),
          "rms-gated": dict(norm="RMS", mlp="gated", positional="rotary")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attributed(arch: str, granularity: str = "neurons") -> AttributionGraph:
     """A float64 graph of a tiny model on :data:`PROMPT` (cached): ``neurons`` (top 4 per
     position, rest in a remainder), ``transcoders`` (stub ReLU transcoders), or ``heads``

@@ -21,7 +21,7 @@ from tests.test_queries_graphs import ARCHS, attributed, chain_graph, random_dag
 def all_paths(g: AttributionGraph, sources, targets, *, through=(), avoid=None, max_length=None):
     """Every path (as rows) from a source row to a target row, by depth-first search."""
     out_edges: dict[int, list[int]] = {}
-    for s, t in zip(g.edge_source.tolist(), g.edge_target.tolist()):
+    for s, t in zip(g.edge_source.tolist(), g.edge_target.tolist(), strict=False):
         out_edges.setdefault(s, []).append(t)
     avoid = np.zeros(g.n_nodes, dtype=bool) if avoid is None else avoid
     found = []
@@ -46,10 +46,10 @@ def brute_value(g: AttributionGraph, rows: list[int], rank: str) -> float:
     E = g.dense_adjacency()
     if rank == "normalized":
         A = np.abs(E) / np.maximum(np.abs(E).sum(1, keepdims=True), 1e-10)
-        return float(np.prod([A[v, u] for u, v in zip(rows[:-1], rows[1:])]))
+        return float(np.prod([A[v, u] for u, v in zip(rows[:-1], rows[1:], strict=False)]))
     d = [n.pre_activation if n.pre_activation is not None else n.activation for n in g.nodes]
     value = E[rows[1], rows[0]]
-    for u, v in zip(rows[1:-1], rows[2:]):
+    for u, v in zip(rows[1:-1], rows[2:], strict=False):
         value *= E[v, u] / d[u]
     return float(value)
 
@@ -69,7 +69,7 @@ def test_exact_kbest_equals_brute_force(seed, rank):
     res = top_paths(g, {"kind": ["embedding", "error"]}, k=8, rank=rank, method="exact")
     assert res.method == "exact"
     assert rows_of(g, res) == scored[:8]
-    for p, rows in zip(res.paths, scored):
+    for p, rows in zip(res.paths, scored, strict=False):
         assert p.contribution == pytest.approx(brute_value(g, rows, "exact"), rel=1e-12)
         assert p.normalized_weight == pytest.approx(brute_value(g, rows, "normalized"), rel=1e-12)
         assert p.share == pytest.approx(p.contribution / g.node(p.nodes[-1]).pre_activation)
@@ -177,7 +177,7 @@ def test_head_split_sums_to_edge(arch, granularity):
     g = attributed(arch, granularity)
     edges = _strongest_edges(g, 8)
     # and edges that must cross positions (through attention only)
-    edges += [(g.nodes[s].id, g.nodes[t].id) for s, t in zip(g.edge_source, g.edge_target)
+    edges += [(g.nodes[s].id, g.nodes[t].id) for s, t in zip(g.edge_source, g.edge_target, strict=False)
               if g.nodes[s].position < g.nodes[t].position][:4]
     for s, t in edges:
         by_head = head_split(g, s, t)
@@ -219,12 +219,12 @@ def test_expand_heads_is_exact():
     res = top_paths(g, {"kind": "embedding"}, k=4, expand_heads=True)
     for p in res.paths:
         assert p.edge_parts is not None and len(p.edge_parts) == len(p.nodes) - 1
-        for parts, w in zip(p.edge_parts, p.edge_weights):
+        for parts, w in zip(p.edge_parts, p.edge_weights, strict=False):
             assert sum(x.value for x in parts) == pytest.approx(w, rel=1e-10, abs=1e-13)
         # each head-resolved version = contribution * prod(part / edge)
         labels = [{x.label: x.value for x in parts} for parts in p.edge_parts]
         for h in p.head_resolved:
-            frac = np.prod([lab[v] / w for lab, v, w in zip(labels, h.via, p.edge_weights)])
+            frac = np.prod([lab[v] / w for lab, v, w in zip(labels, h.via, p.edge_weights, strict=False)])
             assert h.contribution == pytest.approx(p.contribution * frac, rel=1e-10)
         assert abs(p.head_resolved[0].contribution) >= abs(p.head_resolved[-1].contribution)
     json.dumps(res.to_dict())
@@ -241,6 +241,6 @@ def test_head_split_and_expansion_on_a_pruned_graph():
     assert head_split(pruned, s, t).by_head() == pytest.approx(head_split(g, s, t).by_head())
     res = top_paths(pruned, {"kind": ["embedding", "remainder"]}, k=6, expand_heads=True)
     for p in res.paths:
-        for parts, w in zip(p.edge_parts, p.edge_weights):
+        for parts, w in zip(p.edge_parts, p.edge_weights, strict=False):
             assert sum(x.value for x in parts) == pytest.approx(w, rel=1e-10, abs=1e-13)
     assert any(x.label == "unsplit" for p in res.paths for parts in p.edge_parts for x in parts)

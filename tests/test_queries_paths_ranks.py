@@ -31,7 +31,7 @@ def bottleneck_share(g: AttributionGraph, rows: list[int]) -> float:
     """The smallest ``|E[v, u] y_T[v]|`` over the path's edges, over ``|pre_T|``."""
     E = g.dense_adjacency()
     y = dense_gradients(g, rows[-1])
-    flows = [abs(E[v, u] * y[v]) for u, v in zip(rows[:-1], rows[1:])]
+    flows = [abs(E[v, u] * y[v]) for u, v in zip(rows[:-1], rows[1:], strict=False)]
     return min(flows) / abs(g.nodes[rows[-1]].pre_activation)
 
 
@@ -73,7 +73,7 @@ def test_flow_rank_equals_brute_force(seed):
         assert abs(p.flow_share) == pytest.approx(bottleneck_share(g, rows), rel=1e-9)
         assert p.contribution == pytest.approx(brute_value(g, rows, "exact"), rel=1e-12)
     # equal bottlenecks: the larger contribution first
-    for a, b in zip(res.paths, res.paths[1:]):
+    for a, b in zip(res.paths, res.paths[1:], strict=False):
         if abs(a.flow_share) == pytest.approx(abs(b.flow_share), rel=1e-12):
             assert abs(a.contribution) >= abs(b.contribution)
     assert "weakest edge's share" in res.table() and "flow_share" in res.to_dict()["paths"][0]

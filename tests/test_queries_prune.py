@@ -36,7 +36,7 @@ def test_same_kept_sets_as_circuit_tracer_on_its_graphs(circuit_tracer_graphs, n
     res = prune_graph(g)  # defaults 0.8 / 0.98, as run_ct.py used
     np.testing.assert_array_equal(res.node_mask, ref["node_mask"])
     ref_edges = {tuple(x) for x in ref["edge_mask_indices"].tolist()}
-    ours = {(int(t), int(s)) for t, s in zip(g.edge_target[res.edge_mask], g.edge_source[res.edge_mask])}
+    ours = {(int(t), int(s)) for t, s in zip(g.edge_target[res.edge_mask], g.edge_source[res.edge_mask], strict=False)}
     assert ours == ref_edges
     np.testing.assert_allclose(res.cumulative_scores, ref["cumulative_scores"], atol=1e-5)
 
@@ -132,7 +132,7 @@ def test_same_kept_sets_as_circuit_tracers_code_on_random_graphs(tmp_path):
     subprocess.run([python, str(script), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
                    check=True, capture_output=True, timeout=120)
     ref = np.load(tmp_path / "out.npz")
-    for i, (g, (_, nt, et)) in enumerate(zip(graphs, cases)):
+    for i, (g, (_, nt, et)) in enumerate(zip(graphs, cases, strict=False)):
         res = prune_graph(g, nt, et)
         np.testing.assert_array_equal(res.node_mask, ref[f"node{i}"], err_msg=f"case {i}")
         em = np.zeros_like(ref[f"edge{i}"])
@@ -184,10 +184,10 @@ def test_pruned_attributed_graph_is_complete(arch, granularity):
 def test_remainder_per_source_layer_and_position():
     g = random_dag(2, n_layers=3, n_pos=3)
     res = prune_graph(g, 0.3, 0.5)
-    dropped = {(n.layer, n.position) for n, keep in zip(g.nodes, res.node_mask) if not keep}
+    dropped = {(n.layer, n.position) for n, keep in zip(g.nodes, res.node_mask, strict=False) if not keep}
     assert {(r.layer, r.position) for r in res.remainder_nodes} >= {
         (g.nodes[s].layer, g.nodes[s].position) for s, t, k in
-        zip(g.edge_source, g.edge_target, res.edge_mask) if not k and res.node_mask[t]}
+        zip(g.edge_source, g.edge_target, res.edge_mask, strict=False) if not k and res.node_mask[t]}
     assert dropped  # something was pruned
 
 

@@ -61,7 +61,7 @@ def test_subgraph_by_filter():
     assert all(n.kind == "feature" and n.layer <= 1 and n.position == 2 for n in res.graph.nodes)
     assert res.graph.n_nodes == 4
     kept = set(res.graph.node_ids())
-    expected = sum(1 for s, t in zip(g.edge_source, g.edge_target)
+    expected = sum(1 for s, t in zip(g.edge_source, g.edge_target, strict=False)
                    if g.nodes[s].id in kept and g.nodes[t].id in kept)
     assert res.graph.n_edges == expected
     d = res.to_dict()
@@ -94,7 +94,7 @@ def test_supernode_sums_equal_edge_sums():
     assert sum(w for _, _, w, _ in res.edges) == pytest.approx(float(g.edge_weight.sum()))
     l0 = {str(n) for n in res.members("L0")}
     l1 = {str(n) for n in res.members("L1")}
-    direct = sum(w for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)
+    direct = sum(w for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False)
                  if str(g.nodes[s].id) in l0 and str(g.nodes[t].id) in l1)
     assert res.weight("L0", "L1") == pytest.approx(direct)
 
@@ -214,7 +214,7 @@ def test_virtual_weight_times_frozen_factors_is_the_residual_part_of_the_edge():
     res = virtual_weights(g, {"kind": "feature", "layer": 0}, {"kind": "feature", "layer": 1}, top_k=10_000)
     vw = {(str(s), str(t)): w for s, t, w in res.rows}
     checked = 0
-    for s_row, t_row in zip(g.edge_source, g.edge_target):
+    for s_row, t_row in zip(g.edge_source, g.edge_target, strict=False):
         s, t = g.nodes[s_row], g.nodes[t_row]
         if s.kind == t.kind == "feature" and s.layer == 0 and t.layer == 1 and s.position == t.position:
             sigma = float(lin.sigma[("ln2", 1)][t.position])
@@ -245,7 +245,7 @@ def test_de_embedding_equals_embedding_edges_without_frozen_factors():
     g = attributed("ln-gelu", "neurons")
     lin = g.context.linearisation
     checked = 0
-    for s_row, t_row in zip(g.edge_source, g.edge_target):
+    for s_row, t_row in zip(g.edge_source, g.edge_target, strict=False):
         s, t = g.nodes[s_row], g.nodes[t_row]
         if not (s.kind == "embedding" and t.kind == "neuron" and t.layer == 0):
             continue

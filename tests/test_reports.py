@@ -32,7 +32,7 @@ from tests.test_queries_graphs import attributed
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot binary not installed")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def report_run():
     """A run with queries and a validation check with controls (tiny fixture, fast)."""
     from circuitgraph import run

@@ -55,7 +55,7 @@ def _assert_same(a: TranscoderSet, b: TranscoderSet) -> None:
                      "activation_kind", "d_sae"):
             assert getattr(x, attr) == getattr(y, attr), attr
         assert (x.sae_input is None) == (y.sae_input is None)
-        for s, t in zip(x.sae_input or (), y.sae_input or ()):
+        for s, t in zip(x.sae_input or (), y.sae_input or (), strict=False):
             assert (s is None and t is None) or torch.equal(s, t)
         assert x.sae.dtype == y.sae.dtype and x.sae.cfg.architecture() == y.sae.cfg.architecture()
         assert x.describe() == y.describe()

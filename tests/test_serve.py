@@ -97,7 +97,7 @@ def test_api_graph_is_prune_graph_exactly(server, folder, name):
         ids = [str(i) for i in expected.graph.node_ids()]
         want = [(ids[s], ids[t], w) for s, t, w in zip(expected.graph.edge_source.tolist(),
                                                         expected.graph.edge_target.tolist(),
-                                                        expected.graph.edge_weight.tolist())]
+                                                        expected.graph.edge_weight.tolist(), strict=False)]
         assert got == want  # the same edges, weights equal as floats (no rounding on the way)
         assert (view["node_threshold"], view["edge_threshold"]) == (nt, et)
         kept = expected.node_influence[expected.node_mask]

@@ -41,7 +41,7 @@ ARCHS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(kind: str, arch: str = "gpt2"):
     """(adapter, dictionary, raw weights, graph): float64, loaded from files like any local model."""
     model = tiny_model(**ARCHS[arch])
@@ -166,7 +166,7 @@ def _check_against_reference(kind, what, mode, value, positions, freeze, arch="g
                 freeze_attention=freeze)
     tokens, probs, metric = _reference(adapter.model, what, mode, value, positions, weights, freeze)
     assert res.intervened.tokens == tokens
-    for step, p in zip(res.intervened.steps, probs):
+    for step, p in zip(res.intervened.steps, probs, strict=False):
         got = torch.zeros_like(p)
         for entry in step["top"]:
             got[entry["token"]] = entry["probability"]
@@ -176,9 +176,9 @@ def _check_against_reference(kind, what, mode, value, positions, freeze, arch="g
     base_tokens, base_probs, base_metric = _reference(adapter.model, what, "scale", 1.0, positions, weights, False)
     assert res.baseline.tokens == base_tokens
     assert [s["probability"] for s in res.baseline.steps] == pytest.approx(
-        [float(p[t]) for p, t in zip(base_probs, base_tokens)], abs=1e-12)
+        [float(p[t]) for p, t in zip(base_probs, base_tokens, strict=False)], abs=1e-12)
     # the intervention matters, so the comparison cannot pass by doing nothing
-    assert max(float((p - q).abs().max()) for p, q in zip(probs, base_probs)) > 1e-4
+    assert max(float((p - q).abs().max()) for p, q in zip(probs, base_probs, strict=False)) > 1e-4
     assert res.metric["actual"] == pytest.approx(metric - base_metric, abs=1e-12)
     return res
 
@@ -244,7 +244,7 @@ def test_metric_is_reported_beside_the_graphs_predictions(kind):
     assert m["predicted_direct"] == pytest.approx(-D[row], rel=1e-12)
     assert m["predicted_total"] == pytest.approx(-V[row], rel=1e-12)
     # the direct edge is the sum of the edges from the node into the target, weighted
-    edges = [float(w) for s, t, w in zip(graph.edge_source, graph.edge_target, graph.edge_weight)
+    edges = [float(w) for s, t, w in zip(graph.edge_source, graph.edge_target, graph.edge_weight, strict=False)
              if s == row and graph.nodes[t].id == graph.target_ids[0]]
     assert m["predicted_direct"] == pytest.approx(-sum(edges), rel=1e-9)
     assert m["actual"] != 0 and m["baseline"] == pytest.approx(graph.node(graph.target_ids[0]).pre_activation)

@@ -177,7 +177,7 @@ def test_ground_truth_scores_the_graphs_own_component_edges(program, request):
 
 
 def _edge_items(g):
-    for s, t, w in zip(g.edge_source.tolist(), g.edge_target.tolist(), g.edge_weight.tolist()):
+    for s, t, w in zip(g.edge_source.tolist(), g.edge_target.tolist(), g.edge_weight.tolist(), strict=False):
         yield (g.nodes[s].id, g.nodes[t].id), w
 
 def _n_layers(c) -> int:

@@ -70,7 +70,7 @@ def test_a_silent_endpoint_times_out_within_the_probe(no_hub, monkeypatch):
 
     def hang(address, timeout=None):
         assert timeout == 0.2
-        raise socket.timeout("timed out")
+        raise TimeoutError("timed out")
 
     monkeypatch.setattr(socket, "create_connection", hang)
     with pytest.raises(LoadError, match="timed out, within 0.2 s"):

@@ -45,7 +45,7 @@ def _spec(tmp: Path, **extra) -> dict:
     return spec
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run(tmp: str):
     return circuitgraph.run(_spec(Path(tmp)))
 

@@ -129,14 +129,14 @@ def _check_order(got: list[tuple], want: list[tuple], got_acts, want_acts, what)
     k = len(got)
     assert k == min(TOP_K, len(want)), what
     np.testing.assert_allclose(got_acts, want_acts[:k], rtol=2e-5, atol=2e-6, err_msg=str(what))
-    keys = [(-float(a), *g) for a, g in zip(got_acts, got)]
+    keys = [(-float(a), *g) for a, g in zip(got_acts, got, strict=False)]
     assert keys == sorted(keys), (what, keys)
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g != w:
             j = want.index(g) if g in want else None
             assert j is not None and abs(want_acts[j] - want_acts[i]) <= 2e-5 * abs(want_acts[i]) + 2e-6, \
                 (what, i, g, w)
-    return sum(1 for a, b in zip(got_acts, got_acts[1:]) if a == b)
+    return sum(1 for a, b in zip(got_acts, got_acts[1:], strict=False) if a == b)
 
 
 def test_neuron_top_k_equals_an_independent_top_k(bundle, runs, expected):
@@ -148,7 +148,7 @@ def test_neuron_top_k_equals_an_independent_top_k(bundle, runs, expected):
     ties = 0
     for layer in range(n_layers):
         items = []  # (activation, row, position, neuron)
-        for number, (row, (neurons, _)) in enumerate(zip(bundle["rows"], expected), start=1):
+        for number, (row, (neurons, _)) in enumerate(zip(bundle["rows"], expected, strict=False), start=1):
             a = neurons[layer]
             for pos in range(_first(row["tokens"]), a.shape[0]):
                 items += [(float(a[pos, j]), number, pos, j) for j in range(d_mlp)]
@@ -156,7 +156,7 @@ def test_neuron_top_k_equals_an_independent_top_k(bundle, runs, expected):
             mine = sorted((x for x in items if x[3] == j), key=lambda x: (-x[0], x[1], x[2]))
             top, ranking = mine[:TOP_K], mine[:TOP_K + 5]
             got = ex[(ex["layer"] == layer) & (ex["index"] == j)].sort_values("rank")
-            ties += _check_order(list(zip(got["row"], got["position"])), [(r, p) for _, r, p, _ in ranking],
+            ties += _check_order(list(zip(got["row"], got["position"], strict=False)), [(r, p) for _, r, p, _ in ranking],
                          got["activation"].to_numpy(np.float64), [a for a, _, _, _ in ranking], (layer, j))
             rec = feats[(feats["layer"] == layer) & (feats["index"] == j)].iloc[0]
             assert rec["n_active"] == sum(1 for x in mine if x[0] != 0)
@@ -181,13 +181,13 @@ def test_head_top_k_equals_an_independent_top_k(bundle, runs, expected, metric):
     for layer in range(2):
         for h in range(4):
             items = []
-            for number, (row, (_, heads)) in enumerate(zip(bundle["rows"], expected), start=1):
+            for number, (row, (_, heads)) in enumerate(zip(bundle["rows"], expected, strict=False), start=1):
                 v = heads[layer][which][h]
                 f = _first(row["tokens"])
                 items += [(float(v[q, k]), number, q, k) for q in range(f, v.shape[0]) for k in range(f, q + 1)]
             ranking = sorted(items, key=lambda x: (-x[0], x[1], x[2], x[3]))[:TOP_K + 5]
             got = ex[(ex["layer"] == layer) & (ex["index"] == h) & (ex["metric"] == metric)].sort_values("rank")
-            _check_order(list(zip(got["row"], got["position"], got["key_position"])),
+            _check_order(list(zip(got["row"], got["position"], got["key_position"], strict=False)),
                          [(r, q, k) for _, r, q, k in ranking], got["activation"].to_numpy(np.float64),
                          [a for a, *_ in ranking], (layer, h, metric))
             for _, e in got.iterrows():
@@ -260,7 +260,7 @@ def test_neurons_of_a_graph(bundle, runs, tmp_path):
     circuitgraph.run(_spec(bundle, out, {"kind": "local", "workers": 1}, units="neurons",
                            features={"from_graph": str(tmp_path / "graph.json")}))
     feats = open_features(out).features
-    assert set(zip(feats["layer"], feats["index"])) == wanted
+    assert set(zip(feats["layer"], feats["index"], strict=False)) == wanted
     full = open_features(runs["neurons"].directory).examples
     mine = open_features(out).examples
     for layer, index in sorted(wanted)[:5]:
@@ -426,12 +426,12 @@ def test_real_model_neurons_and_heads_equal_an_independent_top_k(smollm2_dir, tm
     for j, items in neuron_items.items():
         ranking = sorted(items, key=lambda x: (-x[0], x[1], x[2]))[:TOP_K + 5]
         sel = sn.g == j
-        _check_order(list(zip(sn.row[sel].tolist(), sn.pos[sel].tolist())), [(r, p) for _, r, p in ranking],
+        _check_order(list(zip(sn.row[sel].tolist(), sn.pos[sel].tolist(), strict=False)), [(r, p) for _, r, p in ranking],
                      sn.act[sel].astype(np.float64), [a for a, _, _ in ranking], ("L25 neuron", j))
     for (h, m), items in head_items.items():
         ranking = sorted(items, key=lambda x: (-x[0], x[1], x[2], x[3]))[:TOP_K + 5]
         sel = sh.g == h * 2 + ("attention", "norm").index(m)
-        _check_order(list(zip(sh.row[sel].tolist(), sh.pos[sel].tolist(), sh.key[sel].tolist())),
+        _check_order(list(zip(sh.row[sel].tolist(), sh.pos[sel].tolist(), sh.key[sel].tolist(), strict=False)),
                      [(r, q, k) for _, r, q, k in ranking], sh.act[sel].astype(np.float64),
                      [a for a, *_ in ranking], ("L3 head", h, m))
 

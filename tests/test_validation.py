@@ -60,7 +60,7 @@ def one_thread():
 CORRUPTED = [1, 5, 8, 2, 9, 4]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(dtype: str, norm: str, mlp: str, positional: str):
     model = tiny_model(norm=norm, mlp=mlp, positional=positional)
     tcs = random_transcoders(model)
@@ -219,7 +219,7 @@ def test_batched_rows_match_single_runs():
     ivs = [Intervention.zero([Unit("neuron", 0, 2, i)]) for i in range(5)]
     ivs.append(Intervention.scaled([Unit("feature", 1, None, None)], 0.3))
     out = run_rows(adapter, CLEAN, [[iv] for iv in ivs], metric, transcoders=tcs, batch_size=4)
-    for iv, value in zip(ivs, out.metric.tolist()):
+    for iv, value in zip(ivs, out.metric.tolist(), strict=False):
         single = measure_intervention(adapter, CLEAN, iv, metric, transcoders=tcs).after
         assert value == pytest.approx(single, abs=1e-12)
 

@@ -108,7 +108,7 @@ def compare(job: dict, *, dtype: torch.dtype = torch.float32) -> dict:
     adapter = load_model_dir(job["model"])
     clt = load_dictionaries(job["clt"], adapter)
     targets = [ResolvedTarget("logit", len(tokens) - 1, float(p), (int(v),), True, probability=float(p))
-               for v, p in zip(ct["logit_tokens"].tolist(), ct["logit_probabilities"].tolist())]
+               for v, p in zip(ct["logit_tokens"].tolist(), ct["logit_probabilities"].tolist(), strict=False)]
     g = attribute(adapter, tokens, clt, targets, dtype=dtype)
     order = [NodeId("feature", *map(int, active[i])) for i in selected.tolist()]
     order += [NodeId("error", l, p, 0) for l in range(L) for p in range(P)]

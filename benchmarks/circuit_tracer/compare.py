@@ -45,7 +45,7 @@ def compare(bundle: Path, ct_npz: Path, *, dtype: str = "float32") -> dict:
     adapter = load_model_dir(bundle / "model", dtype=dtype)
     tcs = TranscoderSet.from_dir(bundle / "transcoders", adapter, dtype=torch_dtype(dtype))
     targets = [ResolvedTarget("logit", len(tokens) - 1, float(p), (int(v),), True, probability=float(p))
-               for v, p in zip(logit_tokens, probs)]
+               for v, p in zip(logit_tokens, probs, strict=False)]
     g = attribute(adapter, tokens, tcs, targets, dtype=torch_dtype(dtype))
     seconds = time.perf_counter() - t0
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 

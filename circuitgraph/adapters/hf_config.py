@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from circuitgraph.errors import LoadError
 

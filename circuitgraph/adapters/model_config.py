@@ -17,8 +17,9 @@ against the weights file before anything is allocated).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError

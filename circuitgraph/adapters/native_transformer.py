@@ -23,8 +23,9 @@ import contextlib
 import dataclasses
 import io
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +174,7 @@ class NativeConfig:
             raise ValueError("d_vocab must be given (there is no tokenizer to infer it from)")
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> "NativeConfig":
+    def from_kwargs(cls, **kwargs: Any) -> NativeConfig:
         """From HookedTransformerConfig keyword arguments (``init_weights`` and other bookkeeping
         fields of TransformerLens's own are accepted and dropped)."""
         own = {k: kwargs.pop(k) for k in ("d_model", "d_head", "n_layers", "n_ctx", "positional_embedding_type",
@@ -624,7 +625,7 @@ class NativeTransformer(nn.Module):
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Sequence[tuple[str | Callable[[str], bool], Callable]] = (),
               bwd_hooks: Sequence[Any] = (), reset_hooks_end: bool = True,
-              clear_contexts: bool = False) -> Iterator["NativeTransformer"]:
+              clear_contexts: bool = False) -> Iterator[NativeTransformer]:
         """Scoped forward hooks, as TransformerLens's ``hooks``: ``(name or filter, fn)`` pairs, ``fn(value,
         hook=point)`` returns None or a replacement; removed on exit, even on error."""
         if bwd_hooks:
@@ -669,7 +670,7 @@ class NativeTransformer(nn.Module):
             out = self(*args, **kwargs)
         return out, cache
 
-    def to(self, *args: Any, **kwargs: Any) -> "NativeTransformer":
+    def to(self, *args: Any, **kwargs: Any) -> NativeTransformer:
         """``nn.Module.to``, keeping ``cfg.dtype`` / ``cfg.device`` in step (as TransformerLens does: the
         norms cast to ``cfg.dtype``)."""
         for a in list(args) + list(kwargs.values()):

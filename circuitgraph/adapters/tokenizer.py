@@ -59,7 +59,7 @@ class Tokenizer:
         self._vocab_strs: list[str] | None = None
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_dir(cls, path: str | Path) -> Tokenizer:
         import tokenizers
 
         path = Path(path)
@@ -94,7 +94,7 @@ class Tokenizer:
         return cls(backend, bos_id=bos_id, kind="files", source=str(path))
 
     @classmethod
-    def from_hf(cls, hf_tokenizer: Any) -> "Tokenizer":
+    def from_hf(cls, hf_tokenizer: Any) -> Tokenizer:
         return cls(hf_tokenizer, bos_id=hf_tokenizer.bos_token_id, kind="hf",
                    source=str(getattr(hf_tokenizer, "name_or_path", "")))
 
@@ -172,7 +172,7 @@ class Tokenizer:
             return pieces
         pieces = []
         covered = [False] * len(text)
-        for i, (a, b) in zip(ids, offsets):
+        for i, (a, b) in zip(ids, offsets, strict=False):
             for c in range(a, min(b, len(text))):
                 covered[c] = True
             if i == uid and text[a:b].strip() != (unk_text or "").strip():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,7 +89,7 @@ def build_graph(
         if edges.segments is not None:
             # the readers' rows in the graph (after folding, the selected ones, renumbered)
             row = (lambda r: r) if new_row is None else new_row.get
-            readers = [(row(r), loc) for r, loc in zip(col.readers.rows, col.readers.locs) if row(r) is not None]
+            readers = [(row(r), loc) for r, loc in zip(col.readers.rows, col.readers.locs, strict=False) if row(r) is not None]
             adopt_engine_order(graph, edges.segments, np.array([r for r, _ in readers], dtype=np.int64),
                                np.array([loc for _, loc in readers], dtype=np.int64))
     report = graph.check_completeness()
@@ -116,7 +117,7 @@ def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptio
             np.concatenate([edges.weight.astype(np.float64), comp.weight]))
 
 
-def _per_node(values: "dict[int, float] | np.ndarray", n: int) -> np.ndarray:
+def _per_node(values: dict[int, float] | np.ndarray, n: int) -> np.ndarray:
     """Per-row sums as one float64 value per node: the engine's ``{row: value}`` or the fold's array."""
     if not isinstance(values, dict):
         return values

@@ -244,7 +244,7 @@ class _PositionWriters:
 
 
 def _local_edges(col: Collected, location: int, positions: list[int], dirs: torch.Tensor,
-                 own: torch.Tensor, writers: _PositionWriters) -> "DirectionEdges":
+                 own: torch.Tensor, writers: _PositionWriters) -> DirectionEdges:
     """The engine's edges into ad-hoc readers when every path between nodes stays at its position
     (:func:`_paths_stay_at_their_position`): reader ``i`` at ``(location, positions[i])`` meets each
     writer at its position and a location ``<= location`` with ``direction . output`` (the residual
@@ -265,7 +265,7 @@ def _local_edges(col: Collected, location: int, positions: list[int], dirs: torc
         writer_parts.append(np.tile(writers.rows[p][:k], len(idx)))
         weights.append(E.cpu().numpy().reshape(-1))
     from_constants = (dirs * writers.constant_prefix[location][pos]).sum(-1).to(torch.float64)
-    constants = [{-1: float(o), location: float(c)} for o, c in zip(own.tolist(), from_constants.tolist())]
+    constants = [{-1: float(o), location: float(c)} for o, c in zip(own.tolist(), from_constants.tolist(), strict=False)]
     if weights:
         reader = np.concatenate(reader_parts)
         rows = np.concatenate(writer_parts)
@@ -328,7 +328,7 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
         tgt_parts.append(rows_np[edges.reader])
         src_parts.append(writer_rows[edges.writer])
         w_parts.append(edges.weight.astype(np.float64))
-        for r, parts in zip(rows, edges.constants):
+        for r, parts in zip(rows, edges.constants, strict=False):
             constant[r] = constant.get(r, 0.0) + float(sum(parts.values()))
 
     for layer in range(L):

@@ -46,8 +46,8 @@ the edges again.  Each batch's constants and sums come to the host once, when it
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -102,10 +102,10 @@ class EdgeResult:
     constants: dict[int, float]  # reader row -> constant
     #: reader row -> sum of the absolute weights of its edges (float64), when the engine summed them
     #: as it made them (None: not known, e.g. after coalescing a cross-layer transcoder's parts)
-    abs_sums: "dict[int, float] | np.ndarray | None" = None
+    abs_sums: dict[int, float] | np.ndarray | None = None
     #: reader row -> sum of the weights of its edges (float64), made with ``abs_sums`` (after
     #: ``max_feature_nodes`` folding both are arrays with one value per node of the folded graph)
-    sums: "dict[int, float] | np.ndarray | None" = None
+    sums: dict[int, float] | np.ndarray | None = None
     #: ``(location, start, end)``: the ranges of the edge arrays whose readers read one residual
     #: location, highest first (the engine's order; None when the edges were reordered)
     segments: list[tuple[int, int, int]] | None = None
@@ -235,7 +235,7 @@ class _BatchState:
 
     @classmethod
     def start(cls, col: Collected, number: int, readers: list[int], span: BatchSpan, device: torch.device,
-              sums_device: torch.device) -> "_BatchState":
+              sums_device: torch.device) -> _BatchState:
         table, fm = col.readers, col.frozen
         size = len(readers)
         positions = [table.positions[i] for i in readers]
@@ -470,7 +470,7 @@ def _sparse_capacity(col: Collected, plan: SweepPlan) -> int:
     device = col.frozen.device
     tables = [(loc, block.slot_table(device)) for loc, block in col.writers.blocks.items()]
     return sum(table.group_starts[table.groups_before(span.n_positions)] * len(batch)
-               for batch, span in zip(plan.batches, plan.spans)
+               for batch, span in zip(plan.batches, plan.spans, strict=False)
                for loc, table in tables if loc <= span.location)
 
 
@@ -506,7 +506,7 @@ class _WriterVectors:
         return block.slot_vectors(slots, lo, hi).to(device=self.device, dtype=self.dtype), None
 
 
-def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
+def _sweep(col: Collected, plan: SweepPlan, sink: _SparseSink | _DenseSink,
            constant_parts: dict[int, dict[int, float]] | None,
            progress: Callable[[int, int], None] | None) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
     """Send every wave of ``plan`` down the frozen model, handing each block of edges to ``sink``;
@@ -548,9 +548,9 @@ def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
         for batch in batches:
             rows = [table.rows[i] for i in batch.readers]
             # to the host once per batch
-            constants.update(zip(rows, batch.constants.tolist()))
-            abs_sums.update(zip(rows, batch.abs_sums.tolist()))
-            sums.update(zip(rows, batch.sums.tolist()))
+            constants.update(zip(rows, batch.constants.tolist(), strict=False))
+            abs_sums.update(zip(rows, batch.abs_sums.tolist(), strict=False))
+            sums.update(zip(rows, batch.sums.tolist(), strict=False))
             n_done += 1
             if progress is not None:
                 progress(n_done, len(plan.batches))
@@ -560,7 +560,7 @@ def _sweep(col: Collected, plan: SweepPlan, sink: "_SparseSink | _DenseSink",
 
 
 def _write_location(location: int, block: WriterBlock, batches: list[_BatchState], writer_vectors: _WriterVectors,
-                    sink: "_SparseSink | _DenseSink", causal: bool, d_model: int) -> None:
+                    sink: _SparseSink | _DenseSink, causal: bool, d_model: int) -> None:
     """The edges from ``location``'s writers into every batch of the wave, chunk by chunk of
     position groups, handed to ``sink``."""
     slots = block.slot_table(writer_vectors.device)
@@ -570,7 +570,7 @@ def _write_location(location: int, block: WriterBlock, batches: list[_BatchState
     # ranges are written separately, the first as it comes
     ends = [slots.groups_before(b.n_positions) for b in batches]
     shared_ends = [min(end, slots.groups_up_to(b.first_position)) if causal else end
-                   for b, end in zip(batches, ends)]
+                   for b, end in zip(batches, ends, strict=False)]
     n_groups = max(ends)
     n_readers = sum(b.size for b in batches)
     stacked = (len(batches) > 1 and n_readers <= STACKED_READERS
@@ -586,7 +586,7 @@ def _write_location(location: int, block: WriterBlock, batches: list[_BatchState
         if G_all is not None:
             _write_stacked(location, slots, batches, ends, G_all, vectors, scale, chunk_start, chunk_end, sink)
             continue
-        for batch, end, shared_end in zip(batches, ends, shared_ends):
+        for batch, end, shared_end in zip(batches, ends, shared_ends, strict=False):
             for lo, hi in ((chunk_start, min(chunk_end, shared_end)), (max(chunk_start, shared_end), min(chunk_end, end))):
                 if hi > lo:
                     _write_groups(location, slots, batch, vectors, scale, slots.group_starts[chunk_start], lo, hi, sink)
@@ -594,7 +594,7 @@ def _write_location(location: int, block: WriterBlock, batches: list[_BatchState
 
 def _write_groups(location: int, slots: SlotTable, batch: _BatchState, vectors: torch.Tensor,
                   scale: torch.Tensor | None, chunk_slot: int, lo: int, hi: int,
-                  sink: "_SparseSink | _DenseSink") -> None:
+                  sink: _SparseSink | _DenseSink) -> None:
     """The edges from the writers of position groups ``lo..hi-1`` into ``batch``: ``(slots, B)``,
     every real writer slot (row-major, ``vectors`` and ``scale`` starting at slot ``chunk_slot``)
     against every reader, one GEMM per group (its writers against the gradients at its position:
@@ -626,7 +626,7 @@ def _stacked_gradients(batches: list[_BatchState], writer_vectors: _WriterVector
 
 def _write_stacked(location: int, slots: SlotTable, batches: list[_BatchState], ends: list[int],
                    G_all: torch.Tensor, vectors: torch.Tensor, scale: torch.Tensor | None, chunk_start: int,
-                   chunk_end: int, sink: "_SparseSink | _DenseSink") -> None:
+                   chunk_end: int, sink: _SparseSink | _DenseSink) -> None:
     """:func:`_write_groups` for several small batches at once: one GEMM per position group
     against every batch's readers (``G_all``, :func:`_stacked_gradients`), then each batch's
     columns, up to its span, handed to the sink."""
@@ -642,7 +642,7 @@ def _write_stacked(location: int, slots: SlotTable, batches: list[_BatchState], 
     if scale is not None:
         out.mul_(scale[:out.shape[0]])
     col = 0
-    for batch, end in zip(batches, ends):
+    for batch, end in zip(batches, ends, strict=False):
         e = min(chunk_end, end)
         if e > chunk_start:
             n = starts[e] - chunk_slot
@@ -661,7 +661,7 @@ def _add_constants(location: int, constant: torch.Tensor, batches: list[_BatchSt
         part = (batch.G.reshape(batch.size, T * D) @ constant[:T].reshape(T * D)).to(torch.float64)
         batch.constants += part
         if constant_parts is not None:
-            for i, value in zip(batch.readers, part.tolist()):
+            for i, value in zip(batch.readers, part.tolist(), strict=False):
                 constant_parts.setdefault(table.rows[i], {-1: table.own_constants[i]})[location] = value
 
 
@@ -706,7 +706,7 @@ def attribute_directions(
     attribution, whose readers are a head's query and key dimensions.
     """
     table = ReaderTable()
-    for i, (t, g, c) in enumerate(zip(positions, directions, own_constants)):
+    for i, (t, g, c) in enumerate(zip(positions, directions, own_constants, strict=False)):
         table.add(i, int(location), int(t), g, float(c))
     n = len(table.rows)
     parts: dict[int, dict[int, float]] = {}

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -459,12 +459,12 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
         add_segment(segments, level, n_out, n_out + part[0].size)
         n_out += part[0].size
     if folded:
-        t, s, w = (np.concatenate(x) for x in zip(*folded))
+        t, s, w = (np.concatenate(x) for x in zip(*folded, strict=False))
     else:
         t = s = np.zeros(0, dtype=np.int32)
         w = np.zeros(0, dtype=np.float32)
     levels = [lvl for lvl, *_ in segments]
-    ordered = all(a > b for a, b in zip(levels, levels[1:])) and -1 not in levels
+    ordered = all(a > b for a, b in zip(levels, levels[1:], strict=False)) and -1 not in levels
     return new_nodes, EdgeResult(t, s, w, constants, abs_sums, sums, segments if ordered else None), old_to_new
 
 

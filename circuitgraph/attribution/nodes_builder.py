@@ -10,8 +10,9 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,13 +92,13 @@ class WriterBlock:
     index: torch.Tensor  # (k, max_n) long, into basis
     basis: torch.Tensor  # (m, d_model)
 
-    def slot_vectors(self, table: "SlotTable", lo: int, hi: int) -> torch.Tensor:
+    def slot_vectors(self, table: SlotTable, lo: int, hi: int) -> torch.Tensor:
         """The output vectors of real slots ``lo..hi-1`` of ``table`` (this block's
         :meth:`slot_table`): ``(hi - lo, d_model)``, no padding."""
         return table.scale[lo:hi].unsqueeze(-1) * self.basis[table.basis_index[lo:hi]]
 
     #: device -> the block's :class:`SlotTable` there (made once, see :meth:`slot_table`)
-    _slot_tables: dict[str, "SlotTable"] = field(default_factory=dict, repr=False, compare=False)
+    _slot_tables: dict[str, SlotTable] = field(default_factory=dict, repr=False, compare=False)
 
     def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The real (non-padding) slots, row-major: ``(group, writer, node row)`` per slot; the
@@ -105,7 +106,7 @@ class WriterBlock:
         g_i, w_i = (self.rows >= 0).nonzero(as_tuple=True)
         return g_i, w_i, self.rows[g_i, w_i]
 
-    def slot_table(self, device: torch.device | str) -> "SlotTable":
+    def slot_table(self, device: torch.device | str) -> SlotTable:
         """The block's real slots on ``device`` (:class:`SlotTable`), made on first use and kept
         with the block: every engine call on the prompt reuses it."""
         key = str(device)
@@ -124,7 +125,7 @@ class WriterBlock:
     #: the whole block's output vectors while a caller holds them (:meth:`held_vectors`)
     _held: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
-    def held_vectors(self, table: "SlotTable") -> torch.Tensor:
+    def held_vectors(self, table: SlotTable) -> torch.Tensor:
         """Every real slot's output vector (:meth:`slot_vectors` of the whole ``table``), made on
         first use and kept until :meth:`release_vectors`: the engine calls of one
         ``max_feature_nodes`` selection share them."""
@@ -266,7 +267,7 @@ class ReaderTable:
         """node row -> the residual location its reader reads, made once per table size (a long
         prompt's table holds millions of readers: made per engine call, it was 3.6% of a run)."""
         if self._loc_by_row is None or self._loc_by_row[0] != len(self.rows):
-            self._loc_by_row = (len(self.rows), dict(zip(self.rows, self.locs)))
+            self._loc_by_row = (len(self.rows), dict(zip(self.rows, self.locs, strict=False)))
         return self._loc_by_row[1]
 
     def direction(self, i: int) -> torch.Tensor:
@@ -277,11 +278,11 @@ class ReaderTable:
         """The directions of readers ``indices``, one call per lazy source."""
         out: list[Any] = [self._dirs[i] for i in indices]
         lazy: dict[int, list[tuple[int, int, int]]] = {}
-        for j, (i, d) in enumerate(zip(indices, out)):
+        for j, (i, d) in enumerate(zip(indices, out, strict=False)):
             if not isinstance(d, torch.Tensor):
                 lazy.setdefault(d[0], []).append((j, d[1], self.positions[i]))
         for src, items in lazy.items():
-            js, keys, pos = zip(*items)
+            js, keys, pos = zip(*items, strict=False)
             g = self._sources[src](torch.tensor(keys, dtype=torch.long), torch.tensor(pos, dtype=torch.long))
             for n, j in enumerate(js):
                 out[j] = g[n]
@@ -310,7 +311,7 @@ class Collected:
             idx: dict[NodeId, list[tuple[int, int, int]]] = {}
             for loc, block in sorted(self.writers.blocks.items()):
                 g_i, j_i = (block.rows >= 0).nonzero(as_tuple=True)
-                for g, j, r in zip(g_i.tolist(), j_i.tolist(), block.rows[g_i, j_i].tolist()):
+                for g, j, r in zip(g_i.tolist(), j_i.tolist(), block.rows[g_i, j_i].tolist(), strict=False):
                     idx.setdefault(self.nodes[r].id, []).append((loc, g, j))
             self._writer_index = idx
         return self._writer_index
@@ -462,7 +463,7 @@ def collect_nodes(
     b.writers.finalise()
     b.dictionary_state = {}  # the activations and decoder rows are not needed any more
     return Collected(b.nodes, b.writers, b.readers, b.constants,
-                     [(tid, tgt.weight) for tid, tgt in zip(target_ids, targets)], fm,
+                     [(tid, tgt.weight) for tid, tgt in zip(target_ids, targets, strict=False)], fm,
                      multi_location_writers=b.multi_location)
 
 
@@ -624,7 +625,7 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
         W = enc[torch.searchsorted(active_any, active).to(enc.device)]
         _, own, pre = _feature_reader(b, fm, layer, t, active, direction=False, W=W)
         rows = []
-        for i, a, o, p in zip(active.tolist(), acts[t, active].tolist(), own.tolist(), pre.tolist()):
+        for i, a, o, p in zip(active.tolist(), acts[t, active].tolist(), own.tolist(), pre.tolist(), strict=False):
             row = b.add_node(Node(NodeId("feature", layer, t, i), activation=a, pre_activation=p,
                                   label=f"F{i} L{layer}@{t}"))
             rows.append(row)
@@ -814,7 +815,7 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
         rows = []
         pre_values = pre.tolist()
         for j, (i, a, o, m) in enumerate(zip(active.tolist(), post[t, active].tolist(), own.tolist(),
-                                             measured.tolist())):
+                                             measured.tolist(), strict=False)):
             attrs = {"gate": pre_values[j], "linear": linear[j]} if gated else {"hook_pre": pre_values[j]}
             row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=a, pre_activation=m,
                                   label=f"N{i} L{layer}@{t}", attrs=attrs))

@@ -21,8 +21,9 @@ with the largest value whose estimate fits).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil

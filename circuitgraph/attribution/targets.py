@@ -89,5 +89,5 @@ def top_logit_targets(
     return [
         ResolvedTarget(kind="logit", position=position, weight=float(p), tokens=(int(i),),
                        relative_to_mean=relative_to_mean, probability=float(p))
-        for p, i in zip(top_p[:n].tolist(), top_i[:n].tolist())
+        for p, i in zip(top_p[:n].tolist(), top_i[:n].tolist(), strict=False)
     ]

@@ -27,7 +27,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -104,7 +104,7 @@ def run(
                            "changed since it wrote them).")
     ] = False,
     memory_limit: Annotated[
-        Optional[float], typer.Option(
+        float | None, typer.Option(
             "--memory-limit", metavar="GB", help="The memory the run may use, in GB (default: the "
             "CIRCUITGRAPH_MEMORY_LIMIT environment variable, else what is available); the dry run's estimate "
             "and advice use it, and a run that passes it stops with advice, writing nothing.",
@@ -203,10 +203,10 @@ def render(
         Path, typer.Option("--output", "-o", help="The diagram file (.svg, .png, .pdf...).", show_default=False)
     ],
     max_nodes: Annotated[
-        Optional[int], typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")
+        int | None, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes.")
     ] = None,
     labels: Annotated[
-        Optional[Path], typer.Option("--labels", help="Feature labels: a CSV/JSON of layer, index, label, or a "
+        Path | None, typer.Option("--labels", help="Feature labels: a CSV/JSON of layer, index, label, or a "
                                      "features folder (its labels.csv).", show_default=False)
     ] = None,
     debug: Annotated[bool, _DEBUG] = False,
@@ -233,11 +233,11 @@ def report(
                                            "circuitgraph (.json or .npz).", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The report file (.html).", show_default=False)],
     max_nodes: Annotated[
-        Optional[int], typer.Option("--max-nodes", min=1, help="Draw at most this many nodes (default: the spec's "
+        int | None, typer.Option("--max-nodes", min=1, help="Draw at most this many nodes (default: the spec's "
                                     "export.max_render_nodes, 40 unless it says otherwise).")
     ] = None,
     features: Annotated[
-        Optional[Path], typer.Option("--features", help="A features folder (export.features of a features run): "
+        Path | None, typer.Option("--features", help="A features folder (export.features of a features run): "
                                      "its labels.csv names the features, and each feature gets its dashboard.",
                                      show_default=False)
     ] = None,
@@ -304,7 +304,7 @@ def report_only(spec: Spec) -> tuple[Spec, list[str]]:
 def steer(
     spec: Annotated[Path, _SPEC],
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Also write the steering results as JSON (.json).")
+        Path | None, typer.Option("--output", "-o", help="Also write the steering results as JSON (.json).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
     debug: Annotated[bool, _DEBUG] = False,
@@ -346,8 +346,8 @@ def diff(
     a: Annotated[Path, typer.Argument(help="A graph file (.json/.npz) or a dataset folder / aggregate file.",
                                       show_default=False)],
     b: Annotated[Path, typer.Argument(help="The graph or aggregate to compare it with.", show_default=False)],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the HTML page (.html).")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the diff as JSON.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the HTML page (.html).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the diff as JSON.")] = None,
     match: Annotated[str, typer.Option("--match", help="How nodes are matched: position (same position), identity "
                                        "(position-free, summed over positions) or from_end (positions counted "
                                        "from the prompt's end).")] = "position",
@@ -416,12 +416,12 @@ def schema(
 def serve(
     path: Annotated[Path, typer.Argument(help="A graph file (.json or .npz), a dataset run's folder, a features "
                                          "folder, or a folder of them.", show_default=False)],
-    port: Annotated[Optional[int], typer.Option("--port", "-p", min=0, max=65535, show_default=False,
+    port: Annotated[int | None, typer.Option("--port", "-p", min=0, max=65535, show_default=False,
                                                 help="The port (default: 8765; 0: any free port).")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", show_default=False, help=(
+    host: Annotated[str | None, typer.Option("--host", show_default=False, help=(
         "The address to listen on (default: 127.0.0.1); any other makes the explorer reachable from other "
         "machines."))] = None,
-    features: Annotated[Optional[list[Path]], typer.Option(
+    features: Annotated[list[Path] | None, typer.Option(
         "--features", help="A features folder to show dashboards from (besides those under PATH).")] = None,
     debug: Annotated[bool, _DEBUG] = False,
 ) -> None:
@@ -451,7 +451,7 @@ def serve(
 def fetch(
     name: Annotated[str, typer.Argument(help="A pretrained model circuitgraph knows (e.g. smollm2-135m-instruct).",
                                         show_default=False)],
-    directory: Annotated[Optional[Path], typer.Option(
+    directory: Annotated[Path | None, typer.Option(
         "--dir", help="The cache folder (default $CIRCUITGRAPH_MODELS_DIR, else ~/.cache/circuitgraph/models).",
         show_default=False)] = None,
     debug: Annotated[bool, _DEBUG] = False,

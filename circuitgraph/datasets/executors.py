@@ -27,9 +27,10 @@ import multiprocessing as mp
 import os
 import pickle
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -5,8 +5,9 @@ where a killed one stopped and anything else is refused before a file is touched
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import DatasetError

@@ -81,7 +81,7 @@ class Part:
         return buf.getvalue()
 
     @classmethod
-    def load(cls, path: str | Path) -> "Part":
+    def load(cls, path: str | Path) -> Part:
         with np.load(path, allow_pickle=False) as z:
             return cls(z["node_keys"], z["node_values"], z["edge_keys"], z["edge_values"])
 

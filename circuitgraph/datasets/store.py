@@ -46,7 +46,7 @@ def _node_ids(df: Any, prefix: str, by_position: bool) -> list[Any]:
     layers = df[f"{prefix}layer"].tolist()
     indices = df[f"{prefix}index"].tolist()
     positions = (-1 - df[f"{prefix}position_from_end"]).tolist() if by_position else [0] * len(kinds)
-    return [NodeId(k, int(l), int(p), int(i)) for k, l, p, i in zip(kinds, layers, positions, indices)]
+    return [NodeId(k, int(l), int(p), int(i)) for k, l, p, i in zip(kinds, layers, positions, indices, strict=False)]
 
 
 class Dataset:

@@ -109,7 +109,7 @@ class CLTLayer:
     """The reading side of one encoder layer of a CLT (what a feature node reads)."""
 
     layer: int
-    parent: "CrossLayerTranscoder"
+    parent: CrossLayerTranscoder
 
     @property
     def d_sae(self) -> int:
@@ -322,7 +322,7 @@ class CrossLayerTranscoder:
         return out
 
     # ----------------------------------------------------------------- bookkeeping
-    def to(self, dtype: torch.dtype) -> "CrossLayerTranscoder":
+    def to(self, dtype: torch.dtype) -> CrossLayerTranscoder:
         conv = lambda t: None if t is None else t.to(dtype)  # noqa: E731
         new = CrossLayerTranscoder(
             self.path, n_layers=self.n_layers, d_transcoder=self.d_transcoder, d_model=self.d_model,

@@ -280,7 +280,7 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     lazy = enc_total > LAZY_ENCODER_BYTES
     enc_bytes = max(enc_layers, default=0) if lazy else enc_total
     n_active = [min(int(active_fraction * n * max(n_pos - 1, 1)), n) for n, _ in dec_row_bytes]
-    dec_bytes = sum(k * row for k, (_, row) in zip(n_active, dec_row_bytes))
+    dec_bytes = sum(k * row for k, (_, row) in zip(n_active, dec_row_bytes, strict=False))
     if lazy and not record.cross_layer and d_sae is not None:  # the active features' encoder rows are kept
         dec_bytes += sum(n_active) * d_in * 4
     total = small + enc_bytes + dec_bytes

@@ -5,7 +5,8 @@ a new kind of dictionary implements it too, and nothing else changes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -40,6 +41,6 @@ class Dictionary(Protocol):
 
     def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]: ...
 
-    def to(self, dtype: torch.dtype) -> "Dictionary": ...
+    def to(self, dtype: torch.dtype) -> Dictionary: ...
 
     def describe(self) -> dict[str, Any]: ...

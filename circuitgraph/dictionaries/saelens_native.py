@@ -97,11 +97,11 @@ class NativeTranscoder:
     def __repr__(self) -> str:
         return f"NativeTranscoder({self.cfg.architecture()!r}, d_sae={self.cfg.d_sae}, dtype={self.cfg.dtype})"
 
-    def eval(self) -> "NativeTranscoder":
+    def eval(self) -> NativeTranscoder:
         self.training = False
         return self
 
-    def to(self, *args: Any, **kwargs: Any) -> "NativeTranscoder":
+    def to(self, *args: Any, **kwargs: Any) -> NativeTranscoder:
         """In place, as ``SAE.to`` (an ``nn.Module``): casts every tensor, returns ``self``."""
         device, dtype = None, None
         for arg in args:

@@ -84,7 +84,7 @@ class StoredRows:
         """Feature-major shape of the whole matrix (after ``tail``)."""
         s = list(self.stored_shape)
         n = s.pop(self.feature_dim)
-        rest = [len(range(*sl.indices(d))) for sl, d in zip(self.tail, s)] + s[len(self.tail):]
+        rest = [len(range(*sl.indices(d))) for sl, d in zip(self.tail, s, strict=False)] + s[len(self.tail):]
         return (n, *rest)
 
     def nbytes_per_feature(self) -> int:
@@ -116,7 +116,7 @@ class StoredRows:
         ids = uniq.tolist()
         if ids[0] < 0 or ids[-1] >= self.n_features:
             raise IndexError(f"{self.path}: {self.key} has {self.n_features} features, asked for {ids[-1]}")
-        n_runs = 1 + sum(1 for a, b in zip(ids, ids[1:]) if b != a + 1)
+        n_runs = 1 + sum(1 for a, b in zip(ids, ids[1:], strict=False) if b != a + 1)
         if self.feature_dim == 1 and not self.tail and n_runs > _MAX_STRIDED_RUNS:
             # features stored as columns: each run is a strided read of every stored row; past a few
             # runs one read of the whole matrix (then a gather) is far faster, and gives the same values

@@ -149,7 +149,7 @@ class TranscoderLayer:
             return self._dec.rows(idx)
         return self._dec[torch.as_tensor(idx, dtype=torch.long, device=self._dec.device)]
 
-    def in_memory(self) -> "TranscoderLayer":
+    def in_memory(self) -> TranscoderLayer:
         """The same layer with its matrices read into memory (the eager path)."""
         enc = self.W_enc.clone() if isinstance(self._enc, StoredRows) else self._enc
         return TranscoderLayer(
@@ -224,7 +224,7 @@ class TranscoderLayer:
             out = out + x.to(self.W_skip.dtype) @ self.W_skip.T
         return out
 
-    def to(self, dtype: torch.dtype) -> "TranscoderLayer":
+    def to(self, dtype: torch.dtype) -> TranscoderLayer:
         conv = lambda t: None if t is None else t.to(dtype)  # noqa: E731
         keep = lambda m: dataclasses.replace(m, dtype=dtype, bytes_read=0) if isinstance(m, StoredRows) \
             else m.to(dtype)  # noqa: E731
@@ -453,7 +453,7 @@ class TranscoderSet:
     def __len__(self) -> int:
         return len(self.layers)
 
-    def in_memory(self) -> "TranscoderSet":
+    def in_memory(self) -> TranscoderSet:
         """The same transcoders with every matrix read into memory (the eager path)."""
         return TranscoderSet({k: v.in_memory() for k, v in self.layers.items()}, self.source, self.format)
 
@@ -461,7 +461,7 @@ class TranscoderSet:
         """Bytes held in memory now (matrices left in their files are not counted)."""
         return sum(v.resident_bytes() for v in self.layers.values())
 
-    def to(self, dtype: torch.dtype) -> "TranscoderSet":
+    def to(self, dtype: torch.dtype) -> TranscoderSet:
         return TranscoderSet({k: v.to(dtype) for k, v in self.layers.items()}, self.source, self.format)
 
     def describe(self) -> dict[str, Any]:
@@ -473,7 +473,7 @@ class TranscoderSet:
 
     @classmethod
     def from_dir(cls, path: str | Path, adapter: Any, *, layers: list[int] | None = None,
-                 dtype: torch.dtype | None = None, lazy: bool | None = None) -> "TranscoderSet":
+                 dtype: torch.dtype | None = None, lazy: bool | None = None) -> TranscoderSet:
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output): read directly from
         their files (:mod:`~circuitgraph.dictionaries.saelens_native`), with sae-lens only for a
         folder that reader does not recognise.
@@ -516,7 +516,7 @@ class TranscoderSet:
 
     @classmethod
     def from_release(cls, release: str, ids: dict[int, str], adapter: Any,
-                     dtype: torch.dtype | None = None) -> "TranscoderSet":
+                     dtype: torch.dtype | None = None) -> TranscoderSet:
         """sae-lens pretrained transcoders (needs the Hugging Face hub)."""
         from sae_lens import SAE
 

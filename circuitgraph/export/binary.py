@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import zipfile
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import graphviz
 import numpy as np
@@ -169,7 +170,7 @@ def graph_to_dot(
         reach = reaches_a_target(graph)
         n_unreachable = int((~reach).sum())
         if n_unreachable:
-            graph = graph.subgraph([n.id for n, r in zip(graph.nodes, reach) if r])
+            graph = graph.subgraph([n.id for n, r in zip(graph.nodes, reach, strict=False) if r])
     if supernodes is not None:
         groups = propose_supernodes(graph) if supernodes == "auto" else supernodes
         if isinstance(groups, str):
@@ -235,14 +236,14 @@ def graph_to_dot(
                 for r in chunk:
                     _add_node(rank, graph.nodes[r], ids[r] in target_ids, positions=positions)
                 chain = [axis] + [str(ids[r]) for r in chunk]
-                for u, v in zip(chain, chain[1:]):
+                for u, v in zip(chain, chain[1:], strict=False):
                     rank.edge(u, v, style="invis")
     # invisible edges between consecutive ranks keep the layers in order even where no
     # real edge joins them (and stack the axis labels in one column)
-    for lower, upper in zip(axis_names, axis_names[1:]):
+    for lower, upper in zip(axis_names, axis_names[1:], strict=False):
         dot.edge(lower, upper, style="invis", weight="10")
 
-    for k, w in zip(edge_sel.tolist(), weights.tolist()):
+    for k, w in zip(edge_sel.tolist(), weights.tolist(), strict=False):
         s, t = int(graph.edge_source[k]), int(graph.edge_target[k])
         width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(w) / max_abs if max_abs > 0 else 0.0)
         color = NEGATIVE_COLOR if w < 0 else POSITIVE_COLOR
@@ -325,7 +326,7 @@ def _select_rows(graph: AttributionGraph, max_nodes: int | None,
     others = [r for r in candidates if r not in target_rows]
     influence = [graph.nodes[r].attrs.get("influence") for r in others]
     if others and all(_is_number(v) for v in influence):
-        scores = dict(zip(others, (float(v) for v in influence)))
+        scores = dict(zip(others, (float(v) for v in influence), strict=False))
         score_name = "influence"
     else:
         strength = np.zeros(n, dtype=np.float64)
@@ -347,7 +348,7 @@ def _wrap(members: list[int], max_row_nodes: int | None) -> list[list[int]]:
     n_rows = -(-len(members) // max_row_nodes)
     base, extra = divmod(len(members), n_rows)
     bounds = np.cumsum([0] + [base + (i < extra) for i in range(n_rows)])
-    return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
 
 
 def _hidden_influence_share(graph: AttributionGraph, rows: Sequence[int], hidden: set[int]) -> float | None:
@@ -544,7 +545,7 @@ def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0) -
             legend.node(f"legend {kind}", label=_text([kind]), fillcolor=KIND_COLORS[kind])
         for sign, color in (("positive", POSITIVE_COLOR), ("negative", NEGATIVE_COLOR)):
             legend.node(f"legend {sign}", label=_text([f"→ {sign}"]), shape="plaintext", style="", fontcolor=color)
-        for u, v in zip(names, names[1:]):
+        for u, v in zip(names, names[1:], strict=False):
             legend.edge(u, v, style="invis")
     if max_abs > 0:
         # the edge width scale: pen widths of three weights, drawn as short edges

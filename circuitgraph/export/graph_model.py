@@ -117,7 +117,7 @@ class NodeRecord(BaseModel):
     attrs: Annotated[JsonObject, Field(description="free-form per-node data (token_str, influence, ...)")] = {}
 
     @model_validator(mode="after")
-    def _id_matches(self) -> "NodeRecord":
+    def _id_matches(self) -> NodeRecord:
         expected = f"{self.kind}/{self.layer}/{self.position}/{self.index}"
         if self.id != expected:
             raise ValueError(f"id {_brief(self.id)} does not match kind/layer/position/index ({expected})")

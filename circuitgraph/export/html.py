@@ -22,8 +22,9 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph._results import rows_of, summary_of
@@ -117,7 +118,7 @@ def _shown(key: str, value: Any) -> Any:
 
 
 def document_html(kind: str, document: Any, *, max_rows: int = 50, type_name: str = "",
-                  names: "_NodeNames | None" = None) -> str:
+                  names: _NodeNames | None = None) -> str:
     """A result's ``to_dict()`` document as an HTML block: its title, what it says once (the
     summary: scalars, short lists, nested scalars) as one small table, then its rows (the longest
     list of records) as a table that scrolls inside the page.  With ``names``, node ids in the
@@ -138,7 +139,7 @@ def document_html(kind: str, document: Any, *, max_rows: int = 50, type_name: st
     return "".join(parts)
 
 
-def result_html(kind: str, result: Any, *, max_rows: int = 50, names: "_NodeNames | None" = None) -> str:
+def result_html(kind: str, result: Any, *, max_rows: int = 50, names: _NodeNames | None = None) -> str:
     """A query or validation result as an HTML block (title, its summary once, its rows as a table)."""
     return document_html(kind, result.to_dict(), max_rows=max_rows, type_name=type(result).__name__, names=names)
 

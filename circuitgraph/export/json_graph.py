@@ -21,9 +21,10 @@ import json
 import math
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def graph_to_dict(
     weights = graph.edge_weight.tolist()
     header["edges"] = [
         {"source": ids[s], "target": ids[t], "weight": w}
-        for s, t, w in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), weights)
+        for s, t, w in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), weights, strict=False)
     ]
     return header
 
@@ -129,7 +130,7 @@ def _compact_text(graph: AttributionGraph, queries: Sequence[Mapping[str, Any]] 
         return None
     ids = [json.dumps(rec["id"], ensure_ascii=False) for rec in header["nodes"]]
     edges = ",".join([f'{{"source":{ids[s]},"target":{ids[t]},"weight":{w!r}}}' for s, t, w in zip(
-        graph.edge_source.tolist(), graph.edge_target.tolist(), graph.edge_weight.tolist())])
+        graph.edge_source.tolist(), graph.edge_target.tolist(), graph.edge_weight.tolist(), strict=False)])
     return text.replace(slot, f"[{edges}]", 1)
 
 

@@ -23,8 +23,9 @@ import csv
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from circuitgraph.errors import ExportError
 

@@ -64,8 +64,9 @@ import json
 import math
 import numbers
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ def graph_to_neuronpedia(
     sel = keep[graph.edge_source] & keep[graph.edge_target]
     pairs: dict[tuple[int, int], float] = {}
     for s, t, w in zip(graph.edge_source[sel].tolist(), graph.edge_target[sel].tolist(),
-                       graph.edge_weight[sel].astype(np.float64).tolist()):
+                       graph.edge_weight[sel].astype(np.float64).tolist(), strict=False):
         pairs[(s, t)] = pairs.get((s, t), 0.0) + w
     linked = set()
     for s, t in pairs:

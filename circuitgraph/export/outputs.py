@@ -32,8 +32,8 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph.errors import ExportError
@@ -114,7 +114,7 @@ class OutputSet:
 
     # ----------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def writing(self) -> Iterator["OutputSet"]:
+    def writing(self) -> Iterator[OutputSet]:
         """Lock the output folders, yield (writers call :meth:`stage`), then move all or none."""
         self.check()
         folders = sorted({dest.parent for dest in self.outputs.values()})

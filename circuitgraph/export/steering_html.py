@@ -6,8 +6,9 @@ the report of a run and of a saved graph show the same thing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = ["steering_html"]
 
@@ -19,7 +20,7 @@ def _num(value: Any) -> str:
 def _steps_table(baseline: Mapping[str, Any], intervened: Mapping[str, Any]) -> str:
     rows = ["<tr><th>step</th><th>baseline</th><th>p</th><th>intervened</th><th>p</th>"
             "<th>intervened top tokens</th></tr>"]
-    for i, (b, a) in enumerate(zip(baseline.get("steps", []), intervened.get("steps", []))):
+    for i, (b, a) in enumerate(zip(baseline.get("steps", []), intervened.get("steps", []), strict=False)):
         changed = ' class="cg-bad"' if b.get("token") != a.get("token") else ""
         top = ", ".join(f"{escape(repr(t.get('text')))} {float(t.get('probability', 0)):.3f}" for t in a.get("top", []))
         rows.append(f"<tr{changed}><td>{i}</td><td>{escape(repr(b.get('text')))}</td><td>{_num(b.get('probability'))}"

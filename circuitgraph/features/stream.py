@@ -99,8 +99,8 @@ def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selec
     heads = selection.units == "heads"
     width = (2 if heads else 1) * (2 * c + 1)
     n_extra = len(HEAD_EXTRA) if heads else 0
-    offsets = dict(zip(selection.layers, selection.offsets))
-    index_of = dict(zip(selection.layers, selection.indices))
+    offsets = dict(zip(selection.layers, selection.offsets, strict=False))
+    index_of = dict(zip(selection.layers, selection.indices, strict=False))
     bos = adapter.tokenizer.bos_id if adapter.tokenizer is not None else None
     state = FeatureState.empty(k, width, n_extra)
     thr = state.thresholds(selection.n_features)

@@ -87,7 +87,7 @@ class FeatureDashboards:
         if self._by_feature is None:
             df = self.features
             self._by_feature = {}
-            for r, (l, i) in enumerate(zip(df["layer"], df["index"])):
+            for r, (l, i) in enumerate(zip(df["layer"], df["index"], strict=False)):
                 self._by_feature.setdefault((int(l), int(i)), r)
         return self._by_feature
 

@@ -209,7 +209,7 @@ def exact_means(state: FeatureState, n_features: int) -> np.ndarray:
     float64 (NaN where a feature is never active)."""
     n_active = state.n_active(n_features)
     totals: dict[int, int] = {}
-    for key, value in zip(state.sum_keys.tolist(), state.sum_values.tolist()):
+    for key, value in zip(state.sum_keys.tolist(), state.sum_values.tolist(), strict=False):
         g, exponent = key >> 8, key & 0xFF
         # significand * 2**(max(e, 1) - 150) == (significand << (max(e, 1) - 1)) * 2**-149
         totals[g] = totals.get(g, 0) + (int(value) << (max(exponent, 1) - 1))
@@ -235,7 +235,7 @@ def quantiles(state: FeatureState, n_features: int, qs: tuple[float, ...]) -> np
     bins = state.hist_keys & ((1 << _BIN_BITS) - 1)
     bounds = np.searchsorted(hg, np.arange(n_features + 1))
     top_bounds = np.searchsorted(state.g, np.arange(n_features + 1))
-    mins = dict(zip(state.min_g.tolist(), state.min_value.tolist()))
+    mins = dict(zip(state.min_g.tolist(), state.min_value.tolist(), strict=False))
     fractions = [Fraction(repr(float(q))) for q in qs]
     for g in np.flatnonzero(n_active).tolist():
         n = int(n_active[g])

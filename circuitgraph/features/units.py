@@ -53,7 +53,7 @@ class Selection:
 
     @property
     def counts(self) -> list[int]:
-        return [(size if idx is None else int(idx.size)) * self.per_unit for size, idx in zip(self.sizes, self.indices)]
+        return [(size if idx is None else int(idx.size)) * self.per_unit for size, idx in zip(self.sizes, self.indices, strict=False)]
 
     @property
     def offsets(self) -> list[int]:
@@ -66,7 +66,7 @@ class Selection:
     def layer_index(self) -> tuple[np.ndarray, np.ndarray]:
         """``(layer, index)`` of every unit, in ``g`` order (a head repeated once per metric)."""
         layers, indices = [], []
-        for layer, size, idx in zip(self.layers, self.sizes, self.indices):
+        for layer, size, idx in zip(self.layers, self.sizes, self.indices, strict=False):
             ids = np.arange(size, dtype=np.int64) if idx is None else idx.astype(np.int64)
             ids = np.repeat(ids, self.per_unit)
             layers.append(np.full(ids.size, layer, dtype=np.int64))

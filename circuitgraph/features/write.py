@@ -75,7 +75,7 @@ def token_lists(adapter: Any, dictionaries: Any, selection: Selection, top: int,
     gate = selection.units == "neurons" and adapter.facts.gated_mlp
     out: dict[str, list[list[dict[str, Any]]]] = {"top_output_tokens": [], "bottom_output_tokens": [],
                                                   "top_input_tokens": [], **({"top_gate_tokens": []} if gate else {})}
-    for layer, size, idx in zip(selection.layers, selection.sizes, selection.indices):
+    for layer, size, idx in zip(selection.layers, selection.sizes, selection.indices, strict=False):
         ids = torch.arange(size) if idx is None else torch.as_tensor(idx)
         chunk = max(1, _CHUNK_ENTRIES // G.shape[0])
         for lo in range(0, ids.numel(), chunk):
@@ -95,9 +95,9 @@ def token_lists(adapter: Any, dictionaries: Any, selection: Selection, top: int,
                               True))
             for column, values, largest in lists:
                 vals, toks = torch.topk(values, top, dim=-1, largest=largest, sorted=True)
-                for vs, ts in zip(vals.tolist(), toks.tolist()):
+                for vs, ts in zip(vals.tolist(), toks.tolist(), strict=False):
                     out[column].append([{"token": token_str(t), "token_id": int(t), "value": float(x)}
-                                        for t, x in zip(ts, vs)])
+                                        for t, x in zip(ts, vs, strict=False)])
     return out
 
 

@@ -135,7 +135,7 @@ def dag_order(n: int, target: np.ndarray, source: np.ndarray, weight: np.ndarray
             kt = kt[order]
         cut = np.flatnonzero(kt[1:] != kt[:-1]) + 1
         bounds = np.concatenate([[0], cut, [E]])
-        segments = [(int(kt[a]), int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        segments = [(int(kt[a]), int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
     return DagOrder(n, target, source, np.asarray(weight), lv, order, reverse, tuple(segments))
 
 
@@ -379,7 +379,7 @@ def adopt_engine_order(graph, segments: list[tuple[int, int, int]], reader_rows:
     if any(a != ends[k] for k, (_, a, _) in enumerate(segments)) or ends[-1] != E:
         return False
     levels = [lvl for lvl, a, b in segments if b > a]
-    if any(x <= y for x, y in zip(levels, levels[1:])):
+    if any(x <= y for x, y in zip(levels, levels[1:], strict=False)):
         return False
     abs_sums = graph.incoming_abs_sums()  # the engine's (adopted), or one pass
     has_in = abs_sums > 0  # the engine keeps no zero edge

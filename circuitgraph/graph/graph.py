@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -212,7 +213,7 @@ class AttributionGraph:
         order, indptr = self.csr_order()
         sel = order[indptr[row] : indptr[row + 1]]
         sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
-        return [(self.nodes[s].id, float(w)) for s, w in zip(self.edge_source[sel], self.edge_weight[sel])]
+        return [(self.nodes[s].id, float(w)) for s, w in zip(self.edge_source[sel], self.edge_weight[sel], strict=False)]
 
     def out_edges(self, node_id: NodeId | str) -> list[tuple[NodeId, float]]:
         """Outgoing edges of a node as ``(target id, weight)``, strongest first."""
@@ -220,7 +221,7 @@ class AttributionGraph:
         order, indptr = self.csc_order()
         sel = order[indptr[col] : indptr[col + 1]]
         sel = sel[np.argsort(-np.abs(self.edge_weight[sel]), kind="stable")]
-        return [(self.nodes[t].id, float(w)) for t, w in zip(self.edge_target[sel], self.edge_weight[sel])]
+        return [(self.nodes[t].id, float(w)) for t, w in zip(self.edge_target[sel], self.edge_weight[sel], strict=False)]
 
     def edge_weight_between(self, source: NodeId | str, target: NodeId | str) -> float:
         """The weight of the edge ``source -> target`` (0.0 if absent)."""
@@ -294,13 +295,13 @@ class AttributionGraph:
 
     # ----------------------------------------------------------------- conversions
     @property
-    def nx(self) -> "networkx.DiGraph":
+    def nx(self) -> networkx.DiGraph:
         """The graph as a networkx DiGraph (:meth:`to_networkx`, built once, on first use)."""
         if self._nx_cache is None:
             self._nx_cache = self.to_networkx()
         return self._nx_cache
 
-    def to_networkx(self) -> "networkx.DiGraph":
+    def to_networkx(self) -> networkx.DiGraph:
         """A ``networkx.DiGraph`` keyed by the string node ids (``"feature/1/4/17"``).
 
         Node attributes: ``kind``, ``layer``, ``position``, ``index``, ``activation``,
@@ -329,7 +330,7 @@ class AttributionGraph:
             g.add_node(str(node.id), **data)
         ids = [str(n.id) for n in self.nodes]
         for s, t, w in zip(self.edge_source.tolist(), self.edge_target.tolist(),
-                           self.edge_weight.astype(np.float64).tolist()):
+                           self.edge_weight.astype(np.float64).tolist(), strict=False):
             if g.has_edge(ids[s], ids[t]):
                 g[ids[s]][ids[t]]["weight"] += w
             else:
@@ -337,7 +338,7 @@ class AttributionGraph:
         return g
 
     @classmethod
-    def from_networkx(cls, g: "networkx.DiGraph") -> "AttributionGraph":
+    def from_networkx(cls, g: networkx.DiGraph) -> AttributionGraph:
         """The inverse of :meth:`to_networkx`: nodes keyed by string ids (or :class:`NodeId`
         values), ``weight`` on edges; missing node attributes get defaults (activation 1)."""
         nodes = []
@@ -355,7 +356,7 @@ class AttributionGraph:
         if stored is not None:
             targets = [(parse(t), float(w)) for t, w in stored]
         else:
-            targets = [(n.id, float(g.nodes[k]["target_weight"])) for k, n in zip(g.nodes, nodes)
+            targets = [(n.id, float(g.nodes[k]["target_weight"])) for k, n in zip(g.nodes, nodes, strict=False)
                        if "target_weight" in g.nodes[k]]
         return cls(nodes, [t for _, t, _ in edges], [s for s, _, _ in edges],
                    np.array([w for _, _, w in edges], dtype=np.float64), targets=targets,
@@ -377,7 +378,7 @@ class AttributionGraph:
     def _repr_svg_(self) -> str | None:
         return _export("svg")(self)
 
-    def subgraph(self, keep: Iterable[NodeId]) -> "AttributionGraph":
+    def subgraph(self, keep: Iterable[NodeId]) -> AttributionGraph:
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""
         keep_rows = sorted({self.index_of(k) for k in keep})
         remap = -np.ones(self.n_nodes, dtype=np.int64)
@@ -402,7 +403,7 @@ class AttributionGraph:
         return os.fspath(path) if path is not None else text
 
     @classmethod
-    def from_json(cls, source: str) -> "AttributionGraph":
+    def from_json(cls, source: str) -> AttributionGraph:
         """Load a graph written by :meth:`to_json` (a path or a JSON string)."""
         return _export("from_json")(source)
 

@@ -74,7 +74,7 @@ class NodeId:
         return f"{self.kind}/{self.layer}/{self.position}/{self.index}"
 
     @classmethod
-    def parse(cls, text: str) -> "NodeId":
+    def parse(cls, text: str) -> NodeId:
         """Inverse of ``str(node_id)``: ``"feature/1/4/17"`` -> ``NodeId("feature", 1, 4, 17)``."""
         parts = str(text).split("/")
         if len(parts) != 4:

@@ -121,7 +121,7 @@ class MemoryWatch:
                 return
 
     @contextmanager
-    def watching(self) -> Iterator["MemoryWatch"]:
+    def watching(self) -> Iterator[MemoryWatch]:
         """Sample in a thread while the block runs; turn the watch's interrupt into a
         :class:`ResourceError` (any other KeyboardInterrupt passes through)."""
         self._thread = threading.Thread(target=self._loop, name="circuitgraph-memory-watch", daemon=True)

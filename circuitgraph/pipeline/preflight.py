@@ -23,9 +23,10 @@ No torch is imported here: ``validate`` stays fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from circuitgraph._io import read_json_file
 from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problems, read_declared
@@ -508,7 +509,7 @@ def _paired_prompts(spec: Spec) -> Iterable[tuple[str, Any, str, Any]]:
 
 
 def _first_difference(tok: Any, a: list[int], b: list[int]) -> str:
-    at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    at = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
     def piece(ids: list[int]) -> str:
         return repr(tok.token_str(ids[at])) if tok is not None and at < len(ids) else "(end)"

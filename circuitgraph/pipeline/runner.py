@@ -290,7 +290,7 @@ def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None,
     return _build_prepared(spec, prepare(spec, inputs=inputs, memory_limit=memory_limit), progress)
 
 
-def _build_prepared(spec: Spec, p: "Prepared", progress: bool) -> AttributionGraph:
+def _build_prepared(spec: Spec, p: Prepared, progress: bool) -> AttributionGraph:
     """The unpruned graph of a prepared spec (:func:`build` after :func:`prepare`)."""
     bar, update = _progress_bar(progress, "attribution")
     try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def format_table(
     widths = [max([len(h)] + [len(c[j]) for c in cells]) for j, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(values, widths)))
+        return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(values, widths, strict=False)))
 
     out = []
     if title:

@@ -8,8 +8,8 @@ result.to_dict()}``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph

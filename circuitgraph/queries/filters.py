@@ -9,8 +9,8 @@ that is not in the graph, are :class:`QueryError` naming the filter or the id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Iterable, Union
+from collections.abc import Iterable, Mapping
+from typing import Any, Union
 
 import numpy as np
 

@@ -75,7 +75,7 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     # average rank (1-based) of each run of equal scores
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_scores)) + 1]
     ends = np.r_[starts[1:], len(scores)]
-    for a, b in zip(starts, ends):
+    for a, b in zip(starts, ends, strict=False):
         ranks[order[a:b]] = (a + b + 1) / 2.0
     u = ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
@@ -164,7 +164,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
     own_inputs = bool(getattr(opts, "component_inputs", False))
     t_rows = {graph.index_of(t) for t in targets}
     component_rows = {i for i, n in enumerate(graph.nodes) if n.kind in ("attention_head", "mlp")} if own_inputs else set()
-    for s, d, x in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), np.abs(graph.edge_weight).tolist()):
+    for s, d, x in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), np.abs(graph.edge_weight).tolist(), strict=False):
         if d in t_rows:
             add(comp[graph.nodes[s].id], ("target", L, -1), "direct", x)
         elif d in component_rows:
@@ -199,7 +199,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
             if side == "value":
                 mags = mags * attended.cpu().numpy()[head, pos]
             path = "direct" if side == "value" else "qk"
-            for wr, h, m in zip(edges.writer.tolist(), head.tolist(), mags.tolist()):
+            for wr, h, m in zip(edges.writer.tolist(), head.tolist(), mags.tolist(), strict=False):
                 add(comp.get(edges.writer_ids[wr]), ("attention_head", layer, int(h)), path, m)
         if a.facts.attn_only or own_inputs:
             continue
@@ -211,7 +211,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
         positions = np.repeat(np.arange(T), d_mlp)
         edges = ctx.attribute_directions(int(ResidualLocation.resid_mid(layer)), positions.tolist(), dirs,
                                          [0.0] * len(positions))
-        for wr, m in zip(edges.writer.tolist(), np.abs(edges.weight.astype(np.float64)).tolist()):
+        for wr, m in zip(edges.writer.tolist(), np.abs(edges.weight.astype(np.float64)).tolist(), strict=False):
             add(comp.get(edges.writer_ids[wr]), ("mlp", layer, 0), "direct", m)
     components = sorted({c for c in comp.values() if c is not None})
     return ComponentEdges(weights, components)

@@ -183,7 +183,7 @@ def _split_one(ctx: AttributionContext, loc_u: ResidualLocation, pos_s: int, vec
             else:
                 G = fm.step_down(loc, G)
         values = (G[:, pos_s, :] @ vec.to(device=fm.device, dtype=fm.dtype)).double().cpu().numpy()
-    return {key: float(v) for key, v in zip(keys, values)}
+    return {key: float(v) for key, v in zip(keys, values, strict=False)}
 
 
 def head_split(graph: AttributionGraph, source: NodeId | str, target: NodeId | str, *,

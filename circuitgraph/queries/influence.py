@@ -179,4 +179,4 @@ def influence(graph: AttributionGraph, top_k: int = 20, signed: bool = False) ->
 def raw_influence(graph: AttributionGraph) -> dict[NodeId, float]:
     """circuit-tracer's influence ``w (A + A^2 + ...)`` of every node on the targets."""
     values = weighted_influence(graph)
-    return {n.id: float(v) for n, v in zip(graph.nodes, values)}
+    return {n.id: float(v) for n, v in zip(graph.nodes, values, strict=False)}

@@ -3,8 +3,9 @@ logit-difference node built from two logit nodes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 
@@ -134,7 +135,7 @@ class SubgraphResult(QueryResult):
         return {
             "filter": self.filter,
             "nodes": ids,
-            "edges": [[ids[s], ids[t], float(w)] for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight)],
+            "edges": [[ids[s], ids[t], float(w)] for s, t, w in zip(g.edge_source, g.edge_target, g.edge_weight, strict=False)],
         }
 
     def table(self, max_rows: int = 10) -> str:
@@ -312,7 +313,7 @@ def propose_supernodes(graph: AttributionGraph, *, min_similarity: float = 0.5,
     strength = np.zeros(graph.n_nodes)
     np.add.at(strength, graph.edge_source, np.abs(graph.edge_weight.astype(np.float64)))
     np.add.at(strength, graph.edge_target, np.abs(graph.edge_weight.astype(np.float64)))
-    for s, t in zip(graph.edge_source.tolist(), graph.edge_target.tolist()):
+    for s, t in zip(graph.edge_source.tolist(), graph.edge_target.tolist(), strict=False):
         neighbours.setdefault(s, set()).add(t)
         neighbours.setdefault(t, set()).add(s)
     by_site: dict[tuple[str, int], list[int]] = {}

@@ -64,8 +64,9 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -229,7 +230,7 @@ def path_contribution(graph: AttributionGraph, nodes: Iterable[NodeId | str]) ->
 
 def _contribution(idx: _EdgeIndex, rows: list[int]) -> tuple[float, float, list[float]]:
     value, normalized, weights = 1.0, 1.0, []
-    for i, (u, v) in enumerate(zip(rows[:-1], rows[1:])):
+    for i, (u, v) in enumerate(zip(rows[:-1], rows[1:], strict=False)):
         try:
             j = idx.find(u, v)
         except KeyError:
@@ -347,7 +348,7 @@ def _kbest_dag(
             # each predecessor's best partial path (they are candidates too); weaker ones are dropped
             # before the sort, so it sorts about as many candidates as edges, not edges x k
             g0, v0 = (np.concatenate(x) for x in zip(*[(p[0], p[1]) for p in parts],
-                                                      *[extend(j, True)[:2] for j in chunks]))
+                                                      *[extend(j, True)[:2] for j in chunks], strict=False))
             order = np.lexsort((-v0, g0))
             g0, v0 = g0[order], v0[order]
             starts = np.r_[0, np.flatnonzero(g0[1:] != g0[:-1]) + 1]
@@ -367,7 +368,7 @@ def _kbest_dag(
         parts = [strong(p) for p in parts] + [strong(extend(j, False)) for j in chunks]
         if not parts:
             continue
-        group, value, p_node, p_code = (np.concatenate(x) for x in zip(*parts))
+        group, value, p_node, p_code = (np.concatenate(x) for x in zip(*parts, strict=False))
         order = np.lexsort((p_code, p_node, -value, group))  # per group, best first
         group, value = group[order], value[order]
         starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
@@ -579,7 +580,7 @@ def top_paths(
         bottleneck = None
         if flows is not None:
             flow = flows[rows[-1]][0]
-            bottleneck = min(abs(float(flow[idx.find(u, v)])) for u, v in zip(rows[:-1], rows[1:]))
+            bottleneck = min(abs(float(flow[idx.find(u, v)])) for u, v in zip(rows[:-1], rows[1:], strict=False))
         paths.append(AttributionPath(
             nodes=tuple(graph.nodes[r].id for r in rows),
             edge_weights=tuple(weights),
@@ -601,7 +602,7 @@ def top_paths(
                        target_values=values, min_length=min_length)
 
 
-def _edge_flows(graph: AttributionGraph, idx: "_EdgeIndex", is_target: np.ndarray) -> dict[int, tuple[np.ndarray, float]]:
+def _edge_flows(graph: AttributionGraph, idx: _EdgeIndex, is_target: np.ndarray) -> dict[int, tuple[np.ndarray, float]]:
     """Per target row ``T``: the flow of every edge of ``idx``, ``E[v, u] * y_T[v]`` with
     ``y_T = d pre_T / d pre`` (the part of ``pre_T`` carried by all paths through the edge), and
     ``pre_T``, what a flow's share is relative to."""
@@ -643,7 +644,7 @@ def _check_frozen_attention(graph: AttributionGraph) -> None:
 def _expand(graph: AttributionGraph, path: AttributionPath) -> AttributionPath:
     """Attach the exact per-(head, source position) split of every edge of ``path``."""
     parts_per_edge = []
-    for (u, v), w in zip(zip(path.nodes[:-1], path.nodes[1:]), path.edge_weights):
+    for (u, v), w in zip(zip(path.nodes[:-1], path.nodes[1:], strict=False), path.edge_weights, strict=False):
         try:
             parts = split_edge(graph, u, v, by_position=True)
         except QueryError:
@@ -655,7 +656,7 @@ def _expand(graph: AttributionGraph, path: AttributionPath) -> AttributionPath:
         parts_per_edge.append(tuple(parts))
     # k best combinations of one part per edge, by |product of part / edge|
     combos: list[tuple[float, tuple[int, ...]]] = [(1.0, ())]
-    for parts, w in zip(parts_per_edge, path.edge_weights):
+    for parts, w in zip(parts_per_edge, path.edge_weights, strict=False):
         nxt = [(c * (p.value / w if w != 0 else 0.0), idx + (i,))
                for c, idx in combos for i, p in enumerate(parts[:N_HEAD_RESOLVED])]
         combos = heapq.nlargest(N_HEAD_RESOLVED, nxt, key=lambda x: abs(x[0]))

@@ -38,8 +38,9 @@ pre-cap score ``s`` is decomposed and the capped one is reported as ``score_capp
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -371,7 +372,7 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
         norm = NormWeights(None, None, False)
         sigma = torch.ones(ctx.linearisation.n_pos, dtype=dtype, device=device)
     dirs, consts, positions = [], [], []
-    for h, kp in zip(heads, k_pos):
+    for h, kp in zip(heads, k_pos, strict=False):
         for side, W, b, t in (("q", W_Q[h], b_Q[h], q_pos), ("k", W_K[h], b_K[h], kp)):
             if a.facts.qk_norm != "none":  # the frozen q/k norm scales each dimension: W e_i -> W e_i gamma_i / sigma
                 scale = qk_norm_scale(a, ctx.linearisation, layer, side, h, t).to(device, dtype)
@@ -498,7 +499,7 @@ def qk_decomposition(
     bos_nodes = bool(ctx.options.bos_nodes)
     out = []
     tgt, w = edges.reader, edges.weight.astype(np.float64)
-    for j, (h, kp) in enumerate(zip(heads, k_pos)):
+    for j, (h, kp) in enumerate(zip(heads, k_pos, strict=False)):
         sides = []
         for side in range(2):
             lo = (2 * j + side) * dh

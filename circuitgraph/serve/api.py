@@ -25,8 +25,9 @@ import math
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import CircuitGraphError
@@ -352,7 +353,7 @@ class Explorer:
         influence_share = None
         if result is not None:
             kept = result.node_influence[result.node_mask]
-            influence = {n.id: float(v) for n, v in zip(view.nodes, kept)}
+            influence = {n.id: float(v) for n, v in zip(view.nodes, kept, strict=False)}
             total = float(result.node_influence.sum())
             influence_share = float(kept.sum()) / total if total > 0 else None
         if groups:
@@ -392,7 +393,7 @@ class Explorer:
             "n_steering": len(self.document(name).steering),
             "nodes": [self._node_json(n, influence.get(n.id), targets) for n in view.nodes],
             "edges": [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
-                      zip(view.edge_source.tolist(), view.edge_target.tolist(), view.edge_weight.tolist())],
+                      zip(view.edge_source.tolist(), view.edge_target.tolist(), view.edge_weight.tolist(), strict=False)],
             "supernodes": groups,
         }
 

@@ -114,7 +114,7 @@ class FeatureDashboards:
     metrics: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, directory: str | Path) -> "FeatureDashboards":
+    def open(cls, directory: str | Path) -> FeatureDashboards:
         """Read ``directory`` (see the module docstring); :class:`LoadError` naming what is wrong."""
         directory = Path(directory)
         if not is_features_folder(directory):

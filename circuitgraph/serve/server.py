@@ -18,10 +18,11 @@ import logging
 import os
 import threading
 import urllib.parse
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from circuitgraph.serve.api import ApiError, Download, Explorer
 from circuitgraph.serve.catalog import Catalog, inside

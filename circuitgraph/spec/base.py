@@ -354,7 +354,7 @@ def _check_token(value: Any) -> Any:
 
 #: a token: a string that must encode to one token, or an integer token id
 Token = Annotated[
-    Union[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=0)]],
+    Annotated[str, Field(min_length=1)] | Annotated[int, Field(ge=0)],
     BeforeValidator(_check_token),
 ]
 

@@ -83,7 +83,7 @@ class DatasetRow(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> "DatasetRow":
+    def _one_prompt(self) -> DatasetRow:
         if (self.prompt is None) == (self.tokens is None):
             got = "both" if self.prompt is not None else "neither"
             raise rule_error(("", f"a row needs exactly one of prompt (text) or tokens (ids), got {got}"))
@@ -133,7 +133,7 @@ class ExecutorSpec(StrictModel):
     max_retries: NonNegativeInt = Field(2, description="Retries of a prompt whose worker died while running it.")
 
     @model_validator(mode="after")
-    def _address(self) -> "ExecutorSpec":
+    def _address(self) -> ExecutorSpec:
         if self.kind == "local" and self.address is not None:
             raise rule_error(("address", f"address {self.address!r} is only used with kind: ray; remove it"))
         return self

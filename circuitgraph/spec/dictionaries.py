@@ -23,8 +23,9 @@ docs/architecture.md):
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 __all__ = ["DictionaryFormat", "DICTIONARY_FORMATS", "register_format", "format_names"]
 

@@ -77,7 +77,7 @@ with warnings.catch_warnings():
         max_json_edges: PositiveInt = Field(5_000_000, description="Refuse to write JSON with more edges.")
 
         @model_validator(mode="after")
-        def _suffixes(self) -> "ExportSpec":
+        def _suffixes(self) -> ExportSpec:
             problems = []
             for key, suffixes in EXPORT_SUFFIXES.items():
                 path = getattr(self, key)

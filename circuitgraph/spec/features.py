@@ -14,7 +14,7 @@ statistics (``features.parquet``) and its exact top-k activations with their con
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -69,10 +69,10 @@ class FeaturesSpec(UsageModel):
                                                "then position, then key position).")
     context: NonNegativeInt = Field(8, description="Tokens of context kept before and after each example's token "
                                                    "(clipped at the prompt's ends).")
-    layers: Union[Literal["all"], tuple[NonNegativeInt, ...]] = Field(
+    layers: Literal["all"] | tuple[NonNegativeInt, ...] = Field(
         "all", description="The layers to compute: 'all' (every dictionary layer for features, every model layer "
         "for neurons and heads) or a list of layers.")
-    features: Union[Literal["all"], FromGraph] = Field(
+    features: Literal["all"] | FromGraph = Field(
         "all", description="'all' units of the selected layers, or {from_graph: PATH}: the graph file's nodes of "
         "the unit kind (feature, neuron or attention_head nodes).")
     head_metrics: tuple[HeadMetric, ...] = Field(
@@ -114,7 +114,7 @@ class FeaturesSpec(UsageModel):
                                                         f"{self.units}")}
 
     @model_validator(mode="after")
-    def _used(self) -> "FeaturesSpec":
+    def _used(self) -> FeaturesSpec:
         problems = unused_rules(self, self.field_usage())
         if problems:
             raise rule_error(*problems)

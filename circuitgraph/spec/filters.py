@@ -57,7 +57,7 @@ class NodeFilter(StrictModel):
     id: _many(NodeIdStr) | None = Field(None, description="Node id(s) 'kind/layer/position/index'.")
 
     @model_validator(mode="after")
-    def _check(self) -> "NodeFilter":
+    def _check(self) -> NodeFilter:
         if all(getattr(self, k) is None for k in ("kind", "layer", "position", "index", "id")):
             raise rule_error(("", "an empty node filter; give at least one of kind, layer, position, index, id"))
         if self.layer is not None and self.layer[0] > self.layer[1]:

@@ -35,7 +35,7 @@ def spec_schema_text() -> str:
     return json.dumps(spec_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write_spec_schema(path: "str | os.PathLike[str]" = DEFAULT_SCHEMA_PATH) -> Path:
+def write_spec_schema(path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> Path:
     """Write :func:`spec_schema_text` to ``path`` and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

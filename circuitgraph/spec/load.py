@@ -41,7 +41,7 @@ MAX_DEPTH = 64
 MAX_VALUES = 1_000_000
 
 
-def load_spec(source: "str | os.PathLike[str] | Mapping[str, Any] | Spec", *, base_dir: "str | os.PathLike[str] | None" = None) -> Spec:
+def load_spec(source: str | os.PathLike[str] | Mapping[str, Any] | Spec, *, base_dir: str | os.PathLike[str] | None = None) -> Spec:
     """Return the :class:`Spec` described by ``source``.
 
     ``source`` is a path to a ``.yaml``/``.yml``/``.json`` file, a mapping with the
@@ -62,7 +62,7 @@ def load_spec(source: "str | os.PathLike[str] | Mapping[str, Any] | Spec", *, ba
     raise SpecError(f"expected a spec file path, a mapping or a Spec, got {type(source).__name__}")
 
 
-def _validate(data: dict[str, Any], base_dir: "str | os.PathLike[str] | None") -> Spec:
+def _validate(data: dict[str, Any], base_dir: str | os.PathLike[str] | None) -> Spec:
     check_plain_data(data)
     context = {"base_dir": Path(base_dir)} if base_dir is not None else None
     try:
@@ -113,7 +113,7 @@ def check_plain_data(data: Any) -> None:
                 stack.append((item, (*loc, i), depth + 1))
 
 
-def read_spec_file(path: "str | os.PathLike[str]") -> dict[str, Any]:
+def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw mapping in a spec file (not validated)."""
     path = Path(path)
     suffix = path.suffix.lower()

@@ -104,7 +104,7 @@ class ModelSpec(StrictModel):
         return "builtin"
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         problems: list[tuple[str, str]] = []
         given = [k for k in ("path", "name", "builtin", "pretrained") if getattr(self, k) is not None]
         if len(given) != 1:
@@ -175,7 +175,7 @@ class TranscodersSpec(StrictModel):
         return "path" if self.path is not None else "release"
 
     @model_validator(mode="after")
-    def _one_source(self) -> "TranscodersSpec":
+    def _one_source(self) -> TranscodersSpec:
         problems: list[tuple[str, str]] = []
         given = [k for k in ("path", "release", "builtin", "hf") if getattr(self, k) is not None]
         if len(given) != 1:

@@ -103,7 +103,7 @@ class TopPaths(UsageModel):
         return {"beam_width": (self.method != "exact", "it is the width of the beam search, and method is exact")}
 
     @model_validator(mode="after")
-    def _used(self) -> "TopPaths":
+    def _used(self) -> TopPaths:
         problems = unused_rules(self, self.field_usage())
         if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
             problems.append(("min_length", f"min_length {self.min_length} is above max_length {self.max_length}; "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -74,7 +74,7 @@ with warnings.catch_warnings():
         prompt: Prompt | None = Field(
             None, description="The prompt: a string, {text, prepend_bos} or {tokens: [...]} (or give dataset:)."
         )
-        dataset: Union[InputPath, tuple[dict[str, Any], ...], None] = Field(
+        dataset: InputPath | tuple[dict[str, Any], ...] | None = Field(
             None, description="Many prompts instead of prompt: a .jsonl/.csv file or an inline list of rows "
             "{prompt | tokens, targets?, corrupted?, id?}.",
         )
@@ -199,7 +199,7 @@ with warnings.catch_warnings():
                 raise SpecError(problems) from None
 
         @model_validator(mode="after")
-        def _targets_not_zero(self) -> "Spec":
+        def _targets_not_zero(self) -> Spec:
             """A target that is identically zero (weight 0, or a logit difference of a token with
             itself) has nothing to explain: every edge, share and score would be 0 or 0/0."""
             problems: list[tuple[str, str]] = []
@@ -216,7 +216,7 @@ with warnings.catch_warnings():
             return self
 
         @model_validator(mode="after")
-        def _cross_checks(self) -> "Spec":
+        def _cross_checks(self) -> Spec:
             problems: list[tuple[str, str]] = self._dataset_checks()
             has_tc = self.transcoders is not None
             available = self.transcoders.available_layers() if self.transcoders is not None else None

@@ -59,7 +59,7 @@ class SteerIntervention(StrictModel):
                                    "attention_head, error, mlp, embedding).")
     nodes: NodeFilter | None = Field(None, description="A node filter {kind, layer, position, index, id}: every "
                                      "intervenable node of the graph it matches.")
-    direction: Union[Annotated[tuple[Float, ...], Field(min_length=1)], InputPath, None] = Field(
+    direction: Annotated[tuple[Float, ...], Field(min_length=1)] | InputPath | None = Field(
         None, description="A residual-stream direction: d_model numbers, or a file (.npy, .pt, .safetensors, .json).")
     site: Literal["resid_pre", "resid_mid", "resid_post"] = Field(
         "resid_post", description="With direction: the residual site.")
@@ -72,7 +72,7 @@ class SteerIntervention(StrictModel):
         "tokens only) or a list of absolute positions.")
 
     @model_validator(mode="after")
-    def _rules(self) -> "SteerIntervention":
+    def _rules(self) -> SteerIntervention:
         problems: list[tuple[str, str]] = []
         given = [k for k in ("node", "nodes", "direction") if getattr(self, k) is not None]
         if len(given) != 1:
@@ -109,7 +109,7 @@ class Generate(StrictModel):
     top_k: PositiveInt = Field(5, description="How many of the most probable tokens each step reports.")
 
     @model_validator(mode="after")
-    def _rules(self) -> "Generate":
+    def _rules(self) -> Generate:
         problems = []
         if self.temperature == 0:
             if self.top_p != 1.0:

@@ -139,7 +139,7 @@ class Direction(StrictModel):
     name: str | None = Field(None, description="A label for the target.")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Direction":
+    def _one_source(self) -> Direction:
         if (self.vector is None) == (self.file is None):
             got = "both" if self.vector is not None else "neither"
             raise rule_error(("", f"give exactly one of vector or file, got {got}"))

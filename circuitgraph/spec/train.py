@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
@@ -65,7 +66,7 @@ class TrainSpec(StrictModel):
     seed: Seed = Field(0, description="Seed of the initialisation and of the window order.")
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainSpec":
+    def _check(self) -> TrainSpec:
         if self.kind == "cross_layer_transcoder" and self.layers is not None:
             raise rule_error(("layers", "a cross-layer transcoder covers every layer of the model; remove layers"))
         if self.layers is not None and len(set(self.layers)) != len(self.layers):
@@ -82,7 +83,7 @@ class TrainRunSpec(StrictModel):
     train: TrainSpec = Field(description="What to train.")
 
 
-def load_train_spec(source: "str | os.PathLike[str] | Mapping[str, Any]") -> TrainRunSpec:
+def load_train_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> TrainRunSpec:
     """Read a training spec (a YAML/JSON file or a mapping); bad input raises SpecError listing every problem."""
     base_dir = None
     if isinstance(source, Mapping):

@@ -161,7 +161,7 @@ class Ablate(UsageModel):
         }
 
     @model_validator(mode="after")
-    def _modes(self) -> "Ablate":
+    def _modes(self) -> Ablate:
         problems = _mode_rules(
             self,
             needs={"scale": "scale", "set": "value", "patch": "patch_prompt", "mean": "reference_prompts"},
@@ -188,7 +188,7 @@ class PredictedVsActual(StrictModel):
     reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
 
     @model_validator(mode="after")
-    def _modes(self) -> "PredictedVsActual":
+    def _modes(self) -> PredictedVsActual:
         problems = _mode_rules(self, needs={"mean": "reference_prompts"}, uses={"reference_prompts": ("mean",)})
         if problems:
             raise rule_error(*problems)
@@ -240,7 +240,7 @@ class PatchSet(StrictModel):
     attns: tuple[NonNegativeInt, ...] = Field((), description="Whole attention outputs, by layer.")
 
     @model_validator(mode="after")
-    def _not_empty(self) -> "PatchSet":
+    def _not_empty(self) -> PatchSet:
         if not (self.neurons or self.heads or self.mlps or self.attns):
             raise rule_error(("", "a patching set needs at least one unit: give neurons, heads, mlps or attns"))
         return self
@@ -268,7 +268,7 @@ class Patching(StrictModel):
     sets: tuple[PatchSet, ...] = Field((), description="Units patched together, one row each (granularity set).")
 
     @model_validator(mode="after")
-    def _unique(self) -> "Patching":
+    def _unique(self) -> Patching:
         problems = _unique("granularity", self.granularity)
         problems += _unique("layers", self.layers)
         if self.heatmap is not None and self.heatmap.suffix.lower() not in HEATMAP_SUFFIXES:
@@ -298,7 +298,7 @@ class Faithfulness(StrictModel):
     reference_prompts: tuple[Prompt, ...] = Field((), description=_REFERENCE)
 
     @model_validator(mode="after")
-    def _modes(self) -> "Faithfulness":
+    def _modes(self) -> Faithfulness:
         problems = _mode_rules(self, needs={}, uses={"reference_prompts": ("mean",)})
         if problems:
             raise rule_error(*problems)
@@ -330,7 +330,7 @@ class FaithfulnessCurve(StrictModel):
     plot: OutputPath | None = Field(None, description="Write the curve as an image here (needs matplotlib).")
 
     @model_validator(mode="after")
-    def _modes(self) -> "FaithfulnessCurve":
+    def _modes(self) -> FaithfulnessCurve:
         problems = []
         if self.ablation == "patch" and self.patch_prompt is None:
             problems.append(("patch_prompt", "ablation: patch needs patch_prompt"))
@@ -419,7 +419,7 @@ class SignRegimes(UsageModel):
         }
 
     @model_validator(mode="after")
-    def _rules(self) -> "SignRegimes":
+    def _rules(self) -> SignRegimes:
         problems = _unique("controls", self.controls) + unused_rules(self, self.field_usage())
         if problems:
             raise rule_error(*problems)

@@ -29,9 +29,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from circuitgraph.testing.circuit_tracer import circuit_tracer_python
 

@@ -118,13 +118,13 @@ class CircuitTracerGraph:
         """circuit-tracer's adjacency as an :class:`AttributionGraph`, nodes in its order, the
         logits weighted by their probabilities (no pre-activations: its graph does not have them)."""
         n_feat = len(self.activation_values)
-        nodes = [Node(nid, float(a)) for nid, a in zip(self.node_ids[:n_feat], self.activation_values)]
+        nodes = [Node(nid, float(a)) for nid, a in zip(self.node_ids[:n_feat], self.activation_values, strict=False)]
         nodes += [Node(nid, 1.0) for nid in self.node_ids[n_feat:len(self.node_ids) - len(self.logit_tokens)]]
         logits = [Node(nid, 0.0) for nid in self.node_ids[len(self.node_ids) - len(self.logit_tokens):]]
         nodes += logits
         t, s = np.nonzero(self.adjacency)
         return AttributionGraph(nodes, t, s, self.adjacency[t, s],
-                                targets=[(n.id, p) for n, p in zip(logits, self.logit_probabilities)])
+                                targets=[(n.id, p) for n, p in zip(logits, self.logit_probabilities, strict=False)])
 
 
 def run_circuit_tracer(
@@ -200,6 +200,6 @@ def compare_with_circuit_tracer(graph: AttributionGraph, ct: CircuitTracerGraph)
         "max_abs_difference": float(diff.max()),
         "max_difference_relative_to_largest_edge": float(diff.max() / scale) if scale else float(diff.max()),
         "worst_entry": [str(ct.node_ids[worst[0]]), str(ct.node_ids[worst[1]])],
-        "our_nodes_not_in_ct": [str(n.id) for n, r in zip(graph.nodes, row_map) if r < 0][:10],
+        "our_nodes_not_in_ct": [str(n.id) for n, r in zip(graph.nodes, row_map, strict=False) if r < 0][:10],
         "largest_dropped_edge": float(np.abs(graph.edge_weight[~keep]).max()) if (~keep).any() else 0.0,
     }

@@ -18,8 +18,9 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from unittest import mock
 
 from circuitgraph.datasets import executors

@@ -35,7 +35,7 @@ def _bytes_to_unicode() -> list[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    table = dict(zip(bs, cs))
+    table = dict(zip(bs, cs, strict=False))
     return [chr(table[b]) for b in range(256)]
 
 

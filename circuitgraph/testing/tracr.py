@@ -32,9 +32,10 @@ not defined.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -162,7 +163,7 @@ def _labels(space: Any, weights: Any = None, axis: int = 1) -> set[str]:
     if weights is None:
         return set(labels)
     used = np.abs(np.asarray(weights)).sum(axis=axis) != 0
-    return {lab for lab, u in zip(labels, used) if u}
+    return {lab for lab, u in zip(labels, used, strict=False) if u}
 
 
 def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[str, Any]:
@@ -179,7 +180,7 @@ def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[st
     pos = {"kind": "positional", "layer": -1, "index": -1}
     writers: list[tuple[dict, int, set[str]]] = [(emb, 0, token_dirs), (pos, 0, position_dirs)]
     readers: list[tuple[dict, int, str, set[str]]] = []
-    for block, (kind, layer) in zip(craft_model.blocks, _module_names(craft_model)):
+    for block, (kind, layer) in zip(craft_model.blocks, _module_names(craft_model), strict=False):
         if isinstance(block, transformers.MLP):
             node = {"kind": "mlp", "layer": layer, "index": 0}
             order = 2 * layer + 2
@@ -284,7 +285,7 @@ def _weights(assembled: Any, sink: str, d_vocab: int, output_tokens: list[int], 
     if output_tokens:
         labels = assembled.residual_labels
         out_values = list(assembled.output_encoder.encoding_map)
-        for v, tok in zip(out_values, output_tokens):
+        for v, tok in zip(out_values, output_tokens, strict=False):
             W_U[labels.index(f"{sink}:{v}"), tok] = 1.0  # tracr's readout: the projection onto sink:v
     state["unembed.W_U"] = t(W_U)
     state["unembed.b_U"] = t(np.zeros(d_vocab))

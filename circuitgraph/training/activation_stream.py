@@ -7,8 +7,9 @@ ln2.hook_normalized``) and reconstructs ``blocks.l.hook_mlp_out``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F

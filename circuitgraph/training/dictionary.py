@@ -77,7 +77,7 @@ class TrainableDictionary(nn.Module):
             recon = recon + torch.einsum("lnd,led->lne", x, self.W_skip)
         return a, recon
 
-    def export(self) -> "DictionaryWeights":
+    def export(self) -> DictionaryWeights:
         """The weights in model units (see the module docstring), detached float32 copies."""
         with torch.no_grad():
             s_in, s_out = self.s_in, self.s_out

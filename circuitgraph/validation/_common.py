@@ -6,7 +6,8 @@ Nothing here knows TransformerLens hook names; that is the adapter's job.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -126,7 +127,7 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
 def pearson(x: Sequence[float | None], y: Sequence[float | None]) -> float | None:
     """Pearson correlation over the pairs where both values are known; ``None`` when it is
     undefined (fewer than two pairs or a constant side)."""
-    pairs = [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
+    pairs = [(a, b) for a, b in zip(x, y, strict=False) if a is not None and b is not None]
     if len(pairs) < 2:
         return None
     a = np.array([p[0] for p in pairs], dtype=np.float64)

@@ -14,8 +14,9 @@ node whose edge into the target is ``+2`` has a predicted effect of ``-2``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -265,8 +266,8 @@ def ablate(
     predicted = predicted_total = frozen_change = None
     if all(c is not None for c in factors):
         rows_idx = [graph.index_of(n) for n in chosen]
-        predicted = float(sum(-(1 - c) * D[r] for c, r in zip(factors, rows_idx)))
-        predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx)))
+        predicted = float(sum(-(1 - c) * D[r] for c, r in zip(factors, rows_idx, strict=False)))
+        predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx, strict=False)))
         if len(set(factors)) == 1 and part == "post":
             frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
     params = {"rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
@@ -386,7 +387,7 @@ def predicted_vs_actual(
     frozen_base = _frozen_metric(s.ctx, graph) if frozen_check else None
     rows, devs = [], []
     scale_ref = max([abs(frozen_base or 0.0)] + [abs(D[graph.index_of(n)]) for n in chosen] + [1e-12])
-    for j, (node, c) in enumerate(zip(chosen, factors)):
+    for j, (node, c) in enumerate(zip(chosen, factors, strict=False)):
         r = graph.index_of(node)
         pred = None if c is None else float(-(1 - c) * D[r])
         pred_total = None if c is None else float(-(1 - c) * V[r])

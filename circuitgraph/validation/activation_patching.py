@@ -33,9 +33,10 @@ layers x heads panels) can be written as PNG/SVG/PDF, atomically.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -276,7 +277,7 @@ def patching(
                 jobs.append(("feature", (Unit("feature", layer, None, j),), layer, None, j, f"feature/{layer}/*/{j}"))
 
     names_of_sets = list(set_names) if set_names is not None else [" + ".join(str(u) for u in units) for units in sets]
-    for name, units in zip(names_of_sets, sets):
+    for name, units in zip(names_of_sets, sets, strict=False):
         units = tuple(units)
         if not units:
             raise ValidationRunError(f"patching set {name!r} is empty; give at least one unit")
@@ -308,7 +309,7 @@ def patching(
 def _tok_labels(clean: list[int], corrupted: list[int], tokenizer: Any) -> list[str]:
     show = (lambda i: tokenizer.token_str(i)) if tokenizer is not None else (lambda i: f"<{i}>")
     out = []
-    for t, (a, b) in enumerate(zip(clean, corrupted)):
+    for t, (a, b) in enumerate(zip(clean, corrupted, strict=False)):
         out.append(f"{t}:{show(a)}" if a == b else f"{t}:{show(a)}/{show(b)}")
     return out
 
@@ -374,7 +375,7 @@ def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Any = 
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(grids), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
     vmax = max(1.0, max(float(np.abs(np.array(g.values)).max()) for g in grids))
-    for ax, g in zip(axes, grids):
+    for ax, g in zip(axes, grids, strict=False):
         v = np.array(g.values)
         im = ax.imshow(v, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
         ax.set_title(g.name, fontsize=10)

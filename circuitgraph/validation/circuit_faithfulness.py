@@ -20,8 +20,9 @@ reference prompts uses the mean over the prompt's own positions (but the first).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError

@@ -39,8 +39,9 @@ Draws use ``numpy.random.default_rng(seed)``; masks are boolean (no ``inf`` arit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -201,10 +202,10 @@ def _candidates(key: tuple, selected: list[Unit], magnitudes: dict, reach: Calla
             pos_ok[0] = False
         keep = ((mag > 0) if active_only else np.ones_like(mag, dtype=bool)) & pos_ok[:, None]
         ts, idx = np.nonzero(keep)
-        units += [Unit(s, lyr, int(t), int(i)) for t, i in zip(ts, idx)]
+        units += [Unit(s, lyr, int(t), int(i)) for t, i in zip(ts, idx, strict=False)]
         masses.append(mag[ts, idx])
     m = np.concatenate(masses) if masses else np.zeros(0)
-    pairs = [(u, float(x)) for u, x in zip(units, m) if u not in chosen]
+    pairs = [(u, float(x)) for u, x in zip(units, m, strict=False) if u not in chosen]
     return [u for u, _ in pairs], np.array([x for _, x in pairs], dtype=np.float64)
 
 

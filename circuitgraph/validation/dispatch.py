@@ -16,9 +16,10 @@ Example::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -69,7 +70,7 @@ class CheckResult(Tabular):
 
     def _repr_html_(self) -> str:
         # named, not imported: export imports the checks (see circuitgraph.graph.graph.EXPORTS)
-        return getattr(importlib.import_module("circuitgraph.export.html"), "result_html")(self.kind, self.result)
+        return importlib.import_module("circuitgraph.export.html").result_html(self.kind, self.result)
 
 
 def _split(check: Any) -> tuple[str, Any]:

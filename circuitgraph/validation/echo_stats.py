@@ -14,8 +14,9 @@ float64 / int64.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -49,7 +50,7 @@ class LayerStats:
     n_tokens: int = 0
 
     @classmethod
-    def empty(cls, k: int, d: int, dtype: torch.dtype = torch.float32) -> "LayerStats":
+    def empty(cls, k: int, d: int, dtype: torch.dtype = torch.float32) -> LayerStats:
         inf = torch.full((d,), float("-inf"), dtype=dtype)
         return cls(torch.full((k, d), float("-inf"), dtype=dtype), torch.zeros(k, d, dtype=torch.bool),
                    torch.zeros(4, dtype=torch.int64), torch.zeros(d, dtype=torch.bool),

@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -113,7 +114,7 @@ class FaithfulnessCurveResult:
         return {"unit": self.unit, "ablation": self.ablation, "metric": self.metric, "n_total": self.n_total,
                 "full": self.full, "empty": self.empty, "cpr": self.cpr, "cmd": self.cmd,
                 "points": [{"size": s, "n_kept": k, "metric": v, "recovery": r}
-                           for s, k, v, r in zip(self.sizes, self.n_kept, self.values, self.recovery)],
+                           for s, k, v, r in zip(self.sizes, self.n_kept, self.values, self.recovery, strict=False)],
                 "notes": self.notes, "plot": self.plot}
 
     def table(self, max_rows: int = 20) -> str:
@@ -121,7 +122,7 @@ class FaithfulnessCurveResult:
                 f"{self.empty:.4g}, CPR {_f(self.cpr)}, CMD {_f(self.cmd)}\n\n")
         return head + markdown_table(["size", f"{self.unit} kept", "metric", "recovery"],
                                      [[s, k, v, r] for s, k, v, r in zip(self.sizes, self.n_kept, self.values,
-                                                                          self.recovery)], max_rows)
+                                                                          self.recovery, strict=False)], max_rows)
 
 
 def _f(x: float | None) -> str:
@@ -220,7 +221,7 @@ def faithfulness_curve(
         raise ValidationRunError(f"faithfulness_curve unit {unit!r}: expected edges or nodes")
     d = full - empty
     recovery = [None if d == 0 else (v - empty) / d for v in values]
-    recovery = [1.0 if k == n_total and r is not None else r for k, r in zip(counts, recovery)]
+    recovery = [1.0 if k == n_total and r is not None else r for k, r in zip(counts, recovery, strict=False)]
     cpr = cmd = None
     if d != 0:
         cpr, cmd = curve_areas(sizes, [r for r in recovery])
@@ -386,8 +387,8 @@ def plot_faithfulness_curve(result: FaithfulnessCurveResult, path: str) -> str:
     except ImportError:  # pragma: no cover - an optional extra
         raise ValidationRunError("faithfulness_curve plot needs matplotlib: pip install 'circuitgraph[plots]'") from None
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    xs = [s for s, r in zip(result.sizes, result.recovery) if r is not None and s > 0]
-    ys = [r for s, r in zip(result.sizes, result.recovery) if r is not None and s > 0]
+    xs = [s for s, r in zip(result.sizes, result.recovery, strict=False) if r is not None and s > 0]
+    ys = [r for s, r in zip(result.sizes, result.recovery, strict=False) if r is not None and s > 0]
     ax.plot(xs, ys, marker="o")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log")

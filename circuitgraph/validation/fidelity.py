@@ -18,8 +18,9 @@ prompt we report, over every position:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -93,17 +94,17 @@ class ReplacementFidelityResult(Tabular):
     def _mean(self, key: str) -> float:
         w = [len(r.tokens) - 1 for r in self.rows]
         total = sum(w)
-        return sum(getattr(r, key) * n for r, n in zip(self.rows, w)) / total if total else float("nan")
+        return sum(getattr(r, key) * n for r, n in zip(self.rows, w, strict=False)) / total if total else float("nan")
 
     @property
     def agreement(self) -> float:
         n = [len(r.tokens) for r in self.rows]
-        return sum(r.agreement * k for r, k in zip(self.rows, n)) / sum(n)
+        return sum(r.agreement * k for r, k in zip(self.rows, n, strict=False)) / sum(n)
 
     @property
     def kl(self) -> float:
         n = [len(r.tokens) for r in self.rows]
-        return sum(r.kl * k for r, k in zip(self.rows, n)) / sum(n)
+        return sum(r.kl * k for r, k in zip(self.rows, n, strict=False)) / sum(n)
 
     def to_dict(self) -> dict[str, Any]:
         return {

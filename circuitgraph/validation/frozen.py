@@ -10,7 +10,8 @@ through frozen paths), with no autograd and no use of the engine's transposes.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -315,7 +316,7 @@ def sign_regimes(
     for l in layers:
         s = stats[l]
         total = max(int(s.regime_counts.sum()), 1)
-        shares[l] = {r: int(c) / total for r, c in zip(REGIMES, s.regime_counts.tolist())}
+        shares[l] = {r: int(c) / total for r, c in zip(REGIMES, s.regime_counts.tolist(), strict=False)}
         share = s.echo_share()
         ev = eval_stats[l].echo_mass
         for i in (share >= echo_threshold - 1e-12).nonzero().flatten().tolist():
@@ -338,7 +339,7 @@ def sign_regimes(
         return result
 
     all_units = [Unit("neuron", n.layer, None, n.index) for n in dominated]
-    by_unit = dict(zip(all_units, dominated))
+    by_unit = dict(zip(all_units, dominated, strict=False))
     members = {"all": all_units}
     if groups:
         in_layer = [u for u in all_units if u.layer == group_layer]
@@ -371,7 +372,7 @@ def sign_regimes(
     changes = echo_loss_changes(adapter, evaluation, sets, first_position, batch_size)
     seconds["removal"] = time.perf_counter() - t0
     i_sel, i = 0, sum(1 for _, units, _ in plans if units)
-    for g, (name, units, draws) in zip(result.groups, plans):
+    for g, (name, units, draws) in zip(result.groups, plans, strict=False):
         if not units:
             continue
         g.loss_change = changes[i_sel]

@@ -59,8 +59,9 @@ infinities anywhere (``0 * inf`` is NaN).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -125,7 +126,7 @@ class Unit:
         return f"{self.site}/{self.layer}/{pos}/{idx}"
 
     @classmethod
-    def from_node(cls, node_id: NodeId | str, *, part: Literal["post", "gate", "value"] = "post") -> "Unit":
+    def from_node(cls, node_id: NodeId | str, *, part: Literal["post", "gate", "value"] = "post") -> Unit:
         """The unit of a graph node.  ``part`` picks the gate (``hook_pre``) or the value
         (``hook_pre_linear``) of a gated neuron instead of its activation."""
         if isinstance(node_id, str):
@@ -180,27 +181,27 @@ class Intervention:
 
     # convenience constructors ---------------------------------------------------------
     @classmethod
-    def zero(cls, units: Sequence[Unit], **kw: Any) -> "Intervention":
+    def zero(cls, units: Sequence[Unit], **kw: Any) -> Intervention:
         return cls(tuple(units), "zero", **kw)
 
     @classmethod
-    def scaled(cls, units: Sequence[Unit], scale: float, **kw: Any) -> "Intervention":
+    def scaled(cls, units: Sequence[Unit], scale: float, **kw: Any) -> Intervention:
         return cls(tuple(units), "scale", scale=float(scale), **kw)
 
     @classmethod
-    def set_to(cls, units: Sequence[Unit], value: float, **kw: Any) -> "Intervention":
+    def set_to(cls, units: Sequence[Unit], value: float, **kw: Any) -> Intervention:
         return cls(tuple(units), "set", value=float(value), **kw)
 
     @classmethod
-    def added(cls, units: Sequence[Unit], value: float, **kw: Any) -> "Intervention":
+    def added(cls, units: Sequence[Unit], value: float, **kw: Any) -> Intervention:
         return cls(tuple(units), "add", value=float(value), **kw)
 
     @classmethod
-    def mean(cls, units: Sequence[Unit], reference: Sequence[Sequence[int]], **kw: Any) -> "Intervention":
+    def mean(cls, units: Sequence[Unit], reference: Sequence[Sequence[int]], **kw: Any) -> Intervention:
         return cls(tuple(units), "mean", reference=tuple(tuple(r) for r in reference), **kw)
 
     @classmethod
-    def patched(cls, units: Sequence[Unit], source: Sequence[int], **kw: Any) -> "Intervention":
+    def patched(cls, units: Sequence[Unit], source: Sequence[int], **kw: Any) -> Intervention:
         return cls(tuple(units), "patch", patch=tuple(source), **kw)
 
     def resolved_pooling(self, n_pos: int) -> str | None:

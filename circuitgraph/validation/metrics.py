@@ -17,8 +17,9 @@ These are exactly the values the graph's target nodes hold, so a metric built wi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -79,16 +80,16 @@ class Metric:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def logit(cls, token: int, position: int = -1, *, relative_to_mean: bool = False, name: str = "") -> "Metric":
+    def logit(cls, token: int, position: int = -1, *, relative_to_mean: bool = False, name: str = "") -> Metric:
         return cls((Readout("logit", position, (int(token),), relative_to_mean, name=name),), name=name)
 
     @classmethod
-    def logit_diff(cls, a: int, b: int, position: int = -1, *, name: str = "") -> "Metric":
+    def logit_diff(cls, a: int, b: int, position: int = -1, *, name: str = "") -> Metric:
         """``logit(a) - logit(b)``, the paired logit-difference metric of patching."""
         return cls((Readout("logit_diff", position, (int(a), int(b)), name=name),), name=name)
 
     @classmethod
-    def from_targets(cls, targets: Sequence[Any]) -> "Metric":
+    def from_targets(cls, targets: Sequence[Any]) -> Metric:
         """From :class:`~circuitgraph.attribution.ResolvedTarget` values (their weights kept)."""
         readouts = []
         for t in targets:
@@ -100,7 +101,7 @@ class Metric:
         return cls(tuple(readouts), name="graph targets")
 
     @classmethod
-    def from_graph(cls, graph: Any) -> "Metric":
+    def from_graph(cls, graph: Any) -> Metric:
         """The graph's targets, weighted as in the graph (needs the graph's live context)."""
         ctx = getattr(graph, "context", None)
         if ctx is None or not getattr(ctx, "targets", None):

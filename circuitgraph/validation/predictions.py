@@ -17,7 +17,8 @@ Scaling a node's activation by ``c`` changes ``M`` by ``-(1 - c)`` times either 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 

@@ -19,8 +19,9 @@ through ``hook_k_input``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -182,8 +183,8 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
     for h in res.heads:
         d = h.decomposition
         magnitudes[h.head] = h.magnitude
-        qm = dict(zip(d.query_nodes, d.query_marginals()))
-        km = dict(zip(d.key_nodes, d.key_marginals()))
+        qm = dict(zip(d.query_nodes, d.query_marginals(), strict=False))
+        km = dict(zip(d.key_nodes, d.key_marginals(), strict=False))
         items: list[tuple[str, NodeId]] = []
         for p in h.pairs:
             for side, node in (("query", p.query_node), ("key", p.key_node)):
@@ -195,7 +196,7 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
                     continue
                 items.append((side, node))
         actual = qk_removal_effects(ctx, layer, h.head, h.query_position, h.key_position, items) if items else []
-        for (side, node), act in zip(items, actual):
+        for (side, node), act in zip(items, actual, strict=False):
             pred = qm[node] if side == "query" else km[node]
             rows.append(QKCheckRow(h.head, side, str(node), float(pred), act))
     if tolerance is None:

@@ -54,8 +54,9 @@ graph node (a direction, a node that is not in the graph, ``set``/``add`` on a n
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -333,7 +334,7 @@ def _generate(adapter: ModelAdapter, transcoders: Any, prompt: list[int], resolv
         steps.append({
             "token": chosen, "text": _token_text(tok, chosen), "probability": float(probs[chosen]),
             "top": [{"token": int(t), "text": _token_text(tok, int(t)), "probability": float(p)}
-                    for p, t in zip(top.values.tolist(), top.indices.tolist())],
+                    for p, t in zip(top.values.tolist(), top.indices.tolist(), strict=False)],
         })
         seq.append(chosen)
     new = seq[len(prompt):]
@@ -388,7 +389,7 @@ class SteeringResult:
 
     def table(self, max_rows: int = 10) -> str:
         rows = []
-        for i, (b, a) in enumerate(zip(self.baseline.steps, self.intervened.steps)):
+        for i, (b, a) in enumerate(zip(self.baseline.steps, self.intervened.steps, strict=False)):
             rows.append([i, repr(b["text"]), b["probability"], repr(a["text"]), a["probability"]])
         t = markdown_table(["step", "baseline", "p", "intervened", "p"], rows, max_rows)
         m = self.metric
