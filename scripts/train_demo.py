@@ -349,7 +349,7 @@ def transcoder_metrics(tc, x: Float[Tensor, "rows d_model"], y: Float[Tensor, "r
 def replacement_hooks(transcoders: Sequence) -> list[tuple[str, object]]:
     """Forward hooks that replace every layer's MLP output by its transcoder's output."""
     hooks: list[tuple[str, object]] = []
-    for layer, tc in enumerate(transcoders):
+    for tc in transcoders:
         stash: dict[str, Tensor] = {}
 
         def read(x, hook, stash=stash):
@@ -425,7 +425,7 @@ def article_features(
             virtual = tc.W_dec @ direction
         diff = acts[is_an].mean(0) - acts[~is_an].mean(0)
 
-        def describe(j: int) -> dict:
+        def describe(j: int, acts: Tensor = acts, virtual: Tensor = virtual) -> dict:
             return {
                 "feature": j,
                 "mean_act_an": round(float(acts[is_an, j].mean()), 3),

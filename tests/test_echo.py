@@ -104,10 +104,10 @@ def test_selection_and_evaluation_rows_match_an_independent_computation():
             seen = {}
             hooks = []
             for l, idx in chosen.items():
-                def grab(x, hook):
+                def grab(x, hook, seen=seen):
                     seen[hook.name] = x
 
-                def edit(post, hook, l=l, idx=idx):
+                def edit(post, hook, l=l, idx=idx, seen=seen):
                     g, v = seen[f"blocks.{l}.mlp.hook_pre"], seen[f"blocks.{l}.mlp.hook_pre_linear"]
                     prod = g * torch.sigmoid(g) * v
                     m = torch.zeros_like(post, dtype=torch.bool)

@@ -106,7 +106,7 @@ def _collected(tmp_path, variant: str = "ln-gelu-learned", **options):
 def _dense_edges(rows: DenseRows, col) -> dict[tuple[int, int], float]:
     slot_rows = {loc: block.slots()[2].numpy() for loc, block in col.writers.blocks.items()}
     out: dict[tuple[int, int], float] = {}
-    for loc, lo, hi, j, values in rows.blocks:
+    for loc, lo, _hi, j, values in rows.blocks:
         for w, r in zip(*np.nonzero(values), strict=False):
             key = (int(rows.reader_rows[j][r]), int(slot_rows[loc][lo + w]))
             assert key not in out

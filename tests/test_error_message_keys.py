@@ -42,7 +42,7 @@ PYTHON_ALIASES = {"max_edges": ("export.max_json_edges",)}
 
 _TOP = ("seed", "model", "transcoders", "prompt", "targets", "graph", "prune", "queries", "validate", "export")
 _BRACED_KEY = re.compile(r"\{([a-z][a-z0-9_]*): ")
-_DOTTED = re.compile(r"(?<![\w./])((?:%s)(?:\[\d*\])?(?:\.[a-z_][a-z0-9_]*(?:\[\d*\])?)+)" % "|".join(_TOP))
+_DOTTED = re.compile(r"(?<![\w./])((?:" + "|".join(_TOP) + r")(?:\[\d*\])?(?:\.[a-z_][a-z0-9_]*(?:\[\d*\])?)+)")
 _SNAKE = re.compile(r"(?<![\w./=-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?![\w(=])")
 
 

@@ -51,7 +51,7 @@ def make_graph(dtype=np.float32) -> AttributionGraph:
     ]
     weights = np.array([w for _, _, w in edges], dtype=dtype)
     sums = {nid: 0.0 for nid in ids}
-    for (s, t, _), w in zip(edges, weights, strict=False):
+    for (_s, t, _), w in zip(edges, weights, strict=False):
         sums[t] += float(w)
     constants = {f0: 0.125, f1: -0.0625, logit: 1.0 / 3.0}
     readers = {}
@@ -292,7 +292,7 @@ def test_loading_rejects_broken_files(tmp_path):
                                                    "weight": 1.0}]}, r"edges\[9\] refers to node"),
         "dup": ({**doc, "nodes": doc["nodes"] + doc["nodes"][:1]}, "appears twice"),
     }
-    for name, (bad, message) in cases.items():
+    for bad, message in cases.values():
         with pytest.raises(LoadError, match=message):
             graph_from_json(json.dumps(bad))
     with pytest.raises(LoadError, match="does not exist"):

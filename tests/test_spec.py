@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 
 import circuitgraph.spec as spec_pkg
@@ -334,9 +335,9 @@ def test_spec_instance_is_returned_and_python_construction():
 
 def test_frozen():
     spec = load_spec(base())
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.seed = 3  # type: ignore[misc]
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.model.name = "x"  # type: ignore[misc]
 
 

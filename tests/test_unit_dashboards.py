@@ -92,9 +92,9 @@ def _transformers_values(bundle):
         hooks = []
         for i, layer in enumerate(model.model.layers):
             hooks.append(layer.mlp.down_proj.register_forward_hook(
-                lambda m, inp, o, i=i: grabbed.__setitem__(f"mlp{i}", inp[0][0].detach())))
+                lambda m, inp, o, i=i, grabbed=grabbed: grabbed.__setitem__(f"mlp{i}", inp[0][0].detach())))
             hooks.append(layer.self_attn.v_proj.register_forward_hook(
-                lambda m, inp, o, i=i: grabbed.__setitem__(f"v{i}", o[0].detach())))
+                lambda m, inp, o, i=i, grabbed=grabbed: grabbed.__setitem__(f"v{i}", o[0].detach())))
         with torch.no_grad():
             res = model(torch.tensor([row["tokens"]]), output_attentions=True)
         for h in hooks:
@@ -404,9 +404,9 @@ def test_real_model_neurons_and_heads_equal_an_independent_top_k(smollm2_dir, tm
     for number, toks in enumerate(tokens, start=1):
         grab: dict[str, torch.Tensor] = {}
         hooks = [model.model.layers[25].mlp.down_proj.register_forward_hook(
-                     lambda m, i, o: grab.__setitem__("mlp", i[0][0])),
+                     lambda m, i, o, grab=grab: grab.__setitem__("mlp", i[0][0])),
                  model.model.layers[3].self_attn.v_proj.register_forward_hook(
-                     lambda m, i, o: grab.__setitem__("v", o[0]))]
+                     lambda m, i, o, grab=grab: grab.__setitem__("v", o[0]))]
         with torch.no_grad():
             out = model(torch.tensor([toks]), output_attentions=True)
         for h in hooks:

@@ -448,7 +448,7 @@ def split_by_location(col: Collected, rows: DenseRows) -> list[tuple[int, DenseR
         batches = by_loc[loc]
         new = {j: k for k, j in enumerate(batches)}
         keep = {int(r) for j in batches for r in rows.reader_rows[j]}
-        pick = lambda d: {r: v for r, v in d.items() if r in keep}  # noqa: E731
+        pick = lambda d, keep=keep: {r: v for r, v in d.items() if r in keep}  # noqa: E731
         out.append((loc, DenseRows(
             reader_rows=[rows.reader_rows[j] for j in batches],
             blocks=[(wl, lo, hi, new[j], v) for wl, lo, hi, j, v in rows.blocks if j in new],

@@ -256,7 +256,7 @@ def _gemma_scope_2(release: str, repo: str, revision: str | None, paths: dict[in
     its hook points (:func:`~circuitgraph.dictionaries.gemmascope2.tl_hooks`), ``params.safetensors``
     is read by feature, as ``transcoders: {path: DIR}`` reads the same folders."""
     where = f"transcoders.release {release!r}"
-    for l, p in paths.items():
+    for p in paths.values():
         if not re.fullmatch(r"(?:.*/)?layer_\d+[^/]*", p) or "clt" in p.split("/")[0]:
             raise LoadError(f"{where}: dictionary {p!r} is not a GemmaScope-2 per-layer transcoder folder "
                             "(transcoder/layer_<l>_width_<w>_l0_<s>); for a GemmaScope-2 cross-layer transcoder use "

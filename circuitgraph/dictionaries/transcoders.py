@@ -496,7 +496,7 @@ class TranscoderSet:
                 raise LoadError(f"transcoders for layers {missing} requested, {path} has layers {sorted(found)}")
             found = {lyr: found[lyr] for lyr in layers}
         out = {}
-        for lyr, sub in sorted(found.items()):
+        for _lyr, sub in sorted(found.items()):
             for fname in ("cfg.json", "sae_weights.safetensors"):
                 if not (sub / fname).is_file():
                     raise LoadError(f"{sub} has no {fname} (expected sae-lens save_model output)")

@@ -86,8 +86,8 @@ def _wanted(spec: Spec, layers: list[int]) -> dict[int, set[int]] | None:
     path = f.features.from_graph
     try:
         graph = read_graph_file(path).graph
-    except Exception as exc:  # noqa: BLE001 - any unreadable graph file is one line
-        raise SpecError([("features.features.from_graph", f"cannot read the graph file {path}: {one_line(exc)}")])
+    except Exception as exc:  # any unreadable graph file is one line
+        raise SpecError([("features.features.from_graph", f"cannot read the graph file {path}: {one_line(exc)}")]) from exc
     wanted: dict[int, set[int]] = {}
     for node in graph.nodes:
         if node.kind == f.node_kind and node.layer in layers:

@@ -10,7 +10,7 @@ that is not in the graph, are :class:`QueryError` naming the filter or the id.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +30,7 @@ __all__ = [
     "resolve_target_set",
 ]
 
-FilterLike = Union[NodeFilter, Mapping, NodeId, str, Iterable]
+FilterLike = NodeFilter | Mapping | NodeId | str | Iterable
 
 
 def as_filter(value: Any) -> NodeFilter:

@@ -224,7 +224,7 @@ def _influence(weights: dict, components: list[Component], target: Component) ->
     index = {c: i for i, c in enumerate(components)}
     n = len(components)
     M = np.zeros((n, n))
-    for (s, d, path), w in weights.items():  # a head's value and query/key inputs alike
+    for (s, d, _path), w in weights.items():  # a head's value and query/key inputs alike
         if s in index and d in index:
             M[index[d], index[s]] += w
     rows = M.sum(1, keepdims=True)

@@ -322,7 +322,7 @@ def propose_supernodes(graph: AttributionGraph, *, min_similarity: float = 0.5,
         if node.kind in kinds and r not in targets and neighbours.get(r):
             by_site.setdefault((node.kind, node.layer), []).append(r)
     groups: dict[str, list[NodeId]] = {}
-    for (kind, layer), rows in sorted(by_site.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (_kind, layer), rows in sorted(by_site.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rows = sorted(rows, key=lambda r: -strength[r])
         taken: set[int] = set()
         for r in rows:
@@ -369,7 +369,7 @@ def merge_supernodes(graph: AttributionGraph, groups: Mapping[str, Any]) -> Attr
     rep = np.arange(graph.n_nodes)
     nodes: list[Node] = []
     new_row = np.full(graph.n_nodes, -1, dtype=np.int64)
-    for gi, name in enumerate(names):
+    for gi, _name in enumerate(names):
         members = np.flatnonzero(group_of == gi)
         head = members[np.argmax(strength[members])]
         rep[members] = head

@@ -357,7 +357,8 @@ def _kbest_dag(
             at_k = rank == k - 1
             bound[np.searchsorted(groups, g0[at_k])] = v0[at_k]
 
-            def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+            def strong(cand: tuple[np.ndarray, ...], groups: np.ndarray = groups,
+                       bound: np.ndarray = bound) -> tuple[np.ndarray, ...]:
                 i = np.minimum(np.searchsorted(groups, cand[0]), groups.size - 1)
                 floor = np.where(groups[i] == cand[0], bound[i], -np.inf)
                 keep = cand[1] >= floor

@@ -214,7 +214,8 @@ def logit_lens(graph: AttributionGraph, tokens: Iterable[str | int] | None = Non
         lg, pr, rk = logits[i], probs[i], ranks[i]
         top = torch.topk(lg, min(top_k, lg.shape[0])).indices.tolist()
 
-        def cell(v: int) -> tuple[int, str, float, float, int]:
+        def cell(v: int, lg: torch.Tensor = lg, pr: torch.Tensor = pr,
+                 rk: torch.Tensor = rk) -> tuple[int, str, float, float, int]:
             return (int(v), _tok_str(ctx, v), float(lg[v]), float(pr[v]), int(rk[v]))
 
         rows.append(LensRow(site, layer, tuple(cell(v) for v in top), tuple(cell(v) for v in ids or ())))

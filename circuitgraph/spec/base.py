@@ -272,7 +272,7 @@ def keyed_union(what: str, *variants: type[KeyedModel], list_item: bool = False)
         models={v: v.key for v in variants},
         hint=" (write each as its own list item)" if list_item else "",
     )
-    return Annotated[Union[members], disc]
+    return Annotated[Union[members], disc]  # noqa: UP007 -- a Union over a runtime tuple of members has no | spelling
 
 
 def shaped_union(
@@ -295,7 +295,7 @@ def shaped_union(
             models[inner] = name
     members = tuple(tagged(tp, name) for name, tp in variants.items())
     disc = _discriminator(what, expected, keys=keys, by_type=by_type, models=models)
-    return Annotated[Union[members], disc]
+    return Annotated[Union[members], disc]  # noqa: UP007 -- a Union over a runtime tuple of members has no | spelling
 
 
 class Params:
@@ -304,7 +304,7 @@ class Params:
     def __class_getitem__(cls, model: type[BaseModel]) -> Any:
         return Annotated[
             model,
-            BeforeValidator(lambda v: {} if v is None else v, json_schema_input_type=Union[model, None]),
+            BeforeValidator(lambda v: {} if v is None else v, json_schema_input_type=model | None),
         ]
 
 

@@ -12,7 +12,7 @@ of values and ``layer`` is an inclusive range ``(lo, hi)``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -39,7 +39,7 @@ def _many(tp: Any) -> Any:
     """``tp`` or a non-empty list of ``tp``, stored as a tuple."""
     return Annotated[
         tuple[tp, ...],
-        BeforeValidator(_one_or_many, json_schema_input_type=Union[tp, list[tp]]),
+        BeforeValidator(_one_or_many, json_schema_input_type=tp | list[tp]),
         Field(min_length=1),
     ]
 
@@ -50,7 +50,7 @@ class NodeFilter(StrictModel):
     kind: _many(NodeKind) | None = Field(None, description="Node kind(s).")
     layer: Annotated[
         tuple[FilterLayer, FilterLayer],
-        BeforeValidator(_layer_range, json_schema_input_type=Union[FilterLayer, tuple[FilterLayer, FilterLayer]]),
+        BeforeValidator(_layer_range, json_schema_input_type=FilterLayer | tuple[FilterLayer, FilterLayer]),
     ] | None = Field(None, description="A layer, or an inclusive range [lo, hi].")
     position: _many(Int) | None = Field(None, description="Token position(s); negative counts from the end.")
     index: _many(NonNegativeInt) | None = Field(None, description="Index or indices (feature, neuron, head...).")
@@ -87,8 +87,8 @@ class NodeFilter(StrictModel):
 
 
 if TYPE_CHECKING:
-    TargetSet = Union[Literal["targets"], NodeFilter]
-    TopNodes = Union[Literal["top_nodes"], NodeFilter]
+    TargetSet = Literal["targets"] | NodeFilter
+    TopNodes = Literal["top_nodes"] | NodeFilter
 else:
     TargetSet = shaped_union(
         "target set",

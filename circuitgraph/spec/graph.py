@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
@@ -14,8 +14,8 @@ MlpMode = Literal["transcoders", "neurons", "mlp"]
 AttentionMode = Literal["frozen", "heads"]
 
 if TYPE_CHECKING:
-    _MlpSetting = Union[MlpMode, dict[int, MlpMode]]
-    _AttentionSetting = Union[AttentionMode, dict[int, AttentionMode]]
+    _MlpSetting = MlpMode | dict[int, MlpMode]
+    _AttentionSetting = AttentionMode | dict[int, AttentionMode]
 else:
     _MlpSetting = shaped_union(
         "mlp setting",
@@ -109,7 +109,7 @@ class PruneSpec(StrictModel):
 
 
 if TYPE_CHECKING:
-    Prune = Union[Literal["none"], PruneSpec]
+    Prune = Literal["none"] | PruneSpec
 else:
     Prune = Annotated[
         shaped_union(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator
 
@@ -44,7 +44,7 @@ def _text_shorthand(value: Any) -> Any:
 
 
 if TYPE_CHECKING:
-    Prompt = Union[TextPrompt, TokensPrompt]
+    Prompt = TextPrompt | TokensPrompt
 else:
     Prompt = shaped_union(
         "prompt",
@@ -52,7 +52,7 @@ else:
         {
             "text": Annotated[
                 TextPrompt,
-                BeforeValidator(_text_shorthand, json_schema_input_type=Union[Annotated[str, Field(min_length=1)], TextPrompt]),
+                BeforeValidator(_text_shorthand, json_schema_input_type=Annotated[str, Field(min_length=1)] | TextPrompt),
             ],
             "tokens": TokensPrompt,
         },

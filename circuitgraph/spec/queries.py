@@ -11,7 +11,7 @@ Each list item has exactly one key naming the query; ``query.kind`` is that key 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -177,7 +177,7 @@ class Congruence(StrictModel):
 
     tokens: Annotated[
         tuple[Token, ...],
-        BeforeValidator(_check_one_or_two, json_schema_input_type=Union[Token, list[Token]]),
+        BeforeValidator(_check_one_or_two, json_schema_input_type=Token | list[Token]),
     ] = Field(
         min_length=1, max_length=2, description="One token, or [a, b] for the direction a - b."
     )
@@ -284,7 +284,7 @@ class HeadRef(StrictModel):
 
 
 if TYPE_CHECKING:
-    _UnitOrId = Union[str, UnitRef]
+    _UnitOrId = str | UnitRef
 else:
     _UnitOrId = shaped_union(
         "unit",
@@ -309,8 +309,8 @@ class DeEmbeddingQuery(QueryItem):
 
 
 if TYPE_CHECKING:
-    _HeadOrHeads = Union[int, tuple[int, ...]]
-    _KeyPosition = Union[int, Literal["top"]]
+    _HeadOrHeads = int | tuple[int, ...]
+    _KeyPosition = int | Literal["top"]
 else:
     _HeadOrHeads = shaped_union(
         "head",
@@ -381,21 +381,21 @@ QUERY_TYPES: tuple[type[KeyedModel], ...] = (
 )
 
 if TYPE_CHECKING:
-    Query = Union[
-        TopPathsQuery,
-        InfluenceQuery,
-        DirectLogitAttributionQuery,
-        LogitLensQuery,
-        CongruenceQuery,
-        NeighboursQuery,
-        SubgraphQuery,
-        SupernodesQuery,
-        ScoresQuery,
-        HeadSplitQuery,
-        VirtualWeightsQuery,
-        DeEmbeddingQuery,
-        QKQuery,
-        GroundTruthQuery,
-    ]
+    Query = (
+        TopPathsQuery
+        | InfluenceQuery
+        | DirectLogitAttributionQuery
+        | LogitLensQuery
+        | CongruenceQuery
+        | NeighboursQuery
+        | SubgraphQuery
+        | SupernodesQuery
+        | ScoresQuery
+        | HeadSplitQuery
+        | VirtualWeightsQuery
+        | DeEmbeddingQuery
+        | QKQuery
+        | GroundTruthQuery
+    )
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

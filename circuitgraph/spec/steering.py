@@ -26,7 +26,7 @@ See docs/steering.md and :mod:`circuitgraph.validation.steering`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -47,7 +47,7 @@ __all__ = ["SteerMode", "SteerIntervention", "Generate", "SteerItem", "STEER_MOD
 
 SteerMode = Literal["zero", "set", "scale", "add"]
 STEER_MODES: tuple[str, ...] = ("zero", "set", "scale", "add")
-SteerPositions = Union[Literal["prompt", "all", "new"], Annotated[tuple[NonNegativeInt, ...], Field(min_length=1)]]
+SteerPositions = Literal["prompt", "all", "new"] | Annotated[tuple[NonNegativeInt, ...], Field(min_length=1)]
 
 
 class SteerIntervention(StrictModel):

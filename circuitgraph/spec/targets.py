@@ -13,7 +13,7 @@ Each list item has exactly one key naming its kind; ``target.kind`` is that key 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -93,7 +93,7 @@ class TopLogitsTarget(KeyedModel):
     key: ClassVar[str] = "top_logits"
     top_logits: Annotated[
         TopLogits,
-        BeforeValidator(_top_logits_shorthand, json_schema_input_type=Union[PositiveInt, TopLogits, None]),
+        BeforeValidator(_top_logits_shorthand, json_schema_input_type=PositiveInt | TopLogits | None),
     ] = Field(default_factory=TopLogits, description="Options, or max_n as a plain integer.")
     position: Int = Field(-1, description=_POSITION)
 
@@ -160,7 +160,7 @@ class DirectionTarget(KeyedModel):
 
 
 if TYPE_CHECKING:
-    Target = Union[LogitTarget, LogitDiffTarget, TopLogitsTarget, FeatureTarget, NeuronTarget, DirectionTarget]
+    Target = LogitTarget | LogitDiffTarget | TopLogitsTarget | FeatureTarget | NeuronTarget | DirectionTarget
 else:
     Target = keyed_union(
         "target",

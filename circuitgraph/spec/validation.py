@@ -20,7 +20,7 @@ controls).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -121,9 +121,10 @@ class Ablate(UsageModel):
     positions: tuple[Int, ...] | None = Field(None, min_length=1, description="Only at these positions (null = all).")
     controls: Annotated[
         tuple[Literal["matched_magnitude", "count_matched"], ...],
-        BeforeValidator(_one_or_many, json_schema_input_type=Union[
-            Literal["matched_magnitude", "count_matched"], list[Literal["matched_magnitude", "count_matched"]]
-        ]),
+        BeforeValidator(_one_or_many, json_schema_input_type=(
+            Literal["matched_magnitude", "count_matched"]
+            | list[Literal["matched_magnitude", "count_matched"]]
+        )),
     ] = Field(("matched_magnitude", "count_matched"), description="Kinds of random control sets ([] = none).")
     n_controls: PositiveInt = Field(10, description="Control sets per kind.")
     tolerance: Annotated[float, Field(ge=0, strict=True, allow_inf_nan=False)] = Field(
@@ -216,7 +217,7 @@ class LogitDiffMetric(KeyedModel):
 
 
 if TYPE_CHECKING:
-    Metric = Union[LogitMetric, LogitDiffMetric]
+    Metric = LogitMetric | LogitDiffMetric
 else:
     Metric = keyed_union("metric", LogitMetric, LogitDiffMetric)
 
@@ -259,7 +260,7 @@ class Patching(StrictModel):
     metric: Metric | None = Field(None, description="{logit_diff: [a, b]} or {logit: a} (null = the first target).")
     granularity: Annotated[
         tuple[Granularity, ...],
-        BeforeValidator(_one_or_many, json_schema_input_type=Union[Granularity, list[Granularity]]),
+        BeforeValidator(_one_or_many, json_schema_input_type=Granularity | list[Granularity]),
     ] = Field(("layer", "head"), min_length=1, description="What to patch, one sweep each.")
     heatmap: OutputPath | None = Field(None, description="Write a heatmap image here.")
     layers: tuple[NonNegativeInt, ...] | None = Field(
@@ -390,7 +391,7 @@ class SignRegimes(UsageModel):
     group_layer: NonNegativeInt = Field(1, description="The layer of the first group.")
     controls: Annotated[
         tuple[_CONTROL_KIND, ...],
-        BeforeValidator(_one_or_many, json_schema_input_type=Union[_CONTROL_KIND, list[_CONTROL_KIND]]),
+        BeforeValidator(_one_or_many, json_schema_input_type=_CONTROL_KIND | list[_CONTROL_KIND]),
     ] = Field(("matched_magnitude", "count_matched"), description="Kinds of random control sets ([] = none).")
     n_controls: PositiveInt = Field(10, description="Control sets per kind (and per group).")
     control_tolerance: Fraction = Field(
@@ -467,9 +468,15 @@ CHECK_TYPES: tuple[type[KeyedModel], ...] = (
 )
 
 if TYPE_CHECKING:
-    Check = Union[
-        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck,
-        QKCheck, FaithfulnessCurveCheck,
-    ]
+    Check = (
+        AblateCheck
+        | PredictedVsActualCheck
+        | PatchingCheck
+        | FaithfulnessCheck
+        | SignRegimesCheck
+        | ReplacementFidelityCheck
+        | QKCheck
+        | FaithfulnessCurveCheck
+    )
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)

@@ -163,7 +163,7 @@ def random_transcoders(
                    "mlp_input": f"blocks.{layer}.mlp.hook_in"}[input_site]
         hook_out = f"blocks.{layer}.{output_hook}"
         read = f"blocks.{layer}.ln2.hook_normalized" if input_site == "mlp_input" else hook_in
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == read)
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n, read=read: n == read)
         x = cache[read].reshape(-1, cfg.d_model)
         if input_site == "mlp_input":
             ln2 = model.blocks[layer].ln2

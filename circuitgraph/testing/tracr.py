@@ -180,7 +180,7 @@ def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[st
     pos = {"kind": "positional", "layer": -1, "index": -1}
     writers: list[tuple[dict, int, set[str]]] = [(emb, 0, token_dirs), (pos, 0, position_dirs)]
     readers: list[tuple[dict, int, str, set[str]]] = []
-    for block, (kind, layer) in zip(craft_model.blocks, _module_names(craft_model), strict=False):
+    for block, (_kind, layer) in zip(craft_model.blocks, _module_names(craft_model), strict=False):
         if isinstance(block, transformers.MLP):
             node = {"kind": "mlp", "layer": layer, "index": 0}
             order = 2 * layer + 2

@@ -372,7 +372,7 @@ def sign_regimes(
     changes = echo_loss_changes(adapter, evaluation, sets, first_position, batch_size)
     seconds["removal"] = time.perf_counter() - t0
     i_sel, i = 0, sum(1 for _, units, _ in plans if units)
-    for g, (name, units, draws) in zip(result.groups, plans, strict=False):
+    for g, (_name, units, draws) in zip(result.groups, plans, strict=False):
         if not units:
             continue
         g.loss_change = changes[i_sel]
@@ -464,7 +464,7 @@ def _metric_changes(adapter: ModelAdapter, tokens: list[int], neuron_sets: Seque
         hi = min(B, lo + batch_size)
         captured: dict[str, torch.Tensor] = {}
 
-        def keep(value, hook):
+        def keep(value, hook, captured=captured):
             captured[hook.name] = value
             return value
 

@@ -124,7 +124,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     for _, node in nodes:
         hooks, captured = frozen_node_hooks(context, [node])
 
-        def keep(value, hook):
+        def keep(value, hook, captured=captured):
             captured["resid"] = value.detach()[0].clone()
             return value
 
