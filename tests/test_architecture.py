@@ -155,7 +155,7 @@ def test_residual_locations():
 @pytest.mark.parametrize("granularity", [{}, dict(mlp="neurons", attention="heads")])
 def test_context_propagation_reproduces_every_edge(tmp_path, granularity):
     from circuitgraph.attribution import attribute
-    from tests.conftest import load_bundle, make_bundle
+    from tests.helpers.bundles import load_bundle, make_bundle
 
     adapter, tcs, tokens = load_bundle(make_bundle(tmp_path, "ln-gelu-learned", kind="skip"), "float64")
     g = attribute(adapter, tokens, tcs, dtype=torch.float64, **granularity)
@@ -186,7 +186,7 @@ def test_max_dense_nodes_is_the_dense_limit(tmp_path):
     and by its file) limits densifying."""
     from circuitgraph.errors import QueryError
     from circuitgraph.export import graph_from_json
-    from tests.test_queries_graphs import random_dag
+    from tests.helpers.graphs import random_dag
 
     g = random_dag(0)
     assert g.dense_adjacency().shape == (g.n_nodes, g.n_nodes)
@@ -211,3 +211,43 @@ def test_tests_scripts_and_benchmarks_use_the_public_context_too():
                 if isinstance(node, ast.Attribute) and node.attr in ENGINE_TABLES:
                     problems.append(f"{path.relative_to(repo)}:{node.lineno}: .{node.attr}")
     assert not problems, "use graph.context.writes/reader/frozen_model:\n" + "\n".join(problems)
+
+
+def _test_imports(path: Path) -> list[str]:
+    """Every module ``path`` imports (anywhere in it, relative imports resolved within tests/)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(["tests"] + ([base] if base else []))
+            out += [base] + [f"{base}.{a.name}" for a in node.names]
+    return out
+
+
+def _touches_sys_path(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"):
+            return True
+    return False
+
+
+def test_no_test_module_imports_another_or_edits_sys_path():
+    """Shared helpers live in tests/helpers (a package); a test module, conftest.py or a helper never
+    imports a test module or conftest.py, and nothing in tests/ edits ``sys.path`` (the benchmark
+    scripts are imported as the package ``benchmarks``)."""
+    tests = Path(__file__).resolve().parent
+    bad, path_edits = [], []
+    for path in sorted(tests.rglob("*.py")):
+        for name in _test_imports(path):
+            parts = name.split(".")
+            if (parts[0] in ("conftest",) or parts[0].startswith("test_")
+                    or (parts[0] == "tests" and len(parts) > 1 and (parts[1] == "conftest" or parts[1].startswith("test_")))):
+                bad.append(f"{path.relative_to(tests)} imports {name}")
+        if _touches_sys_path(path):
+            path_edits.append(str(path.relative_to(tests)))
+    assert not bad, "move what is shared into tests/helpers: " + "; ".join(bad)
+    assert not path_edits, f"these test files touch sys.path: {path_edits}"

@@ -18,7 +18,7 @@ import torch
 from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation.frozen import frozen_ablation_effects, frozen_reader_values
-from tests.conftest import load_bundle, make_bundle
+from tests.helpers.bundles import load_bundle, make_bundle
 
 MIXED = dict(mlp={0: "transcoders", 1: "neurons"}, attention={0: "frozen", 1: "heads"})
 
@@ -166,7 +166,7 @@ def test_default_follows_circuit_tracer_conventions(tmp_path):
 
 def test_shared_fixtures_complete():
     """The two shipped fixture bundles (GPT-2 and Llama style) pass the completeness check."""
-    from tests.conftest import SHARED_FIXTURES
+    from tests.helpers.bundles import SHARED_FIXTURES
 
     for name in ("example-gpt2", "example-llama"):
         adapter, tcs, tokens = load_bundle(SHARED_FIXTURES / name)

@@ -179,7 +179,7 @@ def test_fuzzed_spec_text_is_one_line_or_ok(tmp_path, text):
 def test_lone_surrogate_through_the_python_api_is_a_token_error():
     from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.errors import TokenError
-    from tests.conftest import SHARED_FIXTURES
+    from tests.helpers.bundles import SHARED_FIXTURES
 
     tok = Tokenizer.from_dir(SHARED_FIXTURES / "example-gpt2" / "tokenizer")
     with pytest.raises(TokenError, match="lone surrogate"):
@@ -187,7 +187,7 @@ def test_lone_surrogate_through_the_python_api_is_a_token_error():
 
 
 def test_zero_targets_are_refused_before_anything_is_written(tmp_path):
-    from tests.conftest import SHARED_FIXTURES
+    from tests.helpers.bundles import SHARED_FIXTURES
 
     bundle = SHARED_FIXTURES / "example-gpt2"
     from circuitgraph.adapters.tokenizer import Tokenizer

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,30 +20,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
-
-
-def _load(name: str):
-    path = REPO / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    sys.path.insert(0, str(path.parent))  # run_benchmarks imports report as its script would
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
+from benchmarks import report as benchmark_report
+from benchmarks import run_benchmarks, side_by_side
+from tests.helpers.bundles import REPO
 
 
 @pytest.fixture(scope="module")
 def rb():
-    return _load("run_benchmarks")
+    return run_benchmarks
 
 
 @pytest.fixture(scope="module")
 def report():
-    return _load("report")
+    return benchmark_report
 
 
 INHERITED = {"PATH": "bin-dir", "PYTHONPATH": "here", "HOME": "home-dir", "OMP_WAIT_POLICY": "ACTIVE",
@@ -270,7 +258,7 @@ def test_readme_paragraph_is_rewritten_between_its_markers(report, tmp_path):
 
 
 def test_selected_features_are_compared_as_sets():
-    sbs = _load("side_by_side")
+    sbs = side_by_side
     ct = {"active_features": np.array([[0, 1, 5], [0, 2, 7], [1, 3, 9]]), "selected_features": np.array([0, 2])}
 
     def graph(*triples):
@@ -289,7 +277,7 @@ def test_edge_difference_sets_remainder_edges_aside_but_not_missing_or_wrong_edg
     """circuitgraph's remainder nodes (max_feature_nodes) hold what circuit-tracer leaves out: their
     edges are counted apart; an edge that differs, or one circuit-tracer has and circuitgraph lacks,
     is still a difference."""
-    sbs = _load("side_by_side")
+    sbs = side_by_side
     kinds = ["feature", "feature", "logit", "remainder"]
     graph = SimpleNamespace(nodes=[SimpleNamespace(kind=k, id=str(i)) for i, k in enumerate(kinds)],
                             edge_target=np.array([2, 2, 2]), edge_source=np.array([0, 1, 3]),

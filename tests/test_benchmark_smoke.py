@@ -11,30 +11,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from benchmarks import bench_one, report, side_by_side
 from circuitgraph.attribution import attribute
 from circuitgraph.validation.frozen import frozen_ablation_effects
-from tests.conftest import REPO, load_bundle, make_bundle
-
-
-def _load(name: str):
-    path = REPO / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers.bundles import load_bundle, make_bundle
 
 
 def test_bench_one_and_report_on_a_tiny_bundle(tmp_path):
-    bench_one = _load("bench_one")
     bundle = make_bundle(tmp_path, "ln-gelu-learned")
     tokens = json.loads((bundle / "prompt.json").read_text())["tokens"]
     params = bench_one.BenchParams(bundle, tokens, tmp_path / "out", threads=None)
@@ -47,7 +36,6 @@ def test_bench_one_and_report_on_a_tiny_bundle(tmp_path):
     assert (tmp_path / "out" / "pruned.json").stat().st_size == res["files"]["pruned_json_bytes"] > 0
     assert (tmp_path / "out" / "full.npz").exists()
 
-    report = _load("report")
     run = {"name": "tiny", "suite": "prompt_length", "bundle": "tiny", "bundle_config": {
         "n_layers": 2, "d_model": 16, "n_heads": 4, "d_mlp": 32, "d_vocab": 23, "d_sae": 48},
         "plan": {"reason": "full graph fits", "est_full_edges": 1.0, "est_full_peak_gb": 0.1, "dry_run": None},
@@ -108,7 +96,7 @@ def test_pruning_comparison_tells_a_float32_tie_at_the_cut_from_a_different_circ
     """The side by side's kept-edge verdict: a cut whose cumulative share is within a few float32
     steps of the threshold and a kept set that differs by one edge there is a tie; anything
     else is a different circuit."""
-    sbs = _load("side_by_side")
+    sbs = side_by_side
     # 10 scores of 1 and one of 2e-8 pushing the cumulative share past 0.9 by a hair
     scores = np.array([1.0] * 9 + [0.99999995, 0.5])
     cut = sbs.cut_margin(scores, 9.0 / scores.sum() + 1e-9)

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from circuitgraph.cli.main import app
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.bundles import SHARED_FIXTURES
 
 BUNDLE = SHARED_FIXTURES / "example-gpt2"
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from circuitgraph.attribution import ResolvedTarget, attribute
-from tests.conftest import CT_CASES, load_bundle
+from tests.helpers.bundles import load_bundle
+from tests.helpers.peers import CT_CASES
 
 
 @pytest.mark.parametrize("name", CT_CASES)

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from benchmarks.circuit_tracer import clt_agreement
 from circuitgraph.adapters import ModelAdapter
 from circuitgraph.attribution import ResidualLocation, attribute
 from circuitgraph.dictionaries import CrossLayerTranscoder, detect_format, load_dictionaries
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 from circuitgraph.testing.synthetic import random_clt, save_bundle, save_clt, tiny_model
-from tests.conftest import circuit_tracer_or_skip
+from tests.helpers.peers import circuit_tracer_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "circuit_tracer"))
-import clt_agreement  # noqa: E402
 
 GPT2 = dict(norm="LN", mlp="gelu", positional="learned", n_layers=3)
 LLAMA = dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2, n_layers=3)

@@ -16,8 +16,7 @@ from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.testing.synthetic import tiny_model
-
-from .conftest import VARIANTS
+from tests.helpers.bundles import VARIANTS
 
 #: the variants whose logits are the targets' readout (no logit soft-cap) and whose MLP output is
 #: the MLP's own (no post-norm): the hook reference below reads both directly

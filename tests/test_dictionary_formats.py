@@ -15,7 +15,7 @@ from circuitgraph.dictionaries import detect_format, load_dictionaries
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.testing.synthetic import random_layer_dictionary, save_bundle, save_layer_dictionary, tiny_model
-from tests.conftest import circuit_tracer_or_skip
+from tests.helpers.peers import circuit_tracer_or_skip
 
 GPT2 = dict(norm="LN", mlp="gelu", positional="learned", n_layers=2)
 LLAMA = dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2, n_layers=2)
@@ -168,11 +168,7 @@ def test_per_layer_formats_equal_circuit_tracers(tmp_path):
     """circuit-tracer's own load_transcoder_set (mlp.hook_in, ReLU / JumpReLU / skip, GemmaScope-2 tensors, and a
     Gemma-2-style model whose transcoders write mlp.hook_out, before the post-MLP norm, with a skip path):
     every edge within 1e-5 of the largest, same features."""
-    import sys
-
-    repo = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(repo / "benchmarks" / "circuit_tracer"))
-    import clt_agreement
+    from benchmarks.circuit_tracer import clt_agreement
 
     circuit_tracer_or_skip()
     jobs = []

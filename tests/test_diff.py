@@ -19,7 +19,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.queries.diff import diff_graphs
 from circuitgraph.queries.influence import influence, node_influence
 from circuitgraph.testing.synthetic import random_transcoders, tiny_model
-from tests.conftest import run_tmpdir
+from tests.helpers.bundles import run_tmpdir
 
 CLEAN = [1, 5, 7, 9, 4, 3, 11]
 CORRUPTED = [1, 5, 8, 9, 4, 3, 11]  # one token differs

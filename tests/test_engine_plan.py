@@ -29,7 +29,7 @@ from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, ReaderTable, collect_nodes
 from circuitgraph.attribution.targets import top_logit_targets
 from circuitgraph.errors import AttributionError
-from tests.conftest import load_bundle, make_bundle
+from tests.helpers.bundles import load_bundle, make_bundle
 
 
 def _table(locs_positions: list[tuple[int, int]]) -> ReaderTable:

@@ -26,7 +26,7 @@ from circuitgraph.errors import ResourceError
 from circuitgraph.pipeline import estimate
 from circuitgraph.pipeline.estimate import FLOAT64_EXTRA_BYTES, MFN_EDGE_PEAK_BYTES, check_plan, plan_edges
 from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
-from tests.test_queries_graphs import stub_transcoders
+from tests.helpers.graphs import stub_transcoders
 
 TOKENS = [1, 5, 7, 2, 9, 3, 11, 4, 8, 6, 10, 12, 13, 14, 15, 16]
 

@@ -47,7 +47,7 @@ def test_demo_spec(tmp_path):
     if "svg" in spec["export"]:
         assert "<svg" in (tmp_path / "graph.svg").read_text()
     # the Neuronpedia export: schema, influence everywhere, the logit difference on the output row
-    from tests.test_neuronpedia import check_viewer_invariants
+    from tests.helpers.neuronpedia import check_viewer_invariants
 
     np_doc = json.loads((tmp_path / "neuronpedia.json").read_text())
     check_viewer_invariants(np_doc, result.full_graph.metadata["n_layers"])
@@ -114,7 +114,7 @@ def test_fixture_example_runs(tmp_path, name):
     assert not result.failures, result.failures  # every query and check of an example succeeds
     # the Neuronpedia export of every fixture example (heads, neurons, biases, a neuron target...)
     from circuitgraph.export.neuronpedia import graph_to_neuronpedia
-    from tests.test_neuronpedia import check_viewer_invariants
+    from tests.helpers.neuronpedia import check_viewer_invariants
 
     np_doc = graph_to_neuronpedia(result.graph, full_graph=result.full_graph)
     check_viewer_invariants(np_doc, result.full_graph.metadata["n_layers"])

@@ -10,7 +10,7 @@ import torch
 from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation import curve_areas, faithfulness_curve, run_check
-from tests.conftest import load_bundle, make_bundle
+from tests.helpers.bundles import load_bundle, make_bundle
 
 
 def test_curve_areas_by_hand():

@@ -14,8 +14,7 @@ from circuitgraph.graph.dag import dag_order, graph_dag, sweep
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries import compute_scores, node_influence, prune_graph, total_effects
-from tests.test_queries_graphs import attributed, random_dag
-from tests.test_queries_influence import dense_influence, dense_total_effect
+from tests.helpers.graphs import attributed, dense_influence, dense_total_effect, random_dag
 
 
 def shuffled(g: AttributionGraph, seed: int) -> AttributionGraph:

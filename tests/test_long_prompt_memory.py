@@ -28,7 +28,7 @@ from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
 from circuitgraph.attribution.targets import top_logit_targets
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 from circuitgraph.testing.synthetic import tiny_model
-from tests.test_queries_graphs import stub_transcoders
+from tests.helpers.graphs import stub_transcoders
 
 TOKENS = [1, 5, 7, 2, 9, 3, 11, 4, 8, 6, 10, 12, 13, 14]
 

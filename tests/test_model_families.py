@@ -32,8 +32,7 @@ from circuitgraph.adapters.hf_config import FAMILIES
 from circuitgraph.errors import LoadError, QueryError
 from circuitgraph.testing.hf_checkpoints import TINY_CONFIGS, save_checkpoint, tiny_checkpoint
 from circuitgraph.testing.synthetic import hf_cache_repo
-from tests.conftest import assert_edges_equal, removal_effects
-from tests.test_edges_independent import _Reference
+from tests.helpers.edges import Reference, assert_edges_equal, removal_effects
 
 TOKENS = [1, 5, 7, 9, 4, 3, 11, 6, 8, 10]
 FAMILY_NAMES = sorted(FAMILIES)
@@ -114,7 +113,7 @@ def test_every_edge_equals_the_independent_reference(family, built):
                     "reference (writers from transformers's experts)")
     heads = {n.layer for n in g.nodes if n.kind == "attention_head"}
     assert heads == {1}
-    ref = _Reference(adapter.transformer_lens_model(), TOKENS, {}, heads)
+    ref = Reference(adapter.transformer_lens_model(), TOKENS, {}, heads)
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "attention_head", "neuron")]
     removals = [(hook, w.position, vec) for w in writers for hook, vec in [ref.writer_vector(w)]]
     captured = ref.run(removals)
@@ -150,7 +149,7 @@ def test_validation_interventions_agree_with_the_edges(family, built):
 def test_qk_sums_equal_the_model_scores(family, built):
     from circuitgraph.queries import qk
     from circuitgraph.validation.qk_check import qk_check
-    from tests.test_qk import check_every_head
+    from tests.helpers.qk import check_every_head
 
     g = built(family)["graph"]
     reason = FAMILIES[family].qk
@@ -345,7 +344,7 @@ def test_transcoders_on_parallel_blocks_equal_the_independent_reference(family, 
     g = attribute(adapter, TOKENS, tcs, dtype=torch.float64, attention={0: "frozen", 1: "heads"})
     assert g.metadata["completeness"]["max_relative_violation"] < 1e-11
     raw = {layer: tc.to(torch.float64) for layer, tc in raw.items()}
-    ref = _Reference(adapter.transformer_lens_model(), TOKENS, raw, {1})
+    ref = Reference(adapter.transformer_lens_model(), TOKENS, raw, {1})
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "feature", "error", "attention_head")]
     captured = ref.run([(hook, w.position, vec) for w in writers for hook, vec in [ref.writer_vector(w)]])
     readers = [n for n in g.nodes if n.pre_activation is not None]

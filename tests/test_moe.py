@@ -18,7 +18,7 @@ from circuitgraph.errors import LoadError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries.qk import qk
 from circuitgraph.testing.hf_moe import moe_checkpoint
-from tests.conftest import assert_edges_equal, removal_effects
+from tests.helpers.edges import assert_edges_equal, removal_effects
 
 FAMILIES = ["mixtral", "olmoe", "qwen3_moe", "gpt_oss"]
 TOKENS = [1, 5, 7, 9, 4, 3, 11, 6]
@@ -167,7 +167,7 @@ def test_transcoders_attach_to_moe_layers(checkpoints, tmp_path):
 
 
 # ----------------------------------------------------------------------------- independent edges
-class _Reference:
+class Reference:
     """Every edge recomputed without the engine: writers and expert-neuron readers from transformers'
     MoE block (router weights, ``act(gate) * up``, ``down_proj``), the frozen model from
     TransformerLens's forward with ln1/ln2/ln_final's ``hook_scale`` and every ``hook_pattern``
@@ -244,7 +244,7 @@ def test_every_edge_equals_an_independent_removal(family, checkpoints):
     folder, hf = checkpoints[family]
     adapter = _load(folder)
     g = attribute(adapter, TOKENS, mlp="neurons", dtype=torch.float64)
-    ref = _Reference(adapter, hf, TOKENS)
+    ref = Reference(adapter, hf, TOKENS)
     writers = [n.id for n in g.nodes if n.kind in ("embedding", "neuron")]
     removals = [(hook, w.position, vec) for w in writers for hook, vec in [ref.writer(w)]]
     captured = ref.run(removals)

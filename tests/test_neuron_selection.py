@@ -13,7 +13,7 @@ import torch
 
 from circuitgraph.attribution import attribute
 from circuitgraph.errors import AttributionError
-from tests.conftest import load_bundle, make_bundle
+from tests.helpers.bundles import load_bundle, make_bundle
 
 #: a GELU model and a gated (SwiGLU) one with post-norms: every gated neuron is a candidate
 MODELS = ["ln-gelu-learned", "rms-gated-postnorm-softcap"]

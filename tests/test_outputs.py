@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from circuitgraph.cli.main import app
 from circuitgraph.errors import ExportError
 from circuitgraph.export.outputs import MANIFEST_NAME, OutputSet, owned_by_circuitgraph
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.bundles import SHARED_FIXTURES
 
 BUNDLE = SHARED_FIXTURES / "example-gpt2"
 

@@ -8,38 +8,9 @@ import pytest
 
 import circuitgraph.queries as queries
 from circuitgraph.errors import QueryError, SpecError
-from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries import QueryResult, run_query
 from circuitgraph.spec import queries as sq
-from tests.test_queries_graphs import attributed, chain_graph
-
-
-def spec_items(g: AttributionGraph) -> list:
-    """One item of every query kind, valid for the ln-gelu transcoder graph."""
-    feature = next(n.id for n in g.nodes if n.kind == "feature" and n.layer == 1)
-    edge = max(zip(g.edge_source, g.edge_target, g.edge_weight, strict=False), key=lambda x: abs(x[2]))
-    return [
-        sq.TopPathsQuery(top_paths={"source": {"kind": "embedding"}, "k": 3, "expand_heads": True}),
-        sq.TopPathsQuery(top_paths={"source": {"kind": "embedding"}, "target": {"kind": "feature", "layer": 1},
-                                    "rank": "normalized", "method": "beam", "beam_width": 5, "max_length": 3,
-                                    "through": [{"kind": "feature", "layer": 0}], "avoid": [{"position": 0}]}),
-        sq.InfluenceQuery(influence={"top_k": 5, "signed": True}),
-        sq.DirectLogitAttributionQuery(direct_logit_attribution={"target": 1, "kinds": ["feature", "error"]}),
-        sq.LogitLensQuery(logit_lens={"tokens": [3, 4], "position": -2}),
-        sq.CongruenceQuery(congruence={"tokens": [3, 4], "kind": "feature", "mode": "cosine"}),
-        sq.NeighboursQuery(neighbours={"node": str(feature), "direction": "both", "top_k": 3}),
-        sq.SubgraphQuery(subgraph={"filter": {"kind": "feature", "layer": 0}}),
-        sq.SupernodesQuery(supernodes={"groups": {"early": {"layer": 0}, "late": {"layer": 1}}}),
-        sq.ScoresQuery(scores=None),
-        sq.HeadSplitQuery(head_split={"source": str(g.nodes[edge[0]].id), "target": str(g.nodes[edge[1]].id)}),
-        sq.VirtualWeightsQuery(virtual_weights={"source": {"kind": "feature", "layer": 0},
-                                                "target": {"kind": "logit"}, "top_k": 4}),
-        sq.DeEmbeddingQuery(de_embedding={"node": {"kind": "feature", "layer": 1, "index": feature.index},
-                                          "head": {"layer": 0, "head": 1}}),
-        sq.DeEmbeddingQuery(de_embedding={"node": str(feature), "top_k": 3}),
-        sq.QKQuery(qk={"layer": 1, "head": [0, 2], "query_position": -1, "key_position": "top", "top_k": 3}),
-        sq.QKQuery(qk={"layer": 0, "head": 1, "query_position": 3, "key_position": -4}),
-    ]
+from tests.helpers.graphs import attributed, chain_graph, spec_items
 
 
 def test_every_spec_query_runs_and_serialises():

@@ -13,34 +13,16 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries import compute_scores, influence, node_influence, record_scores, total_effects
 from circuitgraph.queries.influence import reader_gradients
-from tests.conftest import CT_CASES
-from tests.test_queries_graphs import (
+from tests.helpers.graphs import (
     ARCHS,
     attributed,
     chain_graph,
+    dense_influence,
+    dense_total_effect,
     load_ct_graph,
     random_dag,
 )
-
-
-# ------------------------------------------------------------------ dense references
-def dense_influence(g: AttributionGraph) -> np.ndarray:
-    A = np.abs(g.dense_adjacency())
-    A = A / np.maximum(A.sum(1, keepdims=True), 1e-10)
-    w = np.zeros(g.n_nodes)
-    for t, wt in g.targets:
-        w[g.index_of(t)] += wt
-    eye = np.eye(g.n_nodes)
-    return w @ (np.linalg.inv(eye - A) - eye)
-
-
-def dense_total_effect(g: AttributionGraph) -> np.ndarray:
-    """``TE[T, s] = ((I - E D^-1)^-1 E)[T, s]`` for every target row T."""
-    E = g.dense_adjacency()
-    d = np.array([n.pre_activation if n.pre_activation is not None else n.activation for n in g.nodes])
-    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0)
-    TE = np.linalg.inv(np.eye(g.n_nodes) - E * inv[None, :]) @ E
-    return np.stack([TE[g.index_of(t)] for t in g.target_ids])
+from tests.helpers.peers import CT_CASES
 
 
 def input_rows(g: AttributionGraph) -> np.ndarray:

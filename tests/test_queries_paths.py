@@ -14,48 +14,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries import head_split, path_contribution, top_paths, total_effects
 from circuitgraph.queries.filters import filter_mask
 from circuitgraph.queries.head_split import parts_sum_check
-from tests.test_queries_graphs import ARCHS, attributed, chain_graph, random_dag
-
-
-# ------------------------------------------------------------------ brute force
-def all_paths(g: AttributionGraph, sources, targets, *, through=(), avoid=None, max_length=None):
-    """Every path (as rows) from a source row to a target row, by depth-first search."""
-    out_edges: dict[int, list[int]] = {}
-    for s, t in zip(g.edge_source.tolist(), g.edge_target.tolist(), strict=False):
-        out_edges.setdefault(s, []).append(t)
-    avoid = np.zeros(g.n_nodes, dtype=bool) if avoid is None else avoid
-    found = []
-
-    def walk(path: list[int]) -> None:
-        v = path[-1]
-        if len(path) > 1 and v in targets and all(m[path].any() for m in through):
-            found.append(list(path))
-        if max_length is not None and len(path) - 1 >= max_length:
-            return
-        for t in out_edges.get(v, ()):
-            if not avoid[t]:
-                walk(path + [t])
-
-    for s in sources:
-        if not avoid[s]:
-            walk([s])
-    return found
-
-
-def brute_value(g: AttributionGraph, rows: list[int], rank: str) -> float:
-    E = g.dense_adjacency()
-    if rank == "normalized":
-        A = np.abs(E) / np.maximum(np.abs(E).sum(1, keepdims=True), 1e-10)
-        return float(np.prod([A[v, u] for u, v in zip(rows[:-1], rows[1:], strict=False)]))
-    d = [n.pre_activation if n.pre_activation is not None else n.activation for n in g.nodes]
-    value = E[rows[1], rows[0]]
-    for u, v in zip(rows[1:-1], rows[2:], strict=False):
-        value *= E[v, u] / d[u]
-    return float(value)
-
-
-def rows_of(g: AttributionGraph, res) -> list[list[int]]:
-    return [[g.index_of(n) for n in p.nodes] for p in res.paths]
+from tests.helpers.graphs import ARCHS, all_paths, attributed, brute_value, chain_graph, random_dag, rows_of
 
 
 @pytest.mark.parametrize("seed", range(3))

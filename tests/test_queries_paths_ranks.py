@@ -12,8 +12,7 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.queries import top_paths
 from circuitgraph.queries.filters import filter_mask
-from tests.test_queries_graphs import random_dag
-from tests.test_queries_paths import all_paths, brute_value, rows_of
+from tests.helpers.graphs import all_paths, brute_value, random_dag, rows_of
 
 
 def dense_gradients(g: AttributionGraph, target: int) -> np.ndarray:

@@ -14,8 +14,8 @@ from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries import compute_scores, find_threshold, node_influence, prune_graph
-from tests.conftest import CT_CASES, circuit_tracer_or_skip
-from tests.test_queries_graphs import ARCHS, attributed, load_ct_graph, random_dag
+from tests.helpers.graphs import ARCHS, attributed, load_ct_graph, random_dag
+from tests.helpers.peers import CT_CASES, circuit_tracer_or_skip
 
 
 def test_find_threshold_by_hand():

@@ -27,7 +27,7 @@ from circuitgraph.queries import (
     total_effects,
     virtual_weights,
 )
-from tests.test_queries_graphs import attributed, chain_graph, random_dag
+from tests.helpers.graphs import attributed, chain_graph, random_dag
 
 
 # ------------------------------------------------------------------ neighbourhoods

@@ -15,7 +15,7 @@ from circuitgraph.export.html import report_html
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.spec.export import ExportSpec
-from tests.test_queries_graphs import random_dag
+from tests.helpers.graphs import random_dag
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot binary not installed")
 
@@ -152,7 +152,7 @@ def test_the_report_shows_the_diagram_at_its_own_size():
 
 @needs_dot
 def test_the_report_diagram_is_legible_and_pannable_in_chromium(tmp_path):
-    from tests.test_reports import browser_or_skip
+    from tests.helpers.peers import browser_or_skip
 
     browser_or_skip()
     from circuitgraph.testing.browser import playwright_chromium, playwright_unavailable

@@ -24,10 +24,10 @@ from circuitgraph.export.labels import load_feature_labels
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries import QueryResult, run_query
-from circuitgraph.testing.browser import chromium_unavailable, run_chromium
-from tests.test_neuronpedia import fixture_spec
-from tests.test_queries_dispatch import spec_items
-from tests.test_queries_graphs import attributed
+from circuitgraph.testing.browser import run_chromium
+from tests.helpers.graphs import attributed, spec_items
+from tests.helpers.neuronpedia import fixture_spec
+from tests.helpers.peers import browser_or_skip
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot binary not installed")
 
@@ -47,14 +47,6 @@ def report_run():
     return run(spec)
 
 
-def browser_or_skip() -> None:
-    import os
-
-    reason = chromium_unavailable()
-    if reason:
-        if os.environ.get("CIRCUITGRAPH_REQUIRE_BROWSER"):
-            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_BROWSER is set)")
-        pytest.skip(reason)
 
 
 # ------------------------------------------------------------------ the HTML report

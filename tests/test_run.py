@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import circuitgraph
 from circuitgraph.cli.main import app
-from tests.conftest import SHARED_FIXTURES, make_bundle
+from tests.helpers.bundles import SHARED_FIXTURES, make_bundle
 
 GPT2 = SHARED_FIXTURES / "example-gpt2"
 needs_fixtures = pytest.mark.skipif(not GPT2.is_dir(), reason="shared fixtures not present")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.bundles import SHARED_FIXTURES
 
 PAYLOAD = '''
 import os, pathlib

@@ -26,6 +26,7 @@ from circuitgraph.queries.prune import prune_graph
 from circuitgraph.serve import running_server
 from circuitgraph.serve.dashboards import FeatureDashboards, split_marked_text
 from circuitgraph.testing.explorer_fixture import demo_dataset_run, demo_graph_file, write_features_folder
+from tests.helpers.serve import get_json, request
 
 REPO = Path(__file__).resolve().parents[1]
 THRESHOLDS = [(0.3, 0.5), (0.6, 0.9), (0.8, 0.98), (1.0, 1.0), (0.55, 0.77)]
@@ -55,25 +56,8 @@ def server(folder):
         yield srv
 
 
-def request(server, path: str, host: str | None = None) -> tuple[int, bytes, dict[str, str]]:
-    """GET ``path`` exactly as given (no client-side normalisation of ``..``)."""
-    h, p = server.server_address[:2]
-    conn = http.client.HTTPConnection(h, p, timeout=60)
-    conn.putrequest("GET", path, skip_host=True)
-    conn.putheader("Host", host or f"127.0.0.1:{p}")
-    conn.endheaders()
-    resp = conn.getresponse()
-    body = resp.read()
-    headers = {k.lower(): v for k, v in resp.getheaders()}
-    conn.close()
-    return resp.status, body, headers
 
 
-def get_json(server, path: str, status: int = 200):
-    code, body, headers = request(server, path)
-    assert code == status, (path, code, body[:300])
-    assert headers["content-type"].startswith("application/json")
-    return json.loads(body)
 
 
 def q(name: str) -> str:

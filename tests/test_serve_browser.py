@@ -9,7 +9,6 @@ Skipped when Chromium or Playwright is missing, unless CIRCUITGRAPH_REQUIRE_BROW
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import urllib.parse
@@ -19,7 +18,7 @@ import pytest
 
 import circuitgraph
 from circuitgraph.serve import running_server
-from circuitgraph.testing.browser import playwright_chromium, playwright_unavailable
+from circuitgraph.testing.browser import playwright_chromium
 from circuitgraph.testing.explorer_fixture import (
     DEMO_CORRUPTED_PROMPT,
     DEMO_STEER,
@@ -27,20 +26,13 @@ from circuitgraph.testing.explorer_fixture import (
     demo_graph_file,
     write_features_folder,
 )
-
-
-def _browser_or_skip() -> None:
-    reason = playwright_unavailable()
-    if reason:
-        if os.environ.get("CIRCUITGRAPH_REQUIRE_BROWSER"):
-            pytest.fail(reason + " (CIRCUITGRAPH_REQUIRE_BROWSER is set)")
-        pytest.skip(reason)
+from tests.helpers.peers import playwright_or_skip
 
 
 @pytest.fixture(scope="module")
 def chromium():
     """One headless Chromium for the module (Playwright's sync API runs one at a time)."""
-    _browser_or_skip()
+    playwright_or_skip()
     with playwright_chromium() as browser:
         yield browser
 

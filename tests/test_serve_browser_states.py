@@ -45,7 +45,7 @@ PAGE_TEXT = """() => {
 }"""
 
 
-def _browser_or_skip() -> None:
+def playwright_or_skip() -> None:
     reason = playwright_unavailable()
     if reason:
         if os.environ.get("CIRCUITGRAPH_REQUIRE_BROWSER"):
@@ -57,7 +57,7 @@ def _browser_or_skip() -> None:
 def served(tmp_path_factory):
     """Graphs with unlabeled heads and MLP nodes, a steered graph and its corrupted twin, a dataset
     run, a features folder, a corrupt graph file and one deleted after the server started."""
-    _browser_or_skip()
+    playwright_or_skip()
     root = tmp_path_factory.mktemp("states")
     demo_graph_file(root / "heads.json", qk=True, heads=True)
     demo_graph_file(root / "clean.json", steer=DEMO_STEER)

@@ -18,7 +18,7 @@ from circuitgraph.export.dot import DEFAULT_MAX_NODES
 from circuitgraph.queries.prune import prune_graph
 from circuitgraph.serve import api as serve_api
 from circuitgraph.serve import running_server
-from tests.test_queries_graphs import random_dag
+from tests.helpers.graphs import random_dag
 
 
 def large_graph():
@@ -89,9 +89,9 @@ def test_bad_budgets_are_400(served, bad):
 def test_a_large_graph_opens_at_the_budget_in_chromium(served, monkeypatch):
     """With the page's edge limit below the whole view's edges (as for a real model's graph), the
     page draws the budgeted view at once; the budget slider's right end asks for every node."""
-    from tests.test_serve_browser import _browser_or_skip
+    from tests.helpers.peers import playwright_or_skip
 
-    _browser_or_skip()
+    playwright_or_skip()
     from circuitgraph.testing.browser import playwright_chromium
 
     server, graph = served

@@ -19,7 +19,7 @@ from circuitgraph.testing.explorer_fixture import (
     DEMO_STEER,
     demo_graph_file,
 )
-from tests.test_serve import get_json
+from tests.helpers.serve import get_json
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from circuitgraph.errors import SpecError, ValidationRunError
 from circuitgraph.testing.synthetic import random_clt, random_transcoders, save_bundle, save_clt, tiny_model
 from circuitgraph.validation.predictions import direct_effects, total_effects
 from circuitgraph.validation.steering import steer
-from tests.conftest import run_tmpdir
+from tests.helpers.bundles import run_tmpdir
 
 PROMPT = [1, 5, 7, 9, 4, 3, 11]
 TARGET = (3, 4)

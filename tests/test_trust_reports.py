@@ -143,7 +143,7 @@ def test_position_free_aggregate_shows_no_position():
 
 
 def test_automatic_supernode_boxes_list_their_members():
-    from tests.test_queries_graphs import attributed
+    from tests.helpers.graphs import attributed
 
     g = attributed("ln-gelu")
     dot = graph_to_dot(g, supernodes="auto", max_nodes=None, show_unreachable=True)

@@ -7,22 +7,17 @@ their target within the stated tolerance; keeping the whole graph keeps the whol
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from circuitgraph.adapters.loading import load_model_dir
 from circuitgraph.attribution import ResolvedTarget, attribute
-from circuitgraph.dictionaries import TranscoderSet
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
-from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 from circuitgraph.validation import (
     CheckResult,
     Intervention,
@@ -45,6 +40,7 @@ from circuitgraph.validation import (
 )
 from circuitgraph.validation.controls import summarise_controls
 from circuitgraph.validation.metrics import Readout
+from tests.helpers.validation import build
 
 REPO = Path(__file__).resolve().parents[1]
 CLEAN = [1, 5, 7, 2, 9, 4]
@@ -60,19 +56,8 @@ def one_thread():
 CORRUPTED = [1, 5, 8, 2, 9, 4]
 
 
-@functools.cache
-def _build(dtype: str, norm: str, mlp: str, positional: str):
-    model = tiny_model(norm=norm, mlp=mlp, positional=positional)
-    tcs = random_transcoders(model)
-    with tempfile.TemporaryDirectory(prefix="cg-validation-") as tmp:
-        root = save_bundle(Path(tmp), model, tcs)
-        adapter = load_model_dir(root / "model", dtype=dtype)
-        return adapter, TranscoderSet.from_dir(root / "transcoders", adapter, dtype=getattr(torch, dtype))
 
 
-def build(*, dtype: torch.dtype = torch.float32, norm: str = "LN", mlp: str = "gelu", positional: str = "learned"):
-    """A tiny model (loaded like any local model) and its random transcoders, cached per variant."""
-    return _build(str(dtype).replace("torch.", ""), norm, mlp, positional)
 
 
 def graph_of(adapter, tcs, *, dtype=torch.float32, **kwargs):

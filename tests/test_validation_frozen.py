@@ -14,7 +14,7 @@ import torch
 
 from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.validation import ablate, direct_effects, predicted_vs_actual
-from tests.test_validation import build
+from tests.helpers.validation import build
 
 ARCHS = [dict(norm=n, mlp=m, positional=p) for n, m, p in itertools.product(("LN", "RMS"), ("gelu", "gated"),
                                                                              ("learned", "rotary"))]

@@ -17,8 +17,8 @@ import pytest
 
 from circuitgraph.export.neuronpedia import graph_to_neuronpedia
 from circuitgraph.testing.browser import run_chromium, serve_viewer, viewer_unavailable
-from tests.conftest import circuit_tracer_or_skip
-from tests.test_neuronpedia import CT_REFERENCES, fixture_run
+from tests.helpers.neuronpedia import CT_REFERENCES, fixture_run
+from tests.helpers.peers import circuit_tracer_or_skip
 
 
 @pytest.fixture(scope="module")

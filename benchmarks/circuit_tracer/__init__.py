@@ -1,0 +1,1 @@
+"""The circuit-tracer agreement scripts (run as scripts); a package so that the tests import them."""
