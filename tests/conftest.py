@@ -12,6 +12,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 
 from tests.helpers.bundles import SHARED_FIXTURES, VARIANTS, make_bundle
+from tests.helpers.markers import mark_tiers
 from tests.helpers.peers import CT_CASES, circuit_tracer_or_skip
 
 try:  # property-based tests: reproducible by default (CI), random with HYPOTHESIS_PROFILE=explore
@@ -24,21 +25,14 @@ except ImportError:  # hypothesis is a test extra; the fuzz tests import it them
     pass
 
 
-
-
-
-
-
-
+def pytest_collection_modifyitems(config, items):
+    """The tiers (tests/helpers/markers.py): ``peer``, ``browser``, ``processes`` and ``slow``."""
+    mark_tiers(items)
 
 
 @pytest.fixture(params=sorted(VARIANTS))
 def variant(request):
     return request.param
-
-
-
-
 
 
 @pytest.fixture(scope="session")
@@ -60,10 +54,6 @@ def circuit_tracer_graphs(tmp_path_factory):
     }
     graphs = run_circuit_tracer(bundles, root / "out")
     return {name: (bundles[name], graphs[name]) for name in CT_CASES}
-
-
-
-
 
 
 # --- the real-model tier ------------------------------------------------------------------------
