@@ -11,7 +11,8 @@
 #                   export in circuit-tracer's frontend (npm fetches that frontend's libraries)
 #   into the virtual environment (pip):
 #     torch==2.13.0 (CPU), then this package with its test, dataset, tracr and gguf extras
-#     (pytest, hypothesis, matplotlib, ruff, playwright for the browser tests; pandas, pyarrow, duckdb,
+#     (pytest, hypothesis, matplotlib, ruff, pyright with its Node.js wheel, playwright for the browser
+#     tests; pandas, pyarrow, duckdb,
 #     ray; tracr-pypi with jax and dm-haiku on CPU, about 90 MB, for the compiled ground-truth models;
 #     gguf and accelerate for GGUF checkpoints and the real-model tests' fetch of SmolLM2-135M-Instruct)
 #

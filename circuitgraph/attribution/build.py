@@ -35,6 +35,7 @@ from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
 from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.dag import adopt_engine_order
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 
 __all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
 
@@ -78,7 +79,7 @@ def build_graph(
         edge_source=edge_source,
         edge_weight=edge_weight.astype(np_dtype, copy=False),
         targets=col.targets,
-        metadata=dict(metadata or {}),
+        metadata=GraphMetadata(metadata or {}),
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
         edges_unique=True,  # one edge per (reader, writer) pair: queries skip coalescing
     )

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from contextlib import contextmanager
+from typing import Any, TypeGuard
 
 import graphviz
 import numpy as np
@@ -227,7 +228,7 @@ def graph_to_dot(
             name = f"layer {layer}" + (" attention" if sub == 0 else "") + (f" row {line + 1}" if line else "")
             axis = f"axis {name}"
             axis_names.append(axis)
-            with dot.subgraph(name=f"rank {name}") as rank:
+            with _subgraph(dot, f"rank {name}") as rank:
                 rank.attr(rank="same")
                 # the layer axis: a label at the left end of every rank (a wrapped layer: "cont.")
                 caption = _axis_label(layer, sub, n_layers) + (" cont." if line else "")
@@ -278,7 +279,7 @@ def _qk_inset(dot: graphviz.Digraph, graph: AttributionGraph, qk: Sequence[Mappi
                      if NodeId.parse(p["query_node"]) in graph and NodeId.parse(p["key_node"]) in graph]
             max_abs = max((abs(p["value"]) for p in pairs), default=0.0)
             outside: list[tuple[str, str, dict[str, str]]] = []  # so the graph's nodes stay in their ranks
-            with dot.subgraph(name=f"cluster {name}") as box:
+            with _subgraph(dot, f"cluster {name}") as box:
                 box.attr(label=_text([f"QK L{l}H{h}: query {q} -> key {k}"]), fontsize="10",
                          style="rounded,dashed", color="#888888")
                 caption = [f"QK L{l}H{h} @{q}->{k}", f"score {head['score']:.4g}, p={head['probability']:.3f}"]
@@ -315,7 +316,7 @@ def _strongest_edges(graph: AttributionGraph, edge_sel: np.ndarray, weights: np.
 
 # --------------------------------------------------------------------------- node selection
 def _select_rows(graph: AttributionGraph, max_nodes: int | None,
-                 hidden: set[int] = frozenset()) -> tuple[list[int], str | None]:
+                 hidden: Set[int] = frozenset()) -> tuple[list[int], str | None]:
     """Rows to draw (never the ``hidden`` ones), and the score used to choose them (None when
     all candidates are drawn)."""
     n = graph.n_nodes
@@ -325,8 +326,9 @@ def _select_rows(graph: AttributionGraph, max_nodes: int | None,
     target_rows = {graph.index_of(t) for t in graph.target_ids}
     others = [r for r in candidates if r not in target_rows]
     influence = [graph.nodes[r].attrs.get("influence") for r in others]
-    if others and all(_is_number(v) for v in influence):
-        scores = dict(zip(others, (float(v) for v in influence), strict=False))
+    numeric = [float(v) for v in influence if _is_number(v)]
+    if others and len(numeric) == len(others):
+        scores = dict(zip(others, numeric, strict=True))
         score_name = "influence"
     else:
         strength = np.zeros(n, dtype=np.float64)
@@ -539,7 +541,7 @@ def _percent(share: float) -> str:
 def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0) -> None:
     present = sorted(set(kinds), key=_KIND_ORDER.__getitem__)
     names = [f"legend {kind}" for kind in present] + ["legend positive", "legend negative"]
-    with dot.subgraph(name="cluster_legend") as legend:
+    with _subgraph(dot, "cluster_legend") as legend:
         legend.attr(label="legend", fontsize="10", style="rounded", color="#bbbbbb", rank="same")
         for kind in present:
             legend.node(f"legend {kind}", label=_text([kind]), fillcolor=KIND_COLORS[kind])
@@ -549,7 +551,7 @@ def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0) -
             legend.edge(u, v, style="invis")
     if max_abs > 0:
         # the edge width scale: pen widths of three weights, drawn as short edges
-        with dot.subgraph(name="cluster_widths") as widths:
+        with _subgraph(dot, "cluster_widths") as widths:
             widths.attr(label="edge width = |weight|", fontsize="10", style="rounded", color="#bbbbbb")
             for i, frac in enumerate((1.0, 0.5, 0.1)):
                 width = _MIN_PEN + (_MAX_PEN - _MIN_PEN) * frac
@@ -641,5 +643,14 @@ def _shorten_words(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:-") + "…"
 
 
-def _is_number(value: Any) -> bool:
+@contextmanager
+def _subgraph(dot: graphviz.Digraph, name: str) -> Iterator[graphviz.Digraph]:
+    """``dot.subgraph(name=name)``: graphviz returns a context manager whenever no graph is given."""
+    context = dot.subgraph(name=name)
+    assert context is not None
+    with context as sub:
+        yield sub
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))

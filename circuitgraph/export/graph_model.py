@@ -85,6 +85,11 @@ _Integer = Annotated[int, Field(strict=True, ge=-_MAX_INT, le=_MAX_INT)]
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _strict(json_schema_extra: Any) -> ConfigDict:
+    """:data:`_STRICT` with a ``json_schema_extra``."""
+    return ConfigDict(extra="forbid", strict=True, frozen=True, json_schema_extra=json_schema_extra)
+
+
 def _required(*names: str) -> Any:
     """A ``json_schema_extra`` that states the schema's ``required`` list: what the writer always
     writes (the reader gives files of earlier releases defaults for some of them)."""
@@ -97,9 +102,8 @@ class NodeRecord(BaseModel):
     """One node. Readers (feature, neuron, logit, target) also carry pre_activation and constant,
     with pre_activation == sum(incoming edge weights) + constant."""
 
-    model_config = ConfigDict(
-        **_STRICT,
-        json_schema_extra=lambda schema: schema.update(
+    model_config = _strict(
+        lambda schema: schema.update(
             required=["id", "kind", "layer", "position", "index", "activation", "label", "attrs"],
             dependentRequired={"pre_activation": ["constant"], "constant": ["pre_activation"]}),
     )
@@ -174,7 +178,7 @@ class _Header(BaseModel):
 class GraphFile(_Header):
     """An exact attribution graph written by circuitgraph (docs/export.md)."""
 
-    model_config = ConfigDict(**_STRICT, json_schema_extra=_required(
+    model_config = _strict(_required(
         "format", "format_version", "edge_dtype", "metadata", "nodes", "edges", "targets", "queries",
         "validation"))
 
@@ -185,7 +189,7 @@ class GraphFile(_Header):
 class BinaryGraphHeader(_Header):
     """The JSON header of a binary ``.npz`` graph (its edges are the archive's arrays)."""
 
-    model_config = ConfigDict(**_STRICT, json_schema_extra=_required(
+    model_config = _strict(_required(
         "format", "format_version", "edge_dtype", "metadata", "nodes", "targets", "queries", "validation"))
     FORMAT: ClassVar[str] = BINARY_FORMAT
 

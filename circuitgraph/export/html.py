@@ -450,7 +450,9 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
     body += _entries_html(queries, stored_q, "query", names)
     body.append("<h2>Validation</h2>")
     body += _entries_html(validation, stored_v, "validation", names)
-    steering = list(steering) or (source.steering_json() if getattr(source, "steering", None) else [])
+    steering = list(steering) or (source.steering_json()
+                                  if not isinstance(source, AttributionGraph) and getattr(source, "steering", None)
+                                  else [])
     if steering:  # the spec's steer: items (docs/steering.md)
         body.append("<h2>Steering</h2>")
         body += steering_html(steering)
@@ -472,7 +474,7 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
             + "\n".join(body) + "</body></html>\n")
 
 
-def _entries_html(live: list[dict[str, Any]], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
+def _entries_html(live: Sequence[Mapping[str, Any]], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
     out: list[str] = []
     for i, e in enumerate(live):
         label = f"{what} {i}: {e['kind']}"

@@ -41,6 +41,7 @@ from circuitgraph.export.graph_model import (
     validate_graph_file,
 )
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 
 __all__ = [
@@ -219,7 +220,7 @@ def _document(doc: GraphFile, where: str = "graph file") -> GraphDocument:
         edge_source=src,
         edge_weight=weights.astype(doc.edge_dtype),
         targets=targets_of(doc, index, where),
-        metadata=doc.metadata,
+        metadata=GraphMetadata(doc.metadata),
         max_dense_nodes=max_dense_nodes_of(doc.metadata),
     )
     return document_of(doc, graph)

@@ -216,9 +216,9 @@ def sweep(
         if level != current:
             rows = rows_at(level)
             done[rows] = True
-            if do_abs:
+            if abs_start is not None:  # do_abs
                 z_abs[rows] = _rows(abs_start, rows, n) + acc_abs[rows]
-            if do_sig:
+            if signed_start is not None:  # do_sig
                 y[rows] = _rows(signed_start, rows, n) + g[rows, None] * acc_sig[rows]
             current = level
         w64 = w.astype(np.float64)
@@ -233,7 +233,7 @@ def sweep(
     out: dict[str, np.ndarray] = {}
     if do_abs:
         out["abs"] = acc_abs
-    if do_sig:
+    if signed_start is not None:  # do_sig
         rest = np.flatnonzero(~done)  # nodes without incoming edges
         y[rest] = _rows(signed_start, rest, n) + g[rest, None] * acc_sig[rest]
         out["signed"] = acc_sig
@@ -261,7 +261,7 @@ def _single_influence(dag: DagOrder, start: np.ndarray, divisor: np.ndarray, row
     workers = _workers()
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
     pending: list = []
-    current, factor = None, None
+    current, factor = None, np.empty(0)  # factor: set with the first level
     try:
         for level, t, s, w in dag.chunks():
             if level != current:

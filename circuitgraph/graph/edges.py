@@ -21,6 +21,8 @@ exports):
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 
 __all__ = ["merge_edges", "incoming_sums", "grouped", "topological_levels", "reachable", "cumulative_share",
@@ -28,6 +30,16 @@ __all__ = ["merge_edges", "incoming_sums", "grouped", "topological_levels", "rea
 
 #: edges per chunk of the chunked passes (bounded temporaries whatever the graph's size)
 CHUNK = 1 << 22
+
+
+@overload
+def merge_edges(target: np.ndarray, source: np.ndarray, weight: np.ndarray, n: int, *,
+                drop_zeros: Literal[False] = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+@overload
+def merge_edges(target: np.ndarray, source: np.ndarray, weight: np.ndarray, n: int, *,
+                drop_zeros: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]: ...
 
 
 def merge_edges(target: np.ndarray, source: np.ndarray, weight: np.ndarray, n: int, *,

@@ -358,9 +358,10 @@ class AttributionGraph:
         else:
             targets = [(n.id, float(g.nodes[k]["target_weight"])) for k, n in zip(g.nodes, nodes, strict=False)
                        if "target_weight" in g.nodes[k]]
-        return cls(nodes, [t for _, t, _ in edges], [s for s, _, _ in edges],
+        return cls(nodes, np.array([t for _, t, _ in edges], dtype=np.int64),
+                   np.array([s for s, _, _ in edges], dtype=np.int64),
                    np.array([w for _, _, w in edges], dtype=np.float64), targets=targets,
-                   metadata=dict(g.graph.get("metadata") or {}))
+                   metadata=GraphMetadata(g.graph.get("metadata") or {}))
 
     # ----------------------------------------------------------------- display
     def __repr__(self) -> str:
@@ -391,7 +392,7 @@ class AttributionGraph:
             edge_source=remap[self.edge_source[mask]],
             edge_weight=self.edge_weight[mask],
             targets=[(t, w) for t, w in self.targets if t in keep_set],
-            metadata=dict(self.metadata),
+            metadata=GraphMetadata(self.metadata),
             context=self.context,
             max_dense_nodes=self.max_dense_nodes,
         )

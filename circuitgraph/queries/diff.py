@@ -327,7 +327,7 @@ def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "pos
         nodes[[f"{col}_a", f"{col}_b"]] = nodes[[f"{col}_a", f"{col}_b"]].fillna(0.0)
         nodes[f"{col}_difference"] = nodes[f"{col}_b"] - nodes[f"{col}_a"]
     nodes["sign_flip"] = sign_flips(nodes["effect_a"], nodes["effect_b"])
-    nodes.insert(0, "node", [_key_id(*row, match) for row in nodes[key].itertuples(index=False)])
+    nodes.insert(0, "node", [_key_id(*row, match=match) for row in nodes[key].itertuples(index=False)])
     if match == "identity":
         nodes["position"] = None
     nodes = nodes.sort_values("node", kind="stable").reset_index(drop=True)
@@ -339,8 +339,8 @@ def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "pos
     edges[["weight_a", "weight_b"]] = edges[["weight_a", "weight_b"]].fillna(0.0)
     edges["difference"] = edges["weight_b"] - edges["weight_a"]
     edges["sign_flip"] = sign_flips(edges["weight_a"], edges["weight_b"])
-    edges.insert(0, "source", [_key_id(*r, match) for r in edges[ekey[:4]].itertuples(index=False)])
-    edges.insert(1, "target", [_key_id(*r, match) for r in edges[ekey[4:]].itertuples(index=False)])
+    edges.insert(0, "source", [_key_id(*r, match=match) for r in edges[ekey[:4]].itertuples(index=False)])
+    edges.insert(1, "target", [_key_id(*r, match=match) for r in edges[ekey[4:]].itertuples(index=False)])
     edges = edges.drop(columns=ekey)
     edges = edges.assign(_abs=edges["difference"].abs()).sort_values(
         ["_abs", "source", "target"], ascending=[False, True, True], kind="stable").drop(columns="_abs")

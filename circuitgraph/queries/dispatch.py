@@ -89,8 +89,15 @@ def run_ground_truth(g: AttributionGraph, p: q.GroundTruth) -> QueryResult:
 
 #: parameter-block class -> the function that runs it, built from the spec's registry
 #: (``QUERY_TYPES``; each item type names its function in ``implementation``)
+def _parameter_block(item_type: type[q.QueryItem]) -> type:
+    """The parameter-block class of a query item type: the annotation of its one key field."""
+    block = item_type.model_fields[item_type.key].annotation
+    assert isinstance(block, type), (item_type, block)
+    return block
+
+
 QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {
-    t.model_fields[t.key].annotation: implementation_of(t) for t in q.QUERY_TYPES
+    _parameter_block(t): implementation_of(t) for t in q.QUERY_TYPES
 }
 
 

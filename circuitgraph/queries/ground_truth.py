@@ -294,7 +294,7 @@ def ground_truth(graph: AttributionGraph, circuit: str | Path | dict, *, edge_th
     """Score ``graph`` against the ground-truth ``circuit`` (module docstring)."""
     truth = load_circuit(circuit)
     agg = component_edges(graph)
-    L = graph.context.n_layers
+    L = require_context(graph, "ground_truth").n_layers
     target = ("target", L, -1)
     true_edges = {(_key(e["source"]), _key(e["target"]), e["path"]) for e in truth["edges"]}
     # the circuit's nodes: those on a true edge (a node of the file that nothing reads is not)

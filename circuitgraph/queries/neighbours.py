@@ -12,6 +12,7 @@ import numpy as np
 from circuitgraph.errors import ExportError, QueryError
 from circuitgraph.graph.edges import merge_edges, reachable
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, check_optional_k, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges
@@ -262,6 +263,7 @@ def logit_difference(graph: AttributionGraph, a: NodeId | str, b: NodeId | str, 
     for nd in (na, nb):
         if nd.kind not in ("logit", "target") or nd.pre_activation is None:
             raise QueryError(f"logit_difference: {nd.id} is not a logit or target reader node")
+    assert na.pre_activation is not None and nb.pre_activation is not None  # checked just above
     if (na.layer, na.position) != (nb.layer, nb.position):
         raise QueryError(f"logit_difference: {a} and {b} read at different layers/positions; "
                          "a difference of readers needs the same residual site")
@@ -289,7 +291,7 @@ def logit_difference(graph: AttributionGraph, a: NodeId | str, b: NodeId | str, 
         edge_source=np.concatenate([graph.edge_source, src]),
         edge_weight=np.concatenate([graph.edge_weight, diff[src].astype(graph.edge_weight.dtype)]),
         targets=targets,
-        metadata=dict(graph.metadata),
+        metadata=GraphMetadata(graph.metadata),
         context=graph.context,
         max_dense_nodes=graph.max_dense_nodes,
     )
@@ -393,4 +395,4 @@ def merge_supernodes(graph: AttributionGraph, groups: Mapping[str, Any]) -> Attr
         if nodes[row].id not in {x for x, _ in targets}:
             targets.append((nodes[row].id, w))
     return AttributionGraph(nodes, mt, ms, summed, targets=targets,
-                            metadata=dict(graph.metadata))
+                            metadata=GraphMetadata(graph.metadata))

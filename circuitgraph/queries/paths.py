@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -293,6 +293,21 @@ _CHUNK = 4_000_000
 _MAX_TABLE = 40_000_000
 
 
+def _above_bound(groups: np.ndarray, bound: np.ndarray) -> Callable[[tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]:
+    """The candidates ``(group, score, ...)`` whose score reaches their group's lower bound (the
+    groups without a bound keep every candidate)."""
+    def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        i = np.minimum(np.searchsorted(groups, cand[0]), groups.size - 1)
+        floor = np.where(groups[i] == cand[0], bound[i], -np.inf)
+        keep = cand[1] >= floor
+        return tuple(x[keep] for x in cand)
+    return strong
+
+
+def _every_candidate(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    return cand
+
+
 def _kbest_dag(
     n: int, src: np.ndarray, dst: np.ndarray, score_start: np.ndarray, score_mid: np.ndarray, combine: str,
     is_source: np.ndarray, is_target: np.ndarray, bits: np.ndarray, states: _States, k: int, level: np.ndarray,
@@ -357,15 +372,9 @@ def _kbest_dag(
             at_k = rank == k - 1
             bound[np.searchsorted(groups, g0[at_k])] = v0[at_k]
 
-            def strong(cand: tuple[np.ndarray, ...], groups: np.ndarray = groups,
-                       bound: np.ndarray = bound) -> tuple[np.ndarray, ...]:
-                i = np.minimum(np.searchsorted(groups, cand[0]), groups.size - 1)
-                floor = np.where(groups[i] == cand[0], bound[i], -np.inf)
-                keep = cand[1] >= floor
-                return tuple(x[keep] for x in cand)
+            strong = _above_bound(groups, bound)
         else:
-            def strong(cand: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-                return cand
+            strong = _every_candidate
         parts = [strong(p) for p in parts] + [strong(extend(j, False)) for j in chunks]
         if not parts:
             continue
@@ -438,7 +447,7 @@ def _beam(
                 cand = (new, (u,) + path, m)
                 cands.append(cand)
                 if is_source[u] and m == full:
-                    done.append((new, list(cand[1])))
+                    done.append((float(new), list(cand[1])))
         if not cands:
             break
         beam = heapq.nlargest(beam_width, cands, key=lambda c: c[0])
@@ -501,7 +510,7 @@ def top_paths(
     for i, f in enumerate(through):
         matched = match_nodes(graph, f, what=f"top_paths through[{i}]")
         mask = filter_mask(graph, f)
-        _check_passable(matched, has_in[mask].any(), has_out[mask].any(), f"top_paths through[{i}]")
+        _check_passable(matched, bool(has_in[mask].any()), bool(has_out[mask].any()), f"top_paths through[{i}]")
         bits[mask] |= 1 << i
     full = (1 << len(through)) - 1
     avoided = np.zeros(n, dtype=bool)
@@ -525,8 +534,8 @@ def top_paths(
     src, dst, w, norm = idx.source[keep], idx.target[keep], idx.weight[keep], idx.norm[keep]
 
     states = _States(full, max_length or min_length or 0, max_length, min_length or 1)
-    level = None
-    chosen = method
+    level = None  # the topological levels: computed whenever the exact search is chosen
+    chosen: Literal["exact", "beam"] = "beam"
     if method == "auto" and (src.size * k * states.n > EXACT_BUDGET or n * states.n * k > _MAX_TABLE):
         chosen = "beam"
     elif method in ("auto", "exact"):
@@ -551,6 +560,7 @@ def top_paths(
     if chosen == "exact":
         found = []
         if rank == "flow":  # a flow is relative to one target: one search per target
+            assert flows is not None and level is not None
             for t, (flow, share_of) in flows.items():
                 only = np.zeros(n, dtype=bool)
                 only[t] = True
@@ -558,6 +568,7 @@ def top_paths(
                 found += _kbest_dag(n, src, dst, score, score, "min", is_source, only, bits, states, k, level)
             found = sorted(found, key=lambda f: -f[0])[:k]
         else:
+            assert level is not None
             if rank == "normalized":
                 score_start = score_mid = _log_abs(norm)
             else:

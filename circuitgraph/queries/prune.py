@@ -323,7 +323,7 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         nodes.append(Node(rid, activation=1.0, label=f"pruned L{key[0]}@{key[1]}",
                           attrs={"pruned_edges_by_source_kind": counts[key],
                                  "n_pruned_nodes": dropped_by_group.get(key, 0)}))
-    group_row = np.array([remainder_rows[k] for k in sorted(groups, key=groups.get)], dtype=np.int64)
+    group_row = np.array([remainder_rows[k] for k in sorted(groups, key=lambda g: groups[g])], dtype=np.int64)
 
     n_new = len(nodes)
     kept_idx = np.sort(kept_idx)  # the stored order, as a boolean selection gives it

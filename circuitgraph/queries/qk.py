@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -328,8 +328,8 @@ def model_attention_scores(adapter: ModelAdapter, tokens: torch.Tensor, layer: i
     H = adapter.facts.n_heads
     if qk_norm and not rotary:
         T, dh = tokens.shape[-1], adapter.facts.d_head
-        for side in ("q", "k"):  # per head (pos * heads, d_head), whole (pos, heads * d_head): times gamma
-            gamma = adapter.qk_norm(side, layer).gamma
+        for side in _SIDES:  # per head (pos * heads, d_head), whole (pos, heads * d_head): times gamma
+            gamma = _qk_gamma(adapter, side, layer)
             got[side] = (got[side].reshape(-1, gamma.numel()) * gamma).reshape(T, -1, dh)
     else:
         got["q"], got["k"] = got["q"][0], got["k"][0]
@@ -373,7 +373,7 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
         sigma = torch.ones(ctx.linearisation.n_pos, dtype=dtype, device=device)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos, strict=False):
-        for side, W, b, t in (("q", W_Q[h], b_Q[h], q_pos), ("k", W_K[h], b_K[h], kp)):
+        for side, W, b, t in zip(_SIDES, (W_Q[h], W_K[h]), (b_Q[h], b_K[h]), (q_pos, kp), strict=True):
             if a.facts.qk_norm != "none":  # the frozen q/k norm scales each dimension: W e_i -> W e_i gamma_i / sigma
                 scale = qk_norm_scale(a, ctx.linearisation, layer, side, h, t).to(device, dtype)
                 W, b = W * scale, b * scale
@@ -386,7 +386,18 @@ def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: i
     return torch.cat(dirs), torch.cat(consts), positions
 
 
-def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: str, head: int, t: int) -> torch.Tensor:
+_SIDES: tuple[Literal["q", "k"], ...] = ("q", "k")
+
+
+def _qk_gamma(adapter: ModelAdapter, side: Literal["q", "k"], layer: int) -> torch.Tensor:
+    """gamma of the query or key norm of ``layer`` (an RMSNorm: it always has one)."""
+    gamma = adapter.qk_norm(side, layer).gamma
+    assert gamma is not None
+    return gamma
+
+
+def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: Literal["q", "k"], head: int,
+                  t: int) -> torch.Tensor:
     """``gamma / sigma (d_head,)``: the frozen query (``side="q"``) or key norm of query head ``head``
     at position ``t``.  An RMSNorm ``gamma * v / sigma(v)`` with ``sigma`` frozen at its value on the
     prompt is the diagonal linear map ``v -> (gamma / sigma) * v``, so ``q`` and ``k`` stay affine in
@@ -396,7 +407,7 @@ def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: str, head: 
     grouped-query models use their key/value head ``head // (n_heads / n_kv_heads)``."""
     f = adapter.facts
     group = head if side == "q" else head // (f.n_heads // f.n_kv_heads)
-    gamma = adapter.qk_norm(side, layer).gamma
+    gamma = _qk_gamma(adapter, side, layer)
     sigma = lin.qk_sigma[(side, layer)]  # (pos, heads) or (pos, 1)
     if f.qk_norm == "per_head":
         return gamma / sigma[t, group]

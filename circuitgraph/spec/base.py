@@ -94,6 +94,7 @@ class _SpecModelMeta(type(BaseModel)):
         try:
             return super().__call__(*args, **kwargs)
         except ValidationError as exc:
+            assert issubclass(cls, BaseModel)  # every class of this metaclass is a pydantic model
             raise SpecError(format_validation_error(exc, cls, kwargs)) from None
 
 

@@ -160,12 +160,14 @@ def parse_rows(raw_rows: list[Any]) -> tuple[list[Row], list[tuple[str, str]]]:
             continue
         raw_id = raw.get("id", str(number))
         raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
-        duplicate = isinstance(raw_id, str) and raw_id in seen
-        if duplicate:
-            problems.append((f"row {number}.id", f"id {raw_id!r} is also the id of row {seen[raw_id]}; "
-                                                 "give every row its own id"))
-        elif isinstance(raw_id, str):
-            seen[raw_id] = number
+        duplicate = False
+        if isinstance(raw_id, str):
+            duplicate = raw_id in seen
+            if duplicate:
+                problems.append((f"row {number}.id", f"id {raw_id!r} is also the id of row {seen[raw_id]}; "
+                                                     "give every row its own id"))
+            else:
+                seen[raw_id] = number
         try:
             row = DatasetRow.model_validate(raw)
         except ValidationError as exc:

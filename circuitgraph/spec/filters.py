@@ -44,17 +44,26 @@ def _many(tp: Any) -> Any:
     ]
 
 
+if TYPE_CHECKING:
+    _Kinds = tuple[NodeKind, ...]
+    _Positions = tuple[int, ...]
+    _Indices = tuple[int, ...]
+    _Ids = tuple[str, ...]
+else:
+    _Kinds, _Positions, _Indices, _Ids = _many(NodeKind), _many(Int), _many(NonNegativeInt), _many(NodeIdStr)
+
+
 class NodeFilter(StrictModel):
     """Selects nodes by kind, layer, position, index or id; at least one key."""
 
-    kind: _many(NodeKind) | None = Field(None, description="Node kind(s).")
+    kind: _Kinds | None = Field(None, description="Node kind(s).")
     layer: Annotated[
         tuple[FilterLayer, FilterLayer],
         BeforeValidator(_layer_range, json_schema_input_type=FilterLayer | tuple[FilterLayer, FilterLayer]),
     ] | None = Field(None, description="A layer, or an inclusive range [lo, hi].")
-    position: _many(Int) | None = Field(None, description="Token position(s); negative counts from the end.")
-    index: _many(NonNegativeInt) | None = Field(None, description="Index or indices (feature, neuron, head...).")
-    id: _many(NodeIdStr) | None = Field(None, description="Node id(s) 'kind/layer/position/index'.")
+    position: _Positions | None = Field(None, description="Token position(s); negative counts from the end.")
+    index: _Indices | None = Field(None, description="Index or indices (feature, neuron, head...).")
+    id: _Ids | None = Field(None, description="Node id(s) 'kind/layer/position/index'.")
 
     @model_validator(mode="after")
     def _check(self) -> NodeFilter:

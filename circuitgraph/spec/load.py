@@ -148,6 +148,26 @@ def _yaml_loader() -> type:
 
         _circuitgraph_depth = 0  # nesting depth of the node being composed (see compose_node)
 
+        def get_single_node(self) -> Any:
+            node = yaml.SafeLoader.get_single_node(self)
+            if node is not None:
+                _check_yaml_size(node)
+            return node
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            # stop at the first node too deep, before the rest of the file is even scanned
+            depth = getattr(self, "_circuitgraph_depth", 0)
+            if depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise SpecError([(f"line {mark.line + 1}, column {mark.column + 1}",
+                                  f"nested more than {MAX_DEPTH} levels deep; a spec's lists and mappings are a few "
+                                  "levels deep")])
+            self._circuitgraph_depth = depth + 1
+            try:
+                return yaml.SafeLoader.compose_node(self, parent, index)
+            finally:
+                self._circuitgraph_depth = depth
+
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
         loader.flatten_mapping(node)
         out: dict[Any, Any] = {}
@@ -171,28 +191,6 @@ def _yaml_loader() -> type:
             out[key] = loader.construct_object(value_node, deep=deep)
         return out
 
-    def get_single_node(loader: Any) -> Any:
-        node = yaml.SafeLoader.get_single_node(loader)
-        if node is not None:
-            _check_yaml_size(node)
-        return node
-
-    def compose_node(loader: Any, parent: Any, index: Any) -> Any:
-        # stop at the first node too deep, before the rest of the file is even scanned
-        depth = getattr(loader, "_circuitgraph_depth", 0)
-        if depth > MAX_DEPTH:
-            mark = loader.peek_event().start_mark
-            raise SpecError([(f"line {mark.line + 1}, column {mark.column + 1}",
-                              f"nested more than {MAX_DEPTH} levels deep; a spec's lists and mappings are a few "
-                              "levels deep")])
-        loader._circuitgraph_depth = depth + 1
-        try:
-            return yaml.SafeLoader.compose_node(loader, parent, index)
-        finally:
-            loader._circuitgraph_depth = depth
-
-    Loader.get_single_node = get_single_node
-    Loader.compose_node = compose_node
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     # YAML 1.1 wants a dot in floats (1.0e-3); accept 1e-3 as YAML 1.2 does
     Loader.add_implicit_resolver(

@@ -23,6 +23,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from circuitgraph.spec.error_codes import RULE_ERROR, VARIANT_ERROR, VARIANTS, _short
 
@@ -183,7 +184,7 @@ _BOUNDS = {
 }
 
 
-def _variant_message(err: dict[str, Any]) -> str:
+def _variant_message(err: ErrorDetails) -> str:
     what = err["type"].split(":", 1)[1]
     expected, keys, hint = VARIANTS[what]
     value = err.get("input")
@@ -199,7 +200,7 @@ def _variant_message(err: dict[str, Any]) -> str:
     return f"expected {expected}, got {_short(value)}"
 
 
-def _message(err: dict[str, Any], key_error: bool, allowed: list[str]) -> str:
+def _message(err: ErrorDetails, key_error: bool, allowed: list[str]) -> str:
     kind = err["type"]
     value = err.get("input")
     ctx = err.get("ctx") or {}
@@ -214,7 +215,7 @@ def _message(err: dict[str, Any], key_error: bool, allowed: list[str]) -> str:
         return f"missing required key '{err['loc'][-1]}'"
     if kind == "extra_forbidden":
         key = err["loc"][-1]
-        return f"unknown key '{key}'; allowed keys: {', '.join(allowed)}{_did_you_mean(key, allowed)}"
+        return f"unknown key '{key}'; allowed keys: {', '.join(allowed)}{_did_you_mean(str(key), allowed)}"
     if kind == "literal_error":
         hint = _did_you_mean(value, re.findall(r"'([^']*)'", ctx.get("expected", ""))) if isinstance(value, str) else ""
         return f"expected {ctx.get('expected')}, got {got}{hint}"
@@ -241,7 +242,7 @@ def _message(err: dict[str, Any], key_error: bool, allowed: list[str]) -> str:
     return f"{msg[:1].lower()}{msg[1:]}, got {got}"
 
 
-def _spurious(err: dict[str, Any]) -> bool:
+def _spurious(err: ErrorDetails) -> bool:
     """pydantic checks a tuple's length after dropping bad items: a list of 2 bad items
     is also "too short".  The items' own errors say what is wrong."""
     value = err.get("input")

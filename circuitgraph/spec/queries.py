@@ -20,7 +20,6 @@ from circuitgraph.spec.base import (
     Fraction,
     InputPath,
     Int,
-    KeyedModel,
     Name,
     NodeIdStr,
     NonNegativeInt,
@@ -363,7 +362,7 @@ class GroundTruthQuery(QueryItem):
     ground_truth: Params[GroundTruth]
 
 
-QUERY_TYPES: tuple[type[KeyedModel], ...] = (
+QUERY_TYPES: tuple[type[QueryItem], ...] = (
     TopPathsQuery,
     InfluenceQuery,
     DirectLogitAttributionQuery,

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from circuitgraph.spec.filters import NodeFilter
+from circuitgraph.spec.queries import QK, HeadRef, UnitRef
+from circuitgraph.spec.targets import FeatureTarget, NeuronTarget
 
 __all__ = ["UnitReference", "unit_references", "UNIT_KINDS"]
 
@@ -55,11 +57,12 @@ def _parse_id(text: str) -> tuple[str, int, int] | None:
 
 
 def _of_filter(f: NodeFilter, where: str) -> Iterator[UnitReference]:
-    for j, text in enumerate(f.id or ()):
+    ids = f.id or ()
+    for j, text in enumerate(ids):
         parsed = _parse_id(text)
         if parsed is not None:
             kind, layer, index = parsed
-            yield UnitReference(f"{where}.id[{j}]" if len(f.id) > 1 else f"{where}.id", kind, (layer, layer), index)
+            yield UnitReference(f"{where}.id[{j}]" if len(ids) > 1 else f"{where}.id", kind, (layer, layer), index)
     if f.index is None or f.kind is None:
         return  # an index without a kind may be any kind's: nothing to compare it with
     for kind in f.kind:
@@ -69,22 +72,21 @@ def _of_filter(f: NodeFilter, where: str) -> Iterator[UnitReference]:
 
 
 def _of_model(obj: BaseModel, where: str) -> Iterator[UnitReference]:
-    name = type(obj).__name__
     if isinstance(obj, NodeFilter):
         yield from _of_filter(obj, where)
         return
-    if name in ("FeatureTarget", "NeuronTarget"):
-        kind = "feature" if name == "FeatureTarget" else "neuron"
+    if isinstance(obj, (FeatureTarget, NeuronTarget)):
+        kind = "feature" if isinstance(obj, FeatureTarget) else "neuron"
         loc = getattr(obj, kind)
         yield UnitReference(f"{where}.{kind}.index", kind, (loc.layer, loc.layer), loc.index)
         return
-    if name == "UnitRef":
+    if isinstance(obj, UnitRef):
         yield UnitReference(f"{where}.index", obj.kind, (obj.layer, obj.layer), obj.index)
         return
-    if name == "HeadRef":
+    if isinstance(obj, HeadRef):
         yield UnitReference(f"{where}.head", "attention_head", (obj.layer, obj.layer), obj.head)
         return
-    if name == "QK":
+    if isinstance(obj, QK):
         heads = (obj.head,) if isinstance(obj.head, int) else tuple(obj.head)
         for h in heads:
             yield UnitReference(f"{where}.head", "attention_head", (obj.layer, obj.layer), h)

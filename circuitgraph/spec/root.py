@@ -294,8 +294,10 @@ with warnings.catch_warnings():
             elif isinstance(self.prompt, TextPrompt):
                 text = self.prompt.text if len(self.prompt.text) <= 40 else self.prompt.text[:37] + "..."
                 prompt = repr(text)
-            else:
+            elif self.prompt is not None:
                 prompt = f"{len(self.prompt.tokens)} tokens"
+            else:
+                prompt = "no prompt"
             parts = [
                 f"model {model}",
                 f"transcoders {self.transcoders.source}" if self.transcoders else "no transcoders",

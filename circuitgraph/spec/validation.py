@@ -456,7 +456,7 @@ class QKCheck(CheckItem):
     qk: Params[QK]
 
 
-CHECK_TYPES: tuple[type[KeyedModel], ...] = (
+CHECK_TYPES: tuple[type[CheckItem], ...] = (
     AblateCheck,
     PredictedVsActualCheck,
     PatchingCheck,

@@ -24,7 +24,7 @@ NAMES = {
 #: string constants that put a test in a tier: a dataset or feature spec's executor starts processes
 STRINGS = {"processes": {"executor"}}
 #: slow tests other than the real-model tier: test modules, or module::test (any parameters)
-SLOW: set[str] = set()
+SLOW: set[str] = {"test_typecheck"}
 
 
 def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
