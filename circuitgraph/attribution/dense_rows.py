@@ -20,8 +20,12 @@ dropped when a block is folded into edges.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
+    from jaxtyping import Float, Int
 
 __all__ = ["DenseRows", "writer_slot_rows", "dense_influence", "fold_dense"]
 
@@ -36,8 +40,8 @@ class DenseRows:
     readers; ``constants`` / ``abs_sums`` / ``sums``: per reader row, as in
     :class:`~circuitgraph.attribution.engine.EdgeResult`."""
 
-    reader_rows: list[np.ndarray]
-    blocks: list[tuple[int, int, int, int, np.ndarray]]
+    reader_rows: list[Int[np.ndarray, " readers"]]
+    blocks: list[tuple[int, int, int, int, Float[np.ndarray, "writers readers"]]]
     constants: dict[int, float]
     abs_sums: dict[int, float]
     sums: dict[int, float] = field(default_factory=dict)
@@ -60,7 +64,8 @@ def writer_slot_rows(col) -> dict[int, np.ndarray]:  # Collected
     return {loc: block.slots()[2].cpu().numpy().astype(np.int64) for loc, block in col.writers.blocks.items()}
 
 
-def dense_influence(part: DenseRows, slot_rows: dict[int, np.ndarray], factor: np.ndarray, acc: np.ndarray) -> None:
+def dense_influence(part: DenseRows, slot_rows: dict[int, Int[np.ndarray, " slots"]], factor: Float[np.ndarray, " nodes"],
+                    acc: Float[np.ndarray, " nodes"]) -> None:
     """``acc[s] += sum_r factor[r] |E[r, s]|`` over the part's blocks (``factor = z / divisor``,
     final for the part's readers)."""
     for loc, lo, hi, j, values in part.blocks:
@@ -70,8 +75,9 @@ def dense_influence(part: DenseRows, slot_rows: dict[int, np.ndarray], factor: n
         acc[slot_rows[loc][lo:hi]] += np.abs(values, dtype=np.float64) @ f  # one pass: |.| and the cast
 
 
-def fold_dense(part: DenseRows, slot_rows: dict[int, np.ndarray], tgt_map: np.ndarray, src_map: np.ndarray,
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fold_dense(part: DenseRows, slot_rows: dict[int, Int[np.ndarray, " slots"]], tgt_map: Int[np.ndarray, " nodes"],
+               src_map: Int[np.ndarray, " nodes"]) -> tuple[Int[np.ndarray, " edges"], Int[np.ndarray, " edges"],
+                                                            Float[np.ndarray, " edges"]]:
     """The part's edges renumbered by ``tgt_map`` / ``src_map`` (several writers mapped to one new
     source are summed), exact zeros dropped: ``(target, source, weight)``."""
     ts, ss, ws = [], [], []

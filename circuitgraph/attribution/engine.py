@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -58,6 +59,9 @@ from circuitgraph.attribution.nodes_builder import Collected, ReaderTable, SlotT
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
+
+if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
+    from jaxtyping import Float, Int
 
 __all__ = ["EdgeResult", "compute_edges", "compute_dense_rows", "dense_rows_supported", "DirectionEdges",
            "attribute_directions", "BatchSpan", "SweepPlan", "plan_sweep", "sort_readers", "split_batches",
@@ -96,9 +100,9 @@ def held_writer_bytes(col: Collected) -> int:
 
 @dataclass
 class EdgeResult:
-    target: np.ndarray
-    source: np.ndarray
-    weight: np.ndarray
+    target: Int[np.ndarray, " edges"]  # reader rows
+    source: Int[np.ndarray, " edges"]  # writer rows
+    weight: Float[np.ndarray, " edges"]
     constants: dict[int, float]  # reader row -> constant
     #: reader row -> sum of the absolute weights of its edges (float64), when the engine summed them
     #: as it made them (None: not known, e.g. after coalescing a cross-layer transcoder's parts)
@@ -682,10 +686,10 @@ class DirectionEdges:
     splits reader ``i``'s constant by origin: ``{location: value}`` with ``-1`` for its own constant.
     """
 
-    reader: np.ndarray
-    writer: np.ndarray
+    reader: Int[np.ndarray, " edges"]
+    writer: Int[np.ndarray, " edges"]
     writer_ids: list
-    weight: np.ndarray
+    weight: Float[np.ndarray, " edges"]
     constants: list[dict[int, float]]
 
 
@@ -694,7 +698,7 @@ def attribute_directions(
     col: Collected,
     location: int,
     positions: Sequence[int],
-    directions: torch.Tensor,
+    directions: Float[torch.Tensor, "readers d_model"],
     own_constants: Sequence[float],
     *,
     batch_size: int = 256,

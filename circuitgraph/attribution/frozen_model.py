@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
 from circuitgraph.attribution.linearisation import Linearisation, OffloadedPatterns, pattern_block
 from circuitgraph.attribution.locations import ResidualLocation
+
+if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
+    from jaxtyping import Float, Int
 
 __all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
 
@@ -56,9 +60,10 @@ def loc_resid_post(layer: int) -> ResidualLocation:
 class _Norm(NormWeights):
     """A norm site with frozen sigma: forward linear part ``v -> gamma * P(v) / sigma``."""
 
-    sigma: torch.Tensor  # (pos,)
+    sigma: Float[torch.Tensor, " pos"]
 
-    def transpose(self, g: torch.Tensor, positions: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+    def transpose(self, g: Float[torch.Tensor, "*batch pos d_model"], positions: slice | torch.Tensor = slice(None),
+                  ) -> Float[torch.Tensor, "*batch pos d_model"]:
         """``P(gamma * g) / sigma`` for ``g (..., pos, d_model)`` (``g`` is not modified)."""
         out = self.reader_direction(g)
         if out is g:
@@ -66,7 +71,8 @@ class _Norm(NormWeights):
         out /= self.sigma[positions].unsqueeze(-1)
         return out
 
-    def forward_linear(self, v: torch.Tensor, positions: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    def forward_linear(self, v: Float[torch.Tensor, "*batch pos d_model"], positions: torch.Tensor | slice = slice(None),
+                       ) -> Float[torch.Tensor, "*batch pos d_model"]:
         """``gamma * P(v) / sigma`` for ``v (..., pos, d_model)``: a writer through a frozen post-norm."""
         if self.center:
             v = v - v.mean(-1, keepdim=True)
@@ -127,7 +133,7 @@ class FrozenLinearModel:
         block's attention)."""
         return loc_resid_pre(layer) if self.parallel else loc_resid_mid(layer)
 
-    def pattern(self, layer: int, n: int | None = None) -> torch.Tensor:
+    def pattern(self, layer: int, n: int | None = None) -> Float[torch.Tensor, "heads n n"]:
         """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``.
 
         The last block made is kept (one layer's at most) and a request for the same layer and
@@ -205,18 +211,21 @@ class FrozenLinearModel:
                        out=self._scratch(0, (B * T, D), G) if out is None else out).view(B, T, D)
         return out.div_(self.ln1[layer].sigma[:T].unsqueeze(-1))
 
-    def attention_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+    def attention_transpose(self, layer: int, G: Float[torch.Tensor, "batch pos d_model"],
+                            ) -> Float[torch.Tensor, "batch pos d_model"]:
         """Gradient at resid_pre(layer) coming through frozen attention, for ``G (B, T, d_model)``
         at resid_mid(layer).  Excludes the residual identity term."""
         B, T, D = G.shape
         return self._attention_out(layer, G, torch.empty(B * T, D, dtype=G.dtype, device=G.device))
 
-    def attention_transpose_add_(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+    def attention_transpose_add_(self, layer: int, G: Float[torch.Tensor, "batch pos d_model"],
+                                 ) -> Float[torch.Tensor, "batch pos d_model"]:
         """``G + attention_transpose(layer, G)`` written into ``G`` (returned): no fresh tensor of
         ``G``'s size (the same values, bitwise)."""
         return G.add_(self._attention_out(layer, G, None))
 
-    def attention_transpose_single(self, layer: int, G: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def attention_transpose_single(self, layer: int, G: Float[torch.Tensor, "batch pos d_model"],
+                                   positions: Int[torch.Tensor, " batch"]) -> Float[torch.Tensor, "batch pos d_model"]:
         """:meth:`attention_transpose` for a ``G`` that is non-zero only at ``G[b, positions[b]]``
         (each reader's gradient before it has crossed any attention layer).
 
@@ -236,14 +245,16 @@ class FrozenLinearModel:
         out = torch.bmm(A, w)  # (B, s, D)
         return self.ln1[layer].transpose(out, slice(0, T))
 
-    def attention_transpose_per_head(self, layer: int, G: torch.Tensor) -> torch.Tensor:
+    def attention_transpose_per_head(self, layer: int, G: Float[torch.Tensor, "batch pos d_model"],
+                                     ) -> Float[torch.Tensor, "batch heads pos d_model"]:
         """As :meth:`attention_transpose` but kept per head: ``(B, H, T, d_model)``."""
         T = G.shape[1]
         v = self._attention_values(layer, G)
         out = torch.einsum("hsbk,hdk->bhsd", v, self.attn[layer]["W_V"])
         return self.ln1[layer].transpose(out, slice(0, T))
 
-    def mlp_transpose(self, layer: int, G: torch.Tensor) -> torch.Tensor | None:
+    def mlp_transpose(self, layer: int, G: Float[torch.Tensor, "batch pos d_model"],
+                      ) -> Float[torch.Tensor, "batch pos d_model"] | None:
         """Gradient at resid_mid(layer) through the MLP side: only skip-transcoder paths are
         linear and stay in the frozen model; everything else is a node."""
         if layer not in self.skip:
@@ -260,7 +271,8 @@ class FrozenLinearModel:
             out = self.ln2[layer].transpose(out, slice(0, G.shape[1]))
         return out
 
-    def step_down(self, loc: int, G: torch.Tensor, single: torch.Tensor | None = None) -> torch.Tensor:
+    def step_down(self, loc: int, G: Float[torch.Tensor, "batch pos d_model"], single: Int[torch.Tensor, " batch"] | None = None,
+                  ) -> Float[torch.Tensor, "batch pos d_model"]:
         """Propagate ``G`` from residual location ``loc`` to ``loc - 1``.  ``single``: the
         position of each row when ``G`` is non-zero at that position only (see
         :meth:`attention_transpose_single`); the result is the same.  ``G`` may be overwritten:

@@ -18,7 +18,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ import torch
 from circuitgraph._finite import first_nonfinite
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.errors import NumericalError
+
+if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
+    from jaxtyping import Float, Int
 
 __all__ = ["Linearisation", "linearise", "frozen", "norm_sites", "OffloadedPatterns", "offload_patterns",
            "pattern_block", "OFFLOAD_PATTERNS_BYTES", "mlp_input_resid"]
@@ -65,25 +68,25 @@ class Linearisation:
             weight*), 0 for experts not chosen.
     """
 
-    tokens: torch.Tensor
-    sigma: dict[tuple[str, int | None], torch.Tensor]
-    patterns: list[torch.Tensor]
-    resid_pre: list[torch.Tensor]
-    resid_mid: list[torch.Tensor]
-    resid_final: torch.Tensor
-    attn_out: list[torch.Tensor]
-    mlp_out: list[torch.Tensor]
-    z: list[torch.Tensor]
-    mlp_pre: list[torch.Tensor]
-    mlp_post: list[torch.Tensor]
-    mlp_pre_linear: list[torch.Tensor | None]
-    tc_input: dict[int, torch.Tensor]
-    logits: torch.Tensor
-    embed: torch.Tensor
-    pos_embed: torch.Tensor | None
+    tokens: Int[torch.Tensor, " pos"]
+    sigma: dict[tuple[str, int | None], Float[torch.Tensor, " pos"]]
+    patterns: Sequence[Float[torch.Tensor, "heads pos pos"]]  # a list, or OffloadedPatterns on long prompts
+    resid_pre: list[Float[torch.Tensor, "pos d_model"]]
+    resid_mid: list[Float[torch.Tensor, "pos d_model"]]
+    resid_final: Float[torch.Tensor, "pos d_model"]
+    attn_out: list[Float[torch.Tensor, "pos d_model"]]
+    mlp_out: list[Float[torch.Tensor, "pos d_model"]]
+    z: list[Float[torch.Tensor, "pos heads d_head"]]
+    mlp_pre: list[Float[torch.Tensor, "pos neurons"]]  # neurons: d_mlp (n_experts * d_mlp in a MoE layer)
+    mlp_post: list[Float[torch.Tensor, "pos neurons"]]
+    mlp_pre_linear: list[Float[torch.Tensor, "pos neurons"] | None]
+    tc_input: dict[int, Float[torch.Tensor, "pos d_in"]]
+    logits: Float[torch.Tensor, "pos d_vocab"]
+    embed: Float[torch.Tensor, "pos d_model"]
+    pos_embed: Float[torch.Tensor, "pos d_model"] | None
     extra: dict[str, Any] = field(default_factory=dict)
-    qk_sigma: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    routing: dict[int, torch.Tensor] = field(default_factory=dict)
+    qk_sigma: dict[tuple[str, int], Float[torch.Tensor, "pos heads"]] = field(default_factory=dict)
+    routing: dict[int, Float[torch.Tensor, "pos experts"]] = field(default_factory=dict)
 
     @property
     def n_pos(self) -> int:
@@ -135,7 +138,7 @@ class OffloadedPatterns(Sequence):
         return torch.from_numpy(out)
 
 
-def pattern_block(patterns: Sequence, layer: int, n: int) -> torch.Tensor:
+def pattern_block(patterns: Sequence, layer: int, n: int) -> Float[torch.Tensor, "heads n n"]:
     """``patterns[layer][:, :n, :n]`` for in-memory and offloaded patterns alike."""
     if isinstance(patterns, OffloadedPatterns):
         return patterns.block(layer, n)
@@ -168,7 +171,7 @@ def _check_weights(adapter: ModelAdapter) -> None:
 
 
 @torch.no_grad()
-def linearise(adapter: ModelAdapter, tokens: torch.Tensor, transcoders: Any = None) -> Linearisation:
+def linearise(adapter: ModelAdapter, tokens: Int[torch.Tensor, " pos"], transcoders: Any = None) -> Linearisation:
     """Run the model on ``tokens (pos,)`` and record every value the engine freezes."""
     _check_weights(adapter)
     a = adapter
@@ -269,7 +272,8 @@ def _resid_mid(adapter: ModelAdapter, cache: dict, layer: int) -> torch.Tensor:
     return cache[adapter.hook_resid_mid(layer)]
 
 
-def mlp_input_resid(adapter: ModelAdapter, resid_pre: torch.Tensor, resid_mid: torch.Tensor) -> torch.Tensor:
+def mlp_input_resid(adapter: ModelAdapter, resid_pre: Float[torch.Tensor, "pos d_model"],
+                    resid_mid: Float[torch.Tensor, "pos d_model"]) -> Float[torch.Tensor, "pos d_model"]:
     """The residual stream block ``l``'s MLP reads: ``x_mid``, or ``x_pre`` in a parallel block."""
     return resid_pre if adapter.facts.parallel_attn_mlp else resid_mid
 
