@@ -402,6 +402,90 @@ MUTATIONS = [
         "                pass",
         ("tests/test_memory_budget.py",),
     ),
+    # ---- loaders, conversions, the native forward, datasets, interventions, steering, dashboards, graph files
+    Mutation(
+        "model-loader-accepts-missing-weights",
+        "a model folder whose model.safetensors lacks a weight loads anyway (the parameter keeps its "
+        "never-initialised storage) instead of being refused",
+        "circuitgraph/adapters/loading.py",
+        "    missing = [k for k in result.missing_keys if k not in buffers]\n",
+        "    missing = [k for k in result.missing_keys if k in buffers]\n",
+        ("tests/test_broken_bundles.py::test_broken_bundle",),
+    ),
+    Mutation(
+        "saelens-native-encoder-without-b-enc",
+        "the native sae-lens reader's encoder drops b_enc (the dictionary loads, its activations are wrong)",
+        "circuitgraph/dictionaries/saelens_native.py",
+        "        hidden_pre = x.to(self.dtype) @ self.W_enc + self.b_enc\n",
+        "        hidden_pre = x.to(self.dtype) @ self.W_enc\n",
+        ("tests/test_sae_lens_native.py::test_native_equals_sae_lens",),
+    ),
+    Mutation(
+        "hf-llama-rotary-adjacent-pairs",
+        "the Hugging Face Llama conversion rotates adjacent dimension pairs (GPT-J style) instead of the "
+        "two halves of each head",
+        "circuitgraph/adapters/hf_config.py",
+        '"positional_embedding_type": "rotary", "rotary_adjacent_pairs": False,\n        "rotary_dim": d_head,',
+        '"positional_embedding_type": "rotary", "rotary_adjacent_pairs": True,\n        "rotary_dim": d_head,',
+        ("tests/test_model_families.py::test_folder_loads_through_the_spec_and_matches_transformers[llama]",),
+    ),
+    Mutation(
+        "native-norm-without-eps",
+        "the native forward's norm scale sqrt(mean(x^2)) without eps (TransformerLens adds it)",
+        "circuitgraph/adapters/native_transformer.py",
+        "scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())",
+        "scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True)).sqrt())",
+        ("tests/test_native_transformer.py::test_logits_and_every_hook_equal_in_float64",),
+    ),
+    Mutation(
+        "dataset-edges-reversed",
+        "a dataset run's reduction keys each edge (target, source) instead of (source, target)",
+        "circuitgraph/datasets/reduce.py",
+        "edge_keys_raw = np.concatenate([keys[src[nz]], keys[tgt[nz]]], axis=1)",
+        "edge_keys_raw = np.concatenate([keys[tgt[nz]], keys[src[nz]]], axis=1)",
+        ("tests/test_datasets.py::test_aggregate_equals_independent_aggregation_of_the_graphs",),
+    ),
+    Mutation(
+        "intervention-next-index",
+        "an intervention on unit index i edits index i + 1 (a neuron, head or feature off by one)",
+        "circuitgraph/validation/interventions.py",
+        "    ns = torch.arange(width) if unit.index is None else torch.tensor([unit.index])\n",
+        "    ns = torch.arange(width) if unit.index is None else torch.tensor([unit.index + 1])\n",
+        ("tests/test_validation.py::test_interventions_equal_raw_hooks",),
+    ),
+    Mutation(
+        "steer-all-skips-the-first-new-token",
+        "steering with positions: all leaves the first generated token unsteered",
+        "circuitgraph/validation/steering.py",
+        "        ps = [own, *range(n_prompt, n_max)]\n",
+        "        ps = [own, *range(n_prompt + 1, n_max)]\n",
+        ("tests/test_steering.py::test_feature_interventions_equal_an_independent_computation"
+         "[transcoders-set-all-live-attention]",),
+    ),
+    Mutation(
+        "topk-ties-to-the-last-row",
+        "dashboards' top-k breaks equal activations by the latest row instead of the earliest",
+        "circuitgraph/features/topk.py",
+        "order = np.lexsort((self.key, self.pos, self.row, -self.act.astype(np.float64), self.g))",
+        "order = np.lexsort((self.key, self.pos, -self.row, -self.act.astype(np.float64), self.g))",
+        ("tests/test_features.py::test_merge_is_independent_of_the_split",),
+    ),
+    Mutation(
+        "binary-graph-reads-edges-reversed",
+        "a binary (.npz) graph file read back with each edge's source and target swapped",
+        "circuitgraph/export/binary.py",
+        'src, tgt, w = archive["edge_source"], archive["edge_target"], archive["edge_weight"]',
+        'src, tgt, w = archive["edge_target"], archive["edge_source"], archive["edge_weight"]',
+        ("tests/test_export.py::test_binary_round_trip_is_lossless",),
+    ),
+    Mutation(
+        "json-graph-reads-constant-as-pre-activation",
+        "a JSON graph file read back with each reader's constant and pre-activation swapped",
+        "circuitgraph/export/json_graph.py",
+        "r.activation, r.pre_activation, r.constant,",
+        "r.activation, r.constant, r.pre_activation,",
+        ("tests/test_export.py::test_json_round_trip_is_lossless",),
+    ),
 ]
 
 

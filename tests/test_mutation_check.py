@@ -43,6 +43,18 @@ def test_every_stage_that_computes_a_number_has_a_mistake():
         assert m.tests and all((REPO / t.split("::")[0]).is_file() for t in m.tests), m.name
 
 
+def test_loaders_conversions_datasets_interventions_and_files_have_mistakes():
+    """The model and dictionary loaders, the Hugging Face conversion, the native forward, dataset
+    reduction, interventions, steering, dashboards' top-k and both graph file formats each carry a
+    mutation (issue 34)."""
+    paths = {m.path for m in mutation_check.MUTATIONS}
+    assert {"circuitgraph/adapters/loading.py", "circuitgraph/dictionaries/saelens_native.py",
+            "circuitgraph/adapters/hf_config.py", "circuitgraph/adapters/native_transformer.py",
+            "circuitgraph/datasets/reduce.py", "circuitgraph/validation/interventions.py",
+            "circuitgraph/validation/steering.py", "circuitgraph/features/topk.py", "circuitgraph/export/binary.py",
+            "circuitgraph/export/json_graph.py"} <= paths
+
+
 def test_the_copy_is_the_whole_tree():
     """What the tests read besides the package (schemas, docs, examples, benchmarks) is copied."""
     files = set(mutation_check.tree_files())
