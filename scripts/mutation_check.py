@@ -66,6 +66,7 @@ unmutated first; about 2.5 CPU minutes in all): every one caught.
     topk-ties-to-the-last-row             by tests/test_features.py::test_merge_is_independent_of_the_split
     binary-graph-reads-edges-reversed     by tests/test_export.py::test_binary_round_trip_is_lossless[float32-False]
     json-graph-reads-constant-as-pre-activation  by tests/test_export.py::test_json_round_trip_is_lossless[float32]
+    tiers-ignore-helpers                  by tests/test_tiers.py::test_a_test_calling_a_skip_helper_is_in_its_tier
 """
 
 from __future__ import annotations
@@ -503,6 +504,15 @@ MUTATIONS = [
         "r.activation, r.pre_activation, r.constant,",
         "r.activation, r.constant, r.pre_activation,",
         ("tests/test_export.py::test_json_round_trip_is_lossless",),
+    ),
+    Mutation(
+        "tiers-ignore-helpers",
+        "the test tiers look at the test's own code only: a test that skips through a helper of tests/ "
+        "(circuit-tracer, Chromium) lands in the fast tier",
+        "tests/helpers/markers.py",
+        "                    todo.append(target)\n",
+        "                    pass\n",
+        ("tests/test_tiers.py",),
     ),
 ]
 
