@@ -31,34 +31,44 @@ def _spec_with_an_executor():
     return {"executor": {"kind": "local", "workers": 2}, "dataset": []}
 
 
+def _direct():
+    circuit_tracer_or_skip()
+
+
+def _through_a_helper():
+    _needs_circuit_tracer()
+
+
+def _through_a_cached_helper():
+    _cached_browser_helper()
+
+
+def _plain():
+    return 1 + 1
+
+
+def _dataset():
+    return _spec_with_an_executor()
+
+
+#: the cases, looked up by name so that these tests themselves stay in the fast tier (the marks
+#: follow the functions a test names, not the values of a dict it reads)
+CASES = {f.__name__: f for f in (_direct, _through_a_helper, _through_a_cached_helper, _plain, _dataset)}
+
+
 def test_a_test_calling_a_skip_helper_is_in_its_tier():
-    def test_direct():
-        circuit_tracer_or_skip()
-
-    def test_through_a_helper():
-        _needs_circuit_tracer()
-
-    def test_through_a_cached_helper():
-        _cached_browser_helper()
-
-    # the nested test functions read module globals like a test module's functions do
-    assert tiers(_item(test_direct)) == {"peer"}
-    assert tiers(_item(test_through_a_helper)) == {"peer"}
-    assert tiers(_item(test_through_a_cached_helper)) == {"browser"}
+    assert tiers(_item(CASES["_direct"])) == {"peer"}
+    assert tiers(_item(CASES["_through_a_helper"])) == {"peer"}
+    assert tiers(_item(CASES["_through_a_cached_helper"])) == {"browser"}
 
 
 def test_fixtures_executors_and_the_real_tier():
-    def test_plain():
-        return 1 + 1
-
-    def test_dataset():
-        return _spec_with_an_executor()
-
-    assert tiers(_item(test_plain)) == set()
-    assert tiers(_item(test_plain, fixturenames=["circuit_tracer_graphs"])) == {"peer"}
-    assert tiers(_item(test_dataset)) == {"processes"}
-    assert tiers(_item(test_plain, real=True)) == {"slow"}
-    assert tiers(_item(test_plain, nodeid="tests/test_typecheck.py::test_plain")) == {"slow"}
+    plain = CASES["_plain"]
+    assert tiers(_item(plain)) == set()
+    assert tiers(_item(plain, fixturenames=["circuit_tracer_graphs"])) == {"peer"}
+    assert tiers(_item(CASES["_dataset"])) == {"processes"}
+    assert tiers(_item(plain, real=True)) == {"slow"}
+    assert tiers(_item(plain, nodeid="tests/test_typecheck.py::test_plain")) == {"slow"}
 
 
 @pytest.mark.parametrize("marker", ["slow", "peer", "browser", "processes"])
