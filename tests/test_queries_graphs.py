@@ -1,12 +1,5 @@
-"""Graphs shared by the query tests (cached per session) and checks of the helpers themselves.
-
-* hand-built DAGs with features, error nodes, embeddings and logit targets whose
-  pre-activations satisfy completeness (so identities can be checked exactly);
-* graphs built by ``attribute`` from tiny models (LayerNorm/GELU and RMSNorm/gated), in
-  float64, with neurons, or with small ReLU transcoders given as plain tensors (no sae-lens
-  import: the engine's own tests cover sae-lens loading);
-* circuit-tracer's graphs (the session fixture ``circuit_tracer_graphs`` in conftest.py).
-"""
+"""Checks of the graphs the query tests share (tests/helpers/graphs.py): the hand-built DAGs are
+complete, the attributed graphs too."""
 
 from __future__ import annotations
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
-from circuitgraph.export.neuronpedia import (
-    VIEWER_FEATURE_TYPES,
-)
+from circuitgraph.export.neuronpedia import VIEWER_FEATURE_TYPES
 from tests.helpers.bundles import REPO
 
 FIXTURES = REPO / "examples" / "fixtures"
