@@ -213,17 +213,17 @@ def render(
 ) -> None:
     """Draw a saved graph with Graphviz."""
     with _reported(debug):
-        from circuitgraph.graph.graph import AttributionGraph
+        from circuitgraph.export import graph_from_json, render_graph
 
-        loaded = AttributionGraph.from_json(graph)
+        loaded = graph_from_json(graph)
         if labels is not None:
             from circuitgraph.export.labels import apply_feature_labels, load_feature_labels
 
             apply_feature_labels(loaded, load_feature_labels(labels))
         if max_nodes is None:
-            loaded.render(output)
+            render_graph(loaded, output)
         else:
-            loaded.render(output, max_nodes=max_nodes)
+            render_graph(loaded, output, max_nodes=max_nodes)
         typer.echo(f"wrote {output}")
 
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-import circuitgraph
 from circuitgraph.datasets.prompt import PromptOutput, commit, one_line, run_prompt
 from circuitgraph.errors import LoadError
 from circuitgraph.pipeline.inputs import load_inputs
@@ -247,7 +246,7 @@ class RayExecutor:
         if ray.is_initialized():
             return False
 
-        package_root = str(Path(circuitgraph.__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])  # the folder holding circuitgraph/
         env = {"OMP_WAIT_POLICY": "PASSIVE"}
         if self.address in (None, "local"):
             # a local instance runs this very code, wherever it is imported from

@@ -9,15 +9,14 @@ that maps its rows to nodes.
 
 from __future__ import annotations
 
-import importlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from circuitgraph.errors import QueryError
+from circuitgraph.errors import CircuitGraphError, QueryError
 from circuitgraph.graph.edges import grouped, incoming_sums
 from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
@@ -28,29 +27,38 @@ if TYPE_CHECKING:
 
     from circuitgraph.attribution.context import AttributionContext
 
-__all__ = ["AttributionGraph", "CompletenessReport"]
+__all__ = ["AttributionGraph", "CompletenessReport", "GRAPH_EXPORTS", "register_graph_exports"]
 
 #: the dense-matrix limit of a graph that was not given one (the spec's default, stated there)
 DEFAULT_MAX_DENSE_NODES: int = GraphSpec.model_fields["max_dense_nodes"].default
 
 #: the functions behind the graph's file and display methods (:meth:`AttributionGraph.to_json`,
-#: ``from_json``, ``to_dot``, ``render``, the notebook views), named ``module:function`` and
-#: resolved on first call, as the spec's registries name their implementations: the graph
-#: imports nothing from ``circuitgraph.export``, which imports the graph
-EXPORTS = {
-    "to_json": "circuitgraph.export.json_graph:graph_to_json",
-    "from_json": "circuitgraph.export.json_graph:graph_from_json",
-    "to_dot": "circuitgraph.export.dot:graph_to_dot",
-    "render": "circuitgraph.export.render:render_graph",
-    "html": "circuitgraph.export.html:graph_html",
-    "svg": "circuitgraph.export.html:graph_svg",
-}
+#: ``from_json``, ``to_dot``, ``render``, the notebook views): ``circuitgraph.export`` registers
+#: them when it is imported (:func:`register_graph_exports`), so the graph imports nothing from
+#: the package that imports it.  The methods are kept for the documented API; the free functions
+#: of ``circuitgraph.export`` (``graph_to_json``, ``graph_from_json``, ``graph_to_dot``,
+#: ``render_graph``, ``export.html.graph_html``/``graph_svg``) are the implementation.
+GRAPH_EXPORTS: dict[str, Callable[..., Any]] = {}
+_EXPORT_NAMES = ("to_json", "from_json", "to_dot", "render", "html", "svg")
 
 
-def _export(name: str) -> Any:
-    """The export function :data:`EXPORTS` names for ``name``."""
-    module, _, function = EXPORTS[name].partition(":")
-    return getattr(importlib.import_module(module), function)
+def register_graph_exports(**functions: Callable[..., Any]) -> None:
+    """Register the functions behind the graph's file and display methods (by the names of
+    :data:`GRAPH_EXPORTS`: ``to_json``, ``from_json``, ``to_dot``, ``render``, ``html``, ``svg``)."""
+    unknown = set(functions) - set(_EXPORT_NAMES)
+    if unknown:
+        raise ValueError(f"unknown graph export {sorted(unknown)}; expected {', '.join(_EXPORT_NAMES)}")
+    GRAPH_EXPORTS.update(functions)
+
+
+def _export(name: str) -> Callable[..., Any]:
+    """The function registered for ``name`` (a clear error when ``circuitgraph.export`` is not imported)."""
+    try:
+        return GRAPH_EXPORTS[name]
+    except KeyError:
+        raise CircuitGraphError(
+            f"AttributionGraph's {name} is circuitgraph.export's: `import circuitgraph.export` first (a run, "
+            "load_graph and every exporter import it), or call its function directly") from None
 
 
 @dataclass(frozen=True)
@@ -372,11 +380,12 @@ class AttributionGraph:
         return (f"<AttributionGraph{on}{text}: {self.n_nodes} nodes, {self.n_edges} edges, "
                 f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}>")
 
-    def _repr_html_(self) -> str:
-        return _export("html")(self)
+    def _repr_html_(self) -> str | None:
+        # the diagram needs circuitgraph.export; without it a notebook shows repr()
+        return GRAPH_EXPORTS["html"](self) if "html" in GRAPH_EXPORTS else None
 
     def _repr_svg_(self) -> str | None:
-        return _export("svg")(self)
+        return GRAPH_EXPORTS["svg"](self) if "svg" in GRAPH_EXPORTS else None
 
     def subgraph(self, keep: Iterable[NodeId]) -> AttributionGraph:
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""

@@ -115,7 +115,6 @@ class TopPaths(UsageModel):
 
 class TopPathsQuery(QueryItem):
     key: ClassVar[str] = "top_paths"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_top_paths"
     top_paths: Params[TopPaths]
 
 
@@ -128,7 +127,6 @@ class Influence(StrictModel):
 
 class InfluenceQuery(QueryItem):
     key: ClassVar[str] = "influence"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_influence"
     influence: Params[Influence] = Field(default_factory=Influence)
 
 
@@ -142,7 +140,6 @@ class DirectLogitAttribution(StrictModel):
 
 class DirectLogitAttributionQuery(QueryItem):
     key: ClassVar[str] = "direct_logit_attribution"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_direct_logit_attribution"
     direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
 
 
@@ -158,7 +155,6 @@ class LogitLens(StrictModel):
 
 class LogitLensQuery(QueryItem):
     key: ClassVar[str] = "logit_lens"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_logit_lens"
     logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
 
 
@@ -189,7 +185,6 @@ class Congruence(StrictModel):
 
 class CongruenceQuery(QueryItem):
     key: ClassVar[str] = "congruence"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_congruence"
     congruence: Params[Congruence]
 
 
@@ -203,7 +198,6 @@ class Neighbours(StrictModel):
 
 class NeighboursQuery(QueryItem):
     key: ClassVar[str] = "neighbours"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_neighbours"
     neighbours: Params[Neighbours]
 
 
@@ -215,7 +209,6 @@ class Subgraph(StrictModel):
 
 class SubgraphQuery(QueryItem):
     key: ClassVar[str] = "subgraph"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_subgraph"
     subgraph: Params[Subgraph]
 
 
@@ -227,7 +220,6 @@ class Supernodes(StrictModel):
 
 class SupernodesQuery(QueryItem):
     key: ClassVar[str] = "supernodes"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_supernodes"
     supernodes: Params[Supernodes]
 
 
@@ -237,7 +229,6 @@ class Scores(StrictModel):
 
 class ScoresQuery(QueryItem):
     key: ClassVar[str] = "scores"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_scores"
     scores: Params[Scores] = Field(default_factory=Scores)
 
 
@@ -250,7 +241,6 @@ class HeadSplit(StrictModel):
 
 class HeadSplitQuery(QueryItem):
     key: ClassVar[str] = "head_split"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_head_split"
     head_split: Params[HeadSplit]
 
 
@@ -264,7 +254,6 @@ class VirtualWeights(StrictModel):
 
 class VirtualWeightsQuery(QueryItem):
     key: ClassVar[str] = "virtual_weights"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_virtual_weights"
     virtual_weights: Params[VirtualWeights]
 
 
@@ -304,7 +293,6 @@ class DeEmbedding(StrictModel):
 
 class DeEmbeddingQuery(QueryItem):
     key: ClassVar[str] = "de_embedding"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_de_embedding"
     de_embedding: Params[DeEmbedding]
 
 
@@ -341,7 +329,6 @@ class QK(StrictModel):
 
 class QKQuery(QueryItem):
     key: ClassVar[str] = "qk"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_qk"
     qk: Params[QK]
 
 
@@ -359,7 +346,6 @@ class GroundTruth(StrictModel):
 
 class GroundTruthQuery(QueryItem):
     key: ClassVar[str] = "ground_truth"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_ground_truth"
     ground_truth: Params[GroundTruth]
 
 

@@ -176,7 +176,6 @@ class Ablate(UsageModel):
 
 class AblateCheck(CheckItem):
     key: ClassVar[str] = "ablate"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_ablate"
     ablate: Params[Ablate] = Field(default_factory=Ablate)
 
 
@@ -197,7 +196,6 @@ class PredictedVsActual(StrictModel):
 
 class PredictedVsActualCheck(CheckItem):
     key: ClassVar[str] = "predicted_vs_actual"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_predicted_vs_actual"
     predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
 
 
@@ -283,7 +281,6 @@ class Patching(StrictModel):
 
 class PatchingCheck(CheckItem):
     key: ClassVar[str] = "patching"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_patching"
     patching: Params[Patching]
 
 
@@ -307,7 +304,6 @@ class Faithfulness(StrictModel):
 
 class FaithfulnessCheck(CheckItem):
     key: ClassVar[str] = "faithfulness"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_faithfulness"
     faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
 
 
@@ -350,7 +346,6 @@ class FaithfulnessCurve(StrictModel):
 
 class FaithfulnessCurveCheck(CheckItem):
     key: ClassVar[str] = "faithfulness_curve"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_faithfulness_curve"
     faithfulness_curve: Params[FaithfulnessCurve] = Field(default_factory=FaithfulnessCurve)
 
 
@@ -428,7 +423,6 @@ class SignRegimes(UsageModel):
 
 class SignRegimesCheck(CheckItem):
     key: ClassVar[str] = "sign_regimes"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_sign_regimes"
     sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
 
 
@@ -440,7 +434,6 @@ class ReplacementFidelity(StrictModel):
 
 class ReplacementFidelityCheck(CheckItem):
     key: ClassVar[str] = "replacement_fidelity"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_replacement_fidelity"
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
 
 
@@ -451,7 +444,6 @@ class QKCheck(CheckItem):
     parameters as the ``qk`` query (``top_k`` pairs per head)."""
 
     key: ClassVar[str] = "qk"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_qk"
     qk: Params[QK]
 
 

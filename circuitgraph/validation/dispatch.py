@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 
 from circuitgraph._results import Tabular
 from circuitgraph.attribution.targets import resolve_token
+from circuitgraph.display import result_html
 from circuitgraph.errors import ValidationRunError
-from circuitgraph.spec.base import implementation_of
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
@@ -69,8 +68,7 @@ class CheckResult(Tabular):
         return self.result.records()
 
     def _repr_html_(self) -> str:
-        # named, not imported: export imports the checks (see circuitgraph.graph.graph.EXPORTS)
-        return importlib.import_module("circuitgraph.export.html").result_html(self.kind, self.result)
+        return result_html(self.kind, self.result)
 
 
 def _split(check: Any) -> tuple[str, Any]:
@@ -149,8 +147,21 @@ class CheckCall:
         return [self.prompt(v, f"{where}[{i}]") for i, v in enumerate(values or ())]
 
 
-# --- one runner per check kind; the spec's item types name them (``implementation``) ---------
+# --- one runner per check kind, each registered under the spec item's key (``@_runs(kind)``) ---
+#: check kind -> the function that runs it (the kinds are the spec's registry, ``CHECK_TYPES``)
+CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {}
 
+
+def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[CheckCall, Any], Any]]:
+    def register(fn: Callable[[CheckCall, Any], Any]) -> Callable[[CheckCall, Any], Any]:
+        if kind in CHECK_FUNCTIONS:
+            raise ValueError(f"check kind {kind!r} has two runners")
+        CHECK_FUNCTIONS[kind] = fn
+        return fn
+    return register
+
+
+@_runs('ablate')
 def run_ablate(c: CheckCall, p: Any) -> Any:
     seed = p.seed if p.seed is not None else c.seed
     return ablate(
@@ -162,6 +173,7 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
         match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer)
 
 
+@_runs('predicted_vs_actual')
 def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
     return predicted_vs_actual(
         c.graph, k=p.k, mode=p.mode,
@@ -194,6 +206,7 @@ def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     return out, names
 
 
+@_runs('patching')
 def run_patching(c: CheckCall, p: Any) -> Any:
     sets, names = _patch_sets(c, p.sets)
     return patching(
@@ -203,6 +216,7 @@ def run_patching(c: CheckCall, p: Any) -> Any:
         heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
+@_runs('faithfulness')
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
     return faithfulness(
         c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
@@ -235,6 +249,7 @@ def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | N
     return out
 
 
+@_runs('sign_regimes')
 def run_sign_regimes(c: CheckCall, p: Any) -> Any:
     selection = c.prompts(p.prompts, "sign_regimes.prompts")
     evaluation = c.prompts(p.eval_prompts, "sign_regimes.eval_prompts")
@@ -262,16 +277,19 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
         group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer)
 
 
+@_runs('replacement_fidelity')
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
     return replacement_fidelity(
         c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
+@_runs('qk')
 def run_qk(c: CheckCall, p: Any) -> Any:
     head = p.head if isinstance(p.head, int) else list(p.head)
     return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
+@_runs('faithfulness_curve')
 def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
     return faithfulness_curve(
         c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
@@ -280,8 +298,9 @@ def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
         plot=None if p.plot is None else str(p.plot), tokenizer=c.tokenizer)
 
 
-#: check kind -> the function that runs it, built from the spec's registry (``CHECK_TYPES``)
-CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementation_of(t) for t in CHECK_TYPES}
+if set(CHECK_FUNCTIONS) != {t.key for t in CHECK_TYPES}:  # pragma: no cover - a kind without a runner, or the reverse
+    raise ImportError(f"check runners {sorted(CHECK_FUNCTIONS)} do not match the spec's CHECK_TYPES "
+                      f"{sorted(t.key for t in CHECK_TYPES)}")
 
 
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
