@@ -11,7 +11,7 @@ Each list item has exactly one key naming the query; ``query.kind`` is that key 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union, get_args
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -349,7 +349,8 @@ class GroundTruthQuery(QueryItem):
     ground_truth: Params[GroundTruth]
 
 
-QUERY_TYPES: tuple[type[KeyedModel], ...] = (
+#: every query item, the one list of query kinds (``QUERY_TYPES`` is its members, in this order)
+AnyQuery = Union[
     TopPathsQuery,
     InfluenceQuery,
     DirectLogitAttributionQuery,
@@ -364,24 +365,10 @@ QUERY_TYPES: tuple[type[KeyedModel], ...] = (
     DeEmbeddingQuery,
     QKQuery,
     GroundTruthQuery,
-)
+]
+QUERY_TYPES: tuple[type[KeyedModel], ...] = get_args(AnyQuery)
 
 if TYPE_CHECKING:
-    Query = Union[
-        TopPathsQuery,
-        InfluenceQuery,
-        DirectLogitAttributionQuery,
-        LogitLensQuery,
-        CongruenceQuery,
-        NeighboursQuery,
-        SubgraphQuery,
-        SupernodesQuery,
-        ScoresQuery,
-        HeadSplitQuery,
-        VirtualWeightsQuery,
-        DeEmbeddingQuery,
-        QKQuery,
-        GroundTruthQuery,
-    ]
+    Query = AnyQuery
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

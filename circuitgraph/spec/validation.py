@@ -20,7 +20,7 @@ controls).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -447,7 +447,8 @@ class QKCheck(CheckItem):
     qk: Params[QK]
 
 
-CHECK_TYPES: tuple[type[KeyedModel], ...] = (
+#: every check item, the one list of check kinds (``CHECK_TYPES`` is its members, in this order)
+AnyCheck = Union[
     AblateCheck,
     PredictedVsActualCheck,
     PatchingCheck,
@@ -456,12 +457,10 @@ CHECK_TYPES: tuple[type[KeyedModel], ...] = (
     ReplacementFidelityCheck,
     QKCheck,
     FaithfulnessCurveCheck,
-)
+]
+CHECK_TYPES: tuple[type[KeyedModel], ...] = get_args(AnyCheck)
 
 if TYPE_CHECKING:
-    Check = Union[
-        AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck, ReplacementFidelityCheck,
-        QKCheck, FaithfulnessCurveCheck,
-    ]
+    Check = AnyCheck
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)
