@@ -211,3 +211,18 @@ def test_tests_scripts_and_benchmarks_use_the_public_context_too():
                 if isinstance(node, ast.Attribute) and node.attr in ENGINE_TABLES:
                     problems.append(f"{path.relative_to(repo)}:{node.lineno}: .{node.attr}")
     assert not problems, "use graph.context.writes/reader/frozen_model:\n" + "\n".join(problems)
+
+
+def test_json_files_are_read_through_the_hardened_reader():
+    """Every JSON file the package reads goes through ``_io.read_json_file`` (a size limit, a
+    regular file, UTF-8, one LoadError naming the file), never ``json.loads(path.read_text())``."""
+    problems = []
+    for path, tree in _modules():
+        if _rel(path) == "_io.py":
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "loads"
+                    and any(isinstance(n, ast.Attribute) and n.attr in ("read_text", "read_bytes")
+                            for arg in node.args for n in ast.walk(arg))):
+                problems.append(f"{_rel(path)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not problems, "read JSON files with circuitgraph._io.read_json_file:\n" + "\n".join(problems)

@@ -47,3 +47,30 @@ def test_model_and_dictionary_sources_are_resolved_where_they_live():
     assert set(DICTIONARY_SOURCES) == set(get_args(TranscoderSource))
     inputs = (Path(__file__).resolve().parents[1] / "circuitgraph" / "pipeline" / "inputs.py").read_text()
     assert "adapter.source[" not in inputs  # the adapter records its own source
+
+
+def test_the_graph_methods_are_exports_registered_by_circuitgraph_export():
+    """The graph imports nothing from export: its file methods are the functions
+    ``circuitgraph.export`` registers when imported; before that they say so (and a notebook falls
+    back to ``repr``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from circuitgraph.errors import CircuitGraphError\n"
+        "from circuitgraph.graph.graph import GRAPH_EXPORTS, AttributionGraph\n"
+        "g = AttributionGraph(nodes=[], edge_target=np.zeros(0, np.int32), edge_source=np.zeros(0, np.int32),\n"
+        "                     edge_weight=np.zeros(0), targets=[], metadata={})\n"
+        "assert 'circuitgraph.export' not in sys.modules and not GRAPH_EXPORTS\n"
+        "assert g._repr_html_() is None\n"
+        "try:\n"
+        "    g.to_dot()\n"
+        "    raise SystemExit('no error')\n"
+        "except CircuitGraphError as exc:\n"
+        "    assert 'import circuitgraph.export' in str(exc), exc\n"
+        "import circuitgraph.export as ex\n"
+        "assert GRAPH_EXPORTS['to_json'] is ex.graph_to_json and GRAPH_EXPORTS['render'] is ex.render_graph\n"
+        "assert g.to_dot() == ex.graph_to_dot(g)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -303,8 +302,8 @@ def _hub_config(repo: str) -> dict[str, Any] | None:
 
 
     try:
-        cfg = json.loads(Path(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(),
-                                              local_files_only=_offline())).read_text())
+        cfg = read_json_file(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(), local_files_only=_offline()),
+                             "model config")
     except Exception:  # noqa: BLE001 - not reachable / not cached: the caller says what to do
         return None
     return cfg if isinstance(cfg, dict) else None

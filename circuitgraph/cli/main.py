@@ -382,15 +382,17 @@ def diff(
 
 def _is_graph_file(path: Path) -> bool:
     """A circuitgraph graph file (binary .npz, or JSON whose ``format`` is ours), not a spec."""
-    import json
 
     if path.suffix.lower() == ".npz":
         return True
     if path.suffix.lower() != ".json" or not path.is_file():
         return False
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        from circuitgraph._io import read_json_file
+        from circuitgraph.errors import LoadError
+
+        doc = read_json_file(path, "graph file")
+    except LoadError:
         return False
     return isinstance(doc, dict) and doc.get("format") == "circuitgraph.graph"
 

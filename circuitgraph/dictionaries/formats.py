@@ -28,13 +28,12 @@ record's loader (the format can also be given, as the spec's ``transcoders.forma
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from circuitgraph._io import safetensors_header
+from circuitgraph._io import read_json_file, safetensors_header
 from circuitgraph.dictionaries.clt import load_clt_dir, read_config_yaml
 from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
 from circuitgraph.dictionaries.layer_formats import load_eleuther_dir, load_gemmascope_dir, load_transcoder_set_dir
@@ -258,7 +257,7 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     if whole or not files:
         d_sae = None
         if fmt == "saelens" and files:
-            d_sae = int(json.loads((files[0].parent / "cfg.json").read_text())["d_sae"])
+            d_sae = int(read_json_file(files[0].parent / "cfg.json", "sae-lens cfg.json")["d_sae"])
         return d_sae, on_disk, on_disk, f"{fmt} dictionary: {on_disk / 1024**2:.1f} MiB, read whole"
     enc_keys = {"W_enc", "w_enc", "encoder.weight"}
     enc_layers, dec_row_bytes, small, d_sae, d_in = [], [], 0, None, 0

@@ -407,19 +407,22 @@ class AttributionGraph:
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Serialise to our JSON schema (schemas/graph.schema.json).  With ``path``: write the
-        file and return the path; without: return the JSON text."""
+        file and return the path; without: return the JSON text.  A thin method over
+        :func:`circuitgraph.export.graph_to_json` (registered when ``circuitgraph.export`` is imported)."""
         text = _export("to_json")(self, path, **kwargs)
         return os.fspath(path) if path is not None else text
 
     @classmethod
     def from_json(cls, source: str) -> AttributionGraph:
-        """Load a graph written by :meth:`to_json` (a path or a JSON string)."""
+        """Load a graph written by :meth:`to_json` (a path or a JSON string): a thin method over
+        :func:`circuitgraph.export.graph_from_json`."""
         return _export("from_json")(source)
 
     def to_dot(self, **kwargs: Any) -> str:
-        """Graphviz DOT text (no binary needed)."""
+        """Graphviz DOT text (no binary needed): a thin method over :func:`circuitgraph.export.graph_to_dot`."""
         return _export("to_dot")(self, **kwargs)
 
     def render(self, path: str, **kwargs: Any) -> str:
-        """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written."""
+        """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written (a thin
+        method over :func:`circuitgraph.export.render_graph`)."""
         return _export("render")(self, path, **kwargs)

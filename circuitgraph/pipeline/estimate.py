@@ -9,7 +9,6 @@ reported, with the advice that would make a run fit.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX (Windows): the loading peak is not known
     resource = None  # type: ignore[assignment]
 
-from circuitgraph._io import safetensors_header
+from circuitgraph._io import read_json_file, safetensors_header
 from circuitgraph.adapters.files import existing_model_folder, hf_weight_files, model_folder_format
 from circuitgraph.adapters.gguf import read_gguf_summary
 from circuitgraph.attribution.build import plan_run
@@ -54,7 +53,7 @@ __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan"
 def _model_folder_sizes(model_dir: Path) -> tuple[int, int, int]:
     """``(n_layers, d_model, weight bytes)`` of a model folder, from its config.json and the
     safetensors headers: a TransformerLens folder, or a Hugging Face one (its shards summed)."""
-    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg = read_json_file(model_dir / "config.json", "model config")
     if model_folder_format(model_dir) == "huggingface":
         get = lambda *keys: next(int(cfg[k]) for k in keys if cfg.get(k) is not None)  # noqa: E731
         L, D = get("num_hidden_layers", "n_layer"), get("hidden_size", "n_embd", "d_model")

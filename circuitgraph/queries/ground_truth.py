@@ -41,7 +41,6 @@ candidate edge, labelled true or false by the ground truth; the scores:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,8 +48,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from circuitgraph._io import read_json_file
 from circuitgraph.attribution.context import ResidualLocation
-from circuitgraph.errors import QueryError
+from circuitgraph.errors import LoadError, QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, fmt, format_table, require_context
@@ -89,8 +89,8 @@ def load_circuit(circuit: str | Path | dict) -> dict[str, Any]:
             raise QueryError(f"ground_truth: circuit file {path} does not exist; give the circuit.json "
                              "that compile_program wrote")
         try:
-            circuit = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+            circuit = read_json_file(path, "circuit file")
+        except LoadError as exc:
             raise QueryError(f"ground_truth: {path} is not JSON ({exc})") from None
     if not isinstance(circuit, dict) or not isinstance(circuit.get("edges"), list):
         raise QueryError("ground_truth: a circuit is {\"nodes\": [...], \"edges\": [{source, target, path}]}; "
