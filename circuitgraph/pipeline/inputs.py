@@ -20,7 +20,7 @@ from circuitgraph.adapters.loading import (
     load_model_spec,
     torch_dtype,
 )
-from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries import TranscoderSet
@@ -121,12 +121,11 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
             raise TokenError(f"{where}: the prompt is empty; give some text")
 
         check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
-        ids = tok.encode(text)
-        if getattr(prompt, "prepend_bos", True):
-            if tok.bos_id is None:
-                raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
-                                 "set prepend_bos: false")
-            ids = [tok.bos_id] + ids
+        bos = getattr(prompt, "prepend_bos", True)
+        if bos and tok.bos_id is None:
+            raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
+                             "set prepend_bos: false")
+        ids = prompt_ids(tok, text, bos)
     else:
         ids = list(getattr(prompt, "tokens", prompt))
     if not ids:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from circuitgraph._json import jsonable  # re-exported: the one JSON encoder
-from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
 from circuitgraph.errors import TokenError, ValidationRunError
 from circuitgraph.text_tables import cell, markdown_table  # markdown_table re-exported: its old home
 
@@ -90,10 +90,7 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
             check_prompt_text(tokenizer, text, strict=strict, where=where)
         except TokenError as exc:
             raise ValidationRunError(str(exc)) from None
-    ids = list(tokenizer.encode(text))
-    bos_id = getattr(tokenizer, "bos_id", None)
-    if bos and bos_id is not None:
-        ids = [int(bos_id)] + ids
+    ids = prompt_ids(tokenizer, text, bos)
     if not ids:
         raise ValidationRunError(f"{where}: {text!r} encodes to no token at all")
     return [int(t) for t in ids]
