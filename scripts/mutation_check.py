@@ -395,6 +395,15 @@ MUTATIONS = [
         ("tests/test_memory_budget.py",),
     ),
     Mutation(
+        "neuron-advice-without-margin-or-candidates",
+        "the max_neuron_nodes advice ignores what the candidates cost and plans against twice the "
+        "memory the run may use (the advice, followed, no longer fits)",
+        "circuitgraph/attribution/plan.py",
+        "    room = int(plan.limit * (1 - ADVICE_MARGIN)) - fixed\n",
+        "    room = int(plan.limit * 2) - fixed\n",
+        ("tests/test_memory_budget.py::test_max_neuron_nodes_advice_fits_when_followed",),
+    ),
+    Mutation(
         "memory-watch-never-interrupts",
         "the memory watch records a run over its limit but never interrupts it",
         "circuitgraph/pipeline/memory_watch.py",
