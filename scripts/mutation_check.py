@@ -404,6 +404,14 @@ MUTATIONS = [
         ("tests/test_memory_budget.py::test_max_neuron_nodes_advice_fits_when_followed",),
     ),
     Mutation(
+        "explorer-status-counts-hidden-remainders",
+        "the explorer's status line counts the view's nodes, hidden remainder nodes included, as shown",
+        "circuitgraph/serve/static/explorer.js",
+        "  setStatus(`${drawn.nodes.length} of",
+        "  setStatus(`${view.nodes.length} of",
+        ("tests/test_serve_browser.py::test_the_status_line_counts_what_is_drawn",),
+    ),
+    Mutation(
         "memory-watch-never-interrupts",
         "the memory watch records a run over its limit but never interrupts it",
         "circuitgraph/pipeline/memory_watch.py",
