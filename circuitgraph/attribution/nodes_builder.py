@@ -10,7 +10,7 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from circuitgraph.attribution.frozen_model import (
 )
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.attribution.linearisation import Linearisation
+from circuitgraph.attribution.node_table import NeuronCandidates, NodeTable, node_kinds
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
@@ -171,12 +172,12 @@ class WriterTable:
         self._bases.append(basis)
         return len(self._bases) - 1
 
-    def add_scaled(self, loc: int, position: int, rows: list[int], scales: torch.Tensor, basis: int,
+    def add_scaled(self, loc: int, position: int, rows: list[int] | torch.Tensor, scales: torch.Tensor, basis: int,
                    index: torch.Tensor) -> None:
         """Writers whose vectors are ``scales[i] * basis[index[i]]``."""
-        if not rows:
+        if len(rows) == 0:
             return
-        self._items.setdefault(loc, []).append((position, torch.tensor(rows, dtype=torch.long), scales, basis,
+        self._items.setdefault(loc, []).append((position, torch.as_tensor(rows, dtype=torch.long), scales, basis,
                                                 index.to(torch.long)))
 
     def finalise(self) -> None:
@@ -256,6 +257,16 @@ class ReaderTable:
         """A reader whose direction is ``source(key, position)``, made when needed."""
         self._append(row, loc, position, (source, int(key)), own_constant)
 
+    def add_lazy_many(self, rows: torch.Tensor, loc: int, position: int, source: int, keys: torch.Tensor,
+                      own_constants: torch.Tensor) -> None:
+        """:meth:`add_lazy` of several readers at one location and position."""
+        n = len(rows)
+        self.rows.extend(rows.tolist())
+        self.locs.extend([loc] * n)
+        self.positions.extend([position] * n)
+        self._dirs.extend((source, k) for k in keys.tolist())
+        self.own_constants.extend(float(c) for c in own_constants.tolist())
+
     def _append(self, row: int, loc: int, position: int, g: Any, own_constant: float) -> None:
         self.rows.append(row)
         self.locs.append(loc)
@@ -291,7 +302,8 @@ class ReaderTable:
 
 @dataclass
 class Collected:
-    nodes: list[Node]
+    #: the node rows (a :class:`~circuitgraph.attribution.node_table.NodeTable` from collect_nodes)
+    nodes: Sequence[Node]
     writers: WriterTable
     readers: ReaderTable
     constants: dict[int, torch.Tensor]  # loc -> (pos, d_model)
@@ -311,8 +323,9 @@ class Collected:
             idx: dict[NodeId, list[tuple[int, int, int]]] = {}
             for loc, block in sorted(self.writers.blocks.items()):
                 g_i, j_i = (block.rows >= 0).nonzero(as_tuple=True)
+                node_id = self.nodes.node_id if isinstance(self.nodes, NodeTable) else (lambda r: self.nodes[r].id)
                 for g, j, r in zip(g_i.tolist(), j_i.tolist(), block.rows[g_i, j_i].tolist(), strict=False):
-                    idx.setdefault(self.nodes[r].id, []).append((loc, g, j))
+                    idx.setdefault(node_id(r), []).append((loc, g, j))
             self._writer_index = idx
         return self._writer_index
 
@@ -324,13 +337,13 @@ class Collected:
             np.add.at(counts[loc], block.positions.numpy(), (block.rows >= 0).sum(1).numpy())
         locs = np.asarray(self.readers.locs, dtype=np.int64)
         positions = np.asarray(self.readers.positions, dtype=np.int64)
-        kinds = np.array([self.nodes[r].kind for r in self.readers.rows], dtype=object)
+        kinds = node_kinds(self.nodes)[np.asarray(self.readers.rows, dtype=np.int64)]
         return counts, locs, positions, kinds
 
     def feature_writer_counts(self, n_locs: int, n_pos: int, kinds: tuple[str, ...] = ("feature",)) -> Any:
         """Transcoder feature writers (nodes of ``kinds``) per (location, position) ``(n_locs, n_pos)`` (numpy)."""
         counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-        is_feature = np.array([n.kind in kinds for n in self.nodes] + [False])  # row -1: padding
+        is_feature = np.append(np.isin(node_kinds(self.nodes), list(kinds)), False)  # row -1: padding
         for loc, block in self.writers.blocks.items():
             counts[loc, block.positions.numpy()] += is_feature[block.rows.numpy()].sum(1)
         return counts
@@ -356,7 +369,9 @@ class _Builder:
         self.options = options
         self.dtype = options.dtype
         self.device = adapter.device
-        self.nodes: list[Node] = []
+        self.nodes = NodeTable()
+        #: node id -> row of the nodes held as records (the candidates of max_neuron_nodes are
+        #: found through :meth:`row_of`)
         self.index: dict[NodeId, int] = {}
         self.multi_location = False
         #: per-prompt dictionary values shared by the MLP layers (see _dictionary_state)
@@ -381,6 +396,13 @@ class _Builder:
         self.index[node.id] = len(self.nodes)
         self.nodes.append(node)
         return self.index[node.id]
+
+    def row_of(self, node_id: NodeId) -> int | None:
+        """The row of ``node_id``, a record or a max_neuron_nodes candidate (None: not a node yet)."""
+        row = self.index.get(node_id)
+        if row is None and node_id.kind == "neuron" and self.options.max_neuron_nodes is not None:
+            row = self.nodes.find(node_id)
+        return row
 
     def min_mlp_pos(self) -> int:
         return 0 if self.options.bos_nodes else 1
@@ -797,6 +819,9 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
     gated = adapter.facts.gated_mlp
     source = b.readers.add_source(_neuron_direction_source(b, fm, layer))
     read_at = fm.mlp_input_location(layer)
+    start = len(b.nodes)  # the candidates' rows: start, start + 1, ... (no other node comes between)
+    n = 0
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("positions", "indices", "activation", "pre", "a", "b")}
     for t in range(T):
         if t < b.min_mlp_pos():
             b.constants[loc][t] += _post_norm_forward(fm, posts, layer, (post[t] @ W_out)[None], slice(t, t + 1))[0]
@@ -808,21 +833,25 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
         if gated:
             own = b.cast(adapter.mlp_act_fn(layer)(pre)) * lin_const[active] + b_in[active]
             measured = post[t, active]
-            linear = lin.mlp_pre_linear[layer][t, active.to(lin.mlp_pre[layer].device)].tolist()
+            parts["b"].append(lin.mlp_pre_linear[layer][t, active.to(lin.mlp_pre[layer].device)].cpu().double())
         else:
             own = lin_const[active] + b_in[active]
             measured = b.cast(pre)
-        rows = []
-        pre_values = pre.tolist()
-        for j, (i, a, o, m) in enumerate(zip(active.tolist(), post[t, active].tolist(), own.tolist(),
-                                             measured.tolist(), strict=False)):
-            attrs = {"gate": pre_values[j], "linear": linear[j]} if gated else {"hook_pre": pre_values[j]}
-            row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=a, pre_activation=m,
-                                  label=f"N{i} L{layer}@{t}", attrs=attrs))
-            rows.append(row)
-            b.readers.add_lazy(row, read_at, t, source, i, o)
+        parts["a"].append(pre.cpu().double())
+        rows = torch.arange(start + n, start + n + active.numel(), dtype=torch.long)
+        n += active.numel()
+        parts["positions"].append(torch.full((active.numel(),), t, dtype=torch.long))
+        parts["indices"].append(active.cpu())
+        parts["activation"].append(post[t, active].cpu().double())
+        parts["pre"].append(measured.cpu().double())
+        b.readers.add_lazy_many(rows, read_at, t, source, active, own)
         scales = post[t, active] if posts is None else post[t, active] / posts[layer].sigma[t]
         b.writers.add_scaled(loc, t, rows, scales, basis, active)
+    if n:
+        cat = {k: torch.cat(v).numpy() for k, v in parts.items() if v}
+        attrs = {"gate": cat["a"], "linear": cat["b"]} if gated else {"hook_pre": cat["a"]}
+        block = NeuronCandidates(layer, cat["positions"], cat["indices"], cat["activation"], cat["pre"], attrs)
+        assert b.nodes.add_candidates(block) == start and len(b.nodes) == start + n
 
 
 # -------------------------------------------------------------------- mixture of experts
@@ -957,7 +986,8 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         return node_id
     if tgt.kind == "neuron":
         node_id = NodeId("neuron", tgt.layer, t, tgt.index)
-        if node_id in b.index and b.nodes[b.index[node_id]].pre_activation is not None:
+        row = b.row_of(node_id)
+        if row is not None and b.nodes[row].pre_activation is not None:
             return node_id
         g, own, measured = _neuron_reader(b, fm, tgt.layer, t, torch.tensor([tgt.index]))
         act = float(lin.mlp_post[tgt.layer][t, tgt.index])
@@ -984,6 +1014,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
 
 
 def _add_or_get(b: _Builder, node_id: NodeId, activation: float, label: str) -> int:
-    if node_id in b.index:
-        return b.index[node_id]
+    row = b.row_of(node_id)
+    if row is not None:
+        return row
     return b.add_node(Node(node_id, activation=activation, label=label))
