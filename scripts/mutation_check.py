@@ -412,6 +412,14 @@ MUTATIONS = [
         ("tests/test_serve_browser.py::test_the_status_line_counts_what_is_drawn",),
     ),
     Mutation(
+        "neuron-candidates-planned-at-the-bos",
+        "the dry run plans max_neuron_nodes candidates at the BOS position too (the collector makes none there)",
+        "circuitgraph/attribution/plan.py",
+        '    min_pos = 0 if getattr(options, "bos_nodes", False) else 1\n',
+        "    min_pos = 0\n",
+        ("tests/test_neuron_selection_families.py",),
+    ),
+    Mutation(
         "memory-watch-never-interrupts",
         "the memory watch records a run over its limit but never interrupts it",
         "circuitgraph/pipeline/memory_watch.py",
