@@ -10,6 +10,7 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,21 +233,28 @@ class ReaderTable:
 
     A direction is held as a tensor (:meth:`add`), or made when a sweep needs it from a shared
     source (:meth:`add_lazy`: a transcoder feature's encoder row through its frozen norm), so
-    that long prompts do not hold one ``d_model`` vector per active feature."""
+    that long prompts do not hold one ``d_model`` vector per active feature.  The per-reader
+    values are typed arrays (``array.array``: indexing gives Python ints and floats, as lists
+    would), 48 bytes a reader: a real model's ``max_neuron_nodes`` run has millions of candidate
+    readers."""
 
-    rows: list[int] = field(default_factory=list)
-    locs: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    own_constants: list[float] = field(default_factory=list)
-    #: per reader: its direction, or (source id, key) for :meth:`add_lazy`
-    _dirs: list[Any] = field(default_factory=list, repr=False)
+    rows: array = field(default_factory=lambda: array("q"))
+    locs: array = field(default_factory=lambda: array("q"))
+    positions: array = field(default_factory=lambda: array("q"))
+    own_constants: array = field(default_factory=lambda: array("d"))
+    #: per reader: its direction source id (:meth:`add_lazy`), or -1 for a held tensor; and the
+    #: source's key, or the tensor's index in ``_tensors``
+    _dir_source: array = field(default_factory=lambda: array("q"), repr=False)
+    _dir_key: array = field(default_factory=lambda: array("q"), repr=False)
+    _tensors: list[torch.Tensor] = field(default_factory=list, repr=False)
     #: source id -> fn(keys LongTensor (n,), positions LongTensor (n,)) -> directions (n, d_model)
     _sources: list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=list, repr=False)
     #: (table length when made, node row -> location): :meth:`location_by_row`'s map
     _loc_by_row: tuple[int, dict[int, int]] | None = field(default=None, repr=False, compare=False)
 
     def add(self, row: int, loc: int, position: int, g: torch.Tensor, own_constant: float) -> None:
-        self._append(row, loc, position, g, own_constant)
+        self._append(row, loc, position, -1, len(self._tensors), own_constant)
+        self._tensors.append(g)
 
     def add_source(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> int:
         """Register a direction source for :meth:`add_lazy`; returns its id."""
@@ -255,23 +263,25 @@ class ReaderTable:
 
     def add_lazy(self, row: int, loc: int, position: int, source: int, key: int, own_constant: float) -> None:
         """A reader whose direction is ``source(key, position)``, made when needed."""
-        self._append(row, loc, position, (source, int(key)), own_constant)
+        self._append(row, loc, position, source, int(key), own_constant)
 
     def add_lazy_many(self, rows: torch.Tensor, loc: int, position: int, source: int, keys: torch.Tensor,
                       own_constants: torch.Tensor) -> None:
         """:meth:`add_lazy` of several readers at one location and position."""
         n = len(rows)
         self.rows.extend(rows.tolist())
-        self.locs.extend([loc] * n)
-        self.positions.extend([position] * n)
-        self._dirs.extend((source, k) for k in keys.tolist())
-        self.own_constants.extend(float(c) for c in own_constants.tolist())
+        self.locs.extend([int(loc)] * n)
+        self.positions.extend([int(position)] * n)
+        self._dir_source.extend([source] * n)
+        self._dir_key.extend(keys.tolist())
+        self.own_constants.extend(own_constants.double().tolist())
 
-    def _append(self, row: int, loc: int, position: int, g: Any, own_constant: float) -> None:
+    def _append(self, row: int, loc: int, position: int, source: int, key: int, own_constant: float) -> None:
         self.rows.append(row)
-        self.locs.append(loc)
-        self.positions.append(position)
-        self._dirs.append(g)
+        self.locs.append(int(loc))
+        self.positions.append(int(position))
+        self._dir_source.append(source)
+        self._dir_key.append(key)
         self.own_constants.append(float(own_constant))
 
     def location_by_row(self) -> dict[int, int]:
@@ -287,11 +297,14 @@ class ReaderTable:
 
     def directions_of(self, indices: list[int]) -> list[torch.Tensor]:
         """The directions of readers ``indices``, one call per lazy source."""
-        out: list[Any] = [self._dirs[i] for i in indices]
+        out: list[Any] = [None] * len(indices)
         lazy: dict[int, list[tuple[int, int, int]]] = {}
-        for j, (i, d) in enumerate(zip(indices, out, strict=False)):
-            if not isinstance(d, torch.Tensor):
-                lazy.setdefault(d[0], []).append((j, d[1], self.positions[i]))
+        for j, i in enumerate(indices):
+            src, key = self._dir_source[i], self._dir_key[i]
+            if src < 0:
+                out[j] = self._tensors[key]
+            else:
+                lazy.setdefault(src, []).append((j, key, self.positions[i]))
         for src, items in lazy.items():
             js, keys, pos = zip(*items, strict=False)
             g = self._sources[src](torch.tensor(keys, dtype=torch.long), torch.tensor(pos, dtype=torch.long))

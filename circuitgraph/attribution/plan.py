@@ -276,10 +276,11 @@ def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: i
 #: record): measured 10.6 KB on SmolLM2-135M (d_model 576; 645,120 neurons at 15 tokens: 8.2 GB)
 NEURON_NODE_BYTES = 12 * 1024
 #: resident bytes per candidate neuron of ``max_neuron_nodes`` (held as arrays: its entries of
-#: :class:`~circuitgraph.attribution.node_table.NeuronCandidates`, its reader entry with a lazy
-#: direction, its writer scale; no ``d_model`` vector, no node record): measured 293 (GELU) and
-#: 297 (SwiGLU) bytes on 516,096 candidates of a 4-layer model (d_mlp 2048, 64 tokens), with margin
-NEURON_CANDIDATE_BYTES = 384
+#: :class:`~circuitgraph.attribution.node_table.NeuronCandidates`, its reader entry in the reader
+#: table's typed arrays with a lazy direction, its writer scale; no ``d_model`` vector, no node
+#: record): measured 148 bytes (SwiGLU) on 516,096 candidates of a 4-layer model (d_mlp 2048, 64
+#: tokens), with margin
+NEURON_CANDIDATE_BYTES = 192
 #: the share of the memory a run may use that advice planned from other node tables than the
 #: run's leaves free (a probe's neuron_top_k; max_neuron_nodes planned from the activations, its
 #: base from the loading peak): measured, the run's own plan was up to 3.5% above such a dry
