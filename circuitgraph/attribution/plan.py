@@ -291,12 +291,14 @@ ADVICE_MARGIN = 0.1
 
 def neuron_probe_top_k(n_sites: int, d_mlp: int, d_model: int, room: int) -> int | None:
     """When the node tables of every neuron (``n_sites`` (layer, position) sites of ``d_mlp``)
-    would take more than half of ``room``, the ``neuron_top_k`` to collect the nodes with
+    would take more than half of ``room``, the ``neuron_top_k`` whose tables take a quarter of it, to collect the nodes with
     instead (a probe: its plan gives the advice, up to that value); else ``None``."""
     per_node = NEURON_NODE_BYTES * max(d_model, 1) // 576
     if n_sites <= 0 or n_sites * d_mlp * per_node <= room // 2:
         return None
-    return max(1, min(d_mlp, room // 2 // (n_sites * per_node)))
+    # a quarter of the room: the probe serves only the neuron_top_k advice (max_neuron_nodes is
+    # planned from the activations), and the dry run itself must stay within its budget
+    return max(1, min(d_mlp, room // 4 // (n_sites * per_node)))
 
 
 def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
