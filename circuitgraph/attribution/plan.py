@@ -378,6 +378,7 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
                       else _neuron_candidates(col, options, counts, locs, positions, kinds, reach, n_locs, n_pos))
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
                               candidates=candidates, floor=max(rss_before_nodes or 0, floor),
+                              instead_of_top_k=getattr(options, "neuron_top_k", None) is not None,
                               cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
                               if n_feat else None, batch_size=getattr(options, "batch_size", None),
                               full_bpe=full_bpe,
@@ -522,7 +523,7 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
             bounds: np.ndarray, reach: _Reach, extra: int = 0, cap: np.ndarray | None = None,
             batch_size: int | None = None, full_bpe: int | None = None,
             neuron_setting: str | None = None, neuron_cap: np.ndarray | None = None,
-            candidates: _Candidates | None = None, floor: int = 0) -> list[str]:
+            candidates: _Candidates | None = None, floor: int = 0, instead_of_top_k: bool = False) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound (the
     later stages and the exports' limit included).  ``neuron_setting``: the setting named for
     neuron graphs (default :data:`NEURON_ADVICE`): ``neuron_top_k``, or a selection of neuron
@@ -541,7 +542,8 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
         # advice for a neuron graph first, as its candidates cost ~1 KB each instead of their tables
         k = _largest_max_neuron_nodes(plan, candidates, floor, batch, extra, full_bpe)
         if k >= 1:
-            out.append(f"set graph.max_neuron_nodes: {k} (or less; neurons kept by influence on the targets)")
+            out.append(f"set graph.max_neuron_nodes: {k} (or less; neurons kept by influence on the targets"
+                       + ("; instead of neuron_top_k)" if instead_of_top_k else ")"))
     if is_feature.any() and cap is not None:
         k = _largest_selection(plan, bounds, is_feature, cap, room, batch, extra, full_bpe)
         if k >= 1:
