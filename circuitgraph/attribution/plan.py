@@ -378,7 +378,8 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
                       else _neuron_candidates(col, options, counts, locs, positions, kinds, reach, n_locs, n_pos))
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
                               candidates=candidates, floor=max(rss_before_nodes or 0, floor),
-                              instead_of_top_k=getattr(options, "neuron_top_k", None) is not None,
+                              # a probe's neuron_top_k is the dry run's, not the spec's
+                              instead_of_top_k=getattr(options, "neuron_top_k", None) is not None and not unseen_neurons,
                               cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
                               if n_feat else None, batch_size=getattr(options, "batch_size", None),
                               full_bpe=full_bpe,
