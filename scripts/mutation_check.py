@@ -395,6 +395,31 @@ MUTATIONS = [
         ("tests/test_memory_budget.py",),
     ),
     Mutation(
+        "neuron-advice-without-margin-or-candidates",
+        "the max_neuron_nodes advice ignores what the candidates cost and plans against twice the "
+        "memory the run may use (the advice, followed, no longer fits)",
+        "circuitgraph/attribution/plan.py",
+        "    room = int(plan.limit * (1 - ADVICE_MARGIN)) - fixed\n",
+        "    room = int(plan.limit * 2) - fixed\n",
+        ("tests/test_memory_budget.py::test_max_neuron_nodes_advice_fits_when_followed",),
+    ),
+    Mutation(
+        "explorer-status-counts-hidden-remainders",
+        "the explorer's status line counts the view's nodes, hidden remainder nodes included, as shown",
+        "circuitgraph/serve/static/explorer.js",
+        "  setStatus(`${drawn.nodes.length} of",
+        "  setStatus(`${view.nodes.length} of",
+        ("tests/test_serve_browser.py::test_the_status_line_counts_what_is_drawn",),
+    ),
+    Mutation(
+        "neuron-candidates-planned-at-the-bos",
+        "the dry run plans max_neuron_nodes candidates at the BOS position too (the collector makes none there)",
+        "circuitgraph/attribution/plan.py",
+        '    min_pos = 0 if getattr(options, "bos_nodes", False) else 1\n',
+        "    min_pos = 0\n",
+        ("tests/test_neuron_selection_families.py",),
+    ),
+    Mutation(
         "memory-watch-never-interrupts",
         "the memory watch records a run over its limit but never interrupts it",
         "circuitgraph/pipeline/memory_watch.py",

@@ -269,3 +269,32 @@ def test_the_loading_peak_is_the_dry_runs_own(tmp_path, bundle):
     lines = circuitgraph.dry_run(_spec(tmp_path, bundle))
     loading = [float(m.group(1)) for line in lines for m in [re.search(r"loading peaked at ([0-9.]+) GB", line)] if m]
     assert loading and loading[0] < held + 1.5, (held, lines)
+
+
+@pytest.fixture(scope="module")
+def wide_bundle(tmp_path_factory):
+    """A neuron graph whose full graph (15,872 neurons, 33 M possible edges) does not fit 1.5 GB."""
+    model = tiny_model(seed=3, n_layers=2, d_model=32, d_mlp=256, d_vocab=50, n_ctx=32)
+    return save_bundle(tmp_path_factory.mktemp("wide") / "bundle", model)
+
+
+def test_max_neuron_nodes_advice_fits_when_followed(tmp_path, wide_bundle):
+    """A neuron graph over its budget is advised a max_neuron_nodes K (planned from the
+    activations, before any candidate is collected); the spec with K fits the same budget in its
+    dry run, and its run, measured in its own process, peaks under the memory the dry run says
+    it may use and under the dry run's estimate, every stage and export included."""
+    out = tmp_path / "out"
+    spec = _spec(out, wide_bundle, n_pos=32)
+    spec["export"].pop("svg")
+    budget = 1.5
+    lines = _in_process(spec, tmp_path / "a.json", budget, "dry")
+    k = _advice_k(lines, "max_neuron_nodes")
+    assert _fits(lines).startswith("fits: NO") and k is not None and 1 <= k < 15872, lines
+    followed = {**spec, "graph": {"mlp": "neurons", "max_neuron_nodes": k}}
+    lines = _in_process(followed, tmp_path / "b.json", budget, "dry")
+    assert _fits(lines) == "fits: yes", lines
+    estimate, limit = _peak_and_edges(lines)
+    assert estimate <= limit <= budget
+    measured = _in_process(followed, tmp_path / "b.json", budget, "run")
+    assert (out / "g.json").is_file() and (out / "g.npz").is_file()
+    assert measured <= estimate * GB, (measured / GB, estimate)

@@ -114,10 +114,11 @@ def _spec(spec: dict, smollm2_path: Path | None, tmp_path: Path | None = None) -
 #: logit attribution's top 8 on the unpruned graph, and the least correlation of predicted_vs_actual
 #: with the real model
 DOCUMENTED = {
-    "ioi": {"top": ["neuron/26/14/1262"], "correlation": 0.3},
+    "ioi": {"top": ["neuron/29/14/573", "neuron/26/14/1262", "neuron/21/2/780"], "correlation": 0.9},
     "a_an": {"top": ["neuron/25/19/1527"], "correlation": 0.95},
-    "factual": {"top": ["neuron/27/5/1392", "neuron/13/4/1033", "neuron/25/5/1120"], "correlation": 0.75},
-    "induction": {"top": ["neuron/28/12/1078"], "correlation": -1.0},  # documented as poor (0.02)
+    "factual": {"top": ["neuron/29/5/864", "neuron/27/5/1392", "neuron/13/4/1033", "neuron/25/5/1120"],
+                "correlation": 0.95},
+    "induction": {"top": ["neuron/29/12/66", "neuron/28/12/1078"], "correlation": 0.6},
 }
 
 

@@ -56,6 +56,8 @@ def build_graph(
     check_plan(plan)  # refuse, with advice that works, before the sweep
     if options.component_inputs:
         check_component_edge_bound(col)
+    if not plan.selecting and not isinstance(col.nodes, list):
+        col.nodes = list(col.nodes)  # the records the graph holds (and its constants are set on)
     nodes = col.nodes
     if plan.selecting:
         rows, selected = select_and_compute(col, plan.max_feature_nodes, max_neuron_nodes=plan.max_neuron_nodes,

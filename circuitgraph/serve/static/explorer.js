@@ -227,16 +227,27 @@ async function loadView(useDefaults) {
   }
 }
 
+// what render() draws: every node of the view but the remainders when they are hidden, and the
+// edges between drawn nodes
+function drawnParts(view) {
+  const showRem = $("show-remainders").checked;
+  const nodes = view.nodes.filter((n) => showRem || n.kind !== "remainder");
+  const shown = new Set(nodes.map((n) => n.id));
+  const edges = view.edges.filter((e) => shown.has(e.source) && shown.has(e.target));
+  return { nodes, edges };
+}
+
 function showCounts() {
   const view = state.view;
   if (!view) return;
-  const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
+  const drawn = drawnParts(view);
+  const hidden = view.nodes.length - drawn.nodes.length;
   $("node-threshold").disabled = $("edge-threshold").disabled = $("node-budget").disabled = !view.prunable;
   const budget = view.prunable && view.top_k_nodes !== null && view.top_k_nodes < view.n_rankable_nodes ?
     `; at most ${view.top_k_nodes} nodes by influence (max nodes)` : "";
   const share = view.influence_share !== null && view.influence_share !== undefined ?
     `, ${Math.round(100 * view.influence_share)}% of the influence` : "";
-  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes${share}, ${view.edges.length} of ${view.n_edges_before} edges` +
+  setStatus(`${drawn.nodes.length} of ${view.n_nodes_before} nodes${share}, ${drawn.edges.length} of ${view.n_edges_before} edges` +
     budget + (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
 }
 
@@ -307,10 +318,7 @@ function layout(nodes) {
 function render() {
   const view = state.view;
   if (!view) return;  // nothing loaded (a failed load): nothing to draw
-  const showRem = $("show-remainders").checked;
-  const nodes = view.nodes.filter((n) => showRem || n.kind !== "remainder");
-  const shown = new Set(nodes.map((n) => n.id));
-  const edges = view.edges.filter((e) => shown.has(e.source) && shown.has(e.target));
+  const { nodes, edges } = drawnParts(view);
   const lay = layout(nodes);
   const root = $("graph");
   root.replaceChildren();
