@@ -26,10 +26,13 @@ default optimiser: signum with schedule-free averaging; its default learning rat
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -157,13 +160,13 @@ def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: 
     if why is not None:
         raise SpecError(f"train.backend sparsify: {why}")
     from datasets import Dataset
-    from schedulefree import ScheduleFreeWrapper
     from sparsify import SparseCoderConfig, TrainConfig, Trainer
     from transformers import AutoModelForCausalLM
 
     t = spec.train
     folder = _model_folder(spec.model)
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(adapter.device).eval()
+    with redirect_stderr(io.StringIO()):  # transformers's loading bar
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(adapter.device).eval()
     hookpoints = _mlp_hookpoints(hf_model, layers)
     order = torch.cat([windows[batch_ids(s, len(windows), t.batch, t.seed)] for s in range(steps)])
     _check_input_site(adapter, hf_model, hookpoints, layers, order[: t.batch], norms)
@@ -187,10 +190,26 @@ def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: 
             shutil.rmtree(old, ignore_errors=True)
 
     precision = torch.get_float32_matmul_precision()
+    real_out, real_err = sys.stdout, sys.stderr
+    # sparsify's prints and progress bars are kept out of the output: circuitgraph shows its own progress
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        try:
+            return _fit(_Trainer, cfg, ds, hf_model, ckpt, t, steps, hookpoints, (real_out, real_err), progress,
+                        stop_after)
+        finally:
+            torch.set_float32_matmul_precision(precision)
+
+
+def _fit(trainer_class: Any, cfg: Any, ds: Any, hf_model: Any, ckpt: Path, t: Any, steps: int,
+         hookpoints: list[str], streams: tuple[Any, Any], progress: Callable[[Progress], None] | None,
+         stop_after: int | None) -> tuple[int, list[str]]:
+    from schedulefree import ScheduleFreeWrapper
+
     torch.manual_seed(t.seed)
-    trainer = _Trainer(cfg, ds, hf_model)
-    if not ckpt.exists() and ckpt.with_name(ckpt.name + ".old").exists():  # killed between the two renames
-        os.replace(ckpt.with_name(ckpt.name + ".old"), ckpt)
+    trainer = trainer_class(cfg, ds, hf_model)
+    old = ckpt.with_name(ckpt.name + ".old")
+    if not ckpt.exists() and old.exists():  # killed between the two renames of a save
+        os.replace(old, ckpt)
     if t.resume and (ckpt / "state.pt").is_file():
         trainer.load_state(str(ckpt))
         for opt in trainer.optimizers:  # saved at the averaged point x: back to y, as after a save
@@ -202,25 +221,24 @@ def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: 
 
     def record(name: str):
         def hook(module, args, kwargs, output) -> None:
-            seen[name] = (float(output.fvu), float((output.latent_acts > 0).sum(-1).float().mean()))
+            seen[name] = (float(output.fvu.detach()), float((output.latent_acts.detach() > 0).sum(-1).float().mean()))
             done[0] += output.latent_acts.shape[0] if name == hookpoints[0] else 0
             if len(seen) == len(hookpoints) and progress is not None:
                 fvu = [seen[h][0] for h in hookpoints]
-                progress(Progress(trainer.global_step + 1, steps, done[0],
-                                  done[0] / max(time.perf_counter() - t0, 1e-9), sum(fvu), sum(fvu),
-                                  sum(seen[h][1] for h in hookpoints) / len(hookpoints), 1 - sum(fvu) / len(fvu)))
+                with redirect_stdout(streams[0]), redirect_stderr(streams[1]):
+                    progress(Progress(trainer.global_step + 1, steps, done[0],
+                                      done[0] / max(time.perf_counter() - t0, 1e-9), sum(fvu), sum(fvu),
+                                      sum(seen[h][1] for h in hookpoints) / len(hookpoints),
+                                      1 - sum(fvu) / len(fvu)))
                 seen.clear()
         return hook
 
     for h in hookpoints:
         trainer.saes[h].register_forward_hook(record(h), with_kwargs=True)
-    try:
-        while trainer.global_step < steps:
-            end = min((trainer.global_step // t.checkpoint_every + 1) * t.checkpoint_every, steps)
-            trainer.dataset = ds.select(range(end * t.batch))
-            trainer.fit()  # trains steps global_step .. end - 1, then saves
-            if stop_after is not None and trainer.global_step >= stop_after:
-                break
-    finally:
-        torch.set_float32_matmul_precision(precision)
+    while trainer.global_step < steps:
+        end = min((trainer.global_step // t.checkpoint_every + 1) * t.checkpoint_every, steps)
+        trainer.dataset = ds.select(range(end * t.batch))
+        trainer.fit()  # trains steps global_step .. end - 1, then saves
+        if stop_after is not None and trainer.global_step >= stop_after:
+            break
     return trainer.global_step, hookpoints

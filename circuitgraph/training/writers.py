@@ -39,8 +39,8 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from circuitgraph.training.activation_stream import INPUT_HOOK, OUTPUT_HOOK
 from circuitgraph.errors import SpecError
+from circuitgraph.training.activation_stream import INPUT_HOOK, OUTPUT_HOOK
 from circuitgraph.training.dictionary import DictionaryWeights
 
 __all__ = ["write_dictionaries", "circuit_tracer_refusal", "CIRCUIT_TRACER_TOPK", "sparsify_cfg"]
