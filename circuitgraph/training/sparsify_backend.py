@@ -160,8 +160,10 @@ def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: 
     if why is not None:
         raise SpecError(f"train.backend sparsify: {why}")
     from datasets import Dataset
-    from sparsify import SparseCoderConfig, TrainConfig, Trainer
     from transformers import AutoModelForCausalLM
+
+    with redirect_stdout(io.StringIO()):  # sparsify prints which decoder it uses on import
+        from sparsify import SparseCoderConfig, TrainConfig, Trainer
 
     t = spec.train
     folder = _model_folder(spec.model)
