@@ -118,6 +118,7 @@ def test_topk_trains_every_kind_and_circuitgraph_reads_it(tiny, tmp_path, kind):
     first, last = (sum(p.loss for p in part) / 4 for part in (seen[:4], seen[-4:]))
     assert last < 0.95 * first, (first, last)
     assert m["circuit_tracer"] == CIRCUIT_TRACER_TOPK and m["settings"]["k"] == 4
+    assert "circuit-tracer 0.5.0 cannot read TopK" in (tmp_path / "report.html").read_text()
     folder = tmp_path / DICTIONARY_FOLDER
     if kind == "cross_layer_transcoder":
         cfg = yaml.safe_load((folder / "config.yaml").read_text())

@@ -27,18 +27,21 @@ default optimiser: signum with schedule-free averaging; its default learning rat
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
+from circuitgraph.adapters.pretrained import pretrained_dir
 from circuitgraph.errors import SpecError
 from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.dictionary import DictionaryWeights
@@ -55,8 +58,6 @@ CHECKPOINT_DIR = "sparsify_checkpoint"
 def sparsify_unavailable() -> str | None:
     """Why the sparsify backend cannot run here, or None when it can."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         got = version("eai-sparsify")
     except PackageNotFoundError:
         return "eai-sparsify is not installed: pip install 'circuitgraph[train-sparsify]'"
@@ -71,8 +72,6 @@ def _model_folder(model_spec: Any) -> Path:
     if m.source == "path":
         folder = Path(m.path)
     elif m.source == "pretrained":
-        from circuitgraph.adapters.pretrained import pretrained_dir
-
         folder = pretrained_dir(m.pretrained)
     else:
         raise SpecError(f"train.backend sparsify needs a Hugging Face model folder (model.path or model.pretrained), "
@@ -128,8 +127,6 @@ def read_sparsify_folder(folder: Path, hookpoints: list[str], norms: list[tuple[
     """sparsify's files read back (safetensors only) as weights that read ``ln2.hook_normalized``:
     ``W_enc = encoder.weight * gamma``, ``b_enc = encoder.bias + encoder.weight @ beta`` (the skip
     path likewise), in float64 then float32."""
-    import json
-
     enc, benc, dec, bdec, skip, k = [], [], [], [], [], None
     for h, (gamma, beta) in zip(hookpoints, norms, strict=True):
         t = load_file(str(folder / h / "sae.safetensors"))

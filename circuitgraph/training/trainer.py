@@ -20,6 +20,7 @@ from circuitgraph.training.dictionary import TrainableDictionary
 from circuitgraph.training.loop import LoopConfig, Progress, train_loop
 from circuitgraph.training.quality import evaluate
 from circuitgraph.training.report import report_html
+from circuitgraph.training.sparsify_backend import CHECKPOINT_DIR, read_sparsify_folder, train_with_sparsify
 from circuitgraph.training.writers import circuit_tracer_refusal, write_dictionaries
 
 __all__ = ["train", "load_model", "DICTIONARY_FOLDER"]
@@ -76,8 +77,6 @@ def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None
     norms = [mlp_input_norm(adapter, l) for l in layers]
     t0 = time.perf_counter()
     if t.backend == "sparsify":
-        from circuitgraph.training.sparsify_backend import CHECKPOINT_DIR, read_sparsify_folder, train_with_sparsify
-
         reached, hookpoints = train_with_sparsify(spec, adapter, train_w, layers, steps, out, bos=bos, norms=norms,
                                                   progress=seen, stop_after=stop_after)
         seconds = time.perf_counter() - t0
