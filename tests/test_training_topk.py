@@ -216,3 +216,33 @@ def test_topk_resume_after_a_stop_gives_the_same_weights(tiny, tmp_path):
     for f in sorted((whole / DICTIONARY_FOLDER).glob("*.safetensors")):
         a, b = load_file(str(f)), load_file(str(parts / DICTIONARY_FOLDER / f.name))
         assert all(torch.equal(a[k], b[k]) for k in a), f.name
+
+
+@needs_sparsify
+def test_sparsify_backend_needs_a_hugging_face_folder(tiny, tmp_path):
+    root, adapter = tiny
+    spec = load_train_spec({"format_version": 1, "model": {"builtin": "demo"}, "train": {
+        "text": [str(root / "text.txt")], "output": str(tmp_path), "width": 16, "context": 12, "tokens": 100,
+        "batch": 4, "eval_tokens": 50, "activation": "topk", "k": 4, "backend": "sparsify"}})
+    with pytest.raises(SpecError, match="needs a Hugging Face model folder"):
+        train(spec, adapter=adapter)
+
+
+@needs_sparsify
+def test_cli_trains_with_sparsify_shows_progress_and_says_circuit_tracer_cannot_read_it(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from circuitgraph.cli import main as cli
+
+    root, _ = tiny
+    spec = {"format_version": 1, "model": {"path": str(root / "model")},
+            "train": {"text": [str(root / "text.txt")], "output": str(tmp_path / "out"), "width": 8, "context": 12,
+                      "tokens": 200, "batch": 4, "eval_tokens": 50, "checkpoint_every": 2, "activation": "topk",
+                      "k": 2, "backend": "sparsify"}}
+    (tmp_path / "t.json").write_text(json.dumps(spec))
+    r = CliRunner().invoke(cli.app, ["train", str(tmp_path / "t.json"), "--every", "1"])
+    assert r.exit_code == 0, r.output
+    assert "step 1/5" in r.output and "tokens/s" in r.output and "Saving checkpoint" not in r.output
+    assert "circuit-tracer: circuit-tracer 0.5.0 cannot read TopK" in r.output
+    again = CliRunner().invoke(cli.app, ["train", str(tmp_path / "t.json")])  # resumes at the end: no step runs
+    assert again.exit_code == 0 and "step" not in again.output.split("wrote")[0], again.output
