@@ -75,6 +75,9 @@ def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None
             progress(p)
 
     norms = [mlp_input_norm(adapter, l) for l in layers]
+    # the dictionaries folder is this command's own output, rewritten whole (a TopK run writes another
+    # layout than a ReLU run: left-over files of an earlier run would make the folder ambiguous)
+    shutil.rmtree(out / DICTIONARY_FOLDER, ignore_errors=True)
     t0 = time.perf_counter()
     if t.backend == "sparsify":
         reached, hookpoints = train_with_sparsify(spec, adapter, train_w, layers, steps, out, bos=bos, norms=norms,
