@@ -182,6 +182,7 @@ def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: 
         def save(self) -> None:  # atomically: a temporary folder renamed over the last checkpoint
             tmp, old = ckpt.with_name(ckpt.name + ".tmp"), ckpt.with_name(ckpt.name + ".old")
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
             self._checkpoint(self.saes, str(tmp), True)
             if ckpt.exists():
                 os.replace(ckpt, old)
