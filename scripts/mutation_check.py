@@ -47,7 +47,9 @@ Added since (run alone with ``--only``, each caught): patch-sweep-wrong-neuron b
 tests/test_patching_sweep.py::test_neuron_sweep_equals_a_hand_loop_of_single_patches;
 echo-closed-gate-counts-as-echo by tests/test_echo.py::test_layer_stats_by_hand;
 echo-controls-matched-on-selection-rows by
-tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation.
+tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation;
+sparsify-resume-at-averaged-point, topk-unfold-multiplies-gamma, sparsify-read-without-gamma and
+topk-keeps-the-smallest by tests/test_training_topk.py (each applied by hand, 2026-12-03).
 """
 
 from __future__ import annotations
@@ -81,6 +83,39 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation(
+        "sparsify-resume-at-averaged-point",
+        "a resumed sparsify run keeps the schedule-free optimiser's parameters at the averaged point x "
+        "(sparsify's own load_state), not back at y as after a save in an uninterrupted run",
+        "circuitgraph/training/sparsify_backend.py",
+        "                opt.train_mode = False\n",
+        "                opt.train_mode = True\n",
+        ("tests/test_training_topk.py::test_sparsify_backend_resumes_after_a_stop_with_the_same_weights",),
+    ),
+    Mutation(
+        "topk-unfold-multiplies-gamma",
+        "a TopK transcoder written in sparsify's layout with its encoder multiplied by ln2's weight instead of divided",
+        "circuitgraph/training/writers.py",
+        "        M = M / gamma.double()[None, :]\n",
+        "        M = M * gamma.double()[None, :]\n",
+        ("tests/test_training_topk.py::test_topk_trains_every_kind_and_circuitgraph_reads_it",),
+    ),
+    Mutation(
+        "sparsify-read-without-gamma",
+        "sparsify's encoder read back for the metrics without folding ln2's weight (it reads the MLP input)",
+        "circuitgraph/training/sparsify_backend.py",
+        "        enc.append((E if gamma is None else E * gamma[None, :]).float())\n",
+        "        enc.append(E.float())\n",
+        ("tests/test_training_topk.py::test_sparsify_backend_trains_and_circuitgraph_reads_what_sparsify_computes",),
+    ),
+    Mutation(
+        "topk-keeps-the-smallest",
+        "TopK keeps the k smallest activations instead of the k largest",
+        "circuitgraph/training/dictionary.py",
+        "    idx = a.topk(min(k, a.shape[-1]), dim=-1).indices\n",
+        "    idx = a.topk(min(k, a.shape[-1]), dim=-1, largest=False).indices\n",
+        ("tests/test_training_topk.py::test_topk_trains_every_kind_and_circuitgraph_reads_it",),
+    ),
     Mutation(
         "train-skip-transposed",
         "a trained skip transcoder's W_skip written transposed (not what was trained)",

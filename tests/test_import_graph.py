@@ -42,6 +42,9 @@ LAZY_PACKAGES = {
     "jax": "optional extra (tracr)",
     "haiku": "optional extra (tracr)",
     "gguf": "optional extra (gguf: GGUF checkpoints)",
+    "sparsify": "optional extra (train-sparsify: circuitgraph train with backend sparsify)",
+    "schedulefree": "optional extra (train-sparsify: sparsify's optimiser)",
+    "datasets": "optional extra (train-sparsify: the windows handed to sparsify's Trainer)",
 }
 
 #: modules whose function-local imports are deliberate, with the reason

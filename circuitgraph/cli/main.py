@@ -148,8 +148,9 @@ def run(
 @app.command()
 def train(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False,
           every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10) -> None:
-    """Train dictionaries (transcoders, skip transcoders, a cross-layer transcoder) from a training
-    spec (format_version, model, train); resumes from train.output/checkpoint.pt after a kill."""
+    """Train dictionaries (transcoders, skip transcoders, a cross-layer transcoder; ReLU, JumpReLU, TopK)
+    from a training spec (format_version, model, train), with circuitgraph's trainer or eai-sparsify
+    (train.backend); resumes from the last checkpoint in train.output after a kill."""
     with _reported(debug):
         from circuitgraph.spec.train import load_train_spec
 
@@ -165,6 +166,7 @@ def train(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False,
         ce = m["eval"]["ce_loss"]
         typer.echo(f"wrote {m['dictionaries']}, metrics.json, report.html; held-out CE: model {ce['model']:.4f}, "
                    f"spliced {ce['spliced']:.4f}, zero-ablated MLPs {ce['zero_ablated']:.4f}")
+        typer.echo(f"circuit-tracer: {m['circuit_tracer']}")
 
 
 @app.command()
