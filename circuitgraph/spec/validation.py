@@ -44,6 +44,7 @@ from circuitgraph.spec.base import (
     rule_error,
     unused_rules,
 )
+from circuitgraph.spec.dataset import ExecutorSpec
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt
 from circuitgraph.spec.queries import QK
@@ -399,6 +400,10 @@ class SignRegimes(UsageModel):
     max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
     seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
     batch_size: PositiveInt = Field(8, description="Evaluation runs (neuron sets) per forward pass.")
+    executor: ExecutorSpec | None = Field(
+        None, description="Run the rows on the dataset executors (local worker processes or Ray, each loading the "
+        "model), in shards of consecutive rows merged in row order: the same result as in this process (null: in "
+        "this process).")
 
     def field_usage(self) -> dict[str, tuple[bool, str]]:
         no_controls = "controls is [] (no control sets are drawn)"

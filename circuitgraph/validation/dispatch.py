@@ -139,6 +139,8 @@ class CheckCall:
     prompt_resolver: PromptResolver | None = None
     #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
     seed: int = 0
+    #: the run's spec, when the check runs from one: what executor workers load (``sign_regimes.executor``)
+    spec: Any = None
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -254,12 +256,21 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
     if p.max_row_tokens is not None or p.token_budget is not None:
         selection = _budgeted(selection, p.max_row_tokens, p.token_budget)
         evaluation = _budgeted(evaluation, p.max_row_tokens, p.token_budget)
+    runner = None
+    if p.executor is not None:
+        if c.spec is None:
+            raise ValidationRunError("sign_regimes.executor: the workers load the run's model from its spec; run the "
+                                     "check from a spec (circuitgraph run, or run_check(..., spec=spec))")
+        # named, not imported: the dataset executors sit above the checks (docs/architecture.md)
+        echo_runs = importlib.import_module("circuitgraph.datasets.echo_runs")
+        executors = importlib.import_module("circuitgraph.datasets.executors")
+        runner = echo_runs.ExecutorRows(c.spec, executors.executor_from(p.executor), c.adapter.facts.d_mlp)
     return sign_regimes(
         c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
         use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
         controls=tuple(p.controls), n_controls=p.n_controls, control_tolerance=p.control_tolerance,
         max_draws=p.max_draws, seed=p.seed if p.seed is not None else c.seed, groups=p.groups,
-        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer)
+        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer, runner=runner)
 
 
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
@@ -285,14 +296,14 @@ CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementa
 
 
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None, seed: int = 0) -> CheckResult:
+              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Any = None) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
     ``(kind, params)``.  ``tokenizer`` (default: the model's) turns text prompts and token
     strings into ids; ``prompt_resolver`` (one spec prompt -> token ids) replaces that for
     prompts.  ``seed``: the run's seed (the spec's ``seed``), for checks whose own ``seed`` is
-    not set.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
+    not set; ``spec``: the run's spec (what executor workers load, ``sign_regimes.executor``).  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
     """
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
@@ -300,7 +311,8 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
-    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed)
+    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed,
+                     spec)
     record = p.model_dump(mode="json")
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 
