@@ -310,6 +310,14 @@ MUTATIONS = [
         ("tests/test_echo_executors.py",),
     ),
     Mutation(
+        "patching-estimate-one-pass",
+        "the dry run probes one pass of a patching sweep, missing the previous pass's logits held during the next",
+        "circuitgraph/pipeline/check_estimate.py",
+        "probed = min(runs, 2 * PATCH_BATCH)",
+        "probed = min(runs, PATCH_BATCH)",
+        ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
         "echo-controls-matched-on-selection-rows",
         "sign_regimes matches its controls on the selection rows' echo mass, not the evaluation rows'",
         "circuitgraph/validation/gated_signs.py",

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-
 import circuitgraph
 from circuitgraph.datasets.echo_runs import ExecutorRows
 from circuitgraph.datasets.executors import LocalExecutor

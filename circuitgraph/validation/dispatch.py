@@ -43,7 +43,8 @@ from circuitgraph.validation.qk_check import qk_check
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
-__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks"]
+__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks", "sign_regimes_rows",
+           "patch_sets", "check_metric"]
 
 #: the check kinds, in the spec's order: the spec's registry (its union and schema are built from it too)
 CHECK_KINDS: tuple[str, ...] = tuple(t.key for t in CHECK_TYPES)
@@ -109,7 +110,7 @@ def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int
         raise ValidationRunError(str(exc)) from None
 
 
-def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
+def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
@@ -171,7 +172,7 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
         tokenizer=c.tokenizer)
 
 
-def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
+def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     """The units of the spec's patching ``sets`` (checked against the model) and their names."""
     f = c.adapter.facts
     out, names = [], []
@@ -197,11 +198,11 @@ def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
 
 
 def run_patching(c: CheckCall, p: Any) -> Any:
-    sets, names = _patch_sets(c, p.sets)
+    sets, names = patch_sets(c, p.sets)
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
-        metric=_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
+        metric=check_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
         heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
@@ -237,7 +238,9 @@ def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | N
     return out
 
 
-def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+def sign_regimes_rows(c: CheckCall, p: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """The token ids of a ``sign_regimes`` block's selection and evaluation rows, besides the
+    graph's prompt (``prompts``/``eval_prompts``, the dataset files split, budgets applied)."""
     selection = c.prompts(p.prompts, "sign_regimes.prompts")
     evaluation = c.prompts(p.eval_prompts, "sign_regimes.eval_prompts")
     if p.dataset is not None:
@@ -256,6 +259,11 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
     if p.max_row_tokens is not None or p.token_budget is not None:
         selection = _budgeted(selection, p.max_row_tokens, p.token_budget)
         evaluation = _budgeted(evaluation, p.max_row_tokens, p.token_budget)
+    return selection, evaluation
+
+
+def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+    selection, evaluation = sign_regimes_rows(c, p)
     runner = None
     if p.executor is not None:
         if c.spec is None:
