@@ -318,6 +318,14 @@ MUTATIONS = [
         ("tests/test_check_estimate.py",),
     ),
     Mutation(
+        "ablate-controls-matched-on-the-graph-prompt",
+        "ablate with evaluation rows matches its controls on the graph prompt's magnitudes, not the evaluation rows'",
+        "circuitgraph/validation/ablation.py",
+        "    if evaluation:  # matched on what the units remove on the evaluation rows, summed over them",
+        "    if False:  # matched on what the units remove on the evaluation rows, summed over them",
+        ("tests/test_ablate_eval_rows.py",),
+    ),
+    Mutation(
         "echo-controls-matched-on-selection-rows",
         "sign_regimes matches its controls on the selection rows' echo mass, not the evaluation rows'",
         "circuitgraph/validation/gated_signs.py",

@@ -144,11 +144,20 @@ class Ablate(UsageModel):
         False, description="Draw each position's controls from that position only (default: from every position "
         "whose units can affect the metric)."
     )
+    eval_prompts: tuple[Prompt, ...] = Field(
+        (), description="Evaluation rows apart from the graph's prompt (where the nodes are selected), each as long "
+        "as it: the intervention and its controls run on each, the changes are their mean and the controls are "
+        "matched on what the units remove there (none: the graph's prompt, reported as same_rows).")
+    eval_dataset: InputPath | None = Field(None, description="A .jsonl/.csv file of evaluation rows (the dataset: "
+                                           "format), besides eval_prompts.")
+    max_rows: PositiveInt | None = Field(None, description="Read at most this many rows of eval_dataset.")
 
     def field_usage(self) -> dict[str, tuple[bool, str]]:
         no_controls = "controls is [] (no control sets are drawn)"
         matched = "matched_magnitude" in self.controls
         return {
+            "max_rows": (self.eval_dataset is not None, "it limits the rows read from eval_dataset, which is not "
+                         "given"),
             "k": (self.nodes == "top_nodes", "it picks the k strongest of nodes: top_nodes, and a node filter "
                   "ablates every node it matches (narrow the filter by layer, position or index instead)"),
             "n_controls": (bool(self.controls), no_controls),

@@ -162,7 +162,10 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "ablate.patch_prompt"),
         positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
         control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
-        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer)
+        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer,
+        eval_prompts=[{"tokens": t} for t in c.prompts(p.eval_prompts, "ablate.eval_prompts")
+                      + ([] if p.eval_dataset is None else
+                         _file_rows(c, p.eval_dataset, p.max_rows, "ablate.eval_dataset"))])
 
 
 def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
