@@ -33,6 +33,10 @@ one row's forward pass plus ``top_k`` values per neuron, not every activation.  
 requested control kind cannot be drawn for the echo-dominated set (a selection that is most
 of its layer's echo), the result's ``status`` is ``uncontrolled`` with the reason; the run
 records the check as ``uncontrolled``, never ``ok``.
+
+Where the rows run is the ``runner``'s business (:class:`InProcessRows` by default;
+:class:`circuitgraph.datasets.echo_runs.ExecutorRows` on the dataset executors): both fold the
+rows' statistics and losses in row order, so the result is the same.
 """
 
 from __future__ import annotations
