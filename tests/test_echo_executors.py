@@ -90,6 +90,20 @@ def test_the_check_on_one_or_two_workers_equals_the_in_process_run():
     assert result({"kind": "local", "workers": 2}) == here
 
 
+def test_the_check_on_ray_equals_the_in_process_run():
+    """Ray keeps one loaded model per worker for every pass (statistics, then losses)."""
+    pytest.importorskip("ray", reason="the Ray executor needs ray (pip install '.[dataset]')")
+
+    def result(executor):
+        (entry,) = circuitgraph.run(spec(executor)).validation
+        assert entry["status"] in ("ok", "uncontrolled"), entry["error"]
+        d = entry["result"].to_dict()
+        d.pop("seconds")
+        return d
+
+    assert result({"kind": "ray", "address": "local", "workers": 2}) == result(None)
+
+
 def test_a_dataset_run_refuses_a_check_executor(tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text('{"tokens": [1, 2, 3]}\n', encoding="utf-8")

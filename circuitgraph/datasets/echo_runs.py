@@ -72,22 +72,20 @@ class EchoJob:
         self.batch_size = batch_size
 
     def load(self, spec: Spec) -> Any:
-        adapter, _ = load_inputs(spec)
-        masks = None
-        if self.phase == "nll":
-            sets = [[Unit("neuron", l, None, i) for l, i in s] for s in self.neuron_sets]
-            masks = echo_masks(sets, adapter.facts.d_mlp)
-        return adapter, masks
+        # the model only: a Ray worker keeps what load returns for every job of the same class and
+        # spec, whatever the job's own settings (the phase, the neuron sets)
+        return load_inputs(spec)[0]
 
     @torch.no_grad()
-    def run(self, spec: Spec, task: EchoShard, inputs: Any) -> PromptOutput:
-        adapter, masks = inputs
+    def run(self, spec: Spec, task: EchoShard, adapter: Any) -> PromptOutput:
         record: dict[str, Any] = {"id": task.id, "row": task.number, "status": "ok", "error": None}
         try:
             if self.phase == "stats":
                 record["stats"] = stream_stats(adapter, task.rows, self.layers, self.top_k, self.first_position,
                                                keep_rows=True)
             else:
+                sets = [[Unit("neuron", l, None, i) for l, i in s] for s in self.neuron_sets]
+                masks = echo_masks(sets, adapter.facts.d_mlp)
                 record["nll"] = [row_nll_totals(adapter, toks, masks, len(self.neuron_sets) + 1, self.first_position,
                                                 self.batch_size) for toks in task.rows]
         except Exception as exc:  # noqa: BLE001 - recorded; the driver stops the check with it
