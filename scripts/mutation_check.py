@@ -47,7 +47,12 @@ Added since (run alone with ``--only``, each caught): patch-sweep-wrong-neuron b
 tests/test_patching_sweep.py::test_neuron_sweep_equals_a_hand_loop_of_single_patches;
 echo-closed-gate-counts-as-echo by tests/test_echo.py::test_layer_stats_by_hand;
 echo-controls-matched-on-selection-rows by
-tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation.
+tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation;
+echo-shard-mass-dropped by
+tests/test_echo_executors.py::test_statistics_merge_exactly_however_the_rows_are_split;
+patching-estimate-one-pass by tests/test_check_estimate.py::test_the_estimate_matches_the_measured_check;
+ablate-controls-matched-on-the-graph-prompt by
+tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows.
 """
 
 from __future__ import annotations
