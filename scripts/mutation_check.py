@@ -49,7 +49,12 @@ echo-closed-gate-counts-as-echo by tests/test_echo.py::test_layer_stats_by_hand;
 echo-controls-matched-on-selection-rows by
 tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation;
 sparsify-resume-at-averaged-point, topk-unfold-multiplies-gamma, sparsify-read-without-gamma and
-topk-keeps-the-smallest by tests/test_training_topk.py (each applied by hand, 2026-12-03).
+topk-keeps-the-smallest by tests/test_training_topk.py (each applied by hand, 2026-12-03);
+echo-shard-mass-dropped by
+tests/test_echo_executors.py::test_statistics_merge_exactly_however_the_rows_are_split;
+patching-estimate-one-pass by tests/test_check_estimate.py::test_the_estimate_matches_the_measured_check;
+ablate-controls-matched-on-the-graph-prompt by
+tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows.
 """
 
 from __future__ import annotations
@@ -332,9 +337,33 @@ MUTATIONS = [
         "echo-closed-gate-counts-as-echo",
         "the echo selection counts every closed-gate top activation as an echo, whatever the value's sign",
         "circuitgraph/validation/echo_stats.py",
-        "flags = torch.cat([self.top_echo, echo.cpu()])",
-        "flags = torch.cat([self.top_echo, (gate <= 0).cpu()])",
+        "torch.cat([self.top_echo, echo.cpu()]))",
+        "torch.cat([self.top_echo, (gate <= 0).cpu()]))",
         ("tests/test_echo.py",),
+    ),
+    Mutation(
+        "echo-shard-mass-dropped",
+        "merging a shard of rows (an executor worker's statistics) drops its rows' echo mass",
+        "circuitgraph/validation/echo_stats.py",
+        "for row in (later.row_echo_mass if later.row_echo_mass is not None else [later.echo_mass]):",
+        "for row in [later.echo_mass]:",
+        ("tests/test_echo_executors.py",),
+    ),
+    Mutation(
+        "patching-estimate-one-pass",
+        "the dry run probes one pass of a patching sweep, missing the previous pass's logits held during the next",
+        "circuitgraph/pipeline/check_estimate.py",
+        "probed = min(runs, 2 * PATCH_BATCH)",
+        "probed = min(runs, PATCH_BATCH)",
+        ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
+        "ablate-controls-matched-on-the-graph-prompt",
+        "ablate with evaluation rows matches its controls on the graph prompt's magnitudes, not the evaluation rows'",
+        "circuitgraph/validation/ablation.py",
+        "    if evaluation:  # matched on what the units remove on the evaluation rows, summed over them",
+        "    if False:  # matched on what the units remove on the evaluation rows, summed over them",
+        ("tests/test_ablate_eval_rows.py",),
     ),
     Mutation(
         "echo-controls-matched-on-selection-rows",

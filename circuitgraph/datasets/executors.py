@@ -40,7 +40,7 @@ from circuitgraph.pipeline.inputs import load_inputs
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import ExecutorSpec, Row
 
-__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers", "PromptJob"]
+__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "executor_from", "default_workers", "PromptJob"]
 
 OnResult = Callable[[dict[str, Any]], None]
 
@@ -295,7 +295,11 @@ class RayExecutor:
 
 
 def make_executor(spec: Spec) -> Any:
-    e = spec.executor or ExecutorSpec()
+    return executor_from(spec.executor or ExecutorSpec())
+
+
+def executor_from(e: ExecutorSpec) -> Any:
+    """The executor an ``executor:`` block describes."""
     if e.kind == "ray":
         return RayExecutor(address=e.address, workers=e.workers, threads=e.threads, max_retries=e.max_retries)
     return LocalExecutor(workers=e.workers, threads=e.threads, max_retries=e.max_retries)

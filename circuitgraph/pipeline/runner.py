@@ -482,7 +482,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
             with _recorded_warnings(run_warnings), watch.stage(f"validate[{i}] {c.kind}"):
                 status, error, res = _attempt(
                     lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver,
-                                                                        seed=spec.seed).result,
+                                                                        seed=spec.seed, spec=spec).result,
                     f"validate[{i}]")
             if status == "ok" and getattr(res, "status", "ok") != "ok":  # e.g. controls that could not be drawn
                 status, error = res.status, getattr(res, "reason", None)

@@ -44,6 +44,7 @@ from circuitgraph.spec.base import (
     rule_error,
     unused_rules,
 )
+from circuitgraph.spec.dataset import ExecutorSpec
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt
 from circuitgraph.spec.queries import QK
@@ -143,11 +144,20 @@ class Ablate(UsageModel):
         False, description="Draw each position's controls from that position only (default: from every position "
         "whose units can affect the metric)."
     )
+    eval_prompts: tuple[Prompt, ...] = Field(
+        (), description="Evaluation rows apart from the graph's prompt (where the nodes are selected), each as long "
+        "as it: the intervention and its controls run on each, the changes are their mean and the controls are "
+        "matched on what the units remove there (none: the graph's prompt, reported as same_rows).")
+    eval_dataset: InputPath | None = Field(None, description="A .jsonl/.csv file of evaluation rows (the dataset: "
+                                           "format), besides eval_prompts.")
+    max_rows: PositiveInt | None = Field(None, description="Read at most this many rows of eval_dataset.")
 
     def field_usage(self) -> dict[str, tuple[bool, str]]:
         no_controls = "controls is [] (no control sets are drawn)"
         matched = "matched_magnitude" in self.controls
         return {
+            "max_rows": (self.eval_dataset is not None, "it limits the rows read from eval_dataset, which is not "
+                         "given"),
             "k": (self.nodes == "top_nodes", "it picks the k strongest of nodes: top_nodes, and a node filter "
                   "ablates every node it matches (narrow the filter by layer, position or index instead)"),
             "n_controls": (bool(self.controls), no_controls),
@@ -394,6 +404,10 @@ class SignRegimes(UsageModel):
     max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
     seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
     batch_size: PositiveInt = Field(8, description="Evaluation runs (neuron sets) per forward pass.")
+    executor: ExecutorSpec | None = Field(
+        None, description="Run the rows on the dataset executors (local worker processes or Ray, each loading the "
+        "model), in shards of consecutive rows merged in row order: the same result as in this process (null: in "
+        "this process).")
 
     def field_usage(self) -> dict[str, tuple[bool, str]]:
         no_controls = "controls is [] (no control sets are drawn)"

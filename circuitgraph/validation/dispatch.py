@@ -42,7 +42,8 @@ from circuitgraph.validation.qk_check import qk_check
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
-__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks"]
+__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks", "sign_regimes_rows",
+           "patch_sets", "check_metric"]
 
 #: the check kinds, in the spec's order: the spec's registry (its union and schema are built from it too)
 CHECK_KINDS: tuple[str, ...] = tuple(t.key for t in CHECK_TYPES)
@@ -107,7 +108,7 @@ def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int
         raise ValidationRunError(str(exc)) from None
 
 
-def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
+def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
@@ -137,6 +138,8 @@ class CheckCall:
     prompt_resolver: PromptResolver | None = None
     #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
     seed: int = 0
+    #: the run's spec, when the check runs from one: what executor workers load (``sign_regimes.executor``)
+    spec: Any = None
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -170,7 +173,10 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "ablate.patch_prompt"),
         positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
         control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
-        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer)
+        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer,
+        eval_prompts=[{"tokens": t} for t in c.prompts(p.eval_prompts, "ablate.eval_prompts")
+                      + ([] if p.eval_dataset is None else
+                         _file_rows(c, p.eval_dataset, p.max_rows, "ablate.eval_dataset"))])
 
 
 @_runs('predicted_vs_actual')
@@ -181,7 +187,7 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
         tokenizer=c.tokenizer)
 
 
-def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
+def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     """The units of the spec's patching ``sets`` (checked against the model) and their names."""
     f = c.adapter.facts
     out, names = [], []
@@ -208,11 +214,11 @@ def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
 
 @_runs('patching')
 def run_patching(c: CheckCall, p: Any) -> Any:
-    sets, names = _patch_sets(c, p.sets)
+    sets, names = patch_sets(c, p.sets)
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
-        metric=_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
+        metric=check_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
         heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
@@ -249,8 +255,9 @@ def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | N
     return out
 
 
-@_runs('sign_regimes')
-def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+def sign_regimes_rows(c: CheckCall, p: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """The token ids of a ``sign_regimes`` block's selection and evaluation rows, besides the
+    graph's prompt (``prompts``/``eval_prompts``, the dataset files split, budgets applied)."""
     selection = c.prompts(p.prompts, "sign_regimes.prompts")
     evaluation = c.prompts(p.eval_prompts, "sign_regimes.eval_prompts")
     if p.dataset is not None:
@@ -269,12 +276,27 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
     if p.max_row_tokens is not None or p.token_budget is not None:
         selection = _budgeted(selection, p.max_row_tokens, p.token_budget)
         evaluation = _budgeted(evaluation, p.max_row_tokens, p.token_budget)
+    return selection, evaluation
+
+
+@_runs('sign_regimes')
+def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+    selection, evaluation = sign_regimes_rows(c, p)
+    runner = None
+    if p.executor is not None:
+        if c.spec is None:
+            raise ValidationRunError("sign_regimes.executor: the workers load the run's model from its spec; run the "
+                                     "check from a spec (circuitgraph run, or run_check(..., spec=spec))")
+        # named, not imported: the dataset executors sit above the checks (docs/architecture.md)
+        echo_runs = importlib.import_module("circuitgraph.datasets.echo_runs")
+        executors = importlib.import_module("circuitgraph.datasets.executors")
+        runner = echo_runs.ExecutorRows(c.spec, executors.executor_from(p.executor), c.adapter.facts.d_mlp)
     return sign_regimes(
         c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
         use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
         controls=tuple(p.controls), n_controls=p.n_controls, control_tolerance=p.control_tolerance,
         max_draws=p.max_draws, seed=p.seed if p.seed is not None else c.seed, groups=p.groups,
-        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer)
+        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer, runner=runner)
 
 
 @_runs('replacement_fidelity')
@@ -304,14 +326,14 @@ if set(CHECK_FUNCTIONS) != {t.key for t in CHECK_TYPES}:  # pragma: no cover - a
 
 
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None, seed: int = 0) -> CheckResult:
+              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Any = None) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
     ``(kind, params)``.  ``tokenizer`` (default: the model's) turns text prompts and token
     strings into ids; ``prompt_resolver`` (one spec prompt -> token ids) replaces that for
     prompts.  ``seed``: the run's seed (the spec's ``seed``), for checks whose own ``seed`` is
-    not set.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
+    not set; ``spec``: the run's spec (what executor workers load, ``sign_regimes.executor``).  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
     """
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
@@ -319,7 +341,8 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
-    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed)
+    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed,
+                     spec)
     record = p.model_dump(mode="json")
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 
