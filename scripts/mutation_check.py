@@ -377,6 +377,23 @@ MUTATIONS = [
         ("tests/test_component_inputs.py",),
     ),
     Mutation(
+        "head-inputs-softmax-uncentred",
+        "the linearised query/key edges use dT/da_s = A_s e_s instead of A_s (e_s - T) (the softmax's "
+        "normalisation forgotten; graph.head_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "g = a_h * (e[:, h, :] - total) * slope",
+        "g = a_h * e[:, h, :] * slope",
+        ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
+        "head-inputs-softcap-slope-dropped",
+        "the linearised query/key edges ignore the attention soft-cap's slope 1 - tanh^2 (graph.head_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "slope = torch.ones_like(score) if not cap else 1.0 - torch.tanh(score / cap) ** 2",
+        "slope = torch.ones_like(score)",
+        ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
         "component-total-effect-mlp-slopes-dropped",
         "the total-effect gradient crosses every MLP without its neurons' frozen slopes (a self-consistent "
         "mistake: the total-effect identity still holds; path patching by hooks catches it)",

@@ -27,8 +27,13 @@ TOKENS = [1, 5, 7, 2, 9, 4, 11]
 A_TOK, B_TOK = 3, 8
 
 
+#: a soft-capped attention score without post-norms (the hook reference reads outputs directly)
+EXTRA = {"rms-gated-rotary-gqa-softcap": dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2,
+                                              attn_soft_cap=2.0)}
+
+
 def _graph(variant: str, **kw):
-    model = tiny_model(seed=1, n_layers=3, **VARIANTS[variant]).to(torch.float64)
+    model = tiny_model(seed=1, n_layers=3, **{**VARIANTS, **EXTRA}[variant]).to(torch.float64)
     adapter = ModelAdapter(model)
     target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
     g = attribute(adapter, TOKENS, targets=[target], mlp=kw.pop("mlp", "mlp"), attention="heads",
@@ -376,3 +381,85 @@ def test_component_edge_bound_refuses_with_advice(monkeypatch):
     with pytest.raises(AttributionError, match="shorter prompt"):
         attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
                   component_inputs=True)
+
+
+# ----------------------------------------------------------------- linearised query / key edges
+QK_CASES = ["ln-gelu-learned", "rms-gated-rotary-gqa", "ln-gated-rotary", "none-relu-bidirectional",
+            "rms-gated-rotary-gqa-softcap"]
+
+
+def _qk_patched_targets(model, adapter, lin, head: NodeId, eps: torch.Tensor, removed: torch.Tensor, side: str,
+                        extra, tokens=TOKENS):
+    """Targets (B,) with ``eps[b] * removed[b] (T, d_model)`` taken out of ``head``'s query
+    (``side="q"``) or key (``"k"``) input only, in the frozen model: the head's pattern row at its
+    destination recomputed from the model's own ln1 (frozen sigma), ``W_Q`` / ``W_K`` (grouped-query
+    keys expanded by TransformerLens), rotary map and soft-cap; its values as on the prompt."""
+    m, t, h = head.layer, head.position, head.index
+    B, T = removed.shape[0], len(tokens)
+    attn = model.blocks[m].attn
+    clean = lin.resid_pre[m][None].expand(B, -1, -1)
+    patched = clean - eps[:, None, None] * removed
+    causal = model.cfg.attention_dir == "causal"
+
+    def patch_z(z, hook):
+        z = z.clone()
+        xq, xk = (patched, clean) if side == "q" else (clean, patched)
+        q = (model.blocks[m].ln1(xq) @ attn.W_Q[h] + attn.b_Q[h])[:, :, None]  # (B, T, 1, dh)
+        k = (model.blocks[m].ln1(xk) @ attn.W_K[h] + attn.b_K[h])[:, :, None]
+        if model.cfg.positional_embedding_type == "rotary":
+            q, k = attn.apply_rotary(q, 0, None), attn.apply_rotary(k, 0, None)
+        scores = torch.einsum("bk,bsk->bs", q[:, t, 0], k[:, :, 0]) / attn.attn_scale
+        if model.cfg.attn_scores_soft_cap > 0:
+            scores = model.cfg.attn_scores_soft_cap * torch.tanh(scores / model.cfg.attn_scores_soft_cap)
+        if causal:
+            scores = scores.masked_fill(torch.arange(T) > t, float("-inf"))
+        pattern = torch.softmax(scores, -1)  # (B, T)
+        v = model.blocks[m].ln1(clean) @ attn.W_V[h] + attn.b_V[h]  # (B, T, dh): values as on the prompt
+        z[:, t, h] = torch.einsum("bs,bsk->bk", pattern, v)
+        return z
+
+    with frozen(adapter, lin, extra_hooks=extra + [(f"blocks.{m}.attn.hook_z", patch_z)]) as fm:
+        return _logit_diff(fm(torch.tensor([tokens] * B)))
+
+
+@pytest.mark.parametrize("variant", QK_CASES)
+def test_query_and_key_edges_are_the_first_order_removal_effect(variant):
+    """Every query / key edge into the upper layers' heads (three destinations) equals
+    ``-d targets / d eps`` for removing ``eps`` times the writer's output from that head's query
+    (key) input only, by autograd through TransformerLens's model with hooks in float64 (no engine
+    vector); writers without an edge have a zero derivative; the value edges are unchanged."""
+    model, adapter, g = _graph(variant, head_inputs=("value", "query", "key"))
+    _, _, g_value = _graph(variant)
+    np.testing.assert_array_equal(g.edge_weight, g_value.edge_weight)  # the exact edges are untouched
+    assert g.check_completeness().max_violation < 1e-10
+    le = g.linearised_edges
+    assert le is not None and set(le.kind_names()) == {"query", "key"}
+    assert g.metadata["linearised_edges"]["max_relative_violation"] < 1e-10
+    lin = linearise(adapter, torch.tensor(TOKENS))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([TOKENS]))
+    writers = _writer_vectors(model, cache, g)
+    extra = _frozen_slopes(adapter, lin)
+    T, L = len(TOKENS), adapter.facts.n_layers
+    got_edges = {(int(t), int(s), k): float(w) for t, s, k, w in
+                 zip(le.target, le.source, le.kind_names(), le.weight, strict=True)}
+    largest = worst = 0.0
+    checked = 0
+    for comp in [NodeId("attention_head", l, t, h) for l in range(1, L) for t in (2, T - 2, T - 1)
+                 for h in range(model.cfg.n_heads)]:
+        row = g.index_of(comp)
+        before = [w for w in writers if _writes_at(w) <= 2 * comp.layer]
+        removed = torch.zeros(len(before), T, model.cfg.d_model, dtype=torch.float64)
+        for b, w in enumerate(before):
+            removed[b, w.position] = writers[w]
+        for side, kind in (("q", "query"), ("k", "key")):
+            eps = torch.zeros(len(before), dtype=torch.float64, requires_grad=True)
+            out = _qk_patched_targets(model, adapter, lin, comp, eps, removed.detach(), side, extra)
+            (grad,) = torch.autograd.grad(out.sum(), eps)
+            expected = -grad.numpy()
+            got = np.array([got_edges.get((row, g.index_of(w), kind), 0.0) for w in before])
+            largest = max(largest, float(np.abs(expected).max()))
+            worst = max(worst, float(np.abs(got - expected).max()))
+            checked += len(before)
+    assert largest > 1e-3 and checked > 100
+    assert worst <= 1e-9 * largest, (worst, largest)
