@@ -126,6 +126,10 @@ def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptio
     linearised = None
     if comp.linearised is not None:
         linearised = LinearisedEdges.from_kinds(comp.linearised, comp.linearised_constant, comp.linearised_total)
+        for kind, totals in comp.linearised_total.items():  # on the heads too: they travel with the nodes
+            for row, value in totals.items():
+                nodes[row].attrs = {**nodes[row].attrs, f"{kind}_total": value,
+                                    f"{kind}_constant": comp.linearised_constant[kind].get(row, 0.0)}
     return (np.concatenate([edges.target, comp.target.astype(index_dtype)]),
             np.concatenate([edges.source, comp.source.astype(edges.source.dtype)]),
             np.concatenate([edges.weight.astype(np.float64), comp.weight]), linearised)

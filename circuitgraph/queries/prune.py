@@ -358,6 +358,8 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         metadata=meta,
         context=graph.context,
         max_dense_nodes=graph.max_dense_nodes,
+        # the linearised query / key edges between kept nodes (they take no part in the ranking)
+        linearised_edges=None if graph.linearised_edges is None else graph.linearised_edges.remap(remap),
     )
     pruned.edges_unique = True  # summed per (target, source) above
     meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,

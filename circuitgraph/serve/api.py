@@ -254,7 +254,8 @@ class Explorer:
                 node = Node(node.id, node.activation, node.pre_activation, node.constant, label, node.attrs)
             nodes.append(node)
         out = AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
-                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique)
+                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique,
+                               linearised_edges=graph.linearised_edges)
         return out
 
     def default_thresholds(self, graph: AttributionGraph) -> tuple[float, float]:
