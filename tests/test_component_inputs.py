@@ -463,3 +463,71 @@ def test_query_and_key_edges_are_the_first_order_removal_effect(variant):
             checked += len(before)
     assert largest > 1e-3 and checked > 100
     assert worst <= 1e-9 * largest, (worst, largest)
+
+
+def test_pipeline_handles_query_and_key_edges(tmp_path):
+    """A spec run with ``head_inputs: [value, query, key]`` on the demo model: the linearised
+    edges stay out of completeness and influence, travel through pruning (between kept nodes), the
+    JSON and binary files (labelled, their per-head identity kept), the Neuronpedia file, the
+    diagram and the explorer's API; the spec refuses head_inputs without value or component_inputs."""
+    import json
+
+    import circuitgraph
+    from circuitgraph.errors import SpecError
+    from circuitgraph.export.binary import load_graph_binary, save_graph_binary
+    from circuitgraph.export.json_graph import graph_from_json
+
+    base = {"format_version": 1, "model": {"builtin": "demo"}, "prompt": "mia saw the owl in the park . later she wants",
+            "targets": [{"logit_diff": [" an", " a"]}]}
+    spec = {**base, "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True,
+                              "head_inputs": ["value", "query", "key"]},
+            "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
+            "queries": [{"scores": {}}, {"top_paths": {"source": {"kind": "embedding"}, "k": 5}}],
+            "export": {"json": str(tmp_path / "g.json"), "neuronpedia": str(tmp_path / "np.json"),
+                       "dot": str(tmp_path / "g.dot")}}
+    result = circuitgraph.run(spec)
+    assert not result.failures
+    full = result.full_graph
+    plain = circuitgraph.run({**base, "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True}})
+    np.testing.assert_array_equal(full.edge_weight, plain.full_graph.edge_weight)  # exact edges unchanged
+    le = full.linearised_edges
+    assert le is not None and len(le) and set(le.kind_names()) == {"query", "key"}
+    assert full.metadata["linearised_edges"]["max_relative_violation"] < 1e-4
+    assert full.check_completeness().ok()
+    assert result.queries[1]["result"].to_dict()["paths"]
+    pruned = result.graph
+    assert pruned.linearised_edges is not None and len(pruned.linearised_edges) > 0
+    kept = {n.id for n in pruned.nodes}
+    for s, t in zip(pruned.linearised_edges.source, pruned.linearised_edges.target, strict=True):
+        assert pruned.nodes[s].id in kept and pruned.nodes[t].kind == "attention_head"
+    doc = json.loads((tmp_path / "g.json").read_text())
+    recs = doc["linearised_edges"]
+    assert recs and all(r["linearised"] is True and r["kind"] in ("query", "key") for r in recs)
+    back = graph_from_json((tmp_path / "g.json").read_text())
+    assert back.linearised_edges is not None and len(back.linearised_edges) == len(recs)
+    assert back.linearised_edges.max_violation() < 1e-4  # the per-head sums came back from the attrs
+    save_graph_binary(full, tmp_path / "g.npz")
+    np.testing.assert_array_equal(load_graph_binary(tmp_path / "g.npz").linearised_edges.weight, le.weight)
+    npj = json.loads((tmp_path / "np.json").read_text())
+    assert npj["linearised_links"] and all(r["kind"] in ("query", "key") for r in npj["linearised_links"])
+    dot = (tmp_path / "g.dot").read_text()
+    assert "style=dashed" in dot and "linearised" in dot
+    from circuitgraph.serve.api import Explorer
+    from circuitgraph.serve.catalog import Catalog
+
+    explorer = Explorer(Catalog(tmp_path))
+    (name,) = [n for n in explorer.catalog.graphs if n.endswith("g.json")]
+    view = explorer.graph_view(name, {})
+    assert view["linearised_edges"] and {e["kind"] for e in view["linearised_edges"]} <= {"query", "key"}
+    head = max((n for n in back.nodes if n.kind == "attention_head" and "query_total" in n.attrs),
+               key=lambda n: abs(n.attrs["query_total"]))
+    info = explorer.node(name, str(head.id), {"node_threshold": ["1"], "edge_threshold": ["1"]})
+    kinds = {x["kind"]: x for x in info["linearised_inputs"]}
+    assert set(kinds) == {"query", "key"}
+    for x in kinds.values():
+        assert x["sum_inputs"] + x["constant"] == pytest.approx(x["total"], rel=1e-4, abs=1e-6)
+    for bad, match in ((["query"], "must include 'value'"), (["value", "key"], "component_inputs")):
+        graph = {"mlp": "mlp", "attention": "heads", "head_inputs": bad, **({"component_inputs": True}
+                                                                              if bad == ["query"] else {})}
+        with pytest.raises(SpecError, match=match):
+            circuitgraph.run({**base, "graph": graph})

@@ -65,18 +65,26 @@ class LinearisedEdges:
         """Each edge's kind as a string."""
         return np.asarray(LINEARISED_EDGE_KINDS, dtype=object)[self.kind]
 
-    def remap(self, new_row: np.ndarray) -> LinearisedEdges:
-        """The edges whose two ends are kept, renumbered by ``new_row`` (old row -> new row, -1 when
-        dropped); the per-head sums follow their heads."""
+    def remap(self, new_row: np.ndarray, source_row: np.ndarray | None = None) -> LinearisedEdges:
+        """The edges into kept heads, renumbered by ``new_row`` (old row -> new row, -1 when
+        dropped); their sources by ``source_row`` (default ``new_row``: edges from dropped nodes are
+        dropped; pruning maps a dropped writer to its remainder node, and edges that meet there are
+        summed, so each head's sums still hold).  The per-head sums follow their heads."""
         nr = np.asarray(new_row, dtype=np.int64)
-        keep = (nr[self.target] >= 0) & (nr[self.source] >= 0) if len(self) else np.zeros(0, dtype=bool)
+        sr = nr if source_row is None else np.asarray(source_row, dtype=np.int64)
+        keep = (nr[self.target] >= 0) & (sr[self.source] >= 0) if len(self) else np.zeros(0, dtype=bool)
+        t, s, w, k = nr[self.target[keep]], sr[self.source[keep]], self.weight[keep], self.kind[keep]
+        if source_row is not None and t.size:  # several dropped writers may share a remainder: sum them
+            key = np.stack([k.astype(np.int64), t, s], axis=1)
+            uniq, inv = np.unique(key, axis=0, return_inverse=True)
+            w = np.bincount(inv.reshape(-1), weights=w, minlength=len(uniq))
+            k, t, s = uniq[:, 0].astype(np.int8), uniq[:, 1], uniq[:, 2]
 
         def rows(d: dict[int, float]) -> dict[int, float]:
             return {int(nr[r]): v for r, v in d.items() if r < nr.size and nr[r] >= 0}
 
-        return LinearisedEdges(nr[self.target[keep]], nr[self.source[keep]], self.weight[keep], self.kind[keep],
-                               {k: rows(v) for k, v in self.constants.items()},
-                               {k: rows(v) for k, v in self.totals.items()})
+        return LinearisedEdges(t, s, w, k, {kk: rows(v) for kk, v in self.constants.items()},
+                               {kk: rows(v) for kk, v in self.totals.items()})
 
     def max_violation(self) -> float:
         """The largest ``|total - (sum of edges + constant)|`` over heads and kinds, relative to
