@@ -430,6 +430,10 @@ def test_query_and_key_edges_are_the_first_order_removal_effect(variant):
     vector); writers without an edge have a zero derivative; the value edges are unchanged."""
     model, adapter, g = _graph(variant, head_inputs=("value", "query", "key"))
     _, _, g_value = _graph(variant)
+    _check_qk_edges(model, adapter, g, g_value)
+
+
+def _check_qk_edges(model, adapter, g, g_value):
     np.testing.assert_array_equal(g.edge_weight, g_value.edge_weight)  # the exact edges are untouched
     assert g.check_completeness().max_violation < 1e-10
     le = g.linearised_edges
@@ -463,6 +467,45 @@ def test_query_and_key_edges_are_the_first_order_removal_effect(variant):
             checked += len(before)
     assert largest > 1e-3 and checked > 100
     assert worst <= 1e-9 * largest, (worst, largest)
+
+
+def _family_graph(family: str, tmp_path, **kw):
+    """A tiny transformers checkpoint of ``family`` (from_config + save_pretrained), loaded in
+    float64, and its component graph."""
+    from circuitgraph.adapters.loading import load_hf_dir
+    from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint
+
+    folder = save_checkpoint(tiny_checkpoint(family), tmp_path / family)
+    adapter = load_hf_dir(folder, dtype="float64")
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    g = attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
+                  component_inputs=True, **kw)
+    return adapter.model, adapter, g
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "phi", "llama"])
+def test_query_and_key_edges_on_transformers_families(family, tmp_path):
+    """The same autograd reference on tiny transformers checkpoints of other families (GPT-2;
+    Qwen2 with q/k/v biases and grouped-query heads; Phi's parallel block; Llama)."""
+    model, adapter, g = _family_graph(family, tmp_path, head_inputs=("value", "query", "key"))
+    _, _, g_value = _family_graph(family, tmp_path / "plain")
+    _check_qk_edges(model, adapter, g, g_value)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen3", "olmo2"])
+def test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps(family, tmp_path):
+    """Gemma-2 (post-norms, attention soft-cap), Qwen3 (per-head q/k norms), OLMo-2 (whole-projection
+    q/k norms, no input norm): the value edges unchanged, completeness, and each head's query and
+    key edges summing with their constants to ``sum_s dT/da_s a_s`` (to 1e-10)."""
+    _, _, g = _family_graph(family, tmp_path, head_inputs=("value", "query", "key"))
+    _, _, g_value = _family_graph(family, tmp_path / "plain")
+    np.testing.assert_array_equal(g.edge_weight, g_value.edge_weight)
+    assert g.check_completeness().max_violation < 1e-10
+    le = g.linearised_edges
+    assert len(le) > 0 and le.max_violation() < 1e-10
+    heads = [n for n in g.nodes if n.kind == "attention_head"]
+    assert all("query_total" in n.attrs and "key_total" in n.attrs for n in heads)
+    assert any(abs(n.attrs["query_total"]) > 1e-6 for n in heads)
 
 
 def test_pipeline_handles_query_and_key_edges(tmp_path):
