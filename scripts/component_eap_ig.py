@@ -16,13 +16,15 @@ that destination, ``J_ln1(x_k[p])^T W_V^h (A_k[h, t, p] dL/dz_k[t, h])``; for th
 ``J_ln2(x_k[t])^T dL/d ln2(x_k)[t]``.  ``L`` is the logit difference; the corrupted prompt
 replaces the three names (Wang et al.'s ABC distribution).  Nothing here is tuned to agree.
 
-The script runs circuitgraph (``graph: {mlp: mlp, attention: heads, component_inputs: true,
-head_inputs: [value, query, key]}``) on the same prompt, scores every component edge both ways,
+The script runs circuitgraph on examples/real/component_ioi.yaml (``graph: {mlp: mlp, attention:
+heads, component_inputs: true, head_inputs: [value, query, key]}``; its pruned graph written to
+``OUT_DIR/ioi/graph.json`` for scripts/component_ioi_images.py), scores every component edge of the
+unpruned graph both ways,
 and writes the rank correlations (Spearman over all edges, over the edges into the strongest
 heads, top-k overlaps by |score|) and the strongest linearised query/key edges into the name
 movers to ``OUT_DIR/component_eap_ig.json``.
 
-Usage (heavy: about 3 GB; run under the shared lock)::
+Usage (heavy: about 3 GB; run it under the machine's lock for heavy jobs, if it has one)::
 
     python scripts/component_eap_ig.py MODEL_DIR OUT_DIR [IG_STEPS]
 """
@@ -47,10 +49,21 @@ CORRUPT = "When Anna and Paul went to the store, Mark gave a drink to"  # ABC: e
 TARGET = [" Mary", " John"]
 
 
-def spec(model_dir: str) -> dict:
-    return {"format_version": 1, "model": {"path": model_dir}, "prompt": PROMPT, "targets": [{"logit_diff": TARGET}],
-            "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True,
-                      "head_inputs": ["value", "query", "key"]}, "prune": "none"}
+SPEC = Path(__file__).resolve().parents[1] / "examples" / "real" / "component_ioi.yaml"
+
+
+def spec(model_dir: str, out: Path) -> dict:
+    """examples/real/component_ioi.yaml with the model folder given, its pruned graph written to
+    ``out/ioi/graph.json`` (what scripts/component_ioi_images.py draws), no queries."""
+    import yaml
+
+    s = yaml.safe_load(SPEC.read_text())
+    if s["prompt"] != PROMPT or s["targets"] != [{"logit_diff": TARGET}]:
+        raise SystemExit(f"{SPEC} no longer has this script's prompt and target")
+    s["model"] = {"path": model_dir}
+    s.pop("queries", None)
+    s["export"] = {"json": str(out / "ioi" / "graph.json")}
+    return s
 
 
 def name(g, nid: NodeId) -> str:
@@ -176,8 +189,9 @@ def _topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
 def main(model_dir: str, out_dir: str, steps: int = 5) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    torch.set_grad_enabled(True)
     c0 = time.process_time()
-    result = circuitgraph.run(spec(model_dir))
+    result = circuitgraph.run(spec(model_dir, out))
     g = result.full_graph
     cpu_graph = time.process_time() - c0
     ctx = g.context

@@ -340,8 +340,9 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
     a, b = tok.encode(" Mary")[-1], tok.encode(" John")[-1]
     target = ResolvedTarget("logit_diff", position=len(tokens) - 1, tokens=(a, b))
     g = attribute(adapter, tokens, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
-                  component_inputs=True)
+                  component_inputs=True, head_inputs=("value", "query", "key"))
     assert g.check_completeness().max_violation < 1e-9
+    assert g.linearised_edges.max_violation() < 1e-9
     lin = linearise(adapter, torch.tensor(tokens))
     _, cache = model.run_with_cache(torch.tensor([tokens]))
     writers = _writer_vectors(model, cache, g)
@@ -368,6 +369,26 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
         largest = max(largest, float(np.abs(expected).max()))
         worst = max(worst, float(np.abs(got - expected).max()))
     assert worst <= 1e-9 * largest, (worst, largest)
+    # its linearised query and key edges: -d targets / d eps by autograd through the hooks
+    le = g.linearised_edges
+    row = g.index_of(last[0].id)
+    for side, kind in (("q", "query"), ("k", "key")):
+        grads = []
+        for start in range(0, len(before), 64):
+            chunk = before[start:start + 64]
+            removed = torch.zeros(len(chunk), T, model.cfg.d_model, dtype=torch.float64)
+            for i, w in enumerate(chunk):
+                removed[i, w.position] = writers[w]
+            eps = torch.zeros(len(chunk), dtype=torch.float64, requires_grad=True)
+            with torch.enable_grad():
+                out = _qk_patched_targets(model, adapter, lin, last[0].id, eps, removed, side, extra, tokens, (a, b))
+                grads.append(-torch.autograd.grad(out.sum(), eps)[0].numpy())
+        expected = np.concatenate(grads)
+        m = (le.target == row) & (le.kind_names() == kind)
+        by_source = dict(zip(le.source[m].tolist(), le.weight[m].tolist(), strict=True))
+        got = np.array([by_source.get(g.index_of(w), 0.0) for w in before])
+        assert np.abs(expected).max() > 1e-4
+        assert np.abs(got - expected).max() <= 1e-9 * np.abs(expected).max(), kind
 
 
 def test_component_edge_bound_refuses_with_advice(monkeypatch):
@@ -389,7 +410,7 @@ QK_CASES = ["ln-gelu-learned", "rms-gated-rotary-gqa", "ln-gated-rotary", "none-
 
 
 def _qk_patched_targets(model, adapter, lin, head: NodeId, eps: torch.Tensor, removed: torch.Tensor, side: str,
-                        extra, tokens=TOKENS):
+                        extra, tokens=TOKENS, ab=(A_TOK, B_TOK)):
     """Targets (B,) with ``eps[b] * removed[b] (T, d_model)`` taken out of ``head``'s query
     (``side="q"``) or key (``"k"``) input only, in the frozen model: the head's pattern row at its
     destination recomputed from the model's own ln1 (frozen sigma), ``W_Q`` / ``W_K`` (grouped-query
@@ -419,7 +440,7 @@ def _qk_patched_targets(model, adapter, lin, head: NodeId, eps: torch.Tensor, re
         return z
 
     with frozen(adapter, lin, extra_hooks=extra + [(f"blocks.{m}.attn.hook_z", patch_z)]) as fm:
-        return _logit_diff(fm(torch.tensor([tokens] * B)))
+        return _logit_diff(fm(torch.tensor([tokens] * B)), *ab)
 
 
 @pytest.mark.parametrize("variant", QK_CASES)
