@@ -7,9 +7,10 @@ exists), then, from the pruned graph file alone:
 
 * ``component_ioi_graph.svg`` / ``.png``: the diagram of the ``--max-nodes`` most influential nodes
   (exact value edges solid, linearised query/key edges dashed and labelled ``q`` / ``k``);
-* ``component_ioi_explorer.png``: ``circuitgraph serve WORK_DIR`` in headless Chromium (Playwright,
-  Debian's Chromium), the strongest name mover at the final position selected: its exact value
-  inputs and its linearised query and key inputs in the node panel.
+* ``component_ioi_explorer.png`` and ``component_ioi_explorer_qk.png``: ``circuitgraph serve WORK_DIR``
+  in headless Chromium (Playwright, Debian's Chromium), the strongest name mover at the final
+  position selected: its exact value inputs in the node panel, then the panel scrolled to its
+  linearised query and key inputs.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def screenshot(folder: Path, out: Path, node: str) -> Path:
     from circuitgraph.serve import running_server
     from circuitgraph.testing.browser import playwright_chromium
 
-    path = out / "component_ioi_explorer.png"
+    path, qk_path = out / "component_ioi_explorer.png", out / "component_ioi_explorer_qk.png"
     with running_server(folder) as server, playwright_chromium() as browser:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.goto(server.url + "#graph=ioi%2Fgraph.json")
@@ -75,7 +76,13 @@ def screenshot(folder: Path, out: Path, node: str) -> Path:
         page.wait_for_function(f"document.getElementById('details').dataset.node === '{node}' && "
                                "document.getElementById('details').dataset.state === 'ready'")
         page.screenshot(path=str(path))
-    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        # the same panel scrolled to the head's linearised query and key inputs
+        page.evaluate("""() => { const h = [...document.querySelectorAll('#details h4')]
+                                   .find((e) => e.textContent.startsWith('query inputs'));
+                                 if (h) h.previousElementSibling.scrollIntoView(); }""")
+        page.screenshot(path=str(qk_path))
+    for p in (path, qk_path):
+        Image.open(p).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(p, optimize=True)
     return path
 
 
