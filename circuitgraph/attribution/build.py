@@ -56,7 +56,7 @@ def build_graph(
     col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     if options.component_inputs:
-        check_component_edge_bound(col)
+        check_component_edge_bound(col, tuple(options.head_inputs))
     nodes = col.nodes
     if plan.selecting:
         rows, selected = select_and_compute(col, plan.max_feature_nodes, max_neuron_nodes=plan.max_neuron_nodes,

@@ -103,10 +103,11 @@ def check_component_inputs_supported(adapter, mlp_modes: dict[int, str]) -> None
 MAX_COMPONENT_EDGES = 100_000_000
 
 
-def component_edge_bound(col: Collected) -> int:
+def component_edge_bound(col: Collected, head_inputs: tuple[str, ...] = ("value",)) -> int:
     """An upper bound on the edges into head and whole-MLP nodes: a head of layer ``m`` at ``t``
     reads every source ``s <= t`` (any ``s`` without a causal mask), each reader meets at most the
-    writers at its position up to resid_pre(m) (or, through frozen attention, at any position)."""
+    writers at its position up to resid_pre(m) (or, through frozen attention, at any position);
+    the linearised key edges (``head_inputs``) as many again, the query edges one reader per head."""
     fm = col.frozen
     L, T = fm.n_layers, fm.n_pos
     counts, _, _, _ = col.count_tables(2 * L + 1, T)
@@ -118,20 +119,22 @@ def component_edge_bound(col: Collected) -> int:
         if fm.attention_modes[m] == "heads":
             H = int(fm.attn[m]["W_V"].shape[0])
             readers = (T - np.arange(T)) if fm.causal else np.full(T, T)
-            total += int((H * readers * per_pos).sum())
+            total += int((H * readers * per_pos).sum()) * (2 if "key" in head_inputs else 1)
+            if "query" in head_inputs:
+                total += int(H * per_pos.sum())
         upto_mid = counts[: 2 * m + 2]
         total += int((upto_mid.sum(0) if local else np.full(T, upto_mid.sum())).sum())
     return total
 
 
-def check_component_edge_bound(col: Collected) -> None:
+def check_component_edge_bound(col: Collected, head_inputs: tuple[str, ...] = ("value",)) -> None:
     """Refuse a graph whose component edges could exceed :data:`MAX_COMPONENT_EDGES`."""
-    bound = component_edge_bound(col)
+    bound = component_edge_bound(col, head_inputs)
     if bound > MAX_COMPONENT_EDGES:
         raise AttributionError(
             f"graph.component_inputs: up to {bound:,} edges into head and MLP nodes (the limit is "
             f"{MAX_COMPONENT_EDGES:,}: a head at each position reads every earlier position); use a shorter prompt, "
-            "heads on fewer layers (attention: {layer: heads}), or component_inputs: false")
+            "heads on fewer layers (attention: {layer: heads}), fewer head_inputs, or component_inputs: false")
 
 
 def _slopes_and_offsets(adapter, lin, layer: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
