@@ -383,7 +383,7 @@ MUTATIONS = [
         "circuitgraph/attribution/component_inputs.py",
         "g = a_h * (e[:, h, :] - total) * slope",
         "g = a_h * e[:, h, :] * slope",
-        ("tests/test_component_inputs.py",),
+        ("tests/test_component_inputs.py::test_query_and_key_edges_are_the_first_order_removal_effect",),
     ),
     Mutation(
         "head-inputs-softcap-slope-dropped",
@@ -391,7 +391,7 @@ MUTATIONS = [
         "circuitgraph/attribution/component_inputs.py",
         "slope = torch.ones_like(score) if not cap else 1.0 - torch.tanh(score / cap) ** 2",
         "slope = torch.ones_like(score)",
-        ("tests/test_component_inputs.py",),
+        ("tests/test_component_inputs.py::test_query_and_key_edges_are_the_first_order_removal_effect",),
     ),
     Mutation(
         "component-total-effect-mlp-slopes-dropped",
