@@ -43,7 +43,7 @@ def diagram(graph_file: Path, out: Path, max_nodes: int) -> list[Path]:
     paths = []
     for suffix in ("svg", "png"):
         path = out / f"component_ioi_graph.{suffix}"
-        g.render(str(path), max_nodes=max_nodes, title="IOI component circuit of SmolLM2-135M-Instruct: "
+        g.render(str(path), max_nodes=max_nodes, max_edges=2 * max_nodes, title="IOI component circuit of SmolLM2-135M-Instruct: "
                  "heads and MLPs with inputs (q/k dashed: linearised)")
         paths.append(path)
     return paths
@@ -61,20 +61,32 @@ def mover(graph_file: Path) -> str:
     return str(max(direct, key=direct.get))
 
 
-def screenshot(folder: Path, out: Path, node: str) -> Path:
+def screenshot(graph_file: Path, out: Path, node: str, budget: int = 16) -> Path:
+    import shutil
+    import tempfile
+
     from PIL import Image
 
     from circuitgraph.serve import running_server
     from circuitgraph.testing.browser import playwright_chromium
 
     path, qk_path = out / "component_ioi_explorer.png", out / "component_ioi_explorer_qk.png"
+    folder = Path(tempfile.mkdtemp(prefix="component_ioi_"))  # the graph file alone in the catalog
+    (folder / "ioi").mkdir()
+    shutil.copyfile(graph_file, folder / "ioi" / "graph.json")
     with running_server(folder) as server, playwright_chromium() as browser:
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page = browser.new_page(viewport={"width": 1600, "height": 1200})
         page.goto(server.url + "#graph=ioi%2Fgraph.json")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        page.focus("#node-budget")
+        for _ in range(40 - budget):  # the most influential nodes only: a layer per row stays legible
+            page.keyboard.press("ArrowLeft")
+        page.wait_for_timeout(1500)  # the slider's request
         page.wait_for_function("document.body.dataset.state === 'ready'")
         page.click(f'#graph g.node[data-id="{node}"]')
         page.wait_for_function(f"document.getElementById('details').dataset.node === '{node}' && "
                                "document.getElementById('details').dataset.state === 'ready'")
+        page.click("#zoom-fit")  # the whole circuit, not the opening view around the targets
         page.screenshot(path=str(path))
         # the same panel scrolled to the head's linearised query and key inputs
         page.evaluate("""() => { const h = [...document.querySelectorAll('#details h4')]
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("work", type=Path)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "images")
     ap.add_argument("--spec", type=Path, default=REPO / "examples" / "real" / "component_ioi.yaml")
-    ap.add_argument("--max-nodes", type=int, default=30)
+    ap.add_argument("--max-nodes", type=int, default=20)
     args = ap.parse_args(argv)
     graph_file = args.work / "ioi" / "graph.json"
     if not graph_file.exists():
@@ -99,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for p in diagram(graph_file, args.out, args.max_nodes):
         print(p)
-    print(screenshot(args.work, args.out, mover(graph_file)))
+    print(screenshot(graph_file, args.out, mover(graph_file)))
     return 0
 
 
