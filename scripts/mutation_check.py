@@ -36,7 +36,7 @@ The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mu
     paths-no-divisor                  by tests/test_queries_paths.py::test_exact_kbest_equals_brute_force
     influence-row-divisor-off, total-effect-gain-inverted
         by tests/test_queries_influence.py::test_chain_by_hand
-    qk-rotation-transposed, qk-key-read-with-query-sigma
+    qk-rotation-transposed, qk-key-read-at-query-position
         by tests/test_qk.py::test_sums_equal_the_model_score_every_head_float32
     neuronpedia-links-reversed, neuronpedia-influence-of-the-pruned-graph
         by tests/test_neuronpedia.py::test_scores_and_nodes_equal_circuit_tracers_file
@@ -311,17 +311,17 @@ MUTATIONS = [
     Mutation(
         "qk-rotation-transposed",
         "QK attribution's query/key reader directions rotated by R instead of R^T",
-        "circuitgraph/queries/qk.py",
-        "W, b = W @ R[t].T, R[t] @ b",
-        "W, b = W @ R[t], R[t] @ b",
+        "circuitgraph/attribution/qk_readers.py",
+        "W, b = W @ self.R[t].T, self.R[t] @ b",
+        "W, b = W @ self.R[t], self.R[t] @ b",
         ("tests/test_qk.py",),
     ),
     Mutation(
-        "qk-key-read-with-query-sigma",
-        "QK attribution's key dimensions divided by ln1's sigma at the query position",
+        "qk-key-read-at-query-position",
+        "QK attribution's key readers built at the query position (its sigma, its rotation) instead of the key's",
         "circuitgraph/queries/qk.py",
-        "dirs.append(norm.reader_direction(w) / sigma[t])",
-        "dirs.append(norm.reader_direction(w) / sigma[q_pos])",
+        'for side, t in (("q", q_pos), ("k", kp)):',
+        'for side, t in (("q", q_pos), ("k", q_pos)):',
         ("tests/test_qk.py",),
     ),
     Mutation(
@@ -439,6 +439,23 @@ MUTATIONS = [
         "dirs.append(A[h, t, s] * read[t, h] / sigma[s])",
         "dirs.append(A[h, t, s] * read[t, h] / sigma[t])",
         ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
+        "head-inputs-softmax-uncentred",
+        "the linearised query/key edges use dT/da_s = A_s e_s instead of A_s (e_s - T) (the softmax's "
+        "normalisation forgotten; graph.head_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "g = a_h * (e[:, h, :] - total) * slope",
+        "g = a_h * e[:, h, :] * slope",
+        ("tests/test_component_inputs.py::test_query_and_key_edges_are_the_first_order_removal_effect",),
+    ),
+    Mutation(
+        "head-inputs-softcap-slope-dropped",
+        "the linearised query/key edges ignore the attention soft-cap's slope 1 - tanh^2 (graph.head_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "slope = torch.ones_like(score) if not cap else 1.0 - torch.tanh(score / cap) ** 2",
+        "slope = torch.ones_like(score)",
+        ("tests/test_component_inputs.py::test_query_and_key_edges_are_the_first_order_removal_effect",),
     ),
     Mutation(
         "component-total-effect-mlp-slopes-dropped",

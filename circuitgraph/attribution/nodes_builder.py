@@ -49,6 +49,9 @@ class GraphOptions:
     #: head and whole-MLP nodes get incoming edges (their total effects split over their inputs,
     #: :mod:`circuitgraph.attribution.component_inputs`)
     component_inputs: bool = False
+    #: the edge kinds into head nodes with component inputs: "value" (exact path patching) and
+    #: "query" / "key" (linearised at the prompt, :mod:`circuitgraph.attribution.component_inputs`)
+    head_inputs: tuple[str, ...] = ("value",)
     #: keep this many neurons, chosen by influence (every neuron is a candidate; not with neuron_top_k)
     max_neuron_nodes: int | None = None
     dtype: torch.dtype = torch.float32

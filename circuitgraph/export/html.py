@@ -434,7 +434,8 @@ def _linked(graph: AttributionGraph, boards: Mapping[tuple[int, int], Any]) -> A
                   {**n.attrs, "href": f"#{_anchor(n.layer, n.index)}"})
              if n.kind == "feature" and (n.layer, n.index) in boards else n for n in graph.nodes]
     return AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
-                            targets=list(graph.targets), metadata=graph.metadata)
+                            targets=list(graph.targets), metadata=graph.metadata,
+                            linearised_edges=graph.linearised_edges)
 
 
 class _NodeNames:

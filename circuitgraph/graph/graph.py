@@ -18,6 +18,7 @@ import numpy as np
 
 from circuitgraph.errors import CircuitGraphError, QueryError
 from circuitgraph.graph.edges import grouped, incoming_sums
+from circuitgraph.graph.linearised_edges import LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.spec.graph import GraphSpec
@@ -106,6 +107,9 @@ class AttributionGraph:
         max_dense_nodes: the most nodes :meth:`dense_adjacency` densifies by default (a run sets
             its spec's ``graph.max_dense_nodes``; a graph file read back keeps it; None: the spec's
             default).
+        linearised_edges: the linearised query and key edges into heads
+            (``graph.head_inputs``), kept apart from the exact edges above: completeness, influence,
+            pruning and paths use the exact edges only (:mod:`circuitgraph.graph.linearised_edges`).
     """
 
     nodes: list[Node]
@@ -117,6 +121,7 @@ class AttributionGraph:
     context: AttributionContext | None = field(default=None, repr=False, compare=False)
     edges_unique: bool = field(default=False, repr=False, compare=False)
     max_dense_nodes: int | None = field(default=None, repr=False, compare=False)
+    linearised_edges: LinearisedEdges | None = field(default=None, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "metadata" and not isinstance(value, GraphMetadata):  # a plain dict: given typed attributes
@@ -403,6 +408,7 @@ class AttributionGraph:
             metadata=dict(self.metadata),
             context=self.context,
             max_dense_nodes=self.max_dense_nodes,
+            linearised_edges=None if self.linearised_edges is None else self.linearised_edges.remap(remap),
         )
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:

@@ -14,7 +14,8 @@ MLP; every logit or target node is the target) and its edges aggregated by compo
 * into a head or a whole MLP, when the graph has component inputs (``graph.component_inputs``):
   the graph's own edges into those nodes (each a writer's share of the component's total effect
   through its value / MLP input, exactly path patching of the frozen model), ``|weight|`` summed
-  over positions; the query/key paths (``qk``) as below;
+  over positions; the query/key paths (``qk``): the graph's own linearised query and key edges
+  when it has them (``graph.head_inputs: [value, query, key]``), else as below;
 * into a head or a whole MLP of a graph without component inputs (vector nodes, not readers): the same exact sweep of
   the frozen model with the component's input directions as readers
   (:meth:`AttributionContext.attribute_directions`), at every position: a head's value path
@@ -171,6 +172,15 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
             dst = comp[graph.nodes[d].id]
             if dst is not None:
                 add(comp[graph.nodes[s].id], dst, "direct", x)
+    # into heads through their query and key, when the graph has them (graph.head_inputs): its own
+    # linearised edges, |weight| summed by component
+    le = graph.linearised_edges
+    own_qk = own_inputs and le is not None and set(le.kinds) == {"query", "key"}
+    if own_qk:
+        for s, d, x in zip(le.source.tolist(), le.target.tolist(), np.abs(le.weight).tolist(), strict=True):
+            dst = comp[graph.nodes[d].id]
+            if dst is not None:
+                add(comp[graph.nodes[s].id], dst, "qk", x)
     # into heads and MLPs: their input directions as extra readers of the same sweep
     a, lin, fm = ctx.adapter, ctx.linearisation, ctx.frozen_model
     T = lin.n_pos
@@ -184,7 +194,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
         A = fm.pattern(layer).to(torch.float64)  # (H, T, T)
         attended = A.sum(1)  # (H, s): attention paid to each source position
         for side, W in qkv.items():
-            if own_inputs and side == "value":  # the graph's own edges (above)
+            if (own_inputs and side == "value") or (own_qk and side != "value"):  # the graph's own edges (above)
                 continue
             H, D, dh = W.shape
             cols = W.to(device=device, dtype=dtype).permute(0, 2, 1).reshape(H * dh, D)

@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.export.dot import (
@@ -253,7 +255,8 @@ class Explorer:
                 node = Node(node.id, node.activation, node.pre_activation, node.constant, label, node.attrs)
             nodes.append(node)
         out = AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
-                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique)
+                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique,
+                               linearised_edges=graph.linearised_edges)
         return out
 
     def default_thresholds(self, graph: AttributionGraph) -> tuple[float, float]:
@@ -394,6 +397,7 @@ class Explorer:
             "edges": [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
                       zip(view.edge_source.tolist(), view.edge_target.tolist(), view.edge_weight.tolist(), strict=False)],
             "supernodes": groups,
+            "linearised_edges": _linearised_view_edges(view, ids, 3 * len(ids)),
         }
 
     def node(self, name: str, node_text: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -428,11 +432,34 @@ class Explorer:
             "qk": [h for h in self._qk_heads(name) if node.kind == "attention_head" and int(h["layer"]) == node.layer
                    and int(h["head"]) == node.index and int(h["query_position"]) == node.position],
         })
+        rec["linearised_inputs"] = self._linearised_inputs(source, node_id, limit)
         rec["qk_names"] = self._qk_names(name, rec["qk"])
         dash = self._dash_of(node.kind)
         if dash is not None:
             rec["dashboard"] = dash.dashboard(node.layer, node.index)
         return rec
+
+    def _linearised_inputs(self, graph: AttributionGraph, node_id: NodeId, limit: int) -> list[dict[str, Any]]:
+        """A head's linearised query and key inputs (``graph.head_inputs``), one entry per kind:
+        the strongest edges, their count and sum, the constant and the per-head sum they make."""
+        le = graph.linearised_edges
+        if le is None or node_id not in graph:
+            return []
+        row = graph.index_of(node_id)
+        out = []
+        names = le.kind_names()
+        for kind in le.kinds:
+            if row not in le.totals.get(kind, {}):
+                continue
+            sel = np.flatnonzero((le.target == row) & (names == kind))
+            sel = sel[np.argsort(-np.abs(le.weight[sel]), kind="stable")]
+            out.append({"kind": kind, "linearised": True, "n_inputs": int(sel.size),
+                        "sum_inputs": float(le.weight[sel].sum()),
+                        "constant": _number(le.constants.get(kind, {}).get(row, 0.0)),
+                        "total": _number(le.totals[kind][row]),
+                        "inputs": [self._edge_json(graph, graph.nodes[int(le.source[k])].id, float(le.weight[k]))
+                                   for k in sel[:limit].tolist()]})
+        return out
 
     @staticmethod
     def _edge_json(graph: AttributionGraph, other: NodeId, weight: float) -> dict[str, Any]:
@@ -728,3 +755,14 @@ def _jsonable_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(v, (list, tuple)) and len(v) <= 64 and all(isinstance(x, (str, int, float)) for x in v):
             out[k] = [_number(x) if isinstance(x, float) else x for x in v]
     return out
+
+
+def _linearised_view_edges(view: AttributionGraph, ids: list[str], limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` strongest linearised query / key edges of the view (``graph.head_inputs``)."""
+    le = view.linearised_edges
+    if le is None or not len(le) or le.target.max(initial=-1) >= len(ids):
+        return []
+    order = np.argsort(-np.abs(le.weight), kind="stable")[:limit]
+    names = le.kind_names()
+    return [{"source": ids[int(le.source[k])], "target": ids[int(le.target[k])], "weight": float(le.weight[k]),
+             "kind": str(names[k]), "linearised": True} for k in order.tolist()]

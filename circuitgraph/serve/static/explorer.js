@@ -368,6 +368,23 @@ function render() {
     path.append(title);
     edgeLayer.append(path);
   }
+  // linearised query / key edges into heads (graph.head_inputs): dashed, on the same width scale
+  for (const e of (view.linearised_edges || []).filter((e) => shown.has(e.source) && shown.has(e.target))) {
+    const s = lay.place.get(e.source), t = lay.place.get(e.target);
+    const x1 = s.x + NODE_W / 2, y1 = s.y, x2 = t.x + NODE_W / 2 + (e.kind === "query" ? -8 : 8), y2 = t.y + NODE_H;
+    const my = (y1 + y2) / 2;
+    const path = svg("path", {
+      d: `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`, class: "edge linearised " + e.kind,
+      stroke: e.weight < 0 ? state.edgeColors.negative : state.edgeColors.positive,
+      "stroke-width": Math.min(5, 0.4 + 4.6 * Math.abs(e.weight) / maxAbs).toFixed(2),
+      "stroke-dasharray": e.kind === "query" ? "5 3" : "2 2",
+      "data-source": e.source, "data-target": e.target, "data-kind": e.kind,
+    });
+    const title = svg("title");
+    title.textContent = `${e.source} → ${e.target} (${e.kind}, linearised): ${e.weight}`;
+    path.append(title);
+    edgeLayer.append(path);
+  }
   root.append(edgeLayer);
 
   const nodeLayer = svg("g", { class: "nodes" });
@@ -471,7 +488,14 @@ function nodePanel(n) {
   if (n.members) out.push(el("div", { class: "tag" }, "members: " + n.members.join(", ")));
   if (n.dashboard) out.push(...dashboardPanel(n.dashboard));
   for (const head of n.qk || []) out.push(...qkPanel(head, n.qk_names || {}));
-  out.push(...edgeTable("inputs", n.inputs, n.n_inputs), ...edgeTable("outputs", n.outputs, n.n_outputs));
+  const valueTitle = (n.linearised_inputs || []).length ? "inputs (value path, exact)" : "inputs";
+  out.push(...edgeTable(valueTitle, n.inputs, n.n_inputs));
+  for (const lin of n.linearised_inputs || []) {  // graph.head_inputs: query / key edges, first order
+    out.push(factsTable([[`${lin.kind} inputs: sum + constant`, lin.sum_inputs + (lin.constant ?? 0)],
+                         [`${lin.kind}: Σ dT/da · a`, lin.total ?? undefined]]));
+    out.push(...edgeTable(`${lin.kind} inputs (linearised)`, lin.inputs, lin.n_inputs));
+  }
+  out.push(...edgeTable("outputs", n.outputs, n.n_outputs));
   return out;
 }
 
