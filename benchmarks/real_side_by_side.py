@@ -123,7 +123,6 @@ def compare(graph: Any, ct_npz: Path, tokens: list[int]) -> dict[str, Any]:
     """Every entry of circuit-tracer's adjacency against circuitgraph's edge between the same nodes (0 where
     none), and the largest difference relative to the edge itself among the edges above 1e-3 of the largest."""
     import numpy as np
-
     from side_by_side import _row_map, ct_node_order, edge_difference, selected_features_agreement
 
     with np.load(ct_npz) as z:
