@@ -122,6 +122,15 @@ MUTATIONS = [
         ("tests/test_training_topk.py::test_topk_trains_every_kind_and_circuitgraph_reads_it",),
     ),
     Mutation(
+        "tl-bundle-rotary-default",
+        "circuit-tracer's TransformerLens copy of a real Llama-family model keeps TransformerLens's rotary base "
+        "10000 instead of the folder's rope_theta (SmolLM2: 100000)",
+        "benchmarks/circuit_tracer/tl_bundle_from_hf.py",
+        '        d["rotary_base"] = float(theta)\n',
+        '        pass\n',
+        ("tests/test_real_training.py::test_graph_agrees_with_circuit_tracer",),
+    ),
+    Mutation(
         "train-skip-transposed",
         "a trained skip transcoder's W_skip written transposed (not what was trained)",
         "circuitgraph/training/writers.py",

@@ -28,6 +28,7 @@ from circuitgraph.dictionaries.hub import resolve_hf_dictionary
 from circuitgraph.dictionaries.sources import dictionary_folder, load_dictionary_spec
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
+from circuitgraph.spec.load import trained_dictionary_hint
 
 __all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
            "resolve_prompt_like"]
@@ -47,6 +48,9 @@ def needs_transformer_lens(spec: Spec) -> bool:
 def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     """Load the model and transcoders a spec names, in the dtype the graph needs."""
     m = spec.model
+    t = spec.transcoders
+    if t is not None and t.source == "path" and not t.path.is_dir():  # before the model is loaded
+        raise LoadError(f"transcoder folder not found: {t.path}{trained_dictionary_hint(t.path)}")
     compute = torch_dtype(spec.graph.dtype)
     weights = torch_dtype(m.dtype)
     # float64 accumulation runs the whole forward in float64 so measured values are exact too

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name
+from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, load_pretrained
 from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 from circuitgraph.errors import SpecError
 from circuitgraph.training.data import read_documents, split_windows, token_windows
@@ -39,6 +39,8 @@ def load_model(model_spec: Any) -> Any:
         return load_model_name(m.name, dtype=m.dtype, device=m.device, fold_ln=m.fold_ln,
                                center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
                                trust_remote_code=m.trust_remote_code)
+    if m.source == "pretrained":
+        return load_pretrained(m.pretrained, dtype=m.dtype, device=m.device)
     return load_builtin_model(m.builtin, dtype=m.dtype, device=m.device, backend=m.backend)[0]
 
 
@@ -112,7 +114,7 @@ def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None
                      "context": t.context, "tokens": t.tokens, "batch": t.batch,
                      "lr": t.lr if t.backend == "circuitgraph" or "lr" in t.model_fields_set else "sparsify default",
                      "sparsity": t.sparsity,
-                     "seed": t.seed, "model": str(spec.model.path or spec.model.name or spec.model.builtin),
+                     "seed": t.seed, "model": str(spec.model.path or spec.model.name or spec.model.pretrained or spec.model.builtin),
                      "text": [str(p) for p in t.text], "train_windows": len(train_w), "held_out_windows": len(eval_w),
                      "bos": bos is not None},
         "steps": steps, "train_tokens": steps * t.batch * per_window, "seconds": seconds,
