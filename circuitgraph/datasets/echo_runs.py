@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
+from circuitgraph.datasets.executors import executor_from
 from circuitgraph.datasets.prompt import PromptOutput, one_line
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.pipeline.inputs import load_inputs
 from circuitgraph.spec import Spec
+from circuitgraph.validation.dispatch import register_executor_rows
 from circuitgraph.validation.echo_stats import LayerStats, stream_stats
 from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.interventions import Unit
@@ -159,3 +161,10 @@ class ExecutorRows:
         self._run(EchoJob("nll", first_position=first_position, neuron_sets=sets, batch_size=batch_size), rows,
                   lambda record: totals.extend(record["nll"]))
         return iter(totals)
+
+
+def _executor_rows(spec: Any, executor: Any, d_mlp: int) -> ExecutorRows:
+    return ExecutorRows(spec, executor_from(executor), d_mlp)
+
+
+register_executor_rows(_executor_rows)

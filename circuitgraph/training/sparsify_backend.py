@@ -27,7 +27,6 @@ default optimiser: signum with schedule-free averaging; its default learning rat
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from circuitgraph._io import read_json_file
 from circuitgraph.adapters.pretrained import pretrained_dir
 from circuitgraph.errors import SpecError
 from circuitgraph.training.activation_stream import layer_activations
@@ -130,7 +130,7 @@ def read_sparsify_folder(folder: Path, hookpoints: list[str], norms: list[tuple[
     enc, benc, dec, bdec, skip, k = [], [], [], [], [], None
     for h, (gamma, beta) in zip(hookpoints, norms, strict=True):
         t = load_file(str(folder / h / "sae.safetensors"))
-        k = int(json.loads((folder / h / "cfg.json").read_text())["k"])
+        k = int(read_json_file(folder / h / "cfg.json", "sparsify cfg.json")["k"])
         E, c, bd = t["encoder.weight"].double(), t["encoder.bias"].double(), t["b_dec"].double()
         if beta is not None:
             c = c + E @ beta

@@ -279,6 +279,16 @@ def sign_regimes_rows(c: CheckCall, p: Any) -> tuple[list[list[int]], list[list[
     return selection, evaluation
 
 
+_EXECUTOR_ROWS: Callable[[Any, Any, int], Any] | None = None
+
+
+def register_executor_rows(factory: Callable[[Any, Any, int], Any]) -> None:
+    """Called by ``circuitgraph.datasets.echo_runs`` on import: how ``sign_regimes.executor`` makes
+    its row runner (spec, executor block, d_mlp) -> rows, without the checks importing the executors."""
+    global _EXECUTOR_ROWS
+    _EXECUTOR_ROWS = factory
+
+
 @_runs('sign_regimes')
 def run_sign_regimes(c: CheckCall, p: Any) -> Any:
     selection, evaluation = sign_regimes_rows(c, p)
@@ -287,10 +297,12 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
         if c.spec is None:
             raise ValidationRunError("sign_regimes.executor: the workers load the run's model from its spec; run the "
                                      "check from a spec (circuitgraph run, or run_check(..., spec=spec))")
-        # named, not imported: the dataset executors sit above the checks (docs/architecture.md)
-        echo_runs = importlib.import_module("circuitgraph.datasets.echo_runs")
-        executors = importlib.import_module("circuitgraph.datasets.executors")
-        runner = echo_runs.ExecutorRows(c.spec, executors.executor_from(p.executor), c.adapter.facts.d_mlp)
+        # registered, not imported: the dataset executors sit above the checks (docs/architecture.md);
+        # importing circuitgraph.datasets (the entry points do) registers them
+        if _EXECUTOR_ROWS is None:
+            raise ValidationRunError("sign_regimes.executor: the dataset executors are not loaded; import "
+                                     "circuitgraph.datasets first (circuitgraph run and circuitgraph.run do)")
+        runner = _EXECUTOR_ROWS(c.spec, p.executor, c.adapter.facts.d_mlp)
     return sign_regimes(
         c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
         use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
