@@ -8,7 +8,7 @@ Run::
 What is fingerprinted (tiny and built-in demo models only; a few minutes on one core):
 
 * every ``examples/*.yaml`` spec, run by ``circuitgraph.run`` from a copy of ``examples/`` in a
-  fixed folder (``--work``, default ``/tmp/circuitgraph-fingerprint``: the same folder every time,
+  fixed folder (``--work``, default ``circuitgraph-fingerprint`` in the system's temporary folder: the same folder every time,
   so paths written into the outputs compare equal), every file it writes hashed;
 * the Python API's file and display outputs of the demo graph and its results
   (``to_json``, ``to_dot``, ``_repr_html_``, ``_repr_svg_``, the results' ``_repr_html_``);
@@ -29,6 +29,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ def fingerprint(work: Path, only: set[str] | None = None) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/circuitgraph-fingerprint"))
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "circuitgraph-fingerprint")
     parser.add_argument("--out", type=Path, help="write the fingerprint here")
     parser.add_argument("--check", type=Path, help="compare with this fingerprint; exit 1 on any difference")
     parser.add_argument("--only", nargs="*", help="example spec stems to run (default: all)")
