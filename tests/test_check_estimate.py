@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import circuitgraph
-from circuitgraph.pipeline.check_estimate import peak_so_far, reset_peak, resident
+from circuitgraph.pipeline.check_estimate import PeakWatch
 from circuitgraph.pipeline.estimate import estimate_run
 from circuitgraph.testing.synthetic import save_bundle, tiny_config, tiny_model
 from circuitgraph.validation import run_check
@@ -69,11 +69,9 @@ def test_the_estimate_matches_the_measured_check(kind):
     passes = []
     adapter = graph.context.adapter
     counter = ("hook_embed", lambda x, hook: passes.append(x.shape[0]) or x)
-    before = resident()
-    reset_peak()
-    with adapter.model.hooks(fwd_hooks=[counter]):
+    with PeakWatch() as watch, adapter.model.hooks(fwd_hooks=[counter]):
         run_check(graph, s.validate[0], spec=s)
-    measured = max(peak_so_far() - before, 0)
+    measured = watch.added
     # every forward pass the check runs is counted (the estimate is an upper bound: empty groups,
     # neurons that do not differ, controls that cannot be drawn run nothing)
     assert len(passes) <= est.forward_passes

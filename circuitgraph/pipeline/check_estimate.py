@@ -47,20 +47,30 @@ from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.interventions import Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 
-__all__ = ["CheckEstimate", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
+__all__ = ["CheckEstimate", "PeakWatch", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
 
 #: the patching check's runs per forward pass (``patching(batch_size=64)``)
 PATCH_BATCH = 64
 _PROC_SELF = Path("/proc/self")
 
 
-def reset_peak() -> None:
+#: how far above the resident memory the peak may read just after a reset that worked
+_RESET_SLACK = 16 * 1024**2
+#: the sampler's period where the peak cannot be reset (seconds)
+SAMPLE_PERIOD = 0.002
+
+
+def reset_peak() -> bool:
     """Start the process's peak resident memory afresh (Linux: ``5`` to ``/proc/self/clear_refs``
-    resets ``VmHWM``); elsewhere the peak stays the process's whole lifetime's."""
+    resets ``VmHWM``). True where the reset took (the peak reads the resident memory again);
+    False where it cannot be done or had no effect (not Linux, a sandbox's ``/proc``), and the
+    peak stays the process's whole lifetime's."""
     try:
         (_PROC_SELF / "clear_refs").write_text("5")
     except OSError:
-        pass
+        return False
+    peak, now = _status_kb("VmHWM"), _status_kb("VmRSS")
+    return peak is not None and now is not None and peak <= now + _RESET_SLACK
 
 
 def _status_kb(field: str) -> int | None:
@@ -86,18 +96,71 @@ def peak_so_far() -> int:
 
 
 def resident() -> int:
-    """The process's resident memory now (``VmRSS``; 0 where unknown)."""
-    return _status_kb("VmRSS") or 0
+    """The process's resident memory now (``VmRSS``, else psutil's; 0 where unknown)."""
+    now = _status_kb("VmRSS")
+    if now is not None:
+        return now
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with the run's requirements
+        return 0
+    return int(psutil.Process().memory_info().rss)
+
+
+class PeakWatch:
+    """The peak resident memory of the block it wraps: ``with PeakWatch() as w: ...; w.peak``.
+
+    Where the kernel's peak can be reset (:func:`reset_peak`) it is read once at the end, exact.
+    Where it cannot (the reset is refused or has no effect, as in some sandboxes), the lifetime
+    peak would count whatever the process held before (a notebook, a test session), so a thread
+    samples the resident memory every :data:`SAMPLE_PERIOD` instead; it can miss a spike shorter
+    than that which holds the interpreter lock throughout."""
+
+    def __init__(self) -> None:
+        self.before = 0
+        self.peak = 0
+        self.sampled = False
+        self._stop: Any = None
+        self._thread: Any = None
+
+    def __enter__(self) -> PeakWatch:
+        self.before = resident()
+        if reset_peak():
+            return self
+        import threading
+
+        self.sampled = True
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="circuitgraph-peak-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(SAMPLE_PERIOD):
+            self.peak = max(self.peak, resident())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampled:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, resident())
+        else:
+            self.peak = peak_so_far()
+
+    @property
+    def added(self) -> int:
+        """What the block added to the resident memory at its peak (bytes, at least 0)."""
+        return max(self.peak - self.before, 0)
 
 
 def _probe(fn: Any) -> tuple[int, float]:
     """``(bytes the call added to the resident memory at its peak, seconds)``."""
-    before = resident()
-    reset_peak()
-    t0 = time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - t0
-    return max(peak_so_far() - before, 0), seconds
+    with PeakWatch() as watch:
+        t0 = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t0
+    return watch.added, seconds
 
 
 @dataclass

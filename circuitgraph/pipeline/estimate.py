@@ -41,7 +41,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
 )
 from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
-from circuitgraph.pipeline.check_estimate import CheckEstimate, estimate_checks, peak_so_far, reset_peak
+from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
 from circuitgraph.spec import Spec
@@ -196,11 +196,12 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
 
-    reset_peak()  # the loading peak is this estimate's, not what the process ran before (a notebook, a test session)
-    p = prepare(spec, memory_limit=budget)
+    # the loading peak is this estimate's, not what the process ran before (a notebook, a test session)
+    with PeakWatch() as loading:
+        p = prepare(spec, memory_limit=budget)
     f = p.adapter.facts
     # loading the model and dictionaries passes through a higher peak, whose pages a run may keep
-    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=peak_so_far())
+    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=loading.peak)
     if plan.floor > plan.limit or (not plan.fits and not plan.advice):
         plan.advice = [_LAST_RESORT]  # loading alone passes the limit: no setting of the graph helps
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
