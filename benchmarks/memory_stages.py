@@ -61,6 +61,16 @@ def main() -> None:
         record.update(full_edges=full, kept_edges=kept, nodes=result.full_graph.n_nodes, stages=result.memory,
                       timings=result.timings)
         print(f"full graph: {result.full_graph.n_nodes:,} nodes, {full:,} edges; pruned: {kept:,} edges")
+        record["completeness_max_relative_violation"] = result.full_graph.metadata["completeness"][
+            "max_relative_violation"]
+        record["validation"] = [
+            {"kind": v["kind"], "status": v["status"], **({"correlation": v["result"].correlation,
+                                                          "correlation_total": v["result"].correlation_total,
+                                                          "sign_agreement": v["result"].sign_agreement}
+                                                         if v["kind"] == "predicted_vs_actual" and v["result"] else {})}
+            for v in result.validation]
+        print(f"completeness (max relative violation): {record['completeness_max_relative_violation']:.2e}; "
+              f"validation: {record['validation']}")
         print(f"{'stage':34s} {'start GB':>9s} {'peak GB':>9s} {'growth GB':>10s} {'B/full edge':>12s} "
               f"{'B/kept edge':>12s}")
         for stage, m in result.memory.items():

@@ -7,63 +7,20 @@ it, from that document:
   records in the document, nested dicts flattened one level as ``outer.inner``, each row also
   carrying the result's scalar fields); one row of the scalar fields when there is no list;
 * ``to_dataframe()``: those rows as a ``pandas.DataFrame`` (pandas is the ``notebook`` extra);
-* ``_repr_html_()``: the summary once, then the rows as a table (:func:`circuitgraph.export.html.result_html`).
+* ``_repr_html_()``: the summary once, then the rows as a table (:func:`circuitgraph.display.result_html`).
 
-:func:`summary_of` and :func:`rows_of` split a document into the part said once and the rows.
+:func:`~circuitgraph.display.summary_of` and :func:`~circuitgraph.display.rows_of` split a document
+into the part said once and the rows.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from circuitgraph.display import record_lists, result_html, rows_of, summary_of
 from circuitgraph.errors import CircuitGraphError
 
 __all__ = ["Tabular", "records_of", "summary_of", "rows_of"]
-
-
-def _flat(row: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in row.items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{ik}": iv for ik, iv in v.items()})
-        else:
-            out[k] = v
-    return out
-
-
-def _tables(data: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
-    return [(k, v) for k, v in data.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
-
-
-def rows_of(data: Any) -> list[dict[str, Any]]:
-    """The rows of a ``to_dict()`` document without the fields said once (``[]``: no list of records)."""
-    if isinstance(data, list):
-        return [_flat(r) if isinstance(r, dict) else {"value": r} for r in data]
-    if not isinstance(data, dict):
-        return []
-    tables = _tables(data)
-    if not tables:
-        return []
-    _, rows = max(tables, key=lambda kv: len(kv[1]))
-    return [_flat(r) for r in rows]
-
-
-def summary_of(data: Any) -> dict[str, Any]:
-    """The fields of a ``to_dict()`` document said once: scalars, lists of scalars and the scalars
-    of nested dicts (as ``outer.inner``); not the rows (:func:`rows_of`)."""
-    if not isinstance(data, dict):
-        return {} if isinstance(data, list) else {"value": data}
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{ik}": iv for ik, iv in v.items() if not isinstance(iv, (list, dict))})
-        elif isinstance(v, list):
-            if v and not any(isinstance(x, (list, dict)) for x in v):
-                out[k] = v
-        else:
-            out[k] = v
-    return out
 
 
 def records_of(data: Any) -> list[dict[str, Any]]:
@@ -73,7 +30,7 @@ def records_of(data: Any) -> list[dict[str, Any]]:
     if not isinstance(data, dict):
         return [{"value": data}]
     scalars = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
-    if not _tables(data):
+    if not record_lists(data):
         nested = {k: v for k, v in data.items() if isinstance(v, dict)}
         row = dict(scalars)
         for k, v in nested.items():
@@ -112,6 +69,4 @@ class Tabular:
             " :", ":")
 
     def _repr_html_(self) -> str:
-        # named, not imported: export imports the results (see circuitgraph.graph.graph.EXPORTS)
-        result_html = importlib.import_module("circuitgraph.export.html").result_html
         return result_html(getattr(self, "kind", "") or type(self).__name__, self)

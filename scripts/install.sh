@@ -10,11 +10,12 @@
 #     chromium, npm headless-browser checks of the HTML report, the explorer and the Neuronpedia
 #                   export in circuit-tracer's frontend (npm fetches that frontend's libraries)
 #   into the virtual environment (pip):
-#     torch==2.13.0 (CPU), then this package with its test, dataset, tracr and gguf extras
+#     torch==2.13.0 (CPU), then this package with its test, dataset, tracr, gguf and train-sparsify extras
 #     (pytest, hypothesis, matplotlib, ruff, pyright with its Node.js wheel, playwright for the browser
 #     tests; pandas, pyarrow, duckdb,
 #     ray; tracr-pypi with jax and dm-haiku on CPU, about 90 MB, for the compiled ground-truth models;
-#     gguf and accelerate for GGUF checkpoints and the real-model tests' fetch of SmolLM2-135M-Instruct)
+#     gguf and accelerate for GGUF checkpoints and the real-model tests' fetch of SmolLM2-135M-Instruct;
+#     eai-sparsify for `circuitgraph train` with backend sparsify)
 #
 # Environment variables:
 #   CIRCUITGRAPH_VENV=DIR          the virtual environment (default .venv in the repository)
@@ -73,7 +74,7 @@ fi
 VPY="$VENV/bin/python"
 
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build
-say "pip install torch==2.13.0 (CPU) and circuitgraph[test,dataset,tracr,gguf] into $VENV"
+say "pip install torch==2.13.0 (CPU) and circuitgraph[test,dataset,tracr,gguf,train-sparsify] into $VENV"
 "$VPY" -m pip install -q "torch==2.13.0"
-"$VPY" -m pip install -q -e ".[test,dataset,tracr,gguf]"
+"$VPY" -m pip install -q -e ".[test,dataset,tracr,gguf,train-sparsify]"
 say "done: run circuitgraph with $VENV/bin/python -m circuitgraph (or . $VENV/bin/activate)"

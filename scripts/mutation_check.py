@@ -36,7 +36,7 @@ The last full run (2 cores, ``OMP_NUM_THREADS=1``, about 9 minutes): 21 of 21 mu
     paths-no-divisor                  by tests/test_queries_paths.py::test_exact_kbest_equals_brute_force
     influence-row-divisor-off, total-effect-gain-inverted
         by tests/test_queries_influence.py::test_chain_by_hand
-    qk-rotation-transposed, qk-key-read-with-query-sigma
+    qk-rotation-transposed, qk-key-read-at-query-position
         by tests/test_qk.py::test_sums_equal_the_model_score_every_head_float32
     neuronpedia-links-reversed, neuronpedia-influence-of-the-pruned-graph
         by tests/test_neuronpedia.py::test_scores_and_nodes_equal_circuit_tracers_file
@@ -47,7 +47,14 @@ Added since (run alone with ``--only``, each caught): patch-sweep-wrong-neuron b
 tests/test_patching_sweep.py::test_neuron_sweep_equals_a_hand_loop_of_single_patches;
 echo-closed-gate-counts-as-echo by tests/test_echo.py::test_layer_stats_by_hand;
 echo-controls-matched-on-selection-rows by
-tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation.
+tests/test_echo.py::test_selection_and_evaluation_rows_match_an_independent_computation;
+sparsify-resume-at-averaged-point, topk-unfold-multiplies-gamma, sparsify-read-without-gamma and
+topk-keeps-the-smallest by tests/test_training_topk.py (each applied by hand, 2026-12-03);
+echo-shard-mass-dropped by
+tests/test_echo_executors.py::test_statistics_merge_exactly_however_the_rows_are_split;
+patching-estimate-one-pass by tests/test_check_estimate.py::test_the_estimate_matches_the_measured_check;
+ablate-controls-matched-on-the-graph-prompt by
+tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows.
 
 Issue 34's mutations (2026-12-03, each applied alone to a copy of the tree, its tests passing
 unmutated first; about 2.5 CPU minutes in all): every one caught.
@@ -100,6 +107,48 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation(
+        "sparsify-resume-at-averaged-point",
+        "a resumed sparsify run keeps the schedule-free optimiser's parameters at the averaged point x "
+        "(sparsify's own load_state), not back at y as after a save in an uninterrupted run",
+        "circuitgraph/training/sparsify_backend.py",
+        "                opt.train_mode = False\n",
+        "                opt.train_mode = True\n",
+        ("tests/test_training_topk.py::test_sparsify_backend_resumes_after_a_stop_with_the_same_weights",),
+    ),
+    Mutation(
+        "topk-unfold-multiplies-gamma",
+        "a TopK transcoder written in sparsify's layout with its encoder multiplied by ln2's weight instead of divided",
+        "circuitgraph/training/writers.py",
+        "        M = M / gamma.double()[None, :]\n",
+        "        M = M * gamma.double()[None, :]\n",
+        ("tests/test_training_topk.py::test_topk_trains_every_kind_and_circuitgraph_reads_it",),
+    ),
+    Mutation(
+        "sparsify-read-without-gamma",
+        "sparsify's encoder read back for the metrics without folding ln2's weight (it reads the MLP input)",
+        "circuitgraph/training/sparsify_backend.py",
+        "        enc.append((E if gamma is None else E * gamma[None, :]).float())\n",
+        "        enc.append(E.float())\n",
+        ("tests/test_training_topk.py::test_sparsify_backend_trains_and_circuitgraph_reads_what_sparsify_computes",),
+    ),
+    Mutation(
+        "topk-keeps-the-smallest",
+        "TopK keeps the k smallest activations instead of the k largest",
+        "circuitgraph/training/dictionary.py",
+        "    idx = a.topk(min(k, a.shape[-1]), dim=-1).indices\n",
+        "    idx = a.topk(min(k, a.shape[-1]), dim=-1, largest=False).indices\n",
+        ("tests/test_training_topk.py::test_topk_trains_every_kind_and_circuitgraph_reads_it",),
+    ),
+    Mutation(
+        "tl-bundle-rotary-default",
+        "circuit-tracer's TransformerLens copy of a real Llama-family model keeps TransformerLens's rotary base "
+        "10000 instead of the folder's rope_theta (SmolLM2: 100000)",
+        "benchmarks/circuit_tracer/tl_bundle_from_hf.py",
+        '        d["rotary_base"] = float(theta)\n',
+        '        pass\n',
+        ("tests/test_real_training.py::test_graph_agrees_with_circuit_tracer",),
+    ),
     Mutation(
         "train-skip-transposed",
         "a trained skip transcoder's W_skip written transposed (not what was trained)",
@@ -290,17 +339,17 @@ MUTATIONS = [
     Mutation(
         "qk-rotation-transposed",
         "QK attribution's query/key reader directions rotated by R instead of R^T",
-        "circuitgraph/queries/qk.py",
-        "W, b = W @ R[t].T, R[t] @ b",
-        "W, b = W @ R[t], R[t] @ b",
+        "circuitgraph/attribution/qk_readers.py",
+        "W, b = W @ self.R[t].T, self.R[t] @ b",
+        "W, b = W @ self.R[t], self.R[t] @ b",
         ("tests/test_qk.py",),
     ),
     Mutation(
-        "qk-key-read-with-query-sigma",
-        "QK attribution's key dimensions divided by ln1's sigma at the query position",
+        "qk-key-read-at-query-position",
+        "QK attribution's key readers built at the query position (its sigma, its rotation) instead of the key's",
         "circuitgraph/queries/qk.py",
-        "dirs.append(norm.reader_direction(w) / sigma[t])",
-        "dirs.append(norm.reader_direction(w) / sigma[q_pos])",
+        'for side, t in (("q", q_pos), ("k", kp)):',
+        'for side, t in (("q", q_pos), ("k", q_pos)):',
         ("tests/test_qk.py",),
     ),
     Mutation(
@@ -316,9 +365,33 @@ MUTATIONS = [
         "echo-closed-gate-counts-as-echo",
         "the echo selection counts every closed-gate top activation as an echo, whatever the value's sign",
         "circuitgraph/validation/echo_stats.py",
-        "flags = torch.cat([self.top_echo, echo.cpu()])",
-        "flags = torch.cat([self.top_echo, (gate <= 0).cpu()])",
+        "torch.cat([self.top_echo, echo.cpu()]))",
+        "torch.cat([self.top_echo, (gate <= 0).cpu()]))",
         ("tests/test_echo.py",),
+    ),
+    Mutation(
+        "echo-shard-mass-dropped",
+        "merging a shard of rows (an executor worker's statistics) drops its rows' echo mass",
+        "circuitgraph/validation/echo_stats.py",
+        "for row in (later.row_echo_mass if later.row_echo_mass is not None else [later.echo_mass]):",
+        "for row in [later.echo_mass]:",
+        ("tests/test_echo_executors.py",),
+    ),
+    Mutation(
+        "patching-estimate-one-pass",
+        "the dry run probes one pass of a patching sweep, missing the previous pass's logits held during the next",
+        "circuitgraph/pipeline/check_estimate.py",
+        "probed = min(runs, 2 * PATCH_BATCH)",
+        "probed = min(runs, PATCH_BATCH)",
+        ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
+        "ablate-controls-matched-on-the-graph-prompt",
+        "ablate with evaluation rows matches its controls on the graph prompt's magnitudes, not the evaluation rows'",
+        "circuitgraph/validation/ablation.py",
+        "    if evaluation:  # matched on what the units remove on the evaluation rows, summed over them",
+        "    if False:  # matched on what the units remove on the evaluation rows, summed over them",
+        ("tests/test_ablate_eval_rows.py",),
     ),
     Mutation(
         "echo-controls-matched-on-selection-rows",
@@ -396,6 +469,23 @@ MUTATIONS = [
         ("tests/test_component_inputs.py",),
     ),
     Mutation(
+        "head-inputs-softmax-uncentred",
+        "the linearised query/key edges use dT/da_s = A_s e_s instead of A_s (e_s - T) (the softmax's "
+        "normalisation forgotten; graph.head_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "g = a_h * (e[:, h, :] - total) * slope",
+        "g = a_h * e[:, h, :] * slope",
+        ("tests/test_component_inputs.py::test_query_and_key_edges_are_the_first_order_removal_effect",),
+    ),
+    Mutation(
+        "head-inputs-softcap-slope-dropped",
+        "the linearised query/key edges ignore the attention soft-cap's slope 1 - tanh^2 (graph.head_inputs)",
+        "circuitgraph/attribution/component_inputs.py",
+        "slope = torch.ones_like(score) if not cap else 1.0 - torch.tanh(score / cap) ** 2",
+        "slope = torch.ones_like(score)",
+        ("tests/test_component_inputs.py::test_query_and_key_edges_are_the_first_order_removal_effect",),
+    ),
+    Mutation(
         "component-total-effect-mlp-slopes-dropped",
         "the total-effect gradient crosses every MLP without its neurons' frozen slopes (a self-consistent "
         "mistake: the total-effect identity still holds; path patching by hooks catches it)",
@@ -412,6 +502,31 @@ MUTATIONS = [
         '    stages = getattr(options, "stages", None)\n',
         "    stages = None\n",
         ("tests/test_memory_budget.py",),
+    ),
+    Mutation(
+        "neuron-advice-without-margin-or-candidates",
+        "the max_neuron_nodes advice ignores what the candidates cost and plans against twice the "
+        "memory the run may use (the advice, followed, no longer fits)",
+        "circuitgraph/attribution/plan.py",
+        "    room = int(plan.limit * (1 - ADVICE_MARGIN)) - fixed\n",
+        "    room = int(plan.limit * 2) - fixed\n",
+        ("tests/test_memory_budget.py::test_max_neuron_nodes_advice_fits_when_followed",),
+    ),
+    Mutation(
+        "explorer-status-counts-hidden-remainders",
+        "the explorer's status line counts the view's nodes, hidden remainder nodes included, as shown",
+        "circuitgraph/serve/static/explorer.js",
+        "  setStatus(`${drawn.nodes.length} of",
+        "  setStatus(`${view.nodes.length} of",
+        ("tests/test_serve_browser.py::test_the_status_line_counts_what_is_drawn",),
+    ),
+    Mutation(
+        "neuron-candidates-planned-at-the-bos",
+        "the dry run plans max_neuron_nodes candidates at the BOS position too (the collector makes none there)",
+        "circuitgraph/attribution/plan.py",
+        '    min_pos = 0 if getattr(options, "bos_nodes", False) else 1\n',
+        "    min_pos = 0\n",
+        ("tests/test_neuron_selection_families.py",),
     ),
     Mutation(
         "memory-watch-never-interrupts",

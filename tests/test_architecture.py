@@ -251,3 +251,18 @@ def test_no_test_module_imports_another_or_edits_sys_path():
             path_edits.append(str(path.relative_to(tests)))
     assert not bad, "move what is shared into tests/helpers: " + "; ".join(bad)
     assert not path_edits, f"these test files touch sys.path: {path_edits}"
+
+
+def test_json_files_are_read_through_the_hardened_reader():
+    """Every JSON file the package reads goes through ``_io.read_json_file`` (a size limit, a
+    regular file, UTF-8, one LoadError naming the file), never ``json.loads(path.read_text())``."""
+    problems = []
+    for path, tree in _modules():
+        if _rel(path) == "_io.py":
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "loads"
+                    and any(isinstance(n, ast.Attribute) and n.attr in ("read_text", "read_bytes")
+                            for arg in node.args for n in ast.walk(arg))):
+                problems.append(f"{_rel(path)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not problems, "read JSON files with circuitgraph._io.read_json_file:\n" + "\n".join(problems)

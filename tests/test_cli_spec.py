@@ -185,34 +185,31 @@ def test_run_errors_are_one_line(tmp_path, fake_api):
 
 def test_render(tmp_path, monkeypatch):
     calls = []
+    graph = object()
 
-    class FakeGraph:
-        @classmethod
-        def from_json(cls, path):
-            calls.append(("from_json", Path(path)))
-            return cls()
+    def graph_from_json(path):
+        calls.append(("from_json", Path(path)))
+        return graph
 
-        def render(self, out, **kwargs):
-            calls.append(("render", Path(out), kwargs))
+    def render_graph(g, out, **kwargs):
+        calls.append(("render", g is graph, Path(out), kwargs))
 
-    module = types.ModuleType("circuitgraph.graph.graph")
-    module.AttributionGraph = FakeGraph
-    monkeypatch.setitem(sys.modules, "circuitgraph.graph.graph", module)
+    module = types.ModuleType("circuitgraph.export")
+    module.graph_from_json, module.render_graph = graph_from_json, render_graph
+    monkeypatch.setitem(sys.modules, "circuitgraph.export", module)
     result = invoke("render", "g.json", "-o", "g.svg", "--max-nodes", "50")
     assert result.exit_code == 0, result.output
-    assert calls == [("from_json", Path("g.json")), ("render", Path("g.svg"), {"max_nodes": 50})]
+    assert calls == [("from_json", Path("g.json")), ("render", True, Path("g.svg"), {"max_nodes": 50})]
     assert invoke("render", "g.json", "-o", "g.svg", "--max-nodes", "0").exit_code == 2
 
 
 def test_render_missing_file_is_one_line(tmp_path, monkeypatch):
-    class FakeGraph:
-        @classmethod
-        def from_json(cls, path):
-            raise FileNotFoundError(2, "No such file or directory", str(path))
+    def graph_from_json(path):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
 
-    module = types.ModuleType("circuitgraph.graph.graph")
-    module.AttributionGraph = FakeGraph
-    monkeypatch.setitem(sys.modules, "circuitgraph.graph.graph", module)
+    module = types.ModuleType("circuitgraph.export")
+    module.graph_from_json, module.render_graph = graph_from_json, None
+    monkeypatch.setitem(sys.modules, "circuitgraph.export", module)
     assert_one_line_error(invoke("render", tmp_path / "g.json", "-o", "g.svg"), "g.json")
 
 

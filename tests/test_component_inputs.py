@@ -26,8 +26,13 @@ TOKENS = [1, 5, 7, 2, 9, 4, 11]
 A_TOK, B_TOK = 3, 8
 
 
+#: a soft-capped attention score without post-norms (the hook reference reads outputs directly)
+EXTRA = {"rms-gated-rotary-gqa-softcap": dict(norm="RMS", mlp="gated", positional="rotary", n_kv_heads=2,
+                                              attn_soft_cap=2.0)}
+
+
 def _graph(variant: str, **kw):
-    model = tiny_model(seed=1, n_layers=3, **VARIANTS[variant]).to(torch.float64)
+    model = tiny_model(seed=1, n_layers=3, **{**VARIANTS, **EXTRA}[variant]).to(torch.float64)
     adapter = ModelAdapter(model)
     target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
     g = attribute(adapter, TOKENS, targets=[target], mlp=kw.pop("mlp", "mlp"), attention="heads",
@@ -334,8 +339,9 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
     a, b = tok.encode(" Mary")[-1], tok.encode(" John")[-1]
     target = ResolvedTarget("logit_diff", position=len(tokens) - 1, tokens=(a, b))
     g = attribute(adapter, tokens, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
-                  component_inputs=True)
+                  component_inputs=True, head_inputs=("value", "query", "key"))
     assert g.check_completeness().max_violation < 1e-9
+    assert g.linearised_edges.max_violation() < 1e-9
     lin = linearise(adapter, torch.tensor(tokens))
     _, cache = model.run_with_cache(torch.tensor([tokens]))
     writers = _writer_vectors(model, cache, g)
@@ -362,6 +368,26 @@ def test_real_model_head_edges_are_frozen_path_patching(smollm2_dir):
         largest = max(largest, float(np.abs(expected).max()))
         worst = max(worst, float(np.abs(got - expected).max()))
     assert worst <= 1e-9 * largest, (worst, largest)
+    # its linearised query and key edges: -d targets / d eps by autograd through the hooks
+    le = g.linearised_edges
+    row = g.index_of(last[0].id)
+    for side, kind in (("q", "query"), ("k", "key")):
+        grads = []
+        for start in range(0, len(before), 64):
+            chunk = before[start:start + 64]
+            removed = torch.zeros(len(chunk), T, model.cfg.d_model, dtype=torch.float64)
+            for i, w in enumerate(chunk):
+                removed[i, w.position] = writers[w]
+            eps = torch.zeros(len(chunk), dtype=torch.float64, requires_grad=True)
+            with torch.enable_grad():
+                out = _qk_patched_targets(model, adapter, lin, last[0].id, eps, removed, side, extra, tokens, (a, b))
+                grads.append(-torch.autograd.grad(out.sum(), eps)[0].numpy())
+        expected = np.concatenate(grads)
+        m = (le.target == row) & (le.kind_names() == kind)
+        by_source = dict(zip(le.source[m].tolist(), le.weight[m].tolist(), strict=True))
+        got = np.array([by_source.get(g.index_of(w), 0.0) for w in before])
+        assert np.abs(expected).max() > 1e-4
+        assert np.abs(got - expected).max() <= 1e-9 * np.abs(expected).max(), kind
 
 
 def test_component_edge_bound_refuses_with_advice(monkeypatch):
@@ -375,3 +401,196 @@ def test_component_edge_bound_refuses_with_advice(monkeypatch):
     with pytest.raises(AttributionError, match="shorter prompt"):
         attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
                   component_inputs=True)
+
+
+# ----------------------------------------------------------------- linearised query / key edges
+QK_CASES = ["ln-gelu-learned", "rms-gated-rotary-gqa", "ln-gated-rotary", "none-relu-bidirectional",
+            "rms-gated-rotary-gqa-softcap"]
+
+
+def _qk_patched_targets(model, adapter, lin, head: NodeId, eps: torch.Tensor, removed: torch.Tensor, side: str,
+                        extra, tokens=TOKENS, ab=(A_TOK, B_TOK)):
+    """Targets (B,) with ``eps[b] * removed[b] (T, d_model)`` taken out of ``head``'s query
+    (``side="q"``) or key (``"k"``) input only, in the frozen model: the head's pattern row at its
+    destination recomputed from the model's own ln1 (frozen sigma), ``W_Q`` / ``W_K`` (grouped-query
+    keys expanded by TransformerLens), rotary map and soft-cap; its values as on the prompt."""
+    m, t, h = head.layer, head.position, head.index
+    B, T = removed.shape[0], len(tokens)
+    attn = model.blocks[m].attn
+    clean = lin.resid_pre[m][None].expand(B, -1, -1)
+    patched = clean - eps[:, None, None] * removed
+    causal = model.cfg.attention_dir == "causal"
+
+    def patch_z(z, hook):
+        z = z.clone()
+        xq, xk = (patched, clean) if side == "q" else (clean, patched)
+        q = (model.blocks[m].ln1(xq) @ attn.W_Q[h] + attn.b_Q[h])[:, :, None]  # (B, T, 1, dh)
+        k = (model.blocks[m].ln1(xk) @ attn.W_K[h] + attn.b_K[h])[:, :, None]
+        if model.cfg.positional_embedding_type == "rotary":
+            q, k = attn.apply_rotary(q, 0, None), attn.apply_rotary(k, 0, None)
+        scores = torch.einsum("bk,bsk->bs", q[:, t, 0], k[:, :, 0]) / attn.attn_scale
+        if model.cfg.attn_scores_soft_cap > 0:
+            scores = model.cfg.attn_scores_soft_cap * torch.tanh(scores / model.cfg.attn_scores_soft_cap)
+        if causal:
+            scores = scores.masked_fill(torch.arange(T) > t, float("-inf"))
+        pattern = torch.softmax(scores, -1)  # (B, T)
+        v = model.blocks[m].ln1(clean) @ attn.W_V[h] + attn.b_V[h]  # (B, T, dh): values as on the prompt
+        z[:, t, h] = torch.einsum("bs,bsk->bk", pattern, v)
+        return z
+
+    with frozen(adapter, lin, extra_hooks=extra + [(f"blocks.{m}.attn.hook_z", patch_z)]) as fm:
+        return _logit_diff(fm(torch.tensor([tokens] * B)), *ab)
+
+
+@pytest.mark.parametrize("variant", QK_CASES)
+def test_query_and_key_edges_are_the_first_order_removal_effect(variant):
+    """Every query / key edge into the upper layers' heads (three destinations) equals
+    ``-d targets / d eps`` for removing ``eps`` times the writer's output from that head's query
+    (key) input only, by autograd through TransformerLens's model with hooks in float64 (no engine
+    vector); writers without an edge have a zero derivative; the value edges are unchanged."""
+    model, adapter, g = _graph(variant, head_inputs=("value", "query", "key"))
+    _, _, g_value = _graph(variant)
+    _check_qk_edges(model, adapter, g, g_value)
+
+
+def _check_qk_edges(model, adapter, g, g_value):
+    np.testing.assert_array_equal(g.edge_weight, g_value.edge_weight)  # the exact edges are untouched
+    assert g.check_completeness().max_violation < 1e-10
+    le = g.linearised_edges
+    assert le is not None and set(le.kind_names()) == {"query", "key"}
+    assert g.metadata["linearised_edges"]["max_relative_violation"] < 1e-10
+    lin = linearise(adapter, torch.tensor(TOKENS))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([TOKENS]))
+    writers = _writer_vectors(model, cache, g)
+    extra = _frozen_slopes(adapter, lin)
+    T, L = len(TOKENS), adapter.facts.n_layers
+    got_edges = {(int(t), int(s), k): float(w) for t, s, k, w in
+                 zip(le.target, le.source, le.kind_names(), le.weight, strict=True)}
+    largest = worst = 0.0
+    checked = 0
+    for comp in [NodeId("attention_head", l, t, h) for l in range(1, L) for t in (2, T - 2, T - 1)
+                 for h in range(model.cfg.n_heads)]:
+        row = g.index_of(comp)
+        before = [w for w in writers if _writes_at(w) <= 2 * comp.layer]
+        removed = torch.zeros(len(before), T, model.cfg.d_model, dtype=torch.float64)
+        for b, w in enumerate(before):
+            removed[b, w.position] = writers[w]
+        for side, kind in (("q", "query"), ("k", "key")):
+            eps = torch.zeros(len(before), dtype=torch.float64, requires_grad=True)
+            out = _qk_patched_targets(model, adapter, lin, comp, eps, removed.detach(), side, extra)
+            (grad,) = torch.autograd.grad(out.sum(), eps)
+            expected = -grad.numpy()
+            got = np.array([got_edges.get((row, g.index_of(w), kind), 0.0) for w in before])
+            largest = max(largest, float(np.abs(expected).max()))
+            worst = max(worst, float(np.abs(got - expected).max()))
+            checked += len(before)
+    assert largest > 1e-3 and checked > 100
+    assert worst <= 1e-9 * largest, (worst, largest)
+
+
+def _family_graph(family: str, tmp_path, **kw):
+    """A tiny transformers checkpoint of ``family`` (from_config + save_pretrained), loaded in
+    float64, and its component graph."""
+    from circuitgraph.adapters.loading import load_hf_dir
+    from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint
+
+    folder = save_checkpoint(tiny_checkpoint(family), tmp_path / family)
+    adapter = load_hf_dir(folder, dtype="float64")
+    target = ResolvedTarget("logit_diff", position=len(TOKENS) - 1, tokens=(A_TOK, B_TOK))
+    g = attribute(adapter, TOKENS, targets=[target], mlp="mlp", attention="heads", dtype=torch.float64,
+                  component_inputs=True, **kw)
+    return adapter.model, adapter, g
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "phi", "llama"])
+def test_query_and_key_edges_on_transformers_families(family, tmp_path):
+    """The same autograd reference on tiny transformers checkpoints of other families (GPT-2;
+    Qwen2 with q/k/v biases and grouped-query heads; Phi's parallel block; Llama)."""
+    model, adapter, g = _family_graph(family, tmp_path, head_inputs=("value", "query", "key"))
+    _, _, g_value = _family_graph(family, tmp_path / "plain")
+    _check_qk_edges(model, adapter, g, g_value)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen3", "olmo2"])
+def test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps(family, tmp_path):
+    """Gemma-2 (post-norms, attention soft-cap), Qwen3 (per-head q/k norms), OLMo-2 (whole-projection
+    q/k norms, no input norm): the value edges unchanged, completeness, and each head's query and
+    key edges summing with their constants to ``sum_s dT/da_s a_s`` (to 1e-10)."""
+    _, _, g = _family_graph(family, tmp_path, head_inputs=("value", "query", "key"))
+    _, _, g_value = _family_graph(family, tmp_path / "plain")
+    np.testing.assert_array_equal(g.edge_weight, g_value.edge_weight)
+    assert g.check_completeness().max_violation < 1e-10
+    le = g.linearised_edges
+    assert len(le) > 0 and le.max_violation() < 1e-10
+    heads = [n for n in g.nodes if n.kind == "attention_head"]
+    assert all("query_total" in n.attrs and "key_total" in n.attrs for n in heads)
+    assert any(abs(n.attrs["query_total"]) > 1e-6 for n in heads)
+
+
+def test_pipeline_handles_query_and_key_edges(tmp_path):
+    """A spec run with ``head_inputs: [value, query, key]`` on the demo model: the linearised
+    edges stay out of completeness and influence, travel through pruning (between kept nodes), the
+    JSON and binary files (labelled, their per-head identity kept), the Neuronpedia file, the
+    diagram and the explorer's API; the spec refuses head_inputs without value or component_inputs."""
+    import json
+
+    import circuitgraph
+    from circuitgraph.errors import SpecError
+    from circuitgraph.export.binary import load_graph_binary, save_graph_binary
+    from circuitgraph.export.json_graph import graph_from_json
+
+    base = {"format_version": 1, "model": {"builtin": "demo"}, "prompt": "mia saw the owl in the park . later she wants",
+            "targets": [{"logit_diff": [" an", " a"]}]}
+    spec = {**base, "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True,
+                              "head_inputs": ["value", "query", "key"]},
+            "prune": {"node_threshold": 0.8, "edge_threshold": 0.98},
+            "queries": [{"scores": {}}, {"top_paths": {"source": {"kind": "embedding"}, "k": 5}}],
+            "export": {"json": str(tmp_path / "g.json"), "neuronpedia": str(tmp_path / "np.json"),
+                       "dot": str(tmp_path / "g.dot")}}
+    result = circuitgraph.run(spec)
+    assert not result.failures
+    full = result.full_graph
+    plain = circuitgraph.run({**base, "graph": {"mlp": "mlp", "attention": "heads", "component_inputs": True}})
+    np.testing.assert_array_equal(full.edge_weight, plain.full_graph.edge_weight)  # exact edges unchanged
+    le = full.linearised_edges
+    assert le is not None and len(le) and set(le.kind_names()) == {"query", "key"}
+    assert full.metadata["linearised_edges"]["max_relative_violation"] < 1e-4
+    assert full.check_completeness().ok()
+    assert result.queries[1]["result"].to_dict()["paths"]
+    pruned = result.graph
+    assert pruned.linearised_edges is not None and len(pruned.linearised_edges) > 0
+    kept = {n.id for n in pruned.nodes}
+    for s, t in zip(pruned.linearised_edges.source, pruned.linearised_edges.target, strict=True):
+        assert pruned.nodes[s].id in kept and pruned.nodes[t].kind == "attention_head"
+    doc = json.loads((tmp_path / "g.json").read_text())
+    recs = doc["linearised_edges"]
+    assert recs and all(r["linearised"] is True and r["kind"] in ("query", "key") for r in recs)
+    back = graph_from_json((tmp_path / "g.json").read_text())
+    assert back.linearised_edges is not None and len(back.linearised_edges) == len(recs)
+    assert back.linearised_edges.max_violation() < 1e-4  # the per-head sums came back from the attrs
+    save_graph_binary(full, tmp_path / "g.npz")
+    np.testing.assert_array_equal(load_graph_binary(tmp_path / "g.npz").linearised_edges.weight, le.weight)
+    npj = json.loads((tmp_path / "np.json").read_text())
+    assert npj["linearised_links"] and all(r["kind"] in ("query", "key") for r in npj["linearised_links"])
+    dot = (tmp_path / "g.dot").read_text()
+    assert "style=dashed" in dot and "linearised" in dot
+    from circuitgraph.serve.api import Explorer
+    from circuitgraph.serve.catalog import Catalog
+
+    explorer = Explorer(Catalog(tmp_path))
+    (name,) = [n for n in explorer.catalog.graphs if n.endswith("g.json")]
+    view = explorer.graph_view(name, {})
+    assert view["linearised_edges"] and {e["kind"] for e in view["linearised_edges"]} <= {"query", "key"}
+    head = max((n for n in back.nodes if n.kind == "attention_head" and "query_total" in n.attrs),
+               key=lambda n: abs(n.attrs["query_total"]))
+    info = explorer.node(name, str(head.id), {"node_threshold": ["1"], "edge_threshold": ["1"]})
+    kinds = {x["kind"]: x for x in info["linearised_inputs"]}
+    assert set(kinds) == {"query", "key"}
+    for x in kinds.values():
+        assert x["sum_inputs"] + x["constant"] == pytest.approx(x["total"], rel=1e-4, abs=1e-6)
+    for bad, match in ((["query"], "must include 'value'"), (["value", "key"], "component_inputs")):
+        graph = {"mlp": "mlp", "attention": "heads", "head_inputs": bad, **({"component_inputs": True}
+                                                                              if bad == ["query"] else {})}
+        with pytest.raises(SpecError, match=match):
+            circuitgraph.run({**base, "graph": graph})

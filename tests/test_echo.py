@@ -276,5 +276,7 @@ def test_an_ablation_without_any_control_set_is_uncontrolled():
     base = dict(nodes=["n"], mode="zero", metric="m", before=1.0, after=0.0, predicted=None, predicted_total=None,
                 frozen_change=None, tolerance=0.1, removed_magnitude=2.0)
     assert AblationResult(**base, controls=[empty]).status == "uncontrolled"
-    assert AblationResult(**base, controls=[empty, drawn]).status == "ok"
+    # one kind short of what was asked: uncontrolled too (the issue: never ok when controls cannot be drawn)
+    assert AblationResult(**base, controls=[empty, drawn]).status == "uncontrolled"
+    assert AblationResult(**base, controls=[drawn]).status == "ok"
     assert AblationResult(**base, controls=[]).status == "ok"

@@ -3,7 +3,10 @@ extras.
 
 Every module of ``circuitgraph/`` is parsed (nothing is imported) and every ``import`` statement
 is read, at module level and inside functions alike (``if TYPE_CHECKING:`` blocks aside, which
-never run).  An import inside a function hides a cycle from Python but not from this graph, so
+never run).  A module named in a string (``importlib.import_module("circuitgraph.x")``, a
+``"circuitgraph.x.y:function"`` record, a lazy-attribute table) is an arrow too: every string
+constant that names a module of the package, docstrings aside, counts as an import of it.  An
+import inside a function, or by name, hides a cycle from Python but not from this graph, so
 the layering (spec -> adapters/dictionaries -> attribution -> graph -> queries/validation ->
 export -> pipeline -> datasets -> entry points, see docs/architecture.md) is checked as written.
 """
@@ -11,6 +14,7 @@ export -> pipeline -> datasets -> entry points, see docs/architecture.md) is che
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "circuitgraph"
@@ -38,6 +42,9 @@ LAZY_PACKAGES = {
     "jax": "optional extra (tracr)",
     "haiku": "optional extra (tracr)",
     "gguf": "optional extra (gguf: GGUF checkpoints)",
+    "sparsify": "optional extra (train-sparsify: circuitgraph train with backend sparsify)",
+    "schedulefree": "optional extra (train-sparsify: sparsify's optimiser)",
+    "datasets": "optional extra (train-sparsify: the windows handed to sparsify's Trainer)",
 }
 
 #: modules whose function-local imports are deliberate, with the reason
@@ -101,6 +108,32 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int,
     return out
 
 
+#: a string that names a module of the package, or a function in one (``module:function``, ``module.function``)
+_NAMED = re.compile(r"^circuitgraph(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?$")
+
+
+def _string_refs(tree: ast.AST, modules: dict[str, Path]) -> list[tuple[int, str]]:
+    """``(line, module)`` for every string constant (docstrings aside) naming a module of the
+    package or a function in one: the by-name imports an AST of import statements cannot see.
+    A name whose nearest module is the package root (``"circuitgraph.diff"``, a format's name) is
+    not one."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings):
+            continue
+        if not _NAMED.match(node.value):
+            continue
+        target = node.value.split(":")[0]
+        while target not in modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target in modules and target != "circuitgraph":
+            out.append((node.lineno, target))
+    return out
+
+
 def _graph() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
     modules = _modules()
     edges: dict[str, set[str]] = {m: set() for m in modules}
@@ -114,6 +147,9 @@ def _graph() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
             while target not in modules and "." in target:
                 target = target.rsplit(".", 1)[0]
             if target != name:
+                edges[name].add(target)
+        for _, target in _string_refs(ast.parse(path.read_text()), modules):
+            if not (name == target or name.startswith(target + ".")):  # a module's own packages are loaded before it
                 edges[name].add(target)
     return edges, local
 
@@ -181,8 +217,17 @@ def test_the_checker_sees_cycles_and_local_imports():
     function-local import is found."""
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(edges) == [["a", "b", "c"]]
-    _, local = _graph()
+    edges, local = _graph()
     assert any(m == "circuitgraph.cli.main" for m, _, _ in local)  # the CLI's lazy imports are seen
+    # a module named in a string is an arrow: the package root's lazy attributes name their homes
+    assert "circuitgraph.pipeline.entry" in edges["circuitgraph"]
+    modules = _modules()
+    snippet = ast.parse('"""circuitgraph.export.html is named in a docstring: no arrow"""\n'
+                        'import importlib\n'
+                        'f = importlib.import_module("circuitgraph.export.html").graph_html\n'
+                        'RECORD = {"load": "circuitgraph.dictionaries.formats:load_saelens", "x": "circuitgraph.nothing"}\n')
+    assert sorted(t for _, t in _string_refs(snippet, modules)) == [
+        "circuitgraph.dictionaries.formats", "circuitgraph.export.html"]
 
 
 def test_the_engine_and_the_spec_import_nothing_from_later_stages():

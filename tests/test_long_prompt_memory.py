@@ -149,7 +149,7 @@ def test_feature_vectors_are_made_from_shared_tables():
         assert block.basis.shape[0] <= tcs[0].d_sae + n_positions < n_feat + n_positions
     # no feature reader holds a direction: they are made per sweep
     held = [i for i, r in enumerate(col.readers.rows) if col.nodes[r].kind == "feature"
-            and isinstance(col.readers._dirs[i], torch.Tensor)]
+            and col.readers._dir_source[i] < 0]  # -1: a held tensor
     assert not held and len(features) > 100
 
     adapter, tcs = _inputs()

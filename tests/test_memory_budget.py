@@ -255,17 +255,76 @@ def test_neuron_tables_that_cannot_fit_are_planned_from_a_probe(tmp_path, bundle
     assert (out / "g.json").is_file()
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="resetting the peak needs Linux's /proc")
-def test_the_loading_peak_is_the_dry_runs_own(tmp_path, bundle):
+def _kernel_resets_the_peak() -> bool:
+    from circuitgraph.pipeline.check_estimate import reset_peak
+
+    return reset_peak()
+
+
+@pytest.mark.parametrize("peak", ["kernel", "sampled"])
+def test_the_loading_peak_is_the_dry_runs_own(tmp_path, bundle, monkeypatch, peak):
     """A dry run in a process that once held much more (a notebook, a test session) counts the
     peak of its own loading, not the process's lifetime peak: that made every advice on a tiny
-    model 'shorten the prompt' after the real-model tests had run in the same pytest process."""
+    model 'shorten the prompt' after the real-model tests had run in the same pytest process.
+    Where the kernel's peak cannot be reset (a sandbox's /proc: the CI machine's), a sampler
+    measures it instead."""
     import psutil
 
+    from circuitgraph.pipeline import check_estimate
+
+    if peak == "kernel" and not _kernel_resets_the_peak():
+        pytest.skip("this kernel does not reset the peak (/proc/self/clear_refs): the sampled case covers it")
+    if peak == "sampled":
+        monkeypatch.setattr(check_estimate, "reset_peak", lambda: False)  # as where the reset has no effect
     held = psutil.Process().memory_info().rss / 1e9  # what the process holds now (earlier tests' caches)
     big = np.ones(int(2e9 // 8))
     big[::512] = 2.0  # touch the pages: the lifetime peak is now above held + 2 GB
     del big
     lines = circuitgraph.dry_run(_spec(tmp_path, bundle))
     loading = [float(m.group(1)) for line in lines for m in [re.search(r"loading peaked at ([0-9.]+) GB", line)] if m]
-    assert loading and loading[0] < held + 1.5, (held, lines)
+    assert loading and held - 0.2 < loading[0] < held + 1.5, (held, lines)
+
+
+def test_the_sampled_peak_sees_what_the_block_held(monkeypatch):
+    """Without the kernel's reset the watch samples: a block that holds 400 MB for a while reads at
+    least that much added, and nothing the process held before it."""
+    import time
+
+    from circuitgraph.pipeline import check_estimate
+
+    monkeypatch.setattr(check_estimate, "reset_peak", lambda: False)
+    with check_estimate.PeakWatch() as watch:
+        block = np.ones(int(4e8 // 8))
+        block[::512] = 2.0
+        time.sleep(0.05)
+        del block
+    assert watch.sampled and 3.5e8 < watch.added < 6e8, watch.added
+
+
+@pytest.fixture(scope="module")
+def wide_bundle(tmp_path_factory):
+    """A neuron graph whose full graph (15,872 neurons, 33 M possible edges) does not fit 1.5 GB."""
+    model = tiny_model(seed=3, n_layers=2, d_model=32, d_mlp=256, d_vocab=50, n_ctx=32)
+    return save_bundle(tmp_path_factory.mktemp("wide") / "bundle", model)
+
+
+def test_max_neuron_nodes_advice_fits_when_followed(tmp_path, wide_bundle):
+    """A neuron graph over its budget is advised a max_neuron_nodes K (planned from the
+    activations, before any candidate is collected); the spec with K fits the same budget in its
+    dry run, and its run, measured in its own process, peaks under the memory the dry run says
+    it may use and under the dry run's estimate, every stage and export included."""
+    out = tmp_path / "out"
+    spec = _spec(out, wide_bundle, n_pos=32)
+    spec["export"].pop("svg")
+    budget = 1.5
+    lines = _in_process(spec, tmp_path / "a.json", budget, "dry")
+    k = _advice_k(lines, "max_neuron_nodes")
+    assert _fits(lines).startswith("fits: NO") and k is not None and 1 <= k < 15872, lines
+    followed = {**spec, "graph": {"mlp": "neurons", "max_neuron_nodes": k}}
+    lines = _in_process(followed, tmp_path / "b.json", budget, "dry")
+    assert _fits(lines) == "fits: yes", lines
+    estimate, limit = _peak_and_edges(lines)
+    assert estimate <= limit <= budget
+    measured = _in_process(followed, tmp_path / "b.json", budget, "run")
+    assert (out / "g.json").is_file() and (out / "g.npz").is_file()
+    assert measured <= estimate * GB, (measured / GB, estimate)

@@ -66,14 +66,14 @@ def test_a_foreign_file_is_refused_before_any_work(tmp_path, monkeypatch):
 
 def test_a_failing_export_writes_nothing(tmp_path, monkeypatch):
     spec = _spec(tmp_path, json="out/g.json", dot="out/g.dot", neuronpedia="out/np.json")
-    import circuitgraph.pipeline.runner as runner
+    import circuitgraph.pipeline.exports as exports
 
     def broken(*args, **kwargs):
         from circuitgraph.errors import ExportError
 
         raise ExportError("neuronpedia writer failed (simulated)")
 
-    monkeypatch.setattr(runner, "graph_to_neuronpedia", broken)
+    monkeypatch.setattr(exports, "graph_to_neuronpedia", broken)
     res = _run(str(spec))
     assert res.exit_code == 2 and "simulated" in res.output
     out = tmp_path / "out"

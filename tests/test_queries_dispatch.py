@@ -103,15 +103,15 @@ def test_dispatch_is_built_from_the_spec_registry():
 
     from circuitgraph.queries import dispatch as qd
     from circuitgraph.spec import validation as sv
-    from circuitgraph.spec.base import implementation_of
     from circuitgraph.validation import dispatch as vd
 
-    for types, module, table, key_of in (
-        (sq.QUERY_TYPES, qd, qd.QUERY_FUNCTIONS, lambda t: t.model_fields[t.key].annotation),
-        (sv.CHECK_TYPES, vd, vd.CHECK_FUNCTIONS, lambda t: t.key),
+    for types, module, table, key_of, by_kind in (
+        (sq.QUERY_TYPES, qd, qd.QUERY_FUNCTIONS, lambda t: t.model_fields[t.key].annotation, qd.QUERY_RUNNERS),
+        (sv.CHECK_TYPES, vd, vd.CHECK_FUNCTIONS, lambda t: t.key, vd.CHECK_FUNCTIONS),
     ):
         assert len({t.key for t in types}) == len(types)
-        named = {implementation_of(t) for t in types}
+        assert set(by_kind) == {t.key for t in types}
+        named = {by_kind[t.key] for t in types}
         assert len(named) == len(types), "two kinds name the same runner"
         assert all(callable(f) for f in named)
         assert {key_of(t) for t in types} == set(table)

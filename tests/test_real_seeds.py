@@ -91,3 +91,28 @@ def test_removing_the_echo_costs_more_than_matched_random_neurons(smollm2):
     assert res.loss_change > 0
     assert res.loss_change > 2 * max(matched.mean, 0.0)  # several times its matched control
     assert max(matched.effects) < res.loss_change
+
+
+def test_the_echo_statistics_on_an_executor_equal_the_in_process_ones(smollm2, smollm2_dir):
+    """The real model's per-neuron statistics folded by a worker process (shards of one row,
+    merged in row order) equal this process's, field for field (one torch thread each)."""
+    from circuitgraph.datasets.echo_runs import ExecutorRows
+    from circuitgraph.datasets.executors import LocalExecutor
+    from circuitgraph.spec import load_spec
+    from circuitgraph.validation.echo_stats import stream_stats
+
+    tok = smollm2.tokenizer
+    rows = [resolve_prompt(t, tok)[:40] for t in TEXT[:2]]
+    layers = [0, 1, 25]
+    spec = load_spec({"format_version": 1, "model": {"path": str(smollm2_dir), "dtype": "float32"},
+                      "prompt": {"tokens": rows[0]}})
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        here = stream_stats(smollm2, rows, layers, 10)
+        there = ExecutorRows(spec, LocalExecutor(workers=1), smollm2.facts.d_mlp, shard_rows=1).stats(rows, layers, 10, 1)
+    finally:
+        torch.set_num_threads(n)
+    for l in layers:
+        for name in ("top_values", "top_echo", "regime_counts", "ever_open", "echo_mass", "echo_count"):
+            assert torch.equal(getattr(here[l], name), getattr(there[l], name)), (l, name)

@@ -120,6 +120,32 @@ def test_sliders_prune_through_the_api(explorer):
     assert page.locator("#graph g.node").count() == len(view["nodes"])
 
 
+def test_the_status_line_counts_what_is_drawn(explorer):
+    """The status line's node and edge counts are those drawn: remainder nodes hidden by the
+    box (and their edges) are not counted as shown, and are counted again once shown."""
+    server, page, *_ = explorer
+    nt, et = page.input_value("#node-threshold"), page.input_value("#edge-threshold")
+    view = view_of(server, "demo/graph.json", nt, et)
+    n_rem = sum(n["kind"] == "remainder" for n in view["nodes"])
+    assert n_rem > 0
+
+    def status_and_drawn():
+        m = re.match(r"(\d+) of \d+ nodes.*?, (\d+) of \d+ edges", page.text_content("#status"))
+        assert m, page.text_content("#status")
+        drawn = (page.locator("#graph g.node").count(), page.locator("#graph path.edge").count())
+        return (int(m.group(1)), int(m.group(2))), drawn
+
+    was_checked = page.is_checked("#show-remainders")
+    page.uncheck("#show-remainders")
+    counted, drawn = status_and_drawn()
+    assert counted == drawn and drawn[0] == len(view["nodes"]) - n_rem
+    assert f"({n_rem} remainder nodes hidden)" in page.text_content("#status")
+    page.check("#show-remainders")
+    counted, drawn = status_and_drawn()
+    assert counted == drawn == (len(view["nodes"]), len(view["edges"]))
+    page.set_checked("#show-remainders", was_checked)
+
+
 def test_click_a_node_shows_its_dashboard_then_pin_group_and_save(explorer, tmp_path):
     server, page, written, _ = explorer
     nt, et = page.input_value("#node-threshold"), page.input_value("#edge-threshold")

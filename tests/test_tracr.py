@@ -174,6 +174,19 @@ def test_ground_truth_scores_the_graphs_own_component_edges(program, request):
     # through it carry no total effect: what the true edges get is what linear attribution sees
     print(program, {k: gt[k] for k in ("edge_auc", "qk_edge_auc", "node_auc", "precision", "recall")})
     assert 0.0 <= gt["edge_auc"] <= 1.0
+    # with head_inputs the query/key scores are the graph's own linearised edges, summed by component
+    spec["graph"] = {**spec["graph"], "head_inputs": ["value", "query", "key"]}
+    result = circuitgraph.run(spec)
+    g = result.full_graph
+    gt_qk = result.queries[0]["result"].to_dict()
+    le = g.linearised_edges
+    into_l0 = sum(abs(w) for s, t, w in zip(le.source.tolist(), le.target.tolist(), le.weight.tolist(), strict=True)
+                  if g.nodes[s].kind == "embedding" and g.nodes[t].kind == "attention_head" and g.nodes[t].layer == 0)
+    qk = {(e["source"], e["target"]): e["weight"] for e in gt_qk["edges"] if e["path"] == "qk"}
+    assert qk.get(("embedding", "L0H0"), 0.0) == pytest.approx(into_l0, rel=1e-12, abs=1e-15)
+    assert gt_qk["edge_auc"] == gt["edge_auc"]  # the value edges are the same
+    print(program, "head_inputs", {k: gt_qk[k] for k in ("edge_auc", "qk_edge_auc", "node_auc", "precision",
+                                                          "recall")})
 
 
 def _edge_items(g):

@@ -93,6 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=Path, help="a JSON list of {model, clt, tokens, out}: several runs, "
                     "one interpreter start")
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--max-feature-nodes", type=int, default=None,
+                    help="circuit-tracer's max_feature_nodes (default: its own, every active feature)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.jobs is not None:
@@ -102,17 +104,32 @@ def main(argv=None) -> int:
     else:
         jobs = [{"model": args.model, "clt": args.clt, "tokens": args.tokens, "out": args.out}]
     for job in jobs:
-        run_one(Path(job["model"]), Path(job["clt"]), str(job["tokens"]), Path(job["out"]), args.batch_size)
+        run_one(Path(job["model"]), Path(job["clt"]), str(job["tokens"]), Path(job["out"]), args.batch_size,
+                job.get("max_feature_nodes", args.max_feature_nodes))
     return 0
 
 
-def run_one(model_dir: Path, clt_dir: Path, tokens_arg: str, out: Path, batch_size: int) -> None:
+def run_one(model_dir: Path, clt_dir: Path, tokens_arg: str, out: Path, batch_size: int,
+            max_feature_nodes: int | None = None) -> None:
+    import json
+    import time
+
     from circuit_tracer import attribute
+    from run_ct import peak_rss_mb
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    t0, c0 = time.perf_counter(), time.process_time()
     model = build(model_dir, clt_dir, out.parent / (out.stem + "_tokenizer"))
+    t1, c1 = time.perf_counter(), time.process_time()
     tokens = torch.tensor(read_tokens(tokens_arg), dtype=torch.long)
-    graph = attribute(tokens, model, max_n_logits=10, desired_logit_prob=0.95, batch_size=batch_size)
+    graph = attribute(tokens, model, max_n_logits=10, desired_logit_prob=0.95, batch_size=batch_size,
+                      max_feature_nodes=max_feature_nodes)
+    t2, c2 = time.perf_counter(), time.process_time()
+    # the timings of this run (load = model + dictionaries), next to OUT: OUT minus .npz + .json
+    out.with_suffix(".json").write_text(json.dumps({
+        "load_s": t1 - t0, "attribute_s": t2 - t1, "load_cpu_s": c1 - c0, "attribute_cpu_s": c2 - c1,
+        "peak_rss_mb_after_attribute": peak_rss_mb(), "max_feature_nodes": max_feature_nodes,
+        "batch_size": batch_size, "threads": torch.get_num_threads()}))
     np.savez(
         out,
         adjacency_matrix=graph.adjacency_matrix.float().cpu().numpy(),

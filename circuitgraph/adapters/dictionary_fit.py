@@ -18,7 +18,6 @@ metadata records that it did); shapes can never be overridden.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,8 +26,9 @@ from typing import Any
 
 import yaml
 
+from circuitgraph._io import read_json_file
 from circuitgraph.adapters.files import safetensors_shapes
-from circuitgraph.errors import CircuitGraphError
+from circuitgraph.errors import CircuitGraphError, LoadError
 from circuitgraph.spec.model import ModelSpec
 
 __all__ = ["DeclaredDictionary", "read_declared", "model_names", "model_mismatch", "shape_problems", "fit_problems"]
@@ -54,8 +54,8 @@ class DeclaredDictionary:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_file(path, "dictionary config")
+    except LoadError:
         return None  # the loader reports an unreadable file with its own message
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from circuitgraph._io import read_json_file
 from circuitgraph.adapters.hf_config import FAMILIES, unsupported_model_type_message
 from circuitgraph.errors import LoadError, one_line
 
@@ -255,8 +256,8 @@ def read_record(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        value = read_json_file(file, "GGUF conversion record")
+    except LoadError as exc:
         raise LoadError(f"{file} is not readable JSON ({one_line(exc, limit=200)}); delete the folder {folder} and "
                         "convert or fetch the model again") from None
     return value if isinstance(value, dict) else None

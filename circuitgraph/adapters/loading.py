@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
-import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +31,10 @@ from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries.hub import _cache_dir, _offline
 from circuitgraph.errors import DequantisedWeightsWarning, LoadError, one_line
+from circuitgraph.spec.model import ModelSpec
 
-__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "load_pretrained", "torch_dtype", "resolve_device"]
+__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "load_pretrained", "torch_dtype", "resolve_device",
+           "MODEL_SOURCES", "load_model_spec"]
 
 #: how a TransformerLens folder's model runs (the spec's ``model: {backend: ...}``)
 ModelBackend = Literal["auto", "native", "transformer_lens"]
@@ -300,8 +302,8 @@ def _hub_config(repo: str) -> dict[str, Any] | None:
 
 
     try:
-        cfg = json.loads(Path(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(),
-                                              local_files_only=_offline())).read_text())
+        cfg = read_json_file(hf_hub_download(repo, "config.json", cache_dir=_cache_dir(), local_files_only=_offline()),
+                             "model config")
     except Exception:  # noqa: BLE001 - not reachable / not cached: the caller says what to do
         return None
     return cfg if isinstance(cfg, dict) else None
@@ -410,3 +412,37 @@ def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu"
     adapter = load_model_dir(bundle / "model", dtype=dtype, device=device, backend=backend)
     adapter.source = {"builtin": name}
     return adapter, bundle
+
+
+# ------------------------------------------------------------------ the spec's model sources
+def _from_path(m: ModelSpec, dtype: str) -> ModelAdapter:
+    return load_model_dir(m.path, dtype=dtype, device=m.device, trust_remote_code=m.trust_remote_code,
+                          backend=m.backend)
+
+
+def _from_name(m: ModelSpec, dtype: str) -> ModelAdapter:
+    return load_model_name(m.name, dtype=dtype, device=m.device, fold_ln=m.fold_ln,
+                           center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
+                           trust_remote_code=m.trust_remote_code)
+
+
+def _from_pretrained(m: ModelSpec, dtype: str) -> ModelAdapter:
+    return load_pretrained(m.pretrained, dtype=dtype, device=m.device)
+
+
+def _from_builtin(m: ModelSpec, dtype: str) -> ModelAdapter:
+    return load_builtin_model(m.builtin, dtype=dtype, device=m.device, backend=m.backend)[0]
+
+
+#: the spec's ``model.source`` (which key names the model) -> its loader ``(model spec, dtype) -> adapter``;
+#: a new model source is one entry here and its key in ``spec/model.py``
+MODEL_SOURCES: dict[str, Callable[[ModelSpec, str], ModelAdapter]] = {"path": _from_path, "name": _from_name, "pretrained": _from_pretrained,
+                                 "builtin": _from_builtin}
+
+
+def load_model_spec(m: ModelSpec, *, dtype: str, weights_dtype: str) -> ModelAdapter:
+    """The model a spec's ``model:`` section names (:class:`circuitgraph.spec.model.ModelSpec`),
+    loaded in ``dtype``; its source record also says the dtype of its weights (``weights_dtype``)."""
+    adapter = MODEL_SOURCES[m.source](m, dtype)
+    adapter.source["weights_dtype"] = weights_dtype
+    return adapter

@@ -23,7 +23,7 @@ from typing import Any
 from circuitgraph._io import MAX_JSON_BYTES, read_json_file
 from circuitgraph.errors import LoadError, TokenError, UnknownTokenWarning
 
-__all__ = ["Tokenizer", "resolve_tokenizer_dir", "check_prompt_text"]
+__all__ = ["Tokenizer", "resolve_tokenizer_dir", "check_prompt_text", "prompt_ids"]
 
 #: how many vocabulary entries an error about an unknown token string suggests
 N_NEAREST = 5
@@ -295,3 +295,16 @@ def check_prompt_text(tokenizer: Tokenizer, text: str, *, strict: bool, where: s
         raise TokenError(f"{message}; rephrase the prompt with known words, give token ids as "
                          "{tokens: [...]}, or drop strict: true to accept it with a warning")
     warnings.warn(f"{message} (prompt strict: true makes this an error)", UnknownTokenWarning, stacklevel=3)
+
+
+def prompt_ids(tokenizer: Any, text: str, prepend_bos: bool = True) -> list[int]:
+    """The token ids of a text prompt: ``tokenizer.encode(text)``, after the BOS token when
+    ``prepend_bos`` and the tokenizer has one.  The one text-to-ids step of a prompt: the run
+    (:func:`circuitgraph.pipeline.inputs.resolve_prompt_like`, which first refuses ``prepend_bos``
+    without a BOS token), the checks' prompts (:func:`circuitgraph.validation._common.resolve_prompt`)
+    and ``circuitgraph validate`` (:func:`circuitgraph.pipeline.preflight.tokens_of`)."""
+    ids = [int(t) for t in tokenizer.encode(text)]
+    bos_id = getattr(tokenizer, "bos_id", None)
+    if prepend_bos and bos_id is not None:
+        ids = [int(bos_id)] + ids
+    return ids

@@ -35,6 +35,7 @@ from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
 from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.dag import adopt_engine_order
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.linearised_edges import LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
 
 __all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
@@ -56,7 +57,9 @@ def build_graph(
     col, plan = _collect_and_plan(adapter, lin, transcoders, targets, options)
     check_plan(plan)  # refuse, with advice that works, before the sweep
     if options.component_inputs:
-        check_component_edge_bound(col)
+        check_component_edge_bound(col, tuple(options.head_inputs))
+    if not plan.selecting and not isinstance(col.nodes, list):
+        col.nodes = list(col.nodes)  # the records the graph holds (and its constants are set on)
     nodes = col.nodes
     if plan.selecting:
         rows, selected = select_and_compute(col, plan.max_feature_nodes, max_neuron_nodes=plan.max_neuron_nodes,
@@ -71,8 +74,9 @@ def build_graph(
         nodes[row].constant = c
     np_dtype = np.float32 if options.dtype == torch.float32 else np.float64
     edge_target, edge_source, edge_weight = edges.target, edges.source, edges.weight
+    linearised = None
     if options.component_inputs:
-        edge_target, edge_source, edge_weight = _add_component_inputs(col, nodes, edges, options)
+        edge_target, edge_source, edge_weight, linearised = _add_component_inputs(col, nodes, edges, options)
     graph = AttributionGraph(
         nodes=nodes,
         edge_target=edge_target,
@@ -82,6 +86,7 @@ def build_graph(
         metadata=GraphMetadata(metadata or {}),
         context=AttributionContext(adapter, lin, transcoders, options, col, targets),
         edges_unique=True,  # one edge per (reader, writer) pair: queries skip coalescing
+        linearised_edges=linearised,
     )
     if edges.sums is not None and edges.abs_sums is not None and not options.component_inputs:
         # the engine summed every row as it wrote it and knows its order: no pass over the edges
@@ -95,27 +100,42 @@ def build_graph(
                                np.array([loc for _, loc in readers], dtype=np.int64))
     report = graph.check_completeness()
     graph.metadata["completeness"] = report.to_dict()
+    if linearised is not None:
+        graph.metadata["linearised_edges"] = {
+            "kinds": linearised.kinds, "n_edges": {k: int((linearised.kind_names() == k).sum()) for k in linearised.kinds},
+            "max_relative_violation": float(linearised.max_violation())}
     graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
     return graph
 
 
 def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptions
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, LinearisedEdges | None]:
     """The edges into head and whole-MLP nodes appended to the engine's; each such node's
     ``pre_activation`` becomes its total effect on the targets and ``constant`` the part of it no
     node carries, so that :meth:`AttributionGraph.check_completeness` checks the identity
-    ``total effect = sum of incoming edges + constant`` (:mod:`~circuitgraph.attribution.component_inputs`)."""
+    ``total effect = sum of incoming edges + constant`` (:mod:`~circuitgraph.attribution.component_inputs`).
+    The linearised query / key edges (``options.head_inputs``) come back apart, never among them."""
     index = {n.id: i for i, n in enumerate(nodes)}
-    comp = component_inputs(col, index, min_mlp_pos=0 if options.bos_nodes else 1, batch_size=options.batch_size)
+    comp = component_inputs(col, index, min_mlp_pos=0 if options.bos_nodes else 1, batch_size=options.batch_size,
+                            head_inputs=tuple(options.head_inputs))
+    heads_in = ",".join(k for k in ("value", "query", "key") if k in options.head_inputs)
     for row, value in comp.total_effect.items():
         node = nodes[row]
         node.pre_activation = value
         node.constant = comp.constant[row]
-        node.attrs = {**node.attrs, "total_effect": value, "inputs": "value" if node.kind == "attention_head" else "input"}
+        node.attrs = {**node.attrs, "total_effect": value,
+                      "inputs": heads_in if node.kind == "attention_head" else "input"}
     index_dtype = edges.target.dtype
+    linearised = None
+    if comp.linearised is not None:
+        linearised = LinearisedEdges.from_kinds(comp.linearised, comp.linearised_constant, comp.linearised_total)
+        for kind, totals in comp.linearised_total.items():  # on the heads too: they travel with the nodes
+            for row, value in totals.items():
+                nodes[row].attrs = {**nodes[row].attrs, f"{kind}_total": value,
+                                    f"{kind}_constant": comp.linearised_constant[kind].get(row, 0.0)}
     return (np.concatenate([edges.target, comp.target.astype(index_dtype)]),
             np.concatenate([edges.source, comp.source.astype(edges.source.dtype)]),
-            np.concatenate([edges.weight.astype(np.float64), comp.weight]))
+            np.concatenate([edges.weight.astype(np.float64), comp.weight]), linearised)
 
 
 def _per_node(values: dict[int, float] | np.ndarray, n: int) -> np.ndarray:

@@ -26,6 +26,17 @@ section "Component nodes with inputs"):
   path-patching effect of ``w`` through ``h``'s value input alone in the frozen model.
 
 Identity (checked on every graph with completeness): ``T = sum of incoming edges + constant``.
+
+With ``graph: {head_inputs: [value, query, key]}`` a head also gets **linearised** query and key
+edges (docs/maths.md, section 11): with ``e_s = v_s W_O^h . G'(t)`` the value of source ``s``
+against the downstream gradient and ``a_s`` the pre-softmax score, ``dT/da_s = A_s (e_s - T)``
+(times a soft-cap's slope), so the query at ``t`` is the reader
+``sum_s dT/da_s k_s / scale`` (through the frozen query readers of
+:class:`~circuitgraph.attribution.qk_readers.QKReaders`) and the key at ``s`` the reader
+``dT/da_s q_t / scale``.  Their edges are the first-order change of ``T`` (of the targets) when
+the writer is removed from the head's query (key) input, and they sum with their constant to
+``sum_s dT/da_s a_s`` (an Euler identity, not ``T``): they are kept apart from the value edges
+and never enter the completeness check.
 """
 
 from __future__ import annotations
@@ -38,12 +49,19 @@ import torch
 from circuitgraph.attribution.engine import DirectionEdges, attribute_directions
 from circuitgraph.attribution.frozen_model import FrozenLinearModel, loc_resid_mid, loc_resid_post, loc_resid_pre
 from circuitgraph.attribution.nodes_builder import Collected
+from circuitgraph.attribution.qk_readers import QKReaders
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
 
-__all__ = ["ComponentInputs", "component_inputs", "total_effect_gradients", "check_component_inputs_supported",
+__all__ = ["ComponentInputs", "HEAD_INPUTS", "LINEARISED_KINDS", "component_inputs", "total_effect_gradients", "check_component_inputs_supported",
            "component_edge_bound", "check_component_edge_bound", "MAX_COMPONENT_EDGES"]
+
+
+#: the edge kinds into a head node (``graph.head_inputs``)
+HEAD_INPUTS = ("value", "query", "key")
+#: the kinds that are linearised at the prompt (kept apart from the exact value edges)
+LINEARISED_KINDS = ("query", "key")
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,12 @@ class ComponentInputs:
     weight: np.ndarray
     total_effect: dict[int, float]
     constant: dict[int, float]
+    #: ``kind -> (target, source, weight)``: the linearised query / key edges into head rows
+    linearised: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    #: ``kind -> {row: constant}``: their constants (the readers' own constants and constant writers)
+    linearised_constant: dict[str, dict[int, float]] | None = None
+    #: ``kind -> {row: sum_s dT/da_s a_s}``: what each head's edges of that kind plus constant sum to
+    linearised_total: dict[str, dict[int, float]] | None = None
 
 
 def check_component_inputs_supported(adapter, mlp_modes: dict[int, str]) -> None:
@@ -79,10 +103,11 @@ def check_component_inputs_supported(adapter, mlp_modes: dict[int, str]) -> None
 MAX_COMPONENT_EDGES = 100_000_000
 
 
-def component_edge_bound(col: Collected) -> int:
+def component_edge_bound(col: Collected, head_inputs: tuple[str, ...] = ("value",)) -> int:
     """An upper bound on the edges into head and whole-MLP nodes: a head of layer ``m`` at ``t``
     reads every source ``s <= t`` (any ``s`` without a causal mask), each reader meets at most the
-    writers at its position up to resid_pre(m) (or, through frozen attention, at any position)."""
+    writers at its position up to resid_pre(m) (or, through frozen attention, at any position);
+    the linearised key edges (``head_inputs``) as many again, the query edges one reader per head."""
     fm = col.frozen
     L, T = fm.n_layers, fm.n_pos
     counts, _, _, _ = col.count_tables(2 * L + 1, T)
@@ -94,20 +119,22 @@ def component_edge_bound(col: Collected) -> int:
         if fm.attention_modes[m] == "heads":
             H = int(fm.attn[m]["W_V"].shape[0])
             readers = (T - np.arange(T)) if fm.causal else np.full(T, T)
-            total += int((H * readers * per_pos).sum())
+            total += int((H * readers * per_pos).sum()) * (2 if "key" in head_inputs else 1)
+            if "query" in head_inputs:
+                total += int(H * per_pos.sum())
         upto_mid = counts[: 2 * m + 2]
         total += int((upto_mid.sum(0) if local else np.full(T, upto_mid.sum())).sum())
     return total
 
 
-def check_component_edge_bound(col: Collected) -> None:
+def check_component_edge_bound(col: Collected, head_inputs: tuple[str, ...] = ("value",)) -> None:
     """Refuse a graph whose component edges could exceed :data:`MAX_COMPONENT_EDGES`."""
-    bound = component_edge_bound(col)
+    bound = component_edge_bound(col, head_inputs)
     if bound > MAX_COMPONENT_EDGES:
         raise AttributionError(
             f"graph.component_inputs: up to {bound:,} edges into head and MLP nodes (the limit is "
             f"{MAX_COMPONENT_EDGES:,}: a head at each position reads every earlier position); use a shorter prompt, "
-            "heads on fewer layers (attention: {layer: heads}), or component_inputs: false")
+            "heads on fewer layers (attention: {layer: heads}), fewer head_inputs, or component_inputs: false")
 
 
 def _slopes_and_offsets(adapter, lin, layer: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,14 +323,21 @@ def _graph_row(node: NodeId, index: dict[NodeId, int]) -> int:
 
 @torch.no_grad()
 def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: int = 1,
-                     batch_size: int = 256, position_local: bool | None = None) -> ComponentInputs:
+                     batch_size: int = 256, position_local: bool | None = None,
+                     head_inputs: tuple[str, ...] = ("value",)) -> ComponentInputs:
     """The edges into every head node and whole-MLP node of ``col`` (module docstring), as rows of
     the graph whose node index is ``index`` (node id -> row).
 
     ``position_local``: compute the edges as plain dot products with the writers at the reader's
     position (:func:`_local_edges`), which is what the engine's sweep computes when no path between
     two nodes leaves its position (every attention layer is heads, no skip path); None: whenever
-    that holds.  The engine's sweep otherwise."""
+    that holds.  The engine's sweep otherwise.  ``head_inputs``: the edge kinds into heads; "query"
+    and "key" add the linearised edges (module docstring), returned apart from the value edges."""
+    unknown = sorted(set(head_inputs) - set(HEAD_INPUTS))
+    if unknown or "value" not in head_inputs:
+        raise AttributionError(f"graph.head_inputs: {list(head_inputs)} must list 'value' and may add 'query' "
+                               f"and 'key' (unknown: {unknown})")
+    linearised_kinds = [k for k in LINEARISED_KINDS if k in head_inputs]
     fm = col.frozen
     adapter, lin = fm.adapter, fm.lin
     L, T = fm.n_layers, fm.n_pos
@@ -317,7 +351,12 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
     local = position_local if position_local is not None else _paths_stay_at_their_position(col)
     writers = _PositionWriters(col, fm.device) if local else None
 
-    def sweep(location: int, rows: list[int], positions: list[int], dirs: torch.Tensor, own: torch.Tensor) -> None:
+    lin_parts: dict[str, tuple[list, list, list]] = {k: ([], [], []) for k in linearised_kinds}
+    lin_constant: dict[str, dict[int, float]] = {k: {} for k in linearised_kinds}
+    lin_total: dict[str, dict[int, float]] = {k: {} for k in linearised_kinds}
+
+    def sweep(location: int, rows: list[int], positions: list[int], dirs: torch.Tensor, own: torch.Tensor,
+              kind: str = "value") -> None:
         """Readers ``i`` of component rows ``rows[i]``: edges summed per (component, writer)."""
         if local:
             edges = _local_edges(col, location, positions, dirs, own, writers)
@@ -325,11 +364,13 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
             edges = attribute_directions(col, location, positions, dirs, own.tolist(), batch_size=batch_size)
         rows_np = np.asarray(rows, dtype=np.int64)
         writer_rows = np.array([_graph_row(n, index) for n in edges.writer_ids], dtype=np.int64)
-        tgt_parts.append(rows_np[edges.reader])
-        src_parts.append(writer_rows[edges.writer])
-        w_parts.append(edges.weight.astype(np.float64))
+        parts_t, parts_s, parts_w = (tgt_parts, src_parts, w_parts) if kind == "value" else lin_parts[kind]
+        const = constant if kind == "value" else lin_constant[kind]
+        parts_t.append(rows_np[edges.reader])
+        parts_s.append(writer_rows[edges.writer])
+        parts_w.append(edges.weight.astype(np.float64))
         for r, parts in zip(rows, edges.constants, strict=False):
-            constant[r] = constant.get(r, 0.0) + float(sum(parts.values()))
+            const[r] = const.get(r, 0.0) + float(sum(parts.values()))
 
     for layer in range(L):
         if fm.attention_modes[layer] == "heads":
@@ -367,6 +408,14 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
                         own.append(A[h, t, s] * own_th[t, h])
             if rows:
                 sweep(int(loc_resid_pre(layer)), rows, positions, torch.stack(dirs), torch.stack(own))
+            if linearised_kinds:
+                for kind, (k_rows, k_pos, k_dirs, k_own, k_total) in _qk_readers(
+                        col, index, layer, read, own_th, A, linearised_kinds).items():
+                    for row, value in k_total.items():
+                        lin_total[kind][row] = value
+                        lin_constant[kind][row] = 0.0
+                    if k_rows:
+                        sweep(int(loc_resid_pre(layer)), k_rows, k_pos, torch.stack(k_dirs), torch.stack(k_own), kind)
         if layer in mlps:
             mlp = mlps[layer]
             Gpost = G[int(loc_resid_post(layer))]
@@ -393,4 +442,72 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
     else:
         t_all = s_all = np.zeros(0, dtype=np.int64)
         w_all = np.zeros(0)
-    return ComponentInputs(t_all.astype(np.int64), s_all.astype(np.int64), w_all.astype(np.float64), total, constant)
+    linearised = {}
+    for kind, (pt, ps, pw) in lin_parts.items():
+        if pt:
+            lt, ls, lw, _ = merge_edges(np.concatenate(pt), np.concatenate(ps), np.concatenate(pw), n, drop_zeros=True)
+        else:
+            lt = ls = np.zeros(0, dtype=np.int64)
+            lw = np.zeros(0)
+        linearised[kind] = (lt.astype(np.int64), ls.astype(np.int64), lw.astype(np.float64))
+    return ComponentInputs(t_all.astype(np.int64), s_all.astype(np.int64), w_all.astype(np.float64), total, constant,
+                           linearised if linearised_kinds else None, lin_constant if linearised_kinds else None,
+                           lin_total if linearised_kinds else None)
+
+
+def _qk_readers(col: Collected, index: dict[NodeId, int], layer: int, read: torch.Tensor, own_th: torch.Tensor,
+                A: torch.Tensor, kinds: list[str]) -> dict[str, tuple[list, list, list, list, dict[int, float]]]:
+    """The linearised query and key readers of the head nodes of ``layer`` (module docstring):
+    ``kind -> (rows, positions, directions, own constants, {row: sum_s dT/da_s a_s})``.
+
+    ``read (T, H, D)`` and ``own_th (T, H)`` are the value readers before ``A / sigma1``: the value
+    of source ``s`` against the gradient at destination ``t`` is
+    ``e[t, h, s] = read[t, h] . x(s) / sigma1(s) + own_th[t, h]``."""
+    fm = col.frozen
+    adapter, lin = fm.adapter, fm.lin
+    T, H = fm.n_pos, read.shape[1]
+    x = lin.resid_pre[layer][:T].to(device=fm.device, dtype=fm.dtype)  # (T, D): the residual the head reads
+    sigma = fm.ln1[layer].sigma[:T]
+    e = torch.einsum("thD,sD->ths", read, x / sigma[:, None]) + own_th[:, :, None]  # (T, H, s)
+    qk = QKReaders(adapter, lin, layer, fm.dtype, fm.device, error=AttributionError)
+    cap = adapter.facts.attn_scores_soft_cap
+    out: dict[str, tuple[list, list, list, list, dict[int, float]]] = {k: ([], [], [], [], {}) for k in kinds}
+    for h in range(H):
+        heads_here = [t for t in range(T) if NodeId("attention_head", layer, t, h) in index]
+        if not heads_here:
+            continue
+        q_read = [qk.side("q", h, t) for t in range(T)]
+        k_read = [qk.side("k", h, t) for t in range(T)]
+        q = torch.stack([d @ x[t] + c for t, (d, c) in enumerate(q_read)])  # (T, dh)
+        k = torch.stack([d @ x[t] + c for t, (d, c) in enumerate(k_read)])
+        score = q @ k.T / qk.scale  # (t, s): pre-softmax, before a soft-cap
+        slope = torch.ones_like(score) if not cap else 1.0 - torch.tanh(score / cap) ** 2
+        a_h = A[h, :T, :T]
+        total = (a_h * e[:, h, :]).sum(-1, keepdim=True)  # (t, 1): the head's total effect
+        g = a_h * (e[:, h, :] - total) * slope  # (t, s): dT/d(pre-cap score)
+        for t in heads_here:
+            row = index[NodeId("attention_head", layer, t, h)]
+            euler = float((g[t].to(torch.float64) * score[t].to(torch.float64)).sum())
+            if "query" in out:
+                rows, positions, dirs, own, tot = out["query"]
+                dq = (g[t] @ k) / qk.scale  # (dh,): dT/dq(t)
+                d, c = q_read[t]
+                rows.append(row)
+                positions.append(t)
+                dirs.append(dq @ d)
+                own.append(dq @ c)
+                tot[row] = euler
+            if "key" in out:
+                rows, positions, dirs, own, tot = out["key"]
+                sources = range(t + 1) if fm.causal else range(T)
+                for s in sources:
+                    if g[t, s] == 0:
+                        continue
+                    dk = g[t, s] * q[t] / qk.scale  # (dh,): dT/dk(s)
+                    d, c = k_read[s]
+                    rows.append(row)
+                    positions.append(s)
+                    dirs.append(dk @ d)
+                    own.append(dk @ c)
+                tot[row] = euler
+    return out

@@ -141,7 +141,8 @@ class AttributionContext:
         (:func:`circuitgraph.attribution.component_inputs.component_inputs`)."""
         index = {n.id: i for i, n in enumerate(self._tables.nodes)}
         return component_inputs(self._tables, index, min_mlp_pos=0 if self.options.bos_nodes else 1,
-                                batch_size=self.options.batch_size, position_local=position_local)
+                                batch_size=self.options.batch_size, position_local=position_local,
+                                head_inputs=tuple(self.options.head_inputs))
 
     def _readers(self) -> dict[NodeId, int]:
         """node id -> its index in the engine's reader table (directions are made on request)."""

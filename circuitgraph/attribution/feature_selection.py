@@ -47,6 +47,7 @@ from circuitgraph.attribution.engine import (
     dense_rows_supported,
     split_by_location,
 )
+from circuitgraph.attribution.node_table import find_row, node_kinds, node_sites
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
 from circuitgraph.graph.dag import add_segment
@@ -301,17 +302,15 @@ def _select(col: Collected, limits: dict[str, int | None], batch_size: int, upda
     rd = col.readers
     nodes = col.nodes
     n_nodes = len(nodes)
-    target_ids = {nid for nid, _ in col.targets}
+    # every target is a reader (a feature or neuron target too: always kept)
+    target_row = {nid: find_row(nodes, nid) for nid, _ in col.targets}
+    reader_rows = np.asarray(rd.rows, dtype=np.int64)
+    kinds = node_kinds(nodes)[reader_rows]
+    is_target = np.isin(reader_rows, np.asarray(list(target_row.values()), dtype=np.int64))
     # the readers of each kind that is selected (fewer kept than there are); the rest are computed whole
-    pools: dict[str, list[int]] = {kind: [] for kind, k in limits.items() if k is not None}
-    other_readers = []
-    for i, r in enumerate(rd.rows):
-        node = nodes[r]
-        pool = pools.get(node.kind)
-        if pool is None or node.id in target_ids:
-            other_readers.append(i)
-        else:
-            pool.append(i)
+    selectable = {kind for kind, k in limits.items() if k is not None}
+    pools: dict[str, list[int]] = {kind: np.flatnonzero((kinds == kind) & ~is_target).tolist() for kind in selectable}
+    other_readers = np.flatnonzero(~np.isin(kinds, list(selectable)) | is_target).tolist()
     for kind in list(pools):
         if limits[kind] >= len(pools[kind]):
             other_readers += pools.pop(kind)
@@ -321,7 +320,6 @@ def _select(col: Collected, limits: dict[str, int | None], batch_size: int, upda
         return rows, list(range(len(rd.rows)))
     other_readers.sort()
     start = np.zeros(n_nodes)
-    target_row = {nodes[r].id: r for r in rd.rows if nodes[r].id in target_ids}  # every target is a reader
     for nid, w in col.targets:
         start[target_row[nid]] = w
     for loc, subset in _by_location(col, other_readers):
@@ -398,39 +396,30 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
     so the pre-fold edges are never copied whole."""
     rd = col.readers
     nodes = col.nodes
+    reader_rows = np.asarray(rd.rows, dtype=np.int64)
     keep_reader = np.zeros(len(nodes), dtype=bool)
-    keep_reader[np.asarray([rd.rows[i] for i in selected], dtype=np.int64)] = True
-    dropped = [r for r in rd.rows if not keep_reader[r] and nodes[r].kind in SELECTED_KINDS]
+    keep_reader[reader_rows[np.asarray(selected, dtype=np.int64)]] = True
+    all_kinds = node_kinds(nodes)
+    dropped = reader_rows[~keep_reader[reader_rows] & np.isin(all_kinds[reader_rows], list(SELECTED_KINDS))]
     is_dropped = np.zeros(len(nodes), dtype=bool)
-    is_dropped[np.asarray(dropped, dtype=np.int64)] = True
-    new_nodes: list[Node] = []
-    old_to_new: dict[int, int] = {}
-    remainder_row: dict[tuple[str, int, int], int] = {}
-    counts: dict[tuple[str, int, int], int] = {}
-    site_of = {}
-    for r in dropped:
-        node = nodes[r]
-        key = (node.kind, node.layer, node.position)
-        counts[key] = counts.get(key, 0) + 1
-        site_of[r] = key
-    for r, node in enumerate(nodes):
-        if not is_dropped[r]:
-            old_to_new[r] = len(new_nodes)
-            new_nodes.append(node)
-    for key in sorted(counts):
-        kind, layer, position = key
-        which, count_attr, label = SELECTED_KINDS[kind]
-        remainder_row[key] = len(new_nodes)
+    is_dropped[dropped] = True
+    kept = np.flatnonzero(~is_dropped)
+    new_nodes: list[Node] = [nodes[r] for r in kept.tolist()]
+    old_to_new: dict[int, int] = dict(zip(kept.tolist(), range(kept.size), strict=True))
+    # one remainder per (kind, layer, position) of the dropped, in that order
+    kinds, layers, positions = node_sites(nodes, dropped)
+    kind_names, kind_code = np.unique(kinds.astype(str), return_inverse=True)
+    sites, site_of, counts = np.unique(np.stack([kind_code, layers, positions], 1).reshape(-1, 3), axis=0,
+                                       return_inverse=True, return_counts=True)
+    for (code, layer, position), count in zip(sites.tolist(), counts.tolist(), strict=True):
+        which, count_attr, label = SELECTED_KINDS[str(kind_names[code])]
         new_nodes.append(Node(NodeId("remainder", layer, position, REMAINDER_INDEX[which]), 1.0,
-                              label=f"{label} L{layer}@{position}", attrs={count_attr: counts[key]}))
+                              label=f"{label} L{layer}@{position}", attrs={count_attr: count}))
     src_map = np.full(len(nodes), -1, dtype=np.int64)
-    for old, new in old_to_new.items():
-        src_map[old] = new
-    for r in dropped:
-        src_map[r] = remainder_row[site_of[r]]
+    src_map[kept] = np.arange(kept.size)
+    src_map[dropped] = kept.size + site_of.reshape(-1)
     tgt_map = np.full(len(nodes), -1, dtype=np.int64)
-    for old, new in old_to_new.items():
-        tgt_map[old] = new
+    tgt_map[kept] = np.arange(kept.size)
     n_new = len(new_nodes)
     constants: dict[int, float] = {}
     folded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []

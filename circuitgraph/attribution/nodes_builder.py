@@ -10,7 +10,8 @@ output by default) are summed per location into ``constants[loc] (pos, d_model)`
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from circuitgraph.attribution.frozen_model import (
 )
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.attribution.linearisation import Linearisation
+from circuitgraph.attribution.node_table import NeuronCandidates, NodeTable, node_kinds
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
@@ -47,6 +49,9 @@ class GraphOptions:
     #: head and whole-MLP nodes get incoming edges (their total effects split over their inputs,
     #: :mod:`circuitgraph.attribution.component_inputs`)
     component_inputs: bool = False
+    #: the edge kinds into head nodes with component inputs: "value" (exact path patching) and
+    #: "query" / "key" (linearised at the prompt, :mod:`circuitgraph.attribution.component_inputs`)
+    head_inputs: tuple[str, ...] = ("value",)
     #: keep this many neurons, chosen by influence (every neuron is a candidate; not with neuron_top_k)
     max_neuron_nodes: int | None = None
     dtype: torch.dtype = torch.float32
@@ -171,12 +176,12 @@ class WriterTable:
         self._bases.append(basis)
         return len(self._bases) - 1
 
-    def add_scaled(self, loc: int, position: int, rows: list[int], scales: torch.Tensor, basis: int,
+    def add_scaled(self, loc: int, position: int, rows: list[int] | torch.Tensor, scales: torch.Tensor, basis: int,
                    index: torch.Tensor) -> None:
         """Writers whose vectors are ``scales[i] * basis[index[i]]``."""
-        if not rows:
+        if len(rows) == 0:
             return
-        self._items.setdefault(loc, []).append((position, torch.tensor(rows, dtype=torch.long), scales, basis,
+        self._items.setdefault(loc, []).append((position, torch.as_tensor(rows, dtype=torch.long), scales, basis,
                                                 index.to(torch.long)))
 
     def finalise(self) -> None:
@@ -231,21 +236,28 @@ class ReaderTable:
 
     A direction is held as a tensor (:meth:`add`), or made when a sweep needs it from a shared
     source (:meth:`add_lazy`: a transcoder feature's encoder row through its frozen norm), so
-    that long prompts do not hold one ``d_model`` vector per active feature."""
+    that long prompts do not hold one ``d_model`` vector per active feature.  The per-reader
+    values are typed arrays (``array.array``: indexing gives Python ints and floats, as lists
+    would), 48 bytes a reader: a real model's ``max_neuron_nodes`` run has millions of candidate
+    readers."""
 
-    rows: list[int] = field(default_factory=list)
-    locs: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    own_constants: list[float] = field(default_factory=list)
-    #: per reader: its direction, or (source id, key) for :meth:`add_lazy`
-    _dirs: list[Any] = field(default_factory=list, repr=False)
+    rows: array = field(default_factory=lambda: array("q"))
+    locs: array = field(default_factory=lambda: array("q"))
+    positions: array = field(default_factory=lambda: array("q"))
+    own_constants: array = field(default_factory=lambda: array("d"))
+    #: per reader: its direction source id (:meth:`add_lazy`), or -1 for a held tensor; and the
+    #: source's key, or the tensor's index in ``_tensors``
+    _dir_source: array = field(default_factory=lambda: array("q"), repr=False)
+    _dir_key: array = field(default_factory=lambda: array("q"), repr=False)
+    _tensors: list[torch.Tensor] = field(default_factory=list, repr=False)
     #: source id -> fn(keys LongTensor (n,), positions LongTensor (n,)) -> directions (n, d_model)
     _sources: list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=list, repr=False)
     #: (table length when made, node row -> location): :meth:`location_by_row`'s map
     _loc_by_row: tuple[int, dict[int, int]] | None = field(default=None, repr=False, compare=False)
 
     def add(self, row: int, loc: int, position: int, g: torch.Tensor, own_constant: float) -> None:
-        self._append(row, loc, position, g, own_constant)
+        self._append(row, loc, position, -1, len(self._tensors), own_constant)
+        self._tensors.append(g)
 
     def add_source(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> int:
         """Register a direction source for :meth:`add_lazy`; returns its id."""
@@ -254,13 +266,25 @@ class ReaderTable:
 
     def add_lazy(self, row: int, loc: int, position: int, source: int, key: int, own_constant: float) -> None:
         """A reader whose direction is ``source(key, position)``, made when needed."""
-        self._append(row, loc, position, (source, int(key)), own_constant)
+        self._append(row, loc, position, source, int(key), own_constant)
 
-    def _append(self, row: int, loc: int, position: int, g: Any, own_constant: float) -> None:
+    def add_lazy_many(self, rows: torch.Tensor, loc: int, position: int, source: int, keys: torch.Tensor,
+                      own_constants: torch.Tensor) -> None:
+        """:meth:`add_lazy` of several readers at one location and position."""
+        n = len(rows)
+        self.rows.extend(rows.tolist())
+        self.locs.extend([int(loc)] * n)
+        self.positions.extend([int(position)] * n)
+        self._dir_source.extend([source] * n)
+        self._dir_key.extend(keys.tolist())
+        self.own_constants.extend(own_constants.double().tolist())
+
+    def _append(self, row: int, loc: int, position: int, source: int, key: int, own_constant: float) -> None:
         self.rows.append(row)
-        self.locs.append(loc)
-        self.positions.append(position)
-        self._dirs.append(g)
+        self.locs.append(int(loc))
+        self.positions.append(int(position))
+        self._dir_source.append(source)
+        self._dir_key.append(key)
         self.own_constants.append(float(own_constant))
 
     def location_by_row(self) -> dict[int, int]:
@@ -276,11 +300,14 @@ class ReaderTable:
 
     def directions_of(self, indices: list[int]) -> list[torch.Tensor]:
         """The directions of readers ``indices``, one call per lazy source."""
-        out: list[Any] = [self._dirs[i] for i in indices]
+        out: list[Any] = [None] * len(indices)
         lazy: dict[int, list[tuple[int, int, int]]] = {}
-        for j, (i, d) in enumerate(zip(indices, out, strict=False)):
-            if not isinstance(d, torch.Tensor):
-                lazy.setdefault(d[0], []).append((j, d[1], self.positions[i]))
+        for j, i in enumerate(indices):
+            src, key = self._dir_source[i], self._dir_key[i]
+            if src < 0:
+                out[j] = self._tensors[key]
+            else:
+                lazy.setdefault(src, []).append((j, key, self.positions[i]))
         for src, items in lazy.items():
             js, keys, pos = zip(*items, strict=False)
             g = self._sources[src](torch.tensor(keys, dtype=torch.long), torch.tensor(pos, dtype=torch.long))
@@ -291,7 +318,8 @@ class ReaderTable:
 
 @dataclass
 class Collected:
-    nodes: list[Node]
+    #: the node rows (a :class:`~circuitgraph.attribution.node_table.NodeTable` from collect_nodes)
+    nodes: Sequence[Node]
     writers: WriterTable
     readers: ReaderTable
     constants: dict[int, torch.Tensor]  # loc -> (pos, d_model)
@@ -311,8 +339,9 @@ class Collected:
             idx: dict[NodeId, list[tuple[int, int, int]]] = {}
             for loc, block in sorted(self.writers.blocks.items()):
                 g_i, j_i = (block.rows >= 0).nonzero(as_tuple=True)
+                node_id = self.nodes.node_id if isinstance(self.nodes, NodeTable) else (lambda r: self.nodes[r].id)
                 for g, j, r in zip(g_i.tolist(), j_i.tolist(), block.rows[g_i, j_i].tolist(), strict=False):
-                    idx.setdefault(self.nodes[r].id, []).append((loc, g, j))
+                    idx.setdefault(node_id(r), []).append((loc, g, j))
             self._writer_index = idx
         return self._writer_index
 
@@ -324,13 +353,13 @@ class Collected:
             np.add.at(counts[loc], block.positions.numpy(), (block.rows >= 0).sum(1).numpy())
         locs = np.asarray(self.readers.locs, dtype=np.int64)
         positions = np.asarray(self.readers.positions, dtype=np.int64)
-        kinds = np.array([self.nodes[r].kind for r in self.readers.rows], dtype=object)
+        kinds = node_kinds(self.nodes)[np.asarray(self.readers.rows, dtype=np.int64)]
         return counts, locs, positions, kinds
 
     def feature_writer_counts(self, n_locs: int, n_pos: int, kinds: tuple[str, ...] = ("feature",)) -> Any:
         """Transcoder feature writers (nodes of ``kinds``) per (location, position) ``(n_locs, n_pos)`` (numpy)."""
         counts = np.zeros((n_locs, n_pos), dtype=np.int64)
-        is_feature = np.array([n.kind in kinds for n in self.nodes] + [False])  # row -1: padding
+        is_feature = np.append(np.isin(node_kinds(self.nodes), list(kinds)), False)  # row -1: padding
         for loc, block in self.writers.blocks.items():
             counts[loc, block.positions.numpy()] += is_feature[block.rows.numpy()].sum(1)
         return counts
@@ -356,7 +385,9 @@ class _Builder:
         self.options = options
         self.dtype = options.dtype
         self.device = adapter.device
-        self.nodes: list[Node] = []
+        self.nodes = NodeTable()
+        #: node id -> row of the nodes held as records (the candidates of max_neuron_nodes are
+        #: found through :meth:`row_of`)
         self.index: dict[NodeId, int] = {}
         self.multi_location = False
         #: per-prompt dictionary values shared by the MLP layers (see _dictionary_state)
@@ -381,6 +412,13 @@ class _Builder:
         self.index[node.id] = len(self.nodes)
         self.nodes.append(node)
         return self.index[node.id]
+
+    def row_of(self, node_id: NodeId) -> int | None:
+        """The row of ``node_id``, a record or a max_neuron_nodes candidate (None: not a node yet)."""
+        row = self.index.get(node_id)
+        if row is None and node_id.kind == "neuron" and self.options.max_neuron_nodes is not None:
+            row = self.nodes.find(node_id)
+        return row
 
     def min_mlp_pos(self) -> int:
         return 0 if self.options.bos_nodes else 1
@@ -797,6 +835,9 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
     gated = adapter.facts.gated_mlp
     source = b.readers.add_source(_neuron_direction_source(b, fm, layer))
     read_at = fm.mlp_input_location(layer)
+    start = len(b.nodes)  # the candidates' rows: start, start + 1, ... (no other node comes between)
+    n = 0
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("positions", "indices", "activation", "pre", "a", "b")}
     for t in range(T):
         if t < b.min_mlp_pos():
             b.constants[loc][t] += _post_norm_forward(fm, posts, layer, (post[t] @ W_out)[None], slice(t, t + 1))[0]
@@ -808,21 +849,25 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
         if gated:
             own = b.cast(adapter.mlp_act_fn(layer)(pre)) * lin_const[active] + b_in[active]
             measured = post[t, active]
-            linear = lin.mlp_pre_linear[layer][t, active.to(lin.mlp_pre[layer].device)].tolist()
+            parts["b"].append(lin.mlp_pre_linear[layer][t, active.to(lin.mlp_pre[layer].device)].cpu().double())
         else:
             own = lin_const[active] + b_in[active]
             measured = b.cast(pre)
-        rows = []
-        pre_values = pre.tolist()
-        for j, (i, a, o, m) in enumerate(zip(active.tolist(), post[t, active].tolist(), own.tolist(),
-                                             measured.tolist(), strict=False)):
-            attrs = {"gate": pre_values[j], "linear": linear[j]} if gated else {"hook_pre": pre_values[j]}
-            row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=a, pre_activation=m,
-                                  label=f"N{i} L{layer}@{t}", attrs=attrs))
-            rows.append(row)
-            b.readers.add_lazy(row, read_at, t, source, i, o)
+        parts["a"].append(pre.cpu().double())
+        rows = torch.arange(start + n, start + n + active.numel(), dtype=torch.long)
+        n += active.numel()
+        parts["positions"].append(torch.full((active.numel(),), t, dtype=torch.long))
+        parts["indices"].append(active.cpu())
+        parts["activation"].append(post[t, active].cpu().double())
+        parts["pre"].append(measured.cpu().double())
+        b.readers.add_lazy_many(rows, read_at, t, source, active, own)
         scales = post[t, active] if posts is None else post[t, active] / posts[layer].sigma[t]
         b.writers.add_scaled(loc, t, rows, scales, basis, active)
+    if n:
+        cat = {k: torch.cat(v).numpy() for k, v in parts.items() if v}
+        attrs = {"gate": cat["a"], "linear": cat["b"]} if gated else {"hook_pre": cat["a"]}
+        block = NeuronCandidates(layer, cat["positions"], cat["indices"], cat["activation"], cat["pre"], attrs)
+        assert b.nodes.add_candidates(block) == start and len(b.nodes) == start + n
 
 
 # -------------------------------------------------------------------- mixture of experts
@@ -957,7 +1002,8 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         return node_id
     if tgt.kind == "neuron":
         node_id = NodeId("neuron", tgt.layer, t, tgt.index)
-        if node_id in b.index and b.nodes[b.index[node_id]].pre_activation is not None:
+        row = b.row_of(node_id)
+        if row is not None and b.nodes[row].pre_activation is not None:
             return node_id
         g, own, measured = _neuron_reader(b, fm, tgt.layer, t, torch.tensor([tgt.index]))
         act = float(lin.mlp_post[tgt.layer][t, tgt.index])
@@ -984,6 +1030,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
 
 
 def _add_or_get(b: _Builder, node_id: NodeId, activation: float, label: str) -> int:
-    if node_id in b.index:
-        return b.index[node_id]
+    row = b.row_of(node_id)
+    if row is not None:
+        return row
     return b.add_node(Node(node_id, activation=activation, label=label))

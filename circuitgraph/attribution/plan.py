@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 import psutil
+import torch
 
 # the engine's sizes are read from their modules when a plan is made (tests and benchmarks set them)
 from circuitgraph.attribution import engine, feature_selection
+from circuitgraph.attribution.frozen_model import loc_resid_post
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.errors import ResourceError
 
@@ -273,16 +275,30 @@ def _rows_total(bounds: np.ndarray, is_feature: np.ndarray, max_feature_nodes: i
 #: resident bytes per neuron node of the node tables (its reader and writer vectors, the node
 #: record): measured 10.6 KB on SmolLM2-135M (d_model 576; 645,120 neurons at 15 tokens: 8.2 GB)
 NEURON_NODE_BYTES = 12 * 1024
+#: resident bytes per candidate neuron of ``max_neuron_nodes`` (held as arrays: its entries of
+#: :class:`~circuitgraph.attribution.node_table.NeuronCandidates`, its reader entry in the reader
+#: table's typed arrays with a lazy direction, its writer scale; no ``d_model`` vector, no node
+#: record): measured 148 bytes (SwiGLU) on 516,096 candidates of a 4-layer model (d_mlp 2048, 64
+#: tokens), with margin
+NEURON_CANDIDATE_BYTES = 192
+#: the share of the memory a run may use that advice planned from other node tables than the
+#: run's leaves free (a probe's neuron_top_k; max_neuron_nodes planned from the activations, its
+#: base from the loading peak): measured, the run's own plan was up to 3.5% above such a dry
+#: run's (SmolLM2, 64 tokens, a probe's neuron_top_k advice), and measured peaks stayed below the
+#: plans (docs/benchmarks/memory.md); about three times the worst error
+ADVICE_MARGIN = 0.1
 
 
 def neuron_probe_top_k(n_sites: int, d_mlp: int, d_model: int, room: int) -> int | None:
     """When the node tables of every neuron (``n_sites`` (layer, position) sites of ``d_mlp``)
-    would take more than half of ``room``, the ``neuron_top_k`` to collect the nodes with
+    would take more than half of ``room``, the ``neuron_top_k`` whose tables take a quarter of it, to collect the nodes with
     instead (a probe: its plan gives the advice, up to that value); else ``None``."""
     per_node = NEURON_NODE_BYTES * max(d_model, 1) // 576
     if n_sites <= 0 or n_sites * d_mlp * per_node <= room // 2:
         return None
-    return max(1, min(d_mlp, room // 2 // (n_sites * per_node)))
+    # a quarter of the room: the probe serves only the neuron_top_k advice (max_neuron_nodes is
+    # planned from the activations), and the dry run itself must stay within its budget
+    return max(1, min(d_mlp, room // 4 // (n_sites * per_node)))
 
 
 def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
@@ -344,7 +360,8 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     # allocator keeps, can hide them from the measured memory (and make it differ between the dry
     # run and the run), so the base is at least what the process held before them (or its loading
     # peak) plus their recorded cost
-    per_neuron = NEURON_NODE_BYTES * col.frozen.adapter.facts.d_model // 576
+    per_neuron = (NEURON_CANDIDATE_BYTES if _compact_candidates(col, options)
+                  else NEURON_NODE_BYTES * col.frozen.adapter.facts.d_model // 576)
     if rss_before_nodes is not None:
         plan.bytes_per_node = per_neuron  # what the advice saves per neuron it drops
         modelled = max(rss_before_nodes, floor) + plan.n_neuron_nodes * per_neuron + held
@@ -357,7 +374,12 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
         plan.n_nodes += unseen_neurons
         plan.n_neuron_nodes += unseen_neurons
     if not plan.fits:
+        candidates = (None if n_feat or plan.max_neuron_nodes is not None
+                      else _neuron_candidates(col, options, counts, locs, positions, kinds, reach, n_locs, n_pos))
         plan.advice = _advice(plan, counts, locs, positions, kinds, bounds, reach, extra,
+                              candidates=candidates, floor=max(rss_before_nodes or 0, floor),
+                              # a probe's neuron_top_k is the dry run's, not the spec's
+                              instead_of_top_k=getattr(options, "neuron_top_k", None) is not None and not unseen_neurons,
                               cap=_folded_row_cap(col, counts, locs, positions, reach, n_locs, n_pos)
                               if n_feat else None, batch_size=getattr(options, "batch_size", None),
                               full_bpe=full_bpe,
@@ -367,6 +389,109 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
                                                          ("neuron",)) if plan.max_neuron_nodes is not None
                               else None)
     return plan
+
+
+def _compact_candidates(col: Any, options: Any) -> bool:
+    """The neurons are ``max_neuron_nodes`` candidates held compactly (dense MLP layers)."""
+    return getattr(options, "max_neuron_nodes", None) is not None and not col.frozen.adapter.facts.num_experts
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The graph a ``max_neuron_nodes`` run would collect, planned without collecting it: every
+    active neuron of a neuron layer at a node position is a candidate.  Per (layer, position)
+    site of candidates: its reader location and position, how many it has (``weight``), the
+    possible edges of each of their rows (``bound``) and what a folded row keeps (``cap``, less
+    the selected rows it can see); the other readers' ``other_bound`` / ``other_cap``; the
+    writer vectors a short prompt's sweep would hold (``held``, as ``engine.held_writer_bytes``)."""
+
+    weight: np.ndarray
+    bound: np.ndarray
+    cap: np.ndarray
+    other_bound: np.ndarray
+    other_cap: np.ndarray
+    held: int
+
+    @property
+    def n(self) -> int:
+        return int(self.weight.sum())
+
+
+def _neuron_candidates(col: Any, options: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray,
+                       kinds: np.ndarray, reach: _Reach, n_locs: int, n_pos: int) -> _Candidates | None:
+    """:class:`_Candidates` of the collected nodes' neuron layers (``neuron_top_k``, a probe or
+    every neuron), from the activations alone; ``None`` without dense neuron layers (MoE layers'
+    candidates are not held compactly)."""
+    fm = col.frozen
+    layers = sorted(l for l, mode in options.mlp.items() if mode == "neurons")
+    if not layers or fm.adapter.facts.num_experts or fm.adapter.facts.attn_only:
+        return None
+    min_pos = 0 if getattr(options, "bos_nodes", False) else 1
+    neuron_writers = col.feature_writer_counts(n_locs, n_pos, ("neuron", "remainder"))
+    all_counts = counts.copy()
+    cand = np.zeros_like(counts)
+    read_loc = {}
+    for layer in layers:
+        w = int(loc_resid_post(layer))
+        active = (fm.lin.mlp_post[layer][min_pos:] != 0).sum(-1).cpu().numpy().astype(np.int64)
+        cand[w, min_pos:] = active
+        all_counts[w] += cand[w] - neuron_writers[w]
+        read_loc[w] = int(fm.mlp_input_location(layer))
+    site_w, site_pos = np.nonzero(cand)
+    site_loc = np.array([read_loc[w] for w in site_w.tolist()], dtype=np.int64)
+    others = all_counts - cand
+    sites = (cand > 0).astype(np.int64)
+    keep = kinds != "neuron"
+
+    def cap(l: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return _row_bounds(others, l, p, reach) + _row_bounds(sites, l, p, reach)
+
+    held = int(all_counts.sum()) * fm.adapter.facts.d_model * torch.empty((), dtype=fm.dtype).element_size()
+    return _Candidates(cand[site_w, site_pos], _row_bounds(all_counts, site_loc, site_pos, reach),
+                       cap(site_loc, site_pos), _row_bounds(all_counts, locs[keep], positions[keep], reach),
+                       cap(locs[keep], positions[keep]), held if held <= engine.HELD_WRITERS_BYTES else 0)
+
+
+def _top_weighted(values: np.ndarray, weight: np.ndarray, k: int) -> int:
+    """The sum of the ``k`` largest values of a multiset (``values[i]`` ``weight[i]`` times)."""
+    order = np.argsort(-values, kind="stable")
+    v, w = values[order], weight[order]
+    full = np.cumsum(w)
+    n = int(np.searchsorted(full, k, side="left"))  # sites taken whole before the one that completes k
+    total = int((v[:n] * w[:n]).sum())
+    if n < v.size:
+        total += int(v[n]) * (k - (int(full[n - 1]) if n else 0))
+    return total
+
+
+def _largest_max_neuron_nodes(plan: EdgePlan, c: _Candidates, floor: int, batch: int, extra: int,
+                              full_bpe: int) -> int:
+    """The largest ``max_neuron_nodes`` whose plan (the same bound :func:`plan_edges` makes of the
+    run's candidates: its widest selected rows, the folded graph, the candidates' node tables at
+    :data:`NEURON_CANDIDATE_BYTES`) fits the memory the run may use less :data:`ADVICE_MARGIN`
+    (0: none)."""
+    n = c.n
+    if n < 2:
+        return 0
+    # the run's base: what the process held before its node tables, the candidates at their cost,
+    # the writer vectors a short prompt's sweep holds; the plan's other nodes are in ``floor``
+    base = max(floor, plan.base - plan.node_savings(0)) + n * NEURON_CANDIDATE_BYTES + c.held
+    fixed = int(base * (1 + LATER_STAGES_SHARE)) + LATER_STAGES_BYTES + (plan.stages.fixed if plan.stages else 0)
+    room = int(plan.limit * (1 - ADVICE_MARGIN)) - fixed
+    if room <= 0:
+        return 0
+    widest = int(c.bound.max())
+    bpe = MFN_EDGE_PEAK_BYTES + extra
+    other_computed = int(c.other_bound.sum())
+
+    def need(k: int) -> float:
+        computed = (other_computed + _top_weighted(c.bound, c.weight, k)) * bpe
+        computed = min(computed, feature_selection.ROWS_IN_MEMORY_BYTES * bpe // 12)
+        folded = (int(np.minimum(c.other_bound, c.other_cap + k).sum())
+                  + _top_weighted(np.minimum(c.bound, c.cap + k), c.weight, k))
+        return max(computed + _part_bytes(batch, k, widest, extra), _full_graph_bytes(plan, folded, full_bpe))
+
+    return _largest_fitting(n - 1, need, room)
 
 
 def _full_graph_bytes(plan: EdgePlan, edges: int, bytes_per_edge: int) -> float:
@@ -398,7 +523,8 @@ NEURON_ADVICE = "neuron_top_k"
 def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, kinds: np.ndarray,
             bounds: np.ndarray, reach: _Reach, extra: int = 0, cap: np.ndarray | None = None,
             batch_size: int | None = None, full_bpe: int | None = None,
-            neuron_setting: str | None = None, neuron_cap: np.ndarray | None = None) -> list[str]:
+            neuron_setting: str | None = None, neuron_cap: np.ndarray | None = None,
+            candidates: _Candidates | None = None, floor: int = 0, instead_of_top_k: bool = False) -> list[str]:
     """Changes of the spec that would make the run fit, each checked with the same bound (the
     later stages and the exports' limit included).  ``neuron_setting``: the setting named for
     neuron graphs (default :data:`NEURON_ADVICE`): ``neuron_top_k``, or a selection of neuron
@@ -406,9 +532,19 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
     ``neuron_cap`` (per reader, as ``cap`` for features)."""
     full_bpe = EDGE_PEAK_BYTES + extra if full_bpe is None else full_bpe
     room = plan.limit - plan.bytes_fixed
+    # advice planned from other node tables than the run will make (a probe's, whose neurons it
+    # keeps are not the run's) leaves ADVICE_MARGIN of the limit free
+    probe_room = int(plan.limit * (1 - ADVICE_MARGIN)) - plan.bytes_fixed if plan.unseen_neurons else room
     out: list[str] = []
     is_feature = kinds == "feature"
     batch = batch_size or 256
+    if candidates is not None:
+        # neurons selected by influence (max_neuron_nodes), planned from the activations: the
+        # advice for a neuron graph first, as its candidates cost ~1 KB each instead of their tables
+        k = _largest_max_neuron_nodes(plan, candidates, floor, batch, extra, full_bpe)
+        if k >= 1:
+            out.append(f"set graph.max_neuron_nodes: {k} (or less; neurons kept by influence on the targets"
+                       + ("; instead of neuron_top_k)" if instead_of_top_k else ")"))
     if is_feature.any() and cap is not None:
         k = _largest_selection(plan, bounds, is_feature, cap, room, batch, extra, full_bpe)
         if k >= 1:
@@ -416,7 +552,7 @@ def _advice(plan: EdgePlan, counts: np.ndarray, locs: np.ndarray, positions: np.
     is_neuron = kinds == "neuron"
     setting = neuron_setting or NEURON_ADVICE
     if is_neuron.any() and plan.max_neuron_nodes is None and setting == "neuron_top_k":
-        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, room,
+        k = _largest_neuron_top_k(counts, locs, positions, kinds, reach, probe_room,
                                   lambda edges, neurons: _full_graph_bytes(plan, edges, full_bpe)
                                   - plan.node_savings(neurons) * (1 + LATER_STAGES_SHARE))
         if k:

@@ -148,8 +148,9 @@ def run(
 @app.command()
 def train(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False,
           every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10) -> None:
-    """Train dictionaries (transcoders, skip transcoders, a cross-layer transcoder) from a training
-    spec (format_version, model, train); resumes from train.output/checkpoint.pt after a kill."""
+    """Train dictionaries (transcoders, skip transcoders, a cross-layer transcoder; ReLU, JumpReLU, TopK)
+    from a training spec (format_version, model, train), with circuitgraph's trainer or eai-sparsify
+    (train.backend); resumes from the last checkpoint in train.output after a kill."""
     with _reported(debug):
         from circuitgraph.spec.train import load_train_spec
 
@@ -165,6 +166,7 @@ def train(spec: Annotated[Path, _SPEC], debug: Annotated[bool, _DEBUG] = False,
         ce = m["eval"]["ce_loss"]
         typer.echo(f"wrote {m['dictionaries']}, metrics.json, report.html; held-out CE: model {ce['model']:.4f}, "
                    f"spliced {ce['spliced']:.4f}, zero-ablated MLPs {ce['zero_ablated']:.4f}")
+        typer.echo(f"circuit-tracer: {m['circuit_tracer']}")
 
 
 @app.command()
@@ -213,17 +215,17 @@ def render(
 ) -> None:
     """Draw a saved graph with Graphviz."""
     with _reported(debug):
-        from circuitgraph.graph.graph import AttributionGraph
+        from circuitgraph.export import graph_from_json, render_graph
 
-        loaded = AttributionGraph.from_json(graph)
+        loaded = graph_from_json(graph)
         if labels is not None:
             from circuitgraph.export.labels import apply_feature_labels, load_feature_labels
 
             apply_feature_labels(loaded, load_feature_labels(labels))
         if max_nodes is None:
-            loaded.render(output)
+            render_graph(loaded, output)
         else:
-            loaded.render(output, max_nodes=max_nodes)
+            render_graph(loaded, output, max_nodes=max_nodes)
         typer.echo(f"wrote {output}")
 
 
@@ -382,15 +384,17 @@ def diff(
 
 def _is_graph_file(path: Path) -> bool:
     """A circuitgraph graph file (binary .npz, or JSON whose ``format`` is ours), not a spec."""
-    import json
 
     if path.suffix.lower() == ".npz":
         return True
     if path.suffix.lower() != ".json" or not path.is_file():
         return False
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        from circuitgraph._io import read_json_file
+        from circuitgraph.errors import LoadError
+
+        doc = read_json_file(path, "graph file")
+    except LoadError:
         return False
     return isinstance(doc, dict) and doc.get("format") == "circuitgraph.graph"
 

@@ -11,6 +11,7 @@ identity into ``nodes.parquet`` and ``edges.parquet`` (see docs/dataset.md).
     >>> ds.sql("select kind, count(*) from nodes group by kind")     # doctest: +SKIP
 """
 
+from circuitgraph.datasets import echo_runs as _echo_runs  # noqa: F401  (registers sign_regimes' executor rows with the checks)
 from circuitgraph.datasets.run import MANIFEST_COLUMNS, DatasetRunResult, run_dataset
 from circuitgraph.datasets.store import AggregateGraph, Dataset, open_dataset
 

@@ -34,14 +34,13 @@ from typing import Any
 
 import torch
 
-import circuitgraph
 from circuitgraph.datasets.prompt import PromptOutput, commit, one_line, run_prompt
 from circuitgraph.errors import LoadError
 from circuitgraph.pipeline.inputs import load_inputs
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import ExecutorSpec, Row
 
-__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "default_workers", "PromptJob"]
+__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "executor_from", "default_workers", "PromptJob"]
 
 OnResult = Callable[[dict[str, Any]], None]
 
@@ -247,7 +246,7 @@ class RayExecutor:
         if ray.is_initialized():
             return False
 
-        package_root = str(Path(circuitgraph.__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])  # the folder holding circuitgraph/
         env = {"OMP_WAIT_POLICY": "PASSIVE"}
         if self.address in (None, "local"):
             # a local instance runs this very code, wherever it is imported from
@@ -296,7 +295,11 @@ class RayExecutor:
 
 
 def make_executor(spec: Spec) -> Any:
-    e = spec.executor or ExecutorSpec()
+    return executor_from(spec.executor or ExecutorSpec())
+
+
+def executor_from(e: ExecutorSpec) -> Any:
+    """The executor an ``executor:`` block describes."""
     if e.kind == "ray":
         return RayExecutor(address=e.address, workers=e.workers, threads=e.threads, max_retries=e.max_retries)
     return LocalExecutor(workers=e.workers, threads=e.threads, max_retries=e.max_retries)

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from circuitgraph._io import atomic_write_text
-from circuitgraph.errors import DatasetError
+from circuitgraph._io import atomic_write_text, read_json_file
+from circuitgraph.errors import DatasetError, LoadError
 
 __all__ = ["claim_run_folder"]
 
@@ -30,8 +30,8 @@ def claim_run_folder(out: Path, marker: str, fingerprint: str, fmt: str, extra: 
             raise DatasetError(f"{key}: {out} is a file; give a folder")
         if path.is_file():
             try:
-                previous = json.loads(path.read_text(encoding="utf-8")).get("fingerprint")
-            except (json.JSONDecodeError, UnicodeDecodeError):
+                previous = read_json_file(path, "dataset folder record").get("fingerprint")
+            except (LoadError, AttributeError):
                 previous = None
             if previous != fingerprint:
                 raise DatasetError(f"{key}: {out} holds {different}; use a new folder, or delete this one to "

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuitgraph._io import atomic_write_bytes, atomic_write_text
+from circuitgraph._io import atomic_write_bytes, atomic_write_text, read_json_file
 from circuitgraph._json import jsonable
 from circuitgraph.datasets.reduce import reduce_graph
 from circuitgraph.errors import (
+    LoadError,
     one_line,  # re-exported: the one error-line formatter
 )
 from circuitgraph.pipeline import runner
@@ -133,8 +134,8 @@ def is_complete(out_dir: Path, row_id: str) -> dict[str, Any] | None:
     """The record of a prompt whose outputs are complete (status ok, files present), else None."""
     path = record_path(out_dir, row_id)
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        record = read_json_file(path, "prompt record")
+    except LoadError:
         return None
     if record.get("status") != "ok":
         return None

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuitgraph._io import atomic_write_bytes, atomic_write_text
+from circuitgraph._io import atomic_write_bytes, atomic_write_text, read_json_file
 from circuitgraph.datasets.executors import make_executor
 from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.prompt import is_complete, record_path
 from circuitgraph.datasets.reduce import KIND_CODE, Accumulator, Part, parquet_bytes
 from circuitgraph.datasets.rows import model_problems, row_problems
 from circuitgraph.datasets.store import open_dataset
-from circuitgraph.errors import DatasetError
+from circuitgraph.errors import DatasetError, LoadError
 from circuitgraph.pipeline.inputs import load_inputs
 from circuitgraph.spec import Spec, SpecSource, load_spec
 from circuitgraph.spec.dataset import AggregateSpec
@@ -222,8 +222,8 @@ def run_dataset(spec: SpecSource, *, progress: bool = False) -> DatasetRunResult
     records = []
     for row in rows:
         try:
-            record = json.loads(record_path(out, row.id).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+            record = read_json_file(record_path(out, row.id), "prompt record")
+        except LoadError:
             record = {"id": row.id, "row": row.number, "status": "failed", "error": "no result was recorded"}
         records.append(record)
     atomic_write_bytes(out / "manifest.parquet", _parquet(_manifest_table(records)))

@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
@@ -58,7 +58,7 @@ class Dataset:
         if missing or not (self.directory / "aggregate.json").is_file():
             raise LoadError(f"{self.directory} is not a finished dataset run (missing "
                             f"{', '.join(missing) or 'aggregate.json'}); run the dataset spec to (re)build it")
-        self.info: dict[str, Any] = json.loads((self.directory / "aggregate.json").read_text(encoding="utf-8"))
+        self.info: dict[str, Any] = read_json_file(self.directory / "aggregate.json", "aggregate.json")
         self._frames: dict[str, Any] = {}
         self._connection: Any = None
 

@@ -19,7 +19,8 @@ format                         directory layout
 (see :mod:`circuitgraph.dictionaries.layer_formats` for the tensors of the last four).
 
 Each format is one record of the registry :data:`circuitgraph.spec.dictionaries.DICTIONARY_FORMATS`,
-which names the functions below (``detect_<format>``, ``load_<format>``, ``files_<format>``):
+whose functions are the ones below (``detect_<format>``, ``load_<format>``, ``files_<format>``,
+registered on the record when this module is imported, :func:`~circuitgraph.spec.dictionaries.implement_format`):
 :func:`detect_format` tries the records' detectors in order, :func:`load_dictionaries` calls the
 record's loader (the format can also be given, as the spec's ``transcoders.format``) and
 :func:`dictionary_footprint` reads the record's layer files' headers.
@@ -27,13 +28,12 @@ record's loader (the format can also be given, as the spec's ``transcoders.forma
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from circuitgraph._io import safetensors_header
+from circuitgraph._io import read_json_file, safetensors_header
 from circuitgraph.dictionaries.clt import load_clt_dir, read_config_yaml
 from circuitgraph.dictionaries.gemmascope2 import load_gemmascope2_clt_dir
 from circuitgraph.dictionaries.layer_formats import load_eleuther_dir, load_gemmascope_dir, load_transcoder_set_dir
@@ -41,7 +41,7 @@ from circuitgraph.dictionaries.protocol import Dictionary
 from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES
 from circuitgraph.dictionaries.transcoders import TranscoderSet
 from circuitgraph.errors import LoadError
-from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names
+from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names, implement_format
 
 __all__ = ["FORMATS", "detect_format", "dictionary_footprint", "load_dictionaries"]
 
@@ -257,7 +257,7 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
     if whole or not files:
         d_sae = None
         if fmt == "saelens" and files:
-            d_sae = int(json.loads((files[0].parent / "cfg.json").read_text())["d_sae"])
+            d_sae = int(read_json_file(files[0].parent / "cfg.json", "sae-lens cfg.json")["d_sae"])
         return d_sae, on_disk, on_disk, f"{fmt} dictionary: {on_disk / 1024**2:.1f} MiB, read whole"
     enc_keys = {"W_enc", "w_enc", "encoder.weight"}
     enc_layers, dec_row_bytes, small, d_sae, d_in = [], [], 0, None, 0
@@ -289,3 +289,14 @@ def dictionary_footprint(path: str | Path, *, active_fraction: float = 0.0, n_po
             "(lazy decoder rows of the active features" + (", one encoder layer at a time)"
                                                             if enc_bytes < enc_total else ")"))
     return d_sae, on_disk, total, note
+
+
+# ------------------------------------------------------------------ the built-in formats' functions
+#: each built-in record of the spec's registry gets its functions here, when this module is imported
+implement_format('saelens', detect=detect_saelens, load=load_saelens, layer_files=files_saelens)
+implement_format('circuit_tracer_clt', detect=detect_circuit_tracer_clt, load=load_circuit_tracer_clt, layer_files=files_circuit_tracer_clt)
+implement_format('circuit_tracer_transcoder_set', detect=detect_circuit_tracer_transcoder_set, load=load_circuit_tracer_transcoder_set, layer_files=files_circuit_tracer_transcoder_set)
+implement_format('gemmascope', detect=detect_gemmascope, load=load_gemmascope, layer_files=files_gemmascope)
+implement_format('gemmascope2', detect=detect_gemmascope2, load=load_gemmascope2, layer_files=files_gemmascope2)
+implement_format('gemmascope2_clt', detect=detect_gemmascope2_clt, load=load_gemmascope2_clt, layer_files=files_gemmascope2_clt)
+implement_format('eleuther_topk', detect=detect_eleuther_topk, load=load_eleuther_topk, layer_files=files_eleuther_topk)

@@ -27,7 +27,6 @@ post-norm (``mlp.hook_out``).  Activation: JumpReLU ``h * (h > threshold)``.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from circuitgraph._io import read_json_file
 from circuitgraph.dictionaries.clt import CrossLayerTranscoder, fold_layer_input, hook_site, output_site
 from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
@@ -57,9 +57,9 @@ def read_config_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{path}: not valid JSON ({type(exc).__name__}); re-download it") from None
+        data = read_json_file(path, "GemmaScope-2 config.json")
+    except LoadError as exc:
+        raise LoadError(f"{path}: not valid JSON ({exc}); re-download it") from None
     if not isinstance(data, dict):
         raise LoadError(f"{path}: expected a JSON object with hf_hook_point_in / hf_hook_point_out")
     return data

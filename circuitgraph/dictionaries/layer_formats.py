@@ -38,7 +38,6 @@ post-norm (``output_site: before_post_norm``), which the engine maps through the
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from circuitgraph._io import read_json_file
 from circuitgraph.dictionaries.clt import output_hook_name, output_site
 from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
 from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
@@ -338,7 +338,7 @@ def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = No
     found = _select(found, layers, path)
     cfgs, loaded = {}, {}
     for l, sub in sorted(found.items()):
-        cfg = json.loads((sub / "cfg.json").read_text())
+        cfg = read_json_file(sub / "cfg.json", "sparsify cfg.json")
         if not cfg.get("transcode", False):
             raise LoadError(f"{sub / 'cfg.json'}: transcode is false: this is a sparse autoencoder, not a transcoder")
         if cfg.get("activation", "topk") != "topk":

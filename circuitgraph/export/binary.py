@@ -24,6 +24,7 @@ from circuitgraph.export.json_graph import (
     _header,
     check_graph_file,
     document_of,
+    linearised_edges_of,
     max_dense_nodes_of,
     nodes_of,
     targets_of,
@@ -112,6 +113,7 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
         targets=targets_of(header, index, where),
         metadata=header.metadata,
         max_dense_nodes=max_dense_nodes_of(header.metadata),
+        linearised_edges=linearised_edges_of(header, index, nodes, where),
     )
     return document_of(header, graph)
 

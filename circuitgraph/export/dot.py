@@ -251,9 +251,32 @@ def graph_to_dot(
         dot.edge(str(ids[s]), str(ids[t]), color=color, penwidth=f"{width:.2f}",
                  tooltip=_text([f"{ids[s]} -> {ids[t]}: {w:+.6g}"]))
 
+    n_linearised = _linearised_edges(dot, graph, kept, ids, max_abs, len(rows))
     _qk_inset(dot, graph, qk)
-    _legend(dot, {graph.nodes[r].kind for r in rows}, max_abs)
+    _legend(dot, {graph.nodes[r].kind for r in rows}, max_abs, linearised=n_linearised > 0)
     return dot.source
+
+
+def _linearised_edges(dot: graphviz.Digraph, graph: AttributionGraph, kept: np.ndarray, ids: list[NodeId],
+                      max_abs: float, limit: int) -> int:
+    """Draw the strongest ``limit`` linearised query / key edges (``graph.head_inputs``) between
+    drawn nodes, dashed and labelled ``q`` / ``k`` (widths on the exact edges' scale); their count."""
+    le = graph.linearised_edges
+    if le is None or not len(le):
+        return 0
+    sel = np.flatnonzero(kept[le.source] & kept[le.target])
+    if not sel.size:
+        return 0
+    sel = sel[np.argsort(-np.abs(le.weight[sel]), kind="stable")[:limit]][::-1]  # strongest drawn last
+    scale = max_abs if max_abs > 0 else float(np.abs(le.weight[sel]).max())
+    names = le.kind_names()
+    for k in sel.tolist():
+        s, t, w, kind = int(le.source[k]), int(le.target[k]), float(le.weight[k]), str(names[k])
+        width = min(_MAX_PEN, _MIN_PEN + (_MAX_PEN - _MIN_PEN) * (abs(w) / scale if scale > 0 else 0.0))
+        dot.edge(str(ids[s]), str(ids[t]), color=NEGATIVE_COLOR if w < 0 else POSITIVE_COLOR, style="dashed",
+                 penwidth=f"{width:.2f}", label=kind[0], fontsize="8", fontcolor="#666666",
+                 tooltip=_text([f"{ids[s]} -> {ids[t]} ({kind}, linearised): {w:+.6g}"]))
+    return int(sel.size)
 
 
 def _qk_rows(graph: AttributionGraph, qk: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -538,15 +561,19 @@ def _percent(share: float) -> str:
     return f"{share:.0%}"
 
 
-def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0) -> None:
+def _legend(dot: graphviz.Digraph, kinds: Iterable[str], max_abs: float = 0.0, *, linearised: bool = False) -> None:
     present = sorted(set(kinds), key=_KIND_ORDER.__getitem__)
     names = [f"legend {kind}" for kind in present] + ["legend positive", "legend negative"]
+    names += ["legend linearised"] if linearised else []
     with _subgraph(dot, "cluster_legend") as legend:
         legend.attr(label="legend", fontsize="10", style="rounded", color="#bbbbbb", rank="same")
         for kind in present:
             legend.node(f"legend {kind}", label=_text([kind]), fillcolor=KIND_COLORS[kind])
         for sign, color in (("positive", POSITIVE_COLOR), ("negative", NEGATIVE_COLOR)):
             legend.node(f"legend {sign}", label=_text([f"→ {sign}"]), shape="plaintext", style="", fontcolor=color)
+        if linearised:
+            legend.node("legend linearised", label=_text(["⇢ q / k: query / key edge (linearised)"]),
+                        shape="plaintext", style="", fontcolor="#666666")
         for u, v in zip(names, names[1:], strict=False):
             legend.edge(u, v, style="invis")
     if max_abs > 0:
@@ -589,7 +616,8 @@ def _with_display_attrs(graph: AttributionGraph, labels: Mapping[tuple[int, int]
             attrs = {**attrs, "influence": float(influence[node.id])}
         nodes.append(Node(node.id, node.activation, node.pre_activation, node.constant, label, attrs))
     return AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
-                            targets=list(graph.targets), metadata=graph.metadata)
+                            targets=list(graph.targets), metadata=graph.metadata,
+                            linearised_edges=graph.linearised_edges)
 
 
 def dot_quote(text: str) -> str:

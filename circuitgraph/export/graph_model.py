@@ -137,6 +137,18 @@ class EdgeRecord(TypedDict):
     weight: FiniteNumber
 
 
+class LinearisedEdgeRecord(TypedDict):
+    """A linearised edge into a head (``graph.head_inputs``): the first-order effect of ``source`` on
+    the targets through ``target``'s query or key input at the prompt; never part of completeness."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    source: NodeIdText
+    target: NodeIdText
+    weight: FiniteNumber
+    kind: Literal["query", "key"]
+    linearised: Literal[True]
+
+
 class TargetRecord(TypedDict):
     """An attribution target: a node and its weight in the target's combination."""
 
@@ -165,6 +177,9 @@ class _Header(BaseModel):
     validation: Annotated[list[JsonObject], Field(description="validation results")] = []
     steering: Annotated[list[JsonObject], Field(
         description="steering results (the spec's steer: items; docs/steering.md); absent without them")] = []
+    linearised_edges: Annotated[list[LinearisedEdgeRecord], Field(
+        description="the linearised query and key edges into heads (graph.head_inputs; docs/maths.md "
+                    "section 11), apart from the exact edges; absent without them")] = []
 
     @field_validator("format_version")
     @classmethod

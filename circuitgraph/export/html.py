@@ -15,7 +15,6 @@ no script from the network), so a report opens offline and can be mailed as one 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import math
@@ -27,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_text
-from circuitgraph._results import rows_of, summary_of
+from circuitgraph.display import document_html, esc, html_table, result_html  # the tables; re-exported: their old home
 from circuitgraph.errors import RenderError
-from circuitgraph.export.dot import DEFAULT_MAX_NODES, raw_influence
+from circuitgraph.export.dot import DEFAULT_MAX_NODES, graph_to_dot, raw_influence
 from circuitgraph.export.graph_files import read_graph_file  # re-exported: its old home
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.export.steering_html import steering_html
@@ -61,89 +60,6 @@ img.cg-figure{max-width:100%;border:1px solid #eee}
 """
 
 
-# --------------------------------------------------------------------------- small pieces
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _cell(value: Any) -> tuple[str, bool]:
-    if value is None:
-        return "-", False
-    if isinstance(value, bool):
-        return str(value), False
-    if isinstance(value, int):
-        return str(value), True
-    if isinstance(value, float):
-        if value == 0.0:
-            return "0", True
-        if math.isfinite(value) and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:.3e}", True
-        return f"{value:.4g}", True
-    if isinstance(value, (list, tuple)):
-        text = ", ".join(_cell(v)[0] for v in value)
-        return (text if len(text) <= 120 else text[:119] + "…"), False
-    if isinstance(value, dict):
-        text = json.dumps(value, default=str)
-        return (text if len(text) <= 120 else text[:119] + "…"), False
-    return str(value), False
-
-
-def html_table(rows: Sequence[Mapping[str, Any]], *, max_rows: int = 50) -> str:
-    """An HTML table of ``rows`` (one dict per row; columns in order of first appearance)."""
-    if not rows:
-        return '<p class="cg-note">(no rows)</p>'
-    columns: list[str] = []
-    for r in rows:
-        columns += [k for k in r if k not in columns]
-    out = ['<table class="cg"><thead><tr>' + "".join(f"<th>{_esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
-    for r in rows[:max_rows]:
-        cells = []
-        for c in columns:
-            text, numeric = _cell(r.get(c))
-            cells.append(f'<td class="num">{_esc(text)}</td>' if numeric else f"<td>{_esc(text)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table>")
-    if len(rows) > max_rows:
-        out.append(f'<p class="cg-note">… {len(rows) - max_rows} more rows</p>')
-    return "".join(out)
-
-
-def _shown(key: str, value: Any) -> Any:
-    """A summary value as a reader should see it: a local file as its name only (a report is
-    shared: it must not reveal the machine's folders)."""
-    pathlike = any(word in key.lower() for word in ("heatmap", "path", "file", "dir"))
-    if pathlike and isinstance(value, str) and (os.path.isabs(value) or value.startswith("~")) and len(value) < 4096:
-        return Path(value).name + (" (drawn below)" if key == "heatmap" else "")
-    return value
-
-
-def document_html(kind: str, document: Any, *, max_rows: int = 50, type_name: str = "",
-                  names: _NodeNames | None = None) -> str:
-    """A result's ``to_dict()`` document as an HTML block: its title, what it says once (the
-    summary: scalars, short lists, nested scalars) as one small table, then its rows (the longest
-    list of records) as a table that scrolls inside the page.  With ``names``, node ids in the
-    rows get their token string or label beside them, linked to their dashboard."""
-    summary = {k: _shown(k, v) for k, v in summary_of(document).items()}
-    rows = rows_of(document)
-    if names is not None:
-        rows = names.annotate(rows)
-    parts = [f'<div class="cg-result"><h3>{_esc(kind)}</h3>']
-    note = f"{type_name}: " if type_name else ""
-    parts.append(f'<p class="cg-note">{_esc(note)}{len(rows)} row{"s" if len(rows) != 1 else ""}</p>')
-    if summary:
-        parts.append(html_table([{"": k, "value": v} for k, v in summary.items()], max_rows=len(summary)))
-    if rows:
-        table = html_table(rows, max_rows=max_rows)
-        parts.append(f'<div class="cg-table-wrap">{names.link(table) if names is not None else table}</div>')
-    parts.append("</div>")
-    return "".join(parts)
-
-
-def result_html(kind: str, result: Any, *, max_rows: int = 50, names: _NodeNames | None = None) -> str:
-    """A query or validation result as an HTML block (title, its summary once, its rows as a table)."""
-    return document_html(kind, result.to_dict(), max_rows=max_rows, type_name=type(result).__name__, names=names)
-
-
 # --------------------------------------------------------------------------- graphs
 def graph_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
     """The diagram as inline SVG text (``<svg ...>``) scaled to fit its container's width (a
@@ -157,7 +73,7 @@ def diagram_svg(graph: AttributionGraph, **dot_kwargs: Any) -> str | None:
     """The diagram as inline SVG text at Graphviz's own size (1 pt a CSS pt: labels at their
     font size), or ``None`` when Graphviz's ``dot`` is not installed."""
     try:
-        svg = render_dot_bytes(graph.to_dot(**dot_kwargs), "svg").decode("utf-8")
+        svg = render_dot_bytes(graph_to_dot(graph, **dot_kwargs), "svg").decode("utf-8")
     except RenderError:
         return None
     start = svg.find("<svg")
@@ -210,7 +126,7 @@ def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
 def graph_html(graph: AttributionGraph, *, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
     """A graph as an HTML block: a facts table and the diagram (when ``dot`` is installed)."""
     svg = graph_svg(graph, max_nodes=max_nodes)
-    parts = [f"<div class=\"cg-graph\"><h3>{_esc(repr(graph))}</h3>", html_table(_graph_facts(graph))]
+    parts = [f"<div class=\"cg-graph\"><h3>{esc(repr(graph))}</h3>", html_table(_graph_facts(graph))]
     if svg is not None:  # inline styles: a notebook cell shows no stylesheet
         parts.append(f'<div class="cg-diagram" style="max-width:100%;overflow:auto">{svg}</div>')
     else:
@@ -225,7 +141,7 @@ def run_html(result: Any) -> str:
     for what, entries in (("query", result.queries), ("validation", result.validation)):
         for e in entries:
             if e["status"] == "failed":
-                parts.append(f'<p class="cg-bad">{_esc(what)} {_esc(e["kind"])} failed: {_esc(e["error"])}</p>')
+                parts.append(f'<p class="cg-bad">{esc(what)} {esc(e["kind"])} failed: {esc(e["error"])}</p>')
             else:
                 parts.append(result_html(f"{what} {e['kind']}", e["result"]))
     return "".join(parts)
@@ -325,7 +241,7 @@ def _control_figures(document: Any, title: str) -> list[str]:
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
-        figures.append(f'<img class="cg-figure" alt="control distribution {_esc(where)}" '
+        figures.append(f'<img class="cg-figure" alt="control distribution {esc(where)}" '
                        f'src="{_image_uri(buf.getvalue(), "png")}">')
     return figures
 
@@ -342,7 +258,7 @@ def _heatmap_figures(result: Any, title: str) -> list[str]:
         if not result.heatmap or not Path(result.heatmap).is_file():
             return []
         data = Path(result.heatmap).read_bytes()
-    return [f'<img class="cg-figure" alt="{_esc(title)} heat map" src="{_image_uri(data, "png")}">']
+    return [f'<img class="cg-figure" alt="{esc(title)} heat map" src="{_image_uri(data, "png")}">']
 
 
 def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list[dict[str, Any]]:
@@ -416,8 +332,8 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
         stored_q, stored_v = [], []
     prompt = graph.metadata.get("prompt", "")
     title = title or f"circuitgraph report: {prompt}"
-    body = [f"<h1>{_esc(title)}</h1>",
-            f'<p class="cg-note">{_esc(repr(graph))}</p>']
+    body = [f"<h1>{esc(title)}</h1>",
+            f'<p class="cg-note">{esc(repr(graph))}</p>']
 
     body.append("<h2>Diagram</h2>")
     options = dict(diagram or {})
@@ -458,19 +374,19 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
         body += steering_html(steering)
     if boards:
         body.append("<h2>Feature dashboards</h2>")
-        body.append(f'<p class="cg-note">From {_esc(Path(features.directory).name)}: each feature of the graph, its '
+        body.append(f'<p class="cg-note">From {esc(Path(features.directory).name)}: each feature of the graph, its '
                     "top activating tokens over the dataset (the activating token in bold), density, activation "
                     "quantiles, the tokens it promotes and suppresses and the tokens that drive it directly.</p>")
         body += [_dashboard_html(board) for board in boards.values()]
 
     body.append("<h2>Spec</h2>")
     if spec is not None:
-        body.append(f'<pre class="cg-spec">{_esc(json.dumps(spec, indent=2, default=str))}</pre>')
+        body.append(f'<pre class="cg-spec">{esc(json.dumps(spec, indent=2, default=str))}</pre>')
     else:
         body.append('<p class="cg-note">(no spec recorded)</p>')
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")
 
 
@@ -479,7 +395,7 @@ def _entries_html(live: Sequence[Mapping[str, Any]], stored: Iterable[Any], what
     for i, e in enumerate(live):
         label = f"{what} {i}: {e['kind']}"
         if e["status"] == "failed":
-            out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e["error"])}</p>')
+            out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e["error"])}</p>')
             continue
         out.append(result_html(label, e["result"], names=names))
         out += _heatmap_figures(e["result"], label)
@@ -489,7 +405,7 @@ def _entries_html(live: Sequence[Mapping[str, Any]], stored: Iterable[Any], what
             continue
         label = f"{what} {i}: {e.get('kind')}"
         if e.get("status") == "failed" or e.get("result") is None:
-            out.append(f'<h3>{_esc(label)}</h3><p class="cg-bad">failed: {_esc(e.get("error"))}</p>')
+            out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e.get("error"))}</p>')
             continue
         out.append(document_html(label, e["result"], names=names))
         out += _control_figures(e["result"], label)
@@ -520,7 +436,8 @@ def _linked(graph: AttributionGraph, boards: Mapping[tuple[int, int], Any]) -> A
                   {**n.attrs, "href": f"#{_anchor(n.layer, n.index)}"})
              if n.kind == "feature" and (n.layer, n.index) in boards else n for n in graph.nodes]
     return AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
-                            targets=list(graph.targets), metadata=graph.metadata)
+                            targets=list(graph.targets), metadata=graph.metadata,
+                            linearised_edges=graph.linearised_edges)
 
 
 class _NodeNames:
@@ -564,7 +481,7 @@ class _NodeNames:
         """An HTML table's text with each named feature's id linked to its dashboard section."""
         if not self.links:
             return text
-        links = {_esc(k): v for k, v in self.links.items()}
+        links = {esc(k): v for k, v in self.links.items()}
         ids = "|".join(re.escape(k) for k in sorted(links, key=len, reverse=True))
         return re.sub(rf"(?<=[>\s])({ids})(?=[\s<])", lambda m: f'<a href="#{links[m.group(1)]}">{m.group(1)}</a>',
                       text)
@@ -572,7 +489,7 @@ class _NodeNames:
 
 def _marked(text: str) -> str:
     """An example's text with the activating token (between \u00ab and \u00bb) in bold."""
-    escaped = _esc(text)
+    escaped = esc(text)
     return escaped.replace("\u00ab", "<b>").replace("\u00bb", "</b>")
 
 
@@ -589,9 +506,9 @@ def _dashboard_html(board: Mapping[str, Any]) -> str:
     lists = [{"promotes (output)": tokens("top_output_tokens"), "suppresses (output)": tokens("bottom_output_tokens"),
               "driven by (input)": tokens("top_input_tokens")}]
     examples = "".join(f"<tr><td class=\"num\">{e['rank']}</td><td class=\"num\">{e['activation']:.4g}</td>"
-                       f"<td>{_esc(e['row_id'])} @{e['position']}</td><td>{_marked(e['text'])}</td></tr>"
+                       f"<td>{esc(e['row_id'])} @{e['position']}</td><td>{_marked(e['text'])}</td></tr>"
                        for e in board.get("examples", []))
-    return (f'<div class="cg-feature" id="{_anchor(layer, index)}"><h3>{_esc(title)}</h3>'
+    return (f'<div class="cg-feature" id="{_anchor(layer, index)}"><h3>{esc(title)}</h3>'
             f"{html_table(facts)}{html_table(lists)}"
             '<table class="cg"><thead><tr><th>rank</th><th>activation</th><th>row</th><th>context</th></tr></thead>'
             f"<tbody>{examples}</tbody></table></div>")

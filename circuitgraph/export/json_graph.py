@@ -41,6 +41,7 @@ from circuitgraph.export.graph_model import (
     validate_graph_file,
 )
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.linearised_edges import LINEARISED_EDGE_KINDS, LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 
@@ -222,6 +223,7 @@ def _document(doc: GraphFile, where: str = "graph file") -> GraphDocument:
         targets=targets_of(doc, index, where),
         metadata=GraphMetadata(doc.metadata),
         max_dense_nodes=max_dense_nodes_of(doc.metadata),
+        linearised_edges=linearised_edges_of(doc, index, nodes, where),
     )
     return document_of(doc, graph)
 
@@ -273,7 +275,7 @@ def _header(
         if tid not in ids:
             raise ExportError(f"targets[{i}] is {tid}, which is not a node of the graph")
         targets.append({"node": str(tid), "weight": _finite(weight, f"targets[{i}].weight")})
-    return {
+    out = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "edge_dtype": dtype,
@@ -283,6 +285,43 @@ def _header(
         "queries": jsonable(list(queries or []), "queries"),
         "validation": jsonable(list(validation or []), "validation"),
     }
+    if graph.linearised_edges is not None:
+        out["linearised_edges"] = linearised_edge_records(graph)
+    return out
+
+
+def linearised_edge_records(graph: AttributionGraph) -> list[dict[str, Any]]:
+    """The graph's linearised query / key edges as records (source, target, weight, kind, linearised)."""
+    le = graph.linearised_edges
+    if le is None:
+        return []
+    ids = [str(n.id) for n in graph.nodes]
+    return [{"source": ids[s], "target": ids[t], "weight": _finite(w, "linearised edge weight"), "kind": k,
+             "linearised": True}
+            for s, t, w, k in zip(le.source.tolist(), le.target.tolist(), le.weight.tolist(), le.kind_names().tolist(),
+                                  strict=True)]
+
+
+def linearised_edges_of(doc: _Header, index: Mapping[str, int], nodes: list[Node], where: str
+                        ) -> LinearisedEdges | None:
+    """The linearised edges of a validated document (None without them); the per-head sums come
+    back from the heads' attrs (``query_total``, ``query_constant``, ...)."""
+    recs = doc.linearised_edges
+    kinds = [k for k in LINEARISED_EDGE_KINDS if any(f"{k}_total" in n.attrs for n in nodes)]
+    if not recs and not kinds:
+        return None
+    try:
+        src = [index[r["source"]] for r in recs]
+        tgt = [index[r["target"]] for r in recs]
+    except KeyError:
+        raise LoadError(f"{where}: a linearised edge refers to a node that is not in 'nodes'") from None
+    totals = {k: {i: float(n.attrs[f"{k}_total"]) for i, n in enumerate(nodes) if f"{k}_total" in n.attrs}
+              for k in kinds}
+    constants = {k: {i: float(nodes[i].attrs.get(f"{k}_constant", 0.0)) for i in totals[k]} for k in kinds}
+    return LinearisedEdges(np.asarray(tgt, dtype=np.int64), np.asarray(src, dtype=np.int64),
+                           np.asarray([r["weight"] for r in recs], dtype=np.float64),
+                           np.asarray([LINEARISED_EDGE_KINDS.index(r["kind"]) for r in recs], dtype=np.int8),
+                           constants, totals)
 
 
 def _check_edge_arrays(graph: AttributionGraph) -> None:

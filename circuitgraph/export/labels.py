@@ -20,14 +20,14 @@ made from the graph names them.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from circuitgraph.errors import ExportError
+from circuitgraph._io import read_json_file
+from circuitgraph.errors import ExportError, LoadError
 
 __all__ = ["load_feature_labels", "apply_feature_labels", "LABELS_FILE"]
 
@@ -48,13 +48,12 @@ def load_feature_labels(path: str | os.PathLike[str]) -> dict[tuple[int, int], s
         p = p / LABELS_FILE
     if not p.is_file():
         raise ExportError(f"feature labels file not found: {p}; give a CSV or JSON of layer, index, label")
-    text = p.read_text(encoding="utf-8")
     if p.suffix.lower() == ".csv":
-        rows: Iterable[Mapping[str, Any]] = list(csv.DictReader(text.splitlines()))
+        rows: Iterable[Mapping[str, Any]] = list(csv.DictReader(p.read_text(encoding="utf-8").splitlines()))
     else:
         try:
-            data = json.loads(text)
-        except ValueError as exc:
+            data = read_json_file(p, "feature labels file")
+        except LoadError as exc:
             raise ExportError(f"feature labels file {p} is not valid JSON ({exc}); give a CSV or a JSON list") from None
         if isinstance(data, Mapping) and isinstance(data.get("explanations"), list):
             data = data["explanations"]

@@ -235,6 +235,15 @@ def graph_to_neuronpedia(
         "nodes": list(records.values()),
         "links": links,
     }
+    if graph.linearised_edges is not None:
+        # the linearised query / key edges into heads (graph.head_inputs), apart from "links": a
+        # viewer assigns a repeated source -> target pair, and these are not direct effects
+        le = graph.linearised_edges
+        doc["linearised_links"] = [
+            {"source": records[s]["node_id"], "target": records[t]["node_id"], "weight": _finite(w, "edge weight"),
+             "kind": k, "linearised": True}
+            for s, t, w, k in zip(le.source.tolist(), le.target.tolist(), le.weight.tolist(),
+                                  le.kind_names().tolist(), strict=True) if s in records and t in records]
     if path is not None:
         try:
             text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"

@@ -35,8 +35,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from circuitgraph._io import atomic_write_text
-from circuitgraph.errors import ExportError
+from circuitgraph._io import atomic_write_text, read_json_file
+from circuitgraph.errors import ExportError, LoadError
 
 __all__ = ["OutputSet", "MANIFEST_NAME", "owned_by_circuitgraph"]
 
@@ -48,8 +48,8 @@ STALE_AFTER = 60.0
 
 def _manifest(folder: Path) -> dict[str, dict[str, int]]:
     try:
-        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json_file(folder / MANIFEST_NAME, "outputs record")
+    except LoadError:
         return {}
     files = data.get("files") if isinstance(data, dict) else None
     return files if isinstance(files, dict) else {}

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuitgraph._io import atomic_write_bytes
+from circuitgraph._io import atomic_write_bytes, read_json_file
 from circuitgraph.datasets.executors import make_executor
 from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.rows import model_problems, row_problems
-from circuitgraph.errors import DatasetError
+from circuitgraph.errors import DatasetError, LoadError
 from circuitgraph.features.stream import HEAD_EXTRA, ShardJob, make_shards, shard_path
 from circuitgraph.features.summary import open_features
 from circuitgraph.features.topk import FeatureState
@@ -156,9 +156,9 @@ def run_features(spec: SpecSource, *, progress: bool = False) -> FeaturesRunResu
         if shard_path(out, s.id).is_file():
             continue
         try:
-            record = json.loads((out / "shards" / f"{s.id}.json").read_text(encoding="utf-8"))
+            record = read_json_file(out / "shards" / f"{s.id}.json", "shard record")
             error = record.get("error") or "no state was written"
-        except (FileNotFoundError, json.JSONDecodeError):
+        except LoadError:
             error = "no result was recorded"
         failures.append(f"rows {s.rows[0].number}-{s.rows[-1].number}: {error}")
     if failures:

@@ -10,13 +10,13 @@ HTML report and the Neuronpedia export embed (and the explorer serves).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.export.labels import load_feature_labels
 
@@ -53,7 +53,7 @@ class FeatureDashboards:
         if missing:
             raise LoadError(f"{self.directory} is not a finished features folder (missing {', '.join(missing)}); run "
                             "a spec with dataset:, features: and export: {features: DIR} to build it")
-        self.info: dict[str, Any] = json.loads((self.directory / "features.json").read_text(encoding="utf-8"))
+        self.info: dict[str, Any] = read_json_file(self.directory / "features.json", "features.json")
         self._frames: dict[str, Any] = {}
         self._by_feature: dict[tuple[int, int], Any] | None = None
         #: what the rows are: ``features`` (transcoder features), ``neurons`` or ``heads``

@@ -9,16 +9,16 @@ that maps its rows to nodes.
 
 from __future__ import annotations
 
-import importlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from circuitgraph.errors import QueryError
+from circuitgraph.errors import CircuitGraphError, QueryError
 from circuitgraph.graph.edges import grouped, incoming_sums
+from circuitgraph.graph.linearised_edges import LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.spec.graph import GraphSpec
@@ -28,29 +28,38 @@ if TYPE_CHECKING:
 
     from circuitgraph.attribution.context import AttributionContext
 
-__all__ = ["AttributionGraph", "CompletenessReport"]
+__all__ = ["AttributionGraph", "CompletenessReport", "GRAPH_EXPORTS", "register_graph_exports"]
 
 #: the dense-matrix limit of a graph that was not given one (the spec's default, stated there)
 DEFAULT_MAX_DENSE_NODES: int = GraphSpec.model_fields["max_dense_nodes"].default
 
 #: the functions behind the graph's file and display methods (:meth:`AttributionGraph.to_json`,
-#: ``from_json``, ``to_dot``, ``render``, the notebook views), named ``module:function`` and
-#: resolved on first call, as the spec's registries name their implementations: the graph
-#: imports nothing from ``circuitgraph.export``, which imports the graph
-EXPORTS = {
-    "to_json": "circuitgraph.export.json_graph:graph_to_json",
-    "from_json": "circuitgraph.export.json_graph:graph_from_json",
-    "to_dot": "circuitgraph.export.dot:graph_to_dot",
-    "render": "circuitgraph.export.render:render_graph",
-    "html": "circuitgraph.export.html:graph_html",
-    "svg": "circuitgraph.export.html:graph_svg",
-}
+#: ``from_json``, ``to_dot``, ``render``, the notebook views): ``circuitgraph.export`` registers
+#: them when it is imported (:func:`register_graph_exports`), so the graph imports nothing from
+#: the package that imports it.  The methods are kept for the documented API; the free functions
+#: of ``circuitgraph.export`` (``graph_to_json``, ``graph_from_json``, ``graph_to_dot``,
+#: ``render_graph``, ``export.html.graph_html``/``graph_svg``) are the implementation.
+GRAPH_EXPORTS: dict[str, Callable[..., Any]] = {}
+_EXPORT_NAMES = ("to_json", "from_json", "to_dot", "render", "html", "svg")
 
 
-def _export(name: str) -> Any:
-    """The export function :data:`EXPORTS` names for ``name``."""
-    module, _, function = EXPORTS[name].partition(":")
-    return getattr(importlib.import_module(module), function)
+def register_graph_exports(**functions: Callable[..., Any]) -> None:
+    """Register the functions behind the graph's file and display methods (by the names of
+    :data:`GRAPH_EXPORTS`: ``to_json``, ``from_json``, ``to_dot``, ``render``, ``html``, ``svg``)."""
+    unknown = set(functions) - set(_EXPORT_NAMES)
+    if unknown:
+        raise ValueError(f"unknown graph export {sorted(unknown)}; expected {', '.join(_EXPORT_NAMES)}")
+    GRAPH_EXPORTS.update(functions)
+
+
+def _export(name: str) -> Callable[..., Any]:
+    """The function registered for ``name`` (a clear error when ``circuitgraph.export`` is not imported)."""
+    try:
+        return GRAPH_EXPORTS[name]
+    except KeyError:
+        raise CircuitGraphError(
+            f"AttributionGraph's {name} is circuitgraph.export's: `import circuitgraph.export` first (a run, "
+            "load_graph and every exporter import it), or call its function directly") from None
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,9 @@ class AttributionGraph:
         max_dense_nodes: the most nodes :meth:`dense_adjacency` densifies by default (a run sets
             its spec's ``graph.max_dense_nodes``; a graph file read back keeps it; None: the spec's
             default).
+        linearised_edges: the linearised query and key edges into heads
+            (``graph.head_inputs``), kept apart from the exact edges above: completeness, influence,
+            pruning and paths use the exact edges only (:mod:`circuitgraph.graph.linearised_edges`).
     """
 
     nodes: list[Node]
@@ -109,6 +121,7 @@ class AttributionGraph:
     context: AttributionContext | None = field(default=None, repr=False, compare=False)
     edges_unique: bool = field(default=False, repr=False, compare=False)
     max_dense_nodes: int | None = field(default=None, repr=False, compare=False)
+    linearised_edges: LinearisedEdges | None = field(default=None, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "metadata" and not isinstance(value, GraphMetadata):  # a plain dict: given typed attributes
@@ -373,11 +386,12 @@ class AttributionGraph:
         return (f"<AttributionGraph{on}{text}: {self.n_nodes} nodes, {self.n_edges} edges, "
                 f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}>")
 
-    def _repr_html_(self) -> str:
-        return _export("html")(self)
+    def _repr_html_(self) -> str | None:
+        # the diagram needs circuitgraph.export; without it a notebook shows repr()
+        return GRAPH_EXPORTS["html"](self) if "html" in GRAPH_EXPORTS else None
 
     def _repr_svg_(self) -> str | None:
-        return _export("svg")(self)
+        return GRAPH_EXPORTS["svg"](self) if "svg" in GRAPH_EXPORTS else None
 
     def subgraph(self, keep: Iterable[NodeId]) -> AttributionGraph:
         """The induced subgraph on ``keep`` (no remainder bookkeeping; see queries.prune for that)."""
@@ -395,23 +409,27 @@ class AttributionGraph:
             metadata=GraphMetadata(self.metadata),
             context=self.context,
             max_dense_nodes=self.max_dense_nodes,
+            linearised_edges=None if self.linearised_edges is None else self.linearised_edges.remap(remap),
         )
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
         """Serialise to our JSON schema (schemas/graph.schema.json).  With ``path``: write the
-        file and return the path; without: return the JSON text."""
+        file and return the path; without: return the JSON text.  A thin method over
+        :func:`circuitgraph.export.graph_to_json` (registered when ``circuitgraph.export`` is imported)."""
         text = _export("to_json")(self, path, **kwargs)
         return os.fspath(path) if path is not None else text
 
     @classmethod
     def from_json(cls, source: str) -> AttributionGraph:
-        """Load a graph written by :meth:`to_json` (a path or a JSON string)."""
+        """Load a graph written by :meth:`to_json` (a path or a JSON string): a thin method over
+        :func:`circuitgraph.export.graph_from_json`."""
         return _export("from_json")(source)
 
     def to_dot(self, **kwargs: Any) -> str:
-        """Graphviz DOT text (no binary needed)."""
+        """Graphviz DOT text (no binary needed): a thin method over :func:`circuitgraph.export.graph_to_dot`."""
         return _export("to_dot")(self, **kwargs)
 
     def render(self, path: str, **kwargs: Any) -> str:
-        """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written."""
+        """Render an SVG/PNG diagram through the ``dot`` binary; returns the path written (a thin
+        method over :func:`circuitgraph.export.render_graph`)."""
         return _export("render")(self, path, **kwargs)

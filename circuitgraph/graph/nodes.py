@@ -17,7 +17,9 @@ Conventions (documented in docs/maths.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
+
+from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
 
 __all__ = [
     "NodeKind",
@@ -31,20 +33,7 @@ __all__ = [
     "BIAS_INDEX",
 ]
 
-NodeKind = Literal[
-    "embedding",
-    "positional",
-    "feature",
-    "error",
-    "neuron",
-    "attention_head",
-    "mlp",
-    "bias",
-    "remainder",
-    "logit",
-    "target",
-]
-NODE_KINDS: tuple[str, ...] = get_args(NodeKind)
+# the node kinds are the spec's (spec/kinds.py): one list, re-exported here
 
 #: kinds whose nodes read the residual stream (they have a pre-activation and a constant)
 READER_KINDS = frozenset({"feature", "neuron", "logit", "target"})

@@ -9,8 +9,6 @@ reported, with the advice that would make a run fit.
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX (Windows): the loading peak is not known
     resource = None  # type: ignore[assignment]
 
-from circuitgraph._io import safetensors_header
+from circuitgraph._io import read_json_file, safetensors_header
 from circuitgraph.adapters.files import existing_model_folder, hf_weight_files, model_folder_format
 from circuitgraph.adapters.gguf import read_gguf_summary
 from circuitgraph.attribution.build import plan_run
@@ -43,6 +41,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
 )
 from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
+from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
 from circuitgraph.spec import Spec
@@ -54,7 +53,7 @@ __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan"
 def _model_folder_sizes(model_dir: Path) -> tuple[int, int, int]:
     """``(n_layers, d_model, weight bytes)`` of a model folder, from its config.json and the
     safetensors headers: a TransformerLens folder, or a Hugging Face one (its shards summed)."""
-    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg = read_json_file(model_dir / "config.json", "model config")
     if model_folder_format(model_dir) == "huggingface":
         get = lambda *keys: next(int(cfg[k]) for k in keys if cfg.get(k) is not None)  # noqa: E731
         L, D = get("num_hidden_layers", "n_layer"), get("hidden_size", "n_embd", "d_model")
@@ -84,10 +83,23 @@ class RunEstimate:
     device_lines: list[str] = field(default_factory=list)
     device_fits: bool = True
     notes: list[str] = field(default_factory=list)
+    #: the checks that run the model many times (sign_regimes, patching), probed
+    checks: list[CheckEstimate] = field(default_factory=list)
+
+    @property
+    def checks_fit(self) -> bool:
+        """Whether each probed check's peak fits: what the process holds after the forward pass,
+        plus its working set, plus (with an executor) each worker's model and working set."""
+        p = self.plan
+        if p is None:
+            return True
+        return all(p.base + c.working_set + (c.processes - 1) * (self.bytes_model + c.working_set) <= p.limit
+                   for c in self.checks)
 
     @property
     def fits(self) -> bool:
-        return self.static_fits and self.device_fits and (self.plan is None or self.plan.fits)
+        return (self.static_fits and self.device_fits and (self.plan is None or self.plan.fits)
+                and self.checks_fit)
 
     def lines(self) -> list[str]:
         out = [f"prompt: {self.n_pos} tokens; model: {self.n_layers} layers, d_model {self.d_model}"
@@ -123,12 +135,16 @@ class RunEstimate:
                        + (f"; loading peaked at {_gb(p.floor)}" if p.floor else "")
                        + f"); peak at most about {_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
         out += self.device_lines
+        out += [c.line(_gb) for c in self.checks]
         if self.fits:
             out.append("fits: yes")
         elif p is not None and self.static_fits and self.device_fits and p.may_fit:
             out.append(f"fits: probably - at most {_gb(p.bytes_peak)} if the widest feature rows are selected, "
                        f"{_gb(p.bytes_peak_lower)} if the narrowest; which are selected is known only as they are "
                        "computed, and the run stops with advice if it would pass the memory it may use")
+        elif p is not None and p.fits and self.static_fits and self.device_fits and not self.checks_fit:
+            out.append("fits: NO - a check's forward passes do not fit next to the model: lower its batch_size or "
+                       "max_row_tokens (sign_regimes), patch fewer layers, or run sign_regimes with fewer workers")
         elif not self.static_fits:
             out.append("fits: NO - the model and dictionaries alone do not fit in the memory available; "
                        "use a machine with more memory")
@@ -180,48 +196,23 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     if not static_fits:
         return RunEstimate(0, L, D, d_sae, bytes_model, bytes_tc, avail, None, False, m.device, notes=notes)
 
-    _reset_peak()  # the loading peak is this estimate's, not what the process ran before (a notebook, a test session)
-    p = prepare(spec, memory_limit=budget)
+    # the loading peak is this estimate's, not what the process ran before (a notebook, a test session)
+    with PeakWatch() as loading:
+        p = prepare(spec, memory_limit=budget)
     f = p.adapter.facts
     # loading the model and dictionaries passes through a higher peak, whose pages a run may keep
-    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=_peak_so_far())
+    plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=loading.peak)
     if plan.floor > plan.limit or (not plan.fits and not plan.advice):
         plan.advice = [_LAST_RESORT]  # loading alone passes the limit: no setting of the graph helps
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
-                      str(p.adapter.device), notes=notes)
+                      str(p.adapter.device), notes=notes,
+                      checks=estimate_checks(spec, p.adapter, p.lin.tokens.tolist()))
     if str(p.adapter.device).startswith("cuda"):
         free = _device_free(p.adapter.device)
         est.device_fits = need <= USABLE * free
         est.device_lines = [f"device {p.adapter.device}: about {_gb(need)} more needed for the edge sweep, "
                             f"{_gb(free)} free"]
     return est
-
-
-_PROC_SELF = Path("/proc/self")
-
-
-def _reset_peak() -> None:
-    """Start the process's peak resident memory afresh (Linux: ``5`` to ``/proc/self/clear_refs``
-    resets ``VmHWM``); elsewhere the peak stays the process's whole lifetime's."""
-    try:
-        (_PROC_SELF / "clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def _peak_so_far() -> int:
-    """The process's peak resident memory since :func:`_reset_peak` (``VmHWM``), or its lifetime
-    peak (``ru_maxrss``) where ``/proc`` does not say; 0 where neither is known."""
-    try:
-        for line in (_PROC_SELF / "status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    if resource is None:  # pragma: no cover - not POSIX
-        return 0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _device_free(device: Any) -> int:

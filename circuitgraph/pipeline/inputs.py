@@ -17,20 +17,18 @@ from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
 from circuitgraph.adapters.files import read_direction_file
 from circuitgraph.adapters.loading import (
     folder_backend,
-    load_builtin_model,
-    load_model_dir,
-    load_model_name,
-    load_pretrained,
+    load_model_spec,
     torch_dtype,
 )
-from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
-from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
-from circuitgraph.dictionaries import TranscoderSet, load_dictionaries
-from circuitgraph.dictionaries.hub import load_hf_dictionaries, resolve_hf_dictionary
-from circuitgraph.dictionaries.registry import load_release
+from circuitgraph.builtin import BUILTIN_MODELS
+from circuitgraph.dictionaries import TranscoderSet
+from circuitgraph.dictionaries.hub import resolve_hf_dictionary
+from circuitgraph.dictionaries.sources import dictionary_folder, load_dictionary_spec
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
+from circuitgraph.spec.load import trained_dictionary_hint
 
 __all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
            "resolve_prompt_like"]
@@ -50,58 +48,27 @@ def needs_transformer_lens(spec: Spec) -> bool:
 def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     """Load the model and transcoders a spec names, in the dtype the graph needs."""
     m = spec.model
+    t = spec.transcoders
+    if t is not None and t.source == "path" and not t.path.is_dir():  # before the model is loaded
+        raise LoadError(f"transcoder folder not found: {t.path}{trained_dictionary_hint(t.path)}")
     compute = torch_dtype(spec.graph.dtype)
     weights = torch_dtype(m.dtype)
     # float64 accumulation runs the whole forward in float64 so measured values are exact too
     load_dtype = "float64" if compute == torch.float64 else m.dtype
-    if m.source == "path":
-        adapter = load_model_dir(m.path, dtype=load_dtype, device=m.device, trust_remote_code=m.trust_remote_code,
-                                 backend=m.backend)
-    elif m.source == "name":
-        adapter = load_model_name(m.name, dtype=load_dtype, device=m.device, fold_ln=m.fold_ln,
-                                  center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
-                                  trust_remote_code=m.trust_remote_code)
-    elif m.source == "pretrained":
-        adapter = load_pretrained(m.pretrained, dtype=load_dtype, device=m.device)
-    else:
-        adapter, _ = load_builtin_model(m.builtin, dtype=load_dtype, device=m.device, backend=m.backend)
-    adapter.source["weights_dtype"] = str(weights).replace("torch.", "")
+    adapter = load_model_spec(m, dtype=load_dtype, weights_dtype=str(weights).replace("torch.", ""))
     tcs = None
     t = spec.transcoders
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
     mismatch = None
     if t is not None and t.source in ("path", "builtin"):  # before any weight is read
-        mismatch = check_dictionary_model(spec, _dictionary_folder(t), adapter)
+        mismatch = check_dictionary_model(spec, dictionary_folder(t), adapter)
     if t is not None:
-        if t.source == "path":
-            tcs = load_dictionaries(t.path, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
-                                    dtype=tc_dtype)
-        elif t.source == "hf":
-            tcs = load_hf_dictionaries(t.hf, adapter, format=t.format, layers=list(t.layers) if t.layers else None,
-                                       dtype=tc_dtype)
-        elif t.source == "release":
-            ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers} if t.ids else None
-            tcs = load_release(t.release, adapter, ids=ids, layers=list(t.layers) if t.layers else None,
-                               dtype=tc_dtype, check_model=not t.allow_model_mismatch)
-        else:
-            if t.builtin not in BUILTIN_DICTIONARIES:
-                raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
-            tcs = load_dictionaries(builtin_dictionary_dir(t.builtin), adapter,
-                                    layers=list(t.layers) if t.layers else None, dtype=tc_dtype)
-            tcs.source = {"builtin": t.builtin}
+        tcs = load_dictionary_spec(t, adapter, dtype=tc_dtype)
         if t.source == "hf":  # its folder is known once the cache has it
             mismatch = check_dictionary_model(spec, resolve_hf_dictionary(t.hf)[0], adapter)
         if mismatch is not None and isinstance(tcs.source, dict):
             tcs.source = {**tcs.source, "model_mismatch": mismatch}
     return adapter, tcs
-
-
-def _dictionary_folder(t: Any) -> Path:
-    if t.source == "builtin":
-        if t.builtin not in BUILTIN_DICTIONARIES:
-            raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
-        return builtin_dictionary_dir(t.builtin)
-    return Path(t.path)
 
 
 def check_dictionary_model(spec: Spec, folder: Path, adapter: ModelAdapter) -> str | None:
@@ -158,12 +125,11 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
             raise TokenError(f"{where}: the prompt is empty; give some text")
 
         check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
-        ids = tok.encode(text)
-        if getattr(prompt, "prepend_bos", True):
-            if tok.bos_id is None:
-                raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
-                                 "set prepend_bos: false")
-            ids = [tok.bos_id] + ids
+        bos = getattr(prompt, "prepend_bos", True)
+        if bos and tok.bos_id is None:
+            raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
+                             "set prepend_bos: false")
+        ids = prompt_ids(tok, text, bos)
     else:
         ids = list(getattr(prompt, "tokens", prompt))
     if not ids:

@@ -31,7 +31,7 @@ from typing import Any
 from circuitgraph._io import read_json_file
 from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problems, read_declared
 from circuitgraph.adapters.files import existing_model_folder
-from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
+from circuitgraph.adapters.tokenizer import Tokenizer, prompt_ids, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
@@ -217,12 +217,9 @@ def tokens_of(prompt: Any, tokenizer: Any) -> list[int] | None:
     if tokenizer is None:
         return None
     try:
-        ids = tokenizer.encode(prompt.text)
+        return prompt_ids(tokenizer, prompt.text, prompt.prepend_bos)
     except CircuitGraphError:
         return None  # the run reports a text that cannot be encoded
-    if prompt.prepend_bos and tokenizer.bos_id is not None:
-        ids = [tokenizer.bos_id] + ids
-    return ids
 
 
 def gather(spec: Spec) -> Preflight:

@@ -22,13 +22,12 @@ from typing import Any
 
 import torch
 
-from circuitgraph._io import atomic_write_text
 from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions
 from circuitgraph.errors import RenderError, ResourceError, SpecError, TokenWarning, one_line
-from circuitgraph.export import graph_to_json, graph_to_neuronpedia, render_graph, save_graph_binary
+from circuitgraph.export import graph_to_json
 from circuitgraph.export.dot import raw_influence
 from circuitgraph.export.html import run_html, write_report
 from circuitgraph.export.labels import LABELS_FILE, apply_feature_labels, load_feature_labels
@@ -37,6 +36,7 @@ from circuitgraph.export.outputs import OutputSet
 from circuitgraph.features.summary import open_features
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.metadata import ModelRecord, RunMetadata
+from circuitgraph.pipeline.exports import EXPORT_WRITERS, ExportJob
 from circuitgraph.pipeline.inputs import (
     check_layer_keys,
     load_inputs,
@@ -51,6 +51,7 @@ from circuitgraph.pipeline.stage_memory import later_stages
 from circuitgraph.queries import graph_scores, prune_graph, run_query
 from circuitgraph.queries.qk import qk_problems
 from circuitgraph.spec import Spec, SpecSource, load_spec
+from circuitgraph.spec.export import EXPORT_KINDS
 from circuitgraph.validation import run_check
 from circuitgraph.validation.steering import steer_item
 
@@ -330,6 +331,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = 
         neuron_top_k=g.neuron_top_k,
         max_feature_nodes=g.max_feature_nodes,
         component_inputs=g.component_inputs,
+        head_inputs=tuple(g.head_inputs),
         max_neuron_nodes=g.max_neuron_nodes,
         dtype=torch_dtype(g.dtype),
         batch_size=g.batch_size,
@@ -355,6 +357,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = 
             "neuron_top_k": options.neuron_top_k,
             "max_feature_nodes": options.max_feature_nodes,
             **({"component_inputs": True} if options.component_inputs else {}),
+            **({"head_inputs": list(options.head_inputs)} if options.head_inputs != ("value",) else {}),
             "max_neuron_nodes": options.max_neuron_nodes,
         },
         versions=_versions(),
@@ -481,7 +484,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
             with _recorded_warnings(run_warnings), watch.stage(f"validate[{i}] {c.kind}"):
                 status, error, res = _attempt(
                     lambda c=c, on=on, resolver=resolver: run_check(on, c, prompt_resolver=resolver,
-                                                                        seed=spec.seed).result,
+                                                                        seed=spec.seed, spec=spec).result,
                     f"validate[{i}]")
             if status == "ok" and getattr(res, "status", "ok") != "ok":  # e.g. controls that could not be drawn
                 status, error = res.status, getattr(res, "reason", None)
@@ -630,36 +633,14 @@ def _write_exports(result: RunResult, *, force: bool = False, watch: MemoryWatch
     if ex.features is not None:
         dashboards = open_features(ex.features)
     with stage("diagram influence"):
-        diagram = _diagram_options(result) if any(
-            getattr(ex, k) is not None for k in ("dot", "svg", "png", "html")) else {}
+        diagram = _diagram_options(result) if any(EXPORT_KINDS[k].diagram for k in outputs) else {}
+    steering = portable_paths(result.steering_json(), base) if result.steering else None
+    job = ExportJob(result, g, queries, validation, steering, qk, inset, diagram, dashboards)
     with OutputSet(outputs, force=force).writing() as out:
-        if ex.json is not None:
-            steering = portable_paths(result.steering_json(), base) if result.steering else None
-            with stage("json"):
-                graph_to_json(g, str(out.stage("json")), queries=queries, validation=validation,
-                              max_edges=ex.max_json_edges, steering=steering)
-        if ex.graph is not None:
-            with stage("graph"):
-                save_graph_binary(g, str(out.stage("graph")), queries=queries, validation=validation,
-                                  steering=portable_paths(result.steering_json(), base) if result.steering else None)
-        if ex.neuronpedia is not None:
-            p = result.spec.pruning
-            thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-            with stage("neuronpedia"):
-                graph_to_neuronpedia(g, str(out.stage("neuronpedia")), full_graph=result.full_graph, qk=qk,
-                                     dashboards=dashboards, **thresholds)
-        if ex.dot is not None:
-            with stage("dot"):
-                atomic_write_text(str(out.stage("dot")), g.to_dot(max_nodes=ex.max_render_nodes, qk=inset,
-                                                                  **diagram))
-        for fmt in ("svg", "png"):
-            if getattr(ex, fmt) is not None:
-                with stage(fmt):
-                    render_graph(g, str(out.stage(fmt)), max_nodes=ex.max_render_nodes, qk=inset, **diagram)
-        if ex.html is not None:
-            with stage("html"):
-                write_report(result, str(out.stage("html")), max_nodes=ex.max_render_nodes,
-                             diagram={**diagram, "qk": inset}, features=dashboards)
+        for key, write in EXPORT_WRITERS.items():
+            if key in outputs:
+                with stage(key):
+                    write(job, str(out.stage(key)))
     return {kind: Path(path) for kind, path in outputs.items()}
 
 

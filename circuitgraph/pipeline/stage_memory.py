@@ -25,6 +25,7 @@ from __future__ import annotations
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.export.neuronpedia import DEFAULT_MAX_LINKS
 from circuitgraph.spec import Spec
+from circuitgraph.spec.export import EXPORT_KINDS
 
 __all__ = ["FULL_EDGE_BYTES", "DEFAULT_FULL_EDGE_BYTES", "RESIDENT_EDGE_BYTES", "KEPT_EDGE_BYTES", "RENDER_BYTES",
            "later_stages"]
@@ -89,7 +90,7 @@ def later_stages(spec: Spec) -> LaterStages:
                 full[f"{where}[{i}] {item.kind}"] = _full_stage_cost(item.kind)
     ex = spec.export
     outputs = ex.outputs()
-    if any(k in outputs for k in ("dot", "svg", "png", "html")):
+    if any(EXPORT_KINDS[k].diagram for k in outputs):
         full["diagram influence"] = FULL_EDGE_BYTES["diagram influence"]
     if "neuronpedia" in outputs:  # it reads the full graph's influence too
         full["export neuronpedia"] = FULL_EDGE_BYTES["diagram influence"]
@@ -106,4 +107,4 @@ def later_stages(spec: Spec) -> LaterStages:
         full_edge_bytes=full[heaviest], resident_edge_bytes=RESIDENT_EDGE_BYTES if outputs else 0,
         kept_edge_bytes=kept_bytes, kept_cap=kept_cap,
         export_limit=None if pruned else limit,
-        fixed=RENDER_BYTES if any(k in outputs for k in ("svg", "png", "html")) else 0, heaviest=heaviest)
+        fixed=RENDER_BYTES if any(EXPORT_KINDS[k].renders for k in outputs) else 0, heaviest=heaviest)

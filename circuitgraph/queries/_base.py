@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -18,6 +17,7 @@ from circuitgraph._io import atomic_write_text
 from circuitgraph._results import Tabular, records_of
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.text_tables import cell, format_table
 
 if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
@@ -59,53 +59,8 @@ class QueryResult(Tabular):
 
 
 def fmt(value: Any) -> str:
-    """A compact cell: 4 significant digits for floats, ``-`` for None."""
-    if value is None:
-        return "-"
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        if v == 0.0:
-            return "0"
-        if math.isfinite(v) and (abs(v) >= 1e5 or abs(v) < 1e-3):
-            return f"{v:.3e}"
-        return f"{v:.4g}"
-    return str(value)
-
-
-def format_table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    *,
-    max_rows: int = 10,
-    title: str | None = None,
-    footer: str | None = None,
-) -> str:
-    """Plain-text table: left-aligned text, right-aligned numbers, ``... n more`` when cut."""
-    rows = [list(r) for r in rows]
-    shown = rows[: max(0, max_rows)]
-    cells = [[fmt(c) for c in r] for r in shown]
-    numeric = [
-        all(isinstance(r[j], (int, float, np.integer, np.floating)) or r[j] is None for r in shown) if shown else False
-        for j in range(len(headers))
-    ]
-    widths = [max([len(h)] + [len(c[j]) for c in cells]) for j, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(values, widths, strict=False)))
-
-    out = []
-    if title:
-        out.append(title)
-    out.append(line(list(headers)).rstrip())
-    out.append("  ".join("-" * w for w in widths))
-    out += [line(c).rstrip() for c in cells]
-    if len(rows) > len(shown):
-        out.append(f"... {len(rows) - len(shown)} more")
-    if not rows:
-        out.append("(none)")
-    if footer:
-        out.append(footer)
-    return "\n".join(out)
+    """A compact cell: 4 significant digits for floats, ``-`` for None (:func:`circuitgraph.text_tables.cell`)."""
+    return cell(value)
 
 
 def check_k(k: Any, name: str = "k") -> int:

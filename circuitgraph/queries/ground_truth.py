@@ -14,7 +14,8 @@ MLP; every logit or target node is the target) and its edges aggregated by compo
 * into a head or a whole MLP, when the graph has component inputs (``graph.component_inputs``):
   the graph's own edges into those nodes (each a writer's share of the component's total effect
   through its value / MLP input, exactly path patching of the frozen model), ``|weight|`` summed
-  over positions; the query/key paths (``qk``) as below;
+  over positions; the query/key paths (``qk``): the graph's own linearised query and key edges
+  when it has them (``graph.head_inputs: [value, query, key]``), else as below;
 * into a head or a whole MLP of a graph without component inputs (vector nodes, not readers): the same exact sweep of
   the frozen model with the component's input directions as readers
   (:meth:`AttributionContext.attribute_directions`), at every position: a head's value path
@@ -41,7 +42,6 @@ candidate edge, labelled true or false by the ground truth; the scores:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,8 +49,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from circuitgraph._io import read_json_file
 from circuitgraph.attribution.context import ResidualLocation
-from circuitgraph.errors import QueryError
+from circuitgraph.errors import LoadError, QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, fmt, format_table, require_context
@@ -89,8 +90,8 @@ def load_circuit(circuit: str | Path | dict) -> dict[str, Any]:
             raise QueryError(f"ground_truth: circuit file {path} does not exist; give the circuit.json "
                              "that compile_program wrote")
         try:
-            circuit = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+            circuit = read_json_file(path, "circuit file")
+        except LoadError as exc:
             raise QueryError(f"ground_truth: {path} is not JSON ({exc})") from None
     if not isinstance(circuit, dict) or not isinstance(circuit.get("edges"), list):
         raise QueryError("ground_truth: a circuit is {\"nodes\": [...], \"edges\": [{source, target, path}]}; "
@@ -171,6 +172,15 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
             dst = comp[graph.nodes[d].id]
             if dst is not None:
                 add(comp[graph.nodes[s].id], dst, "direct", x)
+    # into heads through their query and key, when the graph has them (graph.head_inputs): its own
+    # linearised edges, |weight| summed by component
+    le = graph.linearised_edges
+    own_qk = own_inputs and le is not None and set(le.kinds) == {"query", "key"}
+    if own_qk:
+        for s, d, x in zip(le.source.tolist(), le.target.tolist(), np.abs(le.weight).tolist(), strict=True):
+            dst = comp[graph.nodes[d].id]
+            if dst is not None:
+                add(comp[graph.nodes[s].id], dst, "qk", x)
     # into heads and MLPs: their input directions as extra readers of the same sweep
     a, lin, fm = ctx.adapter, ctx.linearisation, ctx.frozen_model
     T = lin.n_pos
@@ -184,7 +194,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
         A = fm.pattern(layer).to(torch.float64)  # (H, T, T)
         attended = A.sum(1)  # (H, s): attention paid to each source position
         for side, W in qkv.items():
-            if own_inputs and side == "value":  # the graph's own edges (above)
+            if (own_inputs and side == "value") or (own_qk and side != "value"):  # the graph's own edges (above)
                 continue
             H, D, dh = W.shape
             cols = W.to(device=device, dtype=dtype).permute(0, 2, 1).reshape(H * dh, D)

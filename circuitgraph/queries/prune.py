@@ -358,12 +358,26 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
         metadata=meta,
         context=graph.context,
         max_dense_nodes=graph.max_dense_nodes,
+        # the linearised query / key edges between kept nodes (they take no part in the ranking)
+        linearised_edges=None if graph.linearised_edges is None else graph.linearised_edges.remap(
+            remap, _remainder_rows_of(graph, remap, remainder_rows)),
     )
     pruned.edges_unique = True  # summed per (target, source) above
     meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,
                        "n_remainder_nodes": len(remainders)}
     meta["completeness"] = pruned.check_completeness().to_dict()
     return pruned, remainders
+
+
+def _remainder_rows_of(graph: AttributionGraph, remap: np.ndarray, remainder_rows: dict[tuple[int, int], int]
+                       ) -> np.ndarray:
+    """Old row -> new row of every kept node, and of every dropped node whose (layer, position) has
+    a remainder node in the pruned graph (-1 for the others): where a dropped writer's linearised
+    query / key edges go, as its exact edges do."""
+    out = remap.copy()
+    for r in np.flatnonzero(remap < 0).tolist():
+        out[r] = remainder_rows.get((graph.nodes[r].layer, graph.nodes[r].position), -1)
+    return out
 
 
 #: key ranges up to this many values are grouped by counting instead of sorting

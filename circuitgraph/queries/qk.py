@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from circuitgraph.adapters.architecture import NormWeights
 from circuitgraph.attribution.context import ResidualLocation
+from circuitgraph.attribution.qk_readers import QKReaders, attention_module, qk_norm_scale
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
@@ -267,28 +267,7 @@ class QKResult(QueryResult):
 
 # ----------------------------------------------------------------------------- the model's side
 def _attention_module(adapter: ModelAdapter, layer: int) -> Any:
-    attn = adapter.model.blocks[layer].attn
-    cfg = adapter.model.cfg
-    for flag, what in (("clip_qkv", "query/key clipping"),
-                       ("use_logn_attn", "log-n query scaling")):
-        if getattr(cfg, flag, None) not in (None, False):
-            raise QueryError(f"qk: the model uses {what} ({flag}={getattr(cfg, flag)!r}), which makes the score "
-                             "non-bilinear in the residual stream; QK attribution supports models without it")
-    return attn
-
-
-def rotary_matrices(adapter: ModelAdapter, layer: int, n_pos: int) -> torch.Tensor | None:
-    """``R (n_pos, d_head, d_head)`` with the rotated vector ``R[t] @ x`` at position ``t``, taken
-    from the model's own ``apply_rotary`` (applied to the basis vectors); None without rotary."""
-    if adapter.facts.positional != "rotary":
-        return None
-    attn = _attention_module(adapter, layer)
-    dh = adapter.facts.d_head
-    eye = torch.eye(dh, dtype=adapter.dtype, device=adapter.device)
-    basis = eye.expand(1, n_pos, dh, dh).contiguous()  # [batch, pos, "head" = basis index i, d_head]
-    with torch.no_grad():
-        out = attn.apply_rotary(basis, 0, None)  # out[0, t, i] = R[t] e_i
-    return out[0].transpose(1, 2).contiguous()
+    return attention_module(adapter, layer)
 
 
 class _Stop(Exception):
@@ -354,35 +333,16 @@ def _constant_name(loc: int, side: str, bos_nodes: bool) -> str:
 def _readers(ctx: AttributionContext, layer: int, heads: Sequence[int], q_pos: int, k_pos: Sequence[int]):
     """Reader directions ``(n, d_model)`` and own constants ``(n,)`` in the graph's dtype: per head,
     ``d_head`` rotated query dimensions at ``(layer, q_pos)`` then ``d_head`` key dimensions at
-    ``(layer, k_pos[j])``.  ``g = P(gamma1 * w) / sigma1``, own constant ``w . beta1 + b``."""
-    a = ctx.adapter
-    attn = _attention_module(a, layer)
-    dtype, device = ctx.options.dtype, a.device
-    W_Q, W_K = attn.W_Q.detach().to(device, dtype), attn.W_K.detach().to(device, dtype)  # (H, d_model, d_head)
-    b_Q, b_K = attn.b_Q.detach().to(device, dtype), attn.b_K.detach().to(device, dtype)  # (H, d_head)
-    R = rotary_matrices(a, layer, ctx.linearisation.n_pos)
-    if R is not None:
-        R = R.to(device, dtype)
-    if a.has_norm("ln1"):
-        norm = a.norm("ln1", layer)
-        norm = NormWeights(None if norm.gamma is None else norm.gamma.to(device, dtype),
-                           None if norm.beta is None else norm.beta.to(device, dtype), norm.center)
-        sigma = ctx.linearisation.sigma[("ln1", layer)].to(device, dtype)
-    else:  # no input norm (OLMo-2): q and k read the residual stream itself (identity direction, sigma 1)
-        norm = NormWeights(None, None, False)
-        sigma = torch.ones(ctx.linearisation.n_pos, dtype=dtype, device=device)
+    ``(layer, k_pos[j])``.  ``g = P(gamma1 * w) / sigma1``, own constant ``w . beta1 + b``
+    (:class:`~circuitgraph.attribution.qk_readers.QKReaders`)."""
+    readers = QKReaders(ctx.adapter, ctx.linearisation, layer, ctx.options.dtype, ctx.adapter.device)
     dirs, consts, positions = [], [], []
     for h, kp in zip(heads, k_pos, strict=False):
-        for side, W, b, t in zip(_SIDES, (W_Q[h], W_K[h]), (b_Q[h], b_K[h]), (q_pos, kp), strict=True):
-            if a.facts.qk_norm != "none":  # the frozen q/k norm scales each dimension: W e_i -> W e_i gamma_i / sigma
-                scale = qk_norm_scale(a, ctx.linearisation, layer, side, h, t).to(device, dtype)
-                W, b = W * scale, b * scale
-            if R is not None:  # rotated dimension j reads sum_i R[t, j, i] (W[:, i] . n + b_i)
-                W, b = W @ R[t].T, R[t] @ b
-            w = W.T  # (d_head, d_model)
-            dirs.append(norm.reader_direction(w) / sigma[t])
-            consts.append(norm.reader_constant(w) + b)
-            positions += [t] * w.shape[0]
+        for side, t in (("q", q_pos), ("k", kp)):
+            d, c = readers.side(side, h, t)
+            dirs.append(d)
+            consts.append(c)
+            positions += [t] * d.shape[0]
     return torch.cat(dirs), torch.cat(consts), positions
 
 
@@ -394,25 +354,6 @@ def _qk_gamma(adapter: ModelAdapter, side: Literal["q", "k"], layer: int) -> tor
     gamma = adapter.qk_norm(side, layer).gamma
     assert gamma is not None
     return gamma
-
-
-def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: Literal["q", "k"], head: int,
-                  t: int) -> torch.Tensor:
-    """``gamma / sigma (d_head,)``: the frozen query (``side="q"``) or key norm of query head ``head``
-    at position ``t``.  An RMSNorm ``gamma * v / sigma(v)`` with ``sigma`` frozen at its value on the
-    prompt is the diagonal linear map ``v -> (gamma / sigma) * v``, so ``q`` and ``k`` stay affine in
-    the residual stream and the score stays bilinear.  ``per_head`` norms (Qwen3, Gemma-3) have one
-    sigma per head and position and a ``d_head`` gamma; ``whole`` norms (OLMo-2, OLMoE) one sigma per
-    position over the whole projection (all heads) and the head's slice of its gamma.  Keys of
-    grouped-query models use their key/value head ``head // (n_heads / n_kv_heads)``."""
-    f = adapter.facts
-    group = head if side == "q" else head // (f.n_heads // f.n_kv_heads)
-    gamma = _qk_gamma(adapter, side, layer)
-    sigma = lin.qk_sigma[(side, layer)]  # (pos, heads) or (pos, 1)
-    if f.qk_norm == "per_head":
-        return gamma / sigma[t, group]
-    dh = f.d_head
-    return gamma[group * dh:(group + 1) * dh] / sigma[t, 0]
 
 
 def _graph_id(graph: AttributionGraph, node_id: NodeId) -> NodeId:

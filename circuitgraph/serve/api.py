@@ -25,9 +25,11 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import CircuitGraphError
@@ -51,9 +53,10 @@ from circuitgraph.queries.diff import MATCHES, SORTS, diff_graphs
 from circuitgraph.queries.prune import ALWAYS_KEPT_KINDS, PruneResult, prune_graph
 from circuitgraph.serve.catalog import Catalog
 from circuitgraph.serve.dashboards import UNITS_OF_NODE_KIND
+from circuitgraph.spec.export import EXPORT_KINDS
 from circuitgraph.spec.graph import PruneSpec
 
-__all__ = ["ApiError", "Explorer", "Download", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS",
+__all__ = ["ApiError", "Explorer", "Download", "ExplorerView", "VIEWS", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS",
            "DEFAULT_DIFF_TOP", "DEFAULT_TOP_K_NODES"]
 
 #: the thresholds of an unpruned graph's first view: the spec's pruning defaults
@@ -63,8 +66,6 @@ DEFAULT_EDGE_THRESHOLD = PruneSpec.model_fields["edge_threshold"].default
 #: the nodes kept besides embeddings, targets and remainders): the diagrams' budget, stated once in
 #: the spec (``export.max_render_nodes``), so a large graph opens at once at its most influential nodes
 DEFAULT_TOP_K_NODES = DEFAULT_MAX_NODES
-#: what a pinned subgraph can be saved as
-EXPORT_FORMATS = ("json", "neuronpedia", "svg")
 #: a node's inputs and outputs listed by default (the strongest)
 DEFAULT_EDGE_LIMIT = 30
 #: the largest pruned view the API sends to the page (a browser draws about this many SVG paths)
@@ -254,7 +255,8 @@ class Explorer:
                 node = Node(node.id, node.activation, node.pre_activation, node.constant, label, node.attrs)
             nodes.append(node)
         out = AttributionGraph(nodes, graph.edge_target, graph.edge_source, graph.edge_weight,
-                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique)
+                               targets=list(graph.targets), metadata=graph.metadata, edges_unique=graph.edges_unique,
+                               linearised_edges=graph.linearised_edges)
         return out
 
     def default_thresholds(self, graph: AttributionGraph) -> tuple[float, float]:
@@ -395,6 +397,7 @@ class Explorer:
             "edges": [{"source": ids[s], "target": ids[t], "weight": w} for s, t, w in
                       zip(view.edge_source.tolist(), view.edge_target.tolist(), view.edge_weight.tolist(), strict=False)],
             "supernodes": groups,
+            "linearised_edges": _linearised_view_edges(view, ids, 3 * len(ids)),
         }
 
     def node(self, name: str, node_text: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -429,11 +432,34 @@ class Explorer:
             "qk": [h for h in self._qk_heads(name) if node.kind == "attention_head" and int(h["layer"]) == node.layer
                    and int(h["head"]) == node.index and int(h["query_position"]) == node.position],
         })
+        rec["linearised_inputs"] = self._linearised_inputs(source, node_id, limit)
         rec["qk_names"] = self._qk_names(name, rec["qk"])
         dash = self._dash_of(node.kind)
         if dash is not None:
             rec["dashboard"] = dash.dashboard(node.layer, node.index)
         return rec
+
+    def _linearised_inputs(self, graph: AttributionGraph, node_id: NodeId, limit: int) -> list[dict[str, Any]]:
+        """A head's linearised query and key inputs (``graph.head_inputs``), one entry per kind:
+        the strongest edges, their count and sum, the constant and the per-head sum they make."""
+        le = graph.linearised_edges
+        if le is None or node_id not in graph:
+            return []
+        row = graph.index_of(node_id)
+        out = []
+        names = le.kind_names()
+        for kind in le.kinds:
+            if row not in le.totals.get(kind, {}):
+                continue
+            sel = np.flatnonzero((le.target == row) & (names == kind))
+            sel = sel[np.argsort(-np.abs(le.weight[sel]), kind="stable")]
+            out.append({"kind": kind, "linearised": True, "n_inputs": int(sel.size),
+                        "sum_inputs": float(le.weight[sel].sum()),
+                        "constant": _number(le.constants.get(kind, {}).get(row, 0.0)),
+                        "total": _number(le.totals[kind][row]),
+                        "inputs": [self._edge_json(graph, graph.nodes[int(le.source[k])].id, float(le.weight[k]))
+                                   for k in sel[:limit].tolist()]})
+        return out
 
     @staticmethod
     def _edge_json(graph: AttributionGraph, other: NodeId, weight: float) -> dict[str, Any]:
@@ -612,28 +638,110 @@ class Explorer:
         sub.metadata["explorer"] = {"source": name, "node_threshold": nt, "edge_threshold": et, "top_k_nodes": budget,
                                     "pinned": sorted(pinned), "supernodes": groups}
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "graph"
+        save = SavedSubgraph(self, graph, sub, ids, groups, stem, nt, et)
         try:
-            if fmt == "json":
-                return Download(graph_to_json(sub).encode("utf-8"), "application/json", f"{stem}-subgraph.json")
-            if fmt == "neuronpedia":
-                keep_remainders = any(i.kind == "remainder" for i in ids)
-                doc = graph_to_neuronpedia(sub, full_graph=graph, slug=f"{stem}-subgraph", node_threshold=nt,
-                                           edge_threshold=et, keep_remainders=keep_remainders)
-                present = {rec["node_id"] for rec in doc["nodes"]}
-                doc["qParams"]["pinnedIds"] = sorted(present)
-                n_layers = n_layers_of(sub)
-                doc["qParams"]["supernodes"] = [
-                    [gname, *[np_id for np_id in (neuronpedia_node_id(NodeId.parse(m), n_layers)[0] for m in members)
-                              if np_id in present]] for gname, members in groups.items()]
-                text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
-                return Download(text.encode("utf-8"), "application/json", f"{stem}-subgraph.neuronpedia.json")
-            dash = self._dash()
-            dot = graph_to_dot(sub, max_nodes=None, max_edges=None, show_remainders=True, show_unreachable=True,
-                               labels=dash.labels if dash is not None and dash.labels else None,
-                               supernodes=groups or None)
-            return Download(render_dot_bytes(dot, "svg"), "image/svg+xml", f"{stem}-subgraph.svg")
+            data, content_type = DOWNLOADS[fmt](save)
         except CircuitGraphError as exc:
             raise ApiError(400, f"cannot save the subgraph as {fmt}: {exc}") from None
+        return Download(data, content_type, f"{stem}-subgraph{EXPORT_KINDS[fmt].explorer}")
+
+
+@dataclass
+class SavedSubgraph:
+    """What a download of a pinned subgraph is written from (``GET /api/export``)."""
+
+    explorer: Explorer
+    graph: AttributionGraph
+    sub: AttributionGraph
+    ids: list[NodeId]
+    groups: dict[str, list[str]]
+    stem: str
+    node_threshold: float
+    edge_threshold: float
+
+
+#: what follows an explorer view's route in its URL: nothing (``/api/graphs``), a name
+#: (``/api/graph/NAME``), path segments (``/api/features/LAYER/INDEX``) or a graph's name and a node
+#: id (``/api/node/NAME/KIND/LAYER/POSITION/INDEX``)
+ViewPath = Literal["none", "name", "segments", "node"]
+
+
+@dataclass(frozen=True)
+class ExplorerView:
+    """One view of the explorer: the record a new view adds (docs/architecture.md).
+
+    ``GET /api/<route>/...`` calls ``method`` (an :class:`Explorer` method, given the name,
+    the path segments or nothing, then the query) and the page's ``panel`` (the function of
+    ``static/explorer.js`` that asks for it) shows the answer."""
+
+    route: str
+    method: Callable[..., Any]
+    path: ViewPath
+    panel: str
+
+
+#: every view of the explorer by route (the HTTP layer routes ``/api/<route>`` through these alone)
+VIEWS: dict[str, ExplorerView] = {v.route: v for v in (
+    ExplorerView("graphs", Explorer.list_graphs, "none", "start"),
+    ExplorerView("graph", Explorer.graph_view, "name", "loadView"),
+    ExplorerView("node", Explorer.node, "node", "selectNode"),
+    ExplorerView("supernodes", Explorer.supernode_proposals, "name", "propose"),
+    ExplorerView("qk", Explorer.qk, "name", "showQK"),
+    ExplorerView("dataset", Explorer.dataset, "name", "showDataset"),
+    ExplorerView("export", Explorer.export, "name", "renderPinned"),
+    ExplorerView("features", Explorer.features, "segments", "loadFeatures"),
+    ExplorerView("steering", Explorer.steering, "name", "showSteering"),
+    ExplorerView("diff", Explorer.diff, "none", "showDiff"),
+)}
+
+
+#: export key -> its download: ``(bytes, content type)``; each registers itself (``@_downloads(key)``)
+#: under a key of the spec's :data:`~circuitgraph.spec.export.EXPORT_KINDS` whose ``explorer`` is set
+DOWNLOADS: dict[str, Callable[[SavedSubgraph], tuple[bytes, str]]] = {}
+
+
+def _downloads(key: str) -> Callable[[Callable[[SavedSubgraph], tuple[bytes, str]]],
+                                     Callable[[SavedSubgraph], tuple[bytes, str]]]:
+    def register(fn: Callable[[SavedSubgraph], tuple[bytes, str]]) -> Callable[[SavedSubgraph], tuple[bytes, str]]:
+        DOWNLOADS[key] = fn
+        return fn
+    return register
+
+
+@_downloads("json")
+def _download_json(s: SavedSubgraph) -> tuple[bytes, str]:
+    return graph_to_json(s.sub).encode("utf-8"), "application/json"
+
+
+@_downloads("neuronpedia")
+def _download_neuronpedia(s: SavedSubgraph) -> tuple[bytes, str]:
+    keep_remainders = any(i.kind == "remainder" for i in s.ids)
+    doc = graph_to_neuronpedia(s.sub, full_graph=s.graph, slug=f"{s.stem}-subgraph", node_threshold=s.node_threshold,
+                               edge_threshold=s.edge_threshold, keep_remainders=keep_remainders)
+    present = {rec["node_id"] for rec in doc["nodes"]}
+    doc["qParams"]["pinnedIds"] = sorted(present)
+    n_layers = n_layers_of(s.sub)
+    doc["qParams"]["supernodes"] = [
+        [gname, *[np_id for np_id in (neuronpedia_node_id(NodeId.parse(m), n_layers)[0] for m in members)
+                  if np_id in present]] for gname, members in s.groups.items()]
+    text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+    return text.encode("utf-8"), "application/json"
+
+
+@_downloads("svg")
+def _download_svg(s: SavedSubgraph) -> tuple[bytes, str]:
+    dash = s.explorer._dash()
+    dot = graph_to_dot(s.sub, max_nodes=None, max_edges=None, show_remainders=True, show_unreachable=True,
+                       labels=dash.labels if dash is not None and dash.labels else None,
+                       supernodes=s.groups or None)
+    return render_dot_bytes(dot, "svg"), "image/svg+xml"
+
+
+#: what a pinned subgraph can be saved as (the spec's export kinds the explorer offers)
+EXPORT_FORMATS = tuple(k for k, kind in EXPORT_KINDS.items() if kind.explorer is not None)
+if set(DOWNLOADS) != set(EXPORT_FORMATS):  # pragma: no cover - an offered kind without a download, or the reverse
+    raise ImportError(f"explorer downloads {sorted(DOWNLOADS)} do not match the export kinds it offers "
+                      f"{sorted(EXPORT_FORMATS)}")
 
 
 def _jsonable_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -647,3 +755,14 @@ def _jsonable_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(v, (list, tuple)) and len(v) <= 64 and all(isinstance(x, (str, int, float)) for x in v):
             out[k] = [_number(x) if isinstance(x, float) else x for x in v]
     return out
+
+
+def _linearised_view_edges(view: AttributionGraph, ids: list[str], limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` strongest linearised query / key edges of the view (``graph.head_inputs``)."""
+    le = view.linearised_edges
+    if le is None or not len(le) or le.target.max(initial=-1) >= len(ids):
+        return []
+    order = np.argsort(-np.abs(le.weight), kind="stable")[:limit]
+    names = le.kind_names()
+    return [{"source": ids[int(le.source[k])], "target": ids[int(le.target[k])], "weight": float(le.weight[k]),
+             "kind": str(names[k]), "linearised": True} for k in order.tolist()]

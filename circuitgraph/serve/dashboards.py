@@ -23,13 +23,13 @@ dashboards.  The tables are read once (pyarrow, the ``dataset`` extra) and index
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.export.labels import load_feature_labels
 
@@ -64,8 +64,8 @@ def folder_units(path: Path) -> str:
     """What a features folder's rows are (``features.json``'s ``units``; ``features`` when it
     does not say)."""
     try:
-        info = json.loads((path / "features.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        info = read_json_file(path / "features.json", "features.json")
+    except LoadError:
         return "features"
     units = info.get("units") if isinstance(info, dict) else None
     return units if units in ("features", "neurons", "heads") else "features"

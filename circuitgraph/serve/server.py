@@ -18,13 +18,13 @@ import logging
 import os
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from circuitgraph.serve.api import ApiError, Download, Explorer
+from circuitgraph.serve.api import VIEWS, ApiError, Download, Explorer
 from circuitgraph.serve.catalog import Catalog, inside
 
 __all__ = ["make_server", "running_server", "ExplorerServer", "DEFAULT_HOST", "DEFAULT_PORT", "STATIC_FILES"]
@@ -168,23 +168,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise ApiError(404, f"no such page {raw[:200]!r}; the explorer is at / and its API under /api/")
         endpoint, rest = parts[2], parts[3:] if parts[3:] != [""] else []
         name = _unquote("/".join(rest))
-        routes: dict[str, Callable[[], Any]] = {
-            "graphs": lambda: api.list_graphs(query) if not rest else self._not_found(raw),
-            "graph": lambda: api.graph_view(name, query),
-            "supernodes": lambda: api.supernode_proposals(name, query),
-            "qk": lambda: api.qk(name, query),
-            "dataset": lambda: api.dataset(name, query),
-            "export": lambda: api.export(name, query),
-            "node": lambda: self._node(api, rest, query),
-            "features": lambda: api.features([_unquote(r) for r in rest], query),
-            "steering": lambda: api.steering(name, query),
-            "diff": lambda: api.diff(query) if not rest else self._not_found(raw),
-        }
-        if endpoint not in routes:
+        view = VIEWS.get(endpoint)
+        if view is None:
             raise ApiError(404, f"no API endpoint {endpoint[:60]!r}; see docs/explorer.md")
-        if endpoint not in ("graphs", "features", "diff") and not rest:
+        if view.path == "none":
+            if rest:
+                self._not_found(raw)
+            answer = view.method(api, query)
+        elif not rest and view.path != "segments":
             raise ApiError(404, f"/api/{endpoint}/ needs a name after it")
-        answer = routes[endpoint]()
+        elif view.path == "name":
+            answer = view.method(api, name, query)
+        elif view.path == "node":
+            # NAME may hold slashes; the node id is always its last four segments (kind/layer/position/index)
+            if len(rest) < 5:
+                raise ApiError(400, "a node is /api/node/NAME/KIND/LAYER/POSITION/INDEX")
+            answer = view.method(api, _unquote("/".join(rest[:-4])), _unquote("/".join(rest[-4:])), query)
+        else:
+            answer = view.method(api, [_unquote(r) for r in rest], query)
         if isinstance(answer, Download):
             safe = answer.filename.replace('"', "")
             return self._send(200, answer.data, answer.content_type,
@@ -194,13 +195,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     @staticmethod
     def _not_found(raw: str) -> Any:
         raise ApiError(404, f"no such page {raw[:200]!r}")
-
-    @staticmethod
-    def _node(api: Explorer, rest: list[str], query: dict[str, list[str]]) -> Any:
-        # NAME may hold slashes; the node id is always its last four segments (kind/layer/position/index)
-        if len(rest) < 5:
-            raise ApiError(400, "a node is /api/node/NAME/KIND/LAYER/POSITION/INDEX")
-        return api.node(_unquote("/".join(rest[:-4])), _unquote("/".join(rest[-4:])), query)
 
     # ------------------------------------------------------------------ files
     def _static(self, name: str) -> None:

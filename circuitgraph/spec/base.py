@@ -16,7 +16,6 @@ variant only.  Tags are written ``<name>``; the error formatter drops them from 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
@@ -43,7 +42,6 @@ from circuitgraph.spec.messages import format_validation_error
 __all__ = [
     "StrictModel",
     "KeyedModel",
-    "implementation_of",
     "QueryItem",
     "CheckItem",
     "GraphChoice",
@@ -175,13 +173,11 @@ GraphChoice = Literal["full", "pruned"]
 class QueryItem(KeyedModel):
     """An item of ``queries``: its kind key, and ``on`` (which graph it runs on).
 
-    ``implementation`` names, as ``"package.module.function"``, the function that runs the
-    query: ``function(graph, params) -> QueryResult``. The registry of query kinds is the spec's
-    ``QUERY_TYPES``: its union, its schema and :func:`circuitgraph.queries.run_query`'s dispatch
-    are all built from it (the string keeps the spec free of imports from later stages).
+    The registry of query kinds is the spec's ``QUERY_TYPES``: its union and its schema are built
+    from it; the function that runs a kind, ``function(graph, params) -> QueryResult``, registers
+    itself under the item's ``key`` in :mod:`circuitgraph.queries.dispatch` (``QUERY_RUNNERS``),
+    which fails on import when a kind has no runner or a runner no kind.
     """
-
-    implementation: ClassVar[str]
 
     on: GraphChoice = Field(
         "full", description="Run on the full (unpruned) graph or the pruned one; with prune: none both are the "
@@ -192,25 +188,16 @@ class QueryItem(KeyedModel):
 class CheckItem(KeyedModel):
     """An item of ``validate``: its kind key, and ``on`` (which graph it runs on).
 
-    ``implementation`` names, as ``"package.module.function"``, the function that runs the check:
-    ``function(call, params) -> result`` (``call``: :class:`circuitgraph.validation.dispatch.CheckCall`).
-    The registry of check kinds is the spec's ``CHECK_TYPES``: its union, its schema and
-    :func:`circuitgraph.validation.run_check`'s dispatch are all built from it.
+    The registry of check kinds is the spec's ``CHECK_TYPES``: its union and its schema are built
+    from it; the function that runs a kind, ``function(call, params) -> result`` (``call``:
+    :class:`circuitgraph.validation.dispatch.CheckCall`), registers itself under the item's ``key``
+    in :mod:`circuitgraph.validation.dispatch` (``CHECK_FUNCTIONS``).
     """
-
-    implementation: ClassVar[str]
 
     on: GraphChoice = Field(
         "pruned", description="Run on the pruned graph (the circuit) or the full one; with prune: none both are "
         "the same graph."
     )
-
-
-def implementation_of(item_type: type[QueryItem] | type[CheckItem]) -> Any:
-    """The function an item type's ``implementation`` names (imported on call, so that the spec
-    imports nothing from later stages)."""
-    module, _, name = item_type.implementation.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def _tag_name(name: str) -> str:

@@ -1,8 +1,10 @@
 """The one registry of on-disk dictionary formats: one :class:`DictionaryFormat` record per format.
 
-A record names its format, describes the files it holds, and names (``"module:function"``,
-resolved on first use, as the query registry names its implementations, so the spec imports
-nothing heavy) the four functions that handle it:
+A record names its format, describes the files it holds, and has the functions that handle it
+(given as callables, or as ``"module:function"`` names resolved on first use for a format of
+another package; a built-in format's functions register themselves from
+:mod:`circuitgraph.dictionaries.formats` with :func:`implement_format`, so the spec imports
+nothing heavy and the import graph sees every arrow):
 
 * ``detect(path) -> bool``: the folder holds this format (records are tried in registry order);
 * ``load(path, adapter, *, layers, dtype, lazy, config) -> Dictionary``: load it for a model;
@@ -27,7 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["DictionaryFormat", "DICTIONARY_FORMATS", "register_format", "format_names"]
+__all__ = ["DictionaryFormat", "DICTIONARY_FORMATS", "register_format", "format_names", "implement_format"]
+
+Role = Literal["detect", "load", "layer_files"]
+#: (format name, role) -> the function a package registered for it (:func:`implement_format`)
+_IMPLEMENTATIONS: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -37,17 +43,38 @@ class DictionaryFormat:
     name: str
     #: the files the folder holds (docs, and the error when no format is recognised)
     layout: str
-    detect: str
-    load: str
-    layer_files: str
+    detect: str | Callable[..., Any] | None = None
+    load: str | Callable[..., Any] | None = None
+    layer_files: str | Callable[..., Any] | None = None
     footprint: Literal["whole", "rows"] = "rows"
     #: one dictionary for every layer (cross-layer transcoder): ``transcoders.layers`` does not apply
     cross_layer: bool = False
 
-    def function(self, role: Literal["detect", "load", "layer_files"]) -> Callable[..., Any]:
-        """The function this record names for ``role``."""
-        module, _, name = getattr(self, role).partition(":")
-        return getattr(importlib.import_module(module), name)
+    def function(self, role: Role) -> Callable[..., Any]:
+        """The function this record has for ``role``: its own (a callable, or a ``"module:function"``
+        name of another package), else the one registered with :func:`implement_format`."""
+        given = getattr(self, role)
+        if callable(given):
+            return given
+        if isinstance(given, str):
+            module, _, name = given.partition(":")
+            return getattr(importlib.import_module(module), name)
+        try:
+            return _IMPLEMENTATIONS[(self.name, role)]
+        except KeyError:
+            raise LookupError(f"dictionary format {self.name!r} has no {role} function; a built-in format's "
+                              "functions register when circuitgraph.dictionaries is imported") from None
+
+
+def implement_format(name: str, **functions: Callable[..., Any]) -> None:
+    """Register the functions (``detect``, ``load``, ``layer_files``) of the format ``name``; a
+    package that implements a registered format calls it when it is imported."""
+    if name not in DICTIONARY_FORMATS:
+        raise ValueError(f"dictionary format {name!r} is not registered")
+    for role, fn in functions.items():
+        if role not in ("detect", "load", "layer_files"):
+            raise ValueError(f"unknown role {role!r} of a dictionary format")
+        _IMPLEMENTATIONS[(name, role)] = fn
 
 
 #: every registered format by name, in detection order
@@ -73,26 +100,18 @@ def format_names() -> tuple[str, ...]:
     return tuple(DICTIONARY_FORMATS)
 
 
-_F = "circuitgraph.dictionaries.formats"
+#: the built-in formats, in detection order (their functions: circuitgraph.dictionaries.formats)
 for _record in (
-    DictionaryFormat("saelens", "layer_<i>/cfg.json + sae_weights.safetensors (sae-lens)",
-                     f"{_F}:detect_saelens", f"{_F}:load_saelens", f"{_F}:files_saelens", footprint="whole"),
+    DictionaryFormat("saelens", "layer_<i>/cfg.json + sae_weights.safetensors (sae-lens)", footprint="whole"),
     DictionaryFormat("circuit_tracer_clt", "config.yaml + W_enc_<i>/W_dec_<i>.safetensors (circuit-tracer CLT)",
-                     f"{_F}:detect_circuit_tracer_clt", f"{_F}:load_circuit_tracer_clt",
-                     f"{_F}:files_circuit_tracer_clt", cross_layer=True),
-    DictionaryFormat("circuit_tracer_transcoder_set",
-                     "config.yaml + layer_<i>.safetensors (circuit-tracer transcoder_set)",
-                     f"{_F}:detect_circuit_tracer_transcoder_set", f"{_F}:load_circuit_tracer_transcoder_set",
-                     f"{_F}:files_circuit_tracer_transcoder_set"),
-    DictionaryFormat("gemmascope", "layer_<i>/.../params.npz (GemmaScope)",
-                     f"{_F}:detect_gemmascope", f"{_F}:load_gemmascope", f"{_F}:files_gemmascope", footprint="whole"),
-    DictionaryFormat("gemmascope2", "layer_<i>_width_<w>_l0_<s>/params.safetensors (GemmaScope-2)",
-                     f"{_F}:detect_gemmascope2", f"{_F}:load_gemmascope2", f"{_F}:files_gemmascope2"),
-    DictionaryFormat("gemmascope2_clt", "config.json + params_layer_<i>.safetensors (GemmaScope-2 CLT)",
-                     f"{_F}:detect_gemmascope2_clt", f"{_F}:load_gemmascope2_clt", f"{_F}:files_gemmascope2_clt",
                      cross_layer=True),
-    DictionaryFormat("eleuther_topk", "<hookpoint>/cfg.json + sae.safetensors (EleutherAI sparsify)",
-                     f"{_F}:detect_eleuther_topk", f"{_F}:load_eleuther_topk", f"{_F}:files_eleuther_topk"),
+    DictionaryFormat("circuit_tracer_transcoder_set",
+                     "config.yaml + layer_<i>.safetensors (circuit-tracer transcoder_set)"),
+    DictionaryFormat("gemmascope", "layer_<i>/.../params.npz (GemmaScope)", footprint="whole"),
+    DictionaryFormat("gemmascope2", "layer_<i>_width_<w>_l0_<s>/params.safetensors (GemmaScope-2)"),
+    DictionaryFormat("gemmascope2_clt", "config.json + params_layer_<i>.safetensors (GemmaScope-2 CLT)",
+                     cross_layer=True),
+    DictionaryFormat("eleuther_topk", "<hookpoint>/cfg.json + sae.safetensors (EleutherAI sparsify)"),
 ):
     register_format(_record)
 del _record

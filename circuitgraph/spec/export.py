@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -12,7 +13,7 @@ from pydantic import Field, model_validator
 from circuitgraph.spec.base import Bool, InputPath, OutputPath, PositiveInt, StrictModel, rule_error
 from circuitgraph.spec.filters import NodeFilter
 
-__all__ = ["ExportSpec", "DiagramSpec", "EXPORT_SUFFIXES"]
+__all__ = ["ExportSpec", "DiagramSpec", "ExportKind", "EXPORT_KINDS", "EXPORT_SUFFIXES"]
 
 
 class DiagramSpec(StrictModel):
@@ -28,16 +29,40 @@ class DiagramSpec(StrictModel):
         False, description="Also draw nodes with no path to a target (hidden by default).")
 
 
-#: the file suffixes each output accepts (an output not listed here takes any suffix)
-EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "json": (".json",),
-    "dot": (".dot", ".gv"),
-    "svg": (".svg",),
-    "png": (".png",),
-    "neuronpedia": (".json",),
-    "graph": (".npz",),
-    "html": (".html", ".htm"),
-}
+@dataclass(frozen=True)
+class ExportKind:
+    """One output file of a run (``export.<key>``): the registry record a new export adds.
+
+    Its writer registers itself under the same key in :mod:`circuitgraph.pipeline.exports`
+    (which fails on import when a key has no writer or a writer no key); the explorer's saved
+    subgraphs (``GET /api/export``) are the kinds with ``explorer`` set, written by
+    :mod:`circuitgraph.serve.api`'s downloads under the same key."""
+
+    key: str
+    #: the file suffixes the output accepts (the spec refuses others)
+    suffixes: tuple[str, ...]
+    #: drawn with ``export.diagram``'s options (the run computes the diagram's influence once for all)
+    diagram: bool = False
+    #: renders the diagram through Graphviz's ``dot`` binary (the memory plan counts its buffers)
+    renders: bool = False
+    #: the explorer can save a pinned subgraph as this kind: the download's name ends in this
+    #: (``<graph>-subgraph<explorer>``); None: not offered
+    explorer: str | None = None
+
+
+#: every output of a one-prompt run, in the order ``ExportSpec.outputs()`` lists them
+EXPORT_KINDS: dict[str, ExportKind] = {k.key: k for k in (
+    ExportKind("json", (".json",), explorer=".json"),
+    ExportKind("dot", (".dot", ".gv"), diagram=True),
+    ExportKind("svg", (".svg",), diagram=True, renders=True, explorer=".svg"),
+    ExportKind("png", (".png",), diagram=True, renders=True),
+    ExportKind("neuronpedia", (".json",), explorer=".neuronpedia.json"),
+    ExportKind("graph", (".npz",)),
+    ExportKind("html", (".html", ".htm"), diagram=True, renders=True),
+)}
+
+#: the file suffixes each output accepts (from :data:`EXPORT_KINDS`)
+EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {k.key: k.suffixes for k in EXPORT_KINDS.values()}
 
 with warnings.catch_warnings():
     # ``json`` shadows the deprecated ``BaseModel.json`` method; the spec key wins
@@ -100,5 +125,4 @@ with warnings.catch_warnings():
 
         def outputs(self) -> dict[str, Path]:
             """``{name: path}`` of the outputs that are set, in a fixed order."""
-            names = ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
-            return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+            return {name: getattr(self, name) for name in EXPORT_KINDS if getattr(self, name) is not None}

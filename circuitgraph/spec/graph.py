@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from circuitgraph.spec.base import Bool, Fraction, LayerKey, PositiveInt, StrictModel, shaped_union
 
@@ -12,6 +12,7 @@ __all__ = ["MlpMode", "AttentionMode", "GraphSpec", "PruneSpec", "Prune"]
 
 MlpMode = Literal["transcoders", "neurons", "mlp"]
 AttentionMode = Literal["frozen", "heads"]
+HeadInput = Literal["value", "query", "key"]
 
 if TYPE_CHECKING:
     _MlpSetting = MlpMode | dict[int, MlpMode]
@@ -59,6 +60,13 @@ class GraphSpec(StrictModel):
         "writer's share of it through the component's input (for a head, its value input: exactly path "
         "patching of the frozen model). Needs mlp: mlp or neurons on every layer.",
     )
+    head_inputs: list[HeadInput] = Field(
+        ["value"],
+        description="With component_inputs: the edge kinds into head nodes. value (always; exact path patching "
+        "through the head's value input), query and key (each a separate, linearised edge kind: the first-order "
+        "effect of the writer on the targets through the head's query or key input at the prompt, kept apart "
+        "from the exact edges; docs/maths.md section 11).",
+    )
     max_neuron_nodes: PositiveInt | None = Field(
         None, description="Keep the K neurons (over all layers and positions) with the largest influence "
         "on the targets, ranked as max_feature_nodes ranks features; the others fold into one remainder per "
@@ -66,6 +74,18 @@ class GraphSpec(StrictModel):
     dtype: Literal["float32", "float64"] = Field("float32", description="Dtype in which edges are accumulated.")
     batch_size: PositiveInt = Field(256, description="Readers per backward batch.")
     max_dense_nodes: PositiveInt = Field(20000, description="Never build a dense N x N matrix above this N.")
+
+    @model_validator(mode="after")
+    def _head_inputs_need_value_and_component_inputs(self) -> GraphSpec:
+        kinds = list(self.head_inputs)
+        if "value" not in kinds:
+            raise ValueError(f"graph.head_inputs {kinds} must include 'value' (the exact edges that a head's total "
+                             "effect splits into); add 'query' and/or 'key' to it, e.g. [value, query, key]")
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"graph.head_inputs {kinds} names a kind twice")
+        if kinds != ["value"] and not self.component_inputs:
+            raise ValueError(f"graph.head_inputs {kinds} needs graph.component_inputs: true (edges into heads)")
+        return self
 
     def mlp_for(self, layer: int, *, has_transcoders: bool) -> MlpMode:
         """The MLP mode of ``layer``."""

@@ -1,8 +1,7 @@
-"""Node kinds as the spec names them.
+"""Node kinds: the one list (the spec names them; :mod:`circuitgraph.graph.nodes` re-exports it).
 
-The same list as :data:`circuitgraph.graph.nodes.NodeKind` (a test keeps them equal);
-repeated here so that the spec, the first stage of the pipeline, imports nothing from
-later stages.
+It lives in the spec, the first stage of the pipeline, so that the spec imports nothing from
+later stages and the graph imports it from below.
 """
 
 from __future__ import annotations

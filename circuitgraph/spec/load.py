@@ -27,7 +27,7 @@ from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.messages import format_location, format_validation_error
 from circuitgraph.spec.root import Spec
 
-__all__ = ["load_spec", "read_spec_file", "check_inputs", "check_plain_data", "SPEC_SUFFIXES", "SpecSource"]
+__all__ = ["load_spec", "read_spec_file", "check_inputs", "trained_dictionary_hint", "check_plain_data", "SPEC_SUFFIXES", "SpecSource"]
 
 #: what the entry points take as a spec: a file path, a mapping, or a validated :class:`Spec`
 SpecSource = Union[str, "os.PathLike[str]", Mapping[str, Any], Spec]
@@ -299,6 +299,16 @@ def _parse_json(text: str, path: Path) -> Any:
 # --- input files ------------------------------------------------------------------------
 
 
+def trained_dictionary_hint(path: Path) -> str:
+    """What to do when a missing dictionary folder is one ``circuitgraph train`` writes
+    (``train.output/dictionaries``): train it first."""
+    if path.name != "dictionaries":
+        return ""
+    return (f" (`circuitgraph train` writes its dictionaries to OUTPUT/dictionaries: run the training spec whose "
+            f"train.output is {path.parent} first, e.g. `circuitgraph train examples/real/train.yaml` for the "
+            f"feature-level specs of examples/real)")
+
+
 def check_inputs(spec: Spec) -> list[tuple[str, str]]:
     """Problems with the files a spec reads, found without loading anything.
 
@@ -317,7 +327,7 @@ def check_inputs(spec: Spec) -> list[tuple[str, str]]:
                     problems.append(("model.path", f"{model.path} has no {name}"))
     tc = spec.transcoders
     if tc is not None and tc.path is not None and not tc.path.is_dir():
-        problems.append(("transcoders.path", f"transcoder folder not found: {tc.path}"))
+        problems.append(("transcoders.path", f"transcoder folder not found: {tc.path}{trained_dictionary_hint(tc.path)}"))
     for i, target in enumerate(spec.targets):
         if target.kind == "direction" and target.params.file is not None and not target.params.file.is_file():
             problems.append((f"targets[{i}].direction.file", f"direction file not found: {target.params.file}"))

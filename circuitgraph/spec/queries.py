@@ -11,7 +11,7 @@ Each list item has exactly one key naming the query; ``query.kind`` is that key 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, get_args
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -114,7 +114,6 @@ class TopPaths(UsageModel):
 
 class TopPathsQuery(QueryItem):
     key: ClassVar[str] = "top_paths"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_top_paths"
     top_paths: Params[TopPaths]
 
 
@@ -127,7 +126,6 @@ class Influence(StrictModel):
 
 class InfluenceQuery(QueryItem):
     key: ClassVar[str] = "influence"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_influence"
     influence: Params[Influence] = Field(default_factory=Influence)
 
 
@@ -141,7 +139,6 @@ class DirectLogitAttribution(StrictModel):
 
 class DirectLogitAttributionQuery(QueryItem):
     key: ClassVar[str] = "direct_logit_attribution"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_direct_logit_attribution"
     direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
 
 
@@ -157,7 +154,6 @@ class LogitLens(StrictModel):
 
 class LogitLensQuery(QueryItem):
     key: ClassVar[str] = "logit_lens"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_logit_lens"
     logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
 
 
@@ -188,7 +184,6 @@ class Congruence(StrictModel):
 
 class CongruenceQuery(QueryItem):
     key: ClassVar[str] = "congruence"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_congruence"
     congruence: Params[Congruence]
 
 
@@ -202,7 +197,6 @@ class Neighbours(StrictModel):
 
 class NeighboursQuery(QueryItem):
     key: ClassVar[str] = "neighbours"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_neighbours"
     neighbours: Params[Neighbours]
 
 
@@ -214,7 +208,6 @@ class Subgraph(StrictModel):
 
 class SubgraphQuery(QueryItem):
     key: ClassVar[str] = "subgraph"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_subgraph"
     subgraph: Params[Subgraph]
 
 
@@ -226,7 +219,6 @@ class Supernodes(StrictModel):
 
 class SupernodesQuery(QueryItem):
     key: ClassVar[str] = "supernodes"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_supernodes"
     supernodes: Params[Supernodes]
 
 
@@ -236,7 +228,6 @@ class Scores(StrictModel):
 
 class ScoresQuery(QueryItem):
     key: ClassVar[str] = "scores"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_scores"
     scores: Params[Scores] = Field(default_factory=Scores)
 
 
@@ -249,7 +240,6 @@ class HeadSplit(StrictModel):
 
 class HeadSplitQuery(QueryItem):
     key: ClassVar[str] = "head_split"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_head_split"
     head_split: Params[HeadSplit]
 
 
@@ -263,7 +253,6 @@ class VirtualWeights(StrictModel):
 
 class VirtualWeightsQuery(QueryItem):
     key: ClassVar[str] = "virtual_weights"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_virtual_weights"
     virtual_weights: Params[VirtualWeights]
 
 
@@ -303,7 +292,6 @@ class DeEmbedding(StrictModel):
 
 class DeEmbeddingQuery(QueryItem):
     key: ClassVar[str] = "de_embedding"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_de_embedding"
     de_embedding: Params[DeEmbedding]
 
 
@@ -340,7 +328,6 @@ class QK(StrictModel):
 
 class QKQuery(QueryItem):
     key: ClassVar[str] = "qk"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_qk"
     qk: Params[QK]
 
 
@@ -358,43 +345,29 @@ class GroundTruth(StrictModel):
 
 class GroundTruthQuery(QueryItem):
     key: ClassVar[str] = "ground_truth"
-    implementation: ClassVar[str] = "circuitgraph.queries.dispatch.run_ground_truth"
     ground_truth: Params[GroundTruth]
 
 
-QUERY_TYPES: tuple[type[QueryItem], ...] = (
-    TopPathsQuery,
-    InfluenceQuery,
-    DirectLogitAttributionQuery,
-    LogitLensQuery,
-    CongruenceQuery,
-    NeighboursQuery,
-    SubgraphQuery,
-    SupernodesQuery,
-    ScoresQuery,
-    HeadSplitQuery,
-    VirtualWeightsQuery,
-    DeEmbeddingQuery,
-    QKQuery,
-    GroundTruthQuery,
+#: every query item, the one list of query kinds (``QUERY_TYPES`` is its members, in this order)
+AnyQuery = (
+    TopPathsQuery
+    | InfluenceQuery
+    | DirectLogitAttributionQuery
+    | LogitLensQuery
+    | CongruenceQuery
+    | NeighboursQuery
+    | SubgraphQuery
+    | SupernodesQuery
+    | ScoresQuery
+    | HeadSplitQuery
+    | VirtualWeightsQuery
+    | DeEmbeddingQuery
+    | QKQuery
+    | GroundTruthQuery
 )
+QUERY_TYPES: tuple[type[QueryItem], ...] = get_args(AnyQuery)
 
 if TYPE_CHECKING:
-    Query = (
-        TopPathsQuery
-        | InfluenceQuery
-        | DirectLogitAttributionQuery
-        | LogitLensQuery
-        | CongruenceQuery
-        | NeighboursQuery
-        | SubgraphQuery
-        | SupernodesQuery
-        | ScoresQuery
-        | HeadSplitQuery
-        | VirtualWeightsQuery
-        | DeEmbeddingQuery
-        | QKQuery
-        | GroundTruthQuery
-    )
+    Query = AnyQuery
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

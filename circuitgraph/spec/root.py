@@ -134,6 +134,10 @@ with warnings.catch_warnings():
                                          "missing required key 'corrupted' (the corrupted prompt)"))
                 return problems
             problems += self._features_checks()
+            for i, c in enumerate(self.validate):
+                if c.kind == "sign_regimes" and c.params.executor is not None:
+                    problems.append((f"validate[{i}].sign_regimes.executor", "a dataset run already runs each row's "
+                                     "checks on its executor; remove the check's executor"))
             if self.export.dataset is None and self.features is None:
                 problems.append(("export.dataset", "a dataset run needs an output folder: add export: {dataset: DIR}"))
             single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")

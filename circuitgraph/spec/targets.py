@@ -13,7 +13,7 @@ Each list item has exactly one key naming its kind; ``target.kind`` is that key 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -159,16 +159,10 @@ class DirectionTarget(KeyedModel):
     weight: Float | None = Field(None, description=_WEIGHT)
 
 
+#: every target item, the one list of target kinds
+AnyTarget = LogitTarget | LogitDiffTarget | TopLogitsTarget | FeatureTarget | NeuronTarget | DirectionTarget
+
 if TYPE_CHECKING:
-    Target = LogitTarget | LogitDiffTarget | TopLogitsTarget | FeatureTarget | NeuronTarget | DirectionTarget
+    Target = AnyTarget
 else:
-    Target = keyed_union(
-        "target",
-        LogitTarget,
-        LogitDiffTarget,
-        TopLogitsTarget,
-        FeatureTarget,
-        NeuronTarget,
-        DirectionTarget,
-        list_item=True,
-    )
+    Target = keyed_union("target", *get_args(AnyTarget), list_item=True)

@@ -23,10 +23,11 @@ from circuitgraph.spec.model import ModelSpec
 from circuitgraph.spec.root import FORMAT_VERSION, Seed, _exact_version
 
 __all__ = ["TrainSpec", "TrainRunSpec", "load_train_spec", "train_schema_text", "TRAIN_SCHEMA_PATH",
-           "DictionaryKind", "TrainActivation"]
+           "DictionaryKind", "TrainActivation", "TrainBackend"]
 
 DictionaryKind = Literal["transcoder", "skip_transcoder", "cross_layer_transcoder"]
-TrainActivation = Literal["relu", "jump_relu"]
+TrainActivation = Literal["relu", "jump_relu", "topk"]
+TrainBackend = Literal["circuitgraph", "sparsify"]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -46,7 +47,13 @@ class TrainSpec(StrictModel):
                                "metrics.json, report.html and the checkpoint.")
     kind: DictionaryKind = Field("transcoder", description="transcoder (per layer), skip_transcoder (per layer, "
                                  "with a linear skip path W_skip) or cross_layer_transcoder (every layer).")
-    activation: TrainActivation = Field("relu", description="relu, or jump_relu (a learned threshold per feature).")
+    activation: TrainActivation = Field("relu", description="relu, jump_relu (a learned threshold per feature) or "
+                                        "topk (the k largest of max(h, 0) per token; sparsity is then unused).")
+    k: PositiveInt = Field(32, description="Active features per token of activation topk (at most width).")
+    backend: TrainBackend = Field("circuitgraph", description="circuitgraph (its own trainer: every kind and "
+                                  "activation) or sparsify (EleutherAI's eai-sparsify, pip install "
+                                  "'circuitgraph[train-sparsify]': transcoder / skip_transcoder with activation "
+                                  "topk, model given by path or pretrained).")
     layers: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
         None, description="Layers to train (per-layer kinds); default every layer. circuit-tracer reads a "
         "transcoder set of layers 0..n only.")
@@ -69,6 +76,15 @@ class TrainSpec(StrictModel):
     def _check(self) -> TrainSpec:
         if self.kind == "cross_layer_transcoder" and self.layers is not None:
             raise rule_error(("layers", "a cross-layer transcoder covers every layer of the model; remove layers"))
+        if self.activation == "topk" and self.k > self.width:
+            raise rule_error(("k", f"k {self.k} is more than width {self.width}; give k <= width"))
+        if self.backend == "sparsify":
+            if self.kind == "cross_layer_transcoder":
+                raise rule_error(("backend", "sparsify trains per-layer and skip transcoders only; use backend "
+                                  "circuitgraph for a cross-layer transcoder"))
+            if self.activation != "topk":
+                raise rule_error(("activation", f"backend sparsify trains TopK transcoders only, got activation "
+                                  f"{self.activation}; set activation: topk or use backend circuitgraph"))
         if self.layers is not None and len(set(self.layers)) != len(self.layers):
             raise rule_error(("layers", f"layers {list(self.layers)} repeat a layer; list each once"))
         return self

@@ -20,7 +20,7 @@ controls).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -44,6 +44,7 @@ from circuitgraph.spec.base import (
     rule_error,
     unused_rules,
 )
+from circuitgraph.spec.dataset import ExecutorSpec
 from circuitgraph.spec.filters import TopNodes
 from circuitgraph.spec.prompts import Prompt
 from circuitgraph.spec.queries import QK
@@ -144,11 +145,20 @@ class Ablate(UsageModel):
         False, description="Draw each position's controls from that position only (default: from every position "
         "whose units can affect the metric)."
     )
+    eval_prompts: tuple[Prompt, ...] = Field(
+        (), description="Evaluation rows apart from the graph's prompt (where the nodes are selected), each as long "
+        "as it: the intervention and its controls run on each, the changes are their mean and the controls are "
+        "matched on what the units remove there (none: the graph's prompt, reported as same_rows).")
+    eval_dataset: InputPath | None = Field(None, description="A .jsonl/.csv file of evaluation rows (the dataset: "
+                                           "format), besides eval_prompts.")
+    max_rows: PositiveInt | None = Field(None, description="Read at most this many rows of eval_dataset.")
 
     def field_usage(self) -> dict[str, tuple[bool, str]]:
         no_controls = "controls is [] (no control sets are drawn)"
         matched = "matched_magnitude" in self.controls
         return {
+            "max_rows": (self.eval_dataset is not None, "it limits the rows read from eval_dataset, which is not "
+                         "given"),
             "k": (self.nodes == "top_nodes", "it picks the k strongest of nodes: top_nodes, and a node filter "
                   "ablates every node it matches (narrow the filter by layer, position or index instead)"),
             "n_controls": (bool(self.controls), no_controls),
@@ -177,7 +187,6 @@ class Ablate(UsageModel):
 
 class AblateCheck(CheckItem):
     key: ClassVar[str] = "ablate"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_ablate"
     ablate: Params[Ablate] = Field(default_factory=Ablate)
 
 
@@ -198,7 +207,6 @@ class PredictedVsActual(StrictModel):
 
 class PredictedVsActualCheck(CheckItem):
     key: ClassVar[str] = "predicted_vs_actual"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_predicted_vs_actual"
     predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
 
 
@@ -284,7 +292,6 @@ class Patching(StrictModel):
 
 class PatchingCheck(CheckItem):
     key: ClassVar[str] = "patching"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_patching"
     patching: Params[Patching]
 
 
@@ -308,7 +315,6 @@ class Faithfulness(StrictModel):
 
 class FaithfulnessCheck(CheckItem):
     key: ClassVar[str] = "faithfulness"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_faithfulness"
     faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
 
 
@@ -351,7 +357,6 @@ class FaithfulnessCurve(StrictModel):
 
 class FaithfulnessCurveCheck(CheckItem):
     key: ClassVar[str] = "faithfulness_curve"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_faithfulness_curve"
     faithfulness_curve: Params[FaithfulnessCurve] = Field(default_factory=FaithfulnessCurve)
 
 
@@ -400,6 +405,10 @@ class SignRegimes(UsageModel):
     max_draws: PositiveInt = Field(1000, description="Give up matching a control set after this many draws.")
     seed: NonNegativeInt | None = Field(None, description="Seed of the random control sets (null = the spec's seed).")
     batch_size: PositiveInt = Field(8, description="Evaluation runs (neuron sets) per forward pass.")
+    executor: ExecutorSpec | None = Field(
+        None, description="Run the rows on the dataset executors (local worker processes or Ray, each loading the "
+        "model), in shards of consecutive rows merged in row order: the same result as in this process (null: in "
+        "this process).")
 
     def field_usage(self) -> dict[str, tuple[bool, str]]:
         no_controls = "controls is [] (no control sets are drawn)"
@@ -429,7 +438,6 @@ class SignRegimes(UsageModel):
 
 class SignRegimesCheck(CheckItem):
     key: ClassVar[str] = "sign_regimes"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_sign_regimes"
     sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
 
 
@@ -441,7 +449,6 @@ class ReplacementFidelity(StrictModel):
 
 class ReplacementFidelityCheck(CheckItem):
     key: ClassVar[str] = "replacement_fidelity"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_replacement_fidelity"
     replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
 
 
@@ -452,31 +459,23 @@ class QKCheck(CheckItem):
     parameters as the ``qk`` query (``top_k`` pairs per head)."""
 
     key: ClassVar[str] = "qk"
-    implementation: ClassVar[str] = "circuitgraph.validation.dispatch.run_qk"
     qk: Params[QK]
 
 
-CHECK_TYPES: tuple[type[CheckItem], ...] = (
-    AblateCheck,
-    PredictedVsActualCheck,
-    PatchingCheck,
-    FaithfulnessCheck,
-    SignRegimesCheck,
-    ReplacementFidelityCheck,
-    QKCheck,
-    FaithfulnessCurveCheck,
+#: every check item, the one list of check kinds (``CHECK_TYPES`` is its members, in this order)
+AnyCheck = (
+    AblateCheck
+    | PredictedVsActualCheck
+    | PatchingCheck
+    | FaithfulnessCheck
+    | SignRegimesCheck
+    | ReplacementFidelityCheck
+    | QKCheck
+    | FaithfulnessCurveCheck
 )
+CHECK_TYPES: tuple[type[CheckItem], ...] = get_args(AnyCheck)
 
 if TYPE_CHECKING:
-    Check = (
-        AblateCheck
-        | PredictedVsActualCheck
-        | PatchingCheck
-        | FaithfulnessCheck
-        | SignRegimesCheck
-        | ReplacementFidelityCheck
-        | QKCheck
-        | FaithfulnessCurveCheck
-    )
+    Check = AnyCheck
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from circuitgraph._io import read_json_file
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
 
@@ -107,7 +108,7 @@ class CircuitTracerGraph:
             raise ValueError(f"{out}: {len(ids)} nodes for an adjacency of {arrays['adjacency_matrix'].shape}")
         scores = prune = None
         if (out / "prune" / "prune.npz").is_file():
-            scores = json.loads((out / "prune" / "scores.json").read_text())
+            scores = read_json_file(out / "prune" / "scores.json", "circuit-tracer scores.json")
             with np.load(out / "prune" / "prune.npz") as z:
                 prune = {k: z[k] for k in z.files}
         return cls(arrays["adjacency_matrix"], ids, tokens, logit_tokens,

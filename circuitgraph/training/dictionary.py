@@ -10,7 +10,9 @@ Kinds: per-layer transcoders (``W_dec_l (F, D)``), skip transcoders (plus ``W_sk
 used as ``x @ W_skip.T``, circuit-tracer's orientation) and cross-layer transcoders (``W_dec_l
 (F, n - l, D)``: feature ``j`` of layer ``l`` writes into every output ``k >= l``).
 Activations: ReLU, and JumpReLU ``h * (h > theta)`` with ``theta = exp(log_theta)`` trained by a
-straight-through estimate (a rectangle kernel of width ``bandwidth``), as in Rajamanoharan et al. 2024.
+straight-through estimate (a rectangle kernel of width ``bandwidth``), as in Rajamanoharan et al. 2024;
+TopK: the ``k`` largest of ``max(h, 0)`` per token, the rest zero (Gao et al. 2024; gradients reach
+the selected features only, as in EleutherAI's sparsify).  TopK needs no sparsity penalty.
 """
 
 from __future__ import annotations
@@ -20,21 +22,33 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["TrainableDictionary", "DictionaryWeights", "apply_weights", "activate"]
+__all__ = ["TrainableDictionary", "DictionaryWeights", "apply_weights", "activate", "top_k"]
 
 BANDWIDTH = 0.01
 
 
-def activate(h: torch.Tensor, threshold: torch.Tensor | None) -> torch.Tensor:
-    """ReLU ``max(h, 0)``, or JumpReLU ``h * (h > threshold)`` (no gradient path; for evaluation)."""
+def activate(h: torch.Tensor, threshold: torch.Tensor | None, topk: int | None = None) -> torch.Tensor:
+    """ReLU ``max(h, 0)``, JumpReLU ``h * (h > threshold)``, or (``topk``) the ``topk`` largest of
+    ``max(h, 0)`` per row, the rest zero (autograd passes through the kept entries)."""
+    if topk is not None:
+        return top_k(h.clamp(min=0), topk)
     return h.clamp(min=0) if threshold is None else h * (h > threshold)
+
+
+def top_k(a: torch.Tensor, k: int) -> torch.Tensor:
+    """``a`` with all but its ``k`` largest entries of the last dimension set to zero."""
+    idx = a.topk(min(k, a.shape[-1]), dim=-1).indices
+    return torch.zeros_like(a).scatter(-1, idx, a.gather(-1, idx))
 
 
 class TrainableDictionary(nn.Module):
     """Dictionaries for ``n`` layers: ``x (n, N, D) -> acts (n, N, F), recon (n, N, D)`` (normalised units)."""
 
-    def __init__(self, n: int, d_model: int, width: int, *, kind: str, activation: str, seed: int):
+    def __init__(self, n: int, d_model: int, width: int, *, kind: str, activation: str, seed: int, k: int = 0):
         super().__init__()
+        if activation == "topk" and not 0 < k <= width:
+            raise ValueError(f"activation topk needs 0 < k <= width, got k={k}, width={width}")
+        self.k = k if activation == "topk" else None
         g = torch.Generator().manual_seed(seed)
         self.n, self.d_model, self.width, self.kind, self.activation = n, d_model, width, kind, activation
         dec = torch.randn(n, width, d_model, generator=g)
@@ -55,6 +69,8 @@ class TrainableDictionary(nn.Module):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.einsum("lnd,ldf->lnf", x, self.W_enc) + self.b_enc[:, None, :]
+        if self.k is not None:
+            return top_k(torch.relu(h), self.k)
         if self.log_threshold is None:
             return torch.relu(h)
         return _jump(h, self.log_threshold)
@@ -90,7 +106,7 @@ class TrainableDictionary(nn.Module):
                 [(self.W_skip[l] * s_out[l] / s_in[l]).float().clone() for l in range(self.n)]
             thr = None if self.log_threshold is None else self.log_threshold.exp().float().clone()
             return DictionaryWeights(self.kind, W_enc.transpose(1, 2).contiguous(), self.b_enc.float().clone(),
-                                     W_dec, (self.b_dec * s_out[:, None]).float().clone(), W_skip, thr)
+                                     W_dec, (self.b_dec * s_out[:, None]).float().clone(), W_skip, thr, self.k)
 
 
 def _jump(h: torch.Tensor, log_threshold: torch.Tensor) -> torch.Tensor:
@@ -126,12 +142,14 @@ class DictionaryWeights:
     b_dec: torch.Tensor
     W_skip: list[torch.Tensor] | None
     threshold: torch.Tensor | None
+    #: TopK's k (None for ReLU / JumpReLU)
+    topk: int | None = None
 
 
 def apply_weights(w: DictionaryWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference forward of exported weights for inputs ``x (n, N, D)``: ``(acts, recon)``."""
     h = torch.einsum("lnd,lfd->lnf", x, w.W_enc) + w.b_enc[:, None, :]
-    a = activate(h, None if w.threshold is None else w.threshold[:, None, :])
+    a = activate(h, None if w.threshold is None else w.threshold[:, None, :], w.topk)
     n = x.shape[0]
     recon = w.b_dec[:, None, :].expand(n, x.shape[1], -1).clone()
     for i in range(n):

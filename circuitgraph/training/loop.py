@@ -20,7 +20,7 @@ import torch
 from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.dictionary import TrainableDictionary
 
-__all__ = ["LoopConfig", "Progress", "train_loop", "CHECKPOINT"]
+__all__ = ["LoopConfig", "Progress", "train_loop", "batch_ids", "CHECKPOINT"]
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -50,7 +50,7 @@ class Progress:
     explained_variance: float
 
 
-def _batch_ids(step: int, n_windows: int, batch: int, seed: int) -> torch.Tensor:
+def batch_ids(step: int, n_windows: int, batch: int, seed: int) -> torch.Tensor:
     per_epoch = max(n_windows // batch, 1)
     epoch, k = divmod(step, per_epoch)
     perm = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch + 1))
@@ -79,7 +79,7 @@ def train_loop(adapter: Any, windows: torch.Tensor, layers: list[int], module: T
         opt.load_state_dict(state["optimizer"])
         step = int(state["step"])
     else:  # the normalising scales and the decoder bias, from the first batch
-        x, y = layer_activations(adapter, windows[_batch_ids(0, len(windows), cfg.batch, cfg.seed)], layers,
+        x, y = layer_activations(adapter, windows[batch_ids(0, len(windows), cfg.batch, cfg.seed)], layers,
                                  skip_first=cfg.skip_first)
         module.s_in.copy_(x.norm(dim=-1).pow(2).mean(dim=1).sqrt().clamp(min=1e-8))
         module.s_out.copy_(y.norm(dim=-1).pow(2).mean(dim=1).sqrt().clamp(min=1e-8))
@@ -87,7 +87,7 @@ def train_loop(adapter: Any, windows: torch.Tensor, layers: list[int], module: T
             module.b_dec.copy_(y.mean(dim=1) / module.s_out[:, None])
     t0, tokens_done = time.perf_counter(), 0
     while step < cfg.steps:
-        tokens = windows[_batch_ids(step, len(windows), cfg.batch, cfg.seed)]
+        tokens = windows[batch_ids(step, len(windows), cfg.batch, cfg.seed)]
         x, y = layer_activations(adapter, tokens, layers, skip_first=cfg.skip_first)
         x = x / module.s_in[:, None, None]
         y = y / module.s_out[:, None, None]

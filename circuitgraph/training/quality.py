@@ -28,7 +28,7 @@ def splice_function(w: DictionaryWeights):
     of output ``i`` from the inputs ``(B, T, D)`` of layers ``<= i``."""
     def act(j: int, x: torch.Tensor) -> torch.Tensor:
         h = x.float() @ w.W_enc[j].T.to(x.device) + w.b_enc[j].to(x.device)
-        return activate(h, None if w.threshold is None else w.threshold[j].to(x.device))
+        return activate(h, None if w.threshold is None else w.threshold[j].to(x.device), w.topk)
 
     def replace(i: int, inputs: dict[int, torch.Tensor]) -> torch.Tensor:
         x = inputs[i].float()

@@ -23,6 +23,7 @@ def report_html(metrics: dict[str, Any]) -> str:
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1.5em}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>
 <h1>Training report: {e(metrics['settings']['kind'])}</h1>
+<p>Dictionaries: {e(str(metrics['dictionaries']))}; circuit-tracer: {e(str(metrics.get('circuit_tracer', '')))}</p>
 <h2>Next-token loss on {metrics['eval']['held_out_tokens']} held-out tokens</h2>
 <table><tr><th>model</th><th>dictionaries spliced in</th><th>MLPs zero-ablated</th><th>loss recovered</th></tr>
 <tr><td>{ce['model']:.4f}</td><td>{ce['spliced']:.4f}</td><td>{ce['zero_ablated']:.4f}</td>

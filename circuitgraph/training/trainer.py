@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -11,14 +12,16 @@ from typing import Any
 
 import torch
 
-from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name
+from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, load_pretrained
+from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 from circuitgraph.errors import SpecError
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import TrainableDictionary
 from circuitgraph.training.loop import LoopConfig, Progress, train_loop
 from circuitgraph.training.quality import evaluate
 from circuitgraph.training.report import report_html
-from circuitgraph.training.writers import write_dictionaries
+from circuitgraph.training.sparsify_backend import CHECKPOINT_DIR, read_sparsify_folder, train_with_sparsify
+from circuitgraph.training.writers import circuit_tracer_refusal, write_dictionaries
 
 __all__ = ["train", "load_model", "DICTIONARY_FOLDER"]
 
@@ -36,6 +39,8 @@ def load_model(model_spec: Any) -> Any:
         return load_model_name(m.name, dtype=m.dtype, device=m.device, fold_ln=m.fold_ln,
                                center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
                                trust_remote_code=m.trust_remote_code)
+    if m.source == "pretrained":
+        return load_pretrained(m.pretrained, dtype=m.dtype, device=m.device)
     return load_builtin_model(m.builtin, dtype=m.dtype, device=m.device, backend=m.backend)[0]
 
 
@@ -62,12 +67,8 @@ def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None
     per_window = t.context - (1 if skip_first else 0)
     train_w, eval_w = split_windows(windows, -(-t.eval_tokens // per_window), t.seed)
     steps = max(-(-t.tokens // (t.batch * per_window)), 1)
-    torch.manual_seed(t.seed)
-    module = TrainableDictionary(len(layers), f.d_model, t.width, kind=t.kind, activation=t.activation, seed=t.seed)
     out = Path(t.output)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = LoopConfig(steps=steps, batch=t.batch, lr=t.lr, sparsity=t.sparsity, seed=t.seed,
-                     checkpoint_every=t.checkpoint_every, skip_first=skip_first)
     last: list[Progress] = []
 
     def seen(p: Progress) -> None:
@@ -75,25 +76,52 @@ def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None
         if progress is not None:
             progress(p)
 
+    norms = [mlp_input_norm(adapter, l) for l in layers]
+    # the dictionaries folder is this command's own output, rewritten whole (a TopK run writes another
+    # layout than a ReLU run: left-over files of an earlier run would make the folder ambiguous)
+    shutil.rmtree(out / DICTIONARY_FOLDER, ignore_errors=True)
     t0 = time.perf_counter()
-    reached = train_loop(adapter, train_w, layers, module, cfg, out, resume=t.resume, progress=seen,
-                         stop_after=stop_after)
-    seconds = time.perf_counter() - t0
-    if reached < steps:
-        return {"stopped_at": reached}
-    weights = module.export()
-    module.cpu()
-    folder = write_dictionaries(weights, layers, out / DICTIONARY_FOLDER, scan=f"circuitgraph-train:{out.name}")
+    if t.backend == "sparsify":
+        reached, hookpoints = train_with_sparsify(spec, adapter, train_w, layers, steps, out, bos=bos, norms=norms,
+                                                  progress=seen, stop_after=stop_after)
+        seconds = time.perf_counter() - t0
+        if reached < steps:
+            return {"stopped_at": reached}
+        folder = out / DICTIONARY_FOLDER
+        for h in hookpoints:  # sparsify's files as they are (circuitgraph's eleuther_topk format)
+            (folder / h).mkdir(parents=True, exist_ok=True)
+            for name in ("cfg.json", "sae.safetensors"):
+                shutil.copyfile(out / CHECKPOINT_DIR / h / name, folder / h / name)
+        weights = read_sparsify_folder(folder, hookpoints, norms, t.kind)
+    else:
+        torch.manual_seed(t.seed)
+        module = TrainableDictionary(len(layers), f.d_model, t.width, kind=t.kind, activation=t.activation,
+                                     seed=t.seed, k=t.k)
+        cfg = LoopConfig(steps=steps, batch=t.batch, lr=t.lr, sparsity=0.0 if t.activation == "topk" else t.sparsity,
+                         seed=t.seed, checkpoint_every=t.checkpoint_every, skip_first=skip_first)
+        reached = train_loop(adapter, train_w, layers, module, cfg, out, resume=t.resume, progress=seen,
+                             stop_after=stop_after)
+        seconds = time.perf_counter() - t0
+        if reached < steps:
+            return {"stopped_at": reached}
+        weights = module.export()
+        module.cpu()
+        folder = write_dictionaries(weights, layers, out / DICTIONARY_FOLDER, scan=f"circuitgraph-train:{out.name}",
+                                    norms=norms)
     metrics = {
-        "settings": {"kind": t.kind, "activation": t.activation, "layers": layers, "width": t.width,
-                     "context": t.context, "tokens": t.tokens, "batch": t.batch, "lr": t.lr, "sparsity": t.sparsity,
-                     "seed": t.seed, "model": str(spec.model.path or spec.model.name or spec.model.builtin),
+        "settings": {"backend": t.backend, "kind": t.kind, "activation": t.activation,
+                     **({"k": t.k} if t.activation == "topk" else {}), "layers": layers, "width": t.width,
+                     "context": t.context, "tokens": t.tokens, "batch": t.batch,
+                     "lr": t.lr if t.backend == "circuitgraph" or "lr" in t.model_fields_set else "sparsify default",
+                     "sparsity": t.sparsity,
+                     "seed": t.seed, "model": str(spec.model.path or spec.model.name or spec.model.pretrained or spec.model.builtin),
                      "text": [str(p) for p in t.text], "train_windows": len(train_w), "held_out_windows": len(eval_w),
                      "bos": bos is not None},
         "steps": steps, "train_tokens": steps * t.batch * per_window, "seconds": seconds,
         "last": asdict(last[0]) if last else {"loss": float("nan"), "l0": float("nan"),
                                                "explained_variance": float("nan")},
         "dictionaries": str(folder),
+        "circuit_tracer": circuit_tracer_refusal(weights) or "reads the dictionaries folder as it is",
         "eval": evaluate(adapter, weights, eval_w, layers, batch=t.batch, skip_first=skip_first),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")

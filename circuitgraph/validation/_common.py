@@ -5,16 +5,16 @@ Nothing here knows TransformerLens hook names; that is the adapter's job.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from circuitgraph._json import jsonable  # re-exported: the one JSON encoder
-from circuitgraph.adapters.tokenizer import check_prompt_text
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
 from circuitgraph.errors import TokenError, ValidationRunError
+from circuitgraph.text_tables import cell, markdown_table  # markdown_table re-exported: its old home
 
 if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
@@ -35,34 +35,9 @@ PromptResolver = Callable[[Any], list[int]]
 
 
 def fmt(value: Any, digits: int = 4) -> str:
-    """A compact cell: floats to ``digits`` significant digits, ``None`` as an en dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        if not math.isfinite(v):
-            return str(v)
-        if v == 0:
-            return "0"
-        if abs(v) >= 1e4 or abs(v) < 1e-3:
-            return f"{v:.{digits - 1}e}"
-        return f"{v:.{digits}g}"
-    return str(value)
-
-
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: int | None = 10) -> str:
-    """A GitHub-markdown table; more than ``max_rows`` rows end in a ``... n more`` line."""
-    rows = list(rows)
-    shown = rows if max_rows is None else rows[:max_rows]
-    cells = [[fmt(c) for c in r] for r in shown]
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in cells]
-    if max_rows is not None and len(rows) > max_rows:
-        lines.append(f"... {len(rows) - max_rows} more rows")
-    return "\n".join(lines)
+    """A compact cell: floats to ``digits`` significant digits, ``None`` as an en dash
+    (:func:`circuitgraph.text_tables.cell`'s markdown style)."""
+    return cell(value, "markdown", digits)
 
 
 def graph_context(graph: Any, check: str) -> AttributionContext:
@@ -115,10 +90,7 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
             check_prompt_text(tokenizer, text, strict=strict, where=where)
         except TokenError as exc:
             raise ValidationRunError(str(exc)) from None
-    ids = list(tokenizer.encode(text))
-    bos_id = getattr(tokenizer, "bos_id", None)
-    if bos and bos_id is not None:
-        ids = [int(bos_id)] + ids
+    ids = prompt_ids(tokenizer, text, bos)
     if not ids:
         raise ValidationRunError(f"{where}: {text!r} encodes to no token at all")
     return [int(t) for t in ids]

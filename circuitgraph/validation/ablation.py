@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from circuitgraph._results import Tabular
+from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import fmt, graph_context, markdown_table, pearson, resolve_prompt
 from circuitgraph.validation.controls import (
@@ -142,17 +143,20 @@ class AblationResult(Tabular):
 
     @property
     def status(self) -> str:
-        """``uncontrolled`` when controls were asked for and not one set of any kind could be
-        drawn (the change then stands alone; the run records the check so, never ``ok``)."""
-        if self.controls and all(not c.effects for c in self.controls):
-            return "uncontrolled"
-        return "ok"
+        """``uncontrolled`` when a kind of controls asked for could not be drawn (fewer sets than
+        requested: the change is not controlled as asked; the run records the check so, never
+        ``ok``)."""
+        return "uncontrolled" if self._short() else "ok"
+
+    def _short(self) -> list[ControlSummary]:
+        return [c for c in self.controls if len(c.effects) < (c.requested or 0) or not c.effects]
 
     @property
     def reason(self) -> str | None:
-        if self.status == "ok":
+        short = self._short()
+        if not short:
             return None
-        return "; ".join(f"{c.kind}: {c.degenerate}" for c in self.controls)
+        return "; ".join(f"{c.kind}: {len(c.effects)} of {c.requested} sets drawn ({c.degenerate})" for c in short)
 
     @property
     def agrees(self) -> bool | None:
@@ -220,6 +224,7 @@ def ablate(
     metric: Metric | None = None,
     tokenizer: Any = None,
     batch_size: int = 32,
+    eval_prompts: Sequence[Any] = (),
 ) -> AblationResult:
     """Intervene on ``nodes`` (see :func:`~circuitgraph.validation.predictions.select_nodes`) in the
     real model and compare with the graph and with random controls.
@@ -231,6 +236,12 @@ def ablate(
     (``match_layers``) and per position (``match_positions``); see
     :mod:`circuitgraph.validation.controls`.  ``part`` picks the gate or value of gated
     neurons.  Prompts may be token lists or text (tokenized with ``tokenizer`` or the model's).
+
+    ``eval_prompts``: evaluation rows apart from the selection row (the graph's prompt, where
+    the nodes were chosen), each of the graph prompt's length (the nodes sit at its positions):
+    the intervention and the controls run on every evaluation row, the changes are the mean
+    over them, and the controls are matched on the magnitude the units remove summed over them.
+    The graph's predictions are for its own prompt and are left out (``None``) then.
     """
     s = _setup(graph, "ablate", metric)
     tokenizer = tokenizer if tokenizer is not None else s.adapter.tokenizer
@@ -240,7 +251,20 @@ def ablate(
     sls = sorted({(u.site, u.layer) for u in units})
     if controls and not match_layers:
         sls = sorted(set(sls) | {(site, lyr) for site, _ in sls for lyr in _site_layers(site, s.adapter, s.transcoders)})
-    mags = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)
+    evaluation = [resolve_prompt(p, tokenizer, where=f"ablate.eval_prompts[{i}]") for i, p in enumerate(eval_prompts)]
+    for i, toks in enumerate(evaluation):
+        if len(toks) != len(s.tokens):
+            raise ValidationRunError(
+                f"ablate.eval_prompts[{i}]: {len(toks)} tokens; the nodes sit at positions of the graph's "
+                f"{len(s.tokens)}-token prompt, so every evaluation row needs {len(s.tokens)} tokens")
+    rows_eval = evaluation or [s.tokens]
+    own = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)  # the graph prompt's: its predictions
+    mags = own
+    if evaluation:  # matched on what the units remove on the evaluation rows, summed over them
+        mags = {}
+        for toks in evaluation:
+            for key, (m, *_rest) in unit_magnitudes(s.adapter, toks, template, sls, s.transcoders).items():
+                mags[key] = (mags[key][0] + m if key in mags else m, None, None)
     selected_mag = float(sum(mags[(u.site, u.layer)][0][u.position, u.index] for u in units))
 
     reach = reachable_positions(s.metric, s.adapter.facts.n_layers, len(s.tokens), s.adapter.facts.causal)
@@ -252,19 +276,21 @@ def ablate(
     rows: list[list[Intervention]] = [[], [template]]
     for kind in controls:
         rows += [[replace(template, units=tuple(u))] if u else [] for u, _ in control_sets[kind]]
-    out = run_rows(s.adapter, s.tokens, rows, s.metric, transcoders=s.transcoders, batch_size=batch_size)
-    before, after = float(out.metric[0]), float(out.metric[1])
+    # per run: the metric's mean over the evaluation rows (float64 sums in row order)
+    metric_runs = sum(run_rows(s.adapter, toks, rows, s.metric, transcoders=s.transcoders,
+                               batch_size=batch_size).metric.double() for toks in rows_eval) / len(rows_eval)
+    before, after = float(metric_runs[0]), float(metric_runs[1])
     summaries, i = [], 2
     for kind in controls:
         sets = control_sets[kind]
-        effects = (out.metric[i:i + len(sets)] - before).tolist()
+        effects = (metric_runs[i:i + len(sets)] - before).tolist()
         i += len(sets)
         summaries.append(summarise_controls(kind, seed, control_tolerance, after - before, selected_mag, sets, effects))
 
-    factors = _scale_factors(units, mode, scale, value, mags)
-    D, V = direct_effects(graph), total_effects(graph)
+    factors = _scale_factors(units, mode, scale, value, own)
     predicted = predicted_total = frozen_change = None
-    if all(c is not None for c in factors):
+    if not evaluation and all(c is not None for c in factors):
+        D, V = direct_effects(graph), total_effects(graph)
         rows_idx = [graph.index_of(n) for n in chosen]
         predicted = float(sum(-(1 - c) * D[r] for c, r in zip(factors, rows_idx, strict=False)))
         predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx, strict=False)))
@@ -272,7 +298,8 @@ def ablate(
             frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
     params = {"rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
               "match_layers": match_layers, "match_positions": match_positions, "part": part,
-              "metric": s.metric.to_dict()}
+              "metric": s.metric.to_dict(), "n_eval_rows": len(evaluation),
+              "same_rows": not evaluation}
     if isinstance(nodes, str) and nodes == "top_nodes":
         params["k"] = k  # k picks among the top nodes only; a filter ablates every match
     if mode == "mean":

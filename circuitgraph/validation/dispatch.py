@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 
 from circuitgraph._results import Tabular
 from circuitgraph.attribution.targets import resolve_token
+from circuitgraph.display import result_html
 from circuitgraph.errors import ValidationRunError
-from circuitgraph.spec.base import implementation_of
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
@@ -43,7 +42,8 @@ from circuitgraph.validation.qk_check import qk_check
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
-__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks"]
+__all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks", "sign_regimes_rows",
+           "patch_sets", "check_metric"]
 
 #: the check kinds, in the spec's order: the spec's registry (its union and schema are built from it too)
 CHECK_KINDS: tuple[str, ...] = tuple(t.key for t in CHECK_TYPES)
@@ -69,8 +69,7 @@ class CheckResult(Tabular):
         return self.result.records()
 
     def _repr_html_(self) -> str:
-        # named, not imported: export imports the checks (see circuitgraph.graph.graph.EXPORTS)
-        return importlib.import_module("circuitgraph.export.html").result_html(self.kind, self.result)
+        return result_html(self.kind, self.result)
 
 
 def _split(check: Any) -> tuple[str, Any]:
@@ -109,7 +108,7 @@ def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int
         raise ValidationRunError(str(exc)) from None
 
 
-def _metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
+def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
@@ -139,6 +138,8 @@ class CheckCall:
     prompt_resolver: PromptResolver | None = None
     #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
     seed: int = 0
+    #: the run's spec, when the check runs from one: what executor workers load (``sign_regimes.executor``)
+    spec: Any = None
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -149,8 +150,21 @@ class CheckCall:
         return [self.prompt(v, f"{where}[{i}]") for i, v in enumerate(values or ())]
 
 
-# --- one runner per check kind; the spec's item types name them (``implementation``) ---------
+# --- one runner per check kind, each registered under the spec item's key (``@_runs(kind)``) ---
+#: check kind -> the function that runs it (the kinds are the spec's registry, ``CHECK_TYPES``)
+CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {}
 
+
+def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[CheckCall, Any], Any]]:
+    def register(fn: Callable[[CheckCall, Any], Any]) -> Callable[[CheckCall, Any], Any]:
+        if kind in CHECK_FUNCTIONS:
+            raise ValueError(f"check kind {kind!r} has two runners")
+        CHECK_FUNCTIONS[kind] = fn
+        return fn
+    return register
+
+
+@_runs('ablate')
 def run_ablate(c: CheckCall, p: Any) -> Any:
     seed = p.seed if p.seed is not None else c.seed
     return ablate(
@@ -159,9 +173,13 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "ablate.patch_prompt"),
         positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
         control_tolerance=p.control_tolerance, max_draws=p.max_draws, match_layers=p.match_layers,
-        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer)
+        match_positions=p.match_positions, seed=seed, tokenizer=c.tokenizer,
+        eval_prompts=[{"tokens": t} for t in c.prompts(p.eval_prompts, "ablate.eval_prompts")
+                      + ([] if p.eval_dataset is None else
+                         _file_rows(c, p.eval_dataset, p.max_rows, "ablate.eval_dataset"))])
 
 
+@_runs('predicted_vs_actual')
 def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
     return predicted_vs_actual(
         c.graph, k=p.k, mode=p.mode,
@@ -169,7 +187,7 @@ def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
         tokenizer=c.tokenizer)
 
 
-def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
+def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     """The units of the spec's patching ``sets`` (checked against the model) and their names."""
     f = c.adapter.facts
     out, names = [], []
@@ -194,15 +212,17 @@ def _patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     return out, names
 
 
+@_runs('patching')
 def run_patching(c: CheckCall, p: Any) -> Any:
-    sets, names = _patch_sets(c, p.sets)
+    sets, names = patch_sets(c, p.sets)
     return patching(
         c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
-        metric=_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
+        metric=check_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
         heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
+@_runs('faithfulness')
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
     return faithfulness(
         c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
@@ -235,7 +255,9 @@ def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | N
     return out
 
 
-def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+def sign_regimes_rows(c: CheckCall, p: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """The token ids of a ``sign_regimes`` block's selection and evaluation rows, besides the
+    graph's prompt (``prompts``/``eval_prompts``, the dataset files split, budgets applied)."""
     selection = c.prompts(p.prompts, "sign_regimes.prompts")
     evaluation = c.prompts(p.eval_prompts, "sign_regimes.eval_prompts")
     if p.dataset is not None:
@@ -254,24 +276,54 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
     if p.max_row_tokens is not None or p.token_budget is not None:
         selection = _budgeted(selection, p.max_row_tokens, p.token_budget)
         evaluation = _budgeted(evaluation, p.max_row_tokens, p.token_budget)
+    return selection, evaluation
+
+
+_EXECUTOR_ROWS: Callable[[Any, Any, int], Any] | None = None
+
+
+def register_executor_rows(factory: Callable[[Any, Any, int], Any]) -> None:
+    """Called by ``circuitgraph.datasets.echo_runs`` on import: how ``sign_regimes.executor`` makes
+    its row runner (spec, executor block, d_mlp) -> rows, without the checks importing the executors."""
+    global _EXECUTOR_ROWS
+    _EXECUTOR_ROWS = factory
+
+
+@_runs('sign_regimes')
+def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+    selection, evaluation = sign_regimes_rows(c, p)
+    runner = None
+    if p.executor is not None:
+        if c.spec is None:
+            raise ValidationRunError("sign_regimes.executor: the workers load the run's model from its spec; run the "
+                                     "check from a spec (circuitgraph run, or run_check(..., spec=spec))")
+        # registered, not imported: the dataset executors sit above the checks (docs/architecture.md);
+        # importing circuitgraph.datasets (the entry points do) registers them
+        if _EXECUTOR_ROWS is None:
+            raise ValidationRunError("sign_regimes.executor: the dataset executors are not loaded; import "
+                                     "circuitgraph.datasets first (circuitgraph run and circuitgraph.run do)")
+        runner = _EXECUTOR_ROWS(c.spec, p.executor, c.adapter.facts.d_mlp)
     return sign_regimes(
         c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
         use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
         controls=tuple(p.controls), n_controls=p.n_controls, control_tolerance=p.control_tolerance,
         max_draws=p.max_draws, seed=p.seed if p.seed is not None else c.seed, groups=p.groups,
-        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer)
+        group_layer=p.group_layer, batch_size=p.batch_size, tokenizer=c.tokenizer, runner=runner)
 
 
+@_runs('replacement_fidelity')
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
     return replacement_fidelity(
         c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
+@_runs('qk')
 def run_qk(c: CheckCall, p: Any) -> Any:
     head = p.head if isinstance(p.head, int) else list(p.head)
     return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
+@_runs('faithfulness_curve')
 def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
     return faithfulness_curve(
         c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
@@ -280,19 +332,20 @@ def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
         plot=None if p.plot is None else str(p.plot), tokenizer=c.tokenizer)
 
 
-#: check kind -> the function that runs it, built from the spec's registry (``CHECK_TYPES``)
-CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {t.key: implementation_of(t) for t in CHECK_TYPES}
+if set(CHECK_FUNCTIONS) != {t.key for t in CHECK_TYPES}:  # pragma: no cover - a kind without a runner, or the reverse
+    raise ImportError(f"check runners {sorted(CHECK_FUNCTIONS)} do not match the spec's CHECK_TYPES "
+                      f"{sorted(t.key for t in CHECK_TYPES)}")
 
 
 def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None, seed: int = 0) -> CheckResult:
+              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Any = None) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
     ``(kind, params)``.  ``tokenizer`` (default: the model's) turns text prompts and token
     strings into ids; ``prompt_resolver`` (one spec prompt -> token ids) replaces that for
     prompts.  ``seed``: the run's seed (the spec's ``seed``), for checks whose own ``seed`` is
-    not set.  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
+    not set; ``spec``: the run's spec (what executor workers load, ``sign_regimes.executor``).  Raises :class:`~circuitgraph.errors.ValidationRunError` on bad input.
     """
     kind, raw = _split(check_spec)
     if kind not in CHECK_KINDS:
@@ -300,7 +353,8 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     p: Any = _params(kind, raw)
     ctx = graph_context(graph, kind)
     adapter = ctx.adapter
-    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed)
+    call = CheckCall(graph, adapter, tokenizer if tokenizer is not None else adapter.tokenizer, prompt_resolver, seed,
+                     spec)
     record = p.model_dump(mode="json")
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 

@@ -33,6 +33,10 @@ one row's forward pass plus ``top_k`` values per neuron, not every activation.  
 requested control kind cannot be drawn for the echo-dominated set (a selection that is most
 of its layer's echo), the result's ``status`` is ``uncontrolled`` with the reason; the run
 records the check as ``uncontrolled``, never ``ok``.
+
+Where the rows run is the ``runner``'s business (:class:`InProcessRows` by default;
+:class:`circuitgraph.datasets.echo_runs.ExecutorRows` on the dataset executors): both fold the
+rows' statistics and losses in row order, so the result is the same.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["REGIMES", "EchoNeuron", "EchoGroup", "SignRegimeResult", "sign_regimes", "echo_removed", "regimes_of",
-           "echo_loss_changes"]
+           "echo_loss_changes", "echo_masks", "row_nll_totals", "InProcessRows"]
 
 #: the groups of the echo-dominated set, in table order ("layer N" is named after group_layer)
 GROUPS = ("all", "layer", "never open", "neither")
@@ -268,11 +272,14 @@ def sign_regimes(
     first_position: int = 1,
     batch_size: int = 8,
     tokenizer: Any = None,
+    runner: Any = None,
 ) -> SignRegimeResult:
     """Tag gated-neuron activations by sign regime on the selection rows (the graph's prompt
     and ``prompts``), find echo-dominated neurons, and remove their echo on the evaluation rows
     (``eval_prompts``; the selection rows when empty) against controls matched there (see the
-    module docstring).  ``batch_size``: evaluation runs (neuron sets) per forward pass."""
+    module docstring).  ``batch_size``: evaluation runs (neuron sets) per forward pass;
+    ``runner``: where the rows run (default :class:`InProcessRows`: this process;
+    :class:`circuitgraph.datasets.echo_runs.ExecutorRows`: the dataset executors, same result)."""
     t_start = time.perf_counter()
     selection: list[list[int]] = []
     if graph is not None and graph.context is not None:
@@ -300,12 +307,13 @@ def sign_regimes(
         if n < 1:
             raise ValidationRunError(f"sign_regimes {name} must be at least 1, got {n}")
 
-    stats = stream_stats(adapter, selection, layers, top_k, first_position)
+    runner = runner if runner is not None else InProcessRows(adapter)
+    stats = runner.stats(selection, layers, top_k, first_position)
     n_tokens = sum(s.n_tokens for s in stats.values()) // max(len(layers), 1)
     if n_tokens == 0:
         raise ValidationRunError(f"sign_regimes: no token at position >= {first_position} in the selection rows")
     same_rows = not evaluation
-    eval_stats = stats if same_rows else stream_stats(adapter, evaluation, layers, 1, first_position)
+    eval_stats = stats if same_rows else runner.stats(evaluation, layers, 1, first_position)
     evaluation = selection if same_rows else evaluation
     n_eval_tokens = sum(max(len(t) - first_position, 0) for t in evaluation)
     seconds = {"statistics": time.perf_counter() - t_start}
@@ -369,7 +377,7 @@ def sign_regimes(
     sets = [units for _, units, draws in plans if units]
     sets += [u for _, units, draws in plans if units for kind in controls if kind in draws for u, _ in draws[kind]]
     t0 = time.perf_counter()
-    changes = echo_loss_changes(adapter, evaluation, sets, first_position, batch_size)
+    changes = echo_loss_changes(adapter, evaluation, sets, first_position, batch_size, runner)
     seconds["removal"] = time.perf_counter() - t0
     i_sel, i = 0, sum(1 for _, units, _ in plans if units)
     for g, (_name, units, draws) in zip(result.groups, plans, strict=False):
@@ -409,7 +417,7 @@ def sign_regimes(
     return result
 
 
-def _masks(neuron_sets: Sequence[Sequence[Unit]], d_mlp: int) -> dict[int, torch.Tensor]:
+def echo_masks(neuron_sets: Sequence[Sequence[Unit]], d_mlp: int) -> dict[int, torch.Tensor]:
     """Layer -> ``(1 + len(sets), d_mlp)`` bool masks; row 0 removes nothing."""
     masks: dict[int, torch.Tensor] = {}
     for b, units in enumerate(neuron_sets, start=1):
@@ -426,27 +434,59 @@ def _row_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return nll.sum(-1, dtype=torch.float64).cpu()
 
 
+def row_nll_totals(adapter: ModelAdapter, toks: Sequence[int], masks: dict[int, torch.Tensor], n_runs: int,
+                   first_position: int = 1, batch_size: int = 8) -> torch.Tensor:
+    """One row: ``(n_runs,)`` float64 summed next-token negative log-likelihoods, run ``b``
+    removing the echo of the neurons in row ``b`` of ``masks`` (:func:`echo_masks`; run 0 removes
+    nothing), ``batch_size`` runs per forward pass (empty for a row of fewer than two tokens)."""
+    B = n_runs
+    x = torch.tensor(list(toks), device=adapter.device)
+    total = torch.zeros(B, dtype=torch.float64)
+    if x.numel() < 2:
+        return total[:0]
+    for lo in range(0, B, batch_size):
+        hi = min(B, lo + batch_size)
+        part = {l: m[lo:hi] for l, m in masks.items() if m[lo:hi].any()}
+        with echo_removed(adapter, part, first_position) as model:
+            logits = model(x.unsqueeze(0).expand(hi - lo, -1))
+        total[lo:hi] = _row_nll(logits, x)
+    return total
+
+
+class InProcessRows:
+    """Where :func:`sign_regimes` runs its rows by default: in this process, one after another.
+    :class:`circuitgraph.datasets.echo_runs.ExecutorRows` runs them on the dataset executors
+    with the same results (both fold rows in row order)."""
+
+    def __init__(self, adapter: ModelAdapter):
+        self.adapter = adapter
+
+    def stats(self, rows: Sequence[Sequence[int]], layers: Sequence[int], top_k: int,
+              first_position: int) -> dict[int, Any]:
+        return stream_stats(self.adapter, rows, layers, top_k, first_position)
+
+    def nll_totals(self, rows: Sequence[Sequence[int]], neuron_sets: Sequence[Sequence[Unit]], first_position: int,
+                   batch_size: int) -> Iterator[torch.Tensor]:
+        masks = echo_masks(neuron_sets, self.adapter.facts.d_mlp)
+        for toks in rows:
+            yield row_nll_totals(self.adapter, toks, masks, len(neuron_sets) + 1, first_position, batch_size)
+
+
 @torch.no_grad()
 def echo_loss_changes(adapter: ModelAdapter, rows: Sequence[Sequence[int]], neuron_sets: Sequence[Sequence[Unit]],
-                      first_position: int = 1, batch_size: int = 8) -> list[float]:
+                      first_position: int = 1, batch_size: int = 8, runner: Any = None) -> list[float]:
     """Per neuron set: the change in next-token loss (token-weighted mean over ``rows``) when
     the echo of its neurons is removed.  Each row runs once without removal and once per set,
-    ``batch_size`` runs per forward pass, so memory does not grow with the rows or the sets."""
-    masks = _masks(neuron_sets, adapter.facts.d_mlp)
-    B = len(neuron_sets) + 1
-    total = torch.zeros(B, dtype=torch.float64)
+    ``batch_size`` runs per forward pass, so memory does not grow with the rows or the sets;
+    the rows' float64 sums are added in row order (``runner``: where the rows run, default this
+    process)."""
+    runner = runner if runner is not None else InProcessRows(adapter)
+    total = torch.zeros(len(neuron_sets) + 1, dtype=torch.float64)
     n_pred = 0
-    for toks in rows:
-        x = torch.tensor(list(toks), device=adapter.device)
-        if x.numel() < 2:
-            continue
-        n_pred += x.numel() - 1
-        for lo in range(0, B, batch_size):
-            hi = min(B, lo + batch_size)
-            part = {l: m[lo:hi] for l, m in masks.items() if m[lo:hi].any()}
-            with echo_removed(adapter, part, first_position) as model:
-                logits = model(x.unsqueeze(0).expand(hi - lo, -1))
-            total[lo:hi] += _row_nll(logits, x)
+    for toks, row_total in zip(rows, runner.nll_totals(rows, neuron_sets, first_position, batch_size), strict=True):
+        if row_total.numel():
+            n_pred += len(toks) - 1
+            total += row_total
     if n_pred == 0:
         raise ValidationRunError("sign_regimes: the evaluation rows have no next token to predict (one token each)")
     loss = total / n_pred
@@ -455,7 +495,7 @@ def echo_loss_changes(adapter: ModelAdapter, rows: Sequence[Sequence[int]], neur
 
 def _metric_changes(adapter: ModelAdapter, tokens: list[int], neuron_sets: Sequence[Sequence[Unit]],
                     first_position: int, metric: Metric, batch_size: int) -> list[float]:
-    masks = _masks(neuron_sets, adapter.facts.d_mlp)
+    masks = echo_masks(neuron_sets, adapter.facts.d_mlp)
     B = len(neuron_sets) + 1
     x = torch.tensor([tokens], device=adapter.device)
     need = metric.hook_names(adapter, None)

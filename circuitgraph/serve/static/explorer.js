@@ -227,16 +227,27 @@ async function loadView(useDefaults) {
   }
 }
 
+// what render() draws: every node of the view but the remainders when they are hidden, and the
+// edges between drawn nodes
+function drawnParts(view) {
+  const showRem = $("show-remainders").checked;
+  const nodes = view.nodes.filter((n) => showRem || n.kind !== "remainder");
+  const shown = new Set(nodes.map((n) => n.id));
+  const edges = view.edges.filter((e) => shown.has(e.source) && shown.has(e.target));
+  return { nodes, edges };
+}
+
 function showCounts() {
   const view = state.view;
   if (!view) return;
-  const hidden = $("show-remainders").checked ? 0 : view.nodes.filter((n) => n.kind === "remainder").length;
+  const drawn = drawnParts(view);
+  const hidden = view.nodes.length - drawn.nodes.length;
   $("node-threshold").disabled = $("edge-threshold").disabled = $("node-budget").disabled = !view.prunable;
   const budget = view.prunable && view.top_k_nodes !== null && view.top_k_nodes < view.n_rankable_nodes ?
     `; at most ${view.top_k_nodes} nodes by influence (max nodes)` : "";
   const share = view.influence_share !== null && view.influence_share !== undefined ?
     `, ${Math.round(100 * view.influence_share)}% of the influence` : "";
-  setStatus(`${view.nodes.length} of ${view.n_nodes_before} nodes${share}, ${view.edges.length} of ${view.n_edges_before} edges` +
+  setStatus(`${drawn.nodes.length} of ${view.n_nodes_before} nodes${share}, ${drawn.edges.length} of ${view.n_edges_before} edges` +
     budget + (hidden ? ` (${hidden} remainder nodes hidden)` : "") + (view.prunable ? "" : "; no targets: shown unpruned"));
 }
 
@@ -307,10 +318,7 @@ function layout(nodes) {
 function render() {
   const view = state.view;
   if (!view) return;  // nothing loaded (a failed load): nothing to draw
-  const showRem = $("show-remainders").checked;
-  const nodes = view.nodes.filter((n) => showRem || n.kind !== "remainder");
-  const shown = new Set(nodes.map((n) => n.id));
-  const edges = view.edges.filter((e) => shown.has(e.source) && shown.has(e.target));
+  const { nodes, edges } = drawnParts(view);
   const lay = layout(nodes);
   const root = $("graph");
   root.replaceChildren();
@@ -357,6 +365,23 @@ function render() {
     });
     const title = svg("title");
     title.textContent = `${e.source} → ${e.target}: ${e.weight}`;
+    path.append(title);
+    edgeLayer.append(path);
+  }
+  // linearised query / key edges into heads (graph.head_inputs): dashed, on the same width scale
+  for (const e of (view.linearised_edges || []).filter((e) => shown.has(e.source) && shown.has(e.target))) {
+    const s = lay.place.get(e.source), t = lay.place.get(e.target);
+    const x1 = s.x + NODE_W / 2, y1 = s.y, x2 = t.x + NODE_W / 2 + (e.kind === "query" ? -8 : 8), y2 = t.y + NODE_H;
+    const my = (y1 + y2) / 2;
+    const path = svg("path", {
+      d: `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`, class: "edge linearised " + e.kind,
+      stroke: e.weight < 0 ? state.edgeColors.negative : state.edgeColors.positive,
+      "stroke-width": Math.min(5, 0.4 + 4.6 * Math.abs(e.weight) / maxAbs).toFixed(2),
+      "stroke-dasharray": e.kind === "query" ? "5 3" : "2 2",
+      "data-source": e.source, "data-target": e.target, "data-kind": e.kind,
+    });
+    const title = svg("title");
+    title.textContent = `${e.source} → ${e.target} (${e.kind}, linearised): ${e.weight}`;
     path.append(title);
     edgeLayer.append(path);
   }
@@ -463,7 +488,14 @@ function nodePanel(n) {
   if (n.members) out.push(el("div", { class: "tag" }, "members: " + n.members.join(", ")));
   if (n.dashboard) out.push(...dashboardPanel(n.dashboard));
   for (const head of n.qk || []) out.push(...qkPanel(head, n.qk_names || {}));
-  out.push(...edgeTable("inputs", n.inputs, n.n_inputs), ...edgeTable("outputs", n.outputs, n.n_outputs));
+  const valueTitle = (n.linearised_inputs || []).length ? "inputs (value path, exact)" : "inputs";
+  out.push(...edgeTable(valueTitle, n.inputs, n.n_inputs));
+  for (const lin of n.linearised_inputs || []) {  // graph.head_inputs: query / key edges, first order
+    out.push(factsTable([[`${lin.kind} inputs: sum + constant`, lin.sum_inputs + (lin.constant ?? 0)],
+                         [`${lin.kind}: Σ dT/da · a`, lin.total ?? undefined]]));
+    out.push(...edgeTable(`${lin.kind} inputs (linearised)`, lin.inputs, lin.n_inputs));
+  }
+  out.push(...edgeTable("outputs", n.outputs, n.n_outputs));
   return out;
 }
 
