@@ -165,9 +165,10 @@ def _explorer(work: Path) -> dict[str, str]:
         nodes = [n["id"] for n in (view or {}).get("nodes", [])][:3]
         if nodes:
             record(f"explorer:node:{name}", lambda n=name, i=nodes[0]: api.node(n, i, {}))
+            ids = ",".join(nodes)
             for fmt in ("json", "neuronpedia", "svg"):
                 record(f"explorer:export:{fmt}:{name}",
-                       lambda n=name, f=fmt: api.export(n, {"format": [f], "nodes": [",".join(nodes)]}))
+                       lambda n=name, f=fmt, ids=ids: api.export(n, {"format": [f], "nodes": [ids]}))
     if len(names) >= 2:
         record("explorer:diff", lambda: api.diff({"a": [names[0]], "b": [names[1]], "allow_different": ["true"]}))
     return out

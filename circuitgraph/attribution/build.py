@@ -128,6 +128,7 @@ def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptio
     index_dtype = edges.target.dtype
     linearised = None
     if comp.linearised is not None:
+        assert comp.linearised_constant is not None and comp.linearised_total is not None  # set with it
         linearised = LinearisedEdges.from_kinds(comp.linearised, comp.linearised_constant, comp.linearised_total)
         for kind, totals in comp.linearised_total.items():  # on the heads too: they travel with the nodes
             for row, value in totals.items():

@@ -177,6 +177,7 @@ def component_edges(graph: AttributionGraph) -> ComponentEdges:
     le = graph.linearised_edges
     own_qk = own_inputs and le is not None and set(le.kinds) == {"query", "key"}
     if own_qk:
+        assert le is not None
         for s, d, x in zip(le.source.tolist(), le.target.tolist(), np.abs(le.weight).tolist(), strict=True):
             dst = comp[graph.nodes[d].id]
             if dst is not None:
