@@ -35,6 +35,19 @@ def variant(request):
     return request.param
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    on tiny models intra-op threads only add overhead (much more on a busy machine), and results
+    compared exactly across processes need the same reduction order."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def circuit_tracer_graphs(tmp_path_factory):
     """``{case: (bundle directory, CircuitTracerGraph)}``: circuit-tracer run once per session on

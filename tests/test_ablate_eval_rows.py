@@ -6,37 +6,28 @@ and controls that cannot be drawn as asked make the check ``uncontrolled``, neve
 from __future__ import annotations
 
 import functools
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from circuitgraph.adapters.loading import load_model_dir
 from circuitgraph.attribution import ResolvedTarget, attribute
 from circuitgraph.errors import ValidationRunError
-from circuitgraph.testing.synthetic import save_bundle, tiny_model
+from circuitgraph.testing.synthetic import tiny_model
 from circuitgraph.validation import ablate, run_check
+from tests.helpers.tiny_models import loaded_model
 
 SELECT = [1, 5, 7, 2, 9, 4]
 EVAL = [[1, 6, 3, 8, 2, 5], [1, 9, 9, 4, 7, 3], [1, 2, 8, 6, 5, 7]]
 NODES = {"kind": "neuron", "layer": 1, "position": 5}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
 def graph():
-    with tempfile.TemporaryDirectory(prefix="cg-ablate-eval-") as tmp:
-        root = save_bundle(Path(tmp), tiny_model(mlp="gelu"))
-        adapter = load_model_dir(root / "model", dtype="float64")
+    adapter = loaded_model(tiny_model(mlp="gelu"), "cg-ablate-eval-", "float64")
     target = ResolvedTarget(kind="logit_diff", position=5, tokens=(3, 4))
     return attribute(adapter, SELECT, None, [target], dtype=torch.float64, mlp="neurons")
 

@@ -6,43 +6,31 @@ dominate (vocabulary 20,000, rows of 96 tokens)."""
 from __future__ import annotations
 
 import functools
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 import circuitgraph
 from circuitgraph.pipeline.check_estimate import PeakWatch
 from circuitgraph.pipeline.estimate import estimate_run
-from circuitgraph.testing.synthetic import save_bundle, tiny_config, tiny_model
+from circuitgraph.testing.synthetic import tiny_config, tiny_model
 from circuitgraph.validation import run_check
+from tests.helpers.tiny_models import saved_model, token_rows
 
 MB = 1 << 20
-pytestmark = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(),
-                                reason="the peak is measured through /proc/self (Linux)")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(),
+                                 reason="the peak is measured through /proc/self (Linux)"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 @functools.cache
 def model_dir() -> Path:
     cfg = tiny_config(norm="RMS", mlp="gated", positional="rotary", n_layers=2, d_mlp=64, n_ctx=128, d_vocab=20000)
-    root = Path(tempfile.mkdtemp(prefix="cg-check-estimate-"))
-    save_bundle(root, tiny_model(cfg))
-    return root / "model"
+    return saved_model(tiny_model(cfg), "cg-check-estimate-")
 
 
 def rows(seed: int, n: int, length: int) -> list[list[int]]:
-    g = np.random.default_rng(seed)
-    return [[1] + g.integers(2, 20000, size=length - 1).tolist() for _ in range(n)]
+    return token_rows(seed, n, length, vocab=20000)
 
 
 def spec(check: dict) -> dict:

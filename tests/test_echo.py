@@ -10,44 +10,34 @@ from __future__ import annotations
 
 import functools
 import gc
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from circuitgraph.adapters.loading import load_model_dir
 from circuitgraph.spec.validation import SignRegimes
-from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
+from circuitgraph.testing.synthetic import random_transcoders, tiny_config, tiny_model
 from circuitgraph.validation import run_check, sign_regimes
 from circuitgraph.validation.echo_stats import stream_stats
+from tests.helpers.tiny_models import loaded_model, token_rows
 
 D_MLP = 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
 def gated(dtype: str = "float64"):
     cfg = tiny_config(norm="RMS", mlp="gated", positional="rotary", n_layers=3, d_mlp=D_MLP, n_ctx=40, d_vocab=29)
     model = tiny_model(cfg)
-    with tempfile.TemporaryDirectory(prefix="cg-echo-") as tmp:
-        root = save_bundle(Path(tmp), model, random_transcoders(model))
-        return load_model_dir(root / "model", dtype=dtype)
+    return loaded_model(model, "cg-echo-", dtype, random_transcoders(model))
 
 
 def rows(seed: int, n: int, length: int = 16) -> list[list[int]]:
-    g = np.random.default_rng(seed)
-    return [[1] + g.integers(2, 29, size=length - 1).tolist() for _ in range(n)]
+    return token_rows(seed, n, length, vocab=29)
 
 
 SEL, EVAL = rows(1, 6), rows(2, 5)

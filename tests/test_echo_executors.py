@@ -7,9 +7,6 @@ equal the in-process run's exactly (one torch thread everywhere).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 
@@ -19,22 +16,15 @@ from circuitgraph.datasets.executors import LocalExecutor
 from circuitgraph.errors import SpecError
 from circuitgraph.spec import load_spec
 from circuitgraph.validation.echo_stats import LayerStats, stream_stats
+from tests.helpers.bundles import SHARED_FIXTURES
+from tests.helpers.tiny_models import token_rows
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "examples/fixtures/example-llama/model"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+MODEL = SHARED_FIXTURES / "example-llama" / "model"
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rows(seed: int, n: int, length: int) -> list[list[int]]:
-    g = np.random.default_rng(seed)
-    return [[1] + g.integers(2, 60, size=length - 1).tolist() for _ in range(n)]
+    return token_rows(seed, n, length, vocab=60)
 
 
 SEL, EVAL = rows(11, 9, 14), rows(12, 6, 12)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,11 +18,10 @@ import torch
 from circuitgraph.adapters.loading import load_model_dir
 from circuitgraph.attribution import attribute
 from circuitgraph.dictionaries import load_dictionaries
-from tests.conftest import circuit_tracer_or_skip
+from tests.helpers.peers import circuit_tracer_or_skip
 
 pytestmark = [pytest.mark.real, pytest.mark.filterwarnings("ignore::circuitgraph.errors.DequantisedWeightsWarning")]
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 TEXT = "\n%\n".join([
     "The cat sat on the mat and looked at an owl in the old oak tree.",
@@ -98,9 +95,7 @@ def test_graph_agrees_with_circuit_tracer(smollm2, smollm2_dir, trained, tmp_pat
     circuit_tracer_or_skip()
     import subprocess
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import real_side_by_side as sbs
-
+    from benchmarks import real_side_by_side as sbs
     from circuitgraph.testing.circuit_tracer import circuit_tracer_python
 
     python = circuit_tracer_python()

@@ -4,7 +4,6 @@ circuit-tracer, resume after a stop gives the same weights, metrics identities (
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import textwrap
 
@@ -13,35 +12,27 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from circuitgraph.adapters.loading import load_model_dir
 from circuitgraph.cli import main as cli
 from circuitgraph.dictionaries import load_dictionaries
 from circuitgraph.errors import LoadError, SpecError
 from circuitgraph.spec.train import TRAIN_SCHEMA_PATH, load_train_spec, train_schema_text
 from circuitgraph.testing.circuit_tracer import circuit_tracer_python, circuit_tracer_unavailable
-from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint
 from circuitgraph.training import train
 from circuitgraph.training.activation_stream import layer_activations, next_token_loss, spliced
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import apply_weights
 from circuitgraph.training.quality import evaluate
 from circuitgraph.training.trainer import DICTIONARY_FOLDER
+from tests.helpers.tiny_models import train_spec, training_folder
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    save_checkpoint(tiny_checkpoint("llama"), root / "model")
-    r = random.Random(0)
-    docs = [" ".join(f"t{r.randrange(3, 96)}" for _ in range(r.randrange(5, 30))) for _ in range(120)]
-    (root / "text.txt").write_text("\n%\n".join(docs))
-    return root, load_model_dir(root / "model")
+    return training_folder(tmp_path_factory.mktemp("train"))
 
 
 def _spec(root, out, **train):
-    t = {"text": [str(root / "text.txt")], "output": str(out), "width": 16, "context": 12, "tokens": 600,
-         "batch": 4, "eval_tokens": 100, "checkpoint_every": 1, **train}
-    return load_train_spec({"format_version": 1, "model": {"path": str(root / "model")}, "train": t})
+    return train_spec(root, out, **{"tokens": 600, "checkpoint_every": 1, **train})
 
 
 class _Tok:

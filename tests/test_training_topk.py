@@ -6,18 +6,15 @@ files give, and a run stopped and resumed ends with the same weights (tiny model
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-from circuitgraph.adapters.loading import load_model_dir
 from circuitgraph.dictionaries import load_dictionaries
 from circuitgraph.errors import SpecError
 from circuitgraph.spec.train import load_train_spec
-from circuitgraph.testing.hf_checkpoints import save_checkpoint, tiny_checkpoint
 from circuitgraph.training import train
 from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.data import read_documents, split_windows, token_windows
@@ -26,24 +23,18 @@ from circuitgraph.training.quality import evaluate
 from circuitgraph.training.sparsify_backend import CHECKPOINT_DIR, sparsify_unavailable
 from circuitgraph.training.trainer import DICTIONARY_FOLDER
 from circuitgraph.training.writers import CIRCUIT_TRACER_TOPK
+from tests.helpers.tiny_models import train_spec, training_folder
 
 needs_sparsify = pytest.mark.skipif(sparsify_unavailable() is not None, reason=str(sparsify_unavailable()))
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train_topk")
-    save_checkpoint(tiny_checkpoint("llama"), root / "model")
-    r = random.Random(0)
-    docs = [" ".join(f"t{r.randrange(3, 96)}" for _ in range(r.randrange(5, 30))) for _ in range(120)]
-    (root / "text.txt").write_text("\n%\n".join(docs))
-    return root, load_model_dir(root / "model")
+    return training_folder(tmp_path_factory.mktemp("train_topk"))
 
 
 def _spec(root, out, **train):
-    t = {"text": [str(root / "text.txt")], "output": str(out), "width": 16, "context": 12, "tokens": 1500,
-         "batch": 4, "eval_tokens": 100, "checkpoint_every": 2, "activation": "topk", "k": 4, **train}
-    return load_train_spec({"format_version": 1, "model": {"path": str(root / "model")}, "train": t})
+    return train_spec(root, out, **{"tokens": 1500, "checkpoint_every": 2, "activation": "topk", "k": 4, **train})
 
 
 def _gamma(adapter, l):

@@ -46,13 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 CLEAN = [1, 5, 7, 2, 9, 4]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: intra-op threads only add overhead (and much more on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: intra-op threads only add overhead
 CORRUPTED = [1, 5, 8, 2, 9, 4]
 
 

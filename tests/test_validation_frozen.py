@@ -20,13 +20,7 @@ ARCHS = [dict(norm=n, mlp=m, positional=p) for n, m, p in itertools.product(("LN
                                                                              ("learned", "rotary"))]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: intra-op threads only add overhead."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: intra-op threads only add overhead
 
 
 def _id(arch: dict) -> str:
