@@ -53,11 +53,11 @@ import numpy as np
 import torch
 
 from circuitgraph.attribution.dense_rows import DenseRows
-from circuitgraph.attribution.locations import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected, ReaderTable, SlotTable, WriterBlock
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["EdgeResult", "compute_edges", "compute_dense_rows", "dense_rows_supported", "DirectionEdges",
            "attribute_directions", "BatchSpan", "SweepPlan", "plan_sweep", "sort_readers", "split_batches",
