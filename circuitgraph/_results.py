@@ -22,7 +22,7 @@ from typing import Any, Literal
 from circuitgraph.display import record_lists, result_html, rows_of, summary_of
 from circuitgraph.errors import CircuitGraphError
 
-__all__ = ["Tabular", "ResultEntry", "EntryStatus", "records_of", "summary_of", "rows_of"]
+__all__ = ["Tabular", "ResultEntry", "EntryStatus", "RunOutcome", "records_of", "summary_of", "rows_of"]
 
 #: an entry's outcome: ``ok``, ``failed`` (the result is None) or a check's own verdict on a
 #: result that ran but cannot be trusted (``uncontrolled``: controls that could not be drawn)
@@ -122,3 +122,28 @@ class ResultEntry(Mapping[str, Any]):
 
 
 _ENTRY_KEYS = tuple(f.name for f in fields(ResultEntry))
+
+
+class RunOutcome:
+    """What :func:`circuitgraph.run` returns, whatever the spec runs: the one return type.
+
+    Every outcome has ``spec`` (the validated spec), ``timings`` (seconds per stage),
+    ``failures`` (one line per failed item or prompt), :attr:`ok` and :meth:`summary_lines`
+    (what ``circuitgraph run`` prints). The concrete class follows the spec:
+    :class:`~circuitgraph.pipeline.runner.RunResult` for one prompt (the graph, its queries,
+    checks, steering and exports), :class:`~circuitgraph.datasets.DatasetRunResult` for a
+    ``dataset:`` and :class:`~circuitgraph.features.FeaturesRunResult` for feature dashboards
+    alone; ``isinstance`` tells them apart (and narrows the type for a type checker).
+    """
+
+    spec: Any
+    timings: dict[str, float]
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing failed."""
+        return not self.failures
+
+    def summary_lines(self) -> list[str]:  # pragma: no cover - every outcome defines it
+        raise NotImplementedError

@@ -43,3 +43,15 @@ def test_entries_json_is_what_it_was(result):
     assert [d["kind"] for d in doc] == ["scores", "neighbours"]
     assert doc[0]["status"] == "ok" and "error" not in doc[0] and isinstance(doc[0]["result"], dict)
     assert doc[1]["status"] == "failed" and doc[1]["error"] == result.queries[1].error and doc[1]["result"] is None
+
+
+def test_run_returns_one_type(result):
+    """circuitgraph.run's one return type: every outcome is a RunOutcome with the shared face."""
+    assert isinstance(result, circuitgraph.RunOutcome) and isinstance(result, circuitgraph.RunResult)
+    assert result.ok is (not result.failures) and result.ok is False
+    assert result.summary_lines() and result.timings and result.spec is not None
+    from circuitgraph.datasets import DatasetRunResult
+    from circuitgraph.features.driver import FeaturesRunResult
+
+    assert issubclass(DatasetRunResult, circuitgraph.RunOutcome) and issubclass(FeaturesRunResult, circuitgraph.RunOutcome)
+    assert circuitgraph.ResultEntry is ResultEntry

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from circuitgraph._results import ResultEntry
+from circuitgraph._results import ResultEntry, RunOutcome
 from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
@@ -62,7 +62,7 @@ logger = logging.getLogger("circuitgraph")
 
 
 @dataclass(repr=False)
-class RunResult:
+class RunResult(RunOutcome):
     """What a run produced.
 
     Attributes:
