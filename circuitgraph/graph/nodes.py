@@ -17,7 +17,7 @@ Conventions (documented in docs/maths.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
 
@@ -96,7 +96,7 @@ NODE_ATTRS: dict[str, str] = {
 class NodeId:
     """The identity of a node: kind, layer, position and index (see module docstring)."""
 
-    kind: str
+    kind: NodeKind
     layer: int
     position: int
     index: int
@@ -115,7 +115,7 @@ class NodeId:
         if len(parts) != 4:
             raise ValueError(f"node id {text!r} is not of the form kind/layer/position/index")
         kind, layer, position, index = parts
-        return cls(kind, int(layer), int(position), int(index))
+        return cls(cast(NodeKind, kind), int(layer), int(position), int(index))  # checked in __post_init__
 
     @property
     def is_reader(self) -> bool:
@@ -142,7 +142,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> NodeKind:
         return self.id.kind
 
     @property
