@@ -15,12 +15,18 @@ into the part said once and the rows.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from circuitgraph.display import record_lists, result_html, rows_of, summary_of
 from circuitgraph.errors import CircuitGraphError
 
-__all__ = ["Tabular", "records_of", "summary_of", "rows_of"]
+__all__ = ["Tabular", "ResultEntry", "EntryStatus", "RunOutcome", "records_of", "summary_of", "rows_of"]
+
+#: an entry's outcome: ``ok``, ``failed`` (the result is None) or a check's own verdict on a
+#: result that ran but cannot be trusted (``uncontrolled``: controls that could not be drawn)
+EntryStatus = Literal["ok", "failed", "uncontrolled"]
 
 
 def records_of(data: Any) -> list[dict[str, Any]]:
@@ -70,3 +76,74 @@ class Tabular:
 
     def _repr_html_(self) -> str:
         return result_html(getattr(self, "kind", "") or type(self).__name__, self)
+
+
+@dataclass(eq=False)
+class ResultEntry(Mapping[str, Any]):
+    """One declared query, check or steering item of a run and what it gave: the one entry type
+    of :class:`~circuitgraph.pipeline.runner.RunResult`'s ``queries``, ``validation`` and
+    ``steering``.
+
+    Attributes: ``kind`` (the query or check kind, ``"steer"``), ``params`` (its parameters as
+    the spec gave them, JSON), ``on`` (``"full"`` or ``"pruned"``), ``status``
+    (:data:`EntryStatus`), ``error`` (the one-line reason when the status is not ``ok``) and
+    ``result`` (the result object; None when it failed).
+
+    It is also a read-only mapping of those six keys (``entry["result"]``, ``entry.get("error")``,
+    ``dict(entry)``, equal to the same dict), as entries were plain dicts before.
+    """
+
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+    on: str = "full"
+    status: str = "ok"
+    error: str | None = None
+    result: Any = None
+
+    @property
+    def ok(self) -> bool:
+        """The entry ran and its result can be read."""
+        return self.status == "ok"
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _ENTRY_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ENTRY_KEYS)
+
+    def __len__(self) -> int:
+        return len(_ENTRY_KEYS)
+
+    def __repr__(self) -> str:
+        return (f"ResultEntry(kind={self.kind!r}, on={self.on!r}, status={self.status!r}"
+                + (f", error={self.error!r}" if self.error else "") + ")")
+
+
+_ENTRY_KEYS = tuple(f.name for f in fields(ResultEntry))
+
+
+class RunOutcome:
+    """What :func:`circuitgraph.run` returns, whatever the spec runs: the one return type.
+
+    Every outcome has ``spec`` (the validated spec), ``timings`` (seconds per stage),
+    ``failures`` (one line per failed item or prompt), :attr:`ok` and :meth:`summary_lines`
+    (what ``circuitgraph run`` prints). The concrete class follows the spec:
+    :class:`~circuitgraph.pipeline.runner.RunResult` for one prompt (the graph, its queries,
+    checks, steering and exports), :class:`~circuitgraph.datasets.DatasetRunResult` for a
+    ``dataset:`` and :class:`~circuitgraph.features.FeaturesRunResult` for feature dashboards
+    alone; ``isinstance`` tells them apart (and narrows the type for a type checker).
+    """
+
+    spec: Any
+    timings: dict[str, float]
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing failed."""
+        return not self.failures
+
+    def summary_lines(self) -> list[str]:  # pragma: no cover - every outcome defines it
+        raise NotImplementedError

@@ -26,8 +26,7 @@ ENGINE = PACKAGE / "attribution"
 #: attributes of the engine's tables (Collected, WriterTable, ReaderTable) and the context's privates
 ENGINE_TABLES = {"collected", "_tables", "_writer_index", "_reader_index"}
 TABLE_FIELDS = {"writers": {"groups", "padded", "blocks"}, "readers": {"rows", "locs", "positions", "directions", "own_constants"}}
-ENGINE_PRIVATE_NAMES = {"Collected", "WriterTable", "ReaderTable", "collect_nodes", "loc_resid_pre", "loc_resid_mid",
-                        "loc_resid_post"}
+ENGINE_PRIVATE_NAMES = {"Collected", "WriterTable", "ReaderTable", "collect_nodes"}
 
 #: (module, attribute) pairs allowed to set a private attribute on another object (none)
 ALLOWED_PRIVATE_SETS: set[tuple[str, str]] = set()

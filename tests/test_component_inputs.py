@@ -536,7 +536,7 @@ def test_pipeline_handles_query_and_key_edges(tmp_path):
     import json
 
     import circuitgraph
-    from circuitgraph.errors import SpecError
+    from circuitgraph.errors import LoadError, SpecError
     from circuitgraph.export.binary import load_graph_binary, save_graph_binary
     from circuitgraph.export.json_graph import graph_from_json
 
@@ -566,6 +566,12 @@ def test_pipeline_handles_query_and_key_edges(tmp_path):
     doc = json.loads((tmp_path / "g.json").read_text())
     recs = doc["linearised_edges"]
     assert recs and all(r["linearised"] is True and r["kind"] in ("query", "key") for r in recs)
+    # a file with linearised edges is version 2 (a version-1 reader would drop them); one without stays 1
+    assert doc["format_version"] == 2
+    plain_doc = json.loads(plain.graph.to_json())
+    assert plain_doc["format_version"] == 1 and "linearised_edges" not in plain_doc
+    with pytest.raises(LoadError, match="upgrade circuitgraph"):
+        graph_from_json(json.dumps({**doc, "format_version": 3}))
     back = graph_from_json((tmp_path / "g.json").read_text())
     assert back.linearised_edges is not None and len(back.linearised_edges) == len(recs)
     assert back.linearised_edges.max_violation() < 1e-4  # the per-head sums came back from the attrs

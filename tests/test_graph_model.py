@@ -106,9 +106,9 @@ def test_files_of_earlier_releases_still_read():
 
 
 def test_a_newer_format_version_is_refused():
-    with pytest.raises(LoadError, match="format_version: format_version 2: this circuitgraph reads up to 1: "
+    with pytest.raises(LoadError, match="format_version: format_version 3: this circuitgraph reads up to 2: "
                                         "upgrade circuitgraph"):
-        read_graph_json(json.dumps({**_old_file(), "format_version": 2}))
+        read_graph_json(json.dumps({**_old_file(), "format_version": 3}))
 
 
 def test_errors_name_the_file_and_the_field(tmp_path):

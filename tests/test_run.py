@@ -39,7 +39,8 @@ def _write(tmp_path: Path, spec: dict, name: str = "spec.yaml") -> Path:
 
 def test_public_api_is_pinned():
     assert sorted(circuitgraph.__all__) == [
-        "AttributionGraph", "CircuitGraphError", "CompletenessReport", "Node", "NodeId", "RunResult", "Spec",
+        "AttributionGraph", "CircuitGraphError", "CompletenessReport", "Node", "NodeId", "ResultEntry", "RunOutcome", "RunResult",
+        "Spec",
         "attribute", "build", "diff", "dry_run", "errors", "load_graph", "load_spec", "open_dataset", "open_features",
         "run", "steer",
     ]

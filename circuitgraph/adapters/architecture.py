@@ -317,6 +317,31 @@ class ModelAdapter:
     def hook_mlp_post(layer: int) -> str:
         return f"blocks.{layer}.mlp.hook_post"
 
+    def hook_site(self, site: str, layer: int) -> str:
+        """The hook whose activation is an intervention site's (:mod:`circuitgraph.adapters.sites`)
+        at ``layer``: the one site-to-hook translation. ``resid_pre`` past the last block is the
+        final residual (``resid_post`` of the last block); a feature or an error edits the MLP's
+        output; ``pre`` and ``gate`` the gate's pre-activation, ``value`` the linear branch's."""
+        if site == "embed":
+            return self.hook_embed()
+        if site == "pos_embed":
+            return self.hook_pos_embed()
+        if site == "resid_pre":
+            return self.hook_resid_pre(layer) if layer < self.facts.n_layers else self.hook_resid_post(layer - 1)
+        if site == "attn":
+            return self.hook_attn_out(layer)
+        if site == "head":
+            return self.hook_z(layer)
+        if site in ("mlp", "feature", "error"):
+            return self.hook_mlp_out(layer)
+        if site == "neuron":
+            return self.hook_mlp_post(layer)
+        if site in ("pre", "gate"):
+            return self.hook_mlp_pre(layer)
+        if site == "value":
+            return self.hook_mlp_pre_linear(layer)
+        raise AttributionError(f"unknown intervention site {site!r}")
+
     @staticmethod
     def hook_embed() -> str:
         return "hook_embed"

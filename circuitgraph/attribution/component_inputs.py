@@ -47,12 +47,13 @@ import numpy as np
 import torch
 
 from circuitgraph.attribution.engine import DirectionEdges, attribute_directions
-from circuitgraph.attribution.frozen_model import FrozenLinearModel, loc_resid_mid, loc_resid_post, loc_resid_pre
+from circuitgraph.attribution.frozen_model import FrozenLinearModel
 from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.attribution.qk_readers import QKReaders
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.nodes import REMAINDER_INDEX, NodeId
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["ComponentInputs", "HEAD_INPUTS", "LINEARISED_KINDS", "component_inputs", "total_effect_gradients", "check_component_inputs_supported",
            "component_edge_bound", "check_component_edge_bound", "MAX_COMPONENT_EDGES"]
@@ -377,7 +378,7 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
             w = fm.attn[layer]
             W_V, W_O, b_V = w["W_V"], w["W_O"], w["b_V"]  # (H, D, dh), (H, dh, D), (H, dh)
             H = W_V.shape[0]
-            Gm = G[int(loc_resid_mid(layer))]
+            Gm = G[int(ResidualLocation.resid_mid(layer))]
             Gp = Gm if fm.ln1_post is None else fm.ln1_post[layer].transpose(Gm, slice(0, T))
             u = torch.einsum("hkd,td->thk", W_O, Gp)  # (T, H, dh): W_O^h G'(t)
             raw = torch.einsum("hDk,thk->thD", W_V, u)  # (T, H, D): W_V^h W_O^h G'(t)
@@ -407,7 +408,7 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
                         dirs.append(A[h, t, s] * read[t, h] / sigma[s])
                         own.append(A[h, t, s] * own_th[t, h])
             if rows:
-                sweep(int(loc_resid_pre(layer)), rows, positions, torch.stack(dirs), torch.stack(own))
+                sweep(int(ResidualLocation.resid_pre(layer)), rows, positions, torch.stack(dirs), torch.stack(own))
             if linearised_kinds:
                 for kind, (k_rows, k_pos, k_dirs, k_own, k_total) in _qk_readers(
                         col, index, layer, read, own_th, A, linearised_kinds).items():
@@ -415,10 +416,10 @@ def component_inputs(col: Collected, index: dict[NodeId, int], *, min_mlp_pos: i
                         lin_total[kind][row] = value
                         lin_constant[kind][row] = 0.0
                     if k_rows:
-                        sweep(int(loc_resid_pre(layer)), k_rows, k_pos, torch.stack(k_dirs), torch.stack(k_own), kind)
+                        sweep(int(ResidualLocation.resid_pre(layer)), k_rows, k_pos, torch.stack(k_dirs), torch.stack(k_own), kind)
         if layer in mlps:
             mlp = mlps[layer]
-            Gpost = G[int(loc_resid_post(layer))]
+            Gpost = G[int(ResidualLocation.resid_post(layer))]
             read_raw = ((mlp.output_gradient(Gpost) @ mlp.W_out.T) * mlp.r[:T]) @ mlp.W_in.T  # (T, D)
             dirs_all = mlp.ln2.transpose(read_raw, slice(0, T))
             own_all = mlp.own_constant(Gpost)

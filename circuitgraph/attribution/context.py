@@ -27,8 +27,8 @@ import torch
 
 from circuitgraph.attribution.component_inputs import ComponentInputs, component_inputs
 from circuitgraph.attribution.engine import attribute_directions
-from circuitgraph.attribution.locations import ResidualLocation
 from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.residual import ResidualLocation
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter

@@ -54,11 +54,11 @@ import numpy as np
 import torch
 
 from circuitgraph.attribution.dense_rows import DenseRows
-from circuitgraph.attribution.locations import ResidualLocation
 from circuitgraph.attribution.nodes_builder import Collected, ReaderTable, SlotTable, WriterBlock
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
+from circuitgraph.residual import ResidualLocation
 
 if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
     from jaxtyping import Float, Int

@@ -31,29 +31,17 @@ import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
 from circuitgraph.attribution.linearisation import Linearisation, OffloadedPatterns, pattern_block
-from circuitgraph.attribution.locations import ResidualLocation
+from circuitgraph.residual import ResidualLocation
 
 if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
     from jaxtyping import Float, Int
 
-__all__ = ["FrozenLinearModel", "loc_resid_pre", "loc_resid_mid", "loc_resid_post"]
+__all__ = ["FrozenLinearModel"]
 
 
 #: sources per block when the frozen pattern is applied (causal attention: each block of sources
 #: skips the earlier destinations, whose pattern entries are exactly zero)
 CAUSAL_BLOCK = 256
-
-
-def loc_resid_pre(layer: int) -> ResidualLocation:
-    return ResidualLocation.resid_pre(layer)
-
-
-def loc_resid_mid(layer: int) -> ResidualLocation:
-    return ResidualLocation.resid_mid(layer)
-
-
-def loc_resid_post(layer: int) -> ResidualLocation:
-    return ResidualLocation.resid_post(layer)
 
 
 @dataclass(frozen=True)
@@ -131,7 +119,7 @@ class FrozenLinearModel:
         or resid_pre(l) in a parallel block, whose MLP reads the block input (there is no location
         between its attention and its MLP: the MLP sees the writers up to x_pre, not its own
         block's attention)."""
-        return loc_resid_pre(layer) if self.parallel else loc_resid_mid(layer)
+        return ResidualLocation.resid_pre(layer) if self.parallel else ResidualLocation.resid_mid(layer)
 
     def pattern(self, layer: int, n: int | None = None) -> Float[torch.Tensor, "heads n n"]:
         """Layer ``layer``'s frozen attention pattern over the first ``n`` positions ``(H, n, n)``.

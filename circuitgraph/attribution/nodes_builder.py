@@ -21,9 +21,6 @@ import torch
 from circuitgraph.adapters.architecture import ModelAdapter, NormWeights
 from circuitgraph.attribution.frozen_model import (
     FrozenLinearModel,
-    loc_resid_mid,
-    loc_resid_post,
-    loc_resid_pre,
 )
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.attribution.linearisation import Linearisation
@@ -31,6 +28,7 @@ from circuitgraph.attribution.node_table import NeuronCandidates, NodeTable, nod
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["GraphOptions", "SlotTable", "WriterBlock", "WriterTable", "ReaderTable", "collect_nodes"]
 
@@ -508,7 +506,7 @@ def collect_nodes(
 # -------------------------------------------------------------------- attention
 def _collect_attention(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     lin, T = b.lin, b.lin.n_pos
-    loc = loc_resid_mid(layer)
+    loc = ResidualLocation.resid_mid(layer)
     w = fm.attn[layer]
     posts = fm.ln1_post
     A = fm.pattern(layer)  # (H, T, T)
@@ -645,7 +643,7 @@ def _collect_transcoder_layer(b: _Builder, fm: FrozenLinearModel, layer: int) ->
         )
     tc = b.transcoders
     lin, T = b.lin, b.lin.n_pos
-    loc = loc_resid_post(layer)
+    loc = ResidualLocation.resid_post(layer)
     st = _dictionary_state(b)
     acts = _acts(b, layer)
     # ---- feature nodes of this encoder layer
@@ -742,7 +740,7 @@ def _neuron_layer_start(b: _Builder, fm: FrozenLinearModel, layer: int) -> tuple
     """A neuron layer's shared start: its MLP bias added as a bias node (through a frozen post-norm),
     and ``(location, W_out, post-norms, neuron activations (T, d_mlp))``."""
     T = b.lin.n_pos
-    loc = loc_resid_post(layer)
+    loc = ResidualLocation.resid_post(layer)
     w = b.adapter.mlp_weights(layer)
     W_out, b_out = b.cast(w["W_out"]), b.cast(w["b_out"])
     posts = fm.ln2_post
@@ -896,7 +894,7 @@ def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
     kind ``neuron``, index ``expert * d_mlp + neuron``; each writes ``r_e(t) * act * W_out^e[i]``
     (its activation includes the routing weight), so they sum to the layer's output."""
     adapter, lin, T = b.adapter, b.lin, b.lin.n_pos
-    loc, d = loc_resid_post(layer), adapter.facts.d_mlp
+    loc, d = ResidualLocation.resid_post(layer), adapter.facts.d_mlp
     posts = fm.ln2_post
     post = b.cast(lin.mlp_post[layer])  # (T, E * d_mlp): routing weight * act(gate) * linear
     # the experts' output biases (GPT-OSS) write routing_weight * b_out^e: a constant writer
@@ -929,7 +927,7 @@ def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
                                       pre_activation=float(measured[j]), label=f"E{e}N{i - e * d} L{layer}@{t}",
                                       attrs=attrs))
                 rows.append(row)
-                b.readers.add(row, loc_resid_mid(layer), t, g[j], float(own[j]))
+                b.readers.add(row, ResidualLocation.resid_mid(layer), t, g[j], float(own[j]))
             vecs = post[t, idx].unsqueeze(-1) * W_out[keep]
             b.writers.add(loc, t, rows, _post_norm_forward(fm, posts, layer, vecs, slice(t, t + 1)))
         if rest is not None and rest.numel():
@@ -941,7 +939,7 @@ def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
 
 def _collect_mlp_vector_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> None:
     lin, T = b.lin, b.lin.n_pos
-    loc = loc_resid_post(layer)
+    loc = ResidualLocation.resid_post(layer)
     out = b.cast(lin.mlp_out[layer])
     for t in range(T):
         if t < b.min_mlp_pos():
@@ -1012,7 +1010,8 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         b.readers.add(row, fm.mlp_input_location(tgt.layer), t, g[0], float(own[0]))
         return node_id
     if tgt.kind == "direction":
-        site_loc = {"resid_pre": loc_resid_pre, "resid_mid": loc_resid_mid, "resid_post": loc_resid_post}
+        site_loc = {"resid_pre": ResidualLocation.resid_pre, "resid_mid": ResidualLocation.resid_mid,
+                    "resid_post": ResidualLocation.resid_post}
         loc = site_loc[tgt.site](tgt.layer)
         resid = {"resid_pre": lin.resid_pre, "resid_mid": lin.resid_mid}.get(tgt.site)
         if resid is not None:

@@ -31,9 +31,9 @@ import torch
 
 # the engine's sizes are read from their modules when a plan is made (tests and benchmarks set them)
 from circuitgraph.attribution import engine, feature_selection
-from circuitgraph.attribution.frozen_model import loc_resid_post
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.errors import ResourceError
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["EdgePlan", "plan_edges", "check_plan", "check_rows", "device_working_set", "available_memory",
            "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "FLOAT64_EXTRA_BYTES", "USABLE"]
@@ -237,8 +237,9 @@ def _reach(options: Any, n_locs: int, causal: bool = True) -> _Reach:
     ``resid_pre(m) = 2m`` and writes ``resid_mid(m) = 2m + 1``); head nodes stop paths."""
     reach = np.full(n_locs, -1, dtype=np.int64)
     for m, mode in options.attention.items():
-        if mode == "frozen" and 2 * m + 1 < n_locs:
-            reach[2 * m + 1 :] = np.maximum(reach[2 * m + 1 :], 2 * m)
+        mid = ResidualLocation.resid_mid(m)
+        if mode == "frozen" and mid < n_locs:
+            reach[mid:] = np.maximum(reach[mid:], int(ResidualLocation.resid_pre(m)))
     return _Reach(reach, causal)
 
 
@@ -432,7 +433,7 @@ def _neuron_candidates(col: Any, options: Any, counts: np.ndarray, locs: np.ndar
     cand = np.zeros_like(counts)
     read_loc = {}
     for layer in layers:
-        w = int(loc_resid_post(layer))
+        w = int(ResidualLocation.resid_post(layer))
         active = (fm.lin.mlp_post[layer][min_pos:] != 0).sum(-1).cpu().numpy().astype(np.int64)
         cand[w, min_pos:] = active
         all_counts[w] += cand[w] - neuron_writers[w]

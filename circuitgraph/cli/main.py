@@ -323,12 +323,12 @@ def steer(
         entries = runner.steer_spec(loaded, progress=not quiet)
         failed = False
         for i, e in enumerate(entries):
-            if e["status"] == "failed":
-                typer.echo(f"failed: steer[{i}]: {e['error']}", err=True)
+            if e.status == "failed":
+                typer.echo(f"failed: steer[{i}]: {e.error}", err=True)
                 failed = True
                 continue
-            typer.echo(f"steer[{i}]" + (f" {e['result'].name}" if e["result"].name else "") + ":")
-            _echo_lines(["  " + line for line in e["result"].table().splitlines()])
+            typer.echo(f"steer[{i}]" + (f" {e.result.name}" if e.result.name else "") + ":")
+            _echo_lines(["  " + line for line in e.result.table().splitlines()])
         if output is not None:
             import json
 
@@ -336,7 +336,7 @@ def steer(
             from circuitgraph.validation._common import jsonable
 
             doc = [{**{k: v for k, v in e.items() if k != "result"},
-                    "result": None if e["result"] is None else jsonable(e["result"].to_dict())} for e in entries]
+                    "result": None if e.result is None else jsonable(e.result.to_dict())} for e in entries]
             atomic_write_text(output, json.dumps(doc, indent=1) + "\n")
             typer.echo(f"wrote {output}")
         if failed:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text, read_json_file
+from circuitgraph._results import RunOutcome
 from circuitgraph.datasets.executors import make_executor
 from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.prompt import is_complete, record_path
@@ -55,7 +56,7 @@ _INT_COLUMNS = {"row", "attempts", "n_tokens", "n_nodes", "n_edges", "n_nodes_fu
 
 
 @dataclass
-class DatasetRunResult:
+class DatasetRunResult(RunOutcome):
     """What a dataset run produced (``circuitgraph.run`` on a spec with ``dataset:``)."""
 
     spec: Spec

@@ -14,8 +14,10 @@ costs what ``json.loads`` alone costs.  Nodes are models (a graph has far fewer 
 What the model checks beyond the types is what needs the whole document: every edge and target
 names a node, no node appears twice (:func:`circuitgraph.export.json_graph.graph_from_dict`).
 
-Versions: ``format_version`` 1 is the only version so far; a file with a higher version is
-refused with "upgrade circuitgraph".  Files written by earlier releases of version 1 may lack
+Versions: a file with a higher ``format_version`` than :data:`FORMAT_VERSION` is refused with
+"upgrade circuitgraph".  A writer writes the lowest version that holds the file's content
+(:func:`file_version`): 1 for every graph without ``linearised_edges``, 2 for one with them (a
+reader of version 1 would drop them silently). Files written by earlier releases of version 1 may lack
 the fields added since (``steering``) or that older writers left out (``edge_dtype``,
 ``metadata``, ``targets``, ``queries``, ``validation``, a node's ``label`` and ``attrs``); the
 model gives them their defaults.  The schema lists as required what the writer always writes.
@@ -37,6 +39,8 @@ __all__ = [
     "FORMAT",
     "BINARY_FORMAT",
     "FORMAT_VERSION",
+    "VERSION_OF_FIELD",
+    "file_version",
     "EDGE_DTYPES",
     "NodeRecord",
     "EdgeRecord",
@@ -48,7 +52,14 @@ __all__ = [
 
 FORMAT = "circuitgraph.graph"
 BINARY_FORMAT = "circuitgraph.graph.npz"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: the version that introduced each optional field: a file holding it is written at least at that version
+VERSION_OF_FIELD = {"linearised_edges": 2}
+
+
+def file_version(document: dict[str, Any]) -> int:
+    """The lowest ``format_version`` that holds ``document``'s fields (1 where none needs more)."""
+    return max([1] + [v for k, v in VERSION_OF_FIELD.items() if document.get(k)])
 #: edge weight dtypes the formats record and restore
 EDGE_DTYPES = ("float16", "float32", "float64")
 
@@ -165,7 +176,8 @@ class _Header(BaseModel):
     FORMAT: ClassVar[str] = FORMAT
 
     format: str
-    format_version: Annotated[int, Field(strict=True, ge=1, json_schema_extra={"const": FORMAT_VERSION})]
+    format_version: Annotated[int, Field(strict=True, ge=1, json_schema_extra={"maximum": FORMAT_VERSION}, description=(
+        "1, or 2 when the file holds linearised_edges (the lowest version that holds the content)"))]
     edge_dtype: Annotated[Literal[EDGE_DTYPES], Field(  # type: ignore[valid-type]
         description="dtype of the edge weights, restored on loading")] = "float32"
     metadata: Annotated[JsonObject, Field(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_text
+from circuitgraph._results import ResultEntry
 from circuitgraph.display import document_html, esc, html_table, result_html  # the tables; re-exported: their old home
 from circuitgraph.errors import RenderError
 from circuitgraph.export.dot import DEFAULT_MAX_NODES, graph_to_dot, raw_influence
@@ -140,10 +141,10 @@ def run_html(result: Any) -> str:
     parts = [graph_html(result.graph)]
     for what, entries in (("query", result.queries), ("validation", result.validation)):
         for e in entries:
-            if e["status"] == "failed":
-                parts.append(f'<p class="cg-bad">{esc(what)} {esc(e["kind"])} failed: {esc(e["error"])}</p>')
+            if e.status == "failed":
+                parts.append(f'<p class="cg-bad">{esc(what)} {esc(e.kind)} failed: {esc(e.error)}</p>')
             else:
-                parts.append(result_html(f"{what} {e['kind']}", e["result"]))
+                parts.append(result_html(f"{what} {e.kind}", e.result))
     return "".join(parts)
 
 
@@ -390,16 +391,16 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
             + "\n".join(body) + "</body></html>\n")
 
 
-def _entries_html(live: Sequence[Mapping[str, Any]], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
+def _entries_html(live: list[ResultEntry], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
     out: list[str] = []
     for i, e in enumerate(live):
-        label = f"{what} {i}: {e['kind']}"
-        if e["status"] == "failed":
-            out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e["error"])}</p>')
+        label = f"{what} {i}: {e.kind}"
+        if e.status == "failed":
+            out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e.error)}</p>')
             continue
-        out.append(result_html(label, e["result"], names=names))
-        out += _heatmap_figures(e["result"], label)
-        out += _control_figures(e["result"].to_dict(), label)
+        out.append(result_html(label, e.result, names=names))
+        out += _heatmap_figures(e.result, label)
+        out += _control_figures(e.result.to_dict(), label)
     for i, e in enumerate(stored):
         if not isinstance(e, Mapping):
             continue

@@ -38,6 +38,7 @@ from circuitgraph.export.graph_model import (
     GraphFile,
     _brief,
     _Header,
+    file_version,
     validate_graph_file,
 )
 from circuitgraph.graph.graph import AttributionGraph
@@ -287,6 +288,7 @@ def _header(
     }
     if graph.linearised_edges is not None:
         out["linearised_edges"] = linearised_edge_records(graph)
+    out["format_version"] = file_version(out)
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from circuitgraph._io import atomic_write_bytes, read_json_file
+from circuitgraph._results import RunOutcome
 from circuitgraph.datasets.executors import make_executor
 from circuitgraph.datasets.folders import claim_run_folder
 from circuitgraph.datasets.rows import model_problems, row_problems
@@ -52,7 +53,7 @@ _UNIT_WORDS = {"features": "features", "neurons": "neurons", "heads": "head rank
 
 
 @dataclass
-class FeaturesRunResult:
+class FeaturesRunResult(RunOutcome):
     """What a features run produced (``circuitgraph.run`` on a spec with ``features:`` only)."""
 
     spec: Spec

@@ -38,6 +38,7 @@ import numpy as np
 
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.edges import incoming_sums, merge_edges, topological_levels
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK",
            "adopt_engine_order", "add_segment"]
@@ -297,16 +298,17 @@ def graph_levels(graph) -> np.ndarray:  # AttributionGraph (no import cycle
     logit-difference targets the final residual; direction targets their ``site``; other
     kinds (hand-built readers) ``resid_pre`` of their layer.  Checked against the edges by
     :func:`dag_order`."""
-    site = {"resid_pre": 0, "resid_mid": 1, "resid_post": 2}
+    site = {"resid_pre": ResidualLocation.resid_pre, "resid_mid": ResidualLocation.resid_mid,
+            "resid_post": ResidualLocation.resid_post}
     out = np.empty(graph.n_nodes, dtype=np.int64)
     for i, node in enumerate(graph.nodes):
         kind, layer = node.kind, node.layer
         if kind in ("feature", "neuron"):
-            out[i] = 2 * layer + 1
+            out[i] = ResidualLocation.read_by(kind, layer)
         elif kind == "target" and node.attrs.get("site") in site:
-            out[i] = 2 * layer + site[node.attrs["site"]]
+            out[i] = site[node.attrs["site"]](layer)
         else:
-            out[i] = 2 * layer
+            out[i] = ResidualLocation.resid_pre(layer)
     return out
 
 

@@ -17,7 +17,7 @@ Conventions (documented in docs/maths.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
 
@@ -31,6 +31,7 @@ __all__ = [
     "display_name",
     "REMAINDER_INDEX",
     "BIAS_INDEX",
+    "NODE_ATTRS",
 ]
 
 # the node kinds are the spec's (spec/kinds.py): one list, re-exported here
@@ -46,11 +47,56 @@ REMAINDER_INDEX = {"neurons": 0, "pruned": 1, "features": 2}
 BIAS_INDEX = {"attention": 0, "mlp": 1, "norm": 2}
 
 
+#: every key a node's ``attrs`` may carry, and what it means: the one vocabulary of node
+#: attributes (a graph built, pruned, merged, aggregated or labelled by circuitgraph writes no
+#: other key; tests/test_node_attrs.py checks it). Files written by others may carry more.
+NODE_ATTRS: dict[str, str] = {
+    # embeddings, logits and targets
+    "token": "embedding: the token id",
+    "token_str": "embedding, logit, target: the token's text",
+    "tokens": "target: the token ids it reads",
+    "target_kind": "target: logit, logit_diff, feature, neuron or direction",
+    "relative_to_mean": "logit target: read relative to the mean logit",
+    "probability": "logit target: the token's probability on the prompt",
+    "site": "direction target: the residual location it reads (resid_pre, resid_mid, resid_post)",
+    "from": "logit_diff target merged from two logits (queries.neighbours): their node ids",
+    # neurons
+    "hook_pre": "GELU/ReLU neuron: the pre-activation (mlp.hook_pre)",
+    "gate": "gated neuron: the gate's pre-activation (mlp.hook_pre)",
+    "linear": "gated neuron: the linear branch's value (mlp.hook_pre_linear)",
+    "expert": "mixture-of-experts neuron: its expert",
+    "neuron": "mixture-of-experts neuron: its index within the expert",
+    "routing_weight": "mixture-of-experts neuron: its expert's routing weight at the position",
+    # remainders
+    "n_neurons": "remainder: how many neurons it folds",
+    "n_features": "remainder: how many features it folds",
+    "pruned_edges_by_source_kind": "pruned remainder: the pruned edges it stands for, by their source's kind",
+    "n_pruned_nodes": "pruned remainder: how many nodes pruning dropped into it",
+    # component circuits (graph.component_inputs, graph.head_inputs)
+    "total_effect": "head or MLP with component inputs: its total effect on the targets (its pre_activation)",
+    "inputs": "head or MLP with component inputs: which inputs its incoming edges are (value,query,key or input)",
+    "query_total": "head: the query side's linearised total (graph.head_inputs)",
+    "query_constant": "head: the query side's constant",
+    "key_total": "head: the key side's linearised total",
+    "key_constant": "head: the key side's constant",
+    # labels, drawings, supernodes and dataset aggregates
+    "description": "feature or neuron: its description from a labels file",
+    "href": "feature in the HTML report: the link to its dashboard",
+    "influence": "the node's influence (drawings; a dataset aggregate's mean influence)",
+    "supernode": "supernode: its name",
+    "members": "supernode: its members' node ids",
+    "n_prompts": "dataset aggregate: the prompts the node appears in",
+    "sum_activation": "dataset aggregate: its activation summed over the prompts",
+    "sum_influence": "dataset aggregate: its influence summed over the prompts",
+    "sum_direct_effect": "dataset aggregate: its direct effect summed over the prompts",
+}
+
+
 @dataclass(frozen=True, order=True)
 class NodeId:
     """The identity of a node: kind, layer, position and index (see module docstring)."""
 
-    kind: str
+    kind: NodeKind
     layer: int
     position: int
     index: int
@@ -69,7 +115,7 @@ class NodeId:
         if len(parts) != 4:
             raise ValueError(f"node id {text!r} is not of the form kind/layer/position/index")
         kind, layer, position, index = parts
-        return cls(kind, int(layer), int(position), int(index))
+        return cls(cast(NodeKind, kind), int(layer), int(position), int(index))  # checked in __post_init__
 
     @property
     def is_reader(self) -> bool:
@@ -92,10 +138,11 @@ class Node:
     pre_activation: float | None = None
     constant: float | None = None
     label: str = ""
+    #: keys and meanings: :data:`NODE_ATTRS`
     attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> NodeKind:
         return self.id.kind
 
     @property

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from circuitgraph._results import RunOutcome
 from circuitgraph.adapters.files import check_input_files
-from circuitgraph.datasets import DatasetRunResult, run_dataset
+from circuitgraph.datasets import run_dataset
 from circuitgraph.datasets.rows import load_rows
-from circuitgraph.features.driver import FeaturesRunResult, run_features
+from circuitgraph.errors import SpecError
+from circuitgraph.features.driver import run_features
 from circuitgraph.pipeline import runner
 from circuitgraph.pipeline.estimate import estimate_run
 from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
@@ -25,10 +27,11 @@ __all__ = ["run", "dry_run"]
 
 
 def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
-        memory_limit: int | None = None) -> runner.RunResult | DatasetRunResult | FeaturesRunResult:
+        memory_limit: int | None = None) -> RunOutcome:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
-    A spec with ``dataset:`` runs every prompt of the dataset and returns a
+    The result is a :class:`~circuitgraph._results.RunOutcome` (``spec``, ``timings``,
+    ``failures``, ``ok``, ``summary_lines()``) of the class the spec asks for. A spec with ``dataset:`` runs every prompt of the dataset and returns a
     :class:`~circuitgraph.datasets.DatasetRunResult` (see docs/dataset.md), with ``features:``
     also the feature dashboards (its ``features``; a features-only spec returns the
     :class:`~circuitgraph.features.FeaturesRunResult`, see docs/features.md); otherwise the
@@ -39,10 +42,10 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     spec = load_spec(spec)
     if spec.is_dataset:
         result = run_dataset(spec, progress=progress) if spec.runs_graphs else None
-        if spec.features is None:
-            return result
-        features = run_features(spec, progress=progress)
+        features = run_features(spec, progress=progress) if spec.features is not None else None
         if result is None:
+            if features is None:  # pragma: no cover - the spec's validation asks for one of them
+                raise SpecError("a dataset spec runs graphs (targets) or feature dashboards (features:)")
             return features
         result.features = features
         return result

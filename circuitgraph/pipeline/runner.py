@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from circuitgraph._results import ResultEntry, RunOutcome
 from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
@@ -61,16 +62,17 @@ logger = logging.getLogger("circuitgraph")
 
 
 @dataclass(repr=False)
-class RunResult:
+class RunResult(RunOutcome):
     """What a run produced.
 
     Attributes:
         spec: the validated spec.
         graph: the exported graph (pruned when the spec asks for pruning).
         full_graph: the unpruned graph.
-        queries: one entry per declared query: ``{"kind", "params", "on", "status", "error", "result"}``;
-            ``status`` is ``"ok"`` (``result`` is the result object, ``error`` None), ``"failed"``
-            (``error`` is the one-line message, ``result`` None).
+        queries: one :class:`~circuitgraph._results.ResultEntry` per declared query (``kind``,
+            ``params``, ``on``, ``status``, ``error``, ``result``; also readable as a mapping of
+            those keys); ``status`` is ``"ok"`` (``result`` is the result object, ``error`` None),
+            ``"failed"`` (``error`` is the one-line message, ``result`` None).
         validation: one entry per declared check, same shape; a check that ran but whose result
             cannot be trusted reports its own status (``"uncontrolled"``: controls that could not be
             drawn), ``error`` the reason and ``result`` the result.
@@ -88,33 +90,33 @@ class RunResult:
     spec: Spec
     graph: AttributionGraph
     full_graph: AttributionGraph
-    queries: list[dict[str, Any]] = field(default_factory=list)
-    validation: list[dict[str, Any]] = field(default_factory=list)
+    queries: list[ResultEntry] = field(default_factory=list)
+    validation: list[ResultEntry] = field(default_factory=list)
     exports: dict[str, Path] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    steering: list[dict[str, Any]] = field(default_factory=list)
+    steering: list[ResultEntry] = field(default_factory=list)
     memory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[str]:
         """One line per failed (or uncontrolled) query, check or steer item: ``queries[i] kind: error``."""
-        return [f"{where}[{i}] {e['kind']}: " + ("" if e["status"] == "failed" else f"{e['status']}: ") + f"{e['error']}"
+        return [f"{where}[{i}] {e.kind}: " + ("" if e.status == "failed" else f"{e.status}: ") + f"{e.error}"
                 for where, entries in (("queries", self.queries), ("validate", self.validation),
                                        ("steer", self.steering))
-                for i, e in enumerate(entries) if e["status"] != "ok"]
+                for i, e in enumerate(entries) if not e.ok]
 
-    def _entries_json(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _entries_json(self, entries: list[ResultEntry]) -> list[dict[str, Any]]:
         pruned = self.graph is not self.full_graph
         out = []
         for e in entries:
-            d = {"kind": e["kind"], "params": e["params"], "on": e["on"], "status": e["status"]}
-            if e["status"] != "ok":
-                d["error"] = e["error"]
-            if e["on"] == "full" and pruned:
+            d: dict[str, Any] = {"kind": e.kind, "params": e.params, "on": e.on, "status": e.status}
+            if not e.ok:
+                d["error"] = e.error
+            if e.on == "full" and pruned:
                 d["refers_to"] = ("unpruned graph: node ids name nodes of the full graph, some of which "
                                   "are not in this (pruned) graph")
-            d["result"] = None if e["result"] is None else e["result"].to_dict()
+            d["result"] = None if e.result is None else e.result.to_dict()
             out.append(d)
 
         return portable_paths(out, spec_base_dir(self.spec))  # no local folders in shared results
@@ -172,18 +174,18 @@ class RunResult:
         pruned = g is not full
         for what, entries in (("query", self.queries), ("validation", self.validation)):
             for e in entries:
-                on = f" (on the {'unpruned' if e['on'] == 'full' else 'pruned'} graph)" if pruned else ""
-                if e["status"] == "failed":
-                    lines.append(f"{what} {e['kind']}{on}: FAILED: {e['error']}")
+                on = f" (on the {'unpruned' if e.on == 'full' else 'pruned'} graph)" if pruned else ""
+                if e.status == "failed":
+                    lines.append(f"{what} {e.kind}{on}: FAILED: {e.error}")
                     continue
-                lines.append(f"{what} {e['kind']}{on}:")
-                lines += ["  " + line for line in e["result"].table().splitlines()]
+                lines.append(f"{what} {e.kind}{on}:")
+                lines += ["  " + line for line in e.result.table().splitlines()]
         for i, e in enumerate(self.steering):
-            if e["status"] == "failed":
-                lines.append(f"steer[{i}]: FAILED: {e['error']}")
+            if e.status == "failed":
+                lines.append(f"steer[{i}]: FAILED: {e.error}")
                 continue
-            lines.append(f"steer[{i}]" + (f" {e['result'].name}" if e["result"].name else "") + ":")
-            lines += ["  " + line for line in e["result"].table().splitlines()]
+            lines.append(f"steer[{i}]" + (f" {e.result.name}" if e.result.name else "") + ":")
+            lines += ["  " + line for line in e.result.table().splitlines()]
         for w in self.warnings:
             lines.append(f"warning: {w}")
         for kind, path in self.exports.items():
@@ -469,8 +471,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
         for i, q in enumerate(spec.queries):
             with watch.stage(f"queries[{i}] {q.kind}"):
                 status, error, res = _attempt(lambda q=q: run_query(graphs[q.on], q), f"queries[{i}]")
-            queries.append({"kind": q.kind, "params": _params(q), "on": q.on, "status": status, "error": error,
-                            "result": res})
+            queries.append(ResultEntry(q.kind, _params(q), q.on, status, error, res))
         timings["queries"] = time.perf_counter() - t0
     validation = []
     run_warnings = full.metadata.setdefault("warnings", [])
@@ -488,8 +489,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
                     f"validate[{i}]")
             if status == "ok" and getattr(res, "status", "ok") != "ok":  # e.g. controls that could not be drawn
                 status, error = res.status, getattr(res, "reason", None)
-            validation.append({"kind": c.kind, "params": _params(c), "on": c.on, "status": status, "error": error,
-                               "result": res})
+            validation.append(ResultEntry(c.kind, _params(c), c.on, status, error, res))
         timings["validation"] = time.perf_counter() - t0
         OutputSet.record([path for path in heatmaps.values() if Path(path).is_file()])
     with watch.stage("steering"):
@@ -551,7 +551,7 @@ def _prune_within(full: AttributionGraph, p: Any, cap: int | None) -> Attributio
 
 
 def _run_steering(spec: Spec, full: AttributionGraph, run_warnings: list[str],
-                  timings: dict[str, float]) -> list[dict[str, Any]]:
+                  timings: dict[str, float]) -> list[ResultEntry]:
     """Run the spec's ``steer:`` items on the unpruned graph (each one a result or a failure)."""
     if not spec.steer:
         return []
@@ -560,13 +560,12 @@ def _run_steering(spec: Spec, full: AttributionGraph, run_warnings: list[str],
     for i, item in enumerate(spec.steer):
         with _recorded_warnings(run_warnings):
             status, error, res = _attempt(lambda item=item: steer_item(full, item, seed=spec.seed), f"steer[{i}]")
-        out.append({"kind": "steer", "params": item.model_dump(mode="json"), "on": "full", "status": status,
-                    "error": error, "result": res})
+        out.append(ResultEntry("steer", item.model_dump(mode="json"), "full", status, error, res))
     timings["steering"] = time.perf_counter() - t0
     return out
 
 
-def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> list[dict[str, Any]]:
+def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> list[ResultEntry]:
     """Build a spec's graph and run only its ``steer:`` items (no queries, checks or exports):
     one entry per item, as :meth:`RunResult.steering_json` writes them, with ``result`` the
     :class:`~circuitgraph.validation.steering.SteeringResult` (``status``/``error`` on failure).

@@ -126,10 +126,8 @@ def _order(c: Component) -> tuple[int, int]:
     kind, layer, _ = c
     if kind in ("embedding", "positional"):
         return 0, -1
-    if kind == "attention_head":
-        return 2 * layer + 1, 2 * layer
-    if kind == "mlp":
-        return 2 * layer + 2, 2 * layer + 1
+    if kind in ("attention_head", "mlp"):
+        return int(ResidualLocation.written_by(kind, layer)), int(ResidualLocation.read_by(kind, layer))
     return 10**9, 10**9 - 1
 
 

@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from circuitgraph.residual import ResidualLocation
+
 __all__ = ["TRACR_MISSING", "tracr_unavailable", "CompiledProgram", "compile_program", "tracr_forward",
            "ground_truth_circuit", "library_program", "LIBRARY_PROGRAMS", "BOS", "PAD", "UNK"]
 
@@ -183,13 +185,13 @@ def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[st
     for block, (_kind, layer) in zip(craft_model.blocks, _module_names(craft_model), strict=False):
         if isinstance(block, transformers.MLP):
             node = {"kind": "mlp", "layer": layer, "index": 0}
-            order = 2 * layer + 2
+            order = int(ResidualLocation.written_by("mlp", layer))
             readers.append((node, order - 1, "direct", _labels(block.fst.input_space, block.fst.matrix, 1)))
             writers.append((node, order, _labels(block.snd.output_space, block.snd.matrix, 0)))
             continue
         for h, head in enumerate(block.as_multi().heads()):
             node = {"kind": "attention_head", "layer": layer, "index": h}
-            order = 2 * layer + 1
+            order = int(ResidualLocation.written_by("attention_head", layer))
             ov, qk = head.w_ov.matrix, head.w_qk.matrix  # (input, output), (query, key)
             readers.append((node, order - 1, "direct", _labels(head.w_ov.input_space, ov, 1)))
             readers.append((node, order - 1, "qk", _labels(head.w_qk.left_space, qk, 1)

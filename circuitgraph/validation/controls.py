@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
+from circuitgraph.residual import ResidualLocation
 from circuitgraph.validation._common import markdown_table
 from circuitgraph.validation.interventions import (
     Intervention,
@@ -99,21 +100,17 @@ def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Inte
 def write_location(site: str, layer: int) -> int:
     """Residual location a unit of ``site`` at ``layer`` writes into (``resid_pre`` of layer
     ``l`` is ``2l``, ``resid_mid`` is ``2l + 1``)."""
-    if site in ("embed", "pos_embed"):
-        return 0
-    if site == "resid_pre":
-        return 2 * layer
-    if site in ("attn", "head"):
-        return 2 * layer + 1
-    return 2 * layer + 2  # mlp, neuron, pre, gate, value, feature, error (a CLT feature: its first write)
+    return int(ResidualLocation.written_by(site, layer))
 
 
 def _read_location(readout: Any, n_layers: int) -> int:
+    R = ResidualLocation
     if readout.kind in ("logit", "logit_diff"):
-        return 2 * n_layers
+        return int(R.resid_pre(n_layers))
+    layer = int(readout.layer)
     if readout.kind in ("feature", "neuron"):
-        return 2 * int(readout.layer) + 1
-    return 2 * int(readout.layer) + {"resid_pre": 0, "resid_mid": 1, "resid_post": 2}.get(readout.site or "", 2)
+        return int(R.read_by(readout.kind, layer))
+    return int({"resid_pre": R.resid_pre, "resid_mid": R.resid_mid}.get(readout.site or "", R.resid_post)(layer))
 
 
 def reachable_positions(metric: Any, n_layers: int, n_pos: int, causal: bool = True) -> Callable[[str, int], np.ndarray]:

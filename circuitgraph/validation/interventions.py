@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from circuitgraph._results import Tabular
+from circuitgraph.adapters.sites import POSITION_SITES, SITES, VECTOR_SITES, Site
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import markdown_table
@@ -89,17 +90,9 @@ __all__ = [
     "site_width",
 ]
 
-Site = Literal["embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron", "pre", "gate", "value",
-               "feature", "error"]
-SITES: tuple[str, ...] = ("embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron", "pre", "gate",
-                          "value", "feature", "error")
 Mode = Literal["zero", "mean", "scale", "set", "patch", "add"]
 MODES: tuple[str, ...] = ("zero", "mean", "scale", "set", "patch", "add")
 
-#: sites whose units are vectors (activation 1 in the graph); the others are scalars
-VECTOR_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "error"})
-#: sites with one unit per position (index is always 0)
-POSITION_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "mlp", "error"})
 #: graph node kind -> intervention site
 NODE_SITES = {"embedding": "embed", "positional": "pos_embed", "feature": "feature", "error": "error",
               "neuron": "neuron", "attention_head": "head", "mlp": "mlp"}
@@ -111,7 +104,7 @@ class Unit:
     position) and ``index`` (feature/neuron/head index; ``None`` = every index; 0 for sites with
     one unit per position)."""
 
-    site: str
+    site: Site
     layer: int
     position: int | None = None
     index: int | None = 0
@@ -234,27 +227,6 @@ class Intervention:
 
 
 # ---------------------------------------------------------------------------- sites
-def _site_hook(adapter: ModelAdapter, site: str, layer: int) -> str:
-    a = adapter
-    if site == "embed":
-        return a.hook_embed()
-    if site == "pos_embed":
-        return a.hook_pos_embed()
-    if site == "resid_pre":
-        return a.hook_resid_pre(layer) if layer < a.facts.n_layers else a.hook_resid_post(layer - 1)
-    if site == "attn":
-        return a.hook_attn_out(layer)
-    if site == "head":
-        return a.hook_z(layer)
-    if site in ("mlp", "feature", "error"):
-        return a.hook_mlp_out(layer)
-    if site == "neuron":
-        return a.hook_mlp_post(layer)
-    if site in ("pre", "gate"):
-        return a.hook_mlp_pre(layer)
-    return a.hook_mlp_pre_linear(layer)
-
-
 def site_width(adapter: ModelAdapter, site: str, layer: int, transcoders: Any = None) -> int:
     """Number of indices of a site (1 for one-unit-per-position sites)."""
     f = adapter.facts
@@ -330,7 +302,7 @@ def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Any
     if site == "error":  # the reconstruction of MLP output `layer` reads every source layer's input
         return ({transcoders[l].hook_in for l in transcoders.source_layers(layer)}
                 | {dictionary_out_hook(adapter, transcoders, layer)})
-    return {_site_hook(adapter, site, layer)}
+    return {adapter.hook_site(site, layer)}
 
 
 def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, torch.Tensor], transcoders: Any = None,
@@ -346,7 +318,7 @@ def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, t
         acts = {l: transcoders[l].activation(inputs[l]) for l in src}
         out = cache[dictionary_out_hook(adapter, transcoders, layer)]
         return _view("error", out - transcoders.reconstruct_at(layer, acts, inputs).to(out.dtype))
-    return _view(site, cache[_site_hook(adapter, site, layer)])
+    return _view(site, cache[adapter.hook_site(site, layer)])
 
 
 @torch.no_grad()
@@ -533,7 +505,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
     by_hook: dict[str, list[tuple[str, int]]] = {}
     for site, layer in plan.edits:
         if site not in ("feature", "error"):
-            by_hook.setdefault(_site_hook(adapter, site, layer), []).append((site, layer))
+            by_hook.setdefault(adapter.hook_site(site, layer), []).append((site, layer))
     for k in splice_out:
         by_hook.setdefault(dictionary_out_hook(adapter, transcoders, k), [])
     for name, sls in by_hook.items():

@@ -1,12 +1,14 @@
-"""Named points of the residual stream (:class:`ResidualLocation`), the lowest layer of the
-engine: the frozen model, the node tables, the engine and its public face
-(:mod:`circuitgraph.attribution.context`, which re-exports it) all import it from here."""
+"""Named points of the residual stream (:class:`ResidualLocation`), below every package: the
+engine (its frozen model, node tables and public face :mod:`circuitgraph.attribution.context`,
+which re-exports it), the graph's orderings, the queries and the validation checks all number
+residual locations through it, never as ``2 * layer + 1``."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 __all__ = ["ResidualLocation", "Sublayer"]
+
 
 Sublayer = Literal["embed", "attn", "mlp"]
 
@@ -47,6 +49,29 @@ class ResidualLocation(int):
     def layer(self) -> int:
         """The block whose sublayer writes here (-1 for the embeddings)."""
         return -1 if self == 0 else (self - 1) // 2
+
+    @classmethod
+    def written_by(cls, unit: str, layer: int) -> ResidualLocation:
+        """Where a unit writes: ``unit`` a node kind or an intervention site. The embeddings
+        write ``resid_pre(0)``; a ``resid_pre`` site is ``resid_pre(layer)``; a head or a block's
+        attention ``resid_mid(layer)``; everything of a block's MLP (the MLP, a neuron, its pre-
+        and gate activations, a feature, an error, a remainder) ``resid_post(layer)`` (a
+        cross-layer feature: its first write)."""
+        if unit in ("embed", "pos_embed", "embedding", "positional"):
+            return cls(0)
+        if unit == "resid_pre":
+            return cls.resid_pre(layer)
+        if unit in ("attn", "head", "attention_head"):
+            return cls.resid_mid(layer)
+        return cls.resid_post(layer)
+
+    @classmethod
+    def read_by(cls, kind: str, layer: int) -> ResidualLocation:
+        """Where a reader reads: a head ``resid_pre(layer)``; an MLP, a neuron or a feature (the
+        MLP's input) ``resid_mid(layer)``; other kinds ``resid_pre(layer)``."""
+        if kind in ("feature", "neuron", "mlp"):
+            return cls.resid_mid(layer)
+        return cls.resid_pre(layer)
 
     def below(self) -> ResidualLocation:
         """The location before this one's sublayer."""
