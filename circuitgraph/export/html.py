@@ -391,9 +391,10 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
             + "\n".join(body) + "</body></html>\n")
 
 
-def _entries_html(live: list[ResultEntry], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
+def _entries_html(live: Sequence[Mapping[str, Any]], stored: Iterable[Any], what: str, names: Any = None) -> list[str]:
     out: list[str] = []
-    for i, e in enumerate(live):
+    for i, entry in enumerate(live):
+        e = entry if isinstance(entry, ResultEntry) else ResultEntry(**entry)  # a caller's plain dict entry
         label = f"{what} {i}: {e.kind}"
         if e.status == "failed":
             out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e.error)}</p>')
