@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import circuitgraph
-from circuitgraph.pipeline.check_estimate import PeakWatch
+from circuitgraph.pipeline.check_estimate import PER_EDGE_CHECKS, PROBES, PeakWatch
 from circuitgraph.pipeline.estimate import estimate_run
-from circuitgraph.testing.synthetic import save_bundle, tiny_config, tiny_model
+from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
+from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation import run_check
 
 MB = 1 << 20
@@ -33,11 +34,16 @@ def one_thread():
 
 
 @functools.cache
-def model_dir() -> Path:
+def bundle() -> Path:
     cfg = tiny_config(norm="RMS", mlp="gated", positional="rotary", n_layers=2, d_mlp=64, n_ctx=128, d_vocab=20000)
     root = Path(tempfile.mkdtemp(prefix="cg-check-estimate-"))
-    save_bundle(root, tiny_model(cfg))
-    return root / "model"
+    model = tiny_model(cfg)
+    save_bundle(root, model, random_transcoders(model, d_sae=64))
+    return root
+
+
+def model_dir() -> Path:
+    return bundle() / "model"
 
 
 def rows(seed: int, n: int, length: int) -> list[list[int]]:
@@ -45,9 +51,13 @@ def rows(seed: int, n: int, length: int) -> list[list[int]]:
     return [[1] + g.integers(2, 20000, size=length - 1).tolist() for _ in range(n)]
 
 
-def spec(check: dict) -> dict:
-    return {"format_version": 1, "model": {"path": str(model_dir())}, "prompt": {"tokens": rows(0, 1, 24)[0]},
-            "targets": [{"logit": 3}], "graph": {"mlp": "neurons", "neuron_top_k": 2}, "validate": [check]}
+def spec(check: dict, length: int = 24) -> dict:
+    s = {"format_version": 1, "model": {"path": str(model_dir())}, "prompt": {"tokens": rows(0, 1, length)[0]},
+         "targets": [{"logit": 3}], "graph": {"mlp": "neurons", "neuron_top_k": 2}, "validate": [check]}
+    if "replacement_fidelity" in check:
+        s["transcoders"] = {"path": str(bundle() / "transcoders")}
+        s["graph"] = {"mlp": "transcoders"}
+    return s
 
 
 CHECKS = {
@@ -58,9 +68,26 @@ CHECKS = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(CHECKS))
+#: the checks that run the model once per node or set on the graph's prompt (96 tokens: their
+#: logits, 4 to 21 runs of 96 x 20,000, dominate), with their prompt's length
+PROMPT_CHECKS = {
+    "predicted_vs_actual": {"predicted_vs_actual": {"k": 20, "mode": "zero"}},
+    "ablate": {"ablate": {"k": 3, "n_controls": 8}},
+    "faithfulness": {"faithfulness": {"mode": "zero"}},
+    "faithfulness_curve": {"faithfulness_curve": {"unit": "nodes", "sizes": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]}},
+    "replacement_fidelity": {"replacement_fidelity": {"prompts": [{"tokens": rows(4, 1, 120)[0]}]}},
+}
+LENGTHS = {**{k: 24 for k in CHECKS}, **{k: 96 for k in PROMPT_CHECKS}}
+
+
+def test_every_check_is_probed_or_costed_per_edge():
+    assert set(PROBES) | PER_EDGE_CHECKS == {t.key for t in CHECK_TYPES}
+    assert not set(PROBES) & PER_EDGE_CHECKS
+
+
+@pytest.mark.parametrize("kind", sorted(CHECKS) + sorted(PROMPT_CHECKS))
 def test_the_estimate_matches_the_measured_check(kind):
-    s = circuitgraph.spec.load_spec(spec(CHECKS[kind]))
+    s = circuitgraph.spec.load_spec(spec({**CHECKS, **PROMPT_CHECKS}[kind], LENGTHS[kind]))
     (est,) = estimate_run(s).checks
     assert est.kind == kind and est.forward_passes > 0 and est.seconds > 0, est
     assert "fits:" in "\n".join(estimate_run(s).lines())
@@ -90,3 +117,19 @@ def test_a_check_that_does_not_fit_says_so():
     assert not est.checks_fit and not est.fits and "fits: NO" in lines, lines
     if est.plan.fits:  # the check alone does not fit: the advice says so
         assert "a check's forward passes do not fit" in lines, lines
+
+
+def test_a_prompt_check_that_does_not_fit_is_refused_with_its_advice():
+    """predicted_vs_actual's 21 runs of 96 tokens alone do not fit: the dry run refuses it whatever
+    the graph, names the check and says what lowers it (k)."""
+    s = circuitgraph.spec.load_spec(spec(PROMPT_CHECKS["predicted_vs_actual"], 96))
+    first = estimate_run(s)
+    (c,) = first.checks
+    assert first.fits and c.working_set > 64 * MB, first.lines()
+    # the estimate counts the check's stage: the graph held and its forward passes
+    assert first.bytes_peak >= first.check_peak(c) >= first.plan.bytes_fixed + c.working_set
+    est = estimate_run(s, memory_limit=first.plan.bytes_fixed + c.working_set // 2)
+    lines = "\n".join(est.lines())
+    assert not est.checks_fit and not est.fits, lines
+    assert "fits: NO - a check's forward passes do not fit" in lines and "validate[0] predicted_vs_actual" in lines \
+        and "lower validate[0].k" in lines, lines
