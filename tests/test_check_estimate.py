@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import circuitgraph
-from circuitgraph.pipeline.check_estimate import PER_EDGE_CHECKS, PROBES, PeakWatch
+from circuitgraph.pipeline.check_estimate import PER_EDGE_CHECKS, PROBES, PeakWatch, release_free_memory
 from circuitgraph.pipeline.estimate import estimate_run
 from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
 from circuitgraph.spec.validation import CHECK_TYPES
@@ -96,6 +96,7 @@ def test_the_estimate_matches_the_measured_check(kind):
     passes = []
     adapter = graph.context.adapter
     counter = ("hook_embed", lambda x, hook: passes.append(x.shape[0]) or x)
+    release_free_memory()  # the probes' freed pages would hide the check's allocations
     with PeakWatch() as watch, adapter.model.hooks(fwd_hooks=[counter]):
         run_check(graph, s.validate[0], spec=s)
     measured = watch.added
