@@ -15,7 +15,7 @@ import torch
 
 import circuitgraph
 from circuitgraph.pipeline.check_estimate import PER_EDGE_CHECKS, PROBES, PeakWatch, release_free_memory
-from circuitgraph.pipeline.estimate import estimate_run
+from circuitgraph.pipeline.estimate import _LAST_RESORT, estimate_run
 from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation import run_check
@@ -134,3 +134,11 @@ def test_a_prompt_check_that_does_not_fit_is_refused_with_its_advice():
     assert not est.checks_fit and not est.fits, lines
     assert "fits: NO - a check's forward passes do not fit" in lines and "validate[0] predicted_vs_actual" in lines \
         and "lower validate[0].k" in lines, lines
+    # where the node tables are too large for the check (a real model's every neuron), the plan's
+    # advice for a smaller graph comes first: it counts the check's forward passes (its later stages)
+    p = est.plan
+    p.base, p.advice = 4 * p.limit, ["set graph.max_neuron_nodes: 7 (or less)"]
+    fits = [line for line in est.lines() if line.startswith("fits:")]
+    assert not est.checks_fit and fits == ["fits: NO - set graph.max_neuron_nodes: 7 (or less)"], fits
+    p.advice = [_LAST_RESORT]  # no smaller graph fits: the check's own advice
+    assert "lower validate[0].k" in "\n".join(est.lines())

@@ -102,7 +102,8 @@ class RunEstimate:
     @property
     def checks_fit(self) -> bool:
         """Whether each probed check fits next to the model and what the process holds after the
-        forward pass, with an empty graph: else no setting of the graph makes the run fit."""
+        forward pass, with this spec's node tables and an empty graph (where the plan advises a
+        smaller graph, its advice counts the checks: :attr:`lines` gives it first)."""
         p = self.plan
         if p is None:
             return True
@@ -167,6 +168,10 @@ class RunEstimate:
             out.append(f"fits: probably - at most {_gb(p.bytes_peak)} if the widest feature rows are selected, "
                        f"{_gb(p.bytes_peak_lower)} if the narrowest; which are selected is known only as they are "
                        "computed, and the run stops with advice if it would pass the memory it may use")
+        elif (p is not None and self.static_fits and self.device_fits and not p.fits
+              and p.advice and p.advice != [_LAST_RESORT]):
+            # a smaller graph fits, the checks' forward passes counted (the plan's later stages)
+            out.append("fits: NO - " + "; or ".join(p.advice))
         elif p is not None and self.static_fits and self.device_fits and not self.checks_fit:
             worst = [c for c in self.checks if p.bytes_fixed + self.check_bytes(c) > p.limit]
             out.append("fits: NO - a check's forward passes do not fit next to the model, whatever the graph: "
