@@ -104,8 +104,8 @@ def test_the_estimate_matches_the_measured_check(kind):
     # neurons that do not differ, controls that cannot be drawn run nothing)
     assert len(passes) <= est.forward_passes
     assert est.working_set > 8 * MB  # the logits of the largest pass
-    assert measured <= 1.5 * est.working_set + 16 * MB, (measured, est.working_set)
-    assert est.working_set <= 3 * measured + 16 * MB, (measured, est.working_set)
+    assert measured <= est.working_set, (measured, est.working_set)  # an upper bound
+    assert est.working_set <= 3 * measured, (measured, est.working_set)
 
 
 def test_a_check_that_does_not_fit_says_so():
