@@ -9,6 +9,7 @@ reported, with the advice that would make a run fit.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
 )
 from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
-from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks
+from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks, release_free_memory
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
 from circuitgraph.pipeline.stage_memory import check_edge_bytes
@@ -235,7 +236,14 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     f = p.adapter.facts
     # the checks that run the model: their forward passes probed, their working set counted as a
     # later stage of the plan (with the graph they run on), so that its advice leaves room for them
+    before_probes = process_memory()
     checks = estimate_checks(spec, p.adapter, p.lin.tokens.tolist(), options=p.options, transcoders=p.transcoders)
+    # what the probes freed goes back to the system before the plan measures the base
+    gc.collect()
+    release_free_memory()
+    left = process_memory() - before_probes
+    if left > 64 * 1024**2:
+        notes.append(f"the checks' probes left {_gb(left)} resident (counted in the measured base)")
     probed = [c for c in checks if c.forward_passes]
     st = getattr(p.options, "stages", None)
     if probed and st is not None:
