@@ -16,8 +16,8 @@ import torch
 import circuitgraph
 from circuitgraph.pipeline.check_estimate import PER_EDGE_CHECKS, PROBES, PeakWatch, release_free_memory
 from circuitgraph.pipeline.estimate import _LAST_RESORT, estimate_run
-from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
 from circuitgraph.spec.validation import CHECK_TYPES
+from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
 from circuitgraph.validation import run_check
 
 MB = 1 << 20

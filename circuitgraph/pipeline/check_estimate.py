@@ -45,11 +45,13 @@ a loaded machine can stretch it (measured against the runs in docs/validation.md
 
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -61,9 +63,11 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from circuitgraph.pipeline.inputs import resolve_prompt_like
 from circuitgraph.spec import Spec
-from circuitgraph.validation.dispatch import CheckCall, check_metric, sign_regimes_rows
+from circuitgraph.validation.circuit_faithfulness import universe_units
 from circuitgraph.validation.controls import unit_magnitudes
+from circuitgraph.validation.dispatch import CheckCall, _file_rows, check_metric, sign_regimes_rows
 from circuitgraph.validation.echo_stats import stream_stats
+from circuitgraph.validation.fidelity import replacement_fidelity
 from circuitgraph.validation.frozen import frozen_capture_names
 from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.interventions import Intervention, Unit, run_rows
@@ -181,8 +185,6 @@ def release_free_memory() -> None:
     elsewhere), so that a measured block's allocations are not hidden by pages an earlier one
     freed and the allocator kept (blocks under its mmap threshold, up to 32 MB, are kept)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         pass
@@ -361,8 +363,6 @@ def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, t
     a = c.adapter
     evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
     if p.eval_dataset is not None:
-        from circuitgraph.validation.dispatch import _file_rows
-
         evaluation += _file_rows(c, p.eval_dataset, p.max_rows, f"{where}.eval_dataset")
     rows_eval = evaluation or [prompt]
     n_rows = 2 + len(p.controls) * p.n_controls
@@ -380,10 +380,6 @@ def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, t
 
 
 def _universe(a: Any, options: Any, T: int) -> list[Unit]:
-    from types import SimpleNamespace
-
-    from circuitgraph.validation.circuit_faithfulness import universe_units
-
     return universe_units(SimpleNamespace(adapter=a, options=options, linearisation=SimpleNamespace(n_pos=T)))
 
 
@@ -439,8 +435,6 @@ def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, o
     a = c.adapter
     rows = [prompt] + c.prompts(p.prompts, f"{where}.prompts")
     longest = max(rows, key=len)
-    from circuitgraph.validation.fidelity import replacement_fidelity
-
     work, secs = _probe(lambda: replacement_fidelity(None, prompts=[longest], adapter=a, transcoders=transcoders))
     tokens = sum(map(len, rows))
     return CheckEstimate(where, "replacement_fidelity", 2 * len(rows) + 2, work,
