@@ -53,6 +53,11 @@ topk-keeps-the-smallest by tests/test_training_topk.py (each applied by hand, 20
 echo-shard-mass-dropped by
 tests/test_echo_executors.py::test_statistics_merge_exactly_however_the_rows_are_split;
 patching-estimate-one-pass by tests/test_check_estimate.py::test_the_estimate_matches_the_measured_check;
+removal-estimate-one-run, check-stage-not-in-the-plan by tests/test_check_estimate.py,
+check-refusal-before-the-graphs-advice by
+tests/test_check_estimate.py::test_a_prompt_check_that_does_not_fit_is_refused_with_its_advice and
+reader-lookup-maps-every-candidate, writer-lookup-maps-every-candidate and writer-lookup-wrong-row by
+tests/test_candidate_lookups.py (run with ``--only``);
 ablate-controls-matched-on-the-graph-prompt by
 tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows.
 
@@ -384,6 +389,54 @@ MUTATIONS = [
         "probed = min(runs, 2 * PATCH_BATCH)",
         "probed = min(runs, PATCH_BATCH)",
         ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
+        "removal-estimate-one-run",
+        "the dry run probes predicted_vs_actual/ablate with one removal, not the runs that share a forward pass",
+        "circuitgraph/pipeline/check_estimate.py",
+        "    probed = min(n_rows, 2 * batch)",
+        "    probed = min(n_rows, 2)",
+        ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
+        "check-stage-not-in-the-plan",
+        "the memory plan leaves out the probed checks' forward passes next to the graph",
+        "circuitgraph/attribution/plan.py",
+        "                   edges * st.check_edge_bytes + st.check_bytes)",
+        "                   0)",
+        ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
+        "check-refusal-before-the-graphs-advice",
+        "the dry run refuses a check that fits next to a smaller graph instead of advising that graph",
+        "circuitgraph/pipeline/estimate.py",
+        "              and p.advice and p.advice != [_LAST_RESORT]):",
+        "              and False):",
+        ("tests/test_check_estimate.py",),
+    ),
+    Mutation(
+        "reader-lookup-maps-every-candidate",
+        "a reader lookup on a max_neuron_nodes graph builds the id map of every candidate reader",
+        "circuitgraph/attribution/context.py",
+        "        if self._reader_index is not None or not _has_candidates(self._tables.nodes):",
+        "        if True:",
+        ("tests/test_candidate_lookups.py",),
+    ),
+    Mutation(
+        "writer-lookup-maps-every-candidate",
+        "a writer lookup on a max_neuron_nodes graph builds the index of every candidate writer",
+        "circuitgraph/attribution/nodes_builder.py",
+        "        if self._writer_index is not None or not (isinstance(self.nodes, NodeTable) and self.nodes.has_candidates):",
+        "        if True:",
+        ("tests/test_candidate_lookups.py",),
+    ),
+    Mutation(
+        "writer-lookup-wrong-row",
+        "a writer lookup among candidates returns the slots of the next node row",
+        "circuitgraph/attribution/nodes_builder.py",
+        "            g_i, j_i = (block.rows == row).nonzero(as_tuple=True)",
+        "            g_i, j_i = (block.rows == row + 1).nonzero(as_tuple=True)",
+        ("tests/test_candidate_lookups.py",),
     ),
     Mutation(
         "ablate-controls-matched-on-the-graph-prompt",

@@ -328,3 +328,27 @@ def test_max_neuron_nodes_advice_fits_when_followed(tmp_path, wide_bundle):
     measured = _in_process(followed, tmp_path / "b.json", budget, "run")
     assert (out / "g.json").is_file() and (out / "g.npz").is_file()
     assert measured <= estimate * GB, (measured / GB, estimate)
+
+
+def test_advice_with_a_probed_check_is_the_graphs_and_fits(tmp_path, wide_bundle):
+    """With a check that runs the model (predicted_vs_actual, probed by the dry run), a neuron
+    graph over its budget is still advised a smaller graph (the check fits next to the model, so
+    the advice, which counts the check's forward passes, is the graph's); followed, its dry run
+    fits and counts the check's stage, and the run peaks under the estimate."""
+    out = tmp_path / "out"
+    spec = _spec(out, wide_bundle, n_pos=32, validate=[{"predicted_vs_actual": {"k": 20}}])
+    spec["export"].pop("svg")
+    budget = 1.5
+    lines = _in_process(spec, tmp_path / "a.json", budget, "dry")
+    k = _advice_k(lines, "max_neuron_nodes")
+    assert _fits(lines).startswith("fits: NO - set graph.") and k is not None, lines
+    followed = {**spec, "graph": {"mlp": "neurons", "max_neuron_nodes": k}}
+    lines = _in_process(followed, tmp_path / "b.json", budget, "dry")
+    assert _fits(lines) == "fits: yes", lines
+    text = "\n".join(lines)
+    assert "validate[0] predicted_vs_actual: 23 forward passes" in text and "its stage peaks at about" in text, text
+    estimate, limit = _peak_and_edges(lines)
+    assert estimate <= limit <= budget
+    measured = _in_process(followed, tmp_path / "b.json", budget, "run")
+    assert (out / "g.json").is_file()
+    assert measured <= estimate * GB, (measured / GB, estimate)

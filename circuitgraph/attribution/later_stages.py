@@ -24,7 +24,11 @@ class LaterStages:
     full graph.  ``export_limit``: an unpruned graph is exported only up to this many edges
     (``prune: none`` with a JSON or Neuronpedia export), else ``None``.  ``fixed``: bytes that
     do not grow with the edges (a diagram's rendering).  ``heaviest``: the stage that sets
-    ``full_edge_bytes`` (for the dry run's report)."""
+    ``full_edge_bytes`` (for the dry run's report).  ``check_bytes``: the working set of the
+    heaviest check whose cost is per forward pass of the model (measured by the dry run's probe,
+    :mod:`circuitgraph.pipeline.check_estimate`; 0 where none is probed), held next to the full
+    graph at ``check_edge_bytes`` an edge: that stage's peak is ``edges x check_edge_bytes +
+    check_bytes`` when it is more than the per-edge cost; ``check``: which check that is."""
 
     full_edge_bytes: int = 0
     resident_edge_bytes: int = 0
@@ -33,3 +37,6 @@ class LaterStages:
     export_limit: int | None = None
     fixed: int = 0
     heaviest: str = ""
+    check_bytes: int = 0
+    check_edge_bytes: int = 0
+    check: str = ""

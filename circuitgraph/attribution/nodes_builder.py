@@ -24,7 +24,7 @@ from circuitgraph.attribution.frozen_model import (
 )
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.attribution.linearisation import Linearisation
-from circuitgraph.attribution.node_table import NeuronCandidates, NodeTable, node_kinds
+from circuitgraph.attribution.node_table import NeuronCandidates, NodeTable, find_row, node_kinds
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
@@ -343,6 +343,22 @@ class Collected:
             self._writer_index = idx
         return self._writer_index
 
+    def writer_slots(self, node: NodeId) -> list[tuple[int, int, int]]:
+        """``node``'s ``(location, group, slot)`` writes, as :meth:`writer_index` has them.  A table of
+        ``max_neuron_nodes`` candidates (millions of writers on a real model) is searched per
+        node, block by block: the index of every writer took ~350 bytes a candidate (4 GB at 256
+        tokens on SmolLM2-135M), kept for the graph's lifetime after one validation check."""
+        if self._writer_index is not None or not (isinstance(self.nodes, NodeTable) and self.nodes.has_candidates):
+            return self.writer_index().get(node, [])
+        row = find_row(self.nodes, node)
+        if row is None:
+            return []
+        out = []
+        for loc, block in sorted(self.writers.blocks.items()):
+            g_i, j_i = (block.rows == row).nonzero(as_tuple=True)
+            out += [(loc, g, j) for g, j in zip(g_i.tolist(), j_i.tolist(), strict=True)]
+        return out
+
     def count_tables(self, n_locs: int, n_pos: int) -> tuple[Any, Any, Any, Any]:
         """What the memory estimate needs (numpy): writers per (location, position)
         ``(n_locs, n_pos)``, and per reader its location, position and node kind."""
@@ -369,7 +385,7 @@ class Collected:
     def writer_locations(self, node: NodeId) -> list[tuple[int, int, torch.Tensor]]:
         """Every ``(location, position, output vector)`` at which ``node`` writes; empty for non-writers."""
         out = []
-        for loc, g, j in self.writer_index().get(node, []):
+        for loc, g, j in self.writer_slots(node):
             block = self.writers.blocks[loc]
             out.append((loc, int(block.positions[g]), block.vector(g, j)))
         return out

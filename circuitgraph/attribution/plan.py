@@ -128,12 +128,14 @@ class EdgePlan:
     def _full_bytes(self, edges: int, bytes_per_edge: int) -> int:
         """A full graph of ``edges`` edges at its peak: the stages on it (``bytes_per_edge`` an
         edge), or the exports (the full graph resident, the pruned graph's edges, at most the
-        full graph's and the kept-edge cap, being written)."""
+        full graph's and the kept-edge cap, being written), or the heaviest probed check (the
+        graph held, and the check's forward passes' working set)."""
         st = self.stages
         if st is None:
             return edges * bytes_per_edge
         kept = edges if st.kept_cap is None else min(edges, st.kept_cap)
-        return max(edges * bytes_per_edge, edges * st.resident_edge_bytes + kept * st.kept_edge_bytes)
+        return max(edges * bytes_per_edge, edges * st.resident_edge_bytes + kept * st.kept_edge_bytes,
+                   edges * st.check_edge_bytes + st.check_bytes)
 
     @property
     def selecting(self) -> bool:
@@ -155,7 +157,11 @@ class EdgePlan:
         (pruning keeps as many edges as it may)."""
         edges, bpe = ((self.n_edges_upper, self.bytes_per_edge) if not self.selecting
                       else (self.n_edges_folded_upper, self.folded_bytes_per_edge))
-        return self._full_bytes(edges, bpe) - edges * bpe
+        st = self.stages
+        if st is None:
+            return 0
+        kept = edges if st.kept_cap is None else min(edges, st.kept_cap)
+        return max(0, edges * st.resident_edge_bytes + kept * st.kept_edge_bytes - edges * bpe)
 
     @property
     def n_edges_final(self) -> int:

@@ -1,11 +1,15 @@
-"""The dry run's estimate of the checks that run the model many times: ``sign_regimes`` and
-``patching`` sweeps (memory and CPU time, before they run).
+"""The dry run's estimate of the checks that run the model: their forward passes and the
+working set of the heaviest one (memory and CPU time, before they run).
 
 Their cost is not per edge of the graph (:mod:`circuitgraph.pipeline.stage_memory`) but per
 forward pass, so each is *probed*: its heaviest forward pass runs once on the loaded model,
 with the check's own hooks, and the resident memory it adds (the process's peak, ``VmHWM``,
 reset before) and its time are measured; the check's number of forward passes is counted from
-the spec and its rows, and the time scaled by their tokens.
+the spec and its rows, and the time scaled by their tokens.  The dry run counts the heaviest
+working set as a later stage of the memory plan, next to the full graph the check runs on
+(:class:`~circuitgraph.attribution.later_stages.LaterStages` ``check_bytes``), so that its
+advice leaves room for it; a check that does not fit next to the model alone is refused with
+its own advice (:attr:`CheckEstimate.advice`).  The probes (:data:`PROBES`):
 
 * ``sign_regimes``: the statistics run one forward pass per selection and evaluation row (the
   probe: the longest selection row, hooks on every layer asked for); the removal runs
@@ -18,6 +22,22 @@ the spec and its rows, and the time scaled by their tokens.
   rows and the sets, 64 per forward pass, each with one clean pass for the patches' source
   (the probe: two passes of 64 copies of the corrupted prompt, each patching another neuron
   of the last layer from the clean one: a pass's logits live on while the next is computed).
+* ``predicted_vs_actual``: ``1 + k`` runs of the graph's prompt, 32 a pass (the probe: those
+  runs, each removing one neuron), and ``1 + k`` runs of the frozen model, one at a time (the
+  probe: a pass keeping the hooks :func:`~circuitgraph.validation.frozen.frozen_reader_values`
+  keeps); the larger working set counts.
+* ``ablate``: ``2 + kinds x n_controls`` runs per evaluation row, 32 a pass (probed as above),
+  the controls' magnitudes (one pass caching the site in every layer, probed) and two frozen runs.
+* ``faithfulness``: 4 runs of the graph's prompt in one pass, every unit of the model ablated
+  (the probe: the same rows on the units the graph's options make).
+* ``faithfulness_curve``: ``unit: nodes``: ``2 + sizes`` runs, every unit ablated (probed as
+  faithfulness); ``unit: edges``: one frozen run per size (probed as above; the reference
+  graphs of ``ablation: mean/patch`` are not counted).
+* ``replacement_fidelity``: the real and the replacement model on each prompt (the probe: the
+  check itself on the longest prompt).
+
+``qk``, the only other check, runs one engine sweep of extra readers over the graph's writers
+and no forward pass of the model: its cost is per edge, like the queries'.
 
 The time is CPU seconds on this machine with its current torch threads, from one timed probe:
 a loaded machine can stretch it (measured against the runs in docs/validation.md).
@@ -25,11 +45,13 @@ a loaded machine can stretch it (measured against the runs in docs/validation.md
 
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -41,13 +63,17 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from circuitgraph.pipeline.inputs import resolve_prompt_like
 from circuitgraph.spec import Spec
-from circuitgraph.validation.dispatch import CheckCall, check_metric, sign_regimes_rows
+from circuitgraph.validation.circuit_faithfulness import universe_units
+from circuitgraph.validation.controls import unit_magnitudes
+from circuitgraph.validation.dispatch import CheckCall, _file_rows, check_metric, sign_regimes_rows
 from circuitgraph.validation.echo_stats import stream_stats
+from circuitgraph.validation.fidelity import replacement_fidelity
+from circuitgraph.validation.frozen import frozen_capture_names
 from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.interventions import Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 
-__all__ = ["CheckEstimate", "PeakWatch", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
+__all__ = ["CheckEstimate", "PeakWatch", "PROBES", "release_free_memory", "PER_EDGE_CHECKS", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
 
 #: the patching check's runs per forward pass (``patching(batch_size=64)``)
 PATCH_BATCH = 64
@@ -154,13 +180,31 @@ class PeakWatch:
         return max(self.peak - self.before, 0)
 
 
+def release_free_memory() -> None:
+    """Hand the allocator's free pages back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere), so that a measured block's allocations are not hidden by pages an earlier one
+    freed and the allocator kept (blocks under its mmap threshold, up to 32 MB, are kept)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
+
+
+#: a probe's measured working set is counted at this factor plus :data:`PROBE_SLACK`: the check's
+#: own work around its forward passes (the graph's effects, the chosen nodes, its rows and
+#: results) added up to 6% on a tiny model whose logits dominate (``tests/test_check_estimate.py``)
+PROBE_MARGIN = 1.25
+PROBE_SLACK = 32 * 1024**2
+
+
 def _probe(fn: Any) -> tuple[int, float]:
-    """``(bytes the call added to the resident memory at its peak, seconds)``."""
+    """``(bytes the call added to the resident memory at its peak, with the margin; seconds)``."""
+    release_free_memory()
     with PeakWatch() as watch:
         t0 = time.perf_counter()
         fn()
         seconds = time.perf_counter() - t0
-    return watch.added, seconds
+    return int(PROBE_MARGIN * watch.added) + PROBE_SLACK, seconds
 
 
 @dataclass
@@ -174,6 +218,7 @@ class CheckEstimate:
     seconds: float  # CPU seconds, estimated
     processes: int = 1  # processes holding the model and a working set (executor workers + this one)
     detail: str = ""
+    advice: str = ""  # what lowers the working set, when it does not fit
 
     def line(self, gb: Any) -> str:
         procs = (f"; {self.processes - 1} executor workers each load the model and hold their own"
@@ -215,7 +260,8 @@ def _sign_regimes(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckE
                          max(stat_bytes, rm_bytes),
                          seconds, 1 + workers,
                          f"{n_stat} rows of statistics, {len(evaluation)} evaluation rows x {per_row} of "
-                         f"{p.batch_size} runs (at most {runs} runs a row)")
+                         f"{p.batch_size} runs (at most {runs} runs a row)",
+                         f"lower {where}.batch_size or max_row_tokens, or run it with fewer executor workers")
 
 
 def _patching(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstimate:
@@ -247,23 +293,187 @@ def _patching(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstim
     detail = f"{runs:,} runs of {T} tokens, {PATCH_BATCH} a pass" + \
         ("; a neuron sweep counts every neuron of its layers" if "neuron" in g else "") + \
         ("; feature sweeps not counted" if "feature" in g else "")
-    return CheckEstimate(where, "patching", n_fwd, work, seconds, 1, detail)
+    return CheckEstimate(where, "patching", n_fwd, work, seconds, 1, detail,
+                         f"a shorter corrupted prompt for {where} (its {PATCH_BATCH} runs share a forward pass)")
+
+
+#: ``run_rows``' runs per forward pass in the checks that do not set it (ablate, predicted_vs_actual,
+#: faithfulness, faithfulness_curve)
+ROWS_BATCH = 32
+
+
+def _removal_rows(a: Any, tokens: list[int], n_rows: int, batch: int) -> tuple[int, float]:
+    """Probe ``run_rows`` on ``tokens`` with ``n_rows`` runs (up to two passes of ``batch``: the first
+    pass's logits live on while the second is computed), each removing another neuron of the last
+    layer at the last position (the clean run first, as the checks' rows): ``(bytes, seconds a pass)``."""
+    f = a.facts
+    probed = min(n_rows, 2 * batch)
+    T = len(tokens)
+    rows = [[]] + [[Intervention((Unit("neuron", f.n_layers - 1, T - 1, i % f.d_mlp),), "zero")]
+                   for i in range(probed - 1)]
+    work, secs = _probe(lambda: run_rows(a, tokens, rows, Metric.logit(0), batch_size=batch))
+    return work, secs / math.ceil(probed / batch)
+
+
+def _frozen_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
+    """Probe one frozen run's captures (``frozen_reader_values`` keeps every layer's residuals and
+    MLP inputs of the prompt): a forward pass keeping the same hooks."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+        captured[hook.name] = value.detach()[0]
+        return value
+
+    x = torch.as_tensor(tokens, dtype=torch.long, device=a.device)[None]
+
+    def run() -> None:
+        with a.model.hooks(fwd_hooks=[(n, keep) for n in frozen_capture_names(a)]):
+            a.model(x)
+        captured.clear()
+
+    return _probe(run)
+
+
+def _neuron_sites(a: Any, options: Any, transcoders: Any) -> list[tuple[str, int]]:
+    """The (site, layer) pairs whose magnitudes ``unit_magnitudes`` caches for the controls of a
+    graph made with ``options`` (every layer of the site: controls come from every layer)."""
+    L = a.facts.n_layers
+    modes = getattr(options, "mlp", None) or {}
+    if any(modes.get(l) == "transcoders" for l in range(L)) and transcoders is not None:
+        return [("feature", l) for l in range(L) if l in transcoders]
+    return [("neuron", l) for l in range(L)]
+
+
+def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+                         transcoders: Any) -> CheckEstimate:
+    a = c.adapter
+    n_rows = 1 + p.k
+    rm_bytes, rm_s = _removal_rows(a, prompt, n_rows, ROWS_BATCH)
+    fz_bytes, fz_s = _frozen_pass(a, prompt)
+    n_batches = math.ceil(n_rows / ROWS_BATCH)
+    # a magnitude pass, the rows, the frozen base and one frozen run per node
+    n_fwd = 1 + n_batches + 1 + p.k
+    return CheckEstimate(where, "predicted_vs_actual", n_fwd, max(rm_bytes, fz_bytes),
+                         rm_s * (1 + n_batches) + fz_s * (1 + p.k), 1,
+                         f"{n_rows} runs of {len(prompt)} tokens, {ROWS_BATCH} a pass, and {1 + p.k} frozen runs",
+                         f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
+
+
+def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, transcoders: Any) -> CheckEstimate:
+    a = c.adapter
+    evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
+    if p.eval_dataset is not None:
+        evaluation += _file_rows(c, p.eval_dataset, p.max_rows, f"{where}.eval_dataset")
+    rows_eval = evaluation or [prompt]
+    n_rows = 2 + len(p.controls) * p.n_controls
+    rm_bytes, rm_s = _removal_rows(a, prompt, n_rows, ROWS_BATCH)
+    sites = _neuron_sites(a, options, transcoders) if p.controls else []
+    template = Intervention((Unit(sites[0][0], sites[0][1], len(prompt) - 1, 0),) if sites else (), "zero")
+    mag_bytes, mag_s = _probe(lambda: unit_magnitudes(a, prompt, template, sites, transcoders)) if sites else (0, 0.0)
+    fz_bytes, fz_s = _frozen_pass(a, prompt)
+    per_row = math.ceil(n_rows / ROWS_BATCH)
+    n_fwd = (1 + len(evaluation)) + per_row * len(rows_eval) + 2
+    return CheckEstimate(where, "ablate", n_fwd, max(rm_bytes, mag_bytes, fz_bytes),
+                         mag_s * (1 + len(evaluation)) + rm_s * per_row * len(rows_eval) + 2 * fz_s, 1,
+                         f"{len(rows_eval)} rows x {n_rows} runs of {len(prompt)} tokens, {ROWS_BATCH} a pass",
+                         f"lower {where}.n_controls (its {n_rows} runs share a forward pass) or shorten the prompt")
+
+
+def _universe(a: Any, options: Any, T: int) -> list[Unit]:
+    return universe_units(SimpleNamespace(adapter=a, options=options, linearisation=SimpleNamespace(n_pos=T)))
+
+
+def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+                  transcoders: Any) -> CheckEstimate:
+    a = c.adapter
+    if p.mode == "mean":
+        refs = tuple(tuple(t) for t in c.prompts(p.reference_prompts, f"{where}.reference_prompts")) \
+            or (tuple(prompt),)
+        kw: dict[str, Any] = dict(reference=refs, pooling="auto" if p.reference_prompts else "all")
+    else:
+        kw = {}
+    universe = tuple(_universe(a, options, len(prompt)))
+    circuit = universe[-min(len(universe), 64):]  # the graph's nodes are not known before the sweep
+    rows = [[], [Intervention(universe, p.mode, exclude=circuit, **kw)], [Intervention(universe, p.mode, **kw)],
+            [Intervention(circuit, p.mode, **kw)]]
+    work, secs = _probe(lambda: run_rows(a, prompt, rows, Metric.logit(0), transcoders=transcoders))
+    return CheckEstimate(where, "faithfulness", 1 + len(kw.get("reference", ())), work, secs, 1,
+                         f"4 runs of {len(prompt)} tokens in one pass, every unit of the model ablated",
+                         "shorten the prompt (its 4 runs share one forward pass)")
+
+
+def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+                        transcoders: Any) -> CheckEstimate:
+    a = c.adapter
+    n_rows = 2 + len(p.sizes)
+    if p.unit == "nodes":
+        kw: dict[str, Any] = {}
+        if p.ablation == "mean":
+            kw = dict(reference=tuple(tuple(t) for t in c.prompts(p.reference_prompts, f"{where}.reference_prompts")))
+        elif p.ablation == "patch":
+            kw = dict(patch=tuple(c.prompt(p.patch_prompt, f"{where}.patch_prompt")))
+        universe = tuple(_universe(a, options, len(prompt)))
+        rows = [[]] + [[Intervention(universe, p.ablation, **kw)]] * (n_rows - 1)
+        work, secs = _probe(lambda: run_rows(a, prompt, rows, Metric.logit(0), transcoders=transcoders,
+                                             batch_size=ROWS_BATCH))
+        n_fwd = math.ceil(n_rows / ROWS_BATCH) + len(kw.get("reference", ())) + (1 if "patch" in kw else 0)
+        return CheckEstimate(where, "faithfulness_curve", n_fwd, work, secs * n_fwd, 1,
+                             f"{n_rows} runs of {len(prompt)} tokens, {ROWS_BATCH} a pass",
+                             "fewer sizes or a shorter prompt")
+    # edges: one frozen run per size with the ablated edges' hooks; the reference prompts' graphs
+    # (ablation mean/patch) are built as the main graph is, and are not estimated here
+    work, secs = _frozen_pass(a, prompt)
+    refs = len(p.reference_prompts) + (1 if p.patch_prompt is not None else 0)
+    return CheckEstimate(where, "faithfulness_curve", n_rows, work, secs * n_rows, 1,
+                         f"{n_rows} frozen runs of {len(prompt)} tokens"
+                         + (f"; the {refs} reference graphs not counted (each as large as the run's)" if refs else ""),
+                         "fewer sizes or a shorter prompt")
+
+
+def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+                          transcoders: Any) -> CheckEstimate:
+    a = c.adapter
+    rows = [prompt] + c.prompts(p.prompts, f"{where}.prompts")
+    longest = max(rows, key=len)
+    work, secs = _probe(lambda: replacement_fidelity(None, prompts=[longest], adapter=a, transcoders=transcoders))
+    tokens = sum(map(len, rows))
+    return CheckEstimate(where, "replacement_fidelity", 2 * len(rows) + 2, work,
+                         secs * tokens / max(len(longest), 1), 1,
+                         f"{len(rows)} prompts, the real and the replacement model on each",
+                         "shorter prompts")
+
+
+#: check kind -> its probe; the other checks of the registry (``CHECK_TYPES``) cost what the graph
+#: holds (:mod:`circuitgraph.pipeline.stage_memory`): ``qk`` runs one engine sweep of extra readers
+#: over the graph's writers, no forward pass of the model
+PROBES: dict[str, Any] = {
+    "sign_regimes": lambda c, p, prompt, where, options, tcs: _sign_regimes(c, p, prompt, where),
+    "patching": lambda c, p, prompt, where, options, tcs: _patching(c, p, prompt, where),
+    "predicted_vs_actual": _predicted_vs_actual,
+    "ablate": _ablate,
+    "faithfulness": _faithfulness,
+    "faithfulness_curve": _faithfulness_curve,
+    "replacement_fidelity": _replacement_fidelity,
+}
+#: the checks whose cost is per edge of the graph, not per forward pass (see :data:`PROBES`)
+PER_EDGE_CHECKS = frozenset({"qk"})
 
 
 @torch.no_grad()
-def estimate_checks(spec: Spec, adapter: Any, prompt: list[int]) -> list[CheckEstimate]:
-    """The :class:`CheckEstimate` of every ``sign_regimes`` and ``patching`` check of ``spec``,
-    probed on ``adapter`` (the loaded model; ``prompt``: the main prompt's token ids)."""
+def estimate_checks(spec: Spec, adapter: Any, prompt: list[int], *, options: Any = None,
+                    transcoders: Any = None) -> list[CheckEstimate]:
+    """The :class:`CheckEstimate` of every check of ``spec`` that runs the model (:data:`PROBES`),
+    probed on ``adapter`` (the loaded model; ``prompt``: the main prompt's token ids; ``options``,
+    ``transcoders``: the graph's, as the run makes them)."""
     out = []
     for i, item in enumerate(spec.validate):
-        if item.kind not in ("sign_regimes", "patching"):
+        if item.kind not in PROBES:
             continue
         where = f"validate[{i}]"
         call = CheckCall(None, adapter, adapter.tokenizer,
                          lambda v, where=where: resolve_prompt_like(v, adapter, where=where), spec.seed, spec)
-        fn = _sign_regimes if item.kind == "sign_regimes" else _patching
         try:
-            out.append(fn(call, item.params, list(prompt), where))
+            out.append(PROBES[item.kind](call, item.params, list(prompt), where, options, transcoders))
         except Exception as exc:  # noqa: BLE001 - the dry run reports it; the run would fail the check the same way
             out.append(CheckEstimate(where, item.kind, 0, 0, 0.0, 1, f"not estimated: {exc}"))
     return out

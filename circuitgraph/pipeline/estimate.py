@@ -9,7 +9,8 @@ reported, with the advice that would make a run fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import gc
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,10 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
 )
 from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
-from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks
+from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks, release_free_memory
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
+from circuitgraph.pipeline.stage_memory import check_edge_bytes
 from circuitgraph.spec import Spec
 
 __all__ = ["EdgePlan", "RunEstimate", "estimate_run", "plan_edges", "check_plan", "check_rows", "available_memory",
@@ -86,15 +88,33 @@ class RunEstimate:
     #: the checks that run the model many times (sign_regimes, patching), probed
     checks: list[CheckEstimate] = field(default_factory=list)
 
+    def check_bytes(self, c: CheckEstimate) -> int:
+        """What a probed check adds next to the model: its working set and, with an executor, each
+        worker's model and working set."""
+        return c.working_set + (c.processes - 1) * (self.bytes_model + c.working_set)
+
+    def check_peak(self, c: CheckEstimate) -> int:
+        """A probed check's stage at its peak: the base and the later stages' allowance, the full
+        graph as it is held while checks run (its per-edge cost), and the check's working set."""
+        p = self.plan
+        assert p is not None
+        return p.bytes_fixed + p.n_edges_final * check_edge_bytes(c.kind) + self.check_bytes(c)
+
     @property
     def checks_fit(self) -> bool:
-        """Whether each probed check's peak fits: what the process holds after the forward pass,
-        plus its working set, plus (with an executor) each worker's model and working set."""
+        """Whether each probed check fits next to the model and what the process holds after the
+        forward pass, with this spec's node tables and an empty graph (where the plan advises a
+        smaller graph, its advice counts the checks: :attr:`lines` gives it first)."""
         p = self.plan
         if p is None:
             return True
-        return all(p.base + c.working_set + (c.processes - 1) * (self.bytes_model + c.working_set) <= p.limit
-                   for c in self.checks)
+        return all(p.bytes_fixed + self.check_bytes(c) <= p.limit for c in self.checks)
+
+    @property
+    def bytes_peak(self) -> int:
+        """The run's estimated peak: the plan's (the sweep, and the later stages, the probed checks
+        among them)."""
+        return 0 if self.plan is None else self.plan.bytes_peak
 
     @property
     def fits(self) -> bool:
@@ -128,23 +148,37 @@ class RunEstimate:
                            f"keeps {kept} edges, {st.kept_edge_bytes} bytes each while exported (the exports add "
                            f"up to {_gb(p.bytes_exports)} to the peak if pruning keeps that many)"
                            + (f"; an unpruned graph's JSON holds at most {st.export_limit:,} edges"
-                              if st.export_limit is not None else ""))
+                              if st.export_limit is not None else "")
+                           + (f"; the heaviest check's forward passes ({st.check}) add {_gb(st.check_bytes)} to "
+                              f"the full graph held at {st.check_edge_bytes} bytes an edge" if st.check_bytes else ""))
             out.append(f"memory: {_gb(p.base)} after the forward pass and node tables (measured), edges at most "
                        f"{_gb(p.bytes_edges)} ({p.bytes_per_edge} bytes each at the peak"
                        + (f"; {p.folded_bytes_per_edge} per folded edge" if p.selecting else "")
                        + (f"; loading peaked at {_gb(p.floor)}" if p.floor else "")
                        + f"); peak at most about {_gb(p.bytes_peak)} of the {_gb(p.limit)} a run may use")
         out += self.device_lines
-        out += [c.line(_gb) for c in self.checks]
+        for c in self.checks:
+            out.append(c.line(_gb) + (f"; its stage peaks at about {_gb(self.check_peak(c))} with the graph"
+                                      if p is not None and c.forward_passes else ""))
+        if p is not None:
+            out.append(f"estimated peak of the run: {_gb(self.bytes_peak)} (the edge sweep, the later stages and "
+                       f"the checks' forward passes; the run may use {_gb(p.limit)})")
         if self.fits:
             out.append("fits: yes")
         elif p is not None and self.static_fits and self.device_fits and p.may_fit:
             out.append(f"fits: probably - at most {_gb(p.bytes_peak)} if the widest feature rows are selected, "
                        f"{_gb(p.bytes_peak_lower)} if the narrowest; which are selected is known only as they are "
                        "computed, and the run stops with advice if it would pass the memory it may use")
-        elif p is not None and p.fits and self.static_fits and self.device_fits and not self.checks_fit:
-            out.append("fits: NO - a check's forward passes do not fit next to the model: lower its batch_size or "
-                       "max_row_tokens (sign_regimes), patch fewer layers, or run sign_regimes with fewer workers")
+        elif (p is not None and self.static_fits and self.device_fits and not p.fits
+              and p.advice and p.advice != [_LAST_RESORT]):
+            # a smaller graph fits, the checks' forward passes counted (the plan's later stages)
+            out.append("fits: NO - " + "; or ".join(p.advice))
+        elif p is not None and self.static_fits and self.device_fits and not self.checks_fit:
+            worst = [c for c in self.checks if p.bytes_fixed + self.check_bytes(c) > p.limit]
+            out.append("fits: NO - a check's forward passes do not fit next to the model, whatever the graph: "
+                       + "; ".join(f"{c.where} {c.kind} needs about {_gb(self.check_bytes(c))} above the "
+                                   f"{_gb(p.bytes_fixed)} the model and the forward pass hold"
+                                   + (f": {c.advice}" if c.advice else "") for c in worst))
         elif not self.static_fits:
             out.append("fits: NO - the model and dictionaries alone do not fit in the memory available; "
                        "use a machine with more memory")
@@ -200,13 +234,29 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     with PeakWatch() as loading:
         p = prepare(spec, memory_limit=budget)
     f = p.adapter.facts
+    # the checks that run the model: their forward passes probed, their working set counted as a
+    # later stage of the plan (with the graph they run on), so that its advice leaves room for them
+    before_probes = process_memory()
+    checks = estimate_checks(spec, p.adapter, p.lin.tokens.tolist(), options=p.options, transcoders=p.transcoders)
+    # what the probes freed goes back to the system before the plan measures the base
+    gc.collect()
+    release_free_memory()
+    left = process_memory() - before_probes
+    if left > 64 * 1024**2:
+        notes.append(f"the checks' probes left {_gb(left)} resident (counted in the measured base)")
+    probed = [c for c in checks if c.forward_passes]
+    st = getattr(p.options, "stages", None)
+    if probed and st is not None:
+        extra = [c.working_set + (c.processes - 1) * (bytes_model + c.working_set) for c in probed]
+        worst = probed[max(range(len(probed)), key=extra.__getitem__)]
+        p.options.stages = replace(st, check_bytes=max(extra), check=f"{worst.where} {worst.kind}",
+                                   check_edge_bytes=max(check_edge_bytes(c.kind) for c in probed))
     # loading the model and dictionaries passes through a higher peak, whose pages a run may keep
     plan, need = plan_run(p.adapter, p.lin, p.transcoders, p.targets, p.options, floor=loading.peak)
     if plan.floor > plan.limit or (not plan.fits and not plan.advice):
         plan.advice = [_LAST_RESORT]  # loading alone passes the limit: no setting of the graph helps
     est = RunEstimate(p.lin.n_pos, f.n_layers, f.d_model, d_sae, bytes_model, bytes_tc, avail, plan, True,
-                      str(p.adapter.device), notes=notes,
-                      checks=estimate_checks(spec, p.adapter, p.lin.tokens.tolist()))
+                      str(p.adapter.device), notes=notes, checks=checks)
     if str(p.adapter.device).startswith("cuda"):
         free = _device_free(p.adapter.device)
         est.device_fits = need <= USABLE * free

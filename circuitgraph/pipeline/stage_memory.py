@@ -28,7 +28,7 @@ from circuitgraph.spec import Spec
 from circuitgraph.spec.export import EXPORT_KINDS
 
 __all__ = ["FULL_EDGE_BYTES", "DEFAULT_FULL_EDGE_BYTES", "RESIDENT_EDGE_BYTES", "KEPT_EDGE_BYTES", "RENDER_BYTES",
-           "later_stages"]
+           "check_edge_bytes", "later_stages"]
 
 #: bytes per full-graph edge at the peak of each stage on the full graph, counted from the
 #: resident memory before the sweep: the stored edges (12), what earlier stages leave cached on
@@ -71,6 +71,13 @@ KEPT_EDGE_BYTES: dict[str, int] = {
 }
 #: a diagram's rendering (Graphviz runs in its own process; its text is bounded by max_render_nodes)
 RENDER_BYTES = 64 * 1024**2
+
+
+def check_edge_bytes(kind: str) -> int:
+    """Bytes per full-graph edge while check ``kind`` runs (what the graph holds: its stored edges,
+    the caches of the stages before, the check's own per-edge work); the dry run adds the check's
+    probed forward passes to it (:mod:`circuitgraph.pipeline.check_estimate`)."""
+    return FULL_EDGE_BYTES.get(kind, DEFAULT_FULL_EDGE_BYTES)
 
 
 def _full_stage_cost(kind: str) -> int:

@@ -20,7 +20,7 @@ from circuitgraph.attribution.linearisation import dictionary_input, frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 
-__all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks"]
+__all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks", "frozen_capture_names"]
 
 
 @torch.no_grad()
@@ -31,6 +31,21 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
     scaled by ``scale`` (0 = removed)."""
     a, lin = context.adapter, context.linearisation
     hooks, captured = frozen_node_hooks(context, ablate, scale)
+
+    def keep(value, hook):
+        captured[hook.name] = value.detach()[0]
+        return value
+
+    hooks += [(n, keep) for n in frozen_capture_names(a)]
+    with frozen(a, lin, extra_hooks=hooks) as model:
+        model(lin.tokens.to(a.device)[None])
+    return _read_values(context, captured, readers)
+
+
+def frozen_capture_names(a: Any) -> list[str]:
+    """The hooks :func:`frozen_reader_values` keeps in a frozen run: every layer's residuals, its
+    attention output, ln2's and ln_final's normalised inputs and the MLP's pre-activations (the
+    dry run probes a pass that keeps them, :mod:`circuitgraph.pipeline.check_estimate`)."""
     names = {a.hook_norm_normalized("ln_final")}
     for layer in range(a.facts.n_layers):
         names |= {a.hook_norm_normalized("ln2", layer), a.hook_resid_mid(layer),
@@ -39,16 +54,7 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
             names.add(a.hook_mlp_pre(layer))
             if a.facts.gated_mlp:
                 names.add(a.hook_mlp_pre_linear(layer))
-    names = {n for n in names if a.has_hook(n)}  # parallel blocks: no resid_mid; OLMo-2: no input ln2
-
-    def keep(value, hook):
-        captured[hook.name] = value.detach()[0]
-        return value
-
-    hooks += [(n, keep) for n in sorted(names)]
-    with frozen(a, lin, extra_hooks=hooks) as model:
-        model(lin.tokens.to(a.device)[None])
-    return _read_values(context, captured, readers)
+    return sorted(n for n in names if a.has_hook(n))  # parallel blocks: no resid_mid; OLMo-2: no input ln2
 
 
 def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = (),
