@@ -54,7 +54,9 @@ echo-shard-mass-dropped by
 tests/test_echo_executors.py::test_statistics_merge_exactly_however_the_rows_are_split;
 patching-estimate-one-pass by tests/test_check_estimate.py::test_the_estimate_matches_the_measured_check;
 ablate-controls-matched-on-the-graph-prompt by
-tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows.
+tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows;
+gradient-linearised-gate-live, gradient-read-at-the-previous-position and
+predicted-gradient-sign-flipped by tests/test_gradient_effects.py (run with ``--only``, 2026-12-03).
 """
 
 from __future__ import annotations
@@ -516,6 +518,30 @@ MUTATIONS = [
         "                _thread.interrupt_main()",
         "                pass",
         ("tests/test_memory_budget.py",),
+    ),
+    Mutation(
+        "gradient-linearised-gate-live",
+        "the frozen linear model's gradient lets the SwiGLU gates respond (the graph freezes them)",
+        "circuitgraph/validation/gradient_effects.py",
+        "hooks.append((a.hook_mlp_pre(layer), lambda value, hook: value.detach()))",
+        "hooks.append((a.hook_mlp_pre(layer), lambda value, hook: value))",
+        ("tests/test_gradient_effects.py",),
+    ),
+    Mutation(
+        "gradient-read-at-the-previous-position",
+        "a unit's gradient x activation pairs its activation with the gradient one position earlier",
+        "circuitgraph/validation/gradient_effects.py",
+        "v, g = value.detach()[0, u.position].double(), grad[0, u.position].double()",
+        "v, g = value.detach()[0, u.position].double(), grad[0, u.position - 1].double()",
+        ("tests/test_gradient_effects.py",),
+    ),
+    Mutation(
+        "predicted-gradient-sign-flipped",
+        "predicted_vs_actual reports +(1 - c) a.dM/da (the effect of doubling, not removing)",
+        "circuitgraph/validation/ablation.py",
+        "pred_grad = None if c is None or grads[j] is None else float(-(1 - c) * grads[j])",
+        "pred_grad = None if c is None or grads[j] is None else float((1 - c) * grads[j])",
+        ("tests/test_gradient_effects.py",),
     ),
 ]
 
