@@ -2,7 +2,7 @@
 and many kinds of "actual" removal, for the nodes the check picks and for others.
 
     flock /work/locks/heavy /usr/bin/time -v python benchmarks/pva_diagnosis.py \\
-        --prompt-source fortunes:OFFSET:NTOKENS | --spec SPEC.yaml  [--k 20] [--out r.json]
+        --prompt-source fortunes:OFFSET:NTOKENS | --spec SPEC.yaml  [--k 20] [--all-kinds] [--out r.json]
 
 Per node (kept neurons, embeddings, remainders):
   D        the graph's direct edge into the targets (``predicted``)
@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--max-neuron-nodes", type=int, default=1024)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--all-kinds", action="store_true", help="also embeddings and remainders (slower)")
     args = ap.parse_args()
     if args.spec:
         spec = yaml.safe_load(args.spec.read_text())
@@ -182,7 +183,7 @@ def main() -> int:
         return float(row.sum() - row[keep].sum())
     lin_all = {i: pval(g.nodes[i], "lin") for i in cand}
     chosen = set()
-    for kind in ("neuron", "embedding", "remainder"):
+    for kind in ("neuron", "embedding", "remainder") if args.all_kinds else ("neuron",):
         ids = [i for i in cand if g.nodes[i].kind == kind]
         nk = args.k if kind != "embedding" else 5
         for score in (np.abs(D), np.abs(V), np.abs([lin_all.get(i, 0.0) for i in range(g.n_nodes)])):
@@ -207,6 +208,8 @@ def main() -> int:
         return round(float(np.corrcoef(xs, ys)[0, 1]), 3)
 
     def sign(sel, x):
+        if not sel:
+            return None
         return round(float(np.mean([np.sign(r[x]) == np.sign(r["act_real"]) for r in sel])), 3)
     by = {r["node"]: r for r in rows}
     sets = {}
