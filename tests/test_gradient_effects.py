@@ -115,3 +115,22 @@ def test_predicted_vs_actual_reports_the_gradient_prediction():
     d = res.to_dict()
     assert "correlation_gradient" in d and "predicted_gradient" in d["rows"][0]
     assert "gradient" in res.table()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2", "gemma2"])
+def test_linearised_gradient_on_other_families(family, tmp_path):
+    """The same identity on tiny transformers checkpoints of three families (GQA and q/k/v biases;
+    LayerNorm, GELU and learned positions; post-norms, soft caps, GeGLU, a scaled embedding),
+    and the real-model gradient reported by predicted_vs_actual there."""
+    from tests.test_neuron_selection_families import _checkpoint
+
+    adapter = load_model_dir(_checkpoint(family, tmp_path / "model"), dtype="float64")
+    g = _graph(adapter, bos_nodes=True)
+    nodes, units = _units(g)
+    V = total_effects(g)
+    want = np.array([V[g.index_of(n.id)] for n in nodes])
+    got = np.array(gradient_effects(adapter, TOKENS, Metric.from_graph(g), units, linearised=True,
+                                    linearisation=g.context.linearisation))
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    res = predicted_vs_actual(g, k=5)
+    assert all(r.predicted_gradient is not None for r in res.rows)

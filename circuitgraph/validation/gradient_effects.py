@@ -12,7 +12,8 @@ Two models:
   nonlinearity live: the first-order prediction of the real model's removal effect;
 * ``linearised=True``: the graph's frozen linear model (the linearisation's sigmas and
   attention patterns frozen, each neuron's nonlinearity frozen as a slope: a gated neuron's gate
-  detached, a GELU/ReLU neuron's ``post / pre``).  There the removal effect is linear in the
+  detached, a GELU/ReLU neuron's ``post / pre``; logits read before a final soft cap, as the
+  graph's targets are).  There the removal effect is linear in the
   unit, so ``-a_u . dM/da_u`` is exactly the total effect of the unit over *every* path,
   through every neuron of the model, kept as a node or not: on a graph that keeps every neuron
   it equals the graph's ``total_effects`` (an independent check of the back-substitution).
@@ -79,11 +80,19 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
 
     hooks += [(name, keep) for name in sorted(wanted | readout_hooks)]
     toks = torch.as_tensor(list(tokens), device=a.device)[None]
+    cfg = getattr(a.model, "cfg", None)
+    cap = getattr(cfg, "output_logits_soft_cap", None)
     with torch.enable_grad():
         ctx = frozen(a, linearisation, extra_hooks=hooks) if linearised else a.hooks(hooks)
-        with ctx as model:
-            logits = model(toks)
-            m = metric.combine(metric.values(logits, store, a))[0]
+        try:
+            if linearised and cap:  # the graph's logit targets are read before the final soft cap
+                cfg.output_logits_soft_cap = None
+            with ctx as model:
+                logits = model(toks)
+                m = metric.combine(metric.values(logits, store, a))[0]
+        finally:
+            if linearised and cap:
+                cfg.output_logits_soft_cap = cap
         m.backward()
     out: list[float | None] = []
     for u in units:
