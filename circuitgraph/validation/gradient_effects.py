@@ -73,8 +73,6 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
             return value
         if not value.requires_grad:
             value = value.detach().requires_grad_(True)
-        else:
-            value.retain_grad()
         store[hook.name] = value
         return value
 
@@ -93,14 +91,16 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
         finally:
             if linearised and cap:
                 cfg.output_logits_soft_cap = cap
-        m.backward()
+        names = sorted(wanted)
+        # only the units' gradients (never the parameters'): autograd.grad, not backward
+        grads = dict(zip(names, torch.autograd.grad(m, [store[n] for n in names], allow_unused=True), strict=True))
     out: list[float | None] = []
     for u in units:
         if u.site not in GRADIENT_SITES:
             out.append(None)
             continue
-        value = store[_site_hook(a, u.site, u.layer)]
-        grad = value.grad
+        name = _site_hook(a, u.site, u.layer)
+        value, grad = store[name], grads[name]
         if grad is None:  # the metric does not depend on this hook (e.g. a layer after the readout)
             out.append(0.0)
             continue
