@@ -134,3 +134,16 @@ def test_linearised_gradient_on_other_families(family, tmp_path):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     res = predicted_vs_actual(g, k=5)
     assert all(r.predicted_gradient is not None for r in res.rows)
+
+
+def test_units_without_a_gradient_and_bad_units():
+    from circuitgraph.errors import ValidationRunError
+
+    adapter = _adapter("RMS", "gated", "rotary")
+    g = _graph(adapter)
+    metric = Metric.from_graph(g)
+    assert gradient_effects(adapter, TOKENS, metric, [Unit("attn", 0, 2, 0)]) == [None]
+    with pytest.raises(ValidationRunError, match="one position and one index"):
+        gradient_effects(adapter, TOKENS, metric, [Unit("neuron", 0, None, 3)])
+    with pytest.raises(ValidationRunError, match="needs the graph's linearisation"):
+        gradient_effects(adapter, TOKENS, metric, [Unit("neuron", 0, 2, 3)], linearised=True)

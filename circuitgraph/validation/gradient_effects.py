@@ -53,6 +53,8 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
         if u.site in GRADIENT_SITES and (u.position is None or u.index is None):
             raise ValidationRunError(f"unit {u}: a gradient effect needs one position and one index")
     wanted = {_site_hook(a, u.site, u.layer) for u in units if u.site in GRADIENT_SITES}
+    if not wanted:
+        return [None] * len(units)
     readout_hooks = metric.hook_names(a)
     store: dict[str, torch.Tensor] = {}
     hooks: list[tuple[str, Any]] = []
