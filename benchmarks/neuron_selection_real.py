@@ -66,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         entry = {"kind": v["kind"], "status": v["status"], "error": v["error"]}
         if r is not None and v["kind"] == "predicted_vs_actual":
             entry.update(correlation=r.correlation, correlation_total=r.correlation_total,
-                         sign_agreement=r.sign_agreement, frozen_max_deviation=r.frozen_max_deviation,
+                         correlation_gradient=r.correlation_gradient, sign_agreement=r.sign_agreement,
+                         sign_agreement_gradient=r.sign_agreement_gradient, frozen_max_deviation=r.frozen_max_deviation,
                          frozen_tolerance=r.frozen_tolerance, n_rows=len(r.rows), notes=r.notes,
-                         rows=[{k: getattr(row, k) for k in ("node", "predicted", "predicted_total", "actual_frozen",
-                                                              "actual")} for row in r.rows])
+                         rows=[{k: getattr(row, k) for k in ("node", "predicted", "predicted_total",
+                                                              "predicted_gradient", "actual_frozen", "actual")} for row in r.rows])
         out["validation"].append(entry)
     text = json.dumps(out, indent=1, default=str)
     print(text)

@@ -59,7 +59,9 @@ tests/test_check_estimate.py::test_a_prompt_check_that_does_not_fit_is_refused_w
 reader-lookup-maps-every-candidate, writer-lookup-maps-every-candidate and writer-lookup-wrong-row by
 tests/test_candidate_lookups.py (run with ``--only``);
 ablate-controls-matched-on-the-graph-prompt by
-tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows.
+tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows;
+gradient-linearised-gate-live, gradient-read-at-the-previous-position and
+predicted-gradient-sign-flipped by tests/test_gradient_effects.py (run with ``--only``, 2026-12-03).
 
 Issue 34's mutations (2026-12-03, each applied alone to a copy of the tree, its tests passing
 unmutated first; about 2.5 CPU minutes in all): every one caught.
@@ -681,6 +683,30 @@ MUTATIONS = [
         "                    todo.append(target)\n",
         "                    pass\n",
         ("tests/test_tiers.py",),
+    ),
+    Mutation(
+        "gradient-linearised-gate-live",
+        "the frozen linear model's gradient lets the SwiGLU gates respond (the graph freezes them)",
+        "circuitgraph/validation/gradient_effects.py",
+        "hooks.append((a.hook_mlp_pre(layer), lambda value, hook: value.detach()))",
+        "hooks.append((a.hook_mlp_pre(layer), lambda value, hook: value))",
+        ("tests/test_gradient_effects.py",),
+    ),
+    Mutation(
+        "gradient-read-at-the-previous-position",
+        "a unit's gradient x activation pairs its activation with the gradient one position earlier",
+        "circuitgraph/validation/gradient_effects.py",
+        "v, g = value.detach()[0, u.position].double(), grad[0, u.position].double()",
+        "v, g = value.detach()[0, u.position].double(), grad[0, u.position - 1].double()",
+        ("tests/test_gradient_effects.py",),
+    ),
+    Mutation(
+        "predicted-gradient-sign-flipped",
+        "predicted_vs_actual reports +(1 - c) a.dM/da (the effect of doubling, not removing)",
+        "circuitgraph/validation/ablation.py",
+        "pred_grad = None if c is None or grads[j] is None else float(-(1 - c) * grads[j])",
+        "pred_grad = None if c is None or grads[j] is None else float((1 - c) * grads[j])",
+        ("tests/test_gradient_effects.py",),
     ),
 ]
 

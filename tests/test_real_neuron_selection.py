@@ -51,3 +51,22 @@ def test_kept_neurons_outweigh_the_folded_ones_on_smollm2(smollm2_dir):
     for node in kept[:5]:
         edge = dict(g.in_edges(target))[node]
         assert abs(edge) == pytest.approx(effect(node), rel=2e-3, abs=1e-5)
+
+
+def test_first_order_prediction_tracks_real_removals_where_the_frozen_graph_does_not(smollm2_dir):
+    """A single top logit (relative to the mean) of a short text: removing a late neuron changes
+    the final norm's sigma, which the frozen graph holds fixed; the real model's first-order
+    prediction (predicted_gradient, autograd) follows the real removals (docs/validation.md)."""
+    import circuitgraph
+
+    res = circuitgraph.run({
+        "format_version": 1, "model": {"path": str(smollm2_dir)},
+        "prompt": "A day for firm decisions!!!!!  Or is it? A few hours",
+        "targets": [{"top_logits": {"max_n": 1}}], "prune": "none",
+        "graph": {"mlp": "neurons", "attention": "frozen", "max_neuron_nodes": 256},
+        "validate": [{"predicted_vs_actual": {"k": 20, "mode": "zero"}}]})
+    (check,) = res.validation
+    r = check["result"]
+    assert r.frozen_ok
+    assert r.correlation_gradient >= 0.9 and r.sign_agreement_gradient >= 0.8, r.table()
+    assert r.correlation_total < r.correlation_gradient

@@ -225,6 +225,9 @@ def test_predicted_vs_actual_rows_and_json():
     for row in d["rows"]:
         assert {"node", "predicted", "actual_frozen", "actual"} <= set(row)
     assert "frozen self-test passed" in res.table()
+    # transcoders: no real-model gradient of a spliced dictionary, and a note that says so
+    assert all(r.predicted_gradient is None for r in res.rows) and res.correlation_gradient is None
+    assert any("no gradient predictions" in n for n in res.notes)
     mean = predicted_vs_actual(g, k=4, mode="mean", reference_prompts=[CORRUPTED, [1, 2, 3, 4]])
     assert len(mean.rows) == 4
 

@@ -34,6 +34,7 @@ from circuitgraph.validation.controls import (
     unit_magnitudes,
 )
 from circuitgraph.validation.frozen import frozen_reader_values
+from circuitgraph.validation.gradient_effects import gradient_effects
 from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Mode, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import direct_effects, select_nodes, total_effects
@@ -320,6 +321,8 @@ class PredictionRow:
     predicted_total: float | None
     actual_frozen: float | None
     actual: float
+    #: ``-(1 - c) a . dM/da`` on the real model (attribution patching; None for features, errors)
+    predicted_gradient: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -339,6 +342,8 @@ class PredictedVsActualResult(Tabular):
     correlation_total: float | None
     sign_agreement: float | None
     notes: list[str] = field(default_factory=list)
+    correlation_gradient: float | None = None
+    sign_agreement_gradient: float | None = None
 
     @property
     def frozen_ok(self) -> bool | None:
@@ -357,20 +362,23 @@ class PredictedVsActualResult(Tabular):
             "correlation": self.correlation,
             "correlation_total": self.correlation_total,
             "sign_agreement": self.sign_agreement,
+            "correlation_gradient": self.correlation_gradient,
+            "sign_agreement_gradient": self.sign_agreement_gradient,
             "notes": self.notes,
             "rows": [r.to_dict() for r in self.rows],
         }
 
     def table(self, max_rows: int = 10) -> str:
-        t = markdown_table(["node", "activation", "predicted (edge)", "predicted (total)", "actual (frozen)",
-                            "actual (real)"],
-                           [[r.node, r.activation, r.predicted, r.predicted_total, r.actual_frozen, r.actual]
-                            for r in self.rows], max_rows)
+        t = markdown_table(["node", "activation", "predicted (edge)", "predicted (total)", "predicted (gradient)",
+                            "actual (frozen)", "actual (real)"],
+                           [[r.node, r.activation, r.predicted, r.predicted_total, r.predicted_gradient,
+                             r.actual_frozen, r.actual] for r in self.rows], max_rows)
         status = {True: "passed", False: "FAILED", None: "not run"}[self.frozen_ok]
         return (f"{t}\n\nfrozen self-test {status} (max relative deviation {fmt(self.frozen_max_deviation)}, "
                 f"tolerance {fmt(self.frozen_tolerance)}); correlation with the real model: edge "
-                f"{fmt(self.correlation)}, total {fmt(self.correlation_total)}; sign agreement "
-                f"{fmt(self.sign_agreement)}")
+                f"{fmt(self.correlation)}, total {fmt(self.correlation_total)}, gradient "
+                f"{fmt(self.correlation_gradient)}; sign agreement {fmt(self.sign_agreement)} (edge), "
+                f"{fmt(self.sign_agreement_gradient)} (gradient)")
 
 
 def predicted_vs_actual(
@@ -411,6 +419,12 @@ def predicted_vs_actual(
     out = run_rows(s.adapter, s.tokens, rows_iv, s.metric, transcoders=s.transcoders, batch_size=batch_size)
     before = float(out.metric[0])
     D, V = direct_effects(graph), total_effects(graph)
+    if s.transcoders:
+        grads = [None] * len(units)
+        notes.append("no gradient predictions: the graph has transcoders (the real-model gradient of a spliced "
+                     "dictionary is not computed)")
+    else:
+        grads = gradient_effects(s.adapter, s.tokens, s.metric, units)
     frozen_base = _frozen_metric(s.ctx, graph) if frozen_check else None
     rows, devs = [], []
     scale_ref = max([abs(frozen_base or 0.0)] + [abs(D[graph.index_of(n)]) for n in chosen] + [1e-12])
@@ -422,12 +436,16 @@ def predicted_vs_actual(
         if frozen_check and c is not None:
             frozen_val = _frozen_metric(s.ctx, graph, [node], c) - frozen_base
             devs.append(abs(frozen_val - pred) / scale_ref)
+        pred_grad = None if c is None or grads[j] is None else float(-(1 - c) * grads[j])
         rows.append(PredictionRow(str(node), float(graph.nodes[r].activation), c, pred, pred_total, frozen_val,
-                                  float(out.metric[j + 1]) - before))
+                                  float(out.metric[j + 1]) - before, pred_grad))
     actual = [r.actual for r in rows]
     signs = [np.sign(r.predicted) == np.sign(r.actual) for r in rows if r.predicted is not None and r.predicted != 0]
+    gsigns = [np.sign(r.predicted_gradient) == np.sign(r.actual) for r in rows
+              if r.predicted_gradient is not None and r.predicted_gradient != 0]
     return PredictedVsActualResult(
         mode, s.metric.describe(tokenizer), before, rows, float(max(devs)) if devs else None,
         frozen_tolerance(s.adapter),
         pearson([r.predicted for r in rows], actual), pearson([r.predicted_total for r in rows], actual),
-        float(np.mean(signs)) if signs else None, notes)
+        float(np.mean(signs)) if signs else None, notes,
+        pearson([r.predicted_gradient for r in rows], actual), float(np.mean(gsigns)) if gsigns else None)
