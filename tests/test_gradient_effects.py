@@ -122,7 +122,7 @@ def test_linearised_gradient_on_other_families(family, tmp_path):
     """The same identity on tiny transformers checkpoints of three families (GQA and q/k/v biases;
     LayerNorm, GELU and learned positions; post-norms, soft caps, GeGLU, a scaled embedding),
     and the real-model gradient reported by predicted_vs_actual there."""
-    from tests.test_neuron_selection_families import _checkpoint
+    from tests.helpers.hf_checkpoints import hf_checkpoint as _checkpoint
 
     adapter = load_model_dir(_checkpoint(family, tmp_path / "model"), dtype="float64")
     g = _graph(adapter, bos_nodes=True)

@@ -346,7 +346,7 @@ def test_advice_with_a_probed_check_is_the_graphs_and_fits(tmp_path, wide_bundle
     lines = _in_process(followed, tmp_path / "b.json", budget, "dry")
     assert _fits(lines) == "fits: yes", lines
     text = "\n".join(lines)
-    assert "validate[0] predicted_vs_actual: 23 forward passes" in text and "its stage peaks at about" in text, text
+    assert "validate[0] predicted_vs_actual: 24 forward passes" in text and "its stage peaks at about" in text, text
     estimate, limit = _peak_and_edges(lines)
     assert estimate <= limit <= budget
     measured = _in_process(followed, tmp_path / "b.json", budget, "run")

@@ -17,31 +17,9 @@ from circuitgraph.attribution import attribute, plan
 from circuitgraph.attribution.linearisation import linearise
 from circuitgraph.attribution.nodes_builder import GraphOptions, collect_nodes
 from circuitgraph.attribution.targets import top_logit_targets
+from tests.helpers.hf_checkpoints import hf_checkpoint as _checkpoint
 
 TOKENS = [1, 5, 7, 9, 4, 3, 11, 6, 8, 12, 10, 2]
-
-
-def _checkpoint(family: str, folder):
-    import transformers as tf
-
-    common = dict(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64)
-    if family == "qwen2":  # q/k/v biases, GQA, SwiGLU
-        cfg, cls = tf.Qwen2Config(**common, rms_norm_eps=1e-6), tf.Qwen2ForCausalLM
-    elif family == "gpt2":  # LayerNorm with biases, GELU, learned positions
-        cfg = tf.GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=4, n_positions=64, n_inner=24)
-        cls = tf.GPT2LMHeadModel
-    else:  # gemma2: post-norms, soft caps, GeGLU, a scaled embedding
-        cfg = tf.Gemma2Config(**common, head_dim=8, query_pre_attn_scalar=12, sliding_window=4,
-                              attn_logit_softcapping=5.0, final_logit_softcapping=3.0, rms_norm_eps=1e-6)
-        cls = tf.Gemma2ForCausalLM
-    torch.manual_seed(0)
-    m = cls(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():  # not the init's ones/zeros
-            p.add_(0.2 * torch.randn_like(p))
-    m.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module", params=["qwen2", "gpt2", "gemma2"])

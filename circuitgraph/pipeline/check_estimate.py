@@ -334,6 +334,20 @@ def _frozen_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
     return _probe(run)
 
 
+def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
+    """Probe the ``predicted_gradient`` column's forward and backward pass (``gradient_effects``:
+    the autograd graph of the whole prompt kept for the backward pass): one neuron of every layer
+    at the last position, read by the last position's first logit."""
+    from circuitgraph.validation.gradient_effects import gradient_effects
+
+    t = len(tokens) - 1
+    units = [Unit("neuron", layer, t, 0) for layer in range(a.facts.n_layers)]
+    try:
+        return _probe(lambda: gradient_effects(a, tokens, Metric.logit(0, position=t), units))
+    except Exception:  # noqa: BLE001 - a model without neuron hooks (mixture of experts): the check has no such column
+        return 0, 0.0
+
+
 def _neuron_sites(a: Any, options: Any, transcoders: Any) -> list[tuple[str, int]]:
     """The (site, layer) pairs whose magnitudes ``unit_magnitudes`` caches for the controls of a
     graph made with ``options`` (every layer of the site: controls come from every layer)."""
@@ -350,12 +364,14 @@ def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, op
     n_rows = 1 + p.k
     rm_bytes, rm_s = _removal_rows(a, prompt, n_rows, ROWS_BATCH)
     fz_bytes, fz_s = _frozen_pass(a, prompt)
+    gr_bytes, gr_s = _gradient_pass(a, prompt)
     n_batches = math.ceil(n_rows / ROWS_BATCH)
-    # a magnitude pass, the rows, the frozen base and one frozen run per node
-    n_fwd = 1 + n_batches + 1 + p.k
-    return CheckEstimate(where, "predicted_vs_actual", n_fwd, max(rm_bytes, fz_bytes),
-                         rm_s * (1 + n_batches) + fz_s * (1 + p.k), 1,
-                         f"{n_rows} runs of {len(prompt)} tokens, {ROWS_BATCH} a pass, and {1 + p.k} frozen runs",
+    # a magnitude pass, the rows, the frozen base, one frozen run per node and the gradient's pass
+    n_fwd = 1 + n_batches + 1 + p.k + 1
+    return CheckEstimate(where, "predicted_vs_actual", n_fwd, max(rm_bytes, fz_bytes, gr_bytes),
+                         rm_s * (1 + n_batches) + fz_s * (1 + p.k) + gr_s, 1,
+                         f"{n_rows} runs of {len(prompt)} tokens, {ROWS_BATCH} a pass, {1 + p.k} frozen runs "
+                         "and one forward and backward pass (predicted_gradient)",
                          f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 

@@ -30,7 +30,7 @@ import torch
 
 from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
-from circuitgraph.validation.interventions import Unit, _site_hook
+from circuitgraph.validation.interventions import Unit
 
 __all__ = ["GRADIENT_SITES", "gradient_effects"]
 
@@ -52,7 +52,7 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
     for u in units:
         if u.site in GRADIENT_SITES and (u.position is None or u.index is None):
             raise ValidationRunError(f"unit {u}: a gradient effect needs one position and one index")
-    wanted = {_site_hook(a, u.site, u.layer) for u in units if u.site in GRADIENT_SITES}
+    wanted = {a.hook_site(u.site, u.layer) for u in units if u.site in GRADIENT_SITES}
     if not wanted:
         return [None] * len(units)
     readout_hooks = metric.hook_names(a)
@@ -101,7 +101,7 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
         if u.site not in GRADIENT_SITES:
             out.append(None)
             continue
-        name = _site_hook(a, u.site, u.layer)
+        name = a.hook_site(u.site, u.layer)
         value, grad = store[name], grads[name]
         if grad is None:  # the metric does not depend on this hook (e.g. a layer after the readout)
             out.append(0.0)
