@@ -48,12 +48,14 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import torch
 
 try:
@@ -70,6 +72,7 @@ from circuitgraph.validation.echo_stats import stream_stats
 from circuitgraph.validation.fidelity import replacement_fidelity
 from circuitgraph.validation.frozen import frozen_capture_names
 from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
+from circuitgraph.validation.gradient_effects import gradient_effects
 from circuitgraph.validation.interventions import Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
 
@@ -126,10 +129,6 @@ def resident() -> int:
     now = _status_kb("VmRSS")
     if now is not None:
         return now
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil comes with the run's requirements
-        return 0
     return int(psutil.Process().memory_info().rss)
 
 
@@ -153,8 +152,6 @@ class PeakWatch:
         self.before = resident()
         if reset_peak():
             return self
-        import threading
-
         self.sampled = True
         self.peak = self.before
         self._stop = threading.Event()
@@ -338,8 +335,6 @@ def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
     """Probe the ``predicted_gradient`` column's forward and backward pass (``gradient_effects``:
     the autograd graph of the whole prompt kept for the backward pass): one neuron of every layer
     at the last position, read by the last position's first logit."""
-    from circuitgraph.validation.gradient_effects import gradient_effects
-
     t = len(tokens) - 1
     units = [Unit("neuron", layer, t, 0) for layer in range(a.facts.n_layers)]
     try:
