@@ -135,7 +135,7 @@ def _python_api(work: Path) -> dict[str, str]:
 
 
 def _explorer(work: Path) -> dict[str, str]:
-    from circuitgraph.serve.api import ApiError, Explorer
+    from circuitgraph.serve.api import ApiError, Explorer, explorer_kinds
     from circuitgraph.serve.catalog import Catalog
 
     api = Explorer(Catalog(work / "out"))
@@ -156,6 +156,7 @@ def _explorer(work: Path) -> dict[str, str]:
         return answer
 
     listing = record("explorer:list_graphs", lambda: api.list_graphs({}))
+    record("explorer:registries", lambda: api.registries({}))
     names = [g["name"] for g in (listing or {}).get("graphs", [])]
     for name in names:
         view = record(f"explorer:graph_view:{name}", lambda n=name: api.graph_view(n, {}))
@@ -166,7 +167,7 @@ def _explorer(work: Path) -> dict[str, str]:
         if nodes:
             record(f"explorer:node:{name}", lambda n=name, i=nodes[0]: api.node(n, i, {}))
             ids = ",".join(nodes)
-            for fmt in ("json", "neuronpedia", "svg"):
+            for fmt in sorted(k.key for k in explorer_kinds()):
                 record(f"explorer:export:{fmt}:{name}",
                        lambda n=name, f=fmt, ids=ids: api.export(n, {"format": [f], "nodes": [ids]}))
     if len(names) >= 2:

@@ -14,14 +14,16 @@ STATIC = Path(__file__).resolve().parents[1] / "circuitgraph" / "serve" / "stati
 
 def test_every_export_kind_has_a_spec_field_a_writer_and_its_explorer_download():
     from circuitgraph.pipeline.exports import EXPORT_WRITERS
-    from circuitgraph.serve.api import DOWNLOADS, EXPORT_FORMATS
+    from circuitgraph.serve.api import DOWNLOADS, explorer_kinds
 
     outputs = {name for name, f in ExportSpec.model_fields.items() if "pathlib.Path" in str(f.annotation)}
     assert set(EXPORT_KINDS) == outputs - {"dataset", "features"}  # those two are folders of other runs
     assert set(EXPORT_WRITERS) == set(EXPORT_KINDS)
     assert list(EXPORT_WRITERS)[:3] == ["json", "graph", "neuronpedia"]  # the order the run writes them
     assert EXPORT_SUFFIXES == {k: v.suffixes for k, v in EXPORT_KINDS.items()}
-    assert set(DOWNLOADS) == set(EXPORT_FORMATS) == {k for k, v in EXPORT_KINDS.items() if v.explorer}
+    offered = [k for k, v in EXPORT_KINDS.items() if v.explorer]
+    assert set(DOWNLOADS) == set(offered) and [k.key for k in explorer_kinds()] == offered
+    assert all(v.explorer_label for v in EXPORT_KINDS.values() if v.explorer)
     spec = ExportSpec(**{k: f"out/x{v.suffixes[0]}" for k, v in EXPORT_KINDS.items() if k != "neuronpedia"})
     assert list(spec.outputs()) == [k for k in EXPORT_KINDS if k != "neuronpedia"]
 

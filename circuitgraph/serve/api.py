@@ -12,7 +12,10 @@ JSON (or a file to download) computed by circuitgraph's own functions:
   :func:`circuitgraph.queries.diff.diff_graphs`'s JSON (:meth:`~circuitgraph.queries.diff.GraphDiff.to_dict`);
 * a saved subgraph is written by the exporters: :func:`~circuitgraph.export.json_graph.graph_to_json`,
   :func:`~circuitgraph.export.neuronpedia.graph_to_neuronpedia` and
-  :func:`~circuitgraph.export.dot.graph_to_dot` rendered with Graphviz.
+  :func:`~circuitgraph.export.dot.graph_to_dot` rendered with Graphviz, one :data:`DOWNLOADS` entry
+  per export kind the explorer offers (:func:`explorer_kinds`, the spec's
+  :data:`~circuitgraph.spec.export.EXPORT_KINDS` with ``explorer`` set); ``GET /api/registries``
+  lists them, and the page builds its "save pinned" links from that list alone.
 
 Bad parameters raise :class:`ApiError` (status 400, one line); unknown graphs, nodes and
 features status 404.  docs/explorer.md documents every endpoint.
@@ -48,16 +51,16 @@ from circuitgraph.export.json_graph import graph_to_json
 from circuitgraph.export.neuronpedia import graph_to_neuronpedia, n_layers_of, neuronpedia_node_id
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
+from circuitgraph.graph.nodes import NODE_KINDS, REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries.diff import MATCHES, SORTS, diff_graphs
 from circuitgraph.queries.prune import ALWAYS_KEPT_KINDS, PruneResult, prune_graph
 from circuitgraph.serve.catalog import Catalog
 from circuitgraph.serve.dashboards import UNITS_OF_NODE_KIND
-from circuitgraph.spec.export import EXPORT_KINDS
+from circuitgraph.spec.export import EXPORT_KINDS, ExportKind
 from circuitgraph.spec.graph import PruneSpec
 
-__all__ = ["ApiError", "Explorer", "Download", "ExplorerView", "VIEWS", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD", "EXPORT_FORMATS",
-           "DEFAULT_DIFF_TOP", "DEFAULT_TOP_K_NODES"]
+__all__ = ["ApiError", "Explorer", "Download", "ExplorerView", "VIEWS", "DEFAULT_NODE_THRESHOLD", "DEFAULT_EDGE_THRESHOLD",
+           "DOWNLOADS", "explorer_kinds", "DEFAULT_DIFF_TOP", "DEFAULT_TOP_K_NODES"]
 
 #: the thresholds of an unpruned graph's first view: the spec's pruning defaults
 DEFAULT_NODE_THRESHOLD = PruneSpec.model_fields["node_threshold"].default
@@ -339,6 +342,19 @@ class Explorer:
             "edge_colors": {"positive": POSITIVE_COLOR, "negative": NEGATIVE_COLOR},
         }
 
+    def registries(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``GET /api/registries``: what the page's controls are built from, read from circuitgraph's
+        registries (the page lists none of it by hand): ``downloads``, the export kinds a pinned
+        subgraph can be saved as (:func:`explorer_kinds`: ``format``, the ``format`` parameter of
+        ``GET /api/export``; ``label``, the link's text; ``suffix``, how the file's name ends), in
+        the registry's order; ``node_kinds``, every node kind in the order the page stacks a cell's
+        nodes (:data:`~circuitgraph.graph.nodes.NODE_KINDS`)."""
+        _params(query, ())
+        return {
+            "downloads": [{"format": k.key, "label": k.explorer_label, "suffix": k.explorer} for k in explorer_kinds()],
+            "node_kinds": list(NODE_KINDS),
+        }
+
     def graph_view(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
         """``GET /api/graph/NAME?node_threshold=T&edge_threshold=E[&supernodes=JSON]``: the pruned graph."""
         params = _params(query, (*_THRESHOLD_KEYS, "supernodes"))
@@ -612,11 +628,13 @@ class Explorer:
 
     def export(self, name: str, query: Mapping[str, list[str]]) -> Download:
         """``GET /api/export/NAME?format=F&nodes=ID,ID...``: the pinned nodes' subgraph of the pruned
-        view, written by circuitgraph's own exporters (``format``: json, neuronpedia or svg)."""
+        view, written by circuitgraph's own exporters (``format``: an export kind the explorer offers,
+        :func:`explorer_kinds`; json unless given)."""
         params = _params(query, (*_THRESHOLD_KEYS, "format", "nodes", "supernodes"))
         fmt = params.get("format", "json")
-        if fmt not in EXPORT_FORMATS:
-            raise ApiError(400, f"format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt[:40]!r}")
+        offered = [k.key for k in explorer_kinds()]
+        if fmt not in offered:
+            raise ApiError(400, f"format must be one of {', '.join(offered)}, got {fmt[:40]!r}")
         text = params.get("nodes", "")
         ids = [_node_id(t) for t in text.split(",") if t.strip()]
         if not ids:
@@ -683,6 +701,7 @@ class ExplorerView:
 #: every view of the explorer by route (the HTTP layer routes ``/api/<route>`` through these alone)
 VIEWS: dict[str, ExplorerView] = {v.route: v for v in (
     ExplorerView("graphs", Explorer.list_graphs, "none", "start"),
+    ExplorerView("registries", Explorer.registries, "none", "loadRegistries"),
     ExplorerView("graph", Explorer.graph_view, "name", "loadView"),
     ExplorerView("node", Explorer.node, "node", "selectNode"),
     ExplorerView("supernodes", Explorer.supernode_proposals, "name", "propose"),
@@ -737,11 +756,15 @@ def _download_svg(s: SavedSubgraph) -> tuple[bytes, str]:
     return render_dot_bytes(dot, "svg"), "image/svg+xml"
 
 
-#: what a pinned subgraph can be saved as (the spec's export kinds the explorer offers)
-EXPORT_FORMATS = tuple(k for k, kind in EXPORT_KINDS.items() if kind.explorer is not None)
-if set(DOWNLOADS) != set(EXPORT_FORMATS):  # pragma: no cover - an offered kind without a download, or the reverse
+def explorer_kinds() -> tuple[ExportKind, ...]:
+    """What a pinned subgraph can be saved as: the spec's export kinds with ``explorer`` set, in the
+    registry's order (read at each call, so a kind registered later is offered at once)."""
+    return tuple(kind for kind in EXPORT_KINDS.values() if kind.explorer is not None)
+
+
+if set(DOWNLOADS) != {k.key for k in explorer_kinds()}:  # pragma: no cover - an offered kind without a download
     raise ImportError(f"explorer downloads {sorted(DOWNLOADS)} do not match the export kinds it offers "
-                      f"{sorted(EXPORT_FORMATS)}")
+                      f"{sorted(k.key for k in explorer_kinds())}")
 
 
 def _jsonable_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:

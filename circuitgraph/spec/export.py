@@ -36,7 +36,9 @@ class ExportKind:
     Its writer registers itself under the same key in :mod:`circuitgraph.pipeline.exports`
     (which fails on import when a key has no writer or a writer no key); the explorer's saved
     subgraphs (``GET /api/export``) are the kinds with ``explorer`` set, written by
-    :mod:`circuitgraph.serve.api`'s downloads under the same key."""
+    :mod:`circuitgraph.serve.api`'s downloads under the same key, and the page's "save pinned"
+    links are built from these records (``GET /api/registries``): one link per such kind, in this
+    registry's order, named ``explorer_label``."""
 
     key: str
     #: the file suffixes the output accepts (the spec refuses others)
@@ -48,15 +50,22 @@ class ExportKind:
     #: the explorer can save a pinned subgraph as this kind: the download's name ends in this
     #: (``<graph>-subgraph<explorer>``); None: not offered
     explorer: str | None = None
+    #: the explorer's link that saves a pinned subgraph as this kind (set exactly when ``explorer`` is)
+    explorer_label: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.explorer is None) != (self.explorer_label is None):
+            raise ValueError(f"export kind {self.key!r}: set explorer (the download's suffix) and explorer_label "
+                             "(its link on the page) together, or neither")
 
 
 #: every output of a one-prompt run, in the order ``ExportSpec.outputs()`` lists them
 EXPORT_KINDS: dict[str, ExportKind] = {k.key: k for k in (
-    ExportKind("json", (".json",), explorer=".json"),
+    ExportKind("json", (".json",), explorer=".json", explorer_label="our JSON"),
     ExportKind("dot", (".dot", ".gv"), diagram=True),
-    ExportKind("svg", (".svg",), diagram=True, renders=True, explorer=".svg"),
+    ExportKind("svg", (".svg",), diagram=True, renders=True, explorer=".svg", explorer_label="SVG"),
     ExportKind("png", (".png",), diagram=True, renders=True),
-    ExportKind("neuronpedia", (".json",), explorer=".neuronpedia.json"),
+    ExportKind("neuronpedia", (".json",), explorer=".neuronpedia.json", explorer_label="Neuronpedia JSON"),
     ExportKind("graph", (".npz",)),
     ExportKind("html", (".html", ".htm"), diagram=True, renders=True),
 )}

@@ -8,11 +8,11 @@ const NODE_W = 72, NODE_H = 30, GAP = 5, COL_GAP = 10, ROW_GAP = 46, PER_LINE = 
   MARGIN_B = 10;
 // a graph opens at least this large (labels of 8 px and up), scrolled to its targets; "fit" shows it whole
 const OPEN_ZOOM = 0.8;
-const KIND_ORDER = ["embedding", "positional", "feature", "error", "neuron", "attention_head", "mlp", "bias",
-                    "remainder", "logit", "target"];
 
+// what the page's controls are built from comes from the server's registries (GET /api/registries):
+// the export kinds a pinned subgraph is saved as and the node kinds' order; none is listed here
 const state = {
-  graphs: [], byName: {}, name: null, view: null, selected: null,
+  graphs: [], byName: {}, name: null, view: null, selected: null, downloads: [], kindOrder: [],
   pinned: [], groups: {}, zoom: null, colors: {}, edgeColors: {}, request: 0, datasetShown: null,
   steering: [], diff: null,
 };
@@ -142,8 +142,20 @@ function nodeTitle(n) {
 }
 
 // ------------------------------------------------------------------ graphs and views
+// the "save pinned" links, one per export kind the explorer offers, and the node kinds' order
+async function loadRegistries() {
+  const registries = await api("/api/registries");
+  state.downloads = registries.downloads;
+  state.kindOrder = registries.node_kinds;
+  // one link per kind, a space between two (where the line may break)
+  $("save-links").replaceChildren(...registries.downloads.flatMap((d, i) => [i ? " " : "", el("a", { id: "save-" + d.format,
+    class: "disabled", download: true, "data-format": d.format, title: `save the pinned nodes as ${d.label} (*${d.suffix})` },
+    d.label)]).filter((c) => c !== ""));
+}
+
 async function start() {
   try {
+    await loadRegistries();
     const listing = await api("/api/graphs");
     state.graphs = listing.graphs;
     state.colors = listing.kind_colors;
@@ -305,7 +317,7 @@ function layout(nodes) {
   const place = new Map();
   for (const [key, members] of cells) {
     const [r, p] = key.split("|").map(Number);
-    members.sort((a, b) => KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind) || a.index - b.index);
+    members.sort((a, b) => state.kindOrder.indexOf(a.kind) - state.kindOrder.indexOf(b.kind) || a.index - b.index);
     members.forEach((n, i) => {
       const line = Math.floor(i / PER_LINE), inLine = Math.min(PER_LINE, members.length - line * PER_LINE);
       const free = (width.get(p) - inLine) * (NODE_W + GAP) / 2;
@@ -651,10 +663,10 @@ function renderPinned() {
     const kept = members.filter((m) => saved.includes(m));
     if (kept.length) groups[name] = kept;
   }
-  for (const fmtName of ["neuronpedia", "json", "svg"]) {
-    const link = $("save-" + fmtName);
+  for (const download of state.downloads) {
+    const link = $("save-" + download.format);
     if (!saved.length || !state.name) { link.removeAttribute("href"); link.className = "disabled"; continue; }
-    const params = { format: fmtName, nodes: saved.join(","), ...thresholds() };
+    const params = { format: download.format, nodes: saved.join(","), ...thresholds() };
     if (Object.keys(groups).length) params.supernodes = JSON.stringify(groups);
     link.href = nameUrl("export", state.name, params);
     link.className = "";
