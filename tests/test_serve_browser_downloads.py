@@ -103,7 +103,7 @@ def test_pin_two_nodes_and_save_them_in_every_offered_kind(page_with_extra_kind,
     # longer greyed out
     boxes = [page.locator(f"#save-{k.key}").bounding_box() for k in offered]
     assert all(b is not None and b["width"] > 10 and 5 < b["height"] < 25 for b in boxes), boxes
-    for a, b in zip(boxes, boxes[1:]):
+    for a, b in zip(boxes, boxes[1:], strict=False):
         assert a["x"] + a["width"] <= b["x"] if abs(a["y"] - b["y"]) < 1 else a["y"] + a["height"] <= b["y"], boxes
     assert all(page.is_visible(f"#save-{k.key}") for k in offered)
     colors = page.eval_on_selector_all("#save-links a", "els => els.map(e => getComputedStyle(e).color)")
