@@ -81,6 +81,11 @@ unmutated first; about 2.5 CPU minutes in all): every one caught.
     binary-graph-reads-edges-reversed     by tests/test_export.py::test_binary_round_trip_is_lossless[float32-False]
     json-graph-reads-constant-as-pre-activation  by tests/test_export.py::test_json_round_trip_is_lossless[float32]
     tiers-ignore-helpers                  by tests/test_tiers.py::test_a_test_calling_a_skip_helper_is_in_its_tier
+    explorer-export-offers-a-fixed-list
+        by tests/test_serve_registries.py::test_a_kind_registered_with_explorer_is_listed_and_saved
+    explorer-page-links-a-fixed-list
+        by tests/test_serve_browser_downloads.py::test_pin_two_nodes_and_save_them_in_every_offered_kind
+        (both run with ``--only`` on 2026-12-04: about 13 CPU seconds together)
 """
 
 from __future__ import annotations
@@ -574,6 +579,24 @@ MUTATIONS = [
         "  setStatus(`${drawn.nodes.length} of",
         "  setStatus(`${view.nodes.length} of",
         ("tests/test_serve_browser.py::test_the_status_line_counts_what_is_drawn",),
+    ),
+    Mutation(
+        "explorer-export-offers-a-fixed-list",
+        "the explorer's download refuses an export kind registered after the first three (the offered "
+        "formats as a fixed list, not the registry's kinds with explorer set)",
+        "circuitgraph/serve/api.py",
+        "        offered = [k.key for k in explorer_kinds()]\n",
+        "        offered = [k.key for k in explorer_kinds()][:3]\n",
+        ("tests/test_serve_registries.py::test_a_kind_registered_with_explorer_is_listed_and_saved",),
+    ),
+    Mutation(
+        "explorer-page-links-a-fixed-list",
+        "the page builds its save-pinned links but addresses only the first three kinds (a kind registered "
+        "later gets a link that never gets its href)",
+        "circuitgraph/serve/static/explorer.js",
+        "  for (const download of state.downloads) {\n",
+        "  for (const download of state.downloads.slice(0, 3)) {\n",
+        ("tests/test_serve_browser_downloads.py",),
     ),
     Mutation(
         "neuron-candidates-planned-at-the-bos",
