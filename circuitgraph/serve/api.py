@@ -78,6 +78,8 @@ DEFAULT_DIFF_TOP = 20
 #: pruned views kept per explorer (the slider asks for many)
 _CACHE_SIZE = 32
 _THRESHOLD_KEYS = ("node_threshold", "edge_threshold", "top_k_nodes")
+#: the scores a graph's view and a dataset run's summary show (the graph's metadata, the manifest's columns)
+_SCORES = ("replacement_score", "completeness_score")
 
 
 class ApiError(Exception):
@@ -404,7 +406,7 @@ class Explorer:
             "edge_score_threshold": _number(result.edge_score_threshold) if result is not None else None,
             "prompt": meta.get("prompt") if isinstance(meta.get("prompt"), str) else None,
             "prompt_tokens": meta.get("prompt_token_strs") if isinstance(meta.get("prompt_token_strs"), list) else None,
-            "scores": {k: _number(meta[k]) for k in ("replacement_score", "completeness_score")
+            "scores": {k: _number(meta[k]) for k in _SCORES
                        if isinstance(meta.get(k), (int, float))},
             "model": (meta.get("model") or {}).get("name") if isinstance(meta.get("model"), dict) else None,
             "has_qk": bool(self._qk_heads(name)),
@@ -576,8 +578,8 @@ class Explorer:
             raise ApiError(404, f"no dataset run named {name[:200]!r}; GET /api/graphs lists them")
         ds = open_dataset(entry.path)
         manifest = ds.manifest
-        columns = [c for c in ("id", "row", "status", "error", "replacement_score", "completeness_score", "n_nodes",
-                               "n_edges", "n_tokens", "time_total") if c in manifest.columns]
+        columns = [c for c in ("id", "row", "status", "error", *_SCORES, "n_nodes", "n_edges", "n_tokens",
+                               "time_total") if c in manifest.columns]
         rows = []
         for rec in manifest[columns].to_dict(orient="records"):
             rec = {k: (_number(v) if isinstance(v, float) else v.item() if hasattr(v, "item") else v)
@@ -586,7 +588,7 @@ class Explorer:
             rows.append(rec)
         ok = manifest[manifest["status"] == "ok"] if "status" in manifest.columns else manifest
         summary = {}
-        for col in ("replacement_score", "completeness_score"):
+        for col in _SCORES:
             if col in ok.columns and len(ok):
                 summary[col] = {"mean": _number(ok[col].mean()), "median": _number(ok[col].median()),
                                 "min": _number(ok[col].min()), "max": _number(ok[col].max())}

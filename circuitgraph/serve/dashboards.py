@@ -32,6 +32,7 @@ from typing import Any
 from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.export.labels import load_feature_labels
+from circuitgraph.spec.features import UNIT_NODE_KINDS
 
 __all__ = ["FeatureDashboards", "folder_units", "is_features_folder", "split_marked_text", "FEATURES_FILE",
            "EXAMPLES_FILE", "LABELS_FILE", "UNITS_OF_NODE_KIND"]
@@ -48,8 +49,8 @@ TOKEN_COLUMNS = ("top_output_tokens", "bottom_output_tokens", "top_input_tokens"
 EXAMPLE_COLUMNS = ("rank", "row_id", "row", "position", "start", "activation", "tokens", "activations", "text",
                    "key_position", "attention", "score", "norm", "key_tokens", "key_start", "key_activations",
                    "key_text")
-#: the folder units whose dashboards a graph node of each kind has
-UNITS_OF_NODE_KIND = {"feature": "features", "neuron": "neurons", "attention_head": "heads"}
+#: the folder units whose dashboards a graph node of each kind has (the spec's units, inverted)
+UNITS_OF_NODE_KIND = {kind: units for units, kind in UNIT_NODE_KINDS.items()}
 _QUANTILE = re.compile(r"^q(\d+(\.\d+)?|\.\d+)$")
 #: pairs of markers around the activating token in an example's ``text``, tried in order
 TEXT_MARKERS = (("«", "»"), ("⟦", "⟧"), ("[[", "]]"), ("<<", ">>"))
