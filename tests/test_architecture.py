@@ -71,10 +71,6 @@ def test_no_module_outside_the_engine_touches_its_tables():
                   and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                   and node.args[1].value in ENGINE_TABLES):
                 problems.append(f"{where}: {ast.unparse(node)}")
-            elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.FloorDiv)):
-                names = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
-                if any("loc" in n for n in names) and isinstance(node.right, ast.Constant) and node.right.value == 2:
-                    problems.append(f"{where}: residual-location arithmetic {ast.unparse(node)!r}")
     assert not problems, "use AttributionContext.writer/reader/frozen_model and ResidualLocation:\n" + "\n".join(
         problems)
 
@@ -149,6 +145,40 @@ def test_residual_locations():
     assert repr(mid) == "ResidualLocation.resid_mid(2)" and isinstance(mid, int)
     with pytest.raises(ValueError):
         ResidualLocation.resid_pre(0).below()
+    assert ResidualLocation.count(3) == ResidualLocation.resid_post(2) + 1 == 7
+
+
+def _layer_name(node: ast.AST) -> bool:
+    """A name that holds a layer or a layer count (``L``, ``layer``, ``n_layers``, ``fm.n_layers``)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "L" or "layer" in name
+
+
+def residual_arithmetic(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, expression)`` for each residual location computed by hand: ``2 * layer (+ 1)``,
+    ``loc // 2``, ``loc % 2`` (what :class:`~circuitgraph.residual.ResidualLocation` is for)."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.BinOp):
+            continue
+        two = lambda n: isinstance(n, ast.Constant) and n.value == 2  # noqa: E731
+        if isinstance(node.op, ast.Mult) and ((two(node.left) and _layer_name(node.right))
+                                              or (two(node.right) and _layer_name(node.left))):
+            out.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node.op, (ast.Mod, ast.FloorDiv)) and two(node.right) and any(
+                isinstance(n, ast.Name) and "loc" in n.id for n in ast.walk(node.left)):
+            out.append((node.lineno, ast.unparse(node)))
+    return sorted(out)
+
+
+def test_residual_locations_are_numbered_only_by_residual_location():
+    """Every module, the engine included, names residual locations through ``ResidualLocation``
+    (``resid_pre/mid/post``, ``count``, ``.layer``, ``.sublayer``); only ``residual.py`` computes them."""
+    problems = [f"{_rel(path)}:{line}: {text}" for path, tree in _modules() if _rel(path) != "residual.py"
+                for line, text in residual_arithmetic(tree)]
+    assert not problems, "use circuitgraph.residual.ResidualLocation:\n" + "\n".join(problems)
+    caught = residual_arithmetic(ast.parse("a = 2 * L + 1\nb = loc // 2 - 1\nc = 2 * fm.n_layers\nd = 2 * c + 1"))
+    assert [text for _, text in caught] == ["2 * L", "loc // 2", "2 * fm.n_layers"]
 
 
 @pytest.mark.parametrize("granularity", [{}, dict(mlp="neurons", attention="heads")])

@@ -28,6 +28,7 @@ from circuitgraph.errors import RenderError
 from circuitgraph.export.dot import KIND_COLORS, NEGATIVE_COLOR, POSITIVE_COLOR
 from circuitgraph.export.render import find_dot
 from circuitgraph.graph.nodes import NODE_KINDS
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["diff_html", "write_diff_html", "diff_svgs"]
 
@@ -42,7 +43,7 @@ def _row(kind: str, layer: int, top: int) -> int:
         return 0
     if kind in ("logit", "target"):
         return top
-    return 2 * layer + (1 if kind == "attention_head" else 2)
+    return int(ResidualLocation.written_by(kind, layer))
 
 
 def _drawn(d: Any, max_nodes: int) -> Any:
