@@ -14,7 +14,7 @@ import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
-from circuitgraph.adapters.files import read_direction_file
+from circuitgraph.adapters.files import existing_dictionary_folder, read_direction_file
 from circuitgraph.adapters.loading import (
     folder_backend,
     load_model_spec,
@@ -25,7 +25,7 @@ from circuitgraph.attribution.targets import ResolvedTarget, normalise_position,
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries import TranscoderSet
 from circuitgraph.dictionaries.hub import resolve_hf_dictionary
-from circuitgraph.dictionaries.sources import dictionary_folder, load_dictionary_spec
+from circuitgraph.dictionaries.sources import load_dictionary_spec
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.load import trained_dictionary_hint
@@ -60,8 +60,9 @@ def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     t = spec.transcoders
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
     mismatch = None
-    if t is not None and t.source in ("path", "builtin"):  # before any weight is read
-        mismatch = check_dictionary_model(spec, dictionary_folder(t), adapter)
+    folder = existing_dictionary_folder(t)
+    if folder is not None:  # before any weight is read
+        mismatch = check_dictionary_model(spec, folder, adapter)
     if t is not None:
         tcs = load_dictionary_spec(t, adapter, dtype=tc_dtype)
         if t.source == "hf":  # its folder is known once the cache has it
