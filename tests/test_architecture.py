@@ -282,16 +282,31 @@ def test_no_test_module_imports_another_or_edits_sys_path():
     assert not path_edits, f"these test files touch sys.path: {path_edits}"
 
 
+def unguarded_json_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, call)`` for each JSON file read past the hardened reader: ``json.loads`` of a
+    ``read_text()``/``read_bytes()``, or ``json.load`` of a file object."""
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "json"):
+            continue
+        reads_file = any(isinstance(n, ast.Attribute) and n.attr in ("read_text", "read_bytes")
+                         for arg in node.args for n in ast.walk(arg))
+        if node.func.attr == "load" or (node.func.attr == "loads" and reads_file):
+            out.append((node.lineno, ast.unparse(node)[:80]))
+    return sorted(out)
+
+
 def test_json_files_are_read_through_the_hardened_reader():
     """Every JSON file the package reads goes through ``_io.read_json_file`` (a size limit, a
-    regular file, UTF-8, one LoadError naming the file), never ``json.loads(path.read_text())``."""
+    regular file, UTF-8, one LoadError naming the file), never ``json.loads(path.read_text())``
+    nor ``json.load(open file)``."""
     problems = []
     for path, tree in _modules():
         if _rel(path) == "_io.py":
             continue
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "loads"
-                    and any(isinstance(n, ast.Attribute) and n.attr in ("read_text", "read_bytes")
-                            for arg in node.args for n in ast.walk(arg))):
-                problems.append(f"{_rel(path)}:{node.lineno}: {ast.unparse(node)[:80]}")
+        problems += [f"{_rel(path)}:{line}: {text}" for line, text in unguarded_json_reads(tree)]
     assert not problems, "read JSON files with circuitgraph._io.read_json_file:\n" + "\n".join(problems)
+    caught = unguarded_json_reads(ast.parse("import json\nwith open(p) as f:\n    a = json.load(f)\n"
+                                            "b = json.loads(p.read_text())\nc = json.loads(line)\n"))
+    assert [line for line, _ in caught] == [3, 4]
