@@ -35,7 +35,7 @@ from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.export.steering_html import steering_html
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, display_name
-from circuitgraph.pipeline.portable import portable_paths
+from circuitgraph.export.portable import portable_paths
 from circuitgraph.validation.activation_patching import write_heatmap
 
 __all__ = [

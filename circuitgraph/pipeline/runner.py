@@ -46,7 +46,7 @@ from circuitgraph.pipeline.inputs import (
     resolve_targets,
 )
 from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
-from circuitgraph.pipeline.portable import portable_paths
+from circuitgraph.export.portable import portable_paths
 from circuitgraph.pipeline.precision import precision_warning
 from circuitgraph.pipeline.stage_memory import later_stages
 from circuitgraph.queries import graph_scores, prune_graph, run_query
