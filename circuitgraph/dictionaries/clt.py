@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import yaml
 from safetensors import safe_open
 
+from circuitgraph._io import read_yaml_file
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.dictionaries.mlp_input import fold_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
@@ -70,11 +70,7 @@ OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
 
 
 def read_config_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{path}: not valid YAML ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                        "fix the file") from None
+    data = read_yaml_file(path, "dictionary config")
     if not isinstance(data, dict):
         raise LoadError(f"{path}: expected a mapping (model_kind, feature_input_hook, ...), got "
                         f"{type(data).__name__}")
