@@ -81,6 +81,8 @@ unmutated first; about 2.5 CPU minutes in all): every one caught.
     binary-graph-reads-edges-reversed     by tests/test_export.py::test_binary_round_trip_is_lossless[float32-False]
     json-graph-reads-constant-as-pre-activation  by tests/test_export.py::test_json_round_trip_is_lossless[float32]
     tiers-ignore-helpers                  by tests/test_tiers.py::test_a_test_calling_a_skip_helper_is_in_its_tier
+    dictionary-hook-table-normalized-as-raw (the review's one hook table, 2026-12-04, run with ``--only``: 18 CPU s)
+        by tests/test_dictionary_formats.py::test_format_loads_and_is_exact[gemmascope-jump_relu-gpt2]
 """
 
 from __future__ import annotations
@@ -600,6 +602,15 @@ MUTATIONS = [
         "    missing = [k for k in result.missing_keys if k not in buffers]\n",
         "    missing = [k for k in result.missing_keys if k not in buffers and k not in params]\n",
         ("tests/test_broken_bundles.py::test_broken_bundle",),
+    ),
+    Mutation(
+        "dictionary-hook-table-normalized-as-raw",
+        "the one table of dictionary input hooks reads ln2.hook_normalized as the raw residual stream "
+        "(every format's features then read the un-normalised input: wrong activations and edges)",
+        "circuitgraph/dictionaries/clt.py",
+        '    "ln2.hook_normalized": "normalized",\n',
+        '    "ln2.hook_normalized": "raw",\n',
+        ("tests/test_dictionary_formats.py",),
     ),
     Mutation(
         "saelens-native-encoder-without-b-enc",
