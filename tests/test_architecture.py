@@ -282,6 +282,35 @@ def test_no_test_module_imports_another_or_edits_sys_path():
     assert not path_edits, f"these test files touch sys.path: {path_edits}"
 
 
+#: modules that still spell a node-kind group out, with the reason (none but the lead's pending edit)
+KIND_GROUP_LITERALS_OK = {"graph/nodes.py": "display_name's token kinds: graph/nodes.py is being edited for the "
+                                            "Node.attrs TypedDict; it moves to spec.kinds.TOKEN_KINDS after that merge"}
+
+
+def kind_group_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, literal)`` for each tuple, list or set of strings that spells a named group of node
+    kinds (``spec/kinds.py``'s ``OUTPUT_KINDS``, ``TOKEN_KINDS``) out again."""
+    from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            if {e.value for e in node.elts} in (OUTPUT_KINDS, TOKEN_KINDS):
+                out.append((node.lineno, ast.unparse(node)))
+    return sorted(out)
+
+
+def test_node_kind_groups_are_named_once():
+    """The groups of node kinds code tests for (outputs, tokens) are named in ``spec/kinds.py``."""
+    problems = [f"{_rel(path)}:{line}: {text}" for path, tree in _modules()
+                if _rel(path) not in ("spec/kinds.py", *KIND_GROUP_LITERALS_OK)
+                for line, text in kind_group_literals(tree)]
+    assert not problems, "use circuitgraph.spec.kinds.OUTPUT_KINDS / TOKEN_KINDS:\n" + "\n".join(problems)
+    assert [t for _, t in kind_group_literals(ast.parse('a = k in ("target", "logit")\nb = ["embedding", "logit"]'))] \
+        == ["('target', 'logit')", "['embedding', 'logit']"]
+
+
 def unguarded_json_reads(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, call)`` for each JSON file read past the hardened reader: ``json.loads`` of a
     ``read_text()``/``read_bytes()``, or ``json.load`` of a file object."""
