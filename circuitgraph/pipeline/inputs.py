@@ -20,7 +20,7 @@ from circuitgraph.adapters.loading import (
     load_model_spec,
     torch_dtype,
 )
-from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_fields, prompt_ids
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries import TranscoderSet
@@ -116,7 +116,8 @@ def check_layer_keys(spec: Spec, n_layers: int) -> None:
 def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt") -> list[int]:
     """A spec prompt (TextPrompt / TokensPrompt, or a plain str / list) -> checked token ids."""
     f = adapter.facts
-    text = getattr(prompt, "text", prompt if isinstance(prompt, str) else None)
+    fields = prompt_fields(prompt)
+    text = fields.text
     if text is not None:
         tok = adapter.tokenizer
         if tok is None:
@@ -125,14 +126,14 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
         if not text.strip():
             raise TokenError(f"{where}: the prompt is empty; give some text")
 
-        check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
-        bos = getattr(prompt, "prepend_bos", True)
+        check_prompt_text(tok, text, strict=fields.strict, where=where)
+        bos = fields.prepend_bos
         if bos and tok.bos_id is None:
             raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
                              "set prepend_bos: false")
         ids = prompt_ids(tok, text, bos)
     else:
-        ids = list(getattr(prompt, "tokens", prompt))
+        ids = list(fields.tokens if fields.tokens is not None else prompt)
     if not ids:
         raise TokenError(f"{where}: the prompt has no tokens")
     bad = [i for i in ids if not (0 <= int(i) < f.d_vocab)]
