@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import yaml
+
 from circuitgraph.errors import LoadError, one_line
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_writer", "read_json_file", "safetensors_header",
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_writer", "read_text_file", "read_json_file", "read_yaml_file", "safetensors_header",
            "safetensors_shapes", "MAX_JSON_BYTES"]
 
 #: permissions of a newly created file (an existing destination keeps its own mode)
@@ -118,8 +120,11 @@ def _regular_file(path: Path, max_bytes: int, what: str) -> int:
     return st.st_size
 
 
-def read_json_file(path: str | os.PathLike[str], what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Parse a UTF-8 JSON file; any problem is one LoadError naming the file."""
+def read_text_file(path: str | os.PathLike[str], what: str = "text file", max_bytes: int = MAX_JSON_BYTES,
+                   *, kind: str = "") -> str:
+    """The text of a UTF-8 file that must be a regular file of at most ``max_bytes``; any problem
+    is one LoadError naming the file (``kind``: what to save it as, e.g. ``" JSON"``).  The
+    readers of JSON and YAML files below read through it."""
     path = Path(path)
     _regular_file(path, max_bytes, what)
     try:
@@ -127,15 +132,33 @@ def read_json_file(path: str | os.PathLike[str], what: str = "JSON file", max_by
     except OSError as exc:
         raise LoadError(f"cannot read {what} {path}: {exc.strerror or one_line(exc, limit=200, typed=False)}") from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LoadError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from None
+        raise LoadError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8{kind}") from None
+
+
+def read_json_file(path: str | os.PathLike[str], what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse a UTF-8 JSON file; any problem is one LoadError naming the file."""
+    path = Path(path)
+    text = read_text_file(path, what, max_bytes, kind=" JSON")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise LoadError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except (RecursionError, ValueError) as exc:
         raise LoadError(f"{what} {path} is not usable JSON ({type(exc).__name__}: {one_line(exc, limit=200, typed=False)})") from None
+
+
+def read_yaml_file(path: str | os.PathLike[str], what: str = "YAML file", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse a UTF-8 YAML file (``yaml.safe_load``) with :func:`read_json_file`'s checks (a regular
+    file, a size limit, UTF-8); any problem is one LoadError naming the file."""
+    path = Path(path)
+    text = read_text_file(path, what, max_bytes)
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        first = (str(exc).splitlines() or [""])[0]
+        raise LoadError(f"{path}: not valid YAML ({type(exc).__name__}: {first}); fix the file") from None
 
 
 def safetensors_header(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:

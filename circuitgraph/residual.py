@@ -38,6 +38,12 @@ class ResidualLocation(int):
         """After block ``layer``'s MLP."""
         return cls(2 * layer + 2)
 
+    @staticmethod
+    def count(n_layers: int) -> int:
+        """How many locations a model of ``n_layers`` blocks has: ``resid_pre(0)`` to
+        ``resid_post(n_layers - 1)``."""
+        return 2 * n_layers + 1
+
     @property
     def sublayer(self) -> Sublayer:
         """What writes here: the embeddings, a block's attention or a block's MLP."""

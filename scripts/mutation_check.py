@@ -86,6 +86,8 @@ unmutated first; about 2.5 CPU minutes in all): every one caught.
     explorer-page-links-a-fixed-list
         by tests/test_serve_browser_downloads.py::test_pin_two_nodes_and_save_them_in_every_offered_kind
         (both run with ``--only`` on 2026-12-04: about 13 CPU seconds together)
+    dictionary-hook-table-normalized-as-raw (the review's one hook table, 2026-12-04, run with ``--only``: 18 CPU s)
+        by tests/test_dictionary_formats.py::test_format_loads_and_is_exact[gemmascope-jump_relu-gpt2]
 """
 
 from __future__ import annotations
@@ -623,6 +625,15 @@ MUTATIONS = [
         "    missing = [k for k in result.missing_keys if k not in buffers]\n",
         "    missing = [k for k in result.missing_keys if k not in buffers and k not in params]\n",
         ("tests/test_broken_bundles.py::test_broken_bundle",),
+    ),
+    Mutation(
+        "dictionary-hook-table-normalized-as-raw",
+        "the one table of dictionary input hooks reads ln2.hook_normalized as the raw residual stream "
+        "(every format's features then read the un-normalised input: wrong activations and edges)",
+        "circuitgraph/dictionaries/clt.py",
+        '    "ln2.hook_normalized": "normalized",\n',
+        '    "ln2.hook_normalized": "raw",\n',
+        ("tests/test_dictionary_formats.py",),
     ),
     Mutation(
         "saelens-native-encoder-without-b-enc",

@@ -98,6 +98,8 @@ def test_bad_spec_in_python_raises_spec_error():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tests.helpers.fuzz import document_paths, edited  # noqa: E402
+
 VALID_SPEC = {
     "format_version": 1,
     "model": {"builtin": "demo"},
@@ -121,40 +123,17 @@ VALUES = st.recursive(
 )
 
 
-def _spec_paths(doc, prefix=()):
-    yield prefix
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _spec_paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _spec_paths(v, (*prefix, i))
-
-
-SPEC_PATHS = [p for p in _spec_paths(VALID_SPEC) if p]
+SPEC_PATHS = [p for p in document_paths(VALID_SPEC) if p]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=st.lists(st.tuples(st.sampled_from(SPEC_PATHS), VALUES, st.booleans()), min_size=1, max_size=3))
 def test_fuzzed_specs_load_or_fail_cleanly(edits):
     """Any edit of a valid spec gives a Spec or a SpecError with a one-line message."""
-    import copy
-
     from circuitgraph.errors import SpecError
     from circuitgraph.spec import Spec, load_spec
 
-    doc = copy.deepcopy(VALID_SPEC)
-    for path, value, delete in edits:
-        node = doc
-        try:
-            for part in path[:-1]:
-                node = node[part]
-            if delete:
-                del node[path[-1]]
-            else:
-                node[path[-1]] = value
-        except (KeyError, IndexError, TypeError):
-            continue
+    doc = edited(VALID_SPEC, edits)
     try:
         spec = load_spec(doc, base_dir=".")
     except SpecError as exc:

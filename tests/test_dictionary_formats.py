@@ -193,3 +193,25 @@ def test_per_layer_formats_equal_circuit_tracers(tmp_path):
         assert r["n_features_ct"] == r["n_features_circuitgraph"] > 0, r
         assert r["our_nodes_not_in_ct"] == [], r
         assert r["completeness"]["max_relative_violation"] < 1e-5, r
+
+
+def test_dictionary_config_yaml_is_read_through_the_hardened_reader(tmp_path):
+    """A circuit-tracer ``config.yaml`` is read like every user file (``_io.read_yaml_file``): a
+    regular file of bounded size, UTF-8, one LoadError naming the file."""
+    from circuitgraph.adapters.dictionary_fit import read_declared
+    from circuitgraph.dictionaries.clt import read_config_yaml
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_bytes(b"model_kind: [\n")
+    with pytest.raises(LoadError, match=r"config\.yaml: not valid YAML"):
+        read_config_yaml(cfg)
+    cfg.write_bytes(b"model_kind: \xff\xfe\n")
+    with pytest.raises(LoadError, match=r"dictionary config .*config\.yaml is not UTF-8 text"):
+        read_config_yaml(cfg)
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    with pytest.raises(LoadError, match=r"folder\.yaml is not a regular file"):
+        read_config_yaml(folder)
+    cfg.write_text("model_kind: transcoder_set\n")
+    assert read_config_yaml(cfg) == {"model_kind": "transcoder_set"}
+    assert read_declared(tmp_path) is not None  # the fit check reads the same file the same way

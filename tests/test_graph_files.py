@@ -21,6 +21,7 @@ from circuitgraph.errors import CircuitGraphError, LoadError
 from circuitgraph.export.json_graph import graph_from_dict, graph_to_dict
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
+from tests.helpers.fuzz import document_paths, edited
 
 
 def _small_graph() -> AttributionGraph:
@@ -164,34 +165,13 @@ JSON_VALUES = st.recursive(
 )
 
 
-def _paths(doc, prefix=()):
-    yield prefix
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _paths(v, (*prefix, i))
-
-
-ALL_PATHS = [p for p in _paths(VALID) if p]
+ALL_PATHS = [p for p in document_paths(VALID) if p]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=st.lists(st.tuples(st.sampled_from(ALL_PATHS), JSON_VALUES, st.booleans()), min_size=1, max_size=3))
 def test_fuzzed_graph_documents_load_or_fail_cleanly(edits):
-    doc = copy.deepcopy(VALID)
-    for path, value, delete in edits:
-        node = doc
-        try:
-            for part in path[:-1]:
-                node = node[part]
-            if delete:
-                del node[path[-1]]
-            else:
-                node[path[-1]] = value
-        except (KeyError, IndexError, TypeError):
-            continue
+    doc = edited(VALID, edits)
     try:
         graph = graph_from_dict(doc).graph
     except CircuitGraphError as exc:
@@ -209,18 +189,7 @@ def test_fuzzed_graph_documents_load_or_fail_cleanly(edits):
 @given(edits=st.lists(st.tuples(st.sampled_from(ALL_PATHS), JSON_VALUES, st.booleans()), min_size=1, max_size=2))
 def test_fuzzed_graph_files_through_render(tmp_path, edits):
     """The same mutations through `circuitgraph render`: exit 0 with a diagram, or exit 2 with one line."""
-    doc = copy.deepcopy(VALID)
-    for path, value, delete in edits:
-        node = doc
-        try:
-            for part in path[:-1]:
-                node = node[part]
-            if delete:
-                del node[path[-1]]
-            else:
-                node[path[-1]] = value
-        except (KeyError, IndexError, TypeError):
-            continue
+    doc = edited(VALID, edits)
     graph_file = tmp_path / "g.json"
     graph_file.write_text(json.dumps(doc))
     out = tmp_path / "g.svg"

@@ -6,9 +6,10 @@ is read, at module level and inside functions alike (``if TYPE_CHECKING:`` block
 never run).  A module named in a string (``importlib.import_module("circuitgraph.x")``, a
 ``"circuitgraph.x.y:function"`` record, a lazy-attribute table) is an arrow too: every string
 constant that names a module of the package, docstrings aside, counts as an import of it.  An
-import inside a function, or by name, hides a cycle from Python but not from this graph, so
-the layering (spec -> adapters/dictionaries -> attribution -> graph -> queries/validation ->
-export -> pipeline -> datasets -> entry points, see docs/architecture.md) is checked as written.
+import inside a function, or by name, hides a cycle from Python but not from this graph.  The
+graph has no cycle, and no arrow goes to a later layer of :data:`LAYERS` (base -> results -> spec
+-> adapters/dictionaries -> graph -> attribution -> queries/validation -> export -> pipeline ->
+datasets -> features -> entry points, docs/architecture.md) but the few in :data:`UPWARD_OK`.
 """
 
 from __future__ import annotations
@@ -240,6 +241,67 @@ def test_the_engine_and_the_spec_import_nothing_from_later_stages():
     spec_deps = {t for m in edges if m.startswith("circuitgraph.spec") for t in edges[m]}
     assert all(t.startswith(("circuitgraph.spec", "circuitgraph.errors")) or t == "circuitgraph" for t in spec_deps), \
         spec_deps
+
+
+#: the package's layers, bottom first (docs/architecture.md): a module imports (or names) only
+#: modules of its own layer and of the layers below.  A module is in the layer of the longest
+#: prefix that names it; a prefix names a package or a module (the package root: only itself).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("circuitgraph.errors", "circuitgraph._io", "circuitgraph._finite", "circuitgraph._hub",
+              "circuitgraph.builtin", "circuitgraph.residual")),
+    ("results", ("circuitgraph.text_tables", "circuitgraph.display", "circuitgraph._results")),
+    ("spec", ("circuitgraph.spec",)),
+    ("model", ("circuitgraph.adapters", "circuitgraph.dictionaries")),
+    # _json encodes a NodeId: it sits with the graph, below every writer of JSON
+    ("graph", ("circuitgraph.graph", "circuitgraph._json")),
+    ("engine", ("circuitgraph.attribution",)),
+    ("analysis", ("circuitgraph.queries", "circuitgraph.validation")),
+    # the readers of a dataset's and a features run's folders import only the layers below the
+    # exports: the pipeline reads a features folder's dashboards, a diff a dataset's aggregate
+    ("export", ("circuitgraph.export", "circuitgraph.datasets.store", "circuitgraph.features.summary")),
+    ("pipeline", ("circuitgraph.pipeline",)),
+    ("datasets", ("circuitgraph.datasets",)),
+    ("features", ("circuitgraph.features",)),
+    ("entry", ("circuitgraph", "circuitgraph.__main__", "circuitgraph.pipeline.entry", "circuitgraph.pipeline.compare",
+               "circuitgraph.cli", "circuitgraph.serve", "circuitgraph.training", "circuitgraph.testing")),
+]
+
+#: arrows to a later layer that are deliberate, with the reason
+UPWARD_OK = {
+    ("circuitgraph.datasets.executors", "circuitgraph.features.stream"):
+        "a name in the fork server's preload list (imported once so that workers start warm); no code of it runs",
+}
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (an AssertionError names a module of no layer)."""
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if module == p or (p != "circuitgraph" and module.startswith(p + ".")):
+                if best is None or len(p) > best[1]:
+                    best = (i, len(p))
+    assert best is not None, f"{module} is in no layer of LAYERS: add its package there (and to docs/architecture.md)"
+    return best[0]
+
+
+def upward_arrows(edges: dict[str, set[str]]) -> list[str]:
+    return [f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+            for a in sorted(edges) for b in sorted(edges[a])
+            if layer_of(b) > layer_of(a) and (a, b) not in UPWARD_OK]
+
+
+def test_imports_follow_the_layers():
+    """No module imports or names a module of a later layer: an upward arrow is a loop waiting
+    for its other half, and the cycle test alone cannot see it."""
+    edges, _ = _graph()
+    bad = upward_arrows(edges)
+    assert not bad, ("imports of a later layer (move the shared code down, or register it from above):\n"
+                     + "\n".join(bad))
+    assert all(b in edges[a] for a, b in UPWARD_OK), "an allowed upward arrow is gone: remove it from UPWARD_OK"
+    assert upward_arrows({"circuitgraph.export.html": {"circuitgraph.pipeline.runner"},
+                          "circuitgraph.pipeline.runner": {"circuitgraph.export.html"}}) == [
+        "circuitgraph.export.html (export) -> circuitgraph.pipeline.runner (pipeline)"]
 
 
 def test_hook_names_are_built_only_in_the_adapters():

@@ -192,6 +192,9 @@ def test_labels_files(tmp_path):
     (tmp_path / "bad.csv").write_text("layer,index,label\nx,3,oops\n")
     with pytest.raises(ExportError, match="row 1"):
         load_feature_labels(tmp_path / "bad.csv")
+    (tmp_path / "latin1.csv").write_bytes("layer,index,label\n0,3,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ExportError, match=r"latin1\.csv is not UTF-8 text"):  # one line naming the file
+        load_feature_labels(tmp_path / "latin1.csv")
 
 
 def test_diagram_labels_activations_axis_and_legend():

@@ -57,6 +57,9 @@ def test_documents_from_text_jsonl(tmp_path):
         read_documents([tmp_path / "b.jsonl"])
     (tmp_path / "c.jsonl").write_text(json.dumps({"body": "x"}) + "\n\n" + json.dumps({"body": "y"}) + "\n")
     assert read_documents([tmp_path / "c.jsonl"], "body") == ["x", "y"]
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "ok"}) + "\n{not json\n")
+    with pytest.raises(LoadError, match=r"d\.jsonl:2: not a JSON object"):  # one line naming the file, not a traceback
+        read_documents([tmp_path / "d.jsonl"])
 
 
 def test_spec_rules_and_schema(tmp_path):

@@ -24,9 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from circuitgraph._io import read_json_file
+from circuitgraph._io import read_json_file, read_yaml_file
 from circuitgraph.adapters.files import safetensors_shapes
 from circuitgraph.errors import CircuitGraphError, LoadError
 from circuitgraph.spec.model import ModelSpec
@@ -61,9 +59,9 @@ def _read_json(path: Path) -> Any:
 
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except Exception:  # noqa: BLE001 - the loader reports a broken config.yaml with its own message
-        return None
+        return read_yaml_file(path, "dictionary config")
+    except LoadError:
+        return None  # the loader reports a broken config.yaml with its own message
 
 
 def _name_of(cfg: dict[str, Any]) -> str | None:

@@ -28,7 +28,7 @@ from circuitgraph.adapters.hf_config import FAMILIES, unsupported_model_type_mes
 from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
 from circuitgraph.adapters.pretrained import is_fetched, pretrained_dir
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-from circuitgraph.builtin import BUILTIN_MODELS, builtin_dictionary_dir
+from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
 from circuitgraph.errors import LoadError, one_line
 from circuitgraph.spec import Spec
 
@@ -43,6 +43,7 @@ __all__ = [
     "model_folder_format",
     "hf_weight_files",
     "existing_model_folder",
+    "existing_dictionary_folder",
     "MAX_JSON_BYTES",
     "MAX_DIRECTION_BYTES",
 ]
@@ -219,6 +220,20 @@ def existing_model_folder(m: Any) -> Path | None:
     return None
 
 
+def existing_dictionary_folder(t: Any) -> Path | None:
+    """The folder the spec's transcoders section ``t`` (a ``TranscodersSpec``, or None) is read
+    from when it is known before anything is loaded or fetched: a ``path`` folder, the built-in
+    dictionary's folder; None for hub and release sources (their folder is known once the cache
+    has it) and without a dictionary.  The twin of :func:`existing_model_folder`."""
+    if t is None:
+        return None
+    if t.source == "path":
+        return Path(t.path)
+    if t.source == "builtin":
+        return builtin_dictionary_dir(t.builtin) if t.builtin in BUILTIN_DICTIONARIES else None
+    return None
+
+
 def check_input_files(spec: Spec) -> None:
     """Read the headers of every file a spec's run would load (model config, weights table,
     tokenizer, transcoder folders, direction files), without building anything.
@@ -245,12 +260,8 @@ def check_input_files(spec: Spec) -> None:
         tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
         if tok_dir is not None:
             Tokenizer.from_dir(tok_dir)
-    t = spec.transcoders
-    if t is not None and t.source in ("path", "builtin"):
-        if t.source == "path":
-            tc_dir = Path(t.path)
-        else:
-            tc_dir = builtin_dictionary_dir(t.builtin)
+    tc_dir = existing_dictionary_folder(spec.transcoders)
+    if tc_dir is not None:
         check_transcoder_dir(tc_dir)
     for i, target in enumerate(spec.targets):
         if target.kind == "direction" and target.params.file is not None:

@@ -18,12 +18,12 @@ import heapq
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from circuitgraph._io import MAX_JSON_BYTES, read_json_file
 from circuitgraph.errors import LoadError, TokenError, UnknownTokenWarning
 
-__all__ = ["Tokenizer", "resolve_tokenizer_dir", "check_prompt_text", "prompt_ids"]
+__all__ = ["Tokenizer", "resolve_tokenizer_dir", "check_prompt_text", "prompt_ids", "prompt_fields", "PromptFields"]
 
 #: how many vocabulary entries an error about an unknown token string suggests
 N_NEAREST = 5
@@ -295,6 +295,33 @@ def check_prompt_text(tokenizer: Tokenizer, text: str, *, strict: bool, where: s
         raise TokenError(f"{message}; rephrase the prompt with known words, give token ids as "
                          "{tokens: [...]}, or drop strict: true to accept it with a warning")
     warnings.warn(f"{message} (prompt strict: true makes this an error)", UnknownTokenWarning, stacklevel=3)
+
+
+class PromptFields(NamedTuple):
+    """What a prompt says, whatever its shape (:func:`prompt_fields`): its ``text`` or its
+    ``tokens`` (one of them; both None for something that is not a prompt), ``prepend_bos`` and
+    ``strict`` (the text prompt's options, defaults True and False)."""
+
+    text: str | None
+    tokens: Any
+    prepend_bos: bool
+    strict: bool
+
+
+def prompt_fields(prompt: Any) -> PromptFields:
+    """The fields of a prompt given as a string, ``{"text": ..., "prepend_bos": ..., "strict": ...}``,
+    ``{"tokens": [...]}``, the spec's ``TextPrompt`` / ``TokensPrompt`` or a sequence of token ids:
+    the one reading of a prompt's shape (the run's :func:`circuitgraph.pipeline.inputs.resolve_prompt_like`,
+    the checks' :func:`circuitgraph.validation._common.resolve_prompt`); each caller checks the values."""
+    if isinstance(prompt, str):
+        return PromptFields(prompt, None, True, False)
+    if isinstance(prompt, dict):
+        return PromptFields(prompt.get("text"), prompt.get("tokens"), prompt.get("prepend_bos", True),
+                            bool(prompt.get("strict", False)))
+    if hasattr(prompt, "tokens") or hasattr(prompt, "text"):
+        return PromptFields(getattr(prompt, "text", None), getattr(prompt, "tokens", None),
+                            getattr(prompt, "prepend_bos", True), bool(getattr(prompt, "strict", False)))
+    return PromptFields(None, prompt if isinstance(prompt, (list, tuple)) else None, True, False)
 
 
 def prompt_ids(tokenizer: Any, text: str, prepend_bos: bool = True) -> list[int]:

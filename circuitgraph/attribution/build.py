@@ -37,6 +37,7 @@ from circuitgraph.graph.dag import adopt_engine_order
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.linearised_edges import LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
 
@@ -170,13 +171,13 @@ def _collect_and_plan(adapter: ModelAdapter, lin: Linearisation, transcoders: Di
     unseen = 0
     if probe is not None:
         unseen = max(0, n_sites * f.d_mlp - int(sum(1 for n in col.nodes if n.kind == "neuron")))
-    plan = plan_edges(col, probing, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+    plan = plan_edges(col, probing, ResidualLocation.count(f.n_layers), lin.n_pos, limit=options.memory_limit,
                       rss_before_nodes=before, unseen_neurons=unseen, floor=floor)
     plan.probe_top_k = probe
     if probe is not None and plan.fits:  # every neuron fits after all: the spec's own node tables
         del col
         col = collect_nodes(adapter, lin, transcoders, targets, options)
-        plan = plan_edges(col, options, 2 * f.n_layers + 1, lin.n_pos, limit=options.memory_limit,
+        plan = plan_edges(col, options, ResidualLocation.count(f.n_layers), lin.n_pos, limit=options.memory_limit,
                           rss_before_nodes=before, floor=floor)
     return col, plan
 

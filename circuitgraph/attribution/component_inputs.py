@@ -111,11 +111,11 @@ def component_edge_bound(col: Collected, head_inputs: tuple[str, ...] = ("value"
     the linearised key edges (``head_inputs``) as many again, the query edges one reader per head."""
     fm = col.frozen
     L, T = fm.n_layers, fm.n_pos
-    counts, _, _, _ = col.count_tables(2 * L + 1, T)
+    counts, _, _, _ = col.count_tables(ResidualLocation.count(L), T)
     local = _paths_stay_at_their_position(col)
     total = 0
     for m in range(L):
-        upto = counts[: 2 * m + 1]
+        upto = counts[: ResidualLocation.resid_pre(m) + 1]
         per_pos = upto.sum(0) if local else np.full(T, upto.sum())
         if fm.attention_modes[m] == "heads":
             H = int(fm.attn[m]["W_V"].shape[0])
@@ -218,22 +218,21 @@ def total_effect_gradients(col: Collected, full: FrozenLinearModel | None = None
         g = col.readers.direction(i).to(device=fm.device, dtype=fm.dtype)
         inject.setdefault(col.readers.locs[i], []).append((col.readers.positions[i], float(weight) * g))
     G = torch.zeros(T, D, dtype=fm.dtype, device=fm.device)
-    out: list[torch.Tensor] = [G] * (2 * L + 1)
+    out: list[torch.Tensor] = [G] * ResidualLocation.count(L)
     mlps = {l: _FrozenMlp(adapter, lin, fm, l, min_mlp_pos) for l in range(L)} if not adapter.facts.attn_only else {}
     G_post: torch.Tensor | None = None
-    for loc in range(2 * L, -1, -1):
+    for loc in map(ResidualLocation, range(ResidualLocation.resid_post(L - 1), -1, -1)):
         for t, g in inject.get(loc, []):
             G[t] += g
         out[loc] = G.clone()
         if loc == 0:
             break
-        if loc % 2 == 0:  # resid_post(l) -> resid_mid(l): through the MLP
-            layer = loc // 2 - 1
+        layer = loc.layer
+        if loc.sublayer == "mlp":  # resid_post(l) -> resid_mid(l): through the MLP
             G_post = G.clone()
             if layer in mlps and not fm.parallel:
                 G = G + mlps[layer].transpose(G_post)
         else:  # resid_mid(l) -> resid_pre(l): through attention (and a parallel block's MLP)
-            layer = (loc - 1) // 2
             below = fm.attention_transpose(layer, G[None])[0] + G
             if layer in mlps and fm.parallel:
                 below = below + mlps[layer].transpose(G_post)

@@ -53,6 +53,7 @@ from circuitgraph.errors import ResourceError
 from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
+from circuitgraph.residual import ResidualLocation
 
 __all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts", "SELECTED_KINDS",
            "ROWS_IN_MEMORY_BYTES", "PART_EDGES", "reader_edge_bounds"]
@@ -253,7 +254,7 @@ def reader_edge_bounds(col: Collected) -> np.ndarray:
     """Per reader: the writers at or below its location and at or before its position (at any
     position with bidirectional attention): at least its number of edges."""
     rd = col.readers
-    n_locs = 2 * col.frozen.n_layers + 1
+    n_locs = ResidualLocation.count(col.frozen.n_layers)
     counts = col.count_tables(n_locs, col.frozen.n_pos)[0]
     seen = counts.cumsum(0)
     seen = seen.cumsum(1) if col.frozen.causal else np.broadcast_to(seen.sum(1, keepdims=True), seen.shape)

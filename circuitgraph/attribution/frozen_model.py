@@ -265,8 +265,9 @@ class FrozenLinearModel:
         position of each row when ``G`` is non-zero at that position only (see
         :meth:`attention_transpose_single`); the result is the same.  ``G`` may be overwritten:
         the result can be ``G`` itself."""
-        if loc % 2 == 1:  # resid_mid(l) -> resid_pre(l), through attention l
-            layer = (loc - 1) // 2
+        loc = ResidualLocation(loc)
+        layer = loc.layer
+        if loc.sublayer == "attn":  # resid_mid(l) -> resid_pre(l), through attention l
             out = G
             if self.attention_modes[layer] == "frozen":
                 if single is not None:
@@ -276,7 +277,7 @@ class FrozenLinearModel:
                 else:
                     out = self.attention_transpose(layer, G).add_(G)
             return self._parallel_skip(layer, G, out)
-        layer = loc // 2 - 1  # resid_post(l) -> resid_mid(l), through the MLP side
+        # resid_post(l) -> resid_mid(l), through the MLP side
         if self.parallel:  # a parallel block's MLP side reads x_pre: crossed with the attention (above)
             return G
         extra = self.mlp_transpose(layer, G)

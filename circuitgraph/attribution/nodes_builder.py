@@ -410,7 +410,7 @@ class _Builder:
         self.readers = ReaderTable()
         T, D = lin.n_pos, adapter.facts.d_model
         self.constants: dict[int, torch.Tensor] = {
-            loc: torch.zeros(T, D, dtype=self.dtype, device=self.device) for loc in range(2 * adapter.facts.n_layers + 1)
+            loc: torch.zeros(T, D, dtype=self.dtype, device=self.device) for loc in range(ResidualLocation.count(adapter.facts.n_layers))
         }
         self.tok_str = (
             (lambda i: adapter.tokenizer.token_str(i)) if adapter.tokenizer is not None else (lambda i: f"<{i}>")
@@ -1000,7 +1000,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         if tgt.probability is not None:
             attrs["probability"] = tgt.probability
         row = b.add_node(Node(node_id, activation=pre, pre_activation=pre, label=label, attrs=attrs))
-        b.readers.add(row, 2 * L, t, g, float(own))
+        b.readers.add(row, ResidualLocation.resid_post(L - 1), t, g, float(own))
         return node_id
     if tgt.kind == "feature":
         node_id = NodeId("feature", tgt.layer, t, tgt.index)

@@ -17,6 +17,7 @@ from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
 
 __all__ = ["open_dataset", "Dataset", "AggregateGraph"]
 
@@ -128,7 +129,7 @@ class Dataset:
                 "influence": float(nodes_df["sum_influence"].iat[i]) / n,
             }
             label = f"n={count}"
-            if node_id.kind in ("embedding", "logit"):
+            if node_id.kind in TOKEN_KINDS:
                 attrs["token_str"] = self.token_str(node_id.index)
             elif node_id.kind == "target":
                 label = f"{self.info.get('target_labels', {}).get(str(node_id.index), label)} (n={count})"
@@ -137,7 +138,7 @@ class Dataset:
         src = [index[s] for s in _node_ids(edges_df, "source_", by_position)]
         tgt = [index[t] for t in _node_ids(edges_df, "target_", by_position)]
         sum_weight = edges_df["sum_weight"].to_numpy(dtype=np.float64)
-        targets = [(nd.id, nd.attrs["n_prompts"] / n) for nd in nodes if nd.kind in ("logit", "target")]
+        targets = [(nd.id, nd.attrs["n_prompts"] / n) for nd in nodes if nd.kind in OUTPUT_KINDS]
         graph = AggregateGraph(
             nodes=nodes,
             edge_target=np.asarray(tgt, dtype=np.int64),
@@ -175,7 +176,7 @@ class Dataset:
         key = [c for c in ("kind", "layer", "index", "position_from_end") if c in nodes.columns]
         for _, r in nodes.iterrows():
             ident = "/".join(str(r[c]) for c in key)
-            token = f" {self.token_str(int(r['index']))!r}" if r["kind"] in ("embedding", "logit") else ""
+            token = f" {self.token_str(int(r['index']))!r}" if r["kind"] in TOKEN_KINDS else ""
             lines.append(f"  {ident}{token}: in {r['n_prompts']}/{self.n_aggregated} prompts, mean influence "
                          f"{r['sum_influence'] / max(self.n_aggregated, 1):.4f}, mean activation "
                          f"{r['sum_activation'] / max(self.n_aggregated, 1):.4g}")

@@ -43,34 +43,34 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import yaml
 from safetensors import safe_open
 
+from circuitgraph._io import read_yaml_file
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.dictionaries.mlp_input import fold_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
 from circuitgraph.errors import LoadError, ShapeMismatchError
 
-__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "output_hook_name", "output_site", "read_config_yaml"]
+__all__ = ["CLTLayer", "CrossLayerTranscoder", "load_clt_dir", "output_hook_name", "output_site", "read_config_yaml",
+           "hook_site", "INPUT_HOOK_SITES", "OUTPUT_HOOKS"]
 
 Activation = Literal["relu", "jump_relu", "topk"]
 
-# circuit-tracer input hooks (relative to blocks.<l>) -> how the feature reads the residual
-_INPUT_SITES = {
+#: the dictionaries' input hooks (relative to ``blocks.<l>``; circuit-tracer's ``feature_input_hook``,
+#: sae-lens's ``hook_name`` after ``blocks.<l>.``) -> how the feature reads the residual: the one table
+#: of every dictionary format (:func:`hook_site`)
+INPUT_HOOK_SITES = {
     "hook_resid_mid": "raw",
     "hook_mlp_in": "raw",
     "ln2.hook_normalized": "normalized",
     "mlp.hook_in": "mlp_input",  # folded into the encoder at load: features read ln2.hook_normalized
 }
-_OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
+#: the output hooks a dictionary may write (relative to ``blocks.<l>``; :func:`output_site`)
+OUTPUT_HOOKS = ("hook_mlp_out", "mlp.hook_out")
 
 
 def read_config_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"{path}: not valid YAML ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                        "fix the file") from None
+    data = read_yaml_file(path, "dictionary config")
     if not isinstance(data, dict):
         raise LoadError(f"{path}: expected a mapping (model_kind, feature_input_hook, ...), got "
                         f"{type(data).__name__}")
@@ -83,7 +83,7 @@ def output_site(hook: str, where: str, *, post_norms: bool) -> str:
     (``mlp.hook_out`` on a model with post-MLP norms, Gemma-2's ``ln2_post``: the MLP's own
     output, which the frozen post-norm then maps linearly, ``gamma * P(v) / sigma``).  Without
     post-norms the two hooks hold the same value (``mlp_out``)."""
-    if hook not in _OUTPUT_HOOKS:
+    if hook not in OUTPUT_HOOKS:
         raise LoadError(f"{where}: feature_output_hook {hook!r} is not supported; expected hook_mlp_out or "
                         "mlp.hook_out (relative to blocks.<layer>)")
     return "before_post_norm" if hook == "mlp.hook_out" and post_norms else "mlp_out"
@@ -96,7 +96,7 @@ def output_hook_name(layer: int, site: str) -> str:
             else ModelAdapter.hook_mlp_out(layer))
 
 
-def hook_site(hook: str, where: str, *, sites: dict[str, str] = _INPUT_SITES) -> str:
+def hook_site(hook: str, where: str, *, sites: dict[str, str] = INPUT_HOOK_SITES) -> str:
     """The input site of a block-relative feature input hook, or a one-line LoadError."""
     if hook not in sites:
         raise LoadError(f"{where}: feature_input_hook {hook!r} is not supported; expected one of "
@@ -187,8 +187,8 @@ class CrossLayerTranscoder:
         # mlp.hook_in: (gamma, beta) of each layer's ln2, gamma applied to encoder rows as they are read
         # (beta is already in b_enc, the skip path folded at load): the features read ln2.hook_normalized
         self.input_norms = input_norms
-        self.input_site = "normalized" if _INPUT_SITES[feature_input_hook] == "mlp_input" else \
-            _INPUT_SITES[feature_input_hook]
+        self.input_site = "normalized" if INPUT_HOOK_SITES[feature_input_hook] == "mlp_input" else \
+            INPUT_HOOK_SITES[feature_input_hook]
         self.dtype = dtype
         self.source = source
         self.config = config

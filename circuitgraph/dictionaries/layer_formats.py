@@ -47,7 +47,7 @@ import torch
 from safetensors import safe_open
 
 from circuitgraph._io import read_json_file
-from circuitgraph.dictionaries.clt import output_hook_name, output_site
+from circuitgraph.dictionaries.clt import hook_site, output_hook_name, output_site
 from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
 from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
@@ -59,8 +59,6 @@ __all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir"
 
 LAYER_DIR_FORMATS = ("circuit_tracer_transcoder_set", "gemmascope", "gemmascope2", "eleuther_topk")
 
-_SITES = {"hook_resid_mid": "raw", "hook_mlp_in": "raw", "ln2.hook_normalized": "normalized",
-          "mlp.hook_in": "mlp_input"}
 
 
 def _finite(t: torch.Tensor | None, where: Path, name: str) -> None:
@@ -130,13 +128,6 @@ def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b
         hook_out=output_hook_name(layer, out_site), architecture=architecture, source=str(where),
         activation_kind=activation, topk=topk, output_site=out_site, enc_scale=back(enc_scale), lazy=lazy,
     )
-
-
-def _site(hook: str, where: Path) -> str:
-    if hook not in _SITES:
-        raise LoadError(f"{where}: feature_input_hook {hook!r} is not supported; expected one of "
-                        f"{', '.join(_SITES)} (relative to blocks.<layer>)")
-    return _SITES[hook]
 
 
 #: the large matrices of each safetensors layout, read by feature: key -> stored dimension of the features
@@ -220,7 +211,7 @@ def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: l
     """circuit-tracer's per-layer ``transcoder_set`` folder."""
 
     cfg_path = path / "config.yaml"
-    site = _site(str(config.get("feature_input_hook", "")), cfg_path)
+    site = hook_site(str(config.get("feature_input_hook", "")), str(cfg_path))
     hook_out = str(config.get("feature_output_hook", "hook_mlp_out"))
     listed = config.get("transcoders")
     if listed is not None:
@@ -252,7 +243,7 @@ def transcoder_files(files: dict[int, Path], adapter: Any, *, site: str, hook_ou
                      source: dict[str, Any], format: str, lazy: bool | None = None):
     """A :class:`TranscoderSet` from one file per layer (circuit-tracer ``layer_<i>.safetensors``,
     GemmaScope ``params.npz`` or GemmaScope-2 ``params.safetensors``; the tensors say which), each
-    reading input ``site`` (see ``_SITES``) and writing ``hook_out``; safetensors files stay on disk
+    reading input ``site`` (see :data:`~circuitgraph.dictionaries.clt.INPUT_HOOK_SITES`) and writing ``hook_out``; safetensors files stay on disk
     (read by feature, ``lazy`` as in :func:`_lazy`)."""
     loaded = {l: _load(p) for l, p in sorted(files.items())}
     lz = _lazy(loaded, lazy)
@@ -319,7 +310,7 @@ def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtyp
                      hook_out: str = "hook_mlp_out"):
     """GemmaScope (``params.npz``) / GemmaScope-2 (``params.safetensors``) files, one per layer
     (from a folder, or fetched from the hub by the sae-lens registry)."""
-    return transcoder_files(files, adapter, site=_site(input_hook, where), hook_out=hook_out, dtype=dtype,
+    return transcoder_files(files, adapter, site=hook_site(input_hook, str(where)), hook_out=hook_out, dtype=dtype,
                             source=source, format="gemmascope" if version == 1 else "gemmascope2", lazy=lazy)
 
 

@@ -13,22 +13,15 @@ and the engine needs no extra input site.  The arithmetic is done in float64.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
 
-__all__ = ["MLP_INPUT_HOOK", "is_mlp_input_hook", "mlp_input_norm", "fold_input", "fold_mlp_input"]
+__all__ = ["MLP_INPUT_HOOK", "mlp_input_norm", "fold_input", "fold_mlp_input"]
 
 #: the block-relative hook name (circuit-tracer's ``ReplacementMLP.hook_in``; sae-lens's
 #: ``blocks.<l>.mlp.hook_in``)
 MLP_INPUT_HOOK = "mlp.hook_in"
-
-
-def is_mlp_input_hook(hook: str) -> int | None:
-    """The layer of a full hook name ``blocks.<l>.mlp.hook_in``, else None."""
-    m = re.fullmatch(r"blocks\.(\d+)\.mlp\.hook_in", hook)
-    return int(m.group(1)) if m else None
 
 
 def mlp_input_norm(adapter: Any, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -21,7 +21,6 @@ loads the folder with sae-lens itself, so such a folder loads (or fails) exactly
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from circuitgraph._io import read_json_file
 from circuitgraph.dictionaries.stored import StoredRows
 
 __all__ = ["NativeTranscoder", "read_folder"]
@@ -175,8 +175,7 @@ def encoder_bytes(path: str | Path) -> int | None:
     """Bytes of the encoder ``W_enc`` that a folder's ``cfg.json`` declares (``d_in * d_sae`` in its
     dtype), without reading the weights; ``None`` when the config is not one :func:`read_folder` reads."""
     try:
-        with open(Path(path) / "cfg.json") as f:
-            cfg = _config(json.load(f), "cpu")
+        cfg = _config(read_json_file(Path(path) / "cfg.json", "sae-lens cfg.json"), "cpu")
     except Exception:  # noqa: BLE001
         return None
     if cfg is None:
@@ -194,8 +193,7 @@ def read_folder(path: str | Path, device: str = "cpu", *, stored: bool = False) 
     dtype as they are read); the vectors (``b_enc``, ``b_dec``, ``threshold``) and ``W_skip`` are read."""
     try:
         path = Path(path)
-        with open(path / "cfg.json") as f:
-            cfg = _config(json.load(f), str(device))
+        cfg = _config(read_json_file(path / "cfg.json", "sae-lens cfg.json"), str(device))
         if cfg is None:
             return None
         skip, jump = ARCHITECTURES[cfg.architecture()]

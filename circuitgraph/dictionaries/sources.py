@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
+from circuitgraph.adapters.files import existing_dictionary_folder
 from circuitgraph.dictionaries.formats import load_dictionaries
 from circuitgraph.dictionaries.hub import load_hf_dictionaries
 from circuitgraph.dictionaries.registry import load_release
@@ -59,9 +59,10 @@ def load_dictionary_spec(t: TranscodersSpec, adapter: Any, *, dtype: torch.dtype
 
 
 def dictionary_folder(t: TranscodersSpec) -> Path:
-    """The local folder of a ``path`` or ``builtin`` dictionary (read before any weight is)."""
-    if t.source == "builtin":
-        if t.builtin not in BUILTIN_DICTIONARIES:
-            raise LoadError(f"unknown built-in transcoders {t.builtin!r}")
-        return builtin_dictionary_dir(t.builtin)
-    return Path(t.path)
+    """The local folder of a ``path`` or ``builtin`` dictionary (read before any weight is;
+    :func:`~circuitgraph.adapters.files.existing_dictionary_folder`)."""
+    folder = existing_dictionary_folder(t)
+    if folder is None:
+        raise LoadError(f"transcoders.{t.source} {getattr(t, t.source)!r} has no local folder before it is loaded"
+                        if t.source != "builtin" else f"unknown built-in transcoders {t.builtin!r}")
+    return folder

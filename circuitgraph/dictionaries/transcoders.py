@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,20 +31,19 @@ from circuitgraph._finite import first_nonfinite
 from circuitgraph._hub import require_hub
 from circuitgraph.adapters.files import check_transcoder_dir
 from circuitgraph.dictionaries import saelens_native
-from circuitgraph.dictionaries.clt import output_hook_name, output_site
-from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, is_mlp_input_hook, mlp_input_norm
+from circuitgraph.dictionaries.clt import INPUT_HOOK_SITES, OUTPUT_HOOKS, output_hook_name, output_site
+from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES, StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
 
 __all__ = ["TranscoderLayer", "TranscoderSet"]
 
-_IN_HOOKS = {
-    r"blocks\.(\d+)\.ln2\.hook_normalized": "normalized",
-    r"blocks\.(\d+)\.hook_resid_mid": "raw",
-    r"blocks\.(\d+)\.hook_mlp_in": "raw",
-}
-#: output hooks: hook_mlp_out, or mlp.hook_out (before a post-MLP norm; see clt.output_site)
-_OUT_HOOK = r"blocks\.(\d+)\.(?:hook_mlp_out|mlp\.hook_out)"
+
+def _block_hook(hook: str, allowed: Iterable[str]) -> tuple[int, str] | None:
+    """``(layer, block-relative hook)`` of a full hook name ``blocks.<l>.<hook>`` whose hook is one
+    of ``allowed`` (:data:`~circuitgraph.dictionaries.clt.INPUT_HOOK_SITES`, ``OUTPUT_HOOKS``), else None."""
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", hook)
+    return (int(m.group(1)), m.group(2)) if m and m.group(2) in allowed else None
 
 
 class TranscoderLayer:
@@ -250,11 +250,6 @@ class TranscoderLayer:
         }
 
 
-def _match_layer(pattern: str, hook: str) -> int | None:
-    m = re.fullmatch(pattern, hook)
-    return int(m.group(1)) if m else None
-
-
 def load_sae_folder(path: str | Path, device: str = "cpu", *, stored: bool = False) -> Any:
     """The transcoder in a sae-lens ``save_model`` folder, as ``SAE.load_from_disk(path, device=device)``
     gives it: read natively (no sae-lens import) when :func:`~circuitgraph.dictionaries.saelens_native.read_folder`
@@ -292,24 +287,19 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any,
     hook_out = getattr(meta, "hook_name_out", None)
     if not hook_in or not hook_out:
         raise LoadError(f"{where}: cfg metadata must give hook_name and hook_name_out")
-    site, layer = None, None
-    for pattern, kind in _IN_HOOKS.items():
-        lyr = _match_layer(pattern, hook_in)
-        if lyr is not None:
-            site, layer = kind, lyr
-    if site is None and is_mlp_input_hook(hook_in) is not None:
-        site, layer = "mlp_input", is_mlp_input_hook(hook_in)
-    if site is None:
+    read = _block_hook(hook_in, INPUT_HOOK_SITES)
+    if read is None:
         raise LoadError(
             f"{where}: input hook {hook_in!r} is not supported; expected blocks.<l>.ln2.hook_normalized, "
             "blocks.<l>.hook_resid_mid, blocks.<l>.hook_mlp_in or blocks.<l>.mlp.hook_in"
         )
-    out_layer = _match_layer(_OUT_HOOK, hook_out)
-    if out_layer is None:
+    layer, site = read[0], INPUT_HOOK_SITES[read[1]]
+    written = _block_hook(hook_out, OUTPUT_HOOKS)
+    if written is None:
         raise LoadError(f"{where}: output hook {hook_out!r} is not supported; expected blocks.<l>.hook_mlp_out or "
                         "blocks.<l>.mlp.hook_out")
-    if out_layer != layer:
-        raise LoadError(f"{where}: reads layer {layer} ({hook_in}) but writes layer {out_layer} ({hook_out}); "
+    if written[0] != layer:
+        raise LoadError(f"{where}: reads layer {layer} ({hook_in}) but writes layer {written[0]} ({hook_out}); "
                         "cross-layer transcoders are not supported")
     if expected_layer is not None and expected_layer != layer:
         raise LoadError(f"{where}: directory says layer {expected_layer} but its hooks are for layer {layer}")
@@ -317,7 +307,7 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any,
 
     # where it writes, as the per-layer formats and CLTs decide it: mlp.hook_out on a post-norm model
     # (Gemma-2's ln2_post) is the MLP's output before that norm, the same hook as hook_mlp_out otherwise
-    out_site = output_site(hook_out.split(".", 2)[2], where, post_norms=facts.post_norms)
+    out_site = output_site(written[1], where, post_norms=facts.post_norms)
     hook_out = output_hook_name(layer, out_site)
     if not (0 <= layer < facts.n_layers):
         raise ShapeMismatchError(

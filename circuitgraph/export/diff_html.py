@@ -28,6 +28,8 @@ from circuitgraph.errors import RenderError
 from circuitgraph.export.dot import KIND_COLORS, NEGATIVE_COLOR, POSITIVE_COLOR
 from circuitgraph.export.render import find_dot
 from circuitgraph.graph.nodes import NODE_KINDS
+from circuitgraph.residual import ResidualLocation
+from circuitgraph.spec.kinds import OUTPUT_KINDS
 
 __all__ = ["diff_html", "write_diff_html", "diff_svgs"]
 
@@ -40,15 +42,15 @@ _X_STEP, _Y_STEP = 96.0, 64.0
 def _row(kind: str, layer: int, top: int) -> int:
     if kind in ("embedding", "positional"):
         return 0
-    if kind in ("logit", "target"):
+    if kind in OUTPUT_KINDS:
         return top
-    return 2 * layer + (1 if kind == "attention_head" else 2)
+    return int(ResidualLocation.written_by(kind, layer))
 
 
 def _drawn(d: Any, max_nodes: int) -> Any:
     nodes = d.nodes
     strength = np.maximum(nodes["influence_a"].abs().to_numpy(), nodes["influence_b"].abs().to_numpy())
-    is_target = nodes["kind"].isin(["logit", "target"]).to_numpy()
+    is_target = nodes["kind"].isin(sorted(OUTPUT_KINDS)).to_numpy()
     order = np.lexsort((nodes["node"].to_numpy(), -strength))
     keep = [i for i in order if is_target[i]] + [i for i in order if not is_target[i] and nodes["kind"].iat[i]
                                                   not in ("remainder",)]
@@ -76,7 +78,7 @@ def _label(rec: Any, side: str) -> str:
         head = f"{rec.token!r}{pos}" if rec.kind == "embedding" else f"logit {rec.token!r}{pos}"
     else:
         head = f"{kind_short.get(rec.kind, rec.kind)}{rec.index} L{rec.layer}{pos}"
-    if rec.kind in ("logit", "target"):
+    if rec.kind in OUTPUT_KINDS:
         return head  # a target's effect on the targets is not a path through it
     return f"{head}\neff {getattr(rec, f'effect_{side}'):+.3g}"
 

@@ -31,11 +31,11 @@ from circuitgraph.display import document_html, esc, html_table, result_html  # 
 from circuitgraph.errors import RenderError
 from circuitgraph.export.dot import DEFAULT_MAX_NODES, graph_to_dot, raw_influence
 from circuitgraph.export.graph_files import read_graph_file  # re-exported: its old home
+from circuitgraph.export.portable import portable_paths
 from circuitgraph.export.render import render_dot_bytes
 from circuitgraph.export.steering_html import steering_html
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, display_name
-from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.validation.activation_patching import write_heatmap
 
 __all__ = [
@@ -112,7 +112,7 @@ def _graph_facts(graph: AttributionGraph) -> list[dict[str, Any]]:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1
     facts = [
         {"": "model", "value": graph.metadata.model_name or "?"},
-        {"": "prompt", "value": graph.metadata.get("prompt", "")},
+        {"": "prompt", "value": graph.metadata.prompt or ""},
         {"": "nodes", "value": f"{graph.n_nodes} (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")"},
         {"": "edges", "value": graph.n_edges},
         {"": "targets", "value": ", ".join(f"{_target_text(graph.node(t))} (w={w:.3g})" for t, w in graph.targets)},
@@ -288,19 +288,16 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
     if model is not None:
         rows.append({"what": "model", "name": model.get("name"), "source": json.dumps(model.get("source"), default=str),
                      "details": json.dumps(model.get("architecture", {}), default=str)})
-    tcs = graph.metadata.get("transcoders")
+    tcs = graph.metadata.transcoders
     if tcs:
-        details: Any = tcs
-        if isinstance(tcs, Mapping):
-            # per-layer facts; each layer's file path is left out (the source above names the files)
-            details = {k: v for k, v in tcs.items() if k not in ("source", "layers")}
-            layers = tcs.get("layers")
-            if isinstance(layers, list):
-                details["layers"] = [{k: v for k, v in layer.items() if k != "source"} if isinstance(layer, Mapping)
-                                     else layer for layer in layers]
-        rows.append({"what": "dictionaries", "name": (tcs.get("format") or tcs.get("kind")) if isinstance(tcs, Mapping)
-                     else None,
-                     "source": json.dumps(tcs.get("source") if isinstance(tcs, Mapping) else tcs, default=str),
+        # per-layer facts; each layer's file path is left out (the source above names the files)
+        details: dict[str, Any] = {k: v for k, v in tcs.items() if k not in ("source", "layers")}
+        layers = tcs.get("layers")
+        if isinstance(layers, list):
+            details["layers"] = [{k: v for k, v in layer.items() if k != "source"} if isinstance(layer, Mapping)
+                                 else layer for layer in layers]
+        rows.append({"what": "dictionaries", "name": tcs.get("format") or tcs.get("kind"),
+                     "source": json.dumps(tcs.get("source"), default=str),
                      "details": json.dumps(details, default=str)[:800]})
     versions = graph.metadata.versions
     if versions is not None:
@@ -321,7 +318,7 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
     report gets a dashboard section per feature of the graph, linked from the diagram's nodes
     and from the tables."""
     if isinstance(source, AttributionGraph):
-        graph, full, spec = source, None, source.metadata.get("spec")
+        graph, full, spec = source, None, source.metadata.spec
         stored_q, stored_v = list(queries), list(validation)
         queries, validation = [], []
     else:
@@ -331,7 +328,7 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
 
         spec = portable_paths(spec, getattr(source.spec, "base_dir", None))  # no local folders in a report
         stored_q, stored_v = [], []
-    prompt = graph.metadata.get("prompt", "")
+    prompt = graph.metadata.prompt or ""
     title = title or f"circuitgraph report: {prompt}"
     body = [f"<h1>{esc(title)}</h1>",
             f'<p class="cg-note">{esc(repr(graph))}</p>']

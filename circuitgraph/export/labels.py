@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from circuitgraph._io import read_json_file
+from circuitgraph._io import read_json_file, read_text_file
 from circuitgraph.errors import ExportError, LoadError
 
 __all__ = ["load_feature_labels", "apply_feature_labels", "LABELS_FILE"]
@@ -49,7 +49,11 @@ def load_feature_labels(path: str | os.PathLike[str]) -> dict[tuple[int, int], s
     if not p.is_file():
         raise ExportError(f"feature labels file not found: {p}; give a CSV or JSON of layer, index, label")
     if p.suffix.lower() == ".csv":
-        rows: Iterable[Mapping[str, Any]] = list(csv.DictReader(p.read_text(encoding="utf-8").splitlines()))
+        try:
+            text = read_text_file(p, "feature labels file")
+        except LoadError as exc:
+            raise ExportError(str(exc)) from None
+        rows: Iterable[Mapping[str, Any]] = list(csv.DictReader(text.splitlines()))
     else:
         try:
             data = read_json_file(p, "feature labels file")

@@ -78,6 +78,7 @@ from circuitgraph.graph.edges import cumulative_share
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._sparse import weighted_influence
+from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
 
 __all__ = [
     "FEATURE_TYPES",
@@ -187,7 +188,7 @@ def graph_to_neuronpedia(
         if not keep[row]:
             continue
         # circuit-tracer writes only nodes with a kept link, plus every token and logit
-        if row not in linked and node.kind not in ("embedding", "logit") and node.id not in targets:
+        if row not in linked and node.kind not in TOKEN_KINDS and node.id not in targets:
             continue
         records[row] = _node_record(node, n_layers, d_vocab, tokens, influence.get(node.id, 1.0),
                                     targets.get(node.id))
@@ -295,7 +296,7 @@ def neuronpedia_node_id(node: Node | NodeId, n_layers: int, d_vocab: int | None 
         return f"E_{i}_{t}", f"E_{i}-{t}"
     if kind == "positional":
         return f"E_P_{t}", f"E_P-{t}"
-    if kind in ("logit", "target"):
+    if kind in OUTPUT_KINDS:
         v = neuronpedia_feature_code(nid, d_vocab)
         return f"{layer}_{v}_{t}", f"L_{v}-{t}"
     tag = {"mlp": "M", "bias": f"B{i}", "remainder": f"R{i}", "attention_head": f"H{i}"}[kind]
@@ -306,7 +307,7 @@ def _node_record(node: Node, n_layers: int, d_vocab: int | None, tokens: list[st
                  target: tuple[int, float] | None) -> dict[str, Any]:
     kind = node.kind
     out_id = node.id
-    if target is not None and kind not in ("logit", "target"):
+    if target is not None and kind not in OUTPUT_KINDS:
         # a feature/neuron target: written on the logit row as a custom target
         out_id = NodeId("target", node.layer, node.position, target[0])
     node_id, js_node_id = neuronpedia_node_id(out_id, n_layers, d_vocab)
@@ -315,7 +316,7 @@ def _node_record(node: Node, n_layers: int, d_vocab: int | None, tokens: list[st
     activation: float | None = None
     if out_kind in ("feature", "neuron"):
         activation = _finite(node.activation, f"node {node.id} activation")
-    if out_kind in ("logit", "target"):
+    if out_kind in OUTPUT_KINDS:
         # token_prob is what the viewers weight the output by (their scores): the target weight;
         # the clerp shows the token's probability when it is known
         token_prob = target[1] if target is not None else (_logit_prob(node) or 0.0)
@@ -397,7 +398,7 @@ def _default_clerp(node: Node, tokens: list[str]) -> str:
 
 
 def _layer_str(nid: NodeId, n_layers: int) -> str:
-    if nid.kind in ("logit", "target"):
+    if nid.kind in OUTPUT_KINDS:
         return str(n_layers + 1)
     if nid.layer < 0:
         return "E"
@@ -569,7 +570,7 @@ def _vocab_size(graph: AttributionGraph) -> int:
     """``d_vocab`` from the model metadata, else one more than the largest token id seen."""
     if graph.metadata.d_vocab is not None:
         return graph.metadata.d_vocab
-    ids = [n.index for n in graph.nodes if n.kind in ("embedding", "logit")]
+    ids = [n.index for n in graph.nodes if n.kind in TOKEN_KINDS]
     ids += [t for t in graph.metadata.prompt_tokens or [] if isinstance(t, int)]
     return max(ids, default=-1) + 1
 

@@ -26,7 +26,8 @@ _AGGREGATE_FILES = ("aggregate.json", "nodes.parquet", "edges.parquet")
 def load_comparable(source: Any) -> tuple[AttributionGraph, str]:
     """``(graph, name)`` of a source (see the module docstring)."""
     if isinstance(source, AttributionGraph):
-        return source, str(source.metadata.get("prompt", "graph"))
+        prompt = source.metadata.prompt
+        return source, prompt if prompt is not None else "graph"
     if hasattr(source, "graph") and callable(source.graph):  # an open Dataset
         return source.graph(), str(getattr(source, "directory", "dataset"))
     path = Path(source)
@@ -38,7 +39,7 @@ def load_comparable(source: Any) -> tuple[AttributionGraph, str]:
         raise LoadError(f"{path}: no such graph file or dataset folder; give a graph file (.json/.npz) written by "
                         "circuitgraph or a dataset run's output folder")
     graph = read_graph_file(path).graph
-    return graph, f"{path.name}: {graph.metadata.get('prompt', '')}".rstrip(": ")
+    return graph, f"{path.name}: {graph.metadata.prompt or ''}".rstrip(": ")
 
 
 def diff(a: Any, b: Any, *, match: Match = "position", allow_different: bool = False) -> GraphDiff:

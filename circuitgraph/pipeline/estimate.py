@@ -22,7 +22,12 @@ except ImportError:  # pragma: no cover - not POSIX (Windows): the loading peak 
     resource = None  # type: ignore[assignment]
 
 from circuitgraph._io import read_json_file, safetensors_header
-from circuitgraph.adapters.files import existing_model_folder, hf_weight_files, model_folder_format
+from circuitgraph.adapters.files import (
+    existing_dictionary_folder,
+    existing_model_folder,
+    hf_weight_files,
+    model_folder_format,
+)
 from circuitgraph.adapters.gguf import read_gguf_summary
 from circuitgraph.attribution.build import plan_run
 from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
@@ -40,7 +45,6 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     plan_edges,
     process_memory,
 )
-from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
 from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks, release_free_memory
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
@@ -210,9 +214,8 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     elif model_dir is not None:
         L, D, bytes_model = _model_folder_sizes(model_dir)
     if m.source in ("builtin", "path", "pretrained"):
-        t = spec.transcoders
-        if t is not None and t.source in ("path", "builtin"):
-            tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
+        tc_dir = existing_dictionary_folder(spec.transcoders)
+        if tc_dir is not None:
             d_sae, _, bytes_tc, note = dictionary_footprint(tc_dir)  # lazily read layouts: what is read
             notes.append(note)
     else:

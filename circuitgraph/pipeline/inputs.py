@@ -14,18 +14,18 @@ import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
-from circuitgraph.adapters.files import read_direction_file
+from circuitgraph.adapters.files import existing_dictionary_folder, read_direction_file
 from circuitgraph.adapters.loading import (
     folder_backend,
     load_model_spec,
     torch_dtype,
 )
-from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_fields, prompt_ids
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries import TranscoderSet
 from circuitgraph.dictionaries.hub import resolve_hf_dictionary
-from circuitgraph.dictionaries.sources import dictionary_folder, load_dictionary_spec
+from circuitgraph.dictionaries.sources import load_dictionary_spec
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.load import trained_dictionary_hint
@@ -60,8 +60,9 @@ def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
     t = spec.transcoders
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
     mismatch = None
-    if t is not None and t.source in ("path", "builtin"):  # before any weight is read
-        mismatch = check_dictionary_model(spec, dictionary_folder(t), adapter)
+    folder = existing_dictionary_folder(t)
+    if folder is not None:  # before any weight is read
+        mismatch = check_dictionary_model(spec, folder, adapter)
     if t is not None:
         tcs = load_dictionary_spec(t, adapter, dtype=tc_dtype)
         if t.source == "hf":  # its folder is known once the cache has it
@@ -115,7 +116,8 @@ def check_layer_keys(spec: Spec, n_layers: int) -> None:
 def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt") -> list[int]:
     """A spec prompt (TextPrompt / TokensPrompt, or a plain str / list) -> checked token ids."""
     f = adapter.facts
-    text = getattr(prompt, "text", prompt if isinstance(prompt, str) else None)
+    fields = prompt_fields(prompt)
+    text = fields.text
     if text is not None:
         tok = adapter.tokenizer
         if tok is None:
@@ -124,14 +126,14 @@ def resolve_prompt_like(prompt: Any, adapter: ModelAdapter, where: str = "prompt
         if not text.strip():
             raise TokenError(f"{where}: the prompt is empty; give some text")
 
-        check_prompt_text(tok, text, strict=bool(getattr(prompt, "strict", False)), where=where)
-        bos = getattr(prompt, "prepend_bos", True)
+        check_prompt_text(tok, text, strict=fields.strict, where=where)
+        bos = fields.prepend_bos
         if bos and tok.bos_id is None:
             raise TokenError(f"{where}: prepend_bos is true but the tokenizer has no BOS token; "
                              "set prepend_bos: false")
         ids = prompt_ids(tok, text, bos)
     else:
-        ids = list(getattr(prompt, "tokens", prompt))
+        ids = list(fields.tokens if fields.tokens is not None else prompt)
     if not ids:
         raise TokenError(f"{where}: the prompt has no tokens")
     bad = [i for i in ids if not (0 <= int(i) < f.d_vocab)]

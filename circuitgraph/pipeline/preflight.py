@@ -30,9 +30,8 @@ from typing import Any
 
 from circuitgraph._io import read_json_file
 from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problems, read_declared
-from circuitgraph.adapters.files import existing_model_folder
+from circuitgraph.adapters.files import existing_dictionary_folder, existing_model_folder
 from circuitgraph.adapters.tokenizer import Tokenizer, prompt_ids, resolve_tokenizer_dir
-from circuitgraph.builtin import BUILTIN_DICTIONARIES, builtin_dictionary_dir
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
@@ -181,17 +180,6 @@ def _model_dir(spec: Spec) -> Path | None:
     return existing_model_folder(spec.model)
 
 
-def _dictionary_dir(spec: Spec) -> Path | None:
-    t = spec.transcoders
-    if t is None:
-        return None
-    if t.source == "path":
-        return Path(t.path)
-    if t.source == "builtin":
-        return builtin_dictionary_dir(t.builtin) if t.builtin in BUILTIN_DICTIONARIES else None
-    return None
-
-
 def _tokenizer(model_dir: Path) -> Any:
     try:
         tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
@@ -230,7 +218,7 @@ def gather(spec: Spec) -> Preflight:
         p.model = read_model_facts(model_dir)
         p.tokenizer = _tokenizer(model_dir)
     p.prompt_tokens = _prompt_tokens(spec, p.tokenizer)
-    tc_dir = _dictionary_dir(spec)
+    tc_dir = existing_dictionary_folder(spec.transcoders)
     if tc_dir is not None and tc_dir.is_dir():
         p.dictionary = read_declared(tc_dir)
         p.dictionary_where = f"transcoders.{spec.transcoders.source}"

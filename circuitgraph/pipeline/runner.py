@@ -34,6 +34,7 @@ from circuitgraph.export.html import run_html, write_report
 from circuitgraph.export.labels import LABELS_FILE, apply_feature_labels, load_feature_labels
 from circuitgraph.export.neuronpedia import DEFAULT_MAX_LINKS
 from circuitgraph.export.outputs import OutputSet
+from circuitgraph.export.portable import portable_paths
 from circuitgraph.features.summary import open_features
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.metadata import ModelRecord, RunMetadata
@@ -46,7 +47,6 @@ from circuitgraph.pipeline.inputs import (
     resolve_targets,
 )
 from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
-from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.pipeline.precision import precision_warning
 from circuitgraph.pipeline.stage_memory import later_stages
 from circuitgraph.queries import graph_scores, prune_graph, run_query

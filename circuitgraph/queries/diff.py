@@ -301,7 +301,8 @@ def diff_graphs(a: AttributionGraph, b: AttributionGraph, *, match: Match = "pos
     pd = _pandas()
     if match not in MATCHES:
         raise QueryError(f"match {match!r}: expected one of {', '.join(MATCHES)}")
-    names = names or (str(a.metadata.get("prompt", "a")), str(b.metadata.get("prompt", "b")))
+    pa, pb = a.metadata.prompt, b.metadata.prompt
+    names = names or (pa if pa is not None else "a", pb if pb is not None else "b")
     ida, idb = graph_identity(a), graph_identity(b)
     notes = []
     if ida is None or idb is None:

@@ -56,6 +56,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.queries._base import QueryResult, fmt, format_table, require_context
 from circuitgraph.queries.qk import _attention_module
+from circuitgraph.spec.kinds import OUTPUT_KINDS
 
 __all__ = ["GroundTruthResult", "ground_truth", "roc_auc", "component_of", "component_edges", "load_circuit"]
 
@@ -108,7 +109,7 @@ def _key(node: dict) -> Component:
 
 def component_of(node: NodeId, n_layers: int, targets: set[NodeId]) -> Component | None:
     """The position-free component a graph node belongs to (None: a bias, a remainder, ...)."""
-    if node in targets or node.kind in ("logit", "target"):
+    if node in targets or node.kind in OUTPUT_KINDS:
         return ("target", n_layers, -1)
     if node.kind == "embedding":
         return ("embedding", -1, -1)

@@ -17,6 +17,7 @@ from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, check_optional_k, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges
 from circuitgraph.queries.filters import as_filter, describe_filter, filter_mask, match_nodes, resolve_node
+from circuitgraph.spec.kinds import OUTPUT_KINDS
 
 __all__ = [
     "Neighbour",
@@ -261,7 +262,7 @@ def logit_difference(graph: AttributionGraph, a: NodeId | str, b: NodeId | str, 
         raise QueryError(f"logit_difference: a and b are the same node {a}")
     na, nb = graph.node(a), graph.node(b)
     for nd in (na, nb):
-        if nd.kind not in ("logit", "target") or nd.pre_activation is None:
+        if nd.kind not in OUTPUT_KINDS or nd.pre_activation is None:
             raise QueryError(f"logit_difference: {nd.id} is not a logit or target reader node")
     assert na.pre_activation is not None and nb.pre_activation is not None  # checked just above
     if (na.layer, na.position) != (nb.layer, nb.position):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-__all__ = ["NodeKind", "NODE_KINDS"]
+__all__ = ["NodeKind", "NODE_KINDS", "OUTPUT_KINDS", "TOKEN_KINDS"]
 
 NodeKind = Literal[
     "embedding",
@@ -24,3 +24,9 @@ NodeKind = Literal[
     "target",
 ]
 NODE_KINDS: tuple[str, ...] = get_args(NodeKind)
+
+#: the output nodes an analysis reads (a logit, or a target: a logit difference, a direction, a
+#: feature's or a neuron's pre-activation)
+OUTPUT_KINDS: frozenset[str] = frozenset({"logit", "target"})
+#: the nodes that stand for a token (their ``index`` is a token id): embeddings and logits
+TOKEN_KINDS: frozenset[str] = frozenset({"embedding", "logit"})

@@ -69,7 +69,7 @@ with warnings.catch_warnings():
             description="Version of the spec format; this is version 1."
         )
         seed: Seed = Field(0, description="Random seed (control sets, sampling), 0 to 2**63-1.")
-        model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
+        model: ModelSpec = Field(description="The model: exactly one of path, name, builtin or pretrained.")
         transcoders: TranscodersSpec | None = Field(None, description="Dictionaries (transcoders or a cross-layer transcoder): exactly one of path, release, builtin, hf.")
         prompt: Prompt | None = Field(
             None, description="The prompt: a string, {text, prepend_bos} or {tokens: [...]} (or give dataset:)."

@@ -95,7 +95,7 @@ class TrainRunSpec(StrictModel):
 
     format_version: Annotated[Literal[1], BeforeValidator(_exact_version)] = Field(
         description=f"Version of the spec format; this is version {FORMAT_VERSION}.")
-    model: ModelSpec = Field(description="The model: exactly one of path, name, builtin.")
+    model: ModelSpec = Field(description="The model: exactly one of path, name, builtin or pretrained.")
     train: TrainSpec = Field(description="What to train.")
 
 

@@ -199,7 +199,7 @@ def ground_truth_circuit(assembled: Any, craft_model: Any, sink: str) -> dict[st
             writers.append((node, order, _labels(head.w_ov.output_space, ov, 0)))
     out_dirs = {lab for lab in residual if lab.split(":")[0] == sink}
     target = {"kind": "target", "layer": L, "index": -1}
-    readers.append((target, 2 * L, "direct", out_dirs))
+    readers.append((target, int(ResidualLocation.resid_post(L - 1)), "direct", out_dirs))
     edges, seen = [], set()
     for r_node, r_order, path, r_dirs in readers:
         for w_node, w_order, w_dirs in writers:

@@ -24,7 +24,12 @@ def read_documents(paths: list[Path], text_field: str = "text") -> list[str]:
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
                 if not line.strip():
                     continue
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, RecursionError) as exc:
+                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                    raise LoadError(f"{path}:{i + 1}: not a JSON object ({why}); write one JSON object per "
+                                    "line") from None
                 if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
                     raise LoadError(f"{path}:{i + 1}: a row needs a string field {text_field!r}; fix the row "
                                     "or set train.text_field")

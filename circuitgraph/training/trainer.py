@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
-from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, load_pretrained
+from circuitgraph.adapters.architecture import ModelAdapter
+from circuitgraph.adapters.loading import MODEL_SOURCES
 from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 from circuitgraph.errors import SpecError
+from circuitgraph.spec.model import ModelSpec
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import TrainableDictionary
 from circuitgraph.training.loop import LoopConfig, Progress, train_loop
@@ -29,19 +31,10 @@ __all__ = ["train", "load_model", "DICTIONARY_FOLDER"]
 DICTIONARY_FOLDER = "dictionaries"
 
 
-def load_model(model_spec: Any) -> Any:
-    """The model adapter of a spec's ``model:`` section (any model circuitgraph loads)."""
-    m = model_spec
-    if m.source == "path":
-        return load_model_dir(m.path, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code,
-                              backend=m.backend)
-    if m.source == "name":
-        return load_model_name(m.name, dtype=m.dtype, device=m.device, fold_ln=m.fold_ln,
-                               center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
-                               trust_remote_code=m.trust_remote_code)
-    if m.source == "pretrained":
-        return load_pretrained(m.pretrained, dtype=m.dtype, device=m.device)
-    return load_builtin_model(m.builtin, dtype=m.dtype, device=m.device, backend=m.backend)[0]
+def load_model(model_spec: ModelSpec) -> ModelAdapter:
+    """The model adapter of a spec's ``model:`` section (any model circuitgraph loads), in its
+    ``dtype``: the run's model sources (:data:`~circuitgraph.adapters.loading.MODEL_SOURCES`)."""
+    return MODEL_SOURCES[model_spec.source](model_spec, model_spec.dtype)
 
 
 def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None] | None = None,

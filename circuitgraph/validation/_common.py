@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from circuitgraph._json import jsonable  # re-exported: the one JSON encoder
-from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_ids
+from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_fields, prompt_ids
 from circuitgraph.errors import TokenError, ValidationRunError
 from circuitgraph.text_tables import cell, markdown_table  # markdown_table re-exported: its old home
 
@@ -64,16 +64,9 @@ def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt")
         if not prompt:
             raise ValidationRunError(f"{where}: an empty token list; give at least one token id")
         return [int(t) for t in prompt]
-    text, bos, tokens, strict = None, True, None, False
-    if isinstance(prompt, str):
-        text = prompt
-    elif isinstance(prompt, dict):
-        text, bos, tokens = prompt.get("text"), prompt.get("prepend_bos", True), prompt.get("tokens")
-        strict = bool(prompt.get("strict", False))
-    elif hasattr(prompt, "tokens") or hasattr(prompt, "text"):
-        text, bos, tokens = getattr(prompt, "text", None), getattr(prompt, "prepend_bos", True), getattr(
-            prompt, "tokens", None)
-        strict = bool(getattr(prompt, "strict", False))
+    text, tokens, bos, strict = prompt_fields(prompt)
+    if isinstance(prompt, (list, tuple)):
+        tokens = None  # a list that is not all token ids is not a prompt (below)
     if tokens is not None:
         return resolve_prompt(list(tokens), tokenizer, where=where)
     if text is None:

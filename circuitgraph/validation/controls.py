@@ -98,8 +98,7 @@ def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Inte
 
 
 def write_location(site: str, layer: int) -> int:
-    """Residual location a unit of ``site`` at ``layer`` writes into (``resid_pre`` of layer
-    ``l`` is ``2l``, ``resid_mid`` is ``2l + 1``)."""
+    """Residual location a unit of ``site`` at ``layer`` writes into (:meth:`ResidualLocation.written_by`)."""
     return int(ResidualLocation.written_by(site, layer))
 
 
@@ -129,7 +128,7 @@ def reachable_positions(metric: Any, n_layers: int, n_pos: int, causal: bool = T
             if w > loc_r or not 0 <= t < n_pos:
                 continue
             mask[t] = True
-            if any(w <= 2 * m and 2 * m + 1 <= loc_r for m in range(n_layers)):
+            if any(w <= ResidualLocation.resid_pre(m) and ResidualLocation.resid_mid(m) <= loc_r for m in range(n_layers)):
                 mask[:t] = True
                 if not causal:
                     mask[t:] = True

@@ -67,6 +67,7 @@ import torch
 
 from circuitgraph._results import Tabular
 from circuitgraph.adapters.sites import POSITION_SITES, SITES, VECTOR_SITES, Site
+from circuitgraph.dictionaries.clt import output_hook_name
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import markdown_table
@@ -291,9 +292,7 @@ def dictionary_out_hook(adapter: ModelAdapter, transcoders: Any, layer: int) -> 
     """Where the dictionary's MLP output ``layer`` is spliced: ``hook_mlp_out``, or the virtual
     ``mlp.hook_out`` before the post-MLP norm for dictionaries that write there (the edit is then
     normalised by the post-norm, with sigma frozen or recomputed as the run has it)."""
-    if transcoders.output_site(layer) == "before_post_norm":
-        return adapter.hook_mlp_out_before_post_norm(layer)
-    return adapter.hook_mlp_out(layer)
+    return output_hook_name(layer, transcoders.output_site(layer))
 
 
 def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Any) -> set[str]:
