@@ -708,6 +708,15 @@ MUTATIONS = [
         "pred_grad = None if c is None or grads[j] is None else float((1 - c) * grads[j])",
         ("tests/test_gradient_effects.py",),
     ),
+    Mutation(
+        "spec-item-default-when-required",
+        "a query or check item's parameter block defaults to its model when the model has a required field "
+        "(and is required when every field has a default)",
+        "circuitgraph/spec/base.py",
+        "takes_defaults = not any(field.is_required() for field in params.model_fields.values())",
+        "takes_defaults = any(field.is_required() for field in params.model_fields.values())",
+        ("tests/test_spec_items.py",),
+    ),
 ]
 
 
