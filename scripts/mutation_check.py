@@ -717,6 +717,31 @@ MUTATIONS = [
         "takes_defaults = any(field.is_required() for field in params.model_fields.values())",
         ("tests/test_spec_items.py",),
     ),
+    Mutation(
+        "graph-file-drops-foreign-node-attrs",
+        "reading a graph file keeps only the node attributes circuitgraph writes (NODE_ATTRS), dropping "
+        "those of the tool that wrote it",
+        "circuitgraph/graph/nodes.py",
+        "return cast(NodeAttrs, dict(data or {}))",
+        "return cast(NodeAttrs, {k: v for k, v in (data or {}).items() if k in NODE_ATTRS})",
+        ("tests/test_node_attrs.py",),
+    ),
+    Mutation(
+        "remainder-count-a-numpy-int",
+        "a folded remainder's n_features / n_neurons is a numpy integer, not the int NodeAttrs declares",
+        "circuitgraph/attribution/feature_selection.py",
+        "        attrs[count_attr] = count\n",
+        "        attrs[count_attr] = np.int64(count)  # type: ignore[typeddict-item]\n",
+        ("tests/test_node_attrs.py",),
+    ),
+    Mutation(
+        "linearised-total-and-constant-swapped",
+        "a head's linearised query/key total is stored under the constant's attribute and the reverse",
+        "circuitgraph/attribution/build.py",
+        "total_key, constant_key = LINEARISED_ATTRS[kind]",
+        "constant_key, total_key = LINEARISED_ATTRS[kind]",
+        ("tests/test_component_inputs.py",),
+    ),
 ]
 
 
