@@ -81,6 +81,16 @@ unmutated first; about 2.5 CPU minutes in all): every one caught.
     binary-graph-reads-edges-reversed     by tests/test_export.py::test_binary_round_trip_is_lossless[float32-False]
     json-graph-reads-constant-as-pre-activation  by tests/test_export.py::test_json_round_trip_is_lossless[float32]
     tiers-ignore-helpers                  by tests/test_tiers.py::test_a_test_calling_a_skip_helper_is_in_its_tier
+
+The spec's item factory and the typed node attributes (2026-12-04, run with ``--only``, each caught):
+
+    spec-item-default-when-required
+        by tests/test_spec_items.py::test_each_item_is_its_parameter_model_under_its_key[query-top_paths]
+    graph-file-drops-foreign-node-attrs
+        by tests/test_node_attrs.py::test_graph_files_keep_the_attributes_of_other_tools
+    remainder-count-a-numpy-int  by tests/test_node_attrs.py::test_every_attribute_a_graph_carries_is_registered
+    linearised-total-and-constant-swapped
+        by tests/test_component_inputs.py::test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps[gemma2]
 """
 
 from __future__ import annotations
