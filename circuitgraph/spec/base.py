@@ -221,8 +221,8 @@ _Item = TypeVar("_Item", bound=KindItem)
 def _kind_item(base: type[_Item], suffix: str, key: str, params: type[StrictModel], doc: str | None,
                module: str) -> type[_Item]:
     """The item class ``<Params><suffix>`` of one kind: ``base`` with the field ``key: Params[params]``,
-    which defaults to ``params()`` when every parameter has a default (``- scores:`` may then be left
-    out in Python; a spec file names the key anyway, it is what tells the kinds apart)."""
+    which defaults to ``params()`` when every parameter has a default (``ScoresQuery()`` in Python; a
+    spec file names the key anyway, it is what tells the kinds apart, and ``null`` there means ``{}``)."""
     if not key.isidentifier():
         raise ValueError(f"a {suffix.lower()} kind is a Python identifier, got {key!r}")
     takes_defaults = not any(field.is_required() for field in params.model_fields.values())
