@@ -88,6 +88,16 @@ unmutated first; about 2.5 CPU minutes in all): every one caught.
         (both run with ``--only`` on 2026-12-04: about 13 CPU seconds together)
     dictionary-hook-table-normalized-as-raw (the review's one hook table, 2026-12-04, run with ``--only``: 18 CPU s)
         by tests/test_dictionary_formats.py::test_format_loads_and_is_exact[gemmascope-jump_relu-gpt2]
+
+The spec's item factory and the typed node attributes (2026-12-04, run with ``--only``, each caught):
+
+    spec-item-default-when-required
+        by tests/test_spec_items.py::test_each_item_is_its_parameter_model_under_its_key[query-top_paths]
+    graph-file-drops-foreign-node-attrs
+        by tests/test_node_attrs.py::test_graph_files_keep_the_attributes_of_other_tools
+    remainder-count-a-numpy-int  by tests/test_node_attrs.py::test_every_attribute_a_graph_carries_is_registered
+    linearised-total-and-constant-swapped
+        by tests/test_component_inputs.py::test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps[gemma2]
 """
 
 from __future__ import annotations
@@ -741,6 +751,40 @@ MUTATIONS = [
         "pred_grad = None if c is None or grads[j] is None else float(-(1 - c) * grads[j])",
         "pred_grad = None if c is None or grads[j] is None else float((1 - c) * grads[j])",
         ("tests/test_gradient_effects.py",),
+    ),
+    Mutation(
+        "spec-item-default-when-required",
+        "a query or check item's parameter block defaults to its model when the model has a required field "
+        "(and is required when every field has a default)",
+        "circuitgraph/spec/base.py",
+        "takes_defaults = not any(field.is_required() for field in params.model_fields.values())",
+        "takes_defaults = any(field.is_required() for field in params.model_fields.values())",
+        ("tests/test_spec_items.py",),
+    ),
+    Mutation(
+        "graph-file-drops-foreign-node-attrs",
+        "reading a graph file keeps only the node attributes circuitgraph writes (NODE_ATTRS), dropping "
+        "those of the tool that wrote it",
+        "circuitgraph/graph/nodes.py",
+        "return cast(NodeAttrs, dict(data or {}))",
+        "return cast(NodeAttrs, {k: v for k, v in (data or {}).items() if k in NODE_ATTRS})",
+        ("tests/test_node_attrs.py",),
+    ),
+    Mutation(
+        "remainder-count-a-numpy-int",
+        "a folded remainder's n_features / n_neurons is a numpy integer, not the int NodeAttrs declares",
+        "circuitgraph/attribution/feature_selection.py",
+        "        attrs[count_attr] = count\n",
+        "        attrs[count_attr] = np.int64(count)  # type: ignore[typeddict-item]\n",
+        ("tests/test_node_attrs.py",),
+    ),
+    Mutation(
+        "linearised-total-and-constant-swapped",
+        "a head's linearised query/key total is stored under the constant's attribute and the reverse",
+        "circuitgraph/attribution/build.py",
+        "total_key, constant_key = LINEARISED_ATTRS[kind]",
+        "constant_key, total_key = LINEARISED_ATTRS[kind]",
+        ("tests/test_component_inputs.py",),
     ),
 ]
 

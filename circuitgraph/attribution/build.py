@@ -35,8 +35,9 @@ from circuitgraph.attribution.targets import ResolvedTarget, top_logit_targets
 from circuitgraph.dictionaries import Dictionary
 from circuitgraph.graph.dag import adopt_engine_order
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.linearised_edges import LinearisedEdges
+from circuitgraph.graph.linearised_edges import LINEARISED_ATTRS, LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
+from circuitgraph.graph.nodes import NodeAttrs
 from circuitgraph.residual import ResidualLocation
 
 __all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
@@ -133,8 +134,11 @@ def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptio
         linearised = LinearisedEdges.from_kinds(comp.linearised, comp.linearised_constant, comp.linearised_total)
         for kind, totals in comp.linearised_total.items():  # on the heads too: they travel with the nodes
             for row, value in totals.items():
-                nodes[row].attrs = {**nodes[row].attrs, f"{kind}_total": value,
-                                    f"{kind}_constant": comp.linearised_constant[kind].get(row, 0.0)}
+                total_key, constant_key = LINEARISED_ATTRS[kind]
+                attrs: NodeAttrs = nodes[row].attrs.copy()
+                attrs[total_key] = value
+                attrs[constant_key] = comp.linearised_constant[kind].get(row, 0.0)
+                nodes[row].attrs = attrs
     return (np.concatenate([edges.target, comp.target.astype(index_dtype)]),
             np.concatenate([edges.source, comp.source.astype(edges.source.dtype)]),
             np.concatenate([edges.weight.astype(np.float64), comp.weight]), linearised)

@@ -35,7 +35,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from circuitgraph.attribution.nodes_builder import Collected
 from circuitgraph.errors import ResourceError
 from circuitgraph.graph.dag import add_segment
 from circuitgraph.graph.edges import merge_edges
-from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
+from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeAttrs, NodeId
 from circuitgraph.residual import ResidualLocation
 
 __all__ = ["select_and_compute", "partial_influence", "parts_influence", "fold_unselected", "RowParts", "SELECTED_KINDS",
@@ -261,8 +261,9 @@ def reader_edge_bounds(col: Collected) -> np.ndarray:
     return seen[np.asarray(rd.locs, dtype=np.int64), np.asarray(rd.positions, dtype=np.int64)]
 
 
-#: the node kinds whose rows are selected, and the remainder each folds into
-SELECTED_KINDS = {"feature": ("features", "n_features", "other features"),
+#: the node kinds whose rows are selected, and the remainder each folds into: its
+#: ``REMAINDER_INDEX`` name, its count's attribute (a key of ``NodeAttrs``) and its label
+SELECTED_KINDS: dict[str, tuple[str, Literal["n_features", "n_neurons"], str]] = {"feature": ("features", "n_features", "other features"),
                   "neuron": ("neurons", "n_neurons", "other neurons")}
 
 
@@ -414,8 +415,10 @@ def fold_unselected(col: Collected, rows: RowParts, selected: list[int]) -> tupl
                                        return_inverse=True, return_counts=True)
     for (code, layer, position), count in zip(sites.tolist(), counts.tolist(), strict=True):
         which, count_attr, label = SELECTED_KINDS[str(kind_names[code])]
+        attrs: NodeAttrs = {}
+        attrs[count_attr] = count
         new_nodes.append(Node(NodeId("remainder", layer, position, REMAINDER_INDEX[which]), 1.0,
-                              label=f"{label} L{layer}@{position}", attrs={count_attr: count}))
+                              label=f"{label} L{layer}@{position}", attrs=attrs))
     src_map = np.full(len(nodes), -1, dtype=np.int64)
     src_map[kept] = np.arange(kept.size)
     src_map[dropped] = kept.size + site_of.reshape(-1)

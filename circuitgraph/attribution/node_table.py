@@ -16,12 +16,17 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.graph.nodes import Node, NodeAttrs, NodeId
 
-__all__ = ["NeuronCandidates", "NodeTable", "node_kinds", "node_sites", "find_row"]
+__all__ = ["NeuronCandidates", "NeuronAttr", "NodeTable", "node_kinds", "node_sites", "find_row"]
+
+#: the neuron attributes a candidate carries (keys of :data:`~circuitgraph.graph.nodes.NodeAttrs`):
+#: ``gate`` and ``linear`` for gated MLPs, ``hook_pre`` otherwise
+NeuronAttr = Literal["hook_pre", "gate", "linear"]
 
 
 @dataclass
@@ -35,7 +40,7 @@ class NeuronCandidates:
     indices: np.ndarray
     activation: np.ndarray
     pre_activation: np.ndarray
-    attrs: dict[str, np.ndarray]
+    attrs: dict[NeuronAttr, np.ndarray]
 
     def __len__(self) -> int:
         return int(self.positions.size)
@@ -47,9 +52,11 @@ class NeuronCandidates:
         """Candidate ``j``'s record, as :func:`~circuitgraph.attribution.nodes_builder._collect_neuron_layer`
         makes a neuron's."""
         t, i = int(self.positions[j]), int(self.indices[j])
+        attrs: NodeAttrs = {}
+        for key, values in self.attrs.items():
+            attrs[key] = float(values[j])
         return Node(NodeId("neuron", self.layer, t, i), activation=float(self.activation[j]),
-                    pre_activation=float(self.pre_activation[j]), label=f"N{i} L{self.layer}@{t}",
-                    attrs={k: float(v[j]) for k, v in self.attrs.items()})
+                    pre_activation=float(self.pre_activation[j]), label=f"N{i} L{self.layer}@{t}", attrs=attrs)
 
     def find(self, position: int, index: int) -> int | None:
         hit = np.flatnonzero((self.positions == position) & (self.indices == index))

@@ -24,10 +24,10 @@ from circuitgraph.attribution.frozen_model import (
 )
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.attribution.linearisation import Linearisation
-from circuitgraph.attribution.node_table import NeuronCandidates, NodeTable, find_row, node_kinds
+from circuitgraph.attribution.node_table import NeuronAttr, NeuronCandidates, NodeTable, find_row, node_kinds
 from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
-from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
+from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeAttrs, NodeId
 from circuitgraph.residual import ResidualLocation
 
 __all__ = ["GraphOptions", "SlotTable", "WriterBlock", "WriterTable", "ReaderTable", "collect_nodes"]
@@ -787,7 +787,7 @@ def _collect_neuron_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
             g, own, measured = _neuron_reader(b, fm, layer, t, active)
             rows = []
             for j, i in enumerate(active.tolist()):
-                attrs: dict[str, Any] = {}
+                attrs: NodeAttrs
                 if gated:
                     attrs = {"gate": float(lin.mlp_pre[layer][t, i]), "linear": float(lin.mlp_pre_linear[layer][t, i])}
                 else:
@@ -879,7 +879,7 @@ def _collect_neuron_candidates(b: _Builder, fm: FrozenLinearModel, layer: int) -
         b.writers.add_scaled(loc, t, rows, scales, basis, active)
     if n:
         cat = {k: torch.cat(v).numpy() for k, v in parts.items() if v}
-        attrs = {"gate": cat["a"], "linear": cat["b"]} if gated else {"hook_pre": cat["a"]}
+        attrs: dict[NeuronAttr, np.ndarray] = {"gate": cat["a"], "linear": cat["b"]} if gated else {"hook_pre": cat["a"]}
         block = NeuronCandidates(layer, cat["positions"], cat["indices"], cat["activation"], cat["pre"], attrs)
         assert b.nodes.add_candidates(block) == start and len(b.nodes) == start + n
 
@@ -937,8 +937,9 @@ def _collect_expert_layer(b: _Builder, fm: FrozenLinearModel, layer: int) -> Non
             rows = []
             for j, i in enumerate(idx.tolist()):
                 e = i // d
-                attrs = {"expert": e, "neuron": i - e * d, "routing_weight": float(lin.routing[layer][t, e]),
-                         "gate": float(lin.mlp_pre[layer][t, i]), "linear": float(lin.mlp_pre_linear[layer][t, i])}
+                attrs: NodeAttrs = {
+                    "expert": e, "neuron": i - e * d, "routing_weight": float(lin.routing[layer][t, e]),
+                    "gate": float(lin.mlp_pre[layer][t, i]), "linear": float(lin.mlp_pre_linear[layer][t, i])}
                 row = b.add_node(Node(NodeId("neuron", layer, t, i), activation=float(post[t, i]),
                                       pre_activation=float(measured[j]), label=f"E{e}N{i - e * d} L{layer}@{t}",
                                       attrs=attrs))
@@ -995,7 +996,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         if norm.beta is not None:
             resid_in = resid_in + norm.beta
         pre = float(resid_in @ w + bias)
-        attrs = {"relative_to_mean": tgt.relative_to_mean, "tokens": list(tgt.tokens),
+        attrs: NodeAttrs = {"relative_to_mean": tgt.relative_to_mean, "tokens": list(tgt.tokens),
                  "token_str": token_str, "target_kind": tgt.kind}
         if tgt.probability is not None:
             attrs["probability"] = tgt.probability
@@ -1037,6 +1038,7 @@ def _collect_target(b: _Builder, fm: FrozenLinearModel, number: int, tgt: Resolv
         g = b.cast(tgt.vector)
         pre = float(g @ b.cast(x))
         node_id = NodeId("target", tgt.layer, t, number)
+        assert tgt.site is not None  # a direction target reads a residual site (site_loc above)
         row = b.add_node(Node(node_id, activation=pre, pre_activation=pre, label=tgt.name or f"direction {number}",
                               attrs={"site": tgt.site, "target_kind": "direction"}))
         b.readers.add(row, loc, t, g, 0.0)

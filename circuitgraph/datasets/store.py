@@ -16,7 +16,7 @@ import numpy as np
 from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.graph.nodes import Node, NodeAttrs, NodeId
 from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
 
 __all__ = ["open_dataset", "Dataset", "AggregateGraph"]
@@ -121,7 +121,7 @@ class Dataset:
         nodes = []
         for i, node_id in enumerate(ids):
             count = int(nodes_df["n_prompts"].iat[i])
-            attrs = {
+            attrs: NodeAttrs = {
                 "n_prompts": count,
                 "sum_activation": float(nodes_df["sum_activation"].iat[i]),
                 "sum_influence": float(nodes_df["sum_influence"].iat[i]),

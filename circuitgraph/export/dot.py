@@ -43,7 +43,7 @@ import numpy as np
 
 from circuitgraph.errors import ExportError
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node, NodeId
+from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, Node, NodeAttrs, NodeId
 
 # the analysis the drawing uses (influence, reachability, supernodes) lives in the queries;
 # re-exported here, its old home
@@ -420,8 +420,9 @@ def _add_node(dot: graphviz.Digraph, node: Node, is_target: bool, *, positions: 
              "tooltip": _text([_tooltip(node)])}
     if is_target:
         attrs.update(peripheries="2", penwidth="1.4")
-    if isinstance(node.attrs.get("href"), str):  # a link, e.g. to the feature's dashboard in the HTML report
-        attrs["URL"] = node.attrs["href"]
+    href = node.attrs.get("href")
+    if isinstance(href, str):  # a link, e.g. to the feature's dashboard in the HTML report
+        attrs["URL"] = href
     dot.node(str(node.id), label=_text(_node_lines(node, positions=positions)), **attrs)
 
 
@@ -607,7 +608,8 @@ def _with_display_attrs(graph: AttributionGraph, labels: Mapping[tuple[int, int]
         return graph
     nodes = []
     for node in graph.nodes:
-        label, attrs = node.label, node.attrs
+        label = node.label
+        attrs: NodeAttrs = node.attrs
         if labels and node.kind in ("feature", "neuron") and "supernode" not in attrs:
             text = labels.get((node.layer, node.index))
             if text:

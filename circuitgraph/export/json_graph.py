@@ -42,9 +42,9 @@ from circuitgraph.export.graph_model import (
     validate_graph_file,
 )
 from circuitgraph.graph.graph import AttributionGraph
-from circuitgraph.graph.linearised_edges import LINEARISED_EDGE_KINDS, LinearisedEdges
+from circuitgraph.graph.linearised_edges import LINEARISED_ATTRS, LINEARISED_EDGE_KINDS, LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
-from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.graph.nodes import Node, NodeId, file_attrs
 
 __all__ = [
     "FORMAT",
@@ -232,7 +232,7 @@ def _document(doc: GraphFile, where: str = "graph file") -> GraphDocument:
 def nodes_of(doc: _Header, where: str) -> tuple[list[Node], dict[str, int]]:
     """The nodes of a validated document and the row of each node id (no id twice)."""
     nodes = [Node(NodeId(r.kind, r.layer, r.position, r.index), r.activation, r.pre_activation, r.constant,
-                  r.label, r.attrs) for r in doc.nodes]
+                  r.label, file_attrs(r.attrs)) for r in doc.nodes]
     index: dict[str, int] = {}
     for i, rec in enumerate(doc.nodes):
         if rec.id in index:
@@ -309,7 +309,7 @@ def linearised_edges_of(doc: _Header, index: Mapping[str, int], nodes: list[Node
     """The linearised edges of a validated document (None without them); the per-head sums come
     back from the heads' attrs (``query_total``, ``query_constant``, ...)."""
     recs = doc.linearised_edges
-    kinds = [k for k in LINEARISED_EDGE_KINDS if any(f"{k}_total" in n.attrs for n in nodes)]
+    kinds = [k for k in LINEARISED_EDGE_KINDS if any(LINEARISED_ATTRS[k][0] in n.attrs for n in nodes)]
     if not recs and not kinds:
         return None
     try:
@@ -317,9 +317,9 @@ def linearised_edges_of(doc: _Header, index: Mapping[str, int], nodes: list[Node
         tgt = [index[r["target"]] for r in recs]
     except KeyError:
         raise LoadError(f"{where}: a linearised edge refers to a node that is not in 'nodes'") from None
-    totals = {k: {i: float(n.attrs[f"{k}_total"]) for i, n in enumerate(nodes) if f"{k}_total" in n.attrs}
-              for k in kinds}
-    constants = {k: {i: float(nodes[i].attrs.get(f"{k}_constant", 0.0)) for i in totals[k]} for k in kinds}
+    totals = {k: {i: float(total) for i, n in enumerate(nodes)
+                  if (total := n.attrs.get(LINEARISED_ATTRS[k][0])) is not None} for k in kinds}
+    constants = {k: {i: float(nodes[i].attrs.get(LINEARISED_ATTRS[k][1], 0.0)) for i in totals[k]} for k in kinds}
     return LinearisedEdges(np.asarray(tgt, dtype=np.int64), np.asarray(src, dtype=np.int64),
                            np.asarray([r["weight"] for r in recs], dtype=np.float64),
                            np.asarray([LINEARISED_EDGE_KINDS.index(r["kind"]) for r in recs], dtype=np.int8),

@@ -359,9 +359,11 @@ def _check_distinct(records: Iterable[dict[str, Any]]) -> None:
 
 
 def _logit_prob(node: Node) -> float | None:
+    # token_prob: a key of no circuitgraph graph (NODE_ATTRS), kept from a graph file another tool wrote
+    stored: dict[str, object] = dict(node.attrs)
     for key in ("token_prob", "probability"):
-        if key in node.attrs:
-            return _finite(node.attrs[key], f"node {node.id} attrs[{key!r}]")
+        if key in stored:
+            return _finite(stored[key], f"node {node.id} attrs[{key!r}]")
     return None
 
 

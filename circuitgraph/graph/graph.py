@@ -20,7 +20,7 @@ from circuitgraph.errors import CircuitGraphError, QueryError
 from circuitgraph.graph.edges import grouped, incoming_sums
 from circuitgraph.graph.linearised_edges import LinearisedEdges
 from circuitgraph.graph.metadata import GraphMetadata
-from circuitgraph.graph.nodes import Node, NodeId
+from circuitgraph.graph.nodes import Node, NodeId, file_attrs
 from circuitgraph.spec.graph import GraphSpec
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ class AttributionGraph:
         for key, data in g.nodes(data=True):
             nid = key if isinstance(key, NodeId) else NodeId.parse(str(key))
             nodes.append(Node(nid, float(data.get("activation", 1.0)), data.get("pre_activation"),
-                              data.get("constant"), data.get("label", "") or "", dict(data.get("attrs") or {})))
+                              data.get("constant"), data.get("label", "") or "", file_attrs(data.get("attrs"))))
         row = {n.id: i for i, n in enumerate(nodes)}
 
         def parse(key: Any) -> NodeId:

@@ -11,14 +11,20 @@ labelled with its kind and ``linearised: true``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["LinearisedEdges", "LINEARISED_EDGE_KINDS"]
+__all__ = ["LinearisedEdges", "LINEARISED_EDGE_KINDS", "LINEARISED_ATTRS"]
 
 #: the kinds, in the order of their codes (``LinearisedEdges.kind``)
 LINEARISED_EDGE_KINDS = ("query", "key")
+#: the node attributes (:data:`~circuitgraph.graph.nodes.NodeAttrs`) that carry each kind's per-head
+#: sums with the nodes (and so through a graph file): ``kind -> (total's key, constant's key)``
+LINEARISED_ATTRS: dict[str, tuple[Literal["query_total", "key_total"], Literal["query_constant", "key_constant"]]] = {
+    "query": ("query_total", "query_constant"),
+    "key": ("key_total", "key_constant"),
+}
 
 
 @dataclass

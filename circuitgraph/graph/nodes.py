@@ -16,8 +16,11 @@ Conventions (documented in docs/maths.md):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
+
+from typing_extensions import TypedDict
 
 from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
 
@@ -32,6 +35,8 @@ __all__ = [
     "REMAINDER_INDEX",
     "BIAS_INDEX",
     "NODE_ATTRS",
+    "NodeAttrs",
+    "file_attrs",
 ]
 
 # the node kinds are the spec's (spec/kinds.py): one list, re-exported here
@@ -47,9 +52,60 @@ REMAINDER_INDEX = {"neurons": 0, "pruned": 1, "features": 2}
 BIAS_INDEX = {"attention": 0, "mlp": 1, "norm": 2}
 
 
-#: every key a node's ``attrs`` may carry, and what it means: the one vocabulary of node
-#: attributes (a graph built, pruned, merged, aggregated or labelled by circuitgraph writes no
-#: other key; tests/test_node_attrs.py checks it). Files written by others may carry more.
+#: a node's attributes: every key a graph built, pruned, merged, aggregated or labelled by
+#: circuitgraph may write, with its value's type (each key optional: a node carries those of its
+#: kind); :data:`NODE_ATTRS` says what each means, and tests/test_node_attrs.py checks that the two
+#: name the same keys and that the graphs write no other key and no other type.  The functional
+#: syntax because one key, ``from``, is a Python keyword.  Graph files written by other tools may
+#: carry more keys: :func:`file_attrs` keeps them (at run time ``attrs`` is a plain ``dict``).
+NodeAttrs = TypedDict(
+    "NodeAttrs",
+    {
+        # embeddings, logits and targets
+        "token": int,
+        "token_str": str,
+        "tokens": list[int],
+        "target_kind": str,
+        "relative_to_mean": bool,
+        "probability": float,
+        "site": str,
+        "from": list[str],
+        # neurons
+        "hook_pre": float,
+        "gate": float,
+        "linear": float,
+        "expert": int,
+        "neuron": int,
+        "routing_weight": float,
+        # remainders
+        "n_neurons": int,
+        "n_features": int,
+        "pruned_edges_by_source_kind": dict[str, int],
+        "n_pruned_nodes": int,
+        # component circuits
+        "total_effect": float,
+        "inputs": str,
+        "query_total": float,
+        "query_constant": float,
+        "key_total": float,
+        "key_constant": float,
+        # labels, drawings, supernodes and dataset aggregates
+        "description": str,
+        "href": str,
+        "influence": float,
+        "supernode": str,
+        "members": list[str],
+        "n_prompts": int,
+        "sum_activation": float,
+        "sum_influence": float,
+        "sum_direct_effect": float,
+    },
+    total=False,
+)
+
+#: every key of :data:`NodeAttrs` and what it means: the one vocabulary of node attributes
+#: (a graph built, pruned, merged, aggregated or labelled by circuitgraph writes no other key;
+#: tests/test_node_attrs.py checks it, and that it names the keys of :data:`NodeAttrs`).
 NODE_ATTRS: dict[str, str] = {
     # embeddings, logits and targets
     "token": "embedding: the token id",
@@ -90,6 +146,12 @@ NODE_ATTRS: dict[str, str] = {
     "sum_influence": "dataset aggregate: its influence summed over the prompts",
     "sum_direct_effect": "dataset aggregate: its direct effect summed over the prompts",
 }
+
+
+def file_attrs(data: Mapping[str, object] | None) -> NodeAttrs:
+    """A node's ``attrs`` as a graph file or a networkx graph holds them: every key kept, those
+    of other tools too (a copy; the file's reader has checked that they are JSON values)."""
+    return cast(NodeAttrs, dict(data or {}))
 
 
 @dataclass(frozen=True, order=True)
@@ -138,8 +200,8 @@ class Node:
     pre_activation: float | None = None
     constant: float | None = None
     label: str = ""
-    #: keys and meanings: :data:`NODE_ATTRS`
-    attrs: dict[str, Any] = field(default_factory=dict)
+    #: keys, types and meanings: :data:`NodeAttrs`, :data:`NODE_ATTRS`
+    attrs: NodeAttrs = field(default_factory=NodeAttrs)
 
     @property
     def kind(self) -> NodeKind:

@@ -132,8 +132,9 @@ def _frames(graph: AttributionGraph, match: str, which: str) -> tuple[Any, Any]:
     pos = _positions(graph, match, which)
     n = graph.n_nodes
     aggregate = graph.metadata.aggregate is not None
-    if aggregate and all("influence" in nd.attrs for nd in graph.nodes):
-        influence = np.asarray([float(nd.attrs["influence"]) for nd in graph.nodes], dtype=np.float64)
+    stored = [nd.attrs.get("influence") for nd in graph.nodes]
+    if aggregate and all(value is not None for value in stored):
+        influence = np.asarray(stored, dtype=np.float64)
     else:
         influence = node_influence(graph) if graph.targets and n else np.zeros(n)
     if not (graph.targets and n):

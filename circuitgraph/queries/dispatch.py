@@ -121,16 +121,9 @@ if set(QUERY_RUNNERS) != {t.key for t in q.QUERY_TYPES}:  # pragma: no cover - a
                       f"{sorted(t.key for t in q.QUERY_TYPES)}")
 
 
-def _parameter_block(item_type: type[q.QueryItem]) -> type:
-    """The parameter-block class of a query item type: the annotation of its one key field."""
-    block = item_type.model_fields[item_type.key].annotation
-    assert isinstance(block, type), (item_type, block)
-    return block
-
-
 #: parameter-block class -> the function that runs it (the spec's ``QUERY_TYPES`` with the runners above)
 QUERY_FUNCTIONS: dict[type, Callable[[AttributionGraph, Any], QueryResult]] = {
-    _parameter_block(t): QUERY_RUNNERS[t.key] for t in q.QUERY_TYPES
+    t.params_model: QUERY_RUNNERS[t.key] for t in q.QUERY_TYPES
 }
 
 

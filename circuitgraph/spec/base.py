@@ -16,8 +16,9 @@ variant only.  Tags are written ``<name>``; the error formatter drops them from 
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +31,7 @@ from pydantic import (
     Tag,
     ValidationError,
     ValidationInfo,
+    create_model,
     model_serializer,
 )
 from pydantic_core import PydanticCustomError
@@ -42,8 +44,11 @@ from circuitgraph.spec.messages import format_validation_error
 __all__ = [
     "StrictModel",
     "KeyedModel",
+    "KindItem",
     "QueryItem",
     "CheckItem",
+    "query_item",
+    "check_item",
     "GraphChoice",
     "keyed_union",
     "shaped_union",
@@ -170,13 +175,22 @@ class KeyedModel(StrictModel):
 GraphChoice = Literal["full", "pruned"]
 
 
-class QueryItem(KeyedModel):
+class KindItem(KeyedModel):
+    """An item of ``queries`` or ``validate``: one key naming the kind, whose value is the kind's
+    parameter model (:attr:`params_model`); made by :func:`query_item` / :func:`check_item`."""
+
+    #: the parameter model stored under :attr:`key`
+    params_model: ClassVar[type[StrictModel]]
+
+
+class QueryItem(KindItem):
     """An item of ``queries``: its kind key, and ``on`` (which graph it runs on).
 
-    The registry of query kinds is the spec's ``QUERY_TYPES``: its union and its schema are built
-    from it; the function that runs a kind, ``function(graph, params) -> QueryResult``, registers
-    itself under the item's ``key`` in :mod:`circuitgraph.queries.dispatch` (``QUERY_RUNNERS``),
-    which fails on import when a kind has no runner or a runner no kind.
+    Each kind is one line in :mod:`circuitgraph.spec.queries`, ``TopPathsQuery = query_item("top_paths",
+    TopPaths)``, listed in the spec's ``QUERY_TYPES``: its union and its schema are built from it; the
+    function that runs a kind, ``function(graph, params) -> QueryResult``, registers itself under the
+    item's ``key`` in :mod:`circuitgraph.queries.dispatch` (``QUERY_RUNNERS``), which fails on import
+    when a kind has no runner or a runner no kind.
     """
 
     on: GraphChoice = Field(
@@ -185,11 +199,12 @@ class QueryItem(KeyedModel):
     )
 
 
-class CheckItem(KeyedModel):
+class CheckItem(KindItem):
     """An item of ``validate``: its kind key, and ``on`` (which graph it runs on).
 
-    The registry of check kinds is the spec's ``CHECK_TYPES``: its union and its schema are built
-    from it; the function that runs a kind, ``function(call, params) -> result`` (``call``:
+    Each kind is one line in :mod:`circuitgraph.spec.validation`, ``AblateCheck = check_item("ablate",
+    Ablate)``, listed in the spec's ``CHECK_TYPES``: its union and its schema are built from it; the
+    function that runs a kind, ``function(call, params) -> result`` (``call``:
     :class:`circuitgraph.validation.dispatch.CheckCall`), registers itself under the item's ``key``
     in :mod:`circuitgraph.validation.dispatch` (``CHECK_FUNCTIONS``).
     """
@@ -198,6 +213,43 @@ class CheckItem(KeyedModel):
         "pruned", description="Run on the pruned graph (the circuit) or the full one; with prune: none both are "
         "the same graph."
     )
+
+
+_Item = TypeVar("_Item", bound=KindItem)
+
+
+def _kind_item(base: type[_Item], suffix: str, key: str, params: type[StrictModel], doc: str | None,
+               module: str) -> type[_Item]:
+    """The item class ``<Params><suffix>`` of one kind: ``base`` with the field ``key: Params[params]``,
+    which defaults to ``params()`` when every parameter has a default (``ScoresQuery()`` in Python; a
+    spec file names the key anyway, it is what tells the kinds apart, and ``null`` there means ``{}``)."""
+    if not key.isidentifier():
+        raise ValueError(f"a {suffix.lower()} kind is a Python identifier, got {key!r}")
+    takes_defaults = not any(field.is_required() for field in params.model_fields.values())
+    fields: dict[str, Any] = {key: (Params[params], Field(default_factory=params) if takes_defaults else ...)}
+    item = create_model(f"{params.__name__}{suffix}", __base__=base, __module__=module, __doc__=doc, **fields)
+    item.key = key
+    item.params_model = params
+    return item
+
+
+def _caller_module() -> str:
+    """The module of the caller's caller (where the item class is defined and named)."""
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    return caller.f_globals["__name__"] if caller is not None else __name__
+
+
+def query_item(key: str, params: type[StrictModel], doc: str | None = None) -> type[QueryItem]:
+    """The :class:`QueryItem` class of the query kind ``key`` (``{key: params}``), named
+    ``<params>Query`` and placed in the calling module; ``doc``: the class's docstring (in the schema)."""
+    return _kind_item(QueryItem, "Query", key, params, doc, _caller_module())
+
+
+def check_item(key: str, params: type[StrictModel], doc: str | None = None) -> type[CheckItem]:
+    """The :class:`CheckItem` class of the check kind ``key`` (``{key: params}``), named
+    ``<params>Check`` and placed in the calling module; ``doc``: the class's docstring (in the schema)."""
+    return _kind_item(CheckItem, "Check", key, params, doc, _caller_module())
 
 
 def _tag_name(name: str) -> str:

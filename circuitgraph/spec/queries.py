@@ -11,7 +11,7 @@ Each list item has exactly one key naming the query; ``query.kind`` is that key 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -23,13 +23,13 @@ from circuitgraph.spec.base import (
     Name,
     NodeIdStr,
     NonNegativeInt,
-    Params,
     PositiveInt,
     QueryItem,
     StrictModel,
     Token,
     UsageModel,
     keyed_union,
+    query_item,
     rule_error,
     shaped_union,
     unused_rules,
@@ -66,6 +66,8 @@ __all__ = [
     "DeEmbeddingQuery",
     "QK",
     "QKQuery",
+    "GroundTruth",
+    "GroundTruthQuery",
     "Query",
 ]
 
@@ -112,9 +114,7 @@ class TopPaths(UsageModel):
         return self
 
 
-class TopPathsQuery(QueryItem):
-    key: ClassVar[str] = "top_paths"
-    top_paths: Params[TopPaths]
+TopPathsQuery = query_item("top_paths", TopPaths)
 
 
 class Influence(StrictModel):
@@ -124,9 +124,7 @@ class Influence(StrictModel):
     signed: Bool = Field(False, description="Signed influence instead of absolute.")
 
 
-class InfluenceQuery(QueryItem):
-    key: ClassVar[str] = "influence"
-    influence: Params[Influence] = Field(default_factory=Influence)
+InfluenceQuery = query_item("influence", Influence)
 
 
 class DirectLogitAttribution(StrictModel):
@@ -137,9 +135,7 @@ class DirectLogitAttribution(StrictModel):
     kinds: tuple[NodeKind, ...] | None = Field(None, min_length=1, description="Only these node kinds (null = all).")
 
 
-class DirectLogitAttributionQuery(QueryItem):
-    key: ClassVar[str] = "direct_logit_attribution"
-    direct_logit_attribution: Params[DirectLogitAttribution] = Field(default_factory=DirectLogitAttribution)
+DirectLogitAttributionQuery = query_item("direct_logit_attribution", DirectLogitAttribution)
 
 
 class LogitLens(StrictModel):
@@ -152,9 +148,7 @@ class LogitLens(StrictModel):
     top_k: PositiveInt = Field(5, description=_TOP_K)
 
 
-class LogitLensQuery(QueryItem):
-    key: ClassVar[str] = "logit_lens"
-    logit_lens: Params[LogitLens] = Field(default_factory=LogitLens)
+LogitLensQuery = query_item("logit_lens", LogitLens)
 
 
 def _check_one_or_two(value: object) -> object:
@@ -182,9 +176,7 @@ class Congruence(StrictModel):
     top_k: PositiveInt = Field(20, description=_TOP_K)
 
 
-class CongruenceQuery(QueryItem):
-    key: ClassVar[str] = "congruence"
-    congruence: Params[Congruence]
+CongruenceQuery = query_item("congruence", Congruence)
 
 
 class Neighbours(StrictModel):
@@ -195,9 +187,7 @@ class Neighbours(StrictModel):
     top_k: PositiveInt = Field(10, description=_TOP_K)
 
 
-class NeighboursQuery(QueryItem):
-    key: ClassVar[str] = "neighbours"
-    neighbours: Params[Neighbours]
+NeighboursQuery = query_item("neighbours", Neighbours)
 
 
 class Subgraph(StrictModel):
@@ -206,9 +196,7 @@ class Subgraph(StrictModel):
     filter: NodeFilter
 
 
-class SubgraphQuery(QueryItem):
-    key: ClassVar[str] = "subgraph"
-    subgraph: Params[Subgraph]
+SubgraphQuery = query_item("subgraph", Subgraph)
 
 
 class Supernodes(StrictModel):
@@ -217,18 +205,14 @@ class Supernodes(StrictModel):
     groups: dict[Name, NodeFilter] = Field(min_length=1, description="{group name: node filter}.")
 
 
-class SupernodesQuery(QueryItem):
-    key: ClassVar[str] = "supernodes"
-    supernodes: Params[Supernodes]
+SupernodesQuery = query_item("supernodes", Supernodes)
 
 
 class Scores(StrictModel):
     """Replacement and completeness scores and the error nodes' share."""
 
 
-class ScoresQuery(QueryItem):
-    key: ClassVar[str] = "scores"
-    scores: Params[Scores] = Field(default_factory=Scores)
+ScoresQuery = query_item("scores", Scores)
 
 
 class HeadSplit(StrictModel):
@@ -238,9 +222,7 @@ class HeadSplit(StrictModel):
     target: NodeIdStr = Field(description="Target node id.")
 
 
-class HeadSplitQuery(QueryItem):
-    key: ClassVar[str] = "head_split"
-    head_split: Params[HeadSplit]
+HeadSplitQuery = query_item("head_split", HeadSplit)
 
 
 class VirtualWeights(StrictModel):
@@ -251,9 +233,7 @@ class VirtualWeights(StrictModel):
     top_k: PositiveInt = Field(20, description=_TOP_K)
 
 
-class VirtualWeightsQuery(QueryItem):
-    key: ClassVar[str] = "virtual_weights"
-    virtual_weights: Params[VirtualWeights]
+VirtualWeightsQuery = query_item("virtual_weights", VirtualWeights)
 
 
 class UnitRef(StrictModel):
@@ -290,9 +270,7 @@ class DeEmbedding(StrictModel):
     head: HeadRef | None = Field(None, description="Read the embeddings through this head's OV circuit.")
 
 
-class DeEmbeddingQuery(QueryItem):
-    key: ClassVar[str] = "de_embedding"
-    de_embedding: Params[DeEmbedding]
+DeEmbeddingQuery = query_item("de_embedding", DeEmbedding)
 
 
 if TYPE_CHECKING:
@@ -326,9 +304,7 @@ class QK(StrictModel):
     top_k: PositiveInt = Field(10, description="How many pairs and marginals to report per head.")
 
 
-class QKQuery(QueryItem):
-    key: ClassVar[str] = "qk"
-    qk: Params[QK]
+QKQuery = query_item("qk", QK)
 
 
 class GroundTruth(StrictModel):
@@ -343,31 +319,17 @@ class GroundTruth(StrictModel):
     max_disagreements: PositiveInt = Field(20, description="How many disagreements to report.")
 
 
-class GroundTruthQuery(QueryItem):
-    key: ClassVar[str] = "ground_truth"
-    ground_truth: Params[GroundTruth]
+GroundTruthQuery = query_item("ground_truth", GroundTruth)
 
 
-#: every query item, the one list of query kinds (``QUERY_TYPES`` is its members, in this order)
-AnyQuery = (
-    TopPathsQuery
-    | InfluenceQuery
-    | DirectLogitAttributionQuery
-    | LogitLensQuery
-    | CongruenceQuery
-    | NeighboursQuery
-    | SubgraphQuery
-    | SupernodesQuery
-    | ScoresQuery
-    | HeadSplitQuery
-    | VirtualWeightsQuery
-    | DeEmbeddingQuery
-    | QKQuery
-    | GroundTruthQuery
+#: every query kind, in the order the schema and the error messages list them
+QUERY_TYPES: tuple[type[QueryItem], ...] = (
+    TopPathsQuery, InfluenceQuery, DirectLogitAttributionQuery, LogitLensQuery, CongruenceQuery, NeighboursQuery,
+    SubgraphQuery, SupernodesQuery, ScoresQuery, HeadSplitQuery, VirtualWeightsQuery, DeEmbeddingQuery, QKQuery,
+    GroundTruthQuery,
 )
-QUERY_TYPES: tuple[type[QueryItem], ...] = get_args(AnyQuery)
 
 if TYPE_CHECKING:
-    Query = AnyQuery
+    Query = QueryItem
 else:
     Query = keyed_union("query", *QUERY_TYPES, list_item=True)

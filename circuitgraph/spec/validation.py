@@ -20,7 +20,7 @@ controls).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -34,12 +34,12 @@ from circuitgraph.spec.base import (
     KeyedModel,
     NonNegativeInt,
     OutputPath,
-    Params,
     PositiveInt,
     StrictModel,
     Token,
     TokenPair,
     UsageModel,
+    check_item,
     keyed_union,
     rule_error,
     unused_rules,
@@ -185,9 +185,7 @@ class Ablate(UsageModel):
         return self
 
 
-class AblateCheck(CheckItem):
-    key: ClassVar[str] = "ablate"
-    ablate: Params[Ablate] = Field(default_factory=Ablate)
+AblateCheck = check_item("ablate", Ablate)
 
 
 class PredictedVsActual(StrictModel):
@@ -205,9 +203,7 @@ class PredictedVsActual(StrictModel):
         return self
 
 
-class PredictedVsActualCheck(CheckItem):
-    key: ClassVar[str] = "predicted_vs_actual"
-    predicted_vs_actual: Params[PredictedVsActual] = Field(default_factory=PredictedVsActual)
+PredictedVsActualCheck = check_item("predicted_vs_actual", PredictedVsActual)
 
 
 class LogitMetric(KeyedModel):
@@ -290,9 +286,7 @@ class Patching(StrictModel):
         return self
 
 
-class PatchingCheck(CheckItem):
-    key: ClassVar[str] = "patching"
-    patching: Params[Patching]
+PatchingCheck = check_item("patching", Patching)
 
 
 class Faithfulness(StrictModel):
@@ -313,9 +307,7 @@ class Faithfulness(StrictModel):
         return self
 
 
-class FaithfulnessCheck(CheckItem):
-    key: ClassVar[str] = "faithfulness"
-    faithfulness: Params[Faithfulness] = Field(default_factory=Faithfulness)
+FaithfulnessCheck = check_item("faithfulness", Faithfulness)
 
 
 class FaithfulnessCurve(StrictModel):
@@ -355,9 +347,7 @@ class FaithfulnessCurve(StrictModel):
         return self
 
 
-class FaithfulnessCurveCheck(CheckItem):
-    key: ClassVar[str] = "faithfulness_curve"
-    faithfulness_curve: Params[FaithfulnessCurve] = Field(default_factory=FaithfulnessCurve)
+FaithfulnessCurveCheck = check_item("faithfulness_curve", FaithfulnessCurve)
 
 
 _CONTROL_KIND = Literal["matched_magnitude", "count_matched"]
@@ -436,9 +426,7 @@ class SignRegimes(UsageModel):
         return self
 
 
-class SignRegimesCheck(CheckItem):
-    key: ClassVar[str] = "sign_regimes"
-    sign_regimes: Params[SignRegimes] = Field(default_factory=SignRegimes)
+SignRegimesCheck = check_item("sign_regimes", SignRegimes)
 
 
 class ReplacementFidelity(StrictModel):
@@ -447,35 +435,25 @@ class ReplacementFidelity(StrictModel):
     prompts: tuple[Prompt, ...] = Field((), description="Extra prompts besides the main prompt.")
 
 
-class ReplacementFidelityCheck(CheckItem):
-    key: ClassVar[str] = "replacement_fidelity"
-    replacement_fidelity: Params[ReplacementFidelity] = Field(default_factory=ReplacementFidelity)
+ReplacementFidelityCheck = check_item("replacement_fidelity", ReplacementFidelity)
 
 
-class QKCheck(CheckItem):
+QKCheck = check_item(
+    "qk", QK,
     """QK attribution checked by intervention: each node of the top pairs is removed from the
     query side only (``hook_q_input``), or the key side only (``hook_k_input``), in the frozen
     model; the change in the pre-softmax score is compared with the node's marginal.  Same
-    parameters as the ``qk`` query (``top_k`` pairs per head)."""
-
-    key: ClassVar[str] = "qk"
-    qk: Params[QK]
-
-
-#: every check item, the one list of check kinds (``CHECK_TYPES`` is its members, in this order)
-AnyCheck = (
-    AblateCheck
-    | PredictedVsActualCheck
-    | PatchingCheck
-    | FaithfulnessCheck
-    | SignRegimesCheck
-    | ReplacementFidelityCheck
-    | QKCheck
-    | FaithfulnessCurveCheck
+    parameters as the ``qk`` query (``top_k`` pairs per head).""",
 )
-CHECK_TYPES: tuple[type[CheckItem], ...] = get_args(AnyCheck)
+
+
+#: every validation check kind, in the order the schema and the error messages list them
+CHECK_TYPES: tuple[type[CheckItem], ...] = (
+    AblateCheck, PredictedVsActualCheck, PatchingCheck, FaithfulnessCheck, SignRegimesCheck,
+    ReplacementFidelityCheck, QKCheck, FaithfulnessCurveCheck,
+)
 
 if TYPE_CHECKING:
-    Check = AnyCheck
+    Check = CheckItem
 else:
     Check = keyed_union("validation check", *CHECK_TYPES, list_item=True)
