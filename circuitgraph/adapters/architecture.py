@@ -21,7 +21,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -31,6 +31,9 @@ from circuitgraph.adapters.moe import MixtureOfExperts
 from circuitgraph.adapters.native_transformer import NativeTransformer
 from circuitgraph.adapters.norms import Norms, NormWeights, _qk_norm_kind
 from circuitgraph.errors import AttributionError, LoadError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
 
@@ -62,7 +65,7 @@ class ModelAdapter(HookNames, Norms, MixtureOfExperts):
     ``huggingface``: a Hugging Face folder or snapshot, ``family`` its row of
     :data:`circuitgraph.adapters.hf_config.FAMILIES`)."""
 
-    def __init__(self, model: Any, *, tokenizer: Any = None, source: dict[str, Any] | None = None,
+    def __init__(self, model: Any, *, tokenizer: Tokenizer | None = None, source: dict[str, Any] | None = None,
                  format: ModelFormat = "transformer_lens", family: str | None = None,
                  quantisation: dict[str, Any] | None = None):
         cfg = model.cfg

@@ -23,9 +23,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph.errors import LoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["Family", "FAMILIES", "unsupported_model_type_message", "hooked_config_dict", "load_snapshot",
            "check_against_transformers", "N_CTX_CAP", "GPT_OSS_LIMIT", "GPT_OSS_ALPHA"]
@@ -239,7 +242,7 @@ def _phi(c: Any) -> dict[str, Any]:
     }
 
 
-def _convert_olmo2(hf_model: Any, cfg: Any) -> dict[str, Any]:
+def _convert_olmo2(hf_model: PreTrainedModel, cfg: Any) -> dict[str, Any]:
     """TransformerLens's OLMo-2 conversion, with grouped-query keys and values (OLMo-2 32B) stored
     as TransformerLens's grouped-query attention holds them (``_W_K``, ``_W_V``: one per kv head)."""
     import einops
@@ -336,7 +339,7 @@ def _gpt_oss(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def convert_qwen3_moe_weights(hf_model: Any, cfg: Any) -> dict[str, Any]:
+def convert_qwen3_moe_weights(hf_model: PreTrainedModel, cfg: Any) -> dict[str, Any]:
     """Qwen3-MoE -> TransformerLens: Qwen3's attention (per-head q/k norms, no biases), as
     TransformerLens's ``convert_qwen3_weights``, and Mixtral's experts, as ``convert_mixtral_weights``
     (transformers 5 fuses each expert's gate and up projections, ``gate_up_proj (E, 2 d_mlp,

@@ -297,7 +297,7 @@ def check_prompt_text(tokenizer: Tokenizer, text: str, *, strict: bool, where: s
     warnings.warn(f"{message} (prompt strict: true makes this an error)", UnknownTokenWarning, stacklevel=3)
 
 
-def prompt_ids(tokenizer: Any, text: str, prepend_bos: bool = True) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, text: str, prepend_bos: bool = True) -> list[int]:
     """The token ids of a text prompt: ``tokenizer.encode(text)``, after the BOS token when
     ``prepend_bos`` and the tokenizer has one.  The one text-to-ids step of a prompt: the run
     (:func:`circuitgraph.pipeline.inputs.resolve_prompt_like`, which first refuses ``prepend_bos``

@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -75,6 +75,10 @@ from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.gradient_effects import gradient_effects
 from circuitgraph.validation.interventions import Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["CheckEstimate", "PeakWatch", "PROBES", "release_free_memory", "PER_EDGE_CHECKS", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
 
@@ -343,7 +347,7 @@ def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
         return 0, 0.0
 
 
-def _neuron_sites(a: Any, options: Any, transcoders: Any) -> list[tuple[str, int]]:
+def _neuron_sites(a: Any, options: Any, transcoders: Dictionary) -> list[tuple[str, int]]:
     """The (site, layer) pairs whose magnitudes ``unit_magnitudes`` caches for the controls of a
     graph made with ``options`` (every layer of the site: controls come from every layer)."""
     L = a.facts.n_layers
@@ -354,7 +358,7 @@ def _neuron_sites(a: Any, options: Any, transcoders: Any) -> list[tuple[str, int
 
 
 def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                         transcoders: Any) -> CheckEstimate:
+                         transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 1 + p.k
     rm_bytes, rm_s = _removal_rows(a, prompt, n_rows, ROWS_BATCH)
@@ -370,7 +374,7 @@ def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, op
                          f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, transcoders: Any) -> CheckEstimate:
+def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
     if p.eval_dataset is not None:
@@ -395,7 +399,7 @@ def _universe(a: Any, options: Any, T: int) -> list[Unit]:
 
 
 def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                  transcoders: Any) -> CheckEstimate:
+                  transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     if p.mode == "mean":
         refs = tuple(tuple(t) for t in c.prompts(p.reference_prompts, f"{where}.reference_prompts")) \
@@ -414,7 +418,7 @@ def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: 
 
 
 def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                        transcoders: Any) -> CheckEstimate:
+                        transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 2 + len(p.sizes)
     if p.unit == "nodes":
@@ -442,7 +446,7 @@ def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, opt
 
 
 def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                          transcoders: Any) -> CheckEstimate:
+                          transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     rows = [prompt] + c.prompts(p.prompts, f"{where}.prompts")
     longest = max(rows, key=len)
@@ -471,8 +475,8 @@ PER_EDGE_CHECKS = frozenset({"qk"})
 
 
 @torch.no_grad()
-def estimate_checks(spec: Spec, adapter: Any, prompt: list[int], *, options: Any = None,
-                    transcoders: Any = None) -> list[CheckEstimate]:
+def estimate_checks(spec: Spec, adapter: ModelAdapter, prompt: list[int], *, options: Any = None,
+                    transcoders: Dictionary | None = None) -> list[CheckEstimate]:
     """The :class:`CheckEstimate` of every check of ``spec`` that runs the model (:data:`PROBES`),
     probed on ``adapter`` (the loaded model; ``prompt``: the main prompt's token ids; ``options``,
     ``transcoders``: the graph's, as the run makes them)."""

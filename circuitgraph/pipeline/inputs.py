@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from circuitgraph.dictionaries.sources import dictionary_folder, load_dictionary
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.load import trained_dictionary_hint
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
 
 __all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
            "resolve_prompt_like"]
@@ -162,7 +165,7 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     return v
 
 
-def _warn_leading_space(spec: Spec, tokenizer: Any) -> None:
+def _warn_leading_space(spec: Spec, tokenizer: Tokenizer | None) -> None:
     """A :class:`~circuitgraph.errors.LeadingSpaceWarning` for each target string written without
     the leading space its single-token form after a word has (``"Mary"`` for ``" Mary"``), unless
     the prompt text ends in whitespace."""

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -55,6 +55,13 @@ from circuitgraph.spec import Spec, SpecSource, load_spec
 from circuitgraph.spec.export import EXPORT_KINDS
 from circuitgraph.validation import run_check
 from circuitgraph.validation.steering import steer_item
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.attribution.linearisation import Linearisation
+    from circuitgraph.attribution.targets import ResolvedTarget
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["RunResult", "run", "build", "prepare", "steer_spec"]
 
@@ -273,11 +280,11 @@ def _check_outputs(spec: Spec) -> None:
 class Prepared:
     """Everything a graph is built from: the loaded inputs, the forward pass, the options."""
 
-    adapter: Any
-    transcoders: Any
-    lin: Any
-    targets: list
-    options: Any
+    adapter: ModelAdapter
+    transcoders: Dictionary | None
+    lin: Linearisation
+    targets: list[ResolvedTarget]
+    options: GraphOptions
     metadata: dict[str, Any]
 
 
@@ -371,7 +378,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = 
     return Prepared(adapter, tcs, lin, targets, options, metadata)
 
 
-def _prompt_text(spec: Spec, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+def _prompt_text(spec: Spec, tokenizer: Tokenizer | None, tokens: list[int], strs: list[str]) -> str:
     """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
     text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
     if isinstance(text, str):
@@ -384,7 +391,7 @@ def _prompt_text(spec: Spec, tokenizer: Any, tokens: list[int], strs: list[str])
     return "".join(strs)
 
 
-def _check_qk_items(spec: Spec, adapter: Any, n_pos: int) -> None:
+def _check_qk_items(spec: Spec, adapter: ModelAdapter, n_pos: int) -> None:
     """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
     checked before the graph is built, so bad input fails fast and writes nothing."""
     f = adapter.facts

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["INPUT_HOOK", "OUTPUT_HOOK", "layer_activations", "next_token_loss", "spliced"]
 
@@ -21,15 +24,15 @@ INPUT_HOOK = "ln2.hook_normalized"
 OUTPUT_HOOK = "hook_mlp_out"
 
 
-def _in(adapter: Any, l: int) -> str:
+def _in(adapter: ModelAdapter, l: int) -> str:
     return adapter.hook_norm_normalized("ln2", l)
 
 
-def _out(adapter: Any, l: int) -> str:
+def _out(adapter: ModelAdapter, l: int) -> str:
     return adapter.hook_mlp_out(l)
 
 
-def layer_activations(adapter: Any, tokens: torch.Tensor, layers: list[int], *, skip_first: bool
+def layer_activations(adapter: ModelAdapter, tokens: torch.Tensor, layers: list[int], *, skip_first: bool
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``, each ``(len(layers), n_tokens, d_model)`` float32 on the model's device: the
     dictionary inputs and the MLP outputs of the windows ``tokens (B, T)`` (position 0 left out
@@ -51,7 +54,7 @@ def layer_activations(adapter: Any, tokens: torch.Tensor, layers: list[int], *, 
     return stack(_in), stack(_out)
 
 
-def next_token_loss(adapter: Any, tokens: torch.Tensor) -> float:
+def next_token_loss(adapter: ModelAdapter, tokens: torch.Tensor) -> float:
     """Mean next-token cross-entropy of the windows (every position predicting the next token)."""
     with torch.no_grad():
         logits = adapter.model(tokens.to(adapter.device), return_type="logits").float()
@@ -59,7 +62,7 @@ def next_token_loss(adapter: Any, tokens: torch.Tensor) -> float:
 
 
 @contextmanager
-def spliced(adapter: Any, layers: list[int], replace: Callable[[int, dict[int, torch.Tensor]], torch.Tensor] | None,
+def spliced(adapter: ModelAdapter, layers: list[int], replace: Callable[[int, dict[int, torch.Tensor]], torch.Tensor] | None,
             *, start: int = 0) -> Iterator[None]:
     """Within the block, each listed layer's MLP output is ``replace(i, inputs)`` (``i``: its index in
     ``layers``; ``inputs``: the dictionary inputs ``(B, T, D)`` of the listed layers seen so far in this

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,13 +23,18 @@ from circuitgraph.training.report import report_html
 from circuitgraph.training.sparsify_backend import CHECKPOINT_DIR, read_sparsify_folder, train_with_sparsify
 from circuitgraph.training.writers import circuit_tracer_refusal, write_dictionaries
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.spec.model import ModelSpec
+    from circuitgraph.spec.train import TrainRunSpec
+
 __all__ = ["train", "load_model", "DICTIONARY_FOLDER"]
 
 #: the dictionaries' folder inside train.output
 DICTIONARY_FOLDER = "dictionaries"
 
 
-def load_model(model_spec: Any) -> Any:
+def load_model(model_spec: ModelSpec) -> ModelAdapter:
     """The model adapter of a spec's ``model:`` section (any model circuitgraph loads)."""
     m = model_spec
     if m.source == "path":
@@ -44,7 +49,7 @@ def load_model(model_spec: Any) -> Any:
     return load_builtin_model(m.builtin, dtype=m.dtype, device=m.device, backend=m.backend)[0]
 
 
-def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None] | None = None,
+def train(spec: TrainRunSpec, *, adapter: ModelAdapter | None = None, progress: Callable[[Progress], None] | None = None,
           stop_after: int | None = None) -> dict[str, Any]:
     """Train the dictionaries a :class:`~circuitgraph.spec.train.TrainRunSpec` describes; returns
     the metrics written to ``train.output/metrics.json`` (or, when ``stop_after`` stops the run

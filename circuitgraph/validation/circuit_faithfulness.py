@@ -31,7 +31,9 @@ from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit
 from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["FaithfulnessResult", "faithfulness", "universe_units"]
 
@@ -105,12 +107,12 @@ class FaithfulnessResult(Tabular):
 
 
 def faithfulness(
-    graph: Any,
+    graph: AttributionGraph,
     *,
     mode: Literal["zero", "mean"] = "mean",
     reference_prompts: Sequence[Any] = (),
     metric: Metric | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
 ) -> FaithfulnessResult:
     """Keep only the graph's nodes / remove only them in the real model (module docstring)."""
     ctx = graph_context(graph, "faithfulness")

@@ -41,6 +41,9 @@ from circuitgraph.validation.qk_check import qk_check
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.graph.graph import AttributionGraph
+    from circuitgraph.spec.root import Spec
 
 __all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks", "sign_regimes_rows",
            "patch_sets", "check_metric"]
@@ -101,14 +104,14 @@ def _params(kind: str, params: Any) -> BaseModel:
         raise ValidationRunError(f"{where}: {first['msg']}") from None
 
 
-def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int:
+def _token(token: Any, adapter: ModelAdapter, tokenizer: Tokenizer | None, where: str) -> int:
     try:
         return resolve_token(token, tokenizer, adapter.facts.d_vocab, where)
     except Exception as exc:  # noqa: BLE001 - TokenError already says what to do
         raise ValidationRunError(str(exc)) from None
 
 
-def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
+def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Tokenizer | None) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
@@ -132,14 +135,22 @@ class CheckCall:
     tokenizer, the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``) and
     the run's seed."""
 
-    graph: Any
+    #: None in the dry run's probes, which read no graph (:meth:`built_graph` says so)
+    graph: AttributionGraph | None
     adapter: ModelAdapter
-    tokenizer: Any
+    tokenizer: Tokenizer | None
     prompt_resolver: PromptResolver | None = None
     #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
     seed: int = 0
     #: the run's spec, when the check runs from one: what executor workers load (``sign_regimes.executor``)
-    spec: Any = None
+    spec: Spec | None = None
+
+    def built_graph(self) -> AttributionGraph:
+        """The graph the check runs on (the dry run's probes, :mod:`~circuitgraph.pipeline.check_estimate`,
+        have none and read none)."""
+        if self.graph is None:
+            raise ValidationRunError("this check runs on the built graph, and the dry run's probe has none")
+        return self.graph
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -168,7 +179,7 @@ def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[Ch
 def run_ablate(c: CheckCall, p: Any) -> Any:
     seed = p.seed if p.seed is not None else c.seed
     return ablate(
-        c.graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
+        c.built_graph(), p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
         reference_prompts=c.prompts(p.reference_prompts, "ablate.reference_prompts"),
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "ablate.patch_prompt"),
         positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
@@ -182,7 +193,7 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
 @_runs('predicted_vs_actual')
 def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
     return predicted_vs_actual(
-        c.graph, k=p.k, mode=p.mode,
+        c.built_graph(), k=p.k, mode=p.mode,
         reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
         tokenizer=c.tokenizer)
 
@@ -216,7 +227,7 @@ def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
 def run_patching(c: CheckCall, p: Any) -> Any:
     sets, names = patch_sets(c, p.sets)
     return patching(
-        c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
+        c.built_graph(), corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
         metric=check_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
         heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
@@ -225,7 +236,7 @@ def run_patching(c: CheckCall, p: Any) -> Any:
 @_runs('faithfulness')
 def run_faithfulness(c: CheckCall, p: Any) -> Any:
     return faithfulness(
-        c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
+        c.built_graph(), mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
 
 
@@ -304,7 +315,7 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
                                      "circuitgraph.datasets first (circuitgraph run and circuitgraph.run do)")
         runner = _EXECUTOR_ROWS(c.spec, p.executor, c.adapter.facts.d_mlp)
     return sign_regimes(
-        c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
+        c.built_graph(), prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
         use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
         controls=tuple(p.controls), n_controls=p.n_controls, control_tolerance=p.control_tolerance,
         max_draws=p.max_draws, seed=p.seed if p.seed is not None else c.seed, groups=p.groups,
@@ -314,19 +325,19 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
 @_runs('replacement_fidelity')
 def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
     return replacement_fidelity(
-        c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
+        c.built_graph(), prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
 @_runs('qk')
 def run_qk(c: CheckCall, p: Any) -> Any:
     head = p.head if isinstance(p.head, int) else list(p.head)
-    return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
+    return qk_check(c.built_graph(), p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
 @_runs('faithfulness_curve')
 def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
     return faithfulness_curve(
-        c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
+        c.built_graph(), sizes=p.sizes, ablation=p.ablation, unit=p.unit,
         reference_prompts=c.prompts(p.reference_prompts, "faithfulness_curve.reference_prompts"),
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "faithfulness_curve.patch_prompt"),
         plot=None if p.plot is None else str(p.plot), tokenizer=c.tokenizer)
@@ -337,8 +348,8 @@ if set(CHECK_FUNCTIONS) != {t.key for t in CHECK_TYPES}:  # pragma: no cover - a
                       f"{sorted(t.key for t in CHECK_TYPES)}")
 
 
-def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Any = None) -> CheckResult:
+def run_check(graph: AttributionGraph, check_spec: Any, *, tokenizer: Tokenizer | None = None,
+              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Spec | None = None) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
@@ -359,7 +370,7 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 
 
-def run_checks(graph: Any, checks: Sequence[Any], *, tokenizer: Any = None,
+def run_checks(graph: AttributionGraph, checks: Sequence[Any], *, tokenizer: Tokenizer | None = None,
                prompt_resolver: Callable[[Any], list[int]] | None = None) -> list[CheckResult]:
     """:func:`run_check` for each item, in order (the JSON's ``validation`` list is
     ``[r.to_dict() for r in results]``)."""

@@ -60,6 +60,8 @@ from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["REGIMES", "EchoNeuron", "EchoGroup", "SignRegimeResult", "sign_regimes", "echo_removed", "regimes_of",
            "echo_loss_changes", "echo_masks", "row_nll_totals", "InProcessRows"]
@@ -252,7 +254,7 @@ def _check_layers(layers: Sequence[int] | None, n_layers: int, what: str) -> lis
 
 @torch.no_grad()
 def sign_regimes(
-    graph: Any = None,
+    graph: AttributionGraph | None = None,
     *,
     prompts: Sequence[Any] = (),
     eval_prompts: Sequence[Any] = (),
@@ -271,7 +273,7 @@ def sign_regimes(
     group_layer: int = 1,
     first_position: int = 1,
     batch_size: int = 8,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     runner: Any = None,
 ) -> SignRegimeResult:
     """Tag gated-neuron activations by sign regime on the selection rows (the graph's prompt

@@ -24,7 +24,7 @@ Only the hooks are used (no engine vectors): one forward and one backward pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,13 +32,16 @@ from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation.interventions import Unit
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+
 __all__ = ["GRADIENT_SITES", "gradient_effects"]
 
 #: sites whose first-order effect is computed (features and errors need a spliced dictionary)
 GRADIENT_SITES = frozenset({"embed", "pos_embed", "neuron", "head", "mlp"})
 
 
-def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Sequence[Unit], *,
+def gradient_effects(adapter: ModelAdapter, tokens: Sequence[int], metric: Any, units: Sequence[Unit], *,
                      linearised: bool = False, linearisation: Any = None) -> list[float | None]:
     """Per unit, ``a_u . dM/da_u`` (float; ``None`` for a site outside :data:`GRADIENT_SITES`).
 
