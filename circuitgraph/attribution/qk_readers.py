@@ -21,6 +21,7 @@ from circuitgraph.errors import CircuitGraphError, QueryError
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.linearisation import Linearisation
 
 __all__ = ["attention_module", "rotary_matrices", "qk_norm_scale", "QKReaders"]
 
@@ -52,7 +53,7 @@ def rotary_matrices(adapter: ModelAdapter, layer: int, n_pos: int) -> torch.Tens
     return out[0].transpose(1, 2).contiguous()
 
 
-def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: str, head: int, t: int) -> torch.Tensor:
+def qk_norm_scale(adapter: ModelAdapter, lin: Linearisation, layer: int, side: str, head: int, t: int) -> torch.Tensor:
     """``gamma / sigma (d_head,)``: the frozen query (``side="q"``) or key norm of query head ``head``
     at position ``t``.  An RMSNorm ``gamma * v / sigma(v)`` with ``sigma`` frozen at its value on the
     prompt is the diagonal linear map ``v -> (gamma / sigma) * v``, so ``q`` and ``k`` stay affine in
@@ -73,7 +74,7 @@ def qk_norm_scale(adapter: ModelAdapter, lin: Any, layer: int, side: str, head: 
 class QKReaders:
     """The query and key readers of every head of one layer (module docstring), in ``dtype``."""
 
-    def __init__(self, adapter: ModelAdapter, lin: Any, layer: int, dtype: torch.dtype, device: Any,
+    def __init__(self, adapter: ModelAdapter, lin: Linearisation, layer: int, dtype: torch.dtype, device: Any,
                  error: type[CircuitGraphError] = QueryError):
         self.adapter, self.lin, self.layer = adapter, lin, layer
         attn = attention_module(adapter, layer, error)

@@ -23,6 +23,7 @@ from circuitgraph.spec.model import TranscodersSpec
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["DICTIONARY_SOURCES", "load_dictionary_spec", "dictionary_folder"]
 
@@ -56,7 +57,7 @@ DICTIONARY_SOURCES: dict[str, Callable[[TranscodersSpec, Any, torch.dtype], Any]
     "path": _from_path, "hf": _from_hf, "release": _from_release, "builtin": _from_builtin}
 
 
-def load_dictionary_spec(t: TranscodersSpec, adapter: ModelAdapter, *, dtype: torch.dtype) -> Any:
+def load_dictionary_spec(t: TranscodersSpec, adapter: ModelAdapter, *, dtype: torch.dtype) -> Dictionary:
     """The dictionary a spec's ``transcoders:`` section names, loaded for ``adapter`` in ``dtype``."""
     return DICTIONARY_SOURCES[t.source](t, adapter, dtype)
 

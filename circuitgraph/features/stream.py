@@ -61,14 +61,18 @@ def shard_path(out_dir: Path, shard_id: str) -> Path:
     return out_dir / "shards" / f"{shard_id}.npz"
 
 
+#: what a features worker loads once (:meth:`ShardJob.load`): the adapter, the dictionaries and the units
+FeatureInputs = tuple["ModelAdapter", "Dictionary | None", Selection]
+
+
 class ShardJob:
     """The executors' job of a features run (see :mod:`circuitgraph.datasets.executors`)."""
 
-    def load(self, spec: Spec) -> Any:
+    def load(self, spec: Spec) -> FeatureInputs:
         adapter, dictionaries = load_inputs(spec)
         return adapter, dictionaries, select_units(spec, adapter, dictionaries)
 
-    def run(self, spec: Spec, task: Shard, inputs: Any) -> PromptOutput:
+    def run(self, spec: Spec, task: Shard, inputs: FeatureInputs) -> PromptOutput:
         record: dict[str, Any] = {"id": task.id, "row": task.number, "status": "ok", "error": None,
                                   "n_rows": len(task.rows)}
         try:

@@ -78,6 +78,7 @@ from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.nodes_builder import GraphOptions
     from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["CheckEstimate", "PeakWatch", "PROBES", "release_free_memory", "PER_EDGE_CHECKS", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
@@ -303,7 +304,7 @@ def _patching(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstim
 ROWS_BATCH = 32
 
 
-def _removal_rows(a: Any, tokens: list[int], n_rows: int, batch: int) -> tuple[int, float]:
+def _removal_rows(a: ModelAdapter, tokens: list[int], n_rows: int, batch: int) -> tuple[int, float]:
     """Probe ``run_rows`` on ``tokens`` with ``n_rows`` runs (up to two passes of ``batch``: the first
     pass's logits live on while the second is computed), each removing another neuron of the last
     layer at the last position (the clean run first, as the checks' rows): ``(bytes, seconds a pass)``."""
@@ -316,7 +317,7 @@ def _removal_rows(a: Any, tokens: list[int], n_rows: int, batch: int) -> tuple[i
     return work, secs / math.ceil(probed / batch)
 
 
-def _frozen_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
+def _frozen_pass(a: ModelAdapter, tokens: list[int]) -> tuple[int, float]:
     """Probe one frozen run's captures (``frozen_reader_values`` keeps every layer's residuals and
     MLP inputs of the prompt): a forward pass keeping the same hooks."""
     captured: dict[str, torch.Tensor] = {}
@@ -335,7 +336,7 @@ def _frozen_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
     return _probe(run)
 
 
-def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
+def _gradient_pass(a: ModelAdapter, tokens: list[int]) -> tuple[int, float]:
     """Probe the ``predicted_gradient`` column's forward and backward pass (``gradient_effects``:
     the autograd graph of the whole prompt kept for the backward pass): one neuron of every layer
     at the last position, read by the last position's first logit."""
@@ -347,7 +348,7 @@ def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
         return 0, 0.0
 
 
-def _neuron_sites(a: Any, options: Any, transcoders: Dictionary) -> list[tuple[str, int]]:
+def _neuron_sites(a: ModelAdapter, options: GraphOptions, transcoders: Dictionary) -> list[tuple[str, int]]:
     """The (site, layer) pairs whose magnitudes ``unit_magnitudes`` caches for the controls of a
     graph made with ``options`` (every layer of the site: controls come from every layer)."""
     L = a.facts.n_layers
@@ -357,7 +358,7 @@ def _neuron_sites(a: Any, options: Any, transcoders: Dictionary) -> list[tuple[s
     return [("neuron", l) for l in range(L)]
 
 
-def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
                          transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 1 + p.k
@@ -374,7 +375,7 @@ def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, op
                          f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, transcoders: Dictionary) -> CheckEstimate:
+def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions, transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
     if p.eval_dataset is not None:
@@ -394,11 +395,11 @@ def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, t
                          f"lower {where}.n_controls (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _universe(a: Any, options: Any, T: int) -> list[Unit]:
+def _universe(a: ModelAdapter, options: GraphOptions, T: int) -> list[Unit]:
     return universe_units(SimpleNamespace(adapter=a, options=options, linearisation=SimpleNamespace(n_pos=T)))
 
 
-def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
                   transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     if p.mode == "mean":
@@ -417,7 +418,7 @@ def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: 
                          "shorten the prompt (its 4 runs share one forward pass)")
 
 
-def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
                         transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 2 + len(p.sizes)
@@ -445,7 +446,7 @@ def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, opt
                          "fewer sizes or a shorter prompt")
 
 
-def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
+def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
                           transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     rows = [prompt] + c.prompts(p.prompts, f"{where}.prompts")
@@ -475,7 +476,7 @@ PER_EDGE_CHECKS = frozenset({"qk"})
 
 
 @torch.no_grad()
-def estimate_checks(spec: Spec, adapter: ModelAdapter, prompt: list[int], *, options: Any = None,
+def estimate_checks(spec: Spec, adapter: ModelAdapter, prompt: list[int], *, options: GraphOptions | None = None,
                     transcoders: Dictionary | None = None) -> list[CheckEstimate]:
     """The :class:`CheckEstimate` of every check of ``spec`` that runs the model (:data:`PROBES`),
     probed on ``adapter`` (the loaded model; ``prompt``: the main prompt's token ids; ``options``,

@@ -10,7 +10,7 @@ runner, never back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from circuitgraph._results import RunOutcome
 from circuitgraph.adapters.files import check_input_files
@@ -24,12 +24,13 @@ from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_l
 from circuitgraph.spec import SpecSource, load_spec
 
 if TYPE_CHECKING:
+    from circuitgraph.pipeline.inputs import LoadedInputs
     from circuitgraph.spec.root import Spec
 
 __all__ = ["run", "dry_run"]
 
 
-def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: LoadedInputs | None = None,
         memory_limit: int | None = None) -> RunOutcome:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from circuitgraph.attribution.linearisation import Linearisation
     from circuitgraph.attribution.targets import ResolvedTarget
     from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.pipeline.inputs import LoadedInputs
 
 __all__ = ["RunResult", "run", "build", "prepare", "steer_spec"]
 
@@ -288,7 +289,7 @@ class Prepared:
     metadata: dict[str, Any]
 
 
-def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None,
+def build(spec: SpecSource, *, progress: bool = False, inputs: LoadedInputs | None = None,
           memory_limit: int | None = None) -> AttributionGraph:
     """Load inputs and build the unpruned graph of a spec (no queries, no exports).
 
@@ -313,7 +314,7 @@ def _build_prepared(spec: Spec, p: Prepared, progress: bool) -> AttributionGraph
     return graph
 
 
-def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = None) -> Prepared:
+def prepare(spec: SpecSource, *, inputs: LoadedInputs | None = None, memory_limit: int | None = None) -> Prepared:
     """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
     resolve targets and options.  ``memory_limit``: the budget in bytes (else
     ``CIRCUITGRAPH_MEMORY_LIMIT``; :func:`~circuitgraph.pipeline.memory_watch.memory_budget`),
@@ -408,7 +409,7 @@ def _check_qk_items(spec: Spec, adapter: ModelAdapter, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: LoadedInputs | None = None,
         memory_limit: int | None = None) -> Any:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
@@ -443,7 +444,7 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     return result
 
 
-def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: Any, budget: int | None,
+def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: LoadedInputs | None, budget: int | None,
                 heatmaps: dict[str, Path]) -> RunResult:
     """The stages of :func:`run`, each under the memory watch."""
     timings: dict[str, float] = {}
@@ -572,7 +573,7 @@ def _run_steering(spec: Spec, full: AttributionGraph, run_warnings: list[str],
     return out
 
 
-def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> list[ResultEntry]:
+def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: LoadedInputs | None = None) -> list[ResultEntry]:
     """Build a spec's graph and run only its ``steer:`` items (no queries, checks or exports):
     one entry per item, as :meth:`RunResult.steering_json` writes them, with ``result`` the
     :class:`~circuitgraph.validation.steering.SteeringResult` (``status``/``error`` on failure).

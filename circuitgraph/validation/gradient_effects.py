@@ -116,7 +116,7 @@ def gradient_effects(adapter: ModelAdapter, tokens: Sequence[int], metric: Any, 
     return out
 
 
-def _frozen_slopes(a: Any) -> list[tuple[str, Any]]:
+def _frozen_slopes(a: ModelAdapter) -> list[tuple[str, Any]]:
     """Hooks that freeze every MLP neuron's nonlinearity as a slope (the graph's linearisation):
     gated MLPs detach the gate; others replace ``post`` by ``(post / pre) * pre`` with the ratio
     detached (0 where ``pre == 0``)."""
