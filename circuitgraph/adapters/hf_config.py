@@ -451,7 +451,7 @@ def unsupported_model_type_message(model_type: Any, where: Any) -> str:
 
 def hooked_config_dict(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig fields for a transformers config of a supported family."""
-    family = FAMILIES.get(getattr(hf_config, "model_type", None))
+    family = FAMILIES.get(getattr(hf_config, "model_type", None) or "")
     if family is None:
         raise KeyError(getattr(hf_config, "model_type", None))
     cfg = family.config(hf_config)

@@ -86,7 +86,8 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
                         f"{_how(repo, (sub + '/') if sub else '')}".rstrip()) from None
     folder = root / sub if sub else root
     if not folder.is_dir():
-        raise LoadError(f"{repo} has no folder {sub!r}; check transcoders.hf, or {_how(repo, sub + '/')}")
+        raise LoadError(f"{repo} has no folder {sub!r}; check transcoders.hf, or "
+                        f"{_how(repo, (sub + '/') if sub else '')}")
     cfg = folder / "config.yaml"
     if not cfg.is_file():
         return folder, None

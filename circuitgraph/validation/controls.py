@@ -59,6 +59,7 @@ from circuitgraph.validation.interventions import (
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.sites import Site
     from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = [
@@ -76,7 +77,7 @@ ControlKind = Literal["matched_magnitude", "count_matched"]
 
 
 @torch.no_grad()
-def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[str, int]],
+def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[Site, int]],
                     transcoders: Dictionary | None = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per ``(site, layer)``: ``(magnitude (pos, n), old values (pos, n, e), new values (pos, n, e))``
     for every unit of the site, under ``template``'s mode (its units are ignored)."""

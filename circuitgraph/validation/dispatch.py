@@ -41,6 +41,7 @@ from circuitgraph.validation.qk_check import qk_check
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.sites import Site
     from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.graph.graph import AttributionGraph
     from circuitgraph.spec.root import Spec
@@ -205,14 +206,16 @@ def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     for i, s in enumerate(sets):
         where = f"patching.sets[{i}]"
         units = []
-        for site, pairs, size, what in (("neuron", s.neurons, f.d_mlp, "neurons"),
-                                        ("head", s.heads, f.n_heads, "heads")):
+        indexed: tuple[tuple[Site, Any, int, str], ...] = (("neuron", s.neurons, f.d_mlp, "neurons"),
+                                                           ("head", s.heads, f.n_heads, "heads"))
+        for site, pairs, size, what in indexed:
             for layer, index in pairs:
                 if layer >= f.n_layers or index >= size:
                     raise ValidationRunError(f"{where}.{what}: [{layer}, {index}] is out of range: the model has "
                                              f"{f.n_layers} layers of {size} {what}")
                 units.append(Unit(site, layer, None, index))
-        for site, layers, what in (("mlp", s.mlps, "mlps"), ("attn", s.attns, "attns")):
+        whole: tuple[tuple[Site, Any, str], ...] = (("mlp", s.mlps, "mlps"), ("attn", s.attns, "attns"))
+        for site, layers, what in whole:
             for layer in layers:
                 if layer >= f.n_layers:
                     raise ValidationRunError(f"{where}.{what}: layer {layer} is out of range: the model has "

@@ -88,13 +88,13 @@ def gradient_effects(adapter: ModelAdapter, tokens: Sequence[int], metric: Any, 
     with torch.enable_grad():
         ctx = frozen(a, linearisation, extra_hooks=hooks) if linearised else a.hooks(hooks)
         try:
-            if linearised and cap:  # the graph's logit targets are read before the final soft cap
+            if linearised and cap and cfg is not None:  # logit targets are read before the final soft cap
                 cfg.output_logits_soft_cap = None
             with ctx as model:
                 logits = model(toks)
                 m = metric.combine(metric.values(logits, store, a))[0]
         finally:
-            if linearised and cap:
+            if linearised and cap and cfg is not None:
                 cfg.output_logits_soft_cap = cap
         names = sorted(wanted)
         # only the units' gradients (never the parameters'): autograd.grad, not backward
