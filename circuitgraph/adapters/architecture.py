@@ -209,7 +209,7 @@ class ModelAdapter(HookNames, Norms, MixtureOfExperts):
                     out = fn(args[0], point)
                     return None if out is None else (out, *args[1:])
 
-                module = getattr(self.model.blocks[layer], self._norm_module_name("ln2_post"))
+                module = getattr(self.model.blocks[layer], self._present_norm_module_name("ln2_post"))
                 handles.append(module.register_forward_pre_hook(pre))
             with self.model.hooks(fwd_hooks=real):
                 yield self.model

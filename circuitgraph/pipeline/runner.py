@@ -50,6 +50,7 @@ from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.pipeline.precision import precision_warning
 from circuitgraph.pipeline.stage_memory import later_stages
 from circuitgraph.queries import graph_scores, prune_graph, run_query
+from circuitgraph.queries._base import require_context
 from circuitgraph.queries.qk import qk_problems
 from circuitgraph.spec import Spec, SpecSource, load_spec
 from circuitgraph.spec.export import EXPORT_KINDS
@@ -484,7 +485,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
     validation = []
     run_warnings = full.metadata.setdefault("warnings", [])
     if spec.validate:
-        adapter = full.context.adapter
+        adapter = require_context(full, "the spec's validate: checks").adapter
         t0 = time.perf_counter()
         for i, c in enumerate(spec.validate):
             resolver = lambda p, i=i: resolve_prompt_like(p, adapter, where=f"validate[{i}]")  # noqa: E731

@@ -229,7 +229,7 @@ def faithfulness_curve(
     recovery = [1.0 if k == n_total and r is not None else r for k, r in zip(counts, recovery, strict=False)]
     cpr = cmd = None
     if d != 0:
-        cpr, cmd = curve_areas(sizes, [r for r in recovery])
+        cpr, cmd = curve_areas(sizes, [r for r in recovery if r is not None])  # none is None when d != 0
     else:
         notes.append("the fully ablated metric equals the clean one: recovery is undefined")
     result = FaithfulnessCurveResult(unit, ablation, metric.describe(tokenizer), sizes, counts, n_total, values,
@@ -348,7 +348,8 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: AttributionGraph, metri
         return value
 
     def splice(layer: int, items: list[tuple[int, int, float]]):
-        tc = tcs[layer]
+        dictionaries = require_dictionary(tcs, "a feature edge")
+        tc = dictionaries[layer]
         pos = torch.tensor([p for p, _, _ in items])
         idx = torch.tensor([j for _, j, _ in items])
         delta = torch.tensor([d for _, _, d in items], dtype=torch.float64)
@@ -361,7 +362,7 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: AttributionGraph, metri
                 raise ValidationRunError(f"faithfulness_curve: layer {layer}'s dictionary is not a ReLU or JumpReLU "
                                          "of its pre-activation; use unit: nodes")
             new = _act_of_pre(tc, pre + delta.to(device=pre.device, dtype=pre.dtype)[None])
-            dec = tcs.decoder_rows(layer, idx)[:, 0].to(device=value.device, dtype=value.dtype)  # (n, d_model)
+            dec = dictionaries.decoder_rows(layer, idx)[:, 0].to(device=value.device, dtype=value.dtype)  # (n, d_model)
             out = value.clone()
             out.index_add_(1, pos.to(value.device), (new - live).to(value.dtype)[..., None] * dec[None])
             return out
@@ -370,7 +371,7 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: AttributionGraph, metri
 
     hooks = [(name, add(d)) for name, d in per_layer.items()]
     for layer in features:
-        need = need | {tcs[layer].hook_in}
+        need = need | {require_dictionary(tcs, "a feature edge")[layer].hook_in}
     hooks += [(n, keep) for n in sorted(need)]
     hooks += [(dictionary_out_hook(a, require_dictionary(tcs, "a feature edge"), layer), splice(layer, items))
               for layer, items in features.items()]

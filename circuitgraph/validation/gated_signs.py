@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
-from circuitgraph.validation.controls import ControlSummary, draw_controls, summarise_controls
+from circuitgraph.validation.controls import ControlKind, ControlSummary, draw_controls, summarise_controls
 from circuitgraph.validation.echo_stats import REGIMES, regimes_of, stream_stats
 from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric
@@ -264,7 +264,7 @@ def sign_regimes(
     echo_threshold: float = 1.0,
     adapter: ModelAdapter | None = None,
     metric: Metric | None = None,
-    controls: Sequence[str] = ("matched_magnitude", "count_matched"),
+    controls: Sequence[ControlKind] = ("matched_magnitude", "count_matched"),
     n_controls: int = 10,
     control_tolerance: float = 0.05,
     max_draws: int = 1000,
@@ -401,6 +401,9 @@ def sign_regimes(
         result.status = "uncontrolled"
         result.reason = "; ".join(missing_all)
     if graph is not None and metric is not None:
+        if graph.context is None:
+            raise ValidationRunError("sign_regimes: a metric is measured on the graph's prompt, and this graph "
+                                     "was loaded without its model; build it in this session or drop metric")
         full = plans[0][2]
         metric_sets = [all_units] + [u for kind in controls if kind in full for u, _ in full[kind]]
         eff = _metric_changes(adapter, graph.context.linearisation.tokens.tolist(), metric_sets, first_position,
