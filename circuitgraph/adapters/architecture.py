@@ -33,6 +33,7 @@ from circuitgraph.adapters.norms import Norms, NormWeights, _qk_norm_kind
 from circuitgraph.errors import AttributionError, LoadError
 
 if TYPE_CHECKING:
+    from circuitgraph.adapters.hook_names import HookPointLike
     from circuitgraph.adapters.tokenizer import Tokenizer
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
@@ -223,7 +224,7 @@ class ModelAdapter(HookNames, Norms, MixtureOfExperts):
         names including the virtual ``mlp.hook_out`` ones."""
         cache: dict[str, torch.Tensor] = {}
 
-        def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+        def keep(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
             cache[hook.name] = value.detach()
             return value
 

@@ -79,7 +79,7 @@ def _prepare_worker(threads: int) -> None:
 class PromptJob:
     """The job of a dataset run: a task is a :class:`Row`, run through the pipeline."""
 
-    def load(self, spec: Spec) -> Any:
+    def load(self, spec: Spec) -> LoadedInputs:
         return load_inputs(spec)
 
     def run(self, spec: Spec, task: Row, inputs: LoadedInputs) -> Any:

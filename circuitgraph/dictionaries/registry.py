@@ -57,6 +57,7 @@ from circuitgraph.errors import LoadError
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["ReleaseEntry", "release_entry", "release_layers", "load_release"]
 
@@ -190,7 +191,7 @@ def release_layers(entry: Any, ids: dict[int, str] | None = None, layers: list[i
 
 
 def load_release(release: str, adapter: ModelAdapter, *, ids: dict[int, str] | None = None, layers: list[int] | None = None,
-                 dtype: torch.dtype = torch.float32, check_model: bool = True) -> Any:
+                 dtype: torch.dtype = torch.float32, check_model: bool = True) -> Dictionary:
     """Resolve ``release`` in sae-lens's registry, fetch its files and load them (see the module doc);
     ``check_model=False`` (the spec's ``allow_model_mismatch``) skips :func:`check_release_model`."""
     entry = release_entry(release)

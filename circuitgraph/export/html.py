@@ -23,7 +23,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph._results import ResultEntry
@@ -37,6 +37,9 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, display_name
 from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.validation.activation_patching import write_heatmap
+
+if TYPE_CHECKING:
+    from circuitgraph.pipeline.runner import RunResult
 
 __all__ = [
     "result_html", "document_html", "graph_html", "graph_svg", "diagram_svg", "run_html", "report_html", "write_report", "html_table",
@@ -99,7 +102,7 @@ def _svg_title_lines(svg: str) -> list[str]:
     return re.findall(r"<text [^>]*>([^<]*)</text>", svg[start:end if end > 0 else len(svg)])
 
 
-def _target_text(node: Any) -> str:
+def _target_text(node: Node) -> str:
     """A target as a reader sees it: a token quoted (``' an'``), a difference as labelled (``' an' - ' a'``)."""
     if node.kind == "logit" and node.label:
         return repr(node.label)
@@ -136,7 +139,7 @@ def graph_html(graph: AttributionGraph, *, max_nodes: int | None = DEFAULT_MAX_N
     return "".join(parts)
 
 
-def run_html(result: Any) -> str:
+def run_html(result: RunResult) -> str:
     """A run's notebook display: the graph block and every query / validation result."""
     parts = [graph_html(result.graph)]
     for what, entries in (("query", result.queries), ("validation", result.validation)):

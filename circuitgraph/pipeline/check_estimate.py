@@ -78,6 +78,7 @@ from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.hook_names import HookPointLike
     from circuitgraph.attribution.nodes_builder import GraphOptions
     from circuitgraph.dictionaries.protocol import Dictionary
 
@@ -322,7 +323,7 @@ def _frozen_pass(a: ModelAdapter, tokens: list[int]) -> tuple[int, float]:
     MLP inputs of the prompt): a forward pass keeping the same hooks."""
     captured: dict[str, torch.Tensor] = {}
 
-    def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def keep(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         captured[hook.name] = value.detach()[0]
         return value
 

@@ -192,7 +192,7 @@ def _dictionary_dir(spec: Spec) -> Path | None:
     return None
 
 
-def _tokenizer(model_dir: Path) -> Any:
+def _tokenizer(model_dir: Path) -> Tokenizer | None:
     try:
         tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
         if tok_dir is None and (model_dir / "tokenizer.json").is_file():  # a save_pretrained folder

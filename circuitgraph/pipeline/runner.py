@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from circuitgraph.attribution.linearisation import Linearisation
     from circuitgraph.attribution.targets import ResolvedTarget
     from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.graph.nodes import Node
     from circuitgraph.pipeline.inputs import LoadedInputs
 
 __all__ = ["RunResult", "run", "build", "prepare", "steer_spec"]
@@ -203,7 +204,7 @@ class RunResult(RunOutcome):
         return lines
 
 
-def _target_text(node: Any) -> str:
+def _target_text(node: Node) -> str:
     """A target as a reader sees it: a token quoted (``' an'``, its space visible)."""
     if node.kind == "logit" and node.label:
         return repr(node.label)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.hook_names import HookPointLike
 
 __all__ = ["INPUT_HOOK", "OUTPUT_HOOK", "layer_activations", "next_token_loss", "spliced"]
 
@@ -39,7 +40,7 @@ def layer_activations(adapter: ModelAdapter, tokens: torch.Tensor, layers: list[
     when ``skip_first``: the BOS token's outliers are not trained on)."""
     got: dict[str, torch.Tensor] = {}
 
-    def keep(value: torch.Tensor, hook: Any) -> None:
+    def keep(value: torch.Tensor, hook: HookPointLike) -> None:
         got[hook.name] = value.detach()
 
     names = [n for l in layers for n in (_in(adapter, l), _out(adapter, l))]
@@ -71,10 +72,10 @@ def spliced(adapter: ModelAdapter, layers: list[int], replace: Callable[[int, di
     inputs: dict[int, torch.Tensor] = {}
     hooks = []
     for i, l in enumerate(layers):
-        def read(value: torch.Tensor, hook: Any, i: int = i) -> None:
+        def read(value: torch.Tensor, hook: HookPointLike, i: int = i) -> None:
             inputs[i] = value.detach()
 
-        def write(value: torch.Tensor, hook: Any, i: int = i) -> torch.Tensor:
+        def write(value: torch.Tensor, hook: HookPointLike, i: int = i) -> torch.Tensor:
             out = value.clone()
             new = torch.zeros_like(value) if replace is None else replace(i, inputs).to(value.dtype)
             out[:, start:] = new[:, start:]

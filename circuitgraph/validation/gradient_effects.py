@@ -34,6 +34,7 @@ from circuitgraph.validation.interventions import Unit
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.hook_names import HookPointLike
 
 __all__ = ["GRADIENT_SITES", "gradient_effects"]
 
@@ -62,7 +63,7 @@ def gradient_effects(adapter: ModelAdapter, tokens: Sequence[int], metric: Any, 
     store: dict[str, torch.Tensor] = {}
     hooks: list[tuple[str, Any]] = []
 
-    def leaf(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def leaf(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         value = value.detach().requires_grad_(True)  # the graph's roots: every later value needs grad
         store[hook.name] = value
         return value
@@ -73,7 +74,7 @@ def gradient_effects(adapter: ModelAdapter, tokens: Sequence[int], metric: Any, 
     if linearised:
         hooks += _frozen_slopes(a)
 
-    def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def keep(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         if hook.name in store:  # a root, already kept
             return value
         if not value.requires_grad:
@@ -129,11 +130,11 @@ def _frozen_slopes(a: ModelAdapter) -> list[tuple[str, Any]]:
             continue
         pre_live: dict[str, torch.Tensor] = {}
 
-        def cap(value: torch.Tensor, hook: Any, pre_live: dict = pre_live) -> torch.Tensor:
+        def cap(value: torch.Tensor, hook: HookPointLike, pre_live: dict = pre_live) -> torch.Tensor:
             pre_live["pre"] = value
             return value
 
-        def slope(value: torch.Tensor, hook: Any, pre_live: dict = pre_live) -> torch.Tensor:
+        def slope(value: torch.Tensor, hook: HookPointLike, pre_live: dict = pre_live) -> torch.Tensor:
             pre = pre_live["pre"]
             nz = pre != 0
             ratio = torch.where(nz, value / torch.where(nz, pre, torch.ones_like(pre)), torch.zeros_like(pre))

@@ -72,6 +72,7 @@ from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import INTERVENABLE_KINDS, direct_effects, select_nodes, total_effects
 
 if TYPE_CHECKING:
+    from circuitgraph.adapters.hook_names import HookPointLike
     from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.dictionaries.protocol import Dictionary
 
@@ -239,7 +240,7 @@ def _direction_hooks(adapter: ModelAdapter, resolved: Sequence[ResolvedIntervent
             continue
         pos = list(r.at(n_pos))
 
-        def edit(x: torch.Tensor, hook: Any, r: ResolvedIntervention = r, pos: list[int] = pos) -> torch.Tensor:
+        def edit(x: torch.Tensor, hook: HookPointLike, r: ResolvedIntervention = r, pos: list[int] = pos) -> torch.Tensor:
             d = r.direction.to(device=x.device, dtype=x.dtype)
             xs = x[:, pos]
             c = (xs @ d) / (d @ d)
@@ -261,7 +262,7 @@ def _freeze_hooks(adapter: ModelAdapter, patterns: dict[str, torch.Tensor] | Non
     if not patterns:
         return []
 
-    def freeze(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def freeze(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         frozen = patterns[hook.name].to(device=value.device, dtype=value.dtype)
         T = frozen.shape[-1]
         value = value.clone()
