@@ -39,6 +39,7 @@ from circuitgraph.pipeline.portable import portable_paths
 from circuitgraph.validation.activation_patching import write_heatmap
 
 if TYPE_CHECKING:
+    from circuitgraph.features.summary import FeatureDashboards
     from circuitgraph.pipeline.runner import RunResult
 
 __all__ = [
@@ -315,7 +316,7 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
 def report_html(source: Any, *, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES,
                 queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
                 diagram: Mapping[str, Any] | None = None, steering: Sequence[Mapping[str, Any]] = (),
-                features: Any = None) -> str:
+                features: FeatureDashboards | None = None) -> str:
     """The report of a run (a :class:`~circuitgraph.pipeline.runner.RunResult`) or of a graph
     (with the query and validation results stored in its file, as JSON), as one
     self-contained HTML document (see the module docstring).  ``diagram`` holds more
@@ -376,7 +377,7 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
     if steering:  # the spec's steer: items (docs/steering.md)
         body.append("<h2>Steering</h2>")
         body += steering_html(steering)
-    if boards:
+    if boards and features is not None:  # boards come from the features folder
         body.append("<h2>Feature dashboards</h2>")
         body.append(f'<p class="cg-note">From {esc(Path(features.directory).name)}: each feature of the graph, its '
                     "top activating tokens over the dataset (the activating token in bold), density, activation "
@@ -424,7 +425,7 @@ def _anchor(layer: int, index: int) -> str:
     return f"feature-L{layer}-{index}"
 
 
-def _feature_boards(graph: AttributionGraph, features: Any) -> dict[tuple[int, int], dict[str, Any]]:
+def _feature_boards(graph: AttributionGraph, features: FeatureDashboards | None) -> dict[tuple[int, int], dict[str, Any]]:
     """``{(layer, index): dashboard}`` of the graph's features that the features folder has."""
     if features is None:
         return {}

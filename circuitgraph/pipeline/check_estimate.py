@@ -81,6 +81,15 @@ if TYPE_CHECKING:
     from circuitgraph.adapters.hook_names import HookPointLike
     from circuitgraph.attribution.nodes_builder import GraphOptions
     from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.spec.validation import (
+        Ablate,
+        Faithfulness,
+        FaithfulnessCurve,
+        Patching,
+        PredictedVsActual,
+        ReplacementFidelity,
+        SignRegimes,
+    )
 
 __all__ = ["CheckEstimate", "PeakWatch", "PROBES", "release_free_memory", "PER_EDGE_CHECKS", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
 
@@ -231,7 +240,7 @@ class CheckEstimate:
                 f"about {self.seconds:,.0f} CPU seconds")
 
 
-def _sign_regimes(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstimate:
+def _sign_regimes(c: CheckCall, p: SignRegimes, prompt: list[int], where: str) -> CheckEstimate:
     a = c.adapter
     selection, evaluation = sign_regimes_rows(c, p)
     if p.use_graph_prompt:
@@ -267,7 +276,7 @@ def _sign_regimes(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckE
                          f"lower {where}.batch_size or max_row_tokens, or run it with fewer executor workers")
 
 
-def _patching(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstimate:
+def _patching(c: CheckCall, p: Patching, prompt: list[int], where: str) -> CheckEstimate:
     a = c.adapter
     f = a.facts
     clean = prompt if p.clean is None else c.prompt(p.clean, f"{where}.clean")
@@ -359,7 +368,7 @@ def _neuron_sites(a: ModelAdapter, options: GraphOptions, transcoders: Dictionar
     return [("neuron", l) for l in range(L)]
 
 
-def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
+def _predicted_vs_actual(c: CheckCall, p: PredictedVsActual, prompt: list[int], where: str, options: GraphOptions,
                          transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 1 + p.k
@@ -376,7 +385,7 @@ def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, op
                          f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions, transcoders: Dictionary) -> CheckEstimate:
+def _ablate(c: CheckCall, p: Ablate, prompt: list[int], where: str, options: GraphOptions, transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
     if p.eval_dataset is not None:
@@ -400,7 +409,7 @@ def _universe(a: ModelAdapter, options: GraphOptions, T: int) -> list[Unit]:
     return universe_units(SimpleNamespace(adapter=a, options=options, linearisation=SimpleNamespace(n_pos=T)))
 
 
-def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
+def _faithfulness(c: CheckCall, p: Faithfulness, prompt: list[int], where: str, options: GraphOptions,
                   transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     if p.mode == "mean":
@@ -419,7 +428,7 @@ def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: 
                          "shorten the prompt (its 4 runs share one forward pass)")
 
 
-def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
+def _faithfulness_curve(c: CheckCall, p: FaithfulnessCurve, prompt: list[int], where: str, options: GraphOptions,
                         transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 2 + len(p.sizes)
@@ -447,7 +456,7 @@ def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, opt
                          "fewer sizes or a shorter prompt")
 
 
-def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, options: GraphOptions,
+def _replacement_fidelity(c: CheckCall, p: ReplacementFidelity, prompt: list[int], where: str, options: GraphOptions,
                           transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     rows = [prompt] + c.prompts(p.prompts, f"{where}.prompts")

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from circuitgraph.dictionaries.protocol import Dictionary
     from circuitgraph.graph.nodes import Node
     from circuitgraph.pipeline.inputs import LoadedInputs
+    from circuitgraph.spec.graph import PruneSpec
 
 __all__ = ["RunResult", "run", "build", "prepare", "steer_spec"]
 
@@ -522,7 +523,7 @@ def export_edge_limit(spec: Spec) -> int | None:
     return min(caps) if caps else None
 
 
-def _prune_within(full: AttributionGraph, p: Any, cap: int | None) -> AttributionGraph:
+def _prune_within(full: AttributionGraph, p: PruneSpec, cap: int | None) -> AttributionGraph:
     """The pruned graph of ``prune:``, with at most ``cap`` edges (what the JSON and Neuronpedia
     exports write at most, :func:`export_edge_limit`): when the thresholds keep more, the most
     influential edges are kept (``top_k_edges`` lowered until the edges kept plus the remainder

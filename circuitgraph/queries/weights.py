@@ -158,7 +158,8 @@ class _Weights:
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a writer unit; expected one of {', '.join(WRITER_UNITS)}")
 
 
-def feature_reader_directions(adapter: ModelAdapter, dictionaries: Dictionary, layer: int, idx: Any) -> Any:
+def feature_reader_directions(adapter: ModelAdapter, dictionaries: Dictionary, layer: int,
+                              idx: torch.Tensor) -> torch.Tensor:
     """Weight-only reader directions ``g`` ``(n, d_model)`` (float64) of features ``idx`` of
     ``layer``: the encoder rows through the norm their input hook implies (see the module
     docstring).  The one implementation: :class:`_Weights` and the feature dashboards'
@@ -173,7 +174,8 @@ def feature_reader_directions(adapter: ModelAdapter, dictionaries: Dictionary, l
     return w
 
 
-def neuron_reader_directions(adapter: ModelAdapter, layer: int, idx: Any, weight: str = "W_in") -> Any:
+def neuron_reader_directions(adapter: ModelAdapter, layer: int, idx: torch.Tensor,
+                             weight: str = "W_in") -> torch.Tensor:
     """Weight-only reader directions ``g = P(gamma2 * w)`` ``(n, d_model)`` (float64) of neurons
     ``idx`` of ``layer``: ``w`` the column of ``W_in`` (the neuron's pre-activation; a gated
     MLP's value) or, with ``weight="W_gate"``, of a gated MLP's gate.  The one implementation:
@@ -182,7 +184,7 @@ def neuron_reader_directions(adapter: ModelAdapter, layer: int, idx: Any, weight
     return adapter.norm("ln2", layer).reader_direction(w)
 
 
-def neuron_writer_directions(adapter: ModelAdapter, layer: int, idx: Any) -> Any:
+def neuron_writer_directions(adapter: ModelAdapter, layer: int, idx: torch.Tensor) -> torch.Tensor:
     """Weight-only writer directions ``(n, d_model)`` (float64) of neurons ``idx`` of ``layer``:
     rows of ``W_out``, through the post-MLP norm's ``gamma * P(v)`` where the block has one."""
     v = adapter.mlp_weights(layer)["W_out"][idx].double()
@@ -193,7 +195,8 @@ def neuron_writer_directions(adapter: ModelAdapter, layer: int, idx: Any) -> Any
     return v
 
 
-def feature_writer_directions(adapter: ModelAdapter, dictionaries: Dictionary, layer: int, idx: Any) -> list[tuple[Any, Any]]:
+def feature_writer_directions(adapter: ModelAdapter, dictionaries: Dictionary, layer: int,
+                              idx: torch.Tensor) -> list[tuple[torch.Tensor, ResidualLocation]]:
     """``[(directions (n, d_model) float64, residual location written)]`` of features ``idx`` of
     ``layer``: one write per output layer (several for a cross-layer transcoder), through the
     post-MLP norm's ``gamma * P(v)`` where the dictionary writes before it."""

@@ -44,7 +44,17 @@ if TYPE_CHECKING:
     from circuitgraph.adapters.sites import Site
     from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.graph.graph import AttributionGraph
+    from circuitgraph.spec.queries import QK
     from circuitgraph.spec.root import Spec
+    from circuitgraph.spec.validation import (
+        Ablate,
+        Faithfulness,
+        FaithfulnessCurve,
+        Patching,
+        PredictedVsActual,
+        ReplacementFidelity,
+        SignRegimes,
+    )
 
 __all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks", "sign_regimes_rows",
            "patch_sets", "check_metric"]
@@ -177,7 +187,7 @@ def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[Ch
 
 
 @_runs('ablate')
-def run_ablate(c: CheckCall, p: Any) -> Any:
+def run_ablate(c: CheckCall, p: Ablate) -> Any:
     seed = p.seed if p.seed is not None else c.seed
     return ablate(
         c.built_graph(), p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
@@ -192,7 +202,7 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
 
 
 @_runs('predicted_vs_actual')
-def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
+def run_predicted_vs_actual(c: CheckCall, p: PredictedVsActual) -> Any:
     return predicted_vs_actual(
         c.built_graph(), k=p.k, mode=p.mode,
         reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
@@ -227,7 +237,7 @@ def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
 
 
 @_runs('patching')
-def run_patching(c: CheckCall, p: Any) -> Any:
+def run_patching(c: CheckCall, p: Patching) -> Any:
     sets, names = patch_sets(c, p.sets)
     return patching(
         c.built_graph(), corrupted=c.prompt(p.corrupted, "patching.corrupted"),
@@ -237,7 +247,7 @@ def run_patching(c: CheckCall, p: Any) -> Any:
 
 
 @_runs('faithfulness')
-def run_faithfulness(c: CheckCall, p: Any) -> Any:
+def run_faithfulness(c: CheckCall, p: Faithfulness) -> Any:
     return faithfulness(
         c.built_graph(), mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
@@ -269,7 +279,7 @@ def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | N
     return out
 
 
-def sign_regimes_rows(c: CheckCall, p: Any) -> tuple[list[list[int]], list[list[int]]]:
+def sign_regimes_rows(c: CheckCall, p: SignRegimes) -> tuple[list[list[int]], list[list[int]]]:
     """The token ids of a ``sign_regimes`` block's selection and evaluation rows, besides the
     graph's prompt (``prompts``/``eval_prompts``, the dataset files split, budgets applied)."""
     selection = c.prompts(p.prompts, "sign_regimes.prompts")
@@ -304,7 +314,7 @@ def register_executor_rows(factory: Callable[[Any, Any, int], Any]) -> None:
 
 
 @_runs('sign_regimes')
-def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+def run_sign_regimes(c: CheckCall, p: SignRegimes) -> Any:
     selection, evaluation = sign_regimes_rows(c, p)
     runner = None
     if p.executor is not None:
@@ -326,19 +336,19 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
 
 
 @_runs('replacement_fidelity')
-def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
+def run_replacement_fidelity(c: CheckCall, p: ReplacementFidelity) -> Any:
     return replacement_fidelity(
         c.built_graph(), prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
 @_runs('qk')
-def run_qk(c: CheckCall, p: Any) -> Any:
+def run_qk(c: CheckCall, p: QK) -> Any:
     head = p.head if isinstance(p.head, int) else list(p.head)
     return qk_check(c.built_graph(), p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
 @_runs('faithfulness_curve')
-def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
+def run_faithfulness_curve(c: CheckCall, p: FaithfulnessCurve) -> Any:
     return faithfulness_curve(
         c.built_graph(), sizes=p.sizes, ablation=p.ablation, unit=p.unit,
         reference_prompts=c.prompts(p.reference_prompts, "faithfulness_curve.reference_prompts"),
