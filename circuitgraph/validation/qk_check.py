@@ -183,6 +183,8 @@ def qk_check(graph: AttributionGraph, layer: int, head: int | Sequence[int], que
     magnitudes: dict[int, float] = {}
     for h in res.heads:
         d = h.decomposition
+        if d is None:  # qk() keeps every head's decomposition; a summary without one has no nodes to remove
+            raise ValidationRunError(f"qk check: head {h.head} has no decomposition to check")
         magnitudes[h.head] = h.magnitude
         qm = dict(zip(d.query_nodes, d.query_marginals(), strict=False))
         km = dict(zip(d.key_nodes, d.key_marginals(), strict=False))
