@@ -52,7 +52,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -79,6 +78,7 @@ from circuitgraph.validation.metrics import Metric
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
     from circuitgraph.adapters.hook_names import HookPointLike
+    from circuitgraph.adapters.sites import Site
     from circuitgraph.attribution.nodes_builder import GraphOptions
     from circuitgraph.dictionaries.protocol import Dictionary
     from circuitgraph.spec.validation import (
@@ -358,7 +358,7 @@ def _gradient_pass(a: ModelAdapter, tokens: list[int]) -> tuple[int, float]:
         return 0, 0.0
 
 
-def _neuron_sites(a: ModelAdapter, options: GraphOptions, transcoders: Dictionary) -> list[tuple[str, int]]:
+def _neuron_sites(a: ModelAdapter, options: GraphOptions, transcoders: Dictionary | None) -> list[tuple[Site, int]]:
     """The (site, layer) pairs whose magnitudes ``unit_magnitudes`` caches for the controls of a
     graph made with ``options`` (every layer of the site: controls come from every layer)."""
     L = a.facts.n_layers
@@ -406,7 +406,7 @@ def _ablate(c: CheckCall, p: Ablate, prompt: list[int], where: str, options: Gra
 
 
 def _universe(a: ModelAdapter, options: GraphOptions, T: int) -> list[Unit]:
-    return universe_units(SimpleNamespace(adapter=a, options=options, linearisation=SimpleNamespace(n_pos=T)))
+    return universe_units(a, options, T)
 
 
 def _faithfulness(c: CheckCall, p: Faithfulness, prompt: list[int], where: str, options: GraphOptions,
