@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,15 +29,15 @@ from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
-from circuitgraph.validation.ablation import ablate, predicted_vs_actual
-from circuitgraph.validation.activation_patching import patching
-from circuitgraph.validation.circuit_faithfulness import faithfulness
-from circuitgraph.validation.faithfulness_curves import faithfulness_curve
-from circuitgraph.validation.fidelity import replacement_fidelity
-from circuitgraph.validation.gated_signs import sign_regimes
+from circuitgraph.validation.ablation import AblationResult, PredictedVsActualResult, ablate, predicted_vs_actual
+from circuitgraph.validation.activation_patching import PatchingResult, patching
+from circuitgraph.validation.circuit_faithfulness import FaithfulnessResult, faithfulness
+from circuitgraph.validation.faithfulness_curves import FaithfulnessCurveResult, faithfulness_curve
+from circuitgraph.validation.fidelity import ReplacementFidelityResult, replacement_fidelity
+from circuitgraph.validation.gated_signs import SignRegimeResult, sign_regimes
 from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric
-from circuitgraph.validation.qk_check import qk_check
+from circuitgraph.validation.qk_check import QKCheckResult, qk_check
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
@@ -175,10 +175,12 @@ class CheckCall:
 # --- one runner per check kind, each registered under the spec item's key (``@_runs(kind)``) ---
 #: check kind -> the function that runs it (the kinds are the spec's registry, ``CHECK_TYPES``)
 CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {}
+#: a check runner, kept with its own parameter and result types by :func:`_runs`
+_Runner = TypeVar("_Runner", bound=Callable[[CheckCall, Any], Any])
 
 
-def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[CheckCall, Any], Any]]:
-    def register(fn: Callable[[CheckCall, Any], Any]) -> Callable[[CheckCall, Any], Any]:
+def _runs(kind: str) -> Callable[[_Runner], _Runner]:
+    def register(fn: _Runner) -> _Runner:
         if kind in CHECK_FUNCTIONS:
             raise ValueError(f"check kind {kind!r} has two runners")
         CHECK_FUNCTIONS[kind] = fn
@@ -187,7 +189,7 @@ def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[Ch
 
 
 @_runs('ablate')
-def run_ablate(c: CheckCall, p: Ablate) -> Any:
+def run_ablate(c: CheckCall, p: Ablate) -> AblationResult:
     seed = p.seed if p.seed is not None else c.seed
     return ablate(
         c.built_graph(), p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
@@ -202,7 +204,7 @@ def run_ablate(c: CheckCall, p: Ablate) -> Any:
 
 
 @_runs('predicted_vs_actual')
-def run_predicted_vs_actual(c: CheckCall, p: PredictedVsActual) -> Any:
+def run_predicted_vs_actual(c: CheckCall, p: PredictedVsActual) -> PredictedVsActualResult:
     return predicted_vs_actual(
         c.built_graph(), k=p.k, mode=p.mode,
         reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
@@ -237,7 +239,7 @@ def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
 
 
 @_runs('patching')
-def run_patching(c: CheckCall, p: Patching) -> Any:
+def run_patching(c: CheckCall, p: Patching) -> PatchingResult:
     sets, names = patch_sets(c, p.sets)
     return patching(
         c.built_graph(), corrupted=c.prompt(p.corrupted, "patching.corrupted"),
@@ -247,7 +249,7 @@ def run_patching(c: CheckCall, p: Patching) -> Any:
 
 
 @_runs('faithfulness')
-def run_faithfulness(c: CheckCall, p: Faithfulness) -> Any:
+def run_faithfulness(c: CheckCall, p: Faithfulness) -> FaithfulnessResult:
     return faithfulness(
         c.built_graph(), mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
@@ -314,7 +316,7 @@ def register_executor_rows(factory: Callable[[Any, Any, int], Any]) -> None:
 
 
 @_runs('sign_regimes')
-def run_sign_regimes(c: CheckCall, p: SignRegimes) -> Any:
+def run_sign_regimes(c: CheckCall, p: SignRegimes) -> SignRegimeResult:
     selection, evaluation = sign_regimes_rows(c, p)
     runner = None
     if p.executor is not None:
@@ -336,19 +338,19 @@ def run_sign_regimes(c: CheckCall, p: SignRegimes) -> Any:
 
 
 @_runs('replacement_fidelity')
-def run_replacement_fidelity(c: CheckCall, p: ReplacementFidelity) -> Any:
+def run_replacement_fidelity(c: CheckCall, p: ReplacementFidelity) -> ReplacementFidelityResult:
     return replacement_fidelity(
         c.built_graph(), prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
 @_runs('qk')
-def run_qk(c: CheckCall, p: QK) -> Any:
+def run_qk(c: CheckCall, p: QK) -> QKCheckResult:
     head = p.head if isinstance(p.head, int) else list(p.head)
     return qk_check(c.built_graph(), p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
 @_runs('faithfulness_curve')
-def run_faithfulness_curve(c: CheckCall, p: FaithfulnessCurve) -> Any:
+def run_faithfulness_curve(c: CheckCall, p: FaithfulnessCurve) -> FaithfulnessCurveResult:
     return faithfulness_curve(
         c.built_graph(), sizes=p.sizes, ablation=p.ablation, unit=p.unit,
         reference_prompts=c.prompts(p.reference_prompts, "faithfulness_curve.reference_prompts"),
