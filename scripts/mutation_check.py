@@ -115,6 +115,14 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "unset-source-field-passes-as-none",
+        "spec_field hands back None for a field the section's source needs instead of a SpecError naming it",
+        "circuitgraph/errors.py",
+        "    if value is None:\n        raise SpecError",
+        "    if False:\n        raise SpecError",
+        ("tests/test_bad_input.py::test_a_source_field_left_unset_is_a_spec_error_naming_it",),
+    ),
+    Mutation(
         "optional-dictionary-passes-as-none",
         "require_dictionary hands back None instead of saying that a feature or error unit needs the run's "
         "dictionaries (the narrowing every Optional Dictionary goes through)",

@@ -40,8 +40,9 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     plan_edges,
     process_memory,
 )
-from circuitgraph.builtin import builtin_dictionary_dir
 from circuitgraph.dictionaries.formats import dictionary_footprint
+from circuitgraph.dictionaries.sources import dictionary_folder
+from circuitgraph.errors import spec_field
 from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks, release_free_memory
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
@@ -201,9 +202,10 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
     model_dir = existing_model_folder(m)
     if m.source == "path" and model_dir is None:  # a GGUF file not converted yet: its header
-        g = read_gguf_summary(m.path)
+        path = spec_field(m.path, "model.path")
+        g = read_gguf_summary(path)
         L, D, bytes_model = g.n_layers, g.d_model, 4 * g.n_params
-        notes.append(f"{Path(m.path).name}: dequantised to float32 on first use (about {_gb(bytes_model)})")
+        notes.append(f"{Path(path).name}: dequantised to float32 on first use (about {_gb(bytes_model)})")
     elif m.source == "pretrained" and model_dir is None:
         notes.append(f"pretrained model {m.pretrained}: not fetched yet (`circuitgraph fetch {m.pretrained}`); "
                      "its size is known once it is")
@@ -212,7 +214,7 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     if m.source in ("builtin", "path", "pretrained"):
         t = spec.transcoders
         if t is not None and t.source in ("path", "builtin"):
-            tc_dir = Path(t.path) if t.source == "path" else builtin_dictionary_dir(t.builtin)
+            tc_dir = dictionary_folder(t)
             d_sae, _, bytes_tc, note = dictionary_footprint(tc_dir)  # lazily read layouts: what is read
             notes.append(note)
     else:
