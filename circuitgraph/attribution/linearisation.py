@@ -174,7 +174,8 @@ def _check_weights(adapter: ModelAdapter) -> None:
 
 
 @torch.no_grad()
-def linearise(adapter: ModelAdapter, tokens: Int[torch.Tensor, " pos"], transcoders: Dictionary | None = None) -> Linearisation:
+def linearise(adapter: ModelAdapter, tokens: Int[torch.Tensor, " pos"],
+              transcoders: Dictionary | None = None) -> Linearisation:
     """Run the model on ``tokens (pos,)`` and record every value the engine freezes."""
     _check_weights(adapter)
     a = adapter

@@ -395,7 +395,8 @@ class Collected:
 
 
 class _Builder:
-    def __init__(self, adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None, options: GraphOptions):
+    def __init__(self, adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
+                 options: GraphOptions):
         self.adapter = adapter
         self.lin = lin
         self.transcoders = transcoders

@@ -427,7 +427,8 @@ class _Candidates:
         return int(self.weight.sum())
 
 
-def _neuron_candidates(col: Collected, options: GraphOptions, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray,
+def _neuron_candidates(col: Collected, options: GraphOptions, counts: np.ndarray, locs: np.ndarray,
+                       positions: np.ndarray,
                        kinds: np.ndarray, reach: _Reach, n_locs: int, n_pos: int) -> _Candidates | None:
     """:class:`_Candidates` of the collected nodes' neuron layers (``neuron_top_k``, a probe or
     every neuron), from the activations alone; ``None`` without dense neuron layers (MoE layers'

@@ -89,7 +89,8 @@ def _target_problems(targets: Any, n_pos: int | None, adapter: ModelAdapter, tra
     return out
 
 
-def model_problems(rows: list[Row], spec: Spec, adapter: ModelAdapter, transcoders: Dictionary | None) -> list[tuple[str, str]]:
+def model_problems(rows: list[Row], spec: Spec, adapter: ModelAdapter,
+                   transcoders: Dictionary | None) -> list[tuple[str, str]]:
     """Every problem of every row found with the model loaded (1-based row numbers)."""
     problems: list[tuple[str, str]] = []
     patching = [c for c in spec.validate if c.kind == "patching"]

@@ -152,18 +152,21 @@ def load_gemmascope2_clt(path: Path, adapter: ModelAdapter, *, layers: list[int]
     return load_gemmascope2_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
 
 
-def load_circuit_tracer_transcoder_set(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
+def load_circuit_tracer_transcoder_set(path: Path, adapter: ModelAdapter, *, layers: list[int] | None,
+                                       dtype: torch.dtype,
                                        lazy: bool | None, config: dict[str, Any] | None) -> Any:
     return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
                                    dtype=dtype, lazy=lazy)
 
 
-def load_gemmascope(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+def load_gemmascope(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
+                    lazy: bool | None,
                     config: dict[str, Any] | None) -> Any:
     return load_gemmascope_dir(path, adapter, version=1, layers=layers, dtype=dtype, lazy=lazy)
 
 
-def load_gemmascope2(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+def load_gemmascope2(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
+                     lazy: bool | None,
                      config: dict[str, Any] | None) -> Any:
     return load_gemmascope_dir(path, adapter, version=2, layers=layers, dtype=dtype, lazy=lazy)
 

@@ -326,7 +326,8 @@ def gemmascope_files(files: dict[int, Path], adapter: ModelAdapter, *, version: 
                             source=source, format="gemmascope" if version == 1 else "gemmascope2", lazy=lazy)
 
 
-def load_eleuther_dir(path: Path, adapter: ModelAdapter, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
+def load_eleuther_dir(path: Path, adapter: ModelAdapter, *, layers: list[int] | None = None,
+                      dtype: torch.dtype = torch.float32,
                       lazy: bool | None = None):
     """EleutherAI sparsify TopK (skip) transcoders, one ``<hookpoint>/`` folder per layer."""
     found: dict[int, Path] = {}

@@ -190,7 +190,8 @@ def release_layers(entry: Any, ids: dict[int, str] | None = None, layers: list[i
     return dict(sorted(chosen.items()))
 
 
-def load_release(release: str, adapter: ModelAdapter, *, ids: dict[int, str] | None = None, layers: list[int] | None = None,
+def load_release(release: str, adapter: ModelAdapter, *, ids: dict[int, str] | None = None,
+                 layers: list[int] | None = None,
                  dtype: torch.dtype = torch.float32, check_model: bool = True) -> Dictionary:
     """Resolve ``release`` in sae-lens's registry, fetch its files and load them (see the module doc);
     ``check_model=False`` (the spec's ``allow_model_mismatch``) skips :func:`check_release_model`."""

@@ -38,7 +38,8 @@ def _from_path(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) ->
 
 
 def _from_hf(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) -> Dictionary:
-    return load_hf_dictionaries(spec_field(t.hf, "transcoders.hf"), adapter, format=t.format, layers=_layers(t), dtype=dtype)
+    return load_hf_dictionaries(spec_field(t.hf, "transcoders.hf"), adapter, format=t.format, layers=_layers(t),
+                                dtype=dtype)
 
 
 def _from_release(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) -> Dictionary:

@@ -425,7 +425,8 @@ def _anchor(layer: int, index: int) -> str:
     return f"feature-L{layer}-{index}"
 
 
-def _feature_boards(graph: AttributionGraph, features: FeatureDashboards | None) -> dict[tuple[int, int], dict[str, Any]]:
+def _feature_boards(graph: AttributionGraph, features: FeatureDashboards | None) -> dict[tuple[int, int],
+                    dict[str, Any]]:
     """``{(layer, index): dashboard}`` of the graph's features that the features folder has."""
     if features is None:
         return {}

@@ -95,7 +95,8 @@ class ShardJob:
                              "n_rows": len(task.rows)})
 
 
-def shard_state(spec: Spec, shard: Shard, adapter: ModelAdapter, dictionaries: Dictionary | None, selection: Selection, *,
+def shard_state(spec: Spec, shard: Shard, adapter: ModelAdapter, dictionaries: Dictionary | None,
+                selection: Selection, *,
                 flush_entries: int = _FLUSH_ENTRIES) -> FeatureState:
     """The :class:`FeatureState` of one shard's rows.
 

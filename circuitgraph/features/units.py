@@ -146,7 +146,8 @@ def select_units(spec: Spec, adapter: ModelAdapter, dictionaries: Dictionary | N
                      tuple(f.head_metrics) if f.units == "heads" else ())
 
 
-def row_activations(adapter: ModelAdapter, dictionaries: Dictionary | None, layers: tuple[int, ...], tokens: list[int]) -> dict[int, torch.Tensor]:
+def row_activations(adapter: ModelAdapter, dictionaries: Dictionary | None, layers: tuple[int, ...],
+                    tokens: list[int]) -> dict[int, torch.Tensor]:
     """``{layer: activations (pos, d_sae) float32}`` of one row: the dictionaries' own
     activation functions on the inputs TransformerLens's hooks record."""
     names = set()

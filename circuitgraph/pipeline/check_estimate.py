@@ -385,7 +385,8 @@ def _predicted_vs_actual(c: CheckCall, p: PredictedVsActual, prompt: list[int], 
                          f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _ablate(c: CheckCall, p: Ablate, prompt: list[int], where: str, options: GraphOptions, transcoders: Dictionary) -> CheckEstimate:
+def _ablate(c: CheckCall, p: Ablate, prompt: list[int], where: str, options: GraphOptions,
+            transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
     if p.eval_dataset is not None:

@@ -447,7 +447,8 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     return result
 
 
-def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: LoadedInputs | None, budget: int | None,
+def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: LoadedInputs | None,
+                budget: int | None,
                 heatmaps: dict[str, Path]) -> RunResult:
     """The stages of :func:`run`, each under the memory watch."""
     timings: dict[str, float] = {}

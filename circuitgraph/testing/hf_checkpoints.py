@@ -104,7 +104,8 @@ def save_tokenizer(folder: str | Path, vocab: int) -> None:
         str(folder))
 
 
-def save_checkpoint(model: PreTrainedModel, folder: str | Path, *, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
+def save_checkpoint(model: PreTrainedModel, folder: str | Path, *, tokenizer: bool = True,
+                    max_shard_size: str | None = None) -> Path:
     """``model.save_pretrained(folder)`` (sharded with an index when ``max_shard_size`` is given)
     plus, by default, a tokenizer at the folder's root.  Returns the folder."""
     folder = Path(folder)

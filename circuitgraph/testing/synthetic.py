@@ -306,7 +306,8 @@ def save_clt(directory: str | Path, clt: dict[str, Any]) -> Path:
 
 
 @torch.no_grad()
-def random_layer_dictionary(model: HookedTransformer, *, d_sae: int = 32, activation: Literal["relu", "jump_relu", "topk"] = "relu",
+def random_layer_dictionary(model: HookedTransformer, *, d_sae: int = 32,
+                            activation: Literal["relu", "jump_relu", "topk"] = "relu",
                             skip: bool = False, active_frac: float = 0.15, seed: int = 0) -> list[dict[str, Any]]:
     """Random per-layer transcoders reading the MLP input (``gamma2 * P(x)/sigma2 + beta2``) and
     writing the MLP output, in circuitgraph's orientation: per layer ``W_enc (d_model, d_sae)``,

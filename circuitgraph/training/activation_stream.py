@@ -63,7 +63,8 @@ def next_token_loss(adapter: ModelAdapter, tokens: torch.Tensor) -> float:
 
 
 @contextmanager
-def spliced(adapter: ModelAdapter, layers: list[int], replace: Callable[[int, dict[int, torch.Tensor]], torch.Tensor] | None,
+def spliced(adapter: ModelAdapter, layers: list[int],
+            replace: Callable[[int, dict[int, torch.Tensor]], torch.Tensor] | None,
             *, start: int = 0) -> Iterator[None]:
     """Within the block, each listed layer's MLP output is ``replace(i, inputs)`` (``i``: its index in
     ``layers``; ``inputs``: the dictionary inputs ``(B, T, D)`` of the listed layers seen so far in this

@@ -99,7 +99,8 @@ def _mlp_hookpoints(hf_model: PreTrainedModel, layers: list[int]) -> list[str]:
     return [f"{name}.{l}.mlp" for l in layers]
 
 
-def _check_input_site(adapter: ModelAdapter, hf_model: PreTrainedModel, hookpoints: list[str], layers: list[int], tokens: torch.Tensor,
+def _check_input_site(adapter: ModelAdapter, hf_model: PreTrainedModel, hookpoints: list[str], layers: list[int],
+                      tokens: torch.Tensor,
                       norms: list[tuple[Any, Any]]) -> None:
     """The HF MLP input (what sparsify reads) is ``gamma * n + beta`` with ``n`` circuitgraph's
     ``ln2.hook_normalized`` (what the eleuther_topk reader folds it to)."""

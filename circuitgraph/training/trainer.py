@@ -14,7 +14,7 @@ import torch
 
 from circuitgraph.adapters.loading import load_builtin_model, load_model_dir, load_model_name, load_pretrained
 from circuitgraph.dictionaries.mlp_input import mlp_input_norm
-from circuitgraph.errors import SpecError
+from circuitgraph.errors import SpecError, spec_field
 from circuitgraph.training.data import read_documents, split_windows, token_windows
 from circuitgraph.training.dictionary import TrainableDictionary
 from circuitgraph.training.loop import LoopConfig, Progress, train_loop
@@ -38,18 +38,20 @@ def load_model(model_spec: ModelSpec) -> ModelAdapter:
     """The model adapter of a spec's ``model:`` section (any model circuitgraph loads)."""
     m = model_spec
     if m.source == "path":
-        return load_model_dir(m.path, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code,
-                              backend=m.backend)
+        return load_model_dir(spec_field(m.path, "model.path"), dtype=m.dtype, device=m.device,
+                              trust_remote_code=m.trust_remote_code, backend=m.backend)
     if m.source == "name":
-        return load_model_name(m.name, dtype=m.dtype, device=m.device, fold_ln=m.fold_ln,
+        return load_model_name(spec_field(m.name, "model.name"), dtype=m.dtype, device=m.device, fold_ln=m.fold_ln,
                                center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
                                trust_remote_code=m.trust_remote_code)
     if m.source == "pretrained":
-        return load_pretrained(m.pretrained, dtype=m.dtype, device=m.device)
-    return load_builtin_model(m.builtin, dtype=m.dtype, device=m.device, backend=m.backend)[0]
+        return load_pretrained(spec_field(m.pretrained, "model.pretrained"), dtype=m.dtype, device=m.device)
+    return load_builtin_model(spec_field(m.builtin, "model.builtin"), dtype=m.dtype, device=m.device,
+                              backend=m.backend)[0]
 
 
-def train(spec: TrainRunSpec, *, adapter: ModelAdapter | None = None, progress: Callable[[Progress], None] | None = None,
+def train(spec: TrainRunSpec, *, adapter: ModelAdapter | None = None,
+          progress: Callable[[Progress], None] | None = None,
           stop_after: int | None = None) -> dict[str, Any]:
     """Train the dictionaries a :class:`~circuitgraph.spec.train.TrainRunSpec` describes; returns
     the metrics written to ``train.output/metrics.json`` (or, when ``stop_after`` stops the run

@@ -105,7 +105,8 @@ def _vector_factor(mode: str, scale: float | None, value: float | None) -> float
     return {"zero": 0.0, "scale": scale, "set": value, "add": None if value is None else 1 + value}.get(mode)
 
 
-def _frozen_metric(ctx: AttributionContext, graph: AttributionGraph, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
+def _frozen_metric(ctx: AttributionContext, graph: AttributionGraph, ablate: Sequence[NodeId] = (),
+                   scale: float = 0.0) -> float:
     vals = frozen_reader_values(ctx, list(ablate), scale=scale, readers=[t for t, _ in graph.targets])
     return float(sum(w * vals[t] for t, w in graph.targets))
 

@@ -355,7 +355,8 @@ def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corru
     return grids
 
 
-def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Tokenizer | None = None, title: str | None = None) -> Path:
+def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Tokenizer | None = None,
+                  title: str | None = None) -> Path:
     """Draw every grid of ``result`` as a panel (diverging colours, 0 white, +-1 saturated at least)
     and write the image atomically; the format follows the suffix (png, svg, pdf)."""
     try:

@@ -77,7 +77,8 @@ ControlKind = Literal["matched_magnitude", "count_matched"]
 
 
 @torch.no_grad()
-def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[Site, int]],
+def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention,
+                    sites: Sequence[tuple[Site, int]],
                     transcoders: Dictionary | None = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per ``(site, layer)``: ``(magnitude (pos, n), old values (pos, n, e), new values (pos, n, e))``
     for every unit of the site, under ``template``'s mode (its units are ignored)."""

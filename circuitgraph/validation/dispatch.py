@@ -251,7 +251,8 @@ def run_patching(c: CheckCall, p: Patching) -> PatchingResult:
 @_runs('faithfulness')
 def run_faithfulness(c: CheckCall, p: Faithfulness) -> FaithfulnessResult:
     return faithfulness(
-        c.built_graph(), mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
+        c.built_graph(), mode=p.mode, reference_prompts=c.prompts(p.reference_prompts,
+                      "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
 
 

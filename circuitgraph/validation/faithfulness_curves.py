@@ -273,7 +273,8 @@ def _edge_key(node_id: Any) -> tuple[str, int, int, int]:
     return (node_id.kind, node_id.layer, node_id.position, -1 if node_id.kind == "embedding" else node_id.index)
 
 
-def _edge_reference_values(ctx: AttributionContext, graph: AttributionGraph, prompts: list[list[int]] | None) -> np.ndarray | None:
+def _edge_reference_values(ctx: AttributionContext, graph: AttributionGraph,
+                           prompts: list[list[int]] | None) -> np.ndarray | None:
     """Per edge of ``graph``, the mean over ``prompts`` of the same edge's weight in the graph
     attributed on each prompt with the graph's options and targets (0 where a prompt's graph
     lacks the edge)."""

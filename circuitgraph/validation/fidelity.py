@@ -41,7 +41,8 @@ __all__ = ["FidelityRow", "ReplacementFidelityResult", "replacement_model", "rep
 
 
 @contextlib.contextmanager
-def replacement_model(adapter: ModelAdapter, transcoders: Dictionary | None, layers: Sequence[int] | None = None) -> Iterator[Any]:
+def replacement_model(adapter: ModelAdapter, transcoders: Dictionary | None,
+                      layers: Sequence[int] | None = None) -> Iterator[Any]:
     """Scoped: the real model with the MLP outputs of ``layers`` (default: every layer with a
     transcoder) replaced by their transcoders' reconstructions.  Hooks are always removed."""
     if transcoders is None or len(transcoders) == 0:
@@ -204,7 +205,8 @@ def replacement_fidelity(
     return result
 
 
-def _metric_value(adapter: ModelAdapter, x: torch.Tensor, metric: Metric, need: set[str], transcoders: Dictionary | None,
+def _metric_value(adapter: ModelAdapter, x: torch.Tensor, metric: Metric, need: set[str],
+                  transcoders: Dictionary | None,
                   replace_with: Any) -> float:
     captured: dict[str, torch.Tensor] = {}
 

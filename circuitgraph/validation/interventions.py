@@ -307,7 +307,8 @@ def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Dic
     return {adapter.hook_site(site, layer)}
 
 
-def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, torch.Tensor], transcoders: Dictionary | None = None,
+def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, torch.Tensor],
+                transcoders: Dictionary | None = None,
                 ) -> torch.Tensor:
     """The values of every unit of a site, ``(batch, pos, n, e)``, from hook values in ``cache``
     (each ``(batch, pos, ...)``)."""

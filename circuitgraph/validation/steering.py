@@ -240,7 +240,8 @@ def _direction_hooks(adapter: ModelAdapter, resolved: Sequence[ResolvedIntervent
             continue
         pos = list(r.at(n_pos))
 
-        def edit(x: torch.Tensor, hook: HookPointLike, r: ResolvedIntervention = r, pos: list[int] = pos) -> torch.Tensor:
+        def edit(x: torch.Tensor, hook: HookPointLike, r: ResolvedIntervention = r,
+                 pos: list[int] = pos) -> torch.Tensor:
             d = r.direction.to(device=x.device, dtype=x.dtype)
             xs = x[:, pos]
             c = (xs @ d) / (d @ d)
@@ -273,7 +274,8 @@ def _freeze_hooks(adapter: ModelAdapter, patterns: dict[str, torch.Tensor] | Non
 
 
 @contextlib.contextmanager
-def _model_with(adapter: ModelAdapter, transcoders: Dictionary | None, resolved: Sequence[ResolvedIntervention], n_pos: int,
+def _model_with(adapter: ModelAdapter, transcoders: Dictionary | None, resolved: Sequence[ResolvedIntervention],
+                n_pos: int,
                 patterns: dict[str, torch.Tensor] | None, capture: set[str], captured: dict) -> Iterator[Any]:
     extra = _direction_hooks(adapter, resolved, n_pos) + _freeze_hooks(adapter, patterns)
     with intervene(adapter, _node_interventions(resolved, n_pos), n_pos=n_pos, transcoders=transcoders,
@@ -315,7 +317,8 @@ def _choose(logits: torch.Tensor, gen: Generate, rng: torch.Generator | None) ->
 
 
 @torch.no_grad()
-def _generate(adapter: ModelAdapter, transcoders: Dictionary | None, prompt: list[int], resolved: Sequence[ResolvedIntervention],
+def _generate(adapter: ModelAdapter, transcoders: Dictionary | None, prompt: list[int],
+              resolved: Sequence[ResolvedIntervention],
               gen: Generate, seed: int, patterns: dict[str, torch.Tensor] | None, metric: Metric,
               ) -> tuple[Continuation, float]:
     """The continuation and the metric on the prompt (the first step's forward pass)."""
