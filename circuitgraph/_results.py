@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from circuitgraph.display import record_lists, result_html, rows_of, summary_of
 from circuitgraph.errors import CircuitGraphError
+
+if TYPE_CHECKING:
+    from circuitgraph.spec.root import Spec
 
 __all__ = ["Tabular", "ResultEntry", "EntryStatus", "RunOutcome", "records_of", "summary_of", "rows_of"]
 
@@ -136,7 +139,7 @@ class RunOutcome:
     alone; ``isinstance`` tells them apart (and narrows the type for a type checker).
     """
 
-    spec: Any
+    spec: Spec
     timings: dict[str, float]
     failures: list[str]
 

@@ -7,6 +7,8 @@ The CLI prints ``str(error)`` and exits non-zero; ``--debug`` shows the tracebac
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 __all__ = [
     "CircuitGraphError",
     "SpecError",
@@ -27,7 +29,10 @@ __all__ = [
     "DequantisedWeightsWarning",
     "IndexUnreachableError",
     "one_line",
+    "spec_field",
 ]
+
+_T = TypeVar("_T")
 
 #: an error line longer than this is cut (a message must never dump a huge value)
 MAX_ERROR_CHARS = 4000
@@ -163,3 +168,13 @@ class LeadingSpaceWarning(TokenWarning):
     one token (``" Mary"``): valid, but after a word the next token usually carries the space, so
     the graph likely explains a different question than the one asked.  Recorded like
     :class:`UnknownTokenWarning`."""
+
+
+def spec_field(value: _T | None, where: str) -> _T:
+    """A spec field that the section's ``source`` requires (``model.path`` of a ``path`` model,
+    ``transcoders.hf`` of a hub dictionary): ``value``, or a :class:`SpecError` naming ``where``.
+    A parsed spec always has it (its validation checks each source's fields); the check makes that
+    visible to the type checker and to code that builds a section by hand."""
+    if value is None:
+        raise SpecError(f"{where} is not set; the section's source needs it")
+    return value

@@ -132,6 +132,31 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "unset-source-field-passes-as-none",
+        "spec_field hands back None for a field the section's source needs instead of a SpecError naming it",
+        "circuitgraph/errors.py",
+        "    if value is None:\n        raise SpecError",
+        "    if False:\n        raise SpecError",
+        ("tests/test_bad_input.py::test_a_source_field_left_unset_is_a_spec_error_naming_it",),
+    ),
+    Mutation(
+        "optional-dictionary-passes-as-none",
+        "require_dictionary hands back None instead of saying that a feature or error unit needs the run's "
+        "dictionaries (the narrowing every Optional Dictionary goes through)",
+        "circuitgraph/dictionaries/protocol.py",
+        "    if dictionaries is None:\n",
+        "    if False:\n",
+        ("tests/test_dictionary_registry.py::test_require_dictionary_names_what_needs_the_dictionaries",),
+    ),
+    Mutation(
+        "probe-call-reads-a-missing-graph",
+        "CheckCall.built_graph hands back the dry run's missing graph (None) instead of saying the check needs one",
+        "circuitgraph/validation/dispatch.py",
+        "        if self.graph is None:\n",
+        "        if False:\n",
+        ("tests/test_check_estimate.py::test_a_probe_call_has_no_graph_and_says_so",),
+    ),
+    Mutation(
         "sparsify-resume-at-averaged-point",
         "a resumed sparsify run keeps the schedule-free optimiser's parameters at the averaged point x "
         "(sparsify's own load_state), not back at y as after a save in an uninterrupted run",

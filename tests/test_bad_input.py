@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from circuitgraph.cli.main import app
+from circuitgraph.errors import SpecError, spec_field
 
 DEMO = "format_version: 1\nmodel: {builtin: demo}\nprompt: a\n"
 BOMB = "".join(
@@ -183,3 +184,11 @@ def test_zero_targets_are_refused_before_anything_is_written(tmp_path):
         res = _invoke(["run", "-q", str(path)])
         assert_clean_error(res, needle)
         assert not (tmp_path / "out").exists()
+
+
+def test_a_source_field_left_unset_is_a_spec_error_naming_it():
+    """A section built by hand without the field its source needs (``model.path`` of a path model)
+    gets a SpecError naming the field, not a TypeError on None deep in a loader."""
+    assert spec_field("m.safetensors", "model.path") == "m.safetensors"
+    with pytest.raises(SpecError, match=r"model\.path is not set"):
+        spec_field(None, "model.path")

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 import circuitgraph
+from circuitgraph.errors import ValidationRunError
 from circuitgraph.pipeline.check_estimate import PER_EDGE_CHECKS, PROBES, PeakWatch, release_free_memory
 from circuitgraph.pipeline.estimate import _LAST_RESORT, estimate_run
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_config, tiny_model
 from circuitgraph.validation import run_check
+from circuitgraph.validation.dispatch import CheckCall
 from tests.helpers.tiny_models import token_rows
 
 MB = 1 << 20
@@ -133,3 +135,11 @@ def test_a_prompt_check_that_does_not_fit_is_refused_with_its_advice():
     assert not est.checks_fit and fits == ["fits: NO - set graph.max_neuron_nodes: 7 (or less)"], fits
     p.advice = [_LAST_RESORT]  # no smaller graph fits: the check's own advice
     assert "lower validate[0].k" in "\n".join(est.lines())
+
+
+def test_a_probe_call_has_no_graph_and_says_so():
+    """The dry run's probes call the checks' runners with no graph (``CheckCall.graph`` is None);
+    a runner that reads the graph gets a ValidationRunError, not an AttributeError on None."""
+    call = CheckCall(None, None, None)  # only the graph is read
+    with pytest.raises(ValidationRunError, match="runs on the built graph"):
+        call.built_graph()

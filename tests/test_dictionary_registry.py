@@ -19,6 +19,7 @@ import torch
 from circuitgraph.dictionaries import Dictionary, TranscoderSet, detect_format
 from circuitgraph.dictionaries.formats import dictionary_footprint
 from circuitgraph.dictionaries.layer_formats import _make_layer
+from circuitgraph.dictionaries.protocol import require_dictionary
 from circuitgraph.errors import SpecError
 from circuitgraph.spec import load_spec
 from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, DictionaryFormat, register_format
@@ -122,3 +123,10 @@ def test_the_built_in_formats_are_records_with_their_functions():
             assert callable(record.function(role)), (record.name, role)
     with pytest.raises(ValueError, match="registered already"):
         register_format(DICTIONARY_FORMATS["saelens"])
+
+
+def test_require_dictionary_names_what_needs_the_dictionaries():
+    ts = TranscoderSet({}, {"path": "toy"})
+    assert require_dictionary(ts, "a feature unit") is ts
+    with pytest.raises(SpecError, match="a feature unit needs the run's dictionaries"):
+        require_dictionary(None, "a feature unit")

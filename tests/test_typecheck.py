@@ -1,5 +1,6 @@
 """pyright (basic mode) over the packages named in pyproject.toml's ``[tool.pyright]``: the graph,
-queries, spec, export and the engine's entry points type-check with no error.
+queries, spec, export, the engine's entry points, validation, pipeline, dictionaries and adapters
+(less the files its ``exclude`` lists) type-check with no error.
 
 pyright comes from the test extra (``pyright[nodejs]``: the checker and a Node.js runtime, both as
 wheels). Skipped, with the reason, when it is not installed, unless CIRCUITGRAPH_REQUIRE_PYRIGHT is

@@ -21,7 +21,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -31,6 +31,10 @@ from circuitgraph.adapters.moe import MixtureOfExperts
 from circuitgraph.adapters.native_transformer import NativeTransformer
 from circuitgraph.adapters.norms import Norms, NormWeights, _qk_norm_kind
 from circuitgraph.errors import AttributionError, LoadError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.hook_names import HookPointLike
+    from circuitgraph.adapters.tokenizer import Tokenizer
 
 __all__ = ["ArchitectureFacts", "NormWeights", "ModelAdapter"]
 
@@ -62,7 +66,7 @@ class ModelAdapter(HookNames, Norms, MixtureOfExperts):
     ``huggingface``: a Hugging Face folder or snapshot, ``family`` its row of
     :data:`circuitgraph.adapters.hf_config.FAMILIES`)."""
 
-    def __init__(self, model: Any, *, tokenizer: Any = None, source: dict[str, Any] | None = None,
+    def __init__(self, model: Any, *, tokenizer: Tokenizer | None = None, source: dict[str, Any] | None = None,
                  format: ModelFormat = "transformer_lens", family: str | None = None,
                  quantisation: dict[str, Any] | None = None):
         cfg = model.cfg
@@ -206,7 +210,7 @@ class ModelAdapter(HookNames, Norms, MixtureOfExperts):
                     out = fn(args[0], point)
                     return None if out is None else (out, *args[1:])
 
-                module = getattr(self.model.blocks[layer], self._norm_module_name("ln2_post"))
+                module = getattr(self.model.blocks[layer], self._present_norm_module_name("ln2_post"))
                 handles.append(module.register_forward_pre_hook(pre))
             with self.model.hooks(fwd_hooks=real):
                 yield self.model
@@ -220,7 +224,7 @@ class ModelAdapter(HookNames, Norms, MixtureOfExperts):
         names including the virtual ``mlp.hook_out`` ones."""
         cache: dict[str, torch.Tensor] = {}
 
-        def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+        def keep(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
             cache[hook.name] = value.detach()
             return value
 

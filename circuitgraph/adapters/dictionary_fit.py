@@ -65,7 +65,8 @@ def _read_yaml(path: Path) -> Any:
 
 
 def _name_of(cfg: dict[str, Any]) -> str | None:
-    for holder in (cfg, cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}):
+    meta = cfg.get("metadata")
+    for holder in (cfg, meta if isinstance(meta, dict) else {}):
         name = holder.get("model_name")
         if isinstance(name, str) and name.strip():
             return name.strip()
@@ -81,7 +82,8 @@ def _note_cfg(out: DeclaredDictionary, rel: str, cfg: Any, layer: int | None) ->
     d_in = cfg.get("d_in")
     if isinstance(d_in, int) and not isinstance(d_in, bool):
         out.d_in[rel] = d_in
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = cfg.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     hook = meta.get("hook_name", cfg.get("hook_name"))
     if isinstance(hook, str):
         m = _HOOK_LAYER.search(hook)
@@ -140,7 +142,8 @@ def _aliases(name: str) -> set[str]:
     """``name`` and the TransformerLens names it stands for (official name and aliases)."""
     out = {_plain(name)}
     try:
-        from transformer_lens.loading_from_pretrained import MODEL_ALIASES
+        # re-exported by loading_from_pretrained (every 3.x) without being in its __all__
+        from transformer_lens.loading_from_pretrained import MODEL_ALIASES  # pyright: ignore[reportPrivateImportUsage]
     except Exception:  # noqa: BLE001 - without TransformerLens names are compared as written
         return out
     for official, aliases in MODEL_ALIASES.items():

@@ -29,7 +29,7 @@ from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_ag
 from circuitgraph.adapters.pretrained import is_fetched, pretrained_dir
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
-from circuitgraph.errors import LoadError, one_line
+from circuitgraph.errors import LoadError, one_line, spec_field
 from circuitgraph.spec import Spec
 
 __all__ = [
@@ -242,8 +242,8 @@ def check_input_files(spec: Spec) -> None:
     reported there, in one line, rather than after minutes of work.
     """
     m = spec.model
-    if m.source == "path" and is_gguf_file(m.path):
-        read_gguf_summary(m.path)  # its header: a truncated or foreign file is one line here
+    if m.source == "path" and is_gguf_file(spec_field(m.path, "model.path")):
+        read_gguf_summary(spec_field(m.path, "model.path"))  # its header: a truncated or foreign file is one line here
     model_dir = existing_model_folder(m)
     if model_dir is not None and check_hf_model_folder(model_dir):
         model_dir = None  # a Hugging Face folder: checked from its config.json and file headers

@@ -23,9 +23,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph.errors import LoadError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["Family", "FAMILIES", "unsupported_model_type_message", "hooked_config_dict", "load_snapshot",
            "check_against_transformers", "N_CTX_CAP", "GPT_OSS_LIMIT", "GPT_OSS_ALPHA"]
@@ -37,7 +40,7 @@ GPT_OSS_LIMIT, GPT_OSS_ALPHA = 7.0, 1.702
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _get(c: Any, name: str, default: Any = None) -> Any:
+def _get(c: PretrainedConfig, name: str, default: Any = None) -> Any:
     try:
         value = getattr(c, name, default)
     except Exception:  # noqa: BLE001 - transformers >= 5.15 raises on some per-layer fields
@@ -45,7 +48,7 @@ def _get(c: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _rope(c: Any, layer_type: str | None = None) -> dict[str, Any]:
+def _rope(c: PretrainedConfig, layer_type: str | None = None) -> dict[str, Any]:
     """The rope parameters of ``c`` (transformers 5 ``rope_parameters``, older ``rope_scaling``),
     per layer type where the config keeps one dict per layer type (Gemma-3)."""
     params = _get(c, "rope_parameters") or _get(c, "rope_scaling") or {}
@@ -58,24 +61,24 @@ def _rope(c: Any, layer_type: str | None = None) -> dict[str, Any]:
     return params
 
 
-def _rope_theta(c: Any, default: float = 10000.0, layer_type: str | None = None) -> float:
+def _rope_theta(c: PretrainedConfig, default: float = 10000.0, layer_type: str | None = None) -> float:
     theta = _rope(c, layer_type).get("rope_theta")
     if theta is None:
         theta = _get(c, "rope_theta")
     return float(theta if theta is not None else default)
 
 
-def _kv_heads(c: Any) -> int | None:
+def _kv_heads(c: PretrainedConfig) -> int | None:
     n = _get(c, "num_key_value_heads")
     return n if n is not None and n != c.num_attention_heads else None
 
 
-def _head_dim(c: Any) -> int:
+def _head_dim(c: PretrainedConfig) -> int:
     d = _get(c, "head_dim")
     return int(d) if d else c.hidden_size // c.num_attention_heads
 
 
-def _windows(c: Any, every_layer: bool = False, types: list[str] | None = None) -> dict[str, Any]:
+def _windows(c: PretrainedConfig, every_layer: bool = False, types: list[str] | None = None) -> dict[str, Any]:
     """Sliding-window attention: per layer from ``types`` (default the config's ``layer_types``;
     ``sliding_attention`` is local), or on every layer (``every_layer``: Mistral and Phi-3 window
     all layers when a window is set)."""
@@ -92,7 +95,7 @@ def _windows(c: Any, every_layer: bool = False, types: list[str] | None = None) 
     return {"use_local_attn": True, "window_size": int(window), "attn_types": kinds}
 
 
-def _rope_scaling(c: Any, *, yarn: bool = False) -> dict[str, Any]:
+def _rope_scaling(c: PretrainedConfig, *, yarn: bool = False) -> dict[str, Any]:
     """Llama-3 style frequency scaling ("llama3" rope type); linear scaling of global layers; with
     ``yarn``, YaRN is left to the caller (GPT-OSS)."""
     p = _rope(c)
@@ -113,7 +116,7 @@ def _rope_scaling(c: Any, *, yarn: bool = False) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- families
-def _llama(c: Any, *, yarn: bool = False) -> dict[str, Any]:
+def _llama(c: PretrainedConfig, *, yarn: bool = False) -> dict[str, Any]:
     d_head = _head_dim(c)
     cfg = {
         "d_model": c.hidden_size, "d_head": d_head, "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
@@ -126,19 +129,19 @@ def _llama(c: Any, *, yarn: bool = False) -> dict[str, Any]:
     return cfg
 
 
-def _mistral(c: Any) -> dict[str, Any]:
+def _mistral(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)
     cfg.update(_windows(c, every_layer=True))
     return cfg
 
 
-def _qwen2(c: Any) -> dict[str, Any]:
+def _qwen2(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)  # q, k, v biases: converted by TransformerLens's qwen2 conversion
     cfg.update(_windows(c))
     return cfg
 
 
-def _qwen3(c: Any) -> dict[str, Any]:
+def _qwen3(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)
     cfg.update(use_qk_norm=True, use_attn_scale=True, tokenizer_prepends_bos=True, default_prepend_bos=False,
                initializer_range=c.initializer_range)
@@ -146,13 +149,13 @@ def _qwen3(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def _smollm3(c: Any) -> dict[str, Any]:
+def _smollm3(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)
     cfg.update(_windows(c))
     return cfg
 
 
-def _gemma2(c: Any) -> dict[str, Any]:
+def _gemma2(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)
     act = _get(c, "hidden_activation") or _get(c, "hidden_act") or "gelu_pytorch_tanh"
     cfg.update(
@@ -167,32 +170,32 @@ def _gemma2(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def _gemma3(c: Any) -> dict[str, Any]:
+def _gemma3(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _gemma2(c)
     cfg.update(use_qk_norm=True, rotary_base=_rope_theta(c, 1_000_000.0, "full_attention"),
                rotary_base_local=_rope_theta(c, 10_000.0, "sliding_attention"))
     return cfg
 
 
-def _gemma3_multimodal(c: Any) -> dict[str, Any]:
+def _gemma3_multimodal(c: PretrainedConfig) -> dict[str, Any]:
     """Gemma-3 4B and larger (``Gemma3ForConditionalGeneration``): the text model of ``text_config``;
     the vision tower is not converted (prompts are text)."""
     return _gemma3(c.text_config)
 
 
-def _olmo2(c: Any) -> dict[str, Any]:
+def _olmo2(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)  # TransformerLens's OLMo-2 blocks: ln1/ln2 are the norms of the attention/MLP outputs
     cfg.update(_windows(c))
     return cfg
 
 
-def _phi3(c: Any) -> dict[str, Any]:
+def _phi3(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)  # fused qkv and gate/up projections: split by TransformerLens's phi3 conversion
     cfg.update(_windows(c, every_layer=True))
     return cfg
 
 
-def _gpt2(c: Any) -> dict[str, Any]:
+def _gpt2(c: PretrainedConfig) -> dict[str, Any]:
     return {
         "d_model": c.n_embd, "d_head": c.n_embd // c.n_head, "n_heads": c.n_head,
         "d_mlp": c.n_inner or 4 * c.n_embd, "n_layers": c.n_layer, "n_ctx": c.n_positions,
@@ -202,7 +205,7 @@ def _gpt2(c: Any) -> dict[str, Any]:
     }
 
 
-def _neox(c: Any) -> dict[str, Any]:
+def _neox(c: PretrainedConfig) -> dict[str, Any]:
     d_head = c.hidden_size // c.num_attention_heads
     p = _rope(c)
     pct = p.get("partial_rotary_factor", _get(c, "partial_rotary_factor", _get(c, "rotary_pct", 1.0)))
@@ -216,7 +219,7 @@ def _neox(c: Any) -> dict[str, Any]:
     }
 
 
-def _gptj(c: Any) -> dict[str, Any]:
+def _gptj(c: PretrainedConfig) -> dict[str, Any]:
     return {
         "d_model": c.n_embd, "d_head": c.n_embd // c.n_head, "n_heads": c.n_head, "d_mlp": c.n_inner or 4 * c.n_embd,
         "n_layers": c.n_layer, "n_ctx": min(c.n_positions, N_CTX_CAP), "eps": c.layer_norm_epsilon,
@@ -226,7 +229,7 @@ def _gptj(c: Any) -> dict[str, Any]:
     }
 
 
-def _phi(c: Any) -> dict[str, Any]:
+def _phi(c: PretrainedConfig) -> dict[str, Any]:
     d_head = c.hidden_size // c.num_attention_heads
     pct = _rope(c).get("partial_rotary_factor", _get(c, "partial_rotary_factor", 0.5))
     return {
@@ -239,7 +242,7 @@ def _phi(c: Any) -> dict[str, Any]:
     }
 
 
-def _convert_olmo2(hf_model: Any, cfg: Any) -> dict[str, Any]:
+def _convert_olmo2(hf_model: PreTrainedModel, cfg: Any) -> dict[str, Any]:
     """TransformerLens's OLMo-2 conversion, with grouped-query keys and values (OLMo-2 32B) stored
     as TransformerLens's grouped-query attention holds them (``_W_K``, ``_W_V``: one per kv head)."""
     import einops
@@ -270,7 +273,7 @@ def _no_rope_layers(model: Any, hf_config: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------- mixture of experts
-def _moe_layers_all_sparse(c: Any, family: str) -> None:
+def _moe_layers_all_sparse(c: PretrainedConfig, family: str) -> None:
     """TransformerLens's MoE config is global: every layer must be a routed-expert layer."""
     dense = list(getattr(c, "mlp_only_layers", None) or [])
     step = int(getattr(c, "decoder_sparse_step", 1) or 1)
@@ -279,7 +282,7 @@ def _moe_layers_all_sparse(c: Any, family: str) -> None:
                          "are not supported; every layer must be a mixture-of-experts layer")
 
 
-def _mixtral(c: Any) -> dict[str, Any]:
+def _mixtral(c: PretrainedConfig) -> dict[str, Any]:
     cfg = _llama(c)
     window = getattr(c, "sliding_window", None)
     # TransformerLens's Mixtral and OLMoE converters need n_key_value_heads set, even without grouping
@@ -291,7 +294,7 @@ def _mixtral(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def _olmoe(c: Any) -> dict[str, Any]:
+def _olmoe(c: PretrainedConfig) -> dict[str, Any]:
     # q/k norms over the whole projection: TransformerLens keys them on original_architecture
     cfg = _llama(c)
     cfg.update(n_key_value_heads=c.num_key_value_heads, num_experts=c.num_experts,
@@ -300,7 +303,7 @@ def _olmoe(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def _qwen3_moe(c: Any) -> dict[str, Any]:
+def _qwen3_moe(c: PretrainedConfig) -> dict[str, Any]:
     _moe_layers_all_sparse(c, "Qwen3MoeForCausalLM")
     cfg = _qwen3(c)
     cfg.update(d_mlp=c.moe_intermediate_size, num_experts=c.num_experts, experts_per_token=c.num_experts_per_tok,
@@ -308,7 +311,7 @@ def _qwen3_moe(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def _gpt_oss(c: Any) -> dict[str, Any]:
+def _gpt_oss(c: PretrainedConfig) -> dict[str, Any]:
     """GPT-OSS: attention sinks and biases, alternating sliding-window / full layers, YaRN rope, a
     biased router with the softmax after the top-k, biased experts with a clamped SwiGLU
     (TransformerLens's ``GptOssMoE``, whose clamp and alpha are fixed at 7.0 and 1.702)."""
@@ -336,7 +339,7 @@ def _gpt_oss(c: Any) -> dict[str, Any]:
     return cfg
 
 
-def convert_qwen3_moe_weights(hf_model: Any, cfg: Any) -> dict[str, Any]:
+def convert_qwen3_moe_weights(hf_model: PreTrainedModel, cfg: Any) -> dict[str, Any]:
     """Qwen3-MoE -> TransformerLens: Qwen3's attention (per-head q/k norms, no biases), as
     TransformerLens's ``convert_qwen3_weights``, and Mixtral's experts, as ``convert_mixtral_weights``
     (transformers 5 fuses each expert's gate and up projections, ``gate_up_proj (E, 2 d_mlp,
@@ -448,7 +451,7 @@ def unsupported_model_type_message(model_type: Any, where: Any) -> str:
 
 def hooked_config_dict(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig fields for a transformers config of a supported family."""
-    family = FAMILIES.get(getattr(hf_config, "model_type", None))
+    family = FAMILIES.get(getattr(hf_config, "model_type", None) or "")
     if family is None:
         raise KeyError(getattr(hf_config, "model_type", None))
     cfg = family.config(hf_config)

@@ -5,10 +5,22 @@ to its hook."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from circuitgraph.adapters.facts import ArchitectureFacts
 from circuitgraph.errors import AttributionError
 
-__all__ = ["HookNames"]
+__all__ = ["HookNames", "HookPointLike"]
+
+
+class HookPointLike(Protocol):
+    """What a hook function receives as ``hook``: TransformerLens's ``HookPoint``, the native
+    model's :class:`~circuitgraph.adapters.native_transformer.HookPoint` or a virtual hook's
+    stand-in.  The package reads only its ``name`` (the hook's full name, set when the model is
+    built)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 class HookNames:

@@ -91,7 +91,9 @@ class MixtureOfExperts(Weights):
             _, tok = torch.where(mask[e])
             if not tok.numel():  # GPT-OSS skips an expert no token chose (no hook call)
                 continue
-            for key, what in (("gate", "gate"), ("linear", "pre"), ("post", "post")):
+            reads: tuple[tuple[str, Literal["gate", "pre", "post"]], ...] = (("gate", "gate"), ("linear", "pre"),
+                                                                                ("post", "post"))
+            for key, what in reads:
                 value = cache[self.hook_expert(layer, e, what)].reshape(-1, d)
                 out[key][tok, e * d:(e + 1) * d] = value.to(self.dtype)
         out["activation"] = out["post"] * routing.repeat_interleave(d, dim=1)

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 import torch
 
-from circuitgraph.adapters.facts import ArchitectureFacts
+from circuitgraph.adapters.facts import ArchitectureFacts, QKNorm
+from circuitgraph.errors import AttributionError
 
 __all__ = ["NormWeights", "Norms"]
 
@@ -44,7 +45,7 @@ class NormWeights:
         return w @ self.beta
 
 
-def _qk_norm_kind(model: Any) -> str:
+def _qk_norm_kind(model: Any) -> QKNorm:
     """How TransformerLens normalises queries and keys (``AbstractAttention``): ``use_qk_norm``
     applies an RMSNorm of length ``d_head`` per head; the OLMo family (``q_norm`` of length
     ``n_heads * d_head``) one over the whole projection."""
@@ -68,6 +69,13 @@ class Norms:
         if self.facts.input_norms:
             return site
         return {"ln1": None, "ln2": None, "ln1_post": "ln1", "ln2_post": "ln2"}.get(site, site)
+
+    def _present_norm_module_name(self, site: str) -> str:
+        """:meth:`_norm_module_name` of a site the model has (:meth:`has_norm` checked it)."""
+        name = self._norm_module_name(site)
+        if name is None:
+            raise AttributionError(f"the model has no {site} norm module (its norms are output norms only)")
+        return name
 
     def hook_norm_scale(self, site: str, layer: int | None = None) -> str:
         """``site`` in ln1, ln2, ln1_post, ln2_post, ln_final (a site the model has: :meth:`has_norm`)."""
@@ -123,7 +131,7 @@ class Norms:
             return NormWeights(gamma=None, beta=None, center=False)
         if site == "ln_final":
             return self._norm(self.model.ln_final)
-        return self._norm(getattr(self.model.blocks[layer], self._norm_module_name(site)))
+        return self._norm(getattr(self.model.blocks[layer], self._present_norm_module_name(site)))
 
     def qk_norm(self, side: Literal["q", "k"], layer: int) -> NormWeights:
         """gamma of the query or key norm of ``layer`` (RMSNorm: no beta, no centring); length

@@ -324,7 +324,7 @@ def prompt_fields(prompt: Any) -> PromptFields:
     return PromptFields(None, prompt if isinstance(prompt, (list, tuple)) else None, True, False)
 
 
-def prompt_ids(tokenizer: Any, text: str, prepend_bos: bool = True) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, text: str, prepend_bos: bool = True) -> list[int]:
     """The token ids of a text prompt: ``tokenizer.encode(text)``, after the BOS token when
     ``prepend_bos`` and the tokenizer has one.  The one text-to-ids step of a prompt: the run
     (:func:`circuitgraph.pipeline.inputs.resolve_prompt_like`, which first refuses ``prepend_bos``

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from circuitgraph.graph.linearised_edges import LINEARISED_ATTRS, LinearisedEdge
 from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import NodeAttrs
 from circuitgraph.residual import ResidualLocation
+
+if TYPE_CHECKING:
+    from circuitgraph.attribution.nodes_builder import Collected
 
 __all__ = ["AttributionContext", "build_graph", "attribute", "plan_run"]
 
@@ -110,7 +113,7 @@ def build_graph(
     return graph
 
 
-def _add_component_inputs(col: Any, nodes: list, edges: Any, options: GraphOptions
+def _add_component_inputs(col: Collected, nodes: list, edges: Any, options: GraphOptions
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, LinearisedEdges | None]:
     """The edges into head and whole-MLP nodes appended to the engine's; each such node's
     ``pre_activation`` becomes its total effect on the targets and ``constant`` the part of it no

@@ -27,6 +27,9 @@ from circuitgraph._finite import first_nonfinite
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.errors import NumericalError
 
+if TYPE_CHECKING:
+    from circuitgraph.dictionaries.protocol import Dictionary
+
 if TYPE_CHECKING:  # shapes for readers and the type checker (docs/architecture.md, "Tooling"); not checked at run time
     from jaxtyping import Float, Int
 
@@ -171,7 +174,8 @@ def _check_weights(adapter: ModelAdapter) -> None:
 
 
 @torch.no_grad()
-def linearise(adapter: ModelAdapter, tokens: Int[torch.Tensor, " pos"], transcoders: Any = None) -> Linearisation:
+def linearise(adapter: ModelAdapter, tokens: Int[torch.Tensor, " pos"],
+              transcoders: Dictionary | None = None) -> Linearisation:
     """Run the model on ``tokens (pos,)`` and record every value the engine freezes."""
     _check_weights(adapter)
     a = adapter

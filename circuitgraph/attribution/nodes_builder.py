@@ -13,7 +13,7 @@ import bisect
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from circuitgraph.attribution.targets import ResolvedTarget
 from circuitgraph.errors import AttributionError
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeAttrs, NodeId
 from circuitgraph.residual import ResidualLocation
+
+if TYPE_CHECKING:
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["GraphOptions", "SlotTable", "WriterBlock", "WriterTable", "ReaderTable", "collect_nodes"]
 
@@ -392,7 +395,8 @@ class Collected:
 
 
 class _Builder:
-    def __init__(self, adapter: ModelAdapter, lin: Linearisation, transcoders: Any, options: GraphOptions):
+    def __init__(self, adapter: ModelAdapter, lin: Linearisation, transcoders: Dictionary | None,
+                 options: GraphOptions):
         self.adapter = adapter
         self.lin = lin
         self.transcoders = transcoders
@@ -456,7 +460,7 @@ def _without_sigma(norm: Any, vecs: torch.Tensor) -> torch.Tensor:
 def collect_nodes(
     adapter: ModelAdapter,
     lin: Linearisation,
-    transcoders: Any,
+    transcoders: Dictionary | None,
     targets: list[ResolvedTarget],
     options: GraphOptions,
 ) -> Collected:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
@@ -34,6 +34,9 @@ from circuitgraph.attribution import engine, feature_selection
 from circuitgraph.attribution.later_stages import LaterStages
 from circuitgraph.errors import ResourceError
 from circuitgraph.residual import ResidualLocation
+
+if TYPE_CHECKING:
+    from circuitgraph.attribution.nodes_builder import Collected, GraphOptions
 
 __all__ = ["EdgePlan", "plan_edges", "check_plan", "check_rows", "device_working_set", "available_memory",
            "process_memory", "EDGE_PEAK_BYTES", "MFN_EDGE_PEAK_BYTES", "FLOAT64_EXTRA_BYTES", "USABLE"]
@@ -223,7 +226,7 @@ def _gb(b: float) -> str:
     return f"{b / 1024**3:.3f} GB"
 
 
-def _counts(col: Any, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _counts(col: Collected, n_locs: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(writer counts (n_locs, n_pos), reader locs, reader positions, reader kinds)."""
     return col.count_tables(n_locs, n_pos)
 
@@ -238,7 +241,7 @@ class _Reach:
     causal: bool = True
 
 
-def _reach(options: Any, n_locs: int, causal: bool = True) -> _Reach:
+def _reach(options: GraphOptions, n_locs: int, causal: bool = True) -> _Reach:
     """Other positions are only reached through a frozen attention layer ``m`` (it reads
     ``resid_pre(m) = 2m`` and writes ``resid_mid(m) = 2m + 1``); head nodes stop paths."""
     reach = np.full(n_locs, -1, dtype=np.int64)
@@ -308,7 +311,7 @@ def neuron_probe_top_k(n_sites: int, d_mlp: int, d_model: int, room: int) -> int
     return max(1, min(d_mlp, room // 4 // (n_sites * per_node)))
 
 
-def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | None = None,
+def plan_edges(col: Collected, options: GraphOptions, n_locs: int, n_pos: int, *, limit: int | None = None,
                base: int | None = None, rss_before_nodes: int | None = None,
                unseen_neurons: int = 0, floor: int = 0) -> EdgePlan:
     """The edge plan of collected nodes (see the module docstring), with advice if it does not fit.
@@ -332,7 +335,7 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     # the rows that are selected (features, neurons or both: each limit applies to its kind; the
     # bounds take the widest / narrowest rows of either kind, whichever are selected)
     selectable = (is_feature & by_feature) | ((kinds == "neuron") & by_neuron)
-    n_selected = (mfn if by_feature else 0) + (mnn if by_neuron else 0)
+    n_selected = (mfn if by_feature and mfn is not None else 0) + (mnn if by_neuron and mnn is not None else 0)
     total, rows, lower = _rows_total(bounds, selectable, n_selected if selecting else None)
     held = 0
     if base is None:
@@ -398,7 +401,7 @@ def plan_edges(col: Any, options: Any, n_locs: int, n_pos: int, *, limit: int | 
     return plan
 
 
-def _compact_candidates(col: Any, options: Any) -> bool:
+def _compact_candidates(col: Collected, options: GraphOptions) -> bool:
     """The neurons are ``max_neuron_nodes`` candidates held compactly (dense MLP layers)."""
     return getattr(options, "max_neuron_nodes", None) is not None and not col.frozen.adapter.facts.num_experts
 
@@ -424,7 +427,8 @@ class _Candidates:
         return int(self.weight.sum())
 
 
-def _neuron_candidates(col: Any, options: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray,
+def _neuron_candidates(col: Collected, options: GraphOptions, counts: np.ndarray, locs: np.ndarray,
+                       positions: np.ndarray,
                        kinds: np.ndarray, reach: _Reach, n_locs: int, n_pos: int) -> _Candidates | None:
     """:class:`_Candidates` of the collected nodes' neuron layers (``neuron_top_k``, a probe or
     every neuron), from the activations alone; ``None`` without dense neuron layers (MoE layers'
@@ -510,7 +514,7 @@ def _full_graph_bytes(plan: EdgePlan, edges: int, bytes_per_edge: int) -> float:
     return plan._full_bytes(edges, bytes_per_edge)
 
 
-def _folded_row_cap(col: Any, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
+def _folded_row_cap(col: Collected, counts: np.ndarray, locs: np.ndarray, positions: np.ndarray, reach: _Reach,
                     n_locs: int, n_pos: int, kinds: tuple[str, ...] = ("feature",)) -> np.ndarray:
     """Per reader, the edges its row can keep after the unselected features (``kinds``) are
     folded, less the selected ones it can see: one per other writer and one per (layer, position)
@@ -685,7 +689,7 @@ def check_rows(plan: EdgePlan, rows_done: int, edges_done: int, rows_total: int)
         f"{_gb(need)}, more than the {_gb(plan.limit)} it may use; {advice}")
 
 
-def device_working_set(largest_block: int, n_pos: int, d_model: int, options: Any) -> int:
+def device_working_set(largest_block: int, n_pos: int, d_model: int, options: GraphOptions) -> int:
     """Bytes the edge sweep allocates on the model's device per batch of readers: the gradient
     block ``(batch, pos, d_model)`` (three copies while it steps down a layer) and the largest
     per-location edge block ``(positions, batch, writers)`` (``largest_block`` position x writer

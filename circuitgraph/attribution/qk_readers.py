@@ -12,17 +12,21 @@ same for the key (grouped-query heads read their group's ``W_K``).  Used by QK a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitgraph.adapters.architecture import NormWeights
 from circuitgraph.errors import CircuitGraphError, QueryError
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.attribution.linearisation import Linearisation
+
 __all__ = ["attention_module", "rotary_matrices", "qk_norm_scale", "QKReaders"]
 
 
-def attention_module(adapter: Any, layer: int, error: type[CircuitGraphError] = QueryError) -> Any:
+def attention_module(adapter: ModelAdapter, layer: int, error: type[CircuitGraphError] = QueryError) -> Any:
     """The TransformerLens attention module of ``layer``; refuses (``error``) the models whose
     score is not bilinear in the residual stream."""
     attn = adapter.model.blocks[layer].attn
@@ -35,7 +39,7 @@ def attention_module(adapter: Any, layer: int, error: type[CircuitGraphError] = 
     return attn
 
 
-def rotary_matrices(adapter: Any, layer: int, n_pos: int) -> torch.Tensor | None:
+def rotary_matrices(adapter: ModelAdapter, layer: int, n_pos: int) -> torch.Tensor | None:
     """``R (n_pos, d_head, d_head)`` with the rotated vector ``R[t] @ x`` at position ``t``, taken
     from the model's own ``apply_rotary`` (applied to the basis vectors); None without rotary."""
     if adapter.facts.positional != "rotary":
@@ -49,7 +53,7 @@ def rotary_matrices(adapter: Any, layer: int, n_pos: int) -> torch.Tensor | None
     return out[0].transpose(1, 2).contiguous()
 
 
-def qk_norm_scale(adapter: Any, lin: Any, layer: int, side: str, head: int, t: int) -> torch.Tensor:
+def qk_norm_scale(adapter: ModelAdapter, lin: Linearisation, layer: int, side: str, head: int, t: int) -> torch.Tensor:
     """``gamma / sigma (d_head,)``: the frozen query (``side="q"``) or key norm of query head ``head``
     at position ``t``.  An RMSNorm ``gamma * v / sigma(v)`` with ``sigma`` frozen at its value on the
     prompt is the diagonal linear map ``v -> (gamma / sigma) * v``, so ``q`` and ``k`` stay affine in
@@ -70,7 +74,7 @@ def qk_norm_scale(adapter: Any, lin: Any, layer: int, side: str, head: int, t: i
 class QKReaders:
     """The query and key readers of every head of one layer (module docstring), in ``dtype``."""
 
-    def __init__(self, adapter: Any, lin: Any, layer: int, dtype: torch.dtype, device: Any,
+    def __init__(self, adapter: ModelAdapter, lin: Linearisation, layer: int, dtype: torch.dtype, device: Any,
                  error: type[CircuitGraphError] = QueryError):
         self.adapter, self.lin, self.layer = adapter, lin, layer
         attn = attention_module(adapter, layer, error)

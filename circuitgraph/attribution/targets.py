@@ -7,11 +7,14 @@ The spec names targets by token strings and shorthands; :func:`resolve_targets` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from circuitgraph.errors import AttributionError, TokenError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
 
 __all__ = ["ResolvedTarget", "resolve_token", "top_logit_targets"]
 
@@ -51,7 +54,7 @@ def normalise_position(position: int, n_pos: int, where: str) -> int:
     return p
 
 
-def resolve_token(token: str | int, tokenizer: Any, d_vocab: int, where: str) -> int:
+def resolve_token(token: str | int, tokenizer: Tokenizer | None, d_vocab: int, where: str) -> int:
     """A token string (must be exactly one token) or id (must be < d_vocab) -> id."""
     if isinstance(token, bool):
         raise TokenError(f"{where}: expected a token string or id, got {token!r}")

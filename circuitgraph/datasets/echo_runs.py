@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from circuitgraph.validation.dispatch import register_executor_rows
 from circuitgraph.validation.echo_stats import LayerStats, stream_stats
 from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.interventions import Unit
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["EchoShard", "EchoJob", "ExecutorRows", "DEFAULT_SHARD_ROWS"]
 
@@ -79,7 +82,7 @@ class EchoJob:
         return load_inputs(spec)[0]
 
     @torch.no_grad()
-    def run(self, spec: Spec, task: EchoShard, adapter: Any) -> PromptOutput:
+    def run(self, spec: Spec, task: EchoShard, adapter: ModelAdapter) -> PromptOutput:
         record: dict[str, Any] = {"id": task.id, "row": task.number, "status": "ok", "error": None}
         try:
             if self.phase == "stats":
@@ -163,7 +166,7 @@ class ExecutorRows:
         return iter(totals)
 
 
-def _executor_rows(spec: Any, executor: Any, d_mlp: int) -> ExecutorRows:
+def _executor_rows(spec: Spec, executor: Any, d_mlp: int) -> ExecutorRows:
     return ExecutorRows(spec, executor_from(executor), d_mlp)
 
 

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from circuitgraph.errors import LoadError
 from circuitgraph.pipeline.inputs import load_inputs
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import ExecutorSpec, Row
+
+if TYPE_CHECKING:
+    from circuitgraph.pipeline.inputs import LoadedInputs
 
 __all__ = ["LocalExecutor", "RayExecutor", "make_executor", "executor_from", "default_workers", "PromptJob"]
 
@@ -76,10 +79,10 @@ def _prepare_worker(threads: int) -> None:
 class PromptJob:
     """The job of a dataset run: a task is a :class:`Row`, run through the pipeline."""
 
-    def load(self, spec: Spec) -> Any:
+    def load(self, spec: Spec) -> LoadedInputs:
         return load_inputs(spec)
 
-    def run(self, spec: Spec, task: Row, inputs: Any) -> Any:
+    def run(self, spec: Spec, task: Row, inputs: LoadedInputs) -> Any:
         return run_prompt(spec, task, inputs)
 
     def commit(self, out_dir: Path, output: Any, attempts: int = 1) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph._io import atomic_write_bytes, atomic_write_text, read_json_file
 from circuitgraph._json import jsonable
@@ -27,6 +27,9 @@ from circuitgraph.pipeline import runner
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import AggregateSpec, Row
 from circuitgraph.spec.export import ExportSpec
+
+if TYPE_CHECKING:
+    from circuitgraph.pipeline.inputs import LoadedInputs
 
 __all__ = ["PromptOutput", "row_spec", "run_prompt", "commit", "record_path", "is_complete", "one_line",
            "GRAPH_SUFFIX"]
@@ -73,7 +76,7 @@ def row_spec(spec: Spec, row: Row, graph_path: Path) -> Spec:
     })
 
 
-def run_prompt(spec: Spec, row: Row, inputs: Any) -> PromptOutput:
+def run_prompt(spec: Spec, row: Row, inputs: LoadedInputs) -> PromptOutput:
     """Run one row through the pipeline (graph, pruning, queries, checks), reduce its graph
     for the aggregate, and return its record and files; failures are recorded, not raised."""
     aggregate = spec.aggregate or AggregateSpec()

@@ -25,13 +25,16 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from circuitgraph.graph.nodes import NODE_KINDS
 from circuitgraph.queries._sparse import target_weight_vector
 from circuitgraph.queries.influence import node_influence
+
+if TYPE_CHECKING:
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = [
     "Part",
@@ -97,7 +100,7 @@ def _group(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return uniq, sums, inverse
 
 
-def reduce_graph(graph: Any, position: str = "free") -> Part:
+def reduce_graph(graph: AttributionGraph, position: str = "free") -> Part:
     """Reduce one graph to sums keyed by node identity (see the module docstring)."""
     n = graph.n_nodes
     n_pos = len(graph.metadata.prompt_tokens or []) or (max((nd.position for nd in graph.nodes), default=0) + 1)

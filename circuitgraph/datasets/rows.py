@@ -11,13 +11,17 @@ naming 1-based row numbers; nothing is written before this passes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph.attribution.targets import normalise_position, resolve_token
 from circuitgraph.errors import CircuitGraphError, DatasetError
 from circuitgraph.pipeline.inputs import _direction_vector, resolve_prompt_like
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import Row, parse_rows, read_dataset_rows
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["load_rows", "check_rows", "row_problems", "model_problems"]
 
@@ -48,7 +52,7 @@ def load_rows(spec: Spec) -> list[Row]:
     return rows
 
 
-def _target_problems(targets: Any, n_pos: int | None, adapter: Any, transcoders: Any,
+def _target_problems(targets: Any, n_pos: int | None, adapter: ModelAdapter, transcoders: Dictionary | None,
                      where: str) -> list[tuple[str, str]]:
     f = adapter.facts
     tok = adapter.tokenizer
@@ -85,7 +89,8 @@ def _target_problems(targets: Any, n_pos: int | None, adapter: Any, transcoders:
     return out
 
 
-def model_problems(rows: list[Row], spec: Spec, adapter: Any, transcoders: Any) -> list[tuple[str, str]]:
+def model_problems(rows: list[Row], spec: Spec, adapter: ModelAdapter,
+                   transcoders: Dictionary | None) -> list[tuple[str, str]]:
     """Every problem of every row found with the model loaded (1-based row numbers)."""
     problems: list[tuple[str, str]] = []
     patching = [c for c in spec.validate if c.kind == "patching"]
@@ -112,7 +117,7 @@ def model_problems(rows: list[Row], spec: Spec, adapter: Any, transcoders: Any) 
     return problems
 
 
-def check_rows(rows: list[Row], spec: Spec, adapter: Any, transcoders: Any) -> None:
+def check_rows(rows: list[Row], spec: Spec, adapter: ModelAdapter, transcoders: Dictionary | None) -> None:
     """Raise :class:`DatasetError` listing every problem of every row found with the model."""
     problems = model_problems(rows, spec, adapter, transcoders)
     if problems:

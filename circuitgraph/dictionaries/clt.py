@@ -162,7 +162,7 @@ class CLTLayer:
 class CrossLayerTranscoder:
     """A CLT behind the dictionary protocol (see :mod:`circuitgraph.dictionaries`)."""
 
-    kind = "cross_layer"
+    kind: Literal["cross_layer"] = "cross_layer"
 
     def __init__(self, path: Path, *, n_layers: int, d_transcoder: int, d_model: int,
                  b_enc: torch.Tensor, b_dec: torch.Tensor, threshold: torch.Tensor | None,
@@ -379,7 +379,7 @@ def fold_layer_input(norms: list | None, layer: int, b_enc: torch.Tensor, b_dec:
     return b_enc, b_dec, W_skip
 
 
-def load_clt_dir(path: str | Path, adapter: Any, *, dtype: torch.dtype = torch.float32,
+def load_clt_dir(path: str | Path, adapter: ModelAdapter, *, dtype: torch.dtype = torch.float32,
                  config: dict[str, Any] | None = None, lazy: bool | None = None) -> CrossLayerTranscoder:
     """Load and check a circuit-tracer CLT directory against the model of ``adapter``.
 

@@ -29,7 +29,7 @@ record's loader (the format can also be given, as the spec's ``transcoders.forma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES
 from circuitgraph.dictionaries.transcoders import TranscoderSet
 from circuitgraph.errors import LoadError
 from circuitgraph.spec.dictionaries import DICTIONARY_FORMATS, format_names, implement_format
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["FORMATS", "detect_format", "dictionary_footprint", "load_dictionaries"]
 
@@ -130,12 +133,12 @@ def _listed_files(path: Path, config: dict[str, Any]) -> dict[int, Path]:
     return out
 
 
-def load_saelens(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+def load_saelens(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
                  config: dict[str, Any] | None) -> Any:
     return TranscoderSet.from_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
 
 
-def load_circuit_tracer_clt(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+def load_circuit_tracer_clt(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
                             lazy: bool | None, config: dict[str, Any] | None) -> Any:
     config = config or read_config_yaml(path / "config.yaml")
     if config.get("transcoders"):  # circuit-tracer's config listing GemmaScope-2 CLT layer files
@@ -144,33 +147,36 @@ def load_circuit_tracer_clt(path: Path, adapter: Any, *, layers: list[int] | Non
     return load_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
 
 
-def load_gemmascope2_clt(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+def load_gemmascope2_clt(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
                          lazy: bool | None, config: dict[str, Any] | None) -> Any:
     return load_gemmascope2_clt_dir(path, adapter, dtype=dtype, lazy=lazy)
 
 
-def load_circuit_tracer_transcoder_set(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+def load_circuit_tracer_transcoder_set(path: Path, adapter: ModelAdapter, *, layers: list[int] | None,
+                                       dtype: torch.dtype,
                                        lazy: bool | None, config: dict[str, Any] | None) -> Any:
     return load_transcoder_set_dir(path, adapter, read_config_yaml(path / "config.yaml"), layers=layers,
                                    dtype=dtype, lazy=lazy)
 
 
-def load_gemmascope(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+def load_gemmascope(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
+                    lazy: bool | None,
                     config: dict[str, Any] | None) -> Any:
     return load_gemmascope_dir(path, adapter, version=1, layers=layers, dtype=dtype, lazy=lazy)
 
 
-def load_gemmascope2(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype, lazy: bool | None,
+def load_gemmascope2(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
+                     lazy: bool | None,
                      config: dict[str, Any] | None) -> Any:
     return load_gemmascope_dir(path, adapter, version=2, layers=layers, dtype=dtype, lazy=lazy)
 
 
-def load_eleuther_topk(path: Path, adapter: Any, *, layers: list[int] | None, dtype: torch.dtype,
+def load_eleuther_topk(path: Path, adapter: ModelAdapter, *, layers: list[int] | None, dtype: torch.dtype,
                        lazy: bool | None, config: dict[str, Any] | None) -> Any:
     return load_eleuther_dir(path, adapter, layers=layers, dtype=dtype, lazy=lazy)
 
 
-def load_dictionaries(path: str | Path, adapter: Any, *, format: str | None = None,
+def load_dictionaries(path: str | Path, adapter: ModelAdapter, *, format: str | None = None,
                       layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
                       lazy: bool | None = None, config: dict[str, Any] | None = None) -> Dictionary:
     """Load the dictionary in ``path`` (its format detected unless given) for ``adapter``'s model.

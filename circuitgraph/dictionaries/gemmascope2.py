@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -39,6 +39,9 @@ from circuitgraph.dictionaries.clt import CrossLayerTranscoder, fold_layer_input
 from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
 from circuitgraph.errors import LoadError, ShapeMismatchError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["HF_HOOKS", "clt_layer_files", "load_gemmascope2_clt_dir", "per_layer_folders", "read_config_json", "tl_hooks"]
 
@@ -124,7 +127,7 @@ def clt_layer_files(path: Path) -> dict[int, Path]:
             if (m := re.fullmatch(r"params_layer_(\d+)\.safetensors", p.name))}
 
 
-def load_gemmascope2_clt_dir(path: Path, adapter: Any, *, dtype: Any = None, lazy: bool | None = None,
+def load_gemmascope2_clt_dir(path: Path, adapter: ModelAdapter, *, dtype: Any = None, lazy: bool | None = None,
                              files: dict[int, Path] | None = None, ct_config: dict[str, Any] | None = None,
                              format: str = "gemmascope2_clt") -> Any:
     """A GemmaScope-2 cross-layer transcoder folder (``config.json`` + ``params_layer_<i>.safetensors``)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from circuitgraph.dictionaries.clt import read_config_yaml
 from circuitgraph.dictionaries.formats import detect_format, load_dictionaries
 from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
 from circuitgraph.errors import LoadError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["parse_hf_ref", "resolve_hf_dictionary", "load_hf_dictionaries"]
 
@@ -83,7 +86,8 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
                         f"{_how(repo, (sub + '/') if sub else '')}".rstrip()) from None
     folder = root / sub if sub else root
     if not folder.is_dir():
-        raise LoadError(f"{repo} has no folder {sub!r}; check transcoders.hf, or {_how(repo, sub + '/')}")
+        raise LoadError(f"{repo} has no folder {sub!r}; check transcoders.hf, or "
+                        f"{_how(repo, (sub + '/') if sub else '')}")
     cfg = folder / "config.yaml"
     if not cfg.is_file():
         return folder, None
@@ -109,7 +113,7 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
     return folder, config
 
 
-def load_hf_dictionaries(ref: str, adapter: Any, *, format: str | None = None, layers: list[int] | None = None,
+def load_hf_dictionaries(ref: str, adapter: ModelAdapter, *, format: str | None = None, layers: list[int] | None = None,
                          dtype: torch.dtype = torch.float32) -> Any:
     """Resolve ``ref`` in the Hugging Face cache and load the dictionary it holds."""
     folder, config = resolve_hf_dictionary(ref)

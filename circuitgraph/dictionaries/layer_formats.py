@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -53,6 +53,9 @@ from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
 from circuitgraph.dictionaries.transcoders import TranscoderLayer, TranscoderSet
 from circuitgraph.errors import LoadError, ShapeMismatchError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["load_transcoder_set_dir", "load_gemmascope_dir", "load_eleuther_dir", "transcoder_files",
            "gemmascope_files", "LAYER_DIR_FORMATS"]
@@ -74,7 +77,7 @@ def _shape(m: Any) -> tuple[int, ...]:
     return tuple(m.shape)
 
 
-def _make_layer(adapter: Any, layer: int, where: Path, *, W_enc, b_enc, W_dec, b_dec, threshold=None,
+def _make_layer(adapter: ModelAdapter, layer: int, where: Path, *, W_enc, b_enc, W_dec, b_dec, threshold=None,
                 W_skip=None, site: str, hook_out: str, activation: str, topk: int | None = None,
                 architecture: str, dtype: torch.dtype, lazy: bool = False):
     """Check shapes and values against the model, fold an MLP-input site, build the layer.
@@ -173,7 +176,7 @@ def _lazy(loaded: dict[int, dict[str, Any]], lazy: bool | None) -> bool:
     return total > 2**30
 
 
-def _from_tensors(adapter: Any, layer: int, where: Path, t: dict, site: str, hook_out: str, dtype: torch.dtype,
+def _from_tensors(adapter: ModelAdapter, layer: int, where: Path, t: dict, site: str, hook_out: str, dtype: torch.dtype,
                   lazy: bool = False):
     """One layer from a circuit-tracer / GemmaScope / GemmaScope-2 file (dispatch on its keys)."""
     if "w_enc" in t:  # GemmaScope-2
@@ -206,7 +209,7 @@ def _select(layers: dict[int, Any], wanted: list[int] | None, path: Path) -> dic
     return {l: layers[l] for l in wanted}
 
 
-def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: list[int] | None = None,
+def load_transcoder_set_dir(path: Path, adapter: ModelAdapter, config: dict, *, layers: list[int] | None = None,
                             dtype: torch.dtype = torch.float32, lazy: bool | None = None):
     """circuit-tracer's per-layer ``transcoder_set`` folder."""
 
@@ -239,7 +242,7 @@ def load_transcoder_set_dir(path: Path, adapter: Any, config: dict, *, layers: l
                             format="circuit_tracer_transcoder_set", lazy=lazy)
 
 
-def transcoder_files(files: dict[int, Path], adapter: Any, *, site: str, hook_out: str, dtype: torch.dtype,
+def transcoder_files(files: dict[int, Path], adapter: ModelAdapter, *, site: str, hook_out: str, dtype: torch.dtype,
                      source: dict[str, Any], format: str, lazy: bool | None = None):
     """A :class:`TranscoderSet` from one file per layer (circuit-tracer ``layer_<i>.safetensors``,
     GemmaScope ``params.npz`` or GemmaScope-2 ``params.safetensors``; the tensors say which), each
@@ -267,7 +270,7 @@ def _layer_files(path: Path, name: str) -> dict[int, Path]:
     return found
 
 
-def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[int] | None = None,
+def load_gemmascope_dir(path: Path, adapter: ModelAdapter, *, version: int, layers: list[int] | None = None,
                         dtype: torch.dtype = torch.float32, input_hook: str | None = None, lazy: bool | None = None):
     """GemmaScope (``params.npz``) or GemmaScope-2 (``params.safetensors``) per-layer transcoders.
 
@@ -305,7 +308,7 @@ def load_gemmascope_dir(path: Path, adapter: Any, *, version: int, layers: list[
 GEMMASCOPE_INPUT_HOOK = "ln2.hook_normalized"
 
 
-def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtype: torch.dtype,
+def gemmascope_files(files: dict[int, Path], adapter: ModelAdapter, *, version: int, dtype: torch.dtype,
                      source: dict[str, Any], where: Path, input_hook: str = GEMMASCOPE_INPUT_HOOK, lazy: bool | None = None,
                      hook_out: str = "hook_mlp_out"):
     """GemmaScope (``params.npz``) / GemmaScope-2 (``params.safetensors``) files, one per layer
@@ -314,7 +317,8 @@ def gemmascope_files(files: dict[int, Path], adapter: Any, *, version: int, dtyp
                             source=source, format="gemmascope" if version == 1 else "gemmascope2", lazy=lazy)
 
 
-def load_eleuther_dir(path: Path, adapter: Any, *, layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
+def load_eleuther_dir(path: Path, adapter: ModelAdapter, *, layers: list[int] | None = None,
+                      dtype: torch.dtype = torch.float32,
                       lazy: bool | None = None):
     """EleutherAI sparsify TopK (skip) transcoders, one ``<hookpoint>/`` folder per layer."""
     found: dict[int, Path] = {}

@@ -13,9 +13,12 @@ and the engine needs no extra input site.  The arithmetic is done in float64.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["MLP_INPUT_HOOK", "mlp_input_norm", "fold_input", "fold_mlp_input"]
 
@@ -24,7 +27,7 @@ __all__ = ["MLP_INPUT_HOOK", "mlp_input_norm", "fold_input", "fold_mlp_input"]
 MLP_INPUT_HOOK = "mlp.hook_in"
 
 
-def mlp_input_norm(adapter: Any, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def mlp_input_norm(adapter: ModelAdapter, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(gamma, beta)`` of block ``layer``'s ln2 in float64 on the CPU (``None`` where absent)."""
     norm = adapter.norm("ln2", layer)
     conv = lambda t: None if t is None else t.detach().to(device="cpu", dtype=torch.float64)  # noqa: E731
@@ -40,7 +43,7 @@ def fold_input(M: torch.Tensor, gamma: torch.Tensor | None,
     return (M if gamma is None else gamma[:, None] * M), shift
 
 
-def fold_mlp_input(adapter: Any, layer: int, M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fold_mlp_input(adapter: ModelAdapter, layer: int, M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`fold_input` with block ``layer``'s ln2: ``m @ M = n @ M' + c`` where ``m`` is the
     MLP input and ``n`` = ``ln2.hook_normalized``."""
     return fold_input(M, *mlp_input_norm(adapter, layer))

@@ -10,7 +10,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Dictionary"]
+from circuitgraph.errors import SpecError
+
+__all__ = ["Dictionary", "require_dictionary"]
 
 
 @runtime_checkable
@@ -21,11 +23,20 @@ class Dictionary(Protocol):
     ``b_enc``, ``encoder_rows(idx)``, ``pre_activation(x)``, ``activation(x)``); a feature of
     encoder layer ``l`` writes the MLP outputs ``output_layers(l)`` (``l`` only, or ``l ..
     n_layers - 1`` for a cross-layer transcoder) with ``decoder_rows(l, idx)`` ``(n, n_out,
-    d_model)``."""
+    d_model)``.  ``kind``, ``format`` and ``layers`` are read-only here (plain attributes in
+    the implementations)."""
 
-    kind: Literal["per_layer", "cross_layer"]
-    format: str
-    layers: Mapping[int, Any]
+    @property
+    def kind(self) -> Literal["per_layer", "cross_layer"]: ...
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def layers(self) -> Mapping[int, Any]: ...
+
+    #: where the dictionaries came from (the loaders record it; the graph's metadata shows it)
+    source: dict[str, Any]
 
     def __contains__(self, layer: object) -> bool: ...
 
@@ -45,8 +56,19 @@ class Dictionary(Protocol):
 
     def source_layers(self, out_layer: int) -> list[int]: ...
 
+    def reconstruct_at(self, out_layer: int, acts: dict[int, torch.Tensor],
+                       inputs: dict[int, torch.Tensor]) -> torch.Tensor: ...
+
     def reconstruct(self, acts: dict[int, torch.Tensor], inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]: ...
 
     def to(self, dtype: torch.dtype) -> Dictionary: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+def require_dictionary(dictionaries: Dictionary | None, where: str) -> Dictionary:
+    """``dictionaries``, or a :class:`~circuitgraph.errors.SpecError` saying that ``where`` (a
+    feature or error unit, a feature node) needs the run's dictionaries and it has none."""
+    if dictionaries is None:
+        raise SpecError(f"{where} needs the run's dictionaries (the spec's transcoders:), and this run has none")
+    return dictionaries

@@ -44,7 +44,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -54,6 +54,10 @@ from circuitgraph.dictionaries.hub import _file, load_hf_dictionaries
 from circuitgraph.dictionaries.layer_formats import gemmascope_files, transcoder_files
 from circuitgraph.dictionaries.transcoders import TranscoderSet, _from_sae, load_sae_folder
 from circuitgraph.errors import LoadError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["ReleaseEntry", "release_entry", "release_layers", "load_release"]
 
@@ -124,7 +128,7 @@ def _official(name: str) -> str:
         return name
 
 
-def check_release_model(entry: Any, adapter: Any) -> None:
+def check_release_model(entry: Any, adapter: ModelAdapter) -> None:
     """The release was trained on the spec's model, or a one-line LoadError naming both."""
     src = getattr(adapter, "source", {}) or {}
     have = src.get("name") or getattr(adapter.model.cfg, "model_name", None) or src.get("path") or "?"
@@ -186,8 +190,9 @@ def release_layers(entry: Any, ids: dict[int, str] | None = None, layers: list[i
     return dict(sorted(chosen.items()))
 
 
-def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = None, layers: list[int] | None = None,
-                 dtype: torch.dtype = torch.float32, check_model: bool = True) -> Any:
+def load_release(release: str, adapter: ModelAdapter, *, ids: dict[int, str] | None = None,
+                 layers: list[int] | None = None,
+                 dtype: torch.dtype = torch.float32, check_model: bool = True) -> Dictionary:
     """Resolve ``release`` in sae-lens's registry, fetch its files and load them (see the module doc);
     ``check_model=False`` (the spec's ``allow_model_mismatch``) skips :func:`check_release_model`."""
     entry = release_entry(release)
@@ -249,7 +254,7 @@ def load_release(release: str, adapter: Any, *, ids: dict[int, str] | None = Non
     return out
 
 
-def _gemma_scope_2(release: str, repo: str, revision: str | None, paths: dict[int, str], adapter: Any,
+def _gemma_scope_2(release: str, repo: str, revision: str | None, paths: dict[int, str], adapter: ModelAdapter,
                    source: dict[str, Any], dtype: torch.dtype) -> Any:
     """GemmaScope-2 per-layer transcoders (sae-lens's ``gemma_3`` conversion, folders
     ``transcoder[_all]/layer_<l>_width_<w>_l0_<s>[_affine]``): each folder's ``config.json`` names

@@ -23,7 +23,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -35,6 +35,9 @@ from circuitgraph.dictionaries.clt import INPUT_HOOK_SITES, OUTPUT_HOOKS, output
 from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES, StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["TranscoderLayer", "TranscoderSet"]
 
@@ -271,7 +274,7 @@ def _matrix_shape(m: Any, encoder: bool) -> tuple[int, ...]:
     return tuple(m.shape)
 
 
-def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Any,
+def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: ModelAdapter,
               lazy: bool = False) -> TranscoderLayer:
     """One layer from a sae-lens transcoder object; ``W_enc`` / ``W_dec`` may be
     :class:`StoredRows` (a folder read with ``stored``): the layer then reads its encoder when it
@@ -396,7 +399,7 @@ class TranscoderSet:
     :class:`~circuitgraph.dictionaries.clt.CrossLayerTranscoder`: a feature of layer ``l``
     writes into the MLP output of layer ``l`` only."""
 
-    kind = "per_layer"
+    kind: Literal["per_layer"] = "per_layer"
 
     def __init__(self, layers: dict[int, TranscoderLayer], source: dict[str, Any], format: str = "saelens"):
         self.layers = dict(sorted(layers.items()))
@@ -434,7 +437,7 @@ class TranscoderSet:
         """``{l: reconstruction (..., pos, d_model)}`` from ``{l: acts}`` and ``{l: inputs}``."""
         return {l: self.layers[l].reconstruction(a, inputs[l]) for l, a in acts.items()}
 
-    def __contains__(self, layer: int) -> bool:
+    def __contains__(self, layer: object) -> bool:
         return layer in self.layers
 
     def __getitem__(self, layer: int) -> TranscoderLayer:
@@ -462,7 +465,7 @@ class TranscoderSet:
         return out
 
     @classmethod
-    def from_dir(cls, path: str | Path, adapter: Any, *, layers: list[int] | None = None,
+    def from_dir(cls, path: str | Path, adapter: ModelAdapter, *, layers: list[int] | None = None,
                  dtype: torch.dtype | None = None, lazy: bool | None = None) -> TranscoderSet:
         """Load ``DIR/layer_<i>/`` folders (sae-lens ``save_model`` output): read directly from
         their files (:mod:`~circuitgraph.dictionaries.saelens_native`), with sae-lens only for a
@@ -505,7 +508,7 @@ class TranscoderSet:
         return cls(out, {"path": str(path)})
 
     @classmethod
-    def from_release(cls, release: str, ids: dict[int, str], adapter: Any,
+    def from_release(cls, release: str, ids: dict[int, str], adapter: ModelAdapter,
                      dtype: torch.dtype | None = None) -> TranscoderSet:
         """sae-lens pretrained transcoders (needs the Hugging Face hub)."""
         from sae_lens import SAE

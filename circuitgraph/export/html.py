@@ -23,7 +23,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph._io import atomic_write_text
 from circuitgraph._results import ResultEntry
@@ -37,6 +37,10 @@ from circuitgraph.export.steering_html import steering_html
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import Node, display_name
 from circuitgraph.validation.activation_patching import write_heatmap
+
+if TYPE_CHECKING:
+    from circuitgraph.features.summary import FeatureDashboards
+    from circuitgraph.pipeline.runner import RunResult
 
 __all__ = [
     "result_html", "document_html", "graph_html", "graph_svg", "diagram_svg", "run_html", "report_html", "write_report", "html_table",
@@ -99,7 +103,7 @@ def _svg_title_lines(svg: str) -> list[str]:
     return re.findall(r"<text [^>]*>([^<]*)</text>", svg[start:end if end > 0 else len(svg)])
 
 
-def _target_text(node: Any) -> str:
+def _target_text(node: Node) -> str:
     """A target as a reader sees it: a token quoted (``' an'``), a difference as labelled (``' an' - ' a'``)."""
     if node.kind == "logit" and node.label:
         return repr(node.label)
@@ -136,7 +140,7 @@ def graph_html(graph: AttributionGraph, *, max_nodes: int | None = DEFAULT_MAX_N
     return "".join(parts)
 
 
-def run_html(result: Any) -> str:
+def run_html(result: RunResult) -> str:
     """A run's notebook display: the graph block and every query / validation result."""
     parts = [graph_html(result.graph)]
     for what, entries in (("query", result.queries), ("validation", result.validation)):
@@ -309,7 +313,7 @@ def _identity_rows(graph: AttributionGraph) -> list[dict[str, Any]]:
 def report_html(source: Any, *, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES,
                 queries: Sequence[Mapping[str, Any]] = (), validation: Sequence[Mapping[str, Any]] = (),
                 diagram: Mapping[str, Any] | None = None, steering: Sequence[Mapping[str, Any]] = (),
-                features: Any = None) -> str:
+                features: FeatureDashboards | None = None) -> str:
     """The report of a run (a :class:`~circuitgraph.pipeline.runner.RunResult`) or of a graph
     (with the query and validation results stored in its file, as JSON), as one
     self-contained HTML document (see the module docstring).  ``diagram`` holds more
@@ -370,7 +374,7 @@ def report_html(source: Any, *, title: str | None = None, max_nodes: int | None 
     if steering:  # the spec's steer: items (docs/steering.md)
         body.append("<h2>Steering</h2>")
         body += steering_html(steering)
-    if boards:
+    if boards and features is not None:  # boards come from the features folder
         body.append("<h2>Feature dashboards</h2>")
         body.append(f'<p class="cg-note">From {esc(Path(features.directory).name)}: each feature of the graph, its '
                     "top activating tokens over the dataset (the activating token in bold), density, activation "
@@ -418,7 +422,8 @@ def _anchor(layer: int, index: int) -> str:
     return f"feature-L{layer}-{index}"
 
 
-def _feature_boards(graph: AttributionGraph, features: Any) -> dict[tuple[int, int], dict[str, Any]]:
+def _feature_boards(graph: AttributionGraph, features: FeatureDashboards | None) -> dict[tuple[int, int],
+                    dict[str, Any]]:
     """``{(layer, index): dashboard}`` of the graph's features that the features folder has."""
     if features is None:
         return {}

@@ -24,10 +24,13 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitgraph._io import read_json_file, read_text_file
 from circuitgraph.errors import ExportError, LoadError
+
+if TYPE_CHECKING:
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["load_feature_labels", "apply_feature_labels", "LABELS_FILE"]
 
@@ -94,7 +97,7 @@ def _layer(value: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def apply_feature_labels(graph: Any, labels: Mapping[tuple[int, int], str],
+def apply_feature_labels(graph: AttributionGraph, labels: Mapping[tuple[int, int], str],
                          kinds: tuple[str, ...] = ("feature", "neuron")) -> int:
     """Label the nodes of ``kinds`` whose ``(layer, index)`` has a label, in place: ``node.label``
     (drawn by the diagrams, the Neuronpedia ``clerp``) and ``node.attrs["description"]`` (what

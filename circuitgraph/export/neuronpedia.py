@@ -66,7 +66,7 @@ import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -79,6 +79,9 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._sparse import weighted_influence
 from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
+
+if TYPE_CHECKING:
+    from circuitgraph.features.summary import FeatureDashboards
 
 __all__ = [
     "FEATURE_TYPES",
@@ -129,7 +132,7 @@ def graph_to_neuronpedia(
     keep_remainders: bool = False,
     max_links: int | None = DEFAULT_MAX_LINKS,
     qk: Sequence[Mapping[str, Any]] = (),
-    dashboards: Any = None,
+    dashboards: FeatureDashboards | None = None,
 ) -> dict[str, Any]:
     """The graph in circuit-tracer's / Neuronpedia's attribution-graph JSON format.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ from circuitgraph.features.units import Selection, head_values, neuron_values, r
 from circuitgraph.pipeline.inputs import load_inputs, resolve_prompt_like
 from circuitgraph.spec.dataset import Row
 from circuitgraph.spec.root import Spec
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["HEAD_EXTRA", "Shard", "ShardJob", "make_shards", "shard_path", "shard_state"]
 
@@ -57,14 +61,18 @@ def shard_path(out_dir: Path, shard_id: str) -> Path:
     return out_dir / "shards" / f"{shard_id}.npz"
 
 
+#: what a features worker loads once (:meth:`ShardJob.load`): the adapter, the dictionaries and the units
+FeatureInputs = tuple["ModelAdapter", "Dictionary | None", Selection]
+
+
 class ShardJob:
     """The executors' job of a features run (see :mod:`circuitgraph.datasets.executors`)."""
 
-    def load(self, spec: Spec) -> Any:
+    def load(self, spec: Spec) -> FeatureInputs:
         adapter, dictionaries = load_inputs(spec)
         return adapter, dictionaries, select_units(spec, adapter, dictionaries)
 
-    def run(self, spec: Spec, task: Shard, inputs: Any) -> PromptOutput:
+    def run(self, spec: Spec, task: Shard, inputs: FeatureInputs) -> PromptOutput:
         record: dict[str, Any] = {"id": task.id, "row": task.number, "status": "ok", "error": None,
                                   "n_rows": len(task.rows)}
         try:
@@ -87,7 +95,8 @@ class ShardJob:
                              "n_rows": len(task.rows)})
 
 
-def shard_state(spec: Spec, shard: Shard, adapter: Any, dictionaries: Any, selection: Selection, *,
+def shard_state(spec: Spec, shard: Shard, adapter: ModelAdapter, dictionaries: Dictionary | None,
+                selection: Selection, *,
                 flush_entries: int = _FLUSH_ENTRIES) -> FeatureState:
     """The :class:`FeatureState` of one shard's rows.
 

@@ -20,16 +20,21 @@ order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from circuitgraph.attribution.linearisation import dictionary_input
 from circuitgraph.datasets.prompt import one_line
+from circuitgraph.dictionaries.protocol import require_dictionary
 from circuitgraph.errors import SpecError
 from circuitgraph.export.html import read_graph_file
 from circuitgraph.spec.root import Spec
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["Selection", "head_values", "neuron_values", "row_activations", "select_units"]
 
@@ -99,7 +104,7 @@ def _wanted(spec: Spec, layers: list[int]) -> dict[int, set[int]] | None:
     return wanted
 
 
-def select_units(spec: Spec, adapter: Any, dictionaries: Any) -> Selection:
+def select_units(spec: Spec, adapter: ModelAdapter, dictionaries: Dictionary | None) -> Selection:
     """The run's :class:`Selection` from ``features.units`` / ``layers`` / ``features``; one-line
     errors for layers the model or the dictionaries lack and graph files with no such node."""
     f = spec.features
@@ -141,12 +146,13 @@ def select_units(spec: Spec, adapter: Any, dictionaries: Any) -> Selection:
                      tuple(f.head_metrics) if f.units == "heads" else ())
 
 
-def row_activations(adapter: Any, dictionaries: Any, layers: tuple[int, ...], tokens: list[int]) -> dict[int, torch.Tensor]:
+def row_activations(adapter: ModelAdapter, dictionaries: Dictionary | None, layers: tuple[int, ...],
+                    tokens: list[int]) -> dict[int, torch.Tensor]:
     """``{layer: activations (pos, d_sae) float32}`` of one row: the dictionaries' own
     activation functions on the inputs TransformerLens's hooks record."""
     names = set()
     for layer in layers:
-        site = dictionaries[layer].input_site
+        site = require_dictionary(dictionaries, "a feature dashboard")[layer].input_site
         names.add(adapter.hook_resid_mid(layer) if site == "raw" else adapter.hook_norm_normalized("ln2", layer))
     toks = torch.tensor([tokens], device=adapter.device)
     with torch.no_grad():
@@ -154,7 +160,7 @@ def row_activations(adapter: Any, dictionaries: Any, layers: tuple[int, ...], to
                                                 stop_at_layer=max(layers) + 1)
         out = {}
         for layer in layers:
-            d = dictionaries[layer]
+            d = require_dictionary(dictionaries, "a feature dashboard")[layer]
             mid = cache[adapter.hook_resid_mid(layer)][0] if d.input_site == "raw" else None
             ln2 = cache[adapter.hook_norm_normalized("ln2", layer)][0] if d.input_site != "raw" else None
             x = dictionary_input(adapter, d.input_site, layer, mid, ln2)
@@ -162,7 +168,7 @@ def row_activations(adapter: Any, dictionaries: Any, layers: tuple[int, ...], to
     return out
 
 
-def neuron_values(adapter: Any, layers: tuple[int, ...], tokens: list[int]) -> dict[int, torch.Tensor]:
+def neuron_values(adapter: ModelAdapter, layers: tuple[int, ...], tokens: list[int]) -> dict[int, torch.Tensor]:
     """``{layer: mlp.hook_post (pos, d_mlp) float32}`` of one row (a batch of one)."""
     names = {adapter.hook_mlp_post(layer) for layer in layers}
     toks = torch.tensor([tokens], device=adapter.device)
@@ -173,7 +179,7 @@ def neuron_values(adapter: Any, layers: tuple[int, ...], tokens: list[int]) -> d
                 for layer in layers}
 
 
-def head_values(adapter: Any, layers: tuple[int, ...], metrics: tuple[str, ...],
+def head_values(adapter: ModelAdapter, layers: tuple[int, ...], metrics: tuple[str, ...],
                 tokens: list[int]) -> dict[int, torch.Tensor]:
     """``{layer: (len(metrics), n_heads, query, key) float32}`` of one row: each metric of
     every head at every (query, key) pair (see the module docstring); pairs a causal head

@@ -32,7 +32,7 @@ in ``text`` and ``key_text`` the query token is between ``«`` and ``»``, the k
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,10 @@ from circuitgraph.queries.weights import (
 )
 from circuitgraph.spec.features import quantile_column
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
+
 __all__ = ["KEY_CLOSE", "KEY_OPEN", "MARK_CLOSE", "MARK_OPEN", "TOKEN_STRUCT", "examples_table", "features_table",
            "token_lists"]
 
@@ -62,7 +66,7 @@ TOKEN_STRUCT = pa.struct([("token", pa.string()), ("token_id", pa.int64()), ("va
 _CHUNK_ENTRIES = 1 << 24
 
 
-def token_lists(adapter: Any, dictionaries: Any, selection: Selection, top: int,
+def token_lists(adapter: ModelAdapter, dictionaries: Dictionary | None, selection: Selection, top: int,
                 token_str: Callable[[int], str]) -> dict[str, list[list[dict[str, Any]]]]:
     """``{column: one list of {token, token_id, value} per unit}`` for the token columns
     (``{}`` for heads)."""

@@ -52,8 +52,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -75,6 +74,22 @@ from circuitgraph.validation.gated_signs import echo_masks, row_nll_totals
 from circuitgraph.validation.gradient_effects import gradient_effects
 from circuitgraph.validation.interventions import Intervention, Unit, run_rows
 from circuitgraph.validation.metrics import Metric
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.hook_names import HookPointLike
+    from circuitgraph.adapters.sites import Site
+    from circuitgraph.attribution.nodes_builder import GraphOptions
+    from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.spec.validation import (
+        Ablate,
+        Faithfulness,
+        FaithfulnessCurve,
+        Patching,
+        PredictedVsActual,
+        ReplacementFidelity,
+        SignRegimes,
+    )
 
 __all__ = ["CheckEstimate", "PeakWatch", "PROBES", "release_free_memory", "PER_EDGE_CHECKS", "estimate_checks", "reset_peak", "peak_so_far", "resident", "PATCH_BATCH"]
 
@@ -225,7 +240,7 @@ class CheckEstimate:
                 f"about {self.seconds:,.0f} CPU seconds")
 
 
-def _sign_regimes(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstimate:
+def _sign_regimes(c: CheckCall, p: SignRegimes, prompt: list[int], where: str) -> CheckEstimate:
     a = c.adapter
     selection, evaluation = sign_regimes_rows(c, p)
     if p.use_graph_prompt:
@@ -261,7 +276,7 @@ def _sign_regimes(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckE
                          f"lower {where}.batch_size or max_row_tokens, or run it with fewer executor workers")
 
 
-def _patching(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstimate:
+def _patching(c: CheckCall, p: Patching, prompt: list[int], where: str) -> CheckEstimate:
     a = c.adapter
     f = a.facts
     clean = prompt if p.clean is None else c.prompt(p.clean, f"{where}.clean")
@@ -299,7 +314,7 @@ def _patching(c: CheckCall, p: Any, prompt: list[int], where: str) -> CheckEstim
 ROWS_BATCH = 32
 
 
-def _removal_rows(a: Any, tokens: list[int], n_rows: int, batch: int) -> tuple[int, float]:
+def _removal_rows(a: ModelAdapter, tokens: list[int], n_rows: int, batch: int) -> tuple[int, float]:
     """Probe ``run_rows`` on ``tokens`` with ``n_rows`` runs (up to two passes of ``batch``: the first
     pass's logits live on while the second is computed), each removing another neuron of the last
     layer at the last position (the clean run first, as the checks' rows): ``(bytes, seconds a pass)``."""
@@ -312,12 +327,12 @@ def _removal_rows(a: Any, tokens: list[int], n_rows: int, batch: int) -> tuple[i
     return work, secs / math.ceil(probed / batch)
 
 
-def _frozen_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
+def _frozen_pass(a: ModelAdapter, tokens: list[int]) -> tuple[int, float]:
     """Probe one frozen run's captures (``frozen_reader_values`` keeps every layer's residuals and
     MLP inputs of the prompt): a forward pass keeping the same hooks."""
     captured: dict[str, torch.Tensor] = {}
 
-    def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def keep(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         captured[hook.name] = value.detach()[0]
         return value
 
@@ -331,7 +346,7 @@ def _frozen_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
     return _probe(run)
 
 
-def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
+def _gradient_pass(a: ModelAdapter, tokens: list[int]) -> tuple[int, float]:
     """Probe the ``predicted_gradient`` column's forward and backward pass (``gradient_effects``:
     the autograd graph of the whole prompt kept for the backward pass): one neuron of every layer
     at the last position, read by the last position's first logit."""
@@ -343,7 +358,7 @@ def _gradient_pass(a: Any, tokens: list[int]) -> tuple[int, float]:
         return 0, 0.0
 
 
-def _neuron_sites(a: Any, options: Any, transcoders: Any) -> list[tuple[str, int]]:
+def _neuron_sites(a: ModelAdapter, options: GraphOptions, transcoders: Dictionary | None) -> list[tuple[Site, int]]:
     """The (site, layer) pairs whose magnitudes ``unit_magnitudes`` caches for the controls of a
     graph made with ``options`` (every layer of the site: controls come from every layer)."""
     L = a.facts.n_layers
@@ -353,8 +368,8 @@ def _neuron_sites(a: Any, options: Any, transcoders: Any) -> list[tuple[str, int
     return [("neuron", l) for l in range(L)]
 
 
-def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                         transcoders: Any) -> CheckEstimate:
+def _predicted_vs_actual(c: CheckCall, p: PredictedVsActual, prompt: list[int], where: str, options: GraphOptions,
+                         transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 1 + p.k
     rm_bytes, rm_s = _removal_rows(a, prompt, n_rows, ROWS_BATCH)
@@ -370,7 +385,8 @@ def _predicted_vs_actual(c: CheckCall, p: Any, prompt: list[int], where: str, op
                          f"lower {where}.k (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, transcoders: Any) -> CheckEstimate:
+def _ablate(c: CheckCall, p: Ablate, prompt: list[int], where: str, options: GraphOptions,
+            transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     evaluation = c.prompts(p.eval_prompts, f"{where}.eval_prompts")
     if p.eval_dataset is not None:
@@ -390,12 +406,12 @@ def _ablate(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any, t
                          f"lower {where}.n_controls (its {n_rows} runs share a forward pass) or shorten the prompt")
 
 
-def _universe(a: Any, options: Any, T: int) -> list[Unit]:
-    return universe_units(SimpleNamespace(adapter=a, options=options, linearisation=SimpleNamespace(n_pos=T)))
+def _universe(a: ModelAdapter, options: GraphOptions, T: int) -> list[Unit]:
+    return universe_units(a, options, T)
 
 
-def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                  transcoders: Any) -> CheckEstimate:
+def _faithfulness(c: CheckCall, p: Faithfulness, prompt: list[int], where: str, options: GraphOptions,
+                  transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     if p.mode == "mean":
         refs = tuple(tuple(t) for t in c.prompts(p.reference_prompts, f"{where}.reference_prompts")) \
@@ -413,8 +429,8 @@ def _faithfulness(c: CheckCall, p: Any, prompt: list[int], where: str, options: 
                          "shorten the prompt (its 4 runs share one forward pass)")
 
 
-def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                        transcoders: Any) -> CheckEstimate:
+def _faithfulness_curve(c: CheckCall, p: FaithfulnessCurve, prompt: list[int], where: str, options: GraphOptions,
+                        transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     n_rows = 2 + len(p.sizes)
     if p.unit == "nodes":
@@ -441,8 +457,8 @@ def _faithfulness_curve(c: CheckCall, p: Any, prompt: list[int], where: str, opt
                          "fewer sizes or a shorter prompt")
 
 
-def _replacement_fidelity(c: CheckCall, p: Any, prompt: list[int], where: str, options: Any,
-                          transcoders: Any) -> CheckEstimate:
+def _replacement_fidelity(c: CheckCall, p: ReplacementFidelity, prompt: list[int], where: str, options: GraphOptions,
+                          transcoders: Dictionary) -> CheckEstimate:
     a = c.adapter
     rows = [prompt] + c.prompts(p.prompts, f"{where}.prompts")
     longest = max(rows, key=len)
@@ -471,8 +487,8 @@ PER_EDGE_CHECKS = frozenset({"qk"})
 
 
 @torch.no_grad()
-def estimate_checks(spec: Spec, adapter: Any, prompt: list[int], *, options: Any = None,
-                    transcoders: Any = None) -> list[CheckEstimate]:
+def estimate_checks(spec: Spec, adapter: ModelAdapter, prompt: list[int], *, options: GraphOptions | None = None,
+                    transcoders: Dictionary | None = None) -> list[CheckEstimate]:
     """The :class:`CheckEstimate` of every check of ``spec`` that runs the model (:data:`PROBES`),
     probed on ``adapter`` (the loaded model; ``prompt``: the main prompt's token ids; ``options``,
     ``transcoders``: the graph's, as the run makes them)."""

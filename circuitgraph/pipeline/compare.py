@@ -9,10 +9,10 @@ folder (its aggregate, :meth:`~circuitgraph.datasets.store.Dataset.graph`), or a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
 
-from circuitgraph.datasets.store import open_dataset
+from circuitgraph.datasets.store import Dataset, open_dataset
 from circuitgraph.errors import LoadError
 from circuitgraph.export.html import read_graph_file
 from circuitgraph.graph.graph import AttributionGraph
@@ -23,12 +23,16 @@ __all__ = ["diff", "load_comparable"]
 _AGGREGATE_FILES = ("aggregate.json", "nodes.parquet", "edges.parquet")
 
 
-def load_comparable(source: Any) -> tuple[AttributionGraph, str]:
+#: what :func:`diff` compares: a graph, an open dataset, or the path of a graph file or dataset folder
+Comparable = AttributionGraph | Dataset | str | os.PathLike[str]
+
+
+def load_comparable(source: Comparable) -> tuple[AttributionGraph, str]:
     """``(graph, name)`` of a source (see the module docstring)."""
     if isinstance(source, AttributionGraph):
         prompt = source.metadata.prompt
         return source, prompt if prompt is not None else "graph"
-    if hasattr(source, "graph") and callable(source.graph):  # an open Dataset
+    if isinstance(source, Dataset):
         return source.graph(), str(getattr(source, "directory", "dataset"))
     path = Path(source)
     if path.is_file() and path.name in _AGGREGATE_FILES:
@@ -42,7 +46,7 @@ def load_comparable(source: Any) -> tuple[AttributionGraph, str]:
     return graph, f"{path.name}: {graph.metadata.prompt or ''}".rstrip(": ")
 
 
-def diff(a: Any, b: Any, *, match: Match = "position", allow_different: bool = False) -> GraphDiff:
+def diff(a: Comparable, b: Comparable, *, match: Match = "position", allow_different: bool = False) -> GraphDiff:
     """Compare ``a`` with ``b`` (graphs, graph files or dataset folders): matched nodes with their
     signed effect on the targets, influence and activation in both, edges with their weight in both
     and the difference, sign flips flagged, what is only in one, and the top changes by the size of

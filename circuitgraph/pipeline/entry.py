@@ -10,7 +10,7 @@ runner, never back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from circuitgraph._results import RunOutcome
 from circuitgraph.adapters.files import check_input_files
@@ -23,10 +23,14 @@ from circuitgraph.pipeline.estimate import estimate_run
 from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
 from circuitgraph.spec import SpecSource, load_spec
 
+if TYPE_CHECKING:
+    from circuitgraph.pipeline.inputs import LoadedInputs
+    from circuitgraph.spec.root import Spec
+
 __all__ = ["run", "dry_run"]
 
 
-def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: LoadedInputs | None = None,
         memory_limit: int | None = None) -> RunOutcome:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
@@ -65,7 +69,7 @@ def dry_run(spec: SpecSource, *, memory_limit: int | None = None) -> list[str]:
         return _dry_run(spec, memory_limit)
 
 
-def _dry_run(spec: Any, memory_limit: int | None) -> list[str]:
+def _dry_run(spec: Spec, memory_limit: int | None) -> list[str]:
     if spec.is_dataset:
         rows = load_rows(spec)
         longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))

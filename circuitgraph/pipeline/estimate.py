@@ -46,6 +46,7 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     process_memory,
 )
 from circuitgraph.dictionaries.formats import dictionary_footprint
+from circuitgraph.errors import spec_field
 from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks, release_free_memory
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
@@ -205,9 +206,10 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
     model_dir = existing_model_folder(m)
     if m.source == "path" and model_dir is None:  # a GGUF file not converted yet: its header
-        g = read_gguf_summary(m.path)
+        path = spec_field(m.path, "model.path")
+        g = read_gguf_summary(path)
         L, D, bytes_model = g.n_layers, g.d_model, 4 * g.n_params
-        notes.append(f"{Path(m.path).name}: dequantised to float32 on first use (about {_gb(bytes_model)})")
+        notes.append(f"{Path(path).name}: dequantised to float32 on first use (about {_gb(bytes_model)})")
     elif m.source == "pretrained" and model_dir is None:
         notes.append(f"pretrained model {m.pretrained}: not fetched yet (`circuitgraph fetch {m.pretrained}`); "
                      "its size is known once it is")

@@ -20,6 +20,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.spec.export import EXPORT_KINDS
 
 if TYPE_CHECKING:
+    from circuitgraph.features.summary import FeatureDashboards
     from circuitgraph.pipeline.runner import RunResult
 
 __all__ = ["ExportJob", "EXPORT_WRITERS"]
@@ -43,7 +44,7 @@ class ExportJob:
     #: ``graph_to_dot`` options from ``export.diagram`` (empty when no output is a diagram)
     diagram: dict[str, Any]
     #: the features folder's dashboards (``export.features``), or None
-    dashboards: Any
+    dashboards: FeatureDashboards | None
 
 
 Writer = Callable[[ExportJob, str], None]

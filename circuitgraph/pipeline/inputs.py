@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,15 +23,22 @@ from circuitgraph.adapters.loading import (
 from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_fields, prompt_ids
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
 from circuitgraph.builtin import BUILTIN_MODELS
-from circuitgraph.dictionaries import TranscoderSet
+from circuitgraph.dictionaries import Dictionary
 from circuitgraph.dictionaries.hub import resolve_hf_dictionary
 from circuitgraph.dictionaries.sources import load_dictionary_spec
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.load import trained_dictionary_hint
 
-__all__ = ["needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
+if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
+
+__all__ = ["LoadedInputs", "needs_transformer_lens", "load_inputs", "check_dictionary_model", "resolve_prompt", "resolve_targets",
            "resolve_prompt_like"]
+
+#: what :func:`load_inputs` loads for a spec: the model adapter and its dictionaries (None without
+#: ``transcoders:``); a dataset or features worker loads them once and hands them to every prompt
+LoadedInputs = tuple[ModelAdapter, Dictionary | None]
 
 
 def needs_transformer_lens(spec: Spec) -> bool:
@@ -45,7 +52,7 @@ def needs_transformer_lens(spec: Spec) -> bool:
     return folder_backend(path, m.backend, trust_remote_code=m.trust_remote_code) != "native"
 
 
-def load_inputs(spec: Spec) -> tuple[ModelAdapter, TranscoderSet | None]:
+def load_inputs(spec: Spec) -> LoadedInputs:
     """Load the model and transcoders a spec names, in the dtype the graph needs."""
     m = spec.model
     t = spec.transcoders
@@ -164,7 +171,7 @@ def _direction_vector(d: Any, d_model: int, where: str) -> torch.Tensor:
     return v
 
 
-def _warn_leading_space(spec: Spec, tokenizer: Any) -> None:
+def _warn_leading_space(spec: Spec, tokenizer: Tokenizer | None) -> None:
     """A :class:`~circuitgraph.errors.LeadingSpaceWarning` for each target string written without
     the leading space its single-token form after a word has (``"Mary"`` for ``" Mary"``), unless
     the prompt text ends in whitespace."""
@@ -181,7 +188,7 @@ def _warn_leading_space(spec: Spec, tokenizer: Any) -> None:
                     warnings.warn(message, LeadingSpaceWarning, stacklevel=2)
 
 
-def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: TranscoderSet | None,
+def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: Dictionary | None,
                     logits: torch.Tensor, n_pos: int) -> list[ResolvedTarget]:
     """Spec targets -> ResolvedTarget values (tokens resolved, positions and layers checked)."""
     f = adapter.facts

@@ -11,6 +11,7 @@ says so in one line (the run prints it, and records it in the graph's metadata).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["EXACT_TOLERANCE", "DTYPE_EPS", "precision_warning"]
@@ -21,7 +22,7 @@ EXACT_TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
 DTYPE_EPS = {"float64": 2.2e-16, "float32": 1.2e-7, "bfloat16": 7.8e-3, "float16": 9.8e-4}
 
 
-def precision_warning(completeness: dict[str, Any], *, weights_dtype: str, graph_dtype: str) -> str | None:
+def precision_warning(completeness: Mapping[str, Any], *, weights_dtype: str, graph_dtype: str) -> str | None:
     """One line when the graph's largest relative completeness violation is above what
     ``graph_dtype`` accumulation allows (``None`` otherwise): what it means, and what to run instead."""
     worst = completeness.get("max_relative_violation")

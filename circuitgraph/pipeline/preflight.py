@@ -153,7 +153,7 @@ class Preflight:
     model: ModelFacts | None = None
     dictionary: DeclaredDictionary | None = None
     dictionary_where: str = "transcoders"
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     #: the main prompt's token ids (``None``: a dataset, or no tokenizer for a text prompt)
     prompt_tokens: list[int] | None = None
     #: the layers the dictionary folder holds (``None``: unknown)
@@ -180,7 +180,7 @@ def _model_dir(spec: Spec) -> Path | None:
     return existing_model_folder(spec.model)
 
 
-def _tokenizer(model_dir: Path) -> Any:
+def _tokenizer(model_dir: Path) -> Tokenizer | None:
     try:
         tok_dir = resolve_tokenizer_dir(model_dir / "tokenizer")
         if tok_dir is None and (model_dir / "tokenizer.json").is_file():  # a save_pretrained folder
@@ -190,11 +190,11 @@ def _tokenizer(model_dir: Path) -> Any:
         return None  # check_input_files reports a broken tokenizer
 
 
-def _prompt_tokens(spec: Spec, tokenizer: Any) -> list[int] | None:
+def _prompt_tokens(spec: Spec, tokenizer: Tokenizer | None) -> list[int] | None:
     return tokens_of(spec.prompt, tokenizer)
 
 
-def tokens_of(prompt: Any, tokenizer: Any) -> list[int] | None:
+def tokens_of(prompt: Any, tokenizer: Tokenizer | None) -> list[int] | None:
     """A spec prompt's token ids as the run makes them (``None``: no prompt, or a text without a
     tokenizer)."""
     if prompt is None:

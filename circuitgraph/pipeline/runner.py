@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -50,11 +50,22 @@ from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_l
 from circuitgraph.pipeline.precision import precision_warning
 from circuitgraph.pipeline.stage_memory import later_stages
 from circuitgraph.queries import graph_scores, prune_graph, run_query
+from circuitgraph.queries._base import require_context
 from circuitgraph.queries.qk import qk_problems
 from circuitgraph.spec import Spec, SpecSource, load_spec
 from circuitgraph.spec.export import EXPORT_KINDS
 from circuitgraph.validation import run_check
 from circuitgraph.validation.steering import steer_item
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.attribution.linearisation import Linearisation
+    from circuitgraph.attribution.targets import ResolvedTarget
+    from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.graph.nodes import Node
+    from circuitgraph.pipeline.inputs import LoadedInputs
+    from circuitgraph.spec.graph import PruneSpec
 
 __all__ = ["RunResult", "run", "build", "prepare", "steer_spec"]
 
@@ -194,7 +205,7 @@ class RunResult(RunOutcome):
         return lines
 
 
-def _target_text(node: Any) -> str:
+def _target_text(node: Node) -> str:
     """A target as a reader sees it: a token quoted (``' an'``, its space visible)."""
     if node.kind == "logit" and node.label:
         return repr(node.label)
@@ -273,15 +284,15 @@ def _check_outputs(spec: Spec) -> None:
 class Prepared:
     """Everything a graph is built from: the loaded inputs, the forward pass, the options."""
 
-    adapter: Any
-    transcoders: Any
-    lin: Any
-    targets: list
-    options: Any
+    adapter: ModelAdapter
+    transcoders: Dictionary | None
+    lin: Linearisation
+    targets: list[ResolvedTarget]
+    options: GraphOptions
     metadata: dict[str, Any]
 
 
-def build(spec: SpecSource, *, progress: bool = False, inputs: Any = None,
+def build(spec: SpecSource, *, progress: bool = False, inputs: LoadedInputs | None = None,
           memory_limit: int | None = None) -> AttributionGraph:
     """Load inputs and build the unpruned graph of a spec (no queries, no exports).
 
@@ -306,7 +317,7 @@ def _build_prepared(spec: Spec, p: Prepared, progress: bool) -> AttributionGraph
     return graph
 
 
-def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = None) -> Prepared:
+def prepare(spec: SpecSource, *, inputs: LoadedInputs | None = None, memory_limit: int | None = None) -> Prepared:
     """Load the model and dictionaries (unless ``inputs`` gives them), run the forward pass,
     resolve targets and options.  ``memory_limit``: the budget in bytes (else
     ``CIRCUITGRAPH_MEMORY_LIMIT``; :func:`~circuitgraph.pipeline.memory_watch.memory_budget`),
@@ -371,7 +382,7 @@ def prepare(spec: SpecSource, *, inputs: Any = None, memory_limit: int | None = 
     return Prepared(adapter, tcs, lin, targets, options, metadata)
 
 
-def _prompt_text(spec: Spec, tokenizer: Any, tokens: list[int], strs: list[str]) -> str:
+def _prompt_text(spec: Spec, tokenizer: Tokenizer | None, tokens: list[int], strs: list[str]) -> str:
     """The prompt as text: the spec's text, else the tokens decoded (as circuit-tracer writes it)."""
     text = getattr(spec.prompt, "text", spec.prompt if isinstance(spec.prompt, str) else None)
     if isinstance(text, str):
@@ -384,7 +395,7 @@ def _prompt_text(spec: Spec, tokenizer: Any, tokens: list[int], strs: list[str])
     return "".join(strs)
 
 
-def _check_qk_items(spec: Spec, adapter: Any, n_pos: int) -> None:
+def _check_qk_items(spec: Spec, adapter: ModelAdapter, n_pos: int) -> None:
     """``qk`` queries and checks name layers, heads and positions the model and prompt must have:
     checked before the graph is built, so bad input fails fast and writes nothing."""
     f = adapter.facts
@@ -401,7 +412,7 @@ def _check_qk_items(spec: Spec, adapter: Any, n_pos: int) -> None:
         raise SpecError(problems)
 
 
-def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: Any = None,
+def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs: LoadedInputs | None = None,
         memory_limit: int | None = None) -> Any:
     """Run a spec (a path, a dict or a :class:`~circuitgraph.spec.Spec`) end to end.
 
@@ -436,7 +447,8 @@ def run(spec: SpecSource, *, progress: bool = False, force: bool = False, inputs
     return result
 
 
-def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: Any, budget: int | None,
+def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, inputs: LoadedInputs | None,
+                budget: int | None,
                 heatmaps: dict[str, Path]) -> RunResult:
     """The stages of :func:`run`, each under the memory watch."""
     timings: dict[str, float] = {}
@@ -476,7 +488,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
     validation = []
     run_warnings = full.metadata.setdefault("warnings", [])
     if spec.validate:
-        adapter = full.context.adapter
+        adapter = require_context(full, "the spec's validate: checks").adapter
         t0 = time.perf_counter()
         for i, c in enumerate(spec.validate):
             resolver = lambda p, i=i: resolve_prompt_like(p, adapter, where=f"validate[{i}]")  # noqa: E731
@@ -512,7 +524,7 @@ def export_edge_limit(spec: Spec) -> int | None:
     return min(caps) if caps else None
 
 
-def _prune_within(full: AttributionGraph, p: Any, cap: int | None) -> AttributionGraph:
+def _prune_within(full: AttributionGraph, p: PruneSpec, cap: int | None) -> AttributionGraph:
     """The pruned graph of ``prune:``, with at most ``cap`` edges (what the JSON and Neuronpedia
     exports write at most, :func:`export_edge_limit`): when the thresholds keep more, the most
     influential edges are kept (``top_k_edges`` lowered until the edges kept plus the remainder
@@ -565,7 +577,7 @@ def _run_steering(spec: Spec, full: AttributionGraph, run_warnings: list[str],
     return out
 
 
-def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: Any = None) -> list[ResultEntry]:
+def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: LoadedInputs | None = None) -> list[ResultEntry]:
     """Build a spec's graph and run only its ``steer:`` items (no queries, checks or exports):
     one entry per item, as :meth:`RunResult.steering_json` writes them, with ``result`` the
     :class:`~circuitgraph.validation.steering.SteeringResult` (``status``/``error`` on failure).

@@ -108,7 +108,7 @@ def later_stages(spec: Spec) -> LaterStages:
     caps = [c for c in (ex.max_json_edges if ex.json is not None else None,
                         DEFAULT_MAX_LINKS if ex.neuronpedia is not None else None) if c is not None]
     limit = min(caps) if caps else None
-    top_k = spec.pruning.top_k_edges if pruned else None
+    top_k = spec.pruning.top_k_edges if spec.pruning is not None else None
     kept_cap = min([c for c in (limit, top_k) if c is not None], default=None) if pruned else None
     return LaterStages(
         full_edge_bytes=full[heaviest], resident_edge_bytes=RESIDENT_EDGE_BYTES if outputs else 0,

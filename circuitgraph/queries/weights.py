@@ -35,7 +35,9 @@ from circuitgraph.queries._base import QueryResult, check_k, format_table, requi
 from circuitgraph.queries.filters import match_nodes
 
 if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
     from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["Unit", "VirtualWeightsResult", "DeEmbeddingResult", "virtual_weights", "de_embedding",
            "feature_reader_directions", "feature_writer_directions", "neuron_reader_directions",
@@ -106,22 +108,22 @@ class _Weights:
         if not (0 <= unit.index < size):
             raise QueryError(f"{unit}: index {unit.index} is out of range ({what} has {size}: 0-{size - 1})")
 
-    def _transcoder(self, unit: Unit) -> Any:
+    def _dictionaries(self, unit: Unit) -> Dictionary:
+        """The dictionaries, once ``unit`` (a feature) is checked against them."""
         self._check_layer(unit)
         tcs = self.ctx.transcoders
         if tcs is None or unit.layer not in tcs:
             raise QueryError(f"{unit}: no transcoder is loaded for layer {unit.layer}")
         tc = tcs[unit.layer]
         self._check_index(unit, tc.d_sae, f"the layer-{unit.layer} transcoder")
-        return tc
+        return tcs
 
     def reader(self, unit: Unit) -> tuple[Any, ResidualLocation]:
         """``(g (d_model,), residual location read)``."""
         a, f = self.a, self.f
         if unit.kind == "feature":
-            self._transcoder(unit)
-
-            w = feature_reader_directions(a, self.ctx.transcoders, unit.layer, torch.tensor([unit.index]))[0]
+            tcs = self._dictionaries(unit)
+            w = feature_reader_directions(a, tcs, unit.layer, torch.tensor([unit.index]))[0]
             return w, ResidualLocation.resid_mid(unit.layer)
         if unit.kind == "neuron":
             self._check_layer(unit)
@@ -142,8 +144,8 @@ class _Weights:
     def _writer(self, unit: Unit) -> Any:
         a, f = self.a, self.f
         if unit.kind == "feature":
-            self._transcoder(unit)
-            writes = feature_writer_directions(a, self.ctx.transcoders, unit.layer, torch.tensor([unit.index]))
+            tcs = self._dictionaries(unit)
+            writes = feature_writer_directions(a, tcs, unit.layer, torch.tensor([unit.index]))
             return [(v[0], location) for v, location in writes]
         if unit.kind == "neuron":
             self._check_layer(unit)
@@ -156,7 +158,8 @@ class _Weights:
         raise QueryError(f"{unit}: kind {unit.kind!r} is not a writer unit; expected one of {', '.join(WRITER_UNITS)}")
 
 
-def feature_reader_directions(adapter: Any, dictionaries: Any, layer: int, idx: Any) -> Any:
+def feature_reader_directions(adapter: ModelAdapter, dictionaries: Dictionary, layer: int,
+                              idx: torch.Tensor) -> torch.Tensor:
     """Weight-only reader directions ``g`` ``(n, d_model)`` (float64) of features ``idx`` of
     ``layer``: the encoder rows through the norm their input hook implies (see the module
     docstring).  The one implementation: :class:`_Weights` and the feature dashboards'
@@ -171,7 +174,8 @@ def feature_reader_directions(adapter: Any, dictionaries: Any, layer: int, idx: 
     return w
 
 
-def neuron_reader_directions(adapter: Any, layer: int, idx: Any, weight: str = "W_in") -> Any:
+def neuron_reader_directions(adapter: ModelAdapter, layer: int, idx: torch.Tensor,
+                             weight: str = "W_in") -> torch.Tensor:
     """Weight-only reader directions ``g = P(gamma2 * w)`` ``(n, d_model)`` (float64) of neurons
     ``idx`` of ``layer``: ``w`` the column of ``W_in`` (the neuron's pre-activation; a gated
     MLP's value) or, with ``weight="W_gate"``, of a gated MLP's gate.  The one implementation:
@@ -180,7 +184,7 @@ def neuron_reader_directions(adapter: Any, layer: int, idx: Any, weight: str = "
     return adapter.norm("ln2", layer).reader_direction(w)
 
 
-def neuron_writer_directions(adapter: Any, layer: int, idx: Any) -> Any:
+def neuron_writer_directions(adapter: ModelAdapter, layer: int, idx: torch.Tensor) -> torch.Tensor:
     """Weight-only writer directions ``(n, d_model)`` (float64) of neurons ``idx`` of ``layer``:
     rows of ``W_out``, through the post-MLP norm's ``gamma * P(v)`` where the block has one."""
     v = adapter.mlp_weights(layer)["W_out"][idx].double()
@@ -191,7 +195,8 @@ def neuron_writer_directions(adapter: Any, layer: int, idx: Any) -> Any:
     return v
 
 
-def feature_writer_directions(adapter: Any, dictionaries: Any, layer: int, idx: Any) -> list[tuple[Any, Any]]:
+def feature_writer_directions(adapter: ModelAdapter, dictionaries: Dictionary, layer: int,
+                              idx: torch.Tensor) -> list[tuple[torch.Tensor, ResidualLocation]]:
     """``[(directions (n, d_model) float64, residual location written)]`` of features ``idx`` of
     ``layer``: one write per output layer (several for a cross-layer transcoder), through the
     post-MLP norm's ``gamma * P(v)`` where the dictionary writes before it."""

@@ -11,11 +11,14 @@ such a file back; what it dequantises is the reference the tests compare circuit
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from circuitgraph.testing.hf_checkpoints import tiny_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["GGUF_FAMILIES", "BYTE_TOKENS", "gguf_tiny_model", "write_gguf"]
 
@@ -43,7 +46,7 @@ def _bytes_to_unicode() -> list[str]:
 BYTE_TOKENS: list[str] = _SPECIAL + _bytes_to_unicode() + ["".join(m) for m in _MERGES]
 
 
-def gguf_tiny_model(family: str = "llama", *, seed: int = 0) -> Any:
+def gguf_tiny_model(family: str = "llama", *, seed: int = 0) -> PreTrainedModel:
     """A tiny random model of ``family`` whose sizes suit GGUF's 32-wide quantisation blocks."""
     extra = dict(vocab_size=len(BYTE_TOKENS), intermediate_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "llama":  # the plain rope of a llama.cpp file (its writer here records no rope scaling)
@@ -56,7 +59,7 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: Any, path: str | Path, *, quant: str = "Q4_1") -> Path:
+def write_gguf(model: PreTrainedModel, path: str | Path, *, quant: str = "Q4_1") -> Path:
     """Write ``model`` (a :func:`gguf_tiny_model`) as the GGUF file ``path``; matrices in ``quant``
     (a ``gguf.GGMLQuantizationType`` name: Q4_1, Q8_0, F16, F32), vectors in F32."""
     import gguf

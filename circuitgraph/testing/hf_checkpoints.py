@@ -12,9 +12,12 @@ hub cache.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["TINY_CONFIGS", "tiny_checkpoint", "save_checkpoint", "save_tokenizer"]
 
@@ -69,7 +72,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def tiny_checkpoint(model_type: str, *, seed: int = 0, scale: float = 0.2, **overrides: Any) -> Any:
+def tiny_checkpoint(model_type: str, *, seed: int = 0, scale: float = 0.2, **overrides: Any) -> PreTrainedModel:
     """A transformers causal LM of ``model_type`` with tiny random weights (eval mode, float32)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -101,7 +104,8 @@ def save_tokenizer(folder: str | Path, vocab: int) -> None:
         str(folder))
 
 
-def save_checkpoint(model: Any, folder: str | Path, *, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
+def save_checkpoint(model: PreTrainedModel, folder: str | Path, *, tokenizer: bool = True,
+                    max_shard_size: str | None = None) -> Path:
     """``model.save_pretrained(folder)`` (sharded with an index when ``max_shard_size`` is given)
     plus, by default, a tokenizer at the folder's root.  Returns the folder."""
     folder = Path(folder)

@@ -16,12 +16,15 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import yaml
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 __all__ = ["hf_cache_repo", "random_layer_dictionary", "save_layer_dictionary", "tiny_config", "tiny_model", "random_transcoders", "save_bundle", "random_clt", "save_clt"]
 
@@ -91,7 +94,8 @@ def tiny_config(
 
 
 @torch.no_grad()
-def tiny_model(cfg: Any = None, *, seed: int = 0, bias_scale: float = 0.1, **cfg_kwargs: Any) -> Any:
+def tiny_model(cfg: HookedTransformerConfig | None = None, *, seed: int = 0, bias_scale: float = 0.1,
+               **cfg_kwargs: Any) -> HookedTransformer:
     """A HookedTransformer with random weights, random norm gammas/betas and random biases."""
     from transformer_lens import HookedTransformer
 
@@ -114,7 +118,7 @@ def tiny_model(cfg: Any = None, *, seed: int = 0, bias_scale: float = 0.1, **cfg
 
 @torch.no_grad()
 def random_transcoders(
-    model: Any,
+    model: HookedTransformer,
     *,
     d_sae: int = 48,
     kind: Literal["relu", "jumprelu", "skip", "jumprelu_skip"] = "relu",
@@ -197,7 +201,7 @@ def random_transcoders(
     return out
 
 
-def save_bundle(directory: str | Path, model: Any, transcoders: dict[int, Any] | None = None,
+def save_bundle(directory: str | Path, model: HookedTransformer, transcoders: dict[int, Any] | None = None,
                 prompt_tokens: list[int] | None = None) -> Path:
     """Write ``DIR/model/{config.json, model.safetensors}``, ``DIR/transcoders/layer_<i>/`` and
     ``DIR/prompt.json`` in the local format circuitgraph reads."""
@@ -231,7 +235,7 @@ _CLT_INPUT_HOOKS = {"raw": "hook_resid_mid", "normalized": "ln2.hook_normalized"
 
 @torch.no_grad()
 def random_clt(
-    model: Any,
+    model: HookedTransformer,
     *,
     d_transcoder: int = 32,
     activation: Literal["relu", "jump_relu", "topk"] = "relu",
@@ -302,7 +306,8 @@ def save_clt(directory: str | Path, clt: dict[str, Any]) -> Path:
 
 
 @torch.no_grad()
-def random_layer_dictionary(model: Any, *, d_sae: int = 32, activation: Literal["relu", "jump_relu", "topk"] = "relu",
+def random_layer_dictionary(model: HookedTransformer, *, d_sae: int = 32,
+                            activation: Literal["relu", "jump_relu", "topk"] = "relu",
                             skip: bool = False, active_frac: float = 0.15, seed: int = 0) -> list[dict[str, Any]]:
     """Random per-layer transcoders reading the MLP input (``gamma2 * P(x)/sigma2 + beta2``) and
     writing the MLP output, in circuitgraph's orientation: per layer ``W_enc (d_model, d_sae)``,

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.hook_names import HookPointLike
 
 __all__ = ["INPUT_HOOK", "OUTPUT_HOOK", "layer_activations", "next_token_loss", "spliced"]
 
@@ -21,22 +25,22 @@ INPUT_HOOK = "ln2.hook_normalized"
 OUTPUT_HOOK = "hook_mlp_out"
 
 
-def _in(adapter: Any, l: int) -> str:
+def _in(adapter: ModelAdapter, l: int) -> str:
     return adapter.hook_norm_normalized("ln2", l)
 
 
-def _out(adapter: Any, l: int) -> str:
+def _out(adapter: ModelAdapter, l: int) -> str:
     return adapter.hook_mlp_out(l)
 
 
-def layer_activations(adapter: Any, tokens: torch.Tensor, layers: list[int], *, skip_first: bool
+def layer_activations(adapter: ModelAdapter, tokens: torch.Tensor, layers: list[int], *, skip_first: bool
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``, each ``(len(layers), n_tokens, d_model)`` float32 on the model's device: the
     dictionary inputs and the MLP outputs of the windows ``tokens (B, T)`` (position 0 left out
     when ``skip_first``: the BOS token's outliers are not trained on)."""
     got: dict[str, torch.Tensor] = {}
 
-    def keep(value: torch.Tensor, hook: Any) -> None:
+    def keep(value: torch.Tensor, hook: HookPointLike) -> None:
         got[hook.name] = value.detach()
 
     names = [n for l in layers for n in (_in(adapter, l), _out(adapter, l))]
@@ -51,7 +55,7 @@ def layer_activations(adapter: Any, tokens: torch.Tensor, layers: list[int], *, 
     return stack(_in), stack(_out)
 
 
-def next_token_loss(adapter: Any, tokens: torch.Tensor) -> float:
+def next_token_loss(adapter: ModelAdapter, tokens: torch.Tensor) -> float:
     """Mean next-token cross-entropy of the windows (every position predicting the next token)."""
     with torch.no_grad():
         logits = adapter.model(tokens.to(adapter.device), return_type="logits").float()
@@ -59,7 +63,8 @@ def next_token_loss(adapter: Any, tokens: torch.Tensor) -> float:
 
 
 @contextmanager
-def spliced(adapter: Any, layers: list[int], replace: Callable[[int, dict[int, torch.Tensor]], torch.Tensor] | None,
+def spliced(adapter: ModelAdapter, layers: list[int],
+            replace: Callable[[int, dict[int, torch.Tensor]], torch.Tensor] | None,
             *, start: int = 0) -> Iterator[None]:
     """Within the block, each listed layer's MLP output is ``replace(i, inputs)`` (``i``: its index in
     ``layers``; ``inputs``: the dictionary inputs ``(B, T, D)`` of the listed layers seen so far in this
@@ -68,10 +73,10 @@ def spliced(adapter: Any, layers: list[int], replace: Callable[[int, dict[int, t
     inputs: dict[int, torch.Tensor] = {}
     hooks = []
     for i, l in enumerate(layers):
-        def read(value: torch.Tensor, hook: Any, i: int = i) -> None:
+        def read(value: torch.Tensor, hook: HookPointLike, i: int = i) -> None:
             inputs[i] = value.detach()
 
-        def write(value: torch.Tensor, hook: Any, i: int = i) -> torch.Tensor:
+        def write(value: torch.Tensor, hook: HookPointLike, i: int = i) -> torch.Tensor:
             out = value.clone()
             new = torch.zeros_like(value) if replace is None else replace(i, inputs).to(value.dtype)
             out[:, start:] = new[:, start:]

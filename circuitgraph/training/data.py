@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from circuitgraph.errors import LoadError
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
 
 __all__ = ["read_documents", "token_windows", "split_windows"]
 
@@ -59,7 +62,7 @@ def read_documents(paths: list[Path], text_field: str = "text") -> list[str]:
     return docs
 
 
-def token_windows(docs: list[str], tokenizer: Any, context: int, *, bos_id: int | None) -> torch.Tensor:
+def token_windows(docs: list[str], tokenizer: Tokenizer, context: int, *, bos_id: int | None) -> torch.Tensor:
     """``(n_windows, context)`` token ids: the documents tokenised and joined (separated by the
     BOS token when there is one), cut into pieces of ``context - 1`` tokens each led by BOS, or of
     ``context`` tokens when the tokenizer has no BOS.  The tail shorter than a window is dropped."""

@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.dictionary import TrainableDictionary
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["LoopConfig", "Progress", "train_loop", "batch_ids", "CHECKPOINT"]
 
@@ -63,7 +66,7 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def train_loop(adapter: Any, windows: torch.Tensor, layers: list[int], module: TrainableDictionary,
+def train_loop(adapter: ModelAdapter, windows: torch.Tensor, layers: list[int], module: TrainableDictionary,
                cfg: LoopConfig, out_dir: Path, *, resume: bool = True,
                progress: Callable[[Progress], None] | None = None, stop_after: int | None = None) -> int:
     """Train ``module`` in place; returns the step reached (``cfg.steps`` unless ``stop_after``

@@ -10,12 +10,15 @@ of the trained layers, and the CE with those MLPs zero-ablated; ``loss_recovered
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitgraph.training.activation_stream import layer_activations, next_token_loss, spliced
 from circuitgraph.training.dictionary import DictionaryWeights, activate, apply_weights
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["evaluate", "splice_function", "DENSE"]
 
@@ -45,7 +48,7 @@ def splice_function(w: DictionaryWeights):
     return replace
 
 
-def evaluate(adapter: Any, w: DictionaryWeights, windows: torch.Tensor, layers: list[int], *, batch: int,
+def evaluate(adapter: ModelAdapter, w: DictionaryWeights, windows: torch.Tensor, layers: list[int], *, batch: int,
              skip_first: bool) -> dict[str, Any]:
     """The metrics (see the module docstring) on the held-out ``windows``."""
     n, F = len(layers), w.b_enc.shape[1]

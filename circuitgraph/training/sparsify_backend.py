@@ -35,7 +35,7 @@ from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
@@ -46,6 +46,12 @@ from circuitgraph.errors import SpecError
 from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.dictionary import DictionaryWeights
 from circuitgraph.training.loop import Progress, batch_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.spec.train import TrainRunSpec
 
 __all__ = ["sparsify_unavailable", "train_with_sparsify", "read_sparsify_folder", "SPARSIFY_VERSION", "CHECKPOINT_DIR"]
 
@@ -82,7 +88,7 @@ def _model_folder(model_spec: Any) -> Path:
     return folder
 
 
-def _mlp_hookpoints(hf_model: Any, layers: list[int]) -> list[str]:
+def _mlp_hookpoints(hf_model: PreTrainedModel, layers: list[int]) -> list[str]:
     from sparsify.utils import get_layer_list
 
     name, blocks = get_layer_list(hf_model)
@@ -93,7 +99,8 @@ def _mlp_hookpoints(hf_model: Any, layers: list[int]) -> list[str]:
     return [f"{name}.{l}.mlp" for l in layers]
 
 
-def _check_input_site(adapter: Any, hf_model: Any, hookpoints: list[str], layers: list[int], tokens: torch.Tensor,
+def _check_input_site(adapter: ModelAdapter, hf_model: PreTrainedModel, hookpoints: list[str], layers: list[int],
+                      tokens: torch.Tensor,
                       norms: list[tuple[Any, Any]]) -> None:
     """The HF MLP input (what sparsify reads) is ``gamma * n + beta`` with ``n`` circuitgraph's
     ``ln2.hook_normalized`` (what the eleuther_topk reader folds it to)."""
@@ -147,7 +154,7 @@ def read_sparsify_folder(folder: Path, hookpoints: list[str], norms: list[tuple[
                              skip if kind == "skip_transcoder" else None, None, k)
 
 
-def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: list[int], steps: int,
+def train_with_sparsify(spec: TrainRunSpec, adapter: ModelAdapter, windows: torch.Tensor, layers: list[int], steps: int,
                         out: Path, *, bos: int | None, norms: list[tuple[Any, Any]],
                         progress: Callable[[Progress], None] | None = None,
                         stop_after: int | None = None) -> tuple[int, list[str]]:
@@ -200,7 +207,7 @@ def train_with_sparsify(spec: Any, adapter: Any, windows: torch.Tensor, layers: 
             torch.set_float32_matmul_precision(precision)
 
 
-def _fit(trainer_class: Any, cfg: Any, ds: Any, hf_model: Any, ckpt: Path, t: Any, steps: int,
+def _fit(trainer_class: Any, cfg: Any, ds: Any, hf_model: PreTrainedModel, ckpt: Path, t: Any, steps: int,
          hookpoints: list[str], streams: tuple[Any, Any], progress: Callable[[Progress], None] | None,
          stop_after: int | None) -> tuple[int, list[str]]:
     from schedulefree import ScheduleFreeWrapper

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,11 @@ from circuitgraph.training.report import report_html
 from circuitgraph.training.sparsify_backend import CHECKPOINT_DIR, read_sparsify_folder, train_with_sparsify
 from circuitgraph.training.writers import circuit_tracer_refusal, write_dictionaries
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.spec.model import ModelSpec
+    from circuitgraph.spec.train import TrainRunSpec
+
 __all__ = ["train", "load_model", "DICTIONARY_FOLDER"]
 
 #: the dictionaries' folder inside train.output
@@ -37,7 +42,8 @@ def load_model(model_spec: ModelSpec) -> ModelAdapter:
     return MODEL_SOURCES[model_spec.source](model_spec, model_spec.dtype)
 
 
-def train(spec: Any, *, adapter: Any = None, progress: Callable[[Progress], None] | None = None,
+def train(spec: TrainRunSpec, *, adapter: ModelAdapter | None = None,
+          progress: Callable[[Progress], None] | None = None,
           stop_after: int | None = None) -> dict[str, Any]:
     """Train the dictionaries a :class:`~circuitgraph.spec.train.TrainRunSpec` describes; returns
     the metrics written to ``train.output/metrics.json`` (or, when ``stop_after`` stops the run

@@ -17,7 +17,9 @@ from circuitgraph.errors import TokenError, ValidationRunError
 from circuitgraph.text_tables import cell, markdown_table  # markdown_table re-exported: its old home
 
 if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = [
     "jsonable",
@@ -40,7 +42,7 @@ def fmt(value: Any, digits: int = 4) -> str:
     return cell(value, "markdown", digits)
 
 
-def graph_context(graph: Any, check: str) -> AttributionContext:
+def graph_context(graph: AttributionGraph, check: str) -> AttributionContext:
     """The live :class:`~circuitgraph.attribution.AttributionContext` of a graph, or a clear error."""
     ctx = getattr(graph, "context", None)
     if ctx is None:
@@ -51,7 +53,7 @@ def graph_context(graph: Any, check: str) -> AttributionContext:
     return ctx
 
 
-def resolve_prompt(prompt: Any, tokenizer: Any = None, *, where: str = "prompt") -> list[int]:
+def resolve_prompt(prompt: Any, tokenizer: Tokenizer | None = None, *, where: str = "prompt") -> list[int]:
     """Token ids of one prompt.
 
     Accepts a list of ids, a string (tokenized with a BOS token prepended when the tokenizer

@@ -41,7 +41,10 @@ from circuitgraph.validation.predictions import direct_effects, select_nodes, to
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = [
     "AblationResult",
@@ -63,11 +66,11 @@ class _Setup:
     ctx: AttributionContext
     adapter: ModelAdapter
     tokens: list[int]
-    transcoders: Any
+    transcoders: Dictionary | None
     metric: Metric
 
 
-def _setup(graph: Any, check: str, metric: Metric | None) -> _Setup:
+def _setup(graph: AttributionGraph, check: str, metric: Metric | None) -> _Setup:
     ctx = graph_context(graph, check)
     tcs = ctx.transcoders
     return _Setup(ctx, ctx.adapter, ctx.linearisation.tokens.tolist(), tcs,
@@ -75,7 +78,7 @@ def _setup(graph: Any, check: str, metric: Metric | None) -> _Setup:
 
 
 def _template(units: Sequence[Unit], mode: Mode, scale: float | None, value: float | None, reference: Sequence[Any],
-              patch_prompt: Any, tokenizer: Any) -> Intervention:
+              patch_prompt: Any, tokenizer: Tokenizer | None) -> Intervention:
     refs = tuple(tuple(resolve_prompt(p, tokenizer, where=f"reference_prompts[{i}]")) for i, p in enumerate(reference))
     patch = None if patch_prompt is None else tuple(resolve_prompt(patch_prompt, tokenizer, where="patch_prompt"))
     return Intervention(tuple(units), mode, scale, value, refs, patch)
@@ -102,12 +105,13 @@ def _vector_factor(mode: str, scale: float | None, value: float | None) -> float
     return {"zero": 0.0, "scale": scale, "set": value, "add": None if value is None else 1 + value}.get(mode)
 
 
-def _frozen_metric(ctx: AttributionContext, graph: Any, ablate: Sequence[NodeId] = (), scale: float = 0.0) -> float:
+def _frozen_metric(ctx: AttributionContext, graph: AttributionGraph, ablate: Sequence[NodeId] = (),
+                   scale: float = 0.0) -> float:
     vals = frozen_reader_values(ctx, list(ablate), scale=scale, readers=[t for t, _ in graph.targets])
     return float(sum(w * vals[t] for t, w in graph.targets))
 
 
-def _site_layers(site: str, adapter: Any, transcoders: Any) -> list[int]:
+def _site_layers(site: str, adapter: ModelAdapter, transcoders: Dictionary | None) -> list[int]:
     """The layers at which units of ``site`` exist (where controls for it may come from)."""
     if site in ("embed", "pos_embed"):
         return [-1]
@@ -202,7 +206,7 @@ class AblationResult(Tabular):
 
 
 def ablate(
-    graph: Any,
+    graph: AttributionGraph,
     nodes: Any = "top_nodes",
     *,
     k: int = 10,
@@ -223,7 +227,7 @@ def ablate(
     match_positions: bool = False,
     match_layers: bool = False,
     metric: Metric | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     batch_size: int = 32,
     eval_prompts: Sequence[Any] = (),
 ) -> AblationResult:
@@ -382,7 +386,7 @@ class PredictedVsActualResult(Tabular):
 
 
 def predicted_vs_actual(
-    graph: Any,
+    graph: AttributionGraph,
     *,
     k: int = 10,
     mode: Literal["zero", "mean"] = "zero",
@@ -390,7 +394,7 @@ def predicted_vs_actual(
     nodes: Any = "top_nodes",
     rank_by: Literal["edge", "total", "influence"] = "edge",
     metric: Metric | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     frozen_check: bool = True,
     batch_size: int = 32,
 ) -> PredictedVsActualResult:

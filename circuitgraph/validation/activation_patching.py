@@ -50,6 +50,9 @@ from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["Granularity", "PatchRow", "PatchGrid", "PatchingResult", "patching", "patch_recovery", "write_heatmap"]
 
@@ -152,7 +155,7 @@ def _recovery(patched: torch.Tensor, clean: float, corrupted: float) -> list[flo
 
 
 def patch_recovery(adapter: ModelAdapter, clean: Sequence[int], corrupted: Sequence[int], units_sets: Sequence[Sequence[Unit]],
-                   metric: Metric, *, transcoders: Any = None, batch_size: int = 64) -> list[float]:
+                   metric: Metric, *, transcoders: Dictionary | None = None, batch_size: int = 64) -> list[float]:
     """Relative recovery of each unit set patched from ``clean`` into ``corrupted`` at once."""
     clean, corrupted = list(clean), list(corrupted)
     _check_lengths(clean, corrupted)
@@ -183,7 +186,7 @@ def _check_denominator(clean: float, corrupted: float) -> None:
 
 
 def patching(
-    graph: Any = None,
+    graph: AttributionGraph | None = None,
     *,
     corrupted: Any,
     clean: Any = None,
@@ -191,8 +194,8 @@ def patching(
     granularity: Sequence[Granularity] = ("layer", "head"),
     heatmap: str | Path | None = None,
     adapter: ModelAdapter | None = None,
-    transcoders: Any = None,
-    tokenizer: Any = None,
+    transcoders: Dictionary | None = None,
+    tokenizer: Tokenizer | None = None,
     batch_size: int = 64,
     layers: Sequence[int] | None = None,
     sets: Sequence[Sequence[Unit]] = (),
@@ -306,7 +309,7 @@ def patching(
     return result
 
 
-def _tok_labels(clean: list[int], corrupted: list[int], tokenizer: Any) -> list[str]:
+def _tok_labels(clean: list[int], corrupted: list[int], tokenizer: Tokenizer | None) -> list[str]:
     show = (lambda i: tokenizer.token_str(i)) if tokenizer is not None else (lambda i: f"<{i}>")
     out = []
     for t, (a, b) in enumerate(zip(clean, corrupted, strict=False)):
@@ -315,7 +318,7 @@ def _tok_labels(clean: list[int], corrupted: list[int], tokenizer: Any) -> list[
 
 
 def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corrupted: list[int],
-           tokenizer: Any, d_mlp: int = 0) -> list[PatchGrid]:
+           tokenizer: Tokenizer | None, d_mlp: int = 0) -> list[PatchGrid]:
     cols = _tok_labels(clean, corrupted, tokenizer)
     grids = []
     pos_rows = [r for r in rows if r.granularity == "position"]
@@ -352,7 +355,8 @@ def _grids(rows: list[PatchRow], L: int, T: int, H: int, clean: list[int], corru
     return grids
 
 
-def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
+def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Tokenizer | None = None,
+                  title: str | None = None) -> Path:
     """Draw every grid of ``result`` as a panel (diverging colours, 0 white, +-1 saturated at least)
     and write the image atomically; the format follows the suffix (png, svg, pdf)."""
     try:

@@ -31,15 +31,17 @@ from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit
 from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
-    from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.attribution.nodes_builder import GraphOptions
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["FaithfulnessResult", "faithfulness", "universe_units"]
 
 
-def universe_units(context: AttributionContext) -> list[Unit]:
-    """Every unit of the model at the graph's granularity (see the module docstring)."""
-    a, opts = context.adapter, context.options
-    T = context.linearisation.n_pos
+def universe_units(a: ModelAdapter, opts: GraphOptions, T: int) -> list[Unit]:
+    """Every unit of the model ``a`` at the granularity of a graph built with ``opts`` over ``T``
+    positions (see the module docstring)."""
     L = a.facts.n_layers
     units = [Unit("embed", -1, t) for t in range(T)]
     if opts.positional_nodes and a.facts.positional == "learned":
@@ -105,12 +107,12 @@ class FaithfulnessResult(Tabular):
 
 
 def faithfulness(
-    graph: Any,
+    graph: AttributionGraph,
     *,
     mode: Literal["zero", "mean"] = "mean",
     reference_prompts: Sequence[Any] = (),
     metric: Metric | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
 ) -> FaithfulnessResult:
     """Keep only the graph's nodes / remove only them in the real model (module docstring)."""
     ctx = graph_context(graph, "faithfulness")
@@ -136,7 +138,7 @@ def faithfulness(
         kw = {}
     else:
         raise ValidationRunError(f"faithfulness mode {mode!r}: expected zero or mean")
-    universe = tuple(universe_units(ctx))
+    universe = tuple(universe_units(ctx.adapter, ctx.options, ctx.linearisation.n_pos))
     rows = [
         [],
         [Intervention(universe, mode, exclude=tuple(circuit), **kw)],

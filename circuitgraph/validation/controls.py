@@ -59,6 +59,8 @@ from circuitgraph.validation.interventions import (
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.sites import Site
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = [
     "ControlKind",
@@ -75,8 +77,9 @@ ControlKind = Literal["matched_magnitude", "count_matched"]
 
 
 @torch.no_grad()
-def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention, sites: Sequence[tuple[str, int]],
-                    transcoders: Any = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def unit_magnitudes(adapter: ModelAdapter, tokens: Sequence[int], template: Intervention,
+                    sites: Sequence[tuple[Site, int]],
+                    transcoders: Dictionary | None = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per ``(site, layer)``: ``(magnitude (pos, n), old values (pos, n, e), new values (pos, n, e))``
     for every unit of the site, under ``template``'s mode (its units are ignored)."""
     T = len(tokens)

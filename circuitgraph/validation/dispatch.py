@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,18 +29,32 @@ from circuitgraph.errors import ValidationRunError
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.validation import CHECK_TYPES
 from circuitgraph.validation._common import PromptResolver, graph_context, jsonable, resolve_prompt
-from circuitgraph.validation.ablation import ablate, predicted_vs_actual
-from circuitgraph.validation.activation_patching import patching
-from circuitgraph.validation.circuit_faithfulness import faithfulness
-from circuitgraph.validation.faithfulness_curves import faithfulness_curve
-from circuitgraph.validation.fidelity import replacement_fidelity
-from circuitgraph.validation.gated_signs import sign_regimes
+from circuitgraph.validation.ablation import AblationResult, PredictedVsActualResult, ablate, predicted_vs_actual
+from circuitgraph.validation.activation_patching import PatchingResult, patching
+from circuitgraph.validation.circuit_faithfulness import FaithfulnessResult, faithfulness
+from circuitgraph.validation.faithfulness_curves import FaithfulnessCurveResult, faithfulness_curve
+from circuitgraph.validation.fidelity import ReplacementFidelityResult, replacement_fidelity
+from circuitgraph.validation.gated_signs import SignRegimeResult, sign_regimes
 from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric
-from circuitgraph.validation.qk_check import qk_check
+from circuitgraph.validation.qk_check import QKCheckResult, qk_check
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.sites import Site
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.graph.graph import AttributionGraph
+    from circuitgraph.spec.queries import QK
+    from circuitgraph.spec.root import Spec
+    from circuitgraph.spec.validation import (
+        Ablate,
+        Faithfulness,
+        FaithfulnessCurve,
+        Patching,
+        PredictedVsActual,
+        ReplacementFidelity,
+        SignRegimes,
+    )
 
 __all__ = ["CHECK_FUNCTIONS", "CHECK_KINDS", "CheckCall", "CheckResult", "run_check", "run_checks", "sign_regimes_rows",
            "patch_sets", "check_metric"]
@@ -101,14 +115,14 @@ def _params(kind: str, params: Any) -> BaseModel:
         raise ValidationRunError(f"{where}: {first['msg']}") from None
 
 
-def _token(token: Any, adapter: ModelAdapter, tokenizer: Any, where: str) -> int:
+def _token(token: Any, adapter: ModelAdapter, tokenizer: Tokenizer | None, where: str) -> int:
     try:
         return resolve_token(token, tokenizer, adapter.facts.d_vocab, where)
     except Exception as exc:  # noqa: BLE001 - TokenError already says what to do
         raise ValidationRunError(str(exc)) from None
 
 
-def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Any) -> Metric | None:
+def check_metric(spec: Any, adapter: ModelAdapter, tokenizer: Tokenizer | None) -> Metric | None:
     if spec is None:
         return None
     if hasattr(spec, "kind") and hasattr(spec, "params"):
@@ -132,14 +146,22 @@ class CheckCall:
     tokenizer, the prompt resolution (``prompt(value, where)``, ``prompts(values, where)``) and
     the run's seed."""
 
-    graph: Any
+    #: None in the dry run's probes, which read no graph (:meth:`built_graph` says so)
+    graph: AttributionGraph | None
     adapter: ModelAdapter
-    tokenizer: Any
+    tokenizer: Tokenizer | None
     prompt_resolver: PromptResolver | None = None
     #: the run's seed (the spec's ``seed``): what a check whose own ``seed`` is not set uses
     seed: int = 0
     #: the run's spec, when the check runs from one: what executor workers load (``sign_regimes.executor``)
-    spec: Any = None
+    spec: Spec | None = None
+
+    def built_graph(self) -> AttributionGraph:
+        """The graph the check runs on (the dry run's probes, :mod:`~circuitgraph.pipeline.check_estimate`,
+        have none and read none)."""
+        if self.graph is None:
+            raise ValidationRunError("this check runs on the built graph, and the dry run's probe has none")
+        return self.graph
 
     def prompt(self, value: Any, where: str) -> list[int]:
         if self.prompt_resolver is not None:
@@ -153,10 +175,12 @@ class CheckCall:
 # --- one runner per check kind, each registered under the spec item's key (``@_runs(kind)``) ---
 #: check kind -> the function that runs it (the kinds are the spec's registry, ``CHECK_TYPES``)
 CHECK_FUNCTIONS: dict[str, Callable[[CheckCall, Any], Any]] = {}
+#: a check runner, kept with its own parameter and result types by :func:`_runs`
+_Runner = TypeVar("_Runner", bound=Callable[[CheckCall, Any], Any])
 
 
-def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[CheckCall, Any], Any]]:
-    def register(fn: Callable[[CheckCall, Any], Any]) -> Callable[[CheckCall, Any], Any]:
+def _runs(kind: str) -> Callable[[_Runner], _Runner]:
+    def register(fn: _Runner) -> _Runner:
         if kind in CHECK_FUNCTIONS:
             raise ValueError(f"check kind {kind!r} has two runners")
         CHECK_FUNCTIONS[kind] = fn
@@ -165,10 +189,10 @@ def _runs(kind: str) -> Callable[[Callable[[CheckCall, Any], Any]], Callable[[Ch
 
 
 @_runs('ablate')
-def run_ablate(c: CheckCall, p: Any) -> Any:
+def run_ablate(c: CheckCall, p: Ablate) -> AblationResult:
     seed = p.seed if p.seed is not None else c.seed
     return ablate(
-        c.graph, p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
+        c.built_graph(), p.nodes, k=p.k, mode=p.mode, value=p.value, scale=p.scale,
         reference_prompts=c.prompts(p.reference_prompts, "ablate.reference_prompts"),
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "ablate.patch_prompt"),
         positions=p.positions, controls=tuple(p.controls), n_controls=p.n_controls, tolerance=p.tolerance,
@@ -180,9 +204,9 @@ def run_ablate(c: CheckCall, p: Any) -> Any:
 
 
 @_runs('predicted_vs_actual')
-def run_predicted_vs_actual(c: CheckCall, p: Any) -> Any:
+def run_predicted_vs_actual(c: CheckCall, p: PredictedVsActual) -> PredictedVsActualResult:
     return predicted_vs_actual(
-        c.graph, k=p.k, mode=p.mode,
+        c.built_graph(), k=p.k, mode=p.mode,
         reference_prompts=c.prompts(p.reference_prompts, "predicted_vs_actual.reference_prompts"),
         tokenizer=c.tokenizer)
 
@@ -194,14 +218,16 @@ def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
     for i, s in enumerate(sets):
         where = f"patching.sets[{i}]"
         units = []
-        for site, pairs, size, what in (("neuron", s.neurons, f.d_mlp, "neurons"),
-                                        ("head", s.heads, f.n_heads, "heads")):
+        indexed: tuple[tuple[Site, Any, int, str], ...] = (("neuron", s.neurons, f.d_mlp, "neurons"),
+                                                           ("head", s.heads, f.n_heads, "heads"))
+        for site, pairs, size, what in indexed:
             for layer, index in pairs:
                 if layer >= f.n_layers or index >= size:
                     raise ValidationRunError(f"{where}.{what}: [{layer}, {index}] is out of range: the model has "
                                              f"{f.n_layers} layers of {size} {what}")
                 units.append(Unit(site, layer, None, index))
-        for site, layers, what in (("mlp", s.mlps, "mlps"), ("attn", s.attns, "attns")):
+        whole: tuple[tuple[Site, Any, str], ...] = (("mlp", s.mlps, "mlps"), ("attn", s.attns, "attns"))
+        for site, layers, what in whole:
             for layer in layers:
                 if layer >= f.n_layers:
                     raise ValidationRunError(f"{where}.{what}: layer {layer} is out of range: the model has "
@@ -213,19 +239,20 @@ def patch_sets(c: CheckCall, sets: Any) -> tuple[list[list[Unit]], list[str]]:
 
 
 @_runs('patching')
-def run_patching(c: CheckCall, p: Any) -> Any:
+def run_patching(c: CheckCall, p: Patching) -> PatchingResult:
     sets, names = patch_sets(c, p.sets)
     return patching(
-        c.graph, corrupted=c.prompt(p.corrupted, "patching.corrupted"),
+        c.built_graph(), corrupted=c.prompt(p.corrupted, "patching.corrupted"),
         clean=None if p.clean is None else c.prompt(p.clean, "patching.clean"),
         metric=check_metric(p.metric, c.adapter, c.tokenizer), granularity=tuple(p.granularity),
         heatmap=p.heatmap, tokenizer=c.tokenizer, layers=p.layers, sets=sets, set_names=names)
 
 
 @_runs('faithfulness')
-def run_faithfulness(c: CheckCall, p: Any) -> Any:
+def run_faithfulness(c: CheckCall, p: Faithfulness) -> FaithfulnessResult:
     return faithfulness(
-        c.graph, mode=p.mode, reference_prompts=c.prompts(p.reference_prompts, "faithfulness.reference_prompts"),
+        c.built_graph(), mode=p.mode, reference_prompts=c.prompts(p.reference_prompts,
+                      "faithfulness.reference_prompts"),
         tokenizer=c.tokenizer)
 
 
@@ -255,7 +282,7 @@ def _budgeted(rows: list[list[int]], max_row_tokens: int | None, budget: int | N
     return out
 
 
-def sign_regimes_rows(c: CheckCall, p: Any) -> tuple[list[list[int]], list[list[int]]]:
+def sign_regimes_rows(c: CheckCall, p: SignRegimes) -> tuple[list[list[int]], list[list[int]]]:
     """The token ids of a ``sign_regimes`` block's selection and evaluation rows, besides the
     graph's prompt (``prompts``/``eval_prompts``, the dataset files split, budgets applied)."""
     selection = c.prompts(p.prompts, "sign_regimes.prompts")
@@ -290,7 +317,7 @@ def register_executor_rows(factory: Callable[[Any, Any, int], Any]) -> None:
 
 
 @_runs('sign_regimes')
-def run_sign_regimes(c: CheckCall, p: Any) -> Any:
+def run_sign_regimes(c: CheckCall, p: SignRegimes) -> SignRegimeResult:
     selection, evaluation = sign_regimes_rows(c, p)
     runner = None
     if p.executor is not None:
@@ -304,7 +331,7 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
                                      "circuitgraph.datasets first (circuitgraph run and circuitgraph.run do)")
         runner = _EXECUTOR_ROWS(c.spec, p.executor, c.adapter.facts.d_mlp)
     return sign_regimes(
-        c.graph, prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
+        c.built_graph(), prompts=[{"tokens": t} for t in selection], eval_prompts=[{"tokens": t} for t in evaluation],
         use_graph_prompt=p.use_graph_prompt, layers=p.layers, top_k=p.top_k, echo_threshold=p.echo_threshold,
         controls=tuple(p.controls), n_controls=p.n_controls, control_tolerance=p.control_tolerance,
         max_draws=p.max_draws, seed=p.seed if p.seed is not None else c.seed, groups=p.groups,
@@ -312,21 +339,21 @@ def run_sign_regimes(c: CheckCall, p: Any) -> Any:
 
 
 @_runs('replacement_fidelity')
-def run_replacement_fidelity(c: CheckCall, p: Any) -> Any:
+def run_replacement_fidelity(c: CheckCall, p: ReplacementFidelity) -> ReplacementFidelityResult:
     return replacement_fidelity(
-        c.graph, prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
+        c.built_graph(), prompts=c.prompts(p.prompts, "replacement_fidelity.prompts"), tokenizer=c.tokenizer)
 
 
 @_runs('qk')
-def run_qk(c: CheckCall, p: Any) -> Any:
+def run_qk(c: CheckCall, p: QK) -> QKCheckResult:
     head = p.head if isinstance(p.head, int) else list(p.head)
-    return qk_check(c.graph, p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
+    return qk_check(c.built_graph(), p.layer, head, p.query_position, p.key_position, top_k=p.top_k)
 
 
 @_runs('faithfulness_curve')
-def run_faithfulness_curve(c: CheckCall, p: Any) -> Any:
+def run_faithfulness_curve(c: CheckCall, p: FaithfulnessCurve) -> FaithfulnessCurveResult:
     return faithfulness_curve(
-        c.graph, sizes=p.sizes, ablation=p.ablation, unit=p.unit,
+        c.built_graph(), sizes=p.sizes, ablation=p.ablation, unit=p.unit,
         reference_prompts=c.prompts(p.reference_prompts, "faithfulness_curve.reference_prompts"),
         patch_prompt=None if p.patch_prompt is None else c.prompt(p.patch_prompt, "faithfulness_curve.patch_prompt"),
         plot=None if p.plot is None else str(p.plot), tokenizer=c.tokenizer)
@@ -337,8 +364,8 @@ if set(CHECK_FUNCTIONS) != {t.key for t in CHECK_TYPES}:  # pragma: no cover - a
                       f"{sorted(t.key for t in CHECK_TYPES)}")
 
 
-def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
-              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Any = None) -> CheckResult:
+def run_check(graph: AttributionGraph, check_spec: Any, *, tokenizer: Tokenizer | None = None,
+              prompt_resolver: PromptResolver | None = None, seed: int = 0, spec: Spec | None = None) -> CheckResult:
     """Run one item of the spec's ``validate:`` list on ``graph``.
 
     ``check_spec``: a parsed spec check (``AblateCheck``...), ``{kind: params}`` or
@@ -359,7 +386,7 @@ def run_check(graph: Any, check_spec: Any, *, tokenizer: Any = None,
     return CheckResult(kind, record, CHECK_FUNCTIONS[kind](call, p))
 
 
-def run_checks(graph: Any, checks: Sequence[Any], *, tokenizer: Any = None,
+def run_checks(graph: AttributionGraph, checks: Sequence[Any], *, tokenizer: Tokenizer | None = None,
                prompt_resolver: Callable[[Any], list[int]] | None = None) -> list[CheckResult]:
     """:func:`run_check` for each item, in order (the JSON's ``validation`` list is
     ``[r.to_dict() for r in results]``)."""

@@ -58,11 +58,16 @@ import torch
 from circuitgraph._io import atomic_write_bytes
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
+from circuitgraph.dictionaries.protocol import require_dictionary
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.queries.influence import node_influence
 from circuitgraph.validation._common import graph_context, markdown_table, resolve_prompt
 from circuitgraph.validation.interventions import NODE_SITES, Intervention, Unit, dictionary_out_hook, run_rows
 from circuitgraph.validation.metrics import Metric
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.graph.graph import AttributionGraph
 
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.attribution.context import AttributionContext
@@ -129,7 +134,7 @@ def _f(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _node_ranking(graph: Any) -> list[Any]:
+def _node_ranking(graph: AttributionGraph) -> list[Any]:
     """The graph's nodes that are units of the model, most influential first (ties: graph order)."""
     infl = node_influence(graph)
     rows = [i for i, n in enumerate(graph.nodes) if n.kind in NODE_SITES]
@@ -137,7 +142,7 @@ def _node_ranking(graph: Any) -> list[Any]:
     return [graph.nodes[i].id for i in rows]
 
 
-def _edge_ranking(graph: Any) -> np.ndarray:
+def _edge_ranking(graph: AttributionGraph) -> np.ndarray:
     """Edge indices (into the graph's edge arrays), highest circuit-tracer edge score first."""
     infl = node_influence(graph)
     w = np.abs(np.asarray(graph.edge_weight, dtype=np.float64))
@@ -150,7 +155,7 @@ def _edge_ranking(graph: Any) -> np.ndarray:
     return np.argsort(-score, kind="mergesort")
 
 
-def _ablation_kw(mode: str, reference: Sequence[Any], patch_prompt: Any, tokenizer: Any, tokens: list[int],
+def _ablation_kw(mode: str, reference: Sequence[Any], patch_prompt: Any, tokenizer: Tokenizer | None, tokens: list[int],
                  notes: list[str]) -> dict[str, Any]:
     if mode == "zero":
         return {}
@@ -173,7 +178,7 @@ def _counts(sizes: Sequence[float], n: int) -> list[int]:
 
 
 def faithfulness_curve(
-    graph: Any,
+    graph: AttributionGraph,
     *,
     sizes: Sequence[float] = DEFAULT_SIZES,
     ablation: Literal["zero", "mean", "patch"] = "zero",
@@ -182,7 +187,7 @@ def faithfulness_curve(
     patch_prompt: Any = None,
     metric: Metric | None = None,
     plot: str | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
 ) -> FaithfulnessCurveResult:
     """The faithfulness curve of ``graph`` (module docstring)."""
     ctx = graph_context(graph, "faithfulness_curve")
@@ -224,7 +229,7 @@ def faithfulness_curve(
     recovery = [1.0 if k == n_total and r is not None else r for k, r in zip(counts, recovery, strict=False)]
     cpr = cmd = None
     if d != 0:
-        cpr, cmd = curve_areas(sizes, [r for r in recovery])
+        cpr, cmd = curve_areas(sizes, [r for r in recovery if r is not None])  # none is None when d != 0
     else:
         notes.append("the fully ablated metric equals the clean one: recovery is undefined")
     result = FaithfulnessCurveResult(unit, ablation, metric.describe(tokenizer), sizes, counts, n_total, values,
@@ -243,7 +248,7 @@ def _act_of_pre(tc: Any, h: torch.Tensor) -> torch.Tensor:
 
 
 def _edge_reference_prompts(mode: str, reference: Sequence[Any], patch_prompt: Any,
-                            tokenizer: Any) -> list[list[int]] | None:
+                            tokenizer: Tokenizer | None) -> list[list[int]] | None:
     """The prompts whose edge values replace the ablated edges' (None: zero ablation)."""
     if mode == "zero":
         return None
@@ -268,7 +273,8 @@ def _edge_key(node_id: Any) -> tuple[str, int, int, int]:
     return (node_id.kind, node_id.layer, node_id.position, -1 if node_id.kind == "embedding" else node_id.index)
 
 
-def _edge_reference_values(ctx: AttributionContext, graph: Any, prompts: list[list[int]] | None) -> np.ndarray | None:
+def _edge_reference_values(ctx: AttributionContext, graph: AttributionGraph,
+                           prompts: list[list[int]] | None) -> np.ndarray | None:
     """Per edge of ``graph``, the mean over ``prompts`` of the same edge's weight in the graph
     attributed on each prompt with the graph's options and targets (0 where a prompt's graph
     lacks the edge)."""
@@ -300,7 +306,7 @@ def _edge_reference_values(ctx: AttributionContext, graph: Any, prompts: list[li
 
 
 @torch.no_grad()
-def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ablated: np.ndarray,
+def _edge_ablated_metric(ctx: AttributionContext, graph: AttributionGraph, metric: Metric, ablated: np.ndarray,
                          reference: np.ndarray | None = None) -> float:
     """The real model's metric with the edges ``ablated`` (indices into the graph's edge arrays)
     replaced at their readers by their ``reference`` values (0 when None): each reader's
@@ -343,7 +349,8 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ab
         return value
 
     def splice(layer: int, items: list[tuple[int, int, float]]):
-        tc = tcs[layer]
+        dictionaries = require_dictionary(tcs, "a feature edge")
+        tc = dictionaries[layer]
         pos = torch.tensor([p for p, _, _ in items])
         idx = torch.tensor([j for _, j, _ in items])
         delta = torch.tensor([d for _, _, d in items], dtype=torch.float64)
@@ -356,7 +363,7 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ab
                 raise ValidationRunError(f"faithfulness_curve: layer {layer}'s dictionary is not a ReLU or JumpReLU "
                                          "of its pre-activation; use unit: nodes")
             new = _act_of_pre(tc, pre + delta.to(device=pre.device, dtype=pre.dtype)[None])
-            dec = tcs.decoder_rows(layer, idx)[:, 0].to(device=value.device, dtype=value.dtype)  # (n, d_model)
+            dec = dictionaries.decoder_rows(layer, idx)[:, 0].to(device=value.device, dtype=value.dtype)  # (n, d_model)
             out = value.clone()
             out.index_add_(1, pos.to(value.device), (new - live).to(value.dtype)[..., None] * dec[None])
             return out
@@ -365,9 +372,10 @@ def _edge_ablated_metric(ctx: AttributionContext, graph: Any, metric: Metric, ab
 
     hooks = [(name, add(d)) for name, d in per_layer.items()]
     for layer in features:
-        need = need | {tcs[layer].hook_in}
+        need = need | {require_dictionary(tcs, "a feature edge")[layer].hook_in}
     hooks += [(n, keep) for n in sorted(need)]
-    hooks += [(dictionary_out_hook(a, tcs, layer), splice(layer, items)) for layer, items in features.items()]
+    hooks += [(dictionary_out_hook(a, require_dictionary(tcs, "a feature edge"), layer), splice(layer, items))
+              for layer, items in features.items()]
     with a.hooks(hooks) as model:
         logits = model(torch.tensor([ctx.linearisation.tokens.tolist()], device=a.device))
     vals = metric.values(logits, captured, a, tcs)[0]

@@ -33,12 +33,16 @@ from circuitgraph.validation.metrics import Metric, next_token_loss
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["FidelityRow", "ReplacementFidelityResult", "replacement_model", "replacement_fidelity"]
 
 
 @contextlib.contextmanager
-def replacement_model(adapter: ModelAdapter, transcoders: Any, layers: Sequence[int] | None = None) -> Iterator[Any]:
+def replacement_model(adapter: ModelAdapter, transcoders: Dictionary | None,
+                      layers: Sequence[int] | None = None) -> Iterator[Any]:
     """Scoped: the real model with the MLP outputs of ``layers`` (default: every layer with a
     transcoder) replaced by their transcoders' reconstructions.  Hooks are always removed."""
     if transcoders is None or len(transcoders) == 0:
@@ -144,13 +148,13 @@ def _answer(metric: Metric) -> tuple[int, int] | None:
 
 @torch.no_grad()
 def replacement_fidelity(
-    graph: Any = None,
+    graph: AttributionGraph | None = None,
     *,
     prompts: Sequence[Any] = (),
     adapter: ModelAdapter | None = None,
-    transcoders: Any = None,
+    transcoders: Dictionary | None = None,
     metric: Metric | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
 ) -> ReplacementFidelityResult:
     """Real vs replacement model on the graph's prompt (when a graph is given) and ``prompts``."""
     token_lists: list[list[int]] = []
@@ -201,7 +205,8 @@ def replacement_fidelity(
     return result
 
 
-def _metric_value(adapter: ModelAdapter, x: torch.Tensor, metric: Metric, need: set[str], transcoders: Any,
+def _metric_value(adapter: ModelAdapter, x: torch.Tensor, metric: Metric, need: set[str],
+                  transcoders: Dictionary | None,
                   replace_with: Any) -> float:
     captured: dict[str, torch.Tensor] = {}
 

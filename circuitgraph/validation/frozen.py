@@ -11,7 +11,7 @@ through frozen paths), with no autograd and no use of the engine's transposes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.linearisation import dictionary_input, frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
+
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
 
 __all__ = ["frozen_reader_values", "frozen_ablation_effects", "frozen_node_hooks", "frozen_capture_names"]
 
@@ -42,7 +45,7 @@ def frozen_reader_values(context: AttributionContext, ablate: Iterable[NodeId] =
     return _read_values(context, captured, readers)
 
 
-def frozen_capture_names(a: Any) -> list[str]:
+def frozen_capture_names(a: ModelAdapter) -> list[str]:
     """The hooks :func:`frozen_reader_values` keeps in a frozen run: every layer's residuals, its
     attention output, ln2's and ln_final's normalised inputs and the MLP's pre-activations (the
     dry run probes a pass that keeps them, :mod:`circuitgraph.pipeline.check_estimate`)."""
@@ -196,14 +199,14 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
     return out
 
 
-def _resid_mid(a: Any, c: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+def _resid_mid(a: ModelAdapter, c: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
     """The residual after block ``layer``'s attention (``x_pre + attn_out`` in a parallel block)."""
     if a.facts.parallel_attn_mlp:
         return c[a.hook_resid_pre(layer)] + c[a.hook_attn_out(layer)]
     return c[a.hook_resid_mid(layer)]
 
 
-def _mlp_inputs(a: Any, c: dict[str, torch.Tensor], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _mlp_inputs(a: ModelAdapter, c: dict[str, torch.Tensor], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(the residual block layer's MLP reads, ln2's P(x)/sigma of it)`` from captured hooks:
     x_pre in a parallel block, x_mid otherwise; the residual itself where there is no input ln2."""
     resid = c[a.hook_resid_pre(layer)] if a.facts.parallel_attn_mlp else c[a.hook_resid_mid(layer)]

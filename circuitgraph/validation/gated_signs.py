@@ -53,13 +53,15 @@ import torch.nn.functional as F
 from circuitgraph._results import Tabular
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation._common import fmt, markdown_table, resolve_prompt
-from circuitgraph.validation.controls import ControlSummary, draw_controls, summarise_controls
+from circuitgraph.validation.controls import ControlKind, ControlSummary, draw_controls, summarise_controls
 from circuitgraph.validation.echo_stats import REGIMES, regimes_of, stream_stats
 from circuitgraph.validation.interventions import Unit
 from circuitgraph.validation.metrics import Metric
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["REGIMES", "EchoNeuron", "EchoGroup", "SignRegimeResult", "sign_regimes", "echo_removed", "regimes_of",
            "echo_loss_changes", "echo_masks", "row_nll_totals", "InProcessRows"]
@@ -252,7 +254,7 @@ def _check_layers(layers: Sequence[int] | None, n_layers: int, what: str) -> lis
 
 @torch.no_grad()
 def sign_regimes(
-    graph: Any = None,
+    graph: AttributionGraph | None = None,
     *,
     prompts: Sequence[Any] = (),
     eval_prompts: Sequence[Any] = (),
@@ -262,7 +264,7 @@ def sign_regimes(
     echo_threshold: float = 1.0,
     adapter: ModelAdapter | None = None,
     metric: Metric | None = None,
-    controls: Sequence[str] = ("matched_magnitude", "count_matched"),
+    controls: Sequence[ControlKind] = ("matched_magnitude", "count_matched"),
     n_controls: int = 10,
     control_tolerance: float = 0.05,
     max_draws: int = 1000,
@@ -271,7 +273,7 @@ def sign_regimes(
     group_layer: int = 1,
     first_position: int = 1,
     batch_size: int = 8,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     runner: Any = None,
 ) -> SignRegimeResult:
     """Tag gated-neuron activations by sign regime on the selection rows (the graph's prompt
@@ -399,6 +401,9 @@ def sign_regimes(
         result.status = "uncontrolled"
         result.reason = "; ".join(missing_all)
     if graph is not None and metric is not None:
+        if graph.context is None:
+            raise ValidationRunError("sign_regimes: a metric is measured on the graph's prompt, and this graph "
+                                     "was loaded without its model; build it in this session or drop metric")
         full = plans[0][2]
         metric_sets = [all_units] + [u for kind in controls if kind in full for u, _ in full[kind]]
         eff = _metric_changes(adapter, graph.context.linearisation.tokens.tolist(), metric_sets, first_position,

@@ -24,7 +24,7 @@ Only the hooks are used (no engine vectors): one forward and one backward pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,13 +32,17 @@ from circuitgraph.attribution.linearisation import frozen
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.validation.interventions import Unit
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.hook_names import HookPointLike
+
 __all__ = ["GRADIENT_SITES", "gradient_effects"]
 
 #: sites whose first-order effect is computed (features and errors need a spliced dictionary)
 GRADIENT_SITES = frozenset({"embed", "pos_embed", "neuron", "head", "mlp"})
 
 
-def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Sequence[Unit], *,
+def gradient_effects(adapter: ModelAdapter, tokens: Sequence[int], metric: Any, units: Sequence[Unit], *,
                      linearised: bool = False, linearisation: Any = None) -> list[float | None]:
     """Per unit, ``a_u . dM/da_u`` (float; ``None`` for a site outside :data:`GRADIENT_SITES`).
 
@@ -59,7 +63,7 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
     store: dict[str, torch.Tensor] = {}
     hooks: list[tuple[str, Any]] = []
 
-    def leaf(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def leaf(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         value = value.detach().requires_grad_(True)  # the graph's roots: every later value needs grad
         store[hook.name] = value
         return value
@@ -70,7 +74,7 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
     if linearised:
         hooks += _frozen_slopes(a)
 
-    def keep(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def keep(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         if hook.name in store:  # a root, already kept
             return value
         if not value.requires_grad:
@@ -85,13 +89,13 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
     with torch.enable_grad():
         ctx = frozen(a, linearisation, extra_hooks=hooks) if linearised else a.hooks(hooks)
         try:
-            if linearised and cap:  # the graph's logit targets are read before the final soft cap
+            if linearised and cap and cfg is not None:  # logit targets are read before the final soft cap
                 cfg.output_logits_soft_cap = None
             with ctx as model:
                 logits = model(toks)
                 m = metric.combine(metric.values(logits, store, a))[0]
         finally:
-            if linearised and cap:
+            if linearised and cap and cfg is not None:
                 cfg.output_logits_soft_cap = cap
         names = sorted(wanted)
         # only the units' gradients (never the parameters'): autograd.grad, not backward
@@ -113,7 +117,7 @@ def gradient_effects(adapter: Any, tokens: Sequence[int], metric: Any, units: Se
     return out
 
 
-def _frozen_slopes(a: Any) -> list[tuple[str, Any]]:
+def _frozen_slopes(a: ModelAdapter) -> list[tuple[str, Any]]:
     """Hooks that freeze every MLP neuron's nonlinearity as a slope (the graph's linearisation):
     gated MLPs detach the gate; others replace ``post`` by ``(post / pre) * pre`` with the ratio
     detached (0 where ``pre == 0``)."""
@@ -126,11 +130,11 @@ def _frozen_slopes(a: Any) -> list[tuple[str, Any]]:
             continue
         pre_live: dict[str, torch.Tensor] = {}
 
-        def cap(value: torch.Tensor, hook: Any, pre_live: dict = pre_live) -> torch.Tensor:
+        def cap(value: torch.Tensor, hook: HookPointLike, pre_live: dict = pre_live) -> torch.Tensor:
             pre_live["pre"] = value
             return value
 
-        def slope(value: torch.Tensor, hook: Any, pre_live: dict = pre_live) -> torch.Tensor:
+        def slope(value: torch.Tensor, hook: HookPointLike, pre_live: dict = pre_live) -> torch.Tensor:
             pre = pre_live["pre"]
             nz = pre != 0
             ratio = torch.where(nz, value / torch.where(nz, pre, torch.ones_like(pre)), torch.zeros_like(pre))

@@ -68,6 +68,7 @@ import torch
 from circuitgraph._results import Tabular
 from circuitgraph.adapters.sites import POSITION_SITES, SITES, VECTOR_SITES, Site
 from circuitgraph.dictionaries.clt import output_hook_name
+from circuitgraph.dictionaries.protocol import require_dictionary
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.validation._common import markdown_table
@@ -75,6 +76,7 @@ from circuitgraph.validation.metrics import Metric, next_token_loss
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = [
     "Site",
@@ -228,7 +230,7 @@ class Intervention:
 
 
 # ---------------------------------------------------------------------------- sites
-def site_width(adapter: ModelAdapter, site: str, layer: int, transcoders: Any = None) -> int:
+def site_width(adapter: ModelAdapter, site: str, layer: int, transcoders: Dictionary | None = None) -> int:
     """Number of indices of a site (1 for one-unit-per-position sites)."""
     f = adapter.facts
     if site == "head":
@@ -236,11 +238,11 @@ def site_width(adapter: ModelAdapter, site: str, layer: int, transcoders: Any = 
     if site in ("neuron", "pre", "gate", "value"):
         return f.d_mlp
     if site == "feature":
-        return transcoders[layer].d_sae
+        return require_dictionary(transcoders, "a feature unit")[layer].d_sae
     return 1
 
 
-def _check_unit(adapter: ModelAdapter, unit: Unit, n_pos: int, transcoders: Any) -> None:
+def _check_unit(adapter: ModelAdapter, unit: Unit, n_pos: int, transcoders: Dictionary | None) -> None:
     f = adapter.facts
     where = f"unit {unit}"
     if unit.site in ("embed", "pos_embed"):
@@ -288,35 +290,38 @@ def _unview(site: str, v: torch.Tensor) -> torch.Tensor:
     return v.squeeze(-1)
 
 
-def dictionary_out_hook(adapter: ModelAdapter, transcoders: Any, layer: int) -> str:
+def dictionary_out_hook(adapter: ModelAdapter, transcoders: Dictionary, layer: int) -> str:
     """Where the dictionary's MLP output ``layer`` is spliced: ``hook_mlp_out``, or the virtual
     ``mlp.hook_out`` before the post-MLP norm for dictionaries that write there (the edit is then
     normalised by the post-norm, with sigma frozen or recomputed as the run has it)."""
     return output_hook_name(layer, transcoders.output_site(layer))
 
 
-def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Any) -> set[str]:
+def _needed_hooks(adapter: ModelAdapter, site: str, layer: int, transcoders: Dictionary | None) -> set[str]:
     if site == "feature":
-        return {transcoders[layer].hook_in}
+        return {require_dictionary(transcoders, "a feature unit")[layer].hook_in}
     if site == "error":  # the reconstruction of MLP output `layer` reads every source layer's input
-        return ({transcoders[l].hook_in for l in transcoders.source_layers(layer)}
-                | {dictionary_out_hook(adapter, transcoders, layer)})
+        d = require_dictionary(transcoders, "an error unit")
+        return {d[l].hook_in for l in d.source_layers(layer)} | {dictionary_out_hook(adapter, d, layer)}
     return {adapter.hook_site(site, layer)}
 
 
-def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, torch.Tensor], transcoders: Any = None,
+def site_values(adapter: ModelAdapter, site: str, layer: int, cache: dict[str, torch.Tensor],
+                transcoders: Dictionary | None = None,
                 ) -> torch.Tensor:
     """The values of every unit of a site, ``(batch, pos, n, e)``, from hook values in ``cache``
     (each ``(batch, pos, ...)``)."""
     if site == "feature":
-        x = cache[transcoders[layer].hook_in]
-        return _view("feature", transcoders[layer].activation(x).to(x.dtype))
+        reader = require_dictionary(transcoders, "a feature unit")[layer]
+        x = cache[reader.hook_in]
+        return _view("feature", reader.activation(x).to(x.dtype))
     if site == "error":
-        src = transcoders.source_layers(layer)
-        inputs = {l: cache[transcoders[l].hook_in] for l in src}
-        acts = {l: transcoders[l].activation(inputs[l]) for l in src}
-        out = cache[dictionary_out_hook(adapter, transcoders, layer)]
-        return _view("error", out - transcoders.reconstruct_at(layer, acts, inputs).to(out.dtype))
+        d = require_dictionary(transcoders, "an error unit")
+        src = d.source_layers(layer)
+        inputs = {l: cache[d[l].hook_in] for l in src}
+        acts = {l: d[l].activation(inputs[l]) for l in src}
+        out = cache[dictionary_out_hook(adapter, d, layer)]
+        return _view("error", out - d.reconstruct_at(layer, acts, inputs).to(out.dtype))
     return _view(site, cache[adapter.hook_site(site, layer)])
 
 
@@ -363,7 +368,7 @@ def _unit_index(unit: Unit, n_pos: int, width: int) -> tuple[torch.Tensor, torch
     return tt.flatten(), nn.flatten()
 
 
-def _compile(adapter: ModelAdapter, rows: Sequence[Sequence[Intervention]], n_pos: int, transcoders: Any,
+def _compile(adapter: ModelAdapter, rows: Sequence[Sequence[Intervention]], n_pos: int, transcoders: Dictionary | None,
              broadcast: bool = False, ref_cache: dict | None = None) -> _Plan:
     """Masks per (intervention key, site, layer) for every row, and the reference values
     (memoised in ``ref_cache`` across the batches of one run)."""
@@ -416,7 +421,7 @@ def _compile(adapter: ModelAdapter, rows: Sequence[Sequence[Intervention]], n_po
 
 
 def _references(adapter: ModelAdapter, iv: Intervention, sites: list[tuple[str, int]], n_pos: int,
-                transcoders: Any) -> dict[tuple[str, int], torch.Tensor]:
+                transcoders: Dictionary | None) -> dict[tuple[str, int], torch.Tensor]:
     if iv.mode not in ("mean", "patch") or not sites:
         return {}
     names: set[str] = set()
@@ -453,7 +458,7 @@ def _references(adapter: ModelAdapter, iv: Intervention, sites: list[tuple[str, 
 
 
 @contextlib.contextmanager
-def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[str],
+def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None, capture: set[str],
              captured: dict[str, torch.Tensor]) -> Iterator[Any]:
     """Install the plan's edits (then the capture hooks) and remove them all on exit."""
     hooks: list[tuple[str, Any]] = []
@@ -554,7 +559,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Any, capture: set[
 
 @contextlib.contextmanager
 def intervene(adapter: ModelAdapter, interventions: Intervention | Sequence[Intervention], *, n_pos: int,
-              transcoders: Any = None, capture: Sequence[str] = (),
+              transcoders: Dictionary | None = None, capture: Sequence[str] = (),
               captured: dict[str, torch.Tensor] | None = None) -> Iterator[Any]:
     """Scoped: the real model runs with ``interventions`` applied to every batch row of an
     ``n_pos``-token input.  Yields the model; every hook is removed on exit, even on error.
@@ -582,7 +587,7 @@ class RowsOutput:
 
 @torch.no_grad()
 def run_rows(adapter: ModelAdapter, tokens: Sequence[int], rows: Sequence[Sequence[Intervention]], metric: Metric, *,
-             transcoders: Any = None, batch_size: int = 32, with_loss: bool = False,
+             transcoders: Dictionary | None = None, batch_size: int = 32, with_loss: bool = False,
              keep_logits: bool = False) -> RowsOutput:
     """Run ``tokens`` once per row, each row with its own interventions (an empty row is the
     clean run), batched, and read ``metric`` off each run."""
@@ -647,7 +652,7 @@ class InterventionResult(Tabular):
 
 
 def measure_intervention(adapter: ModelAdapter, tokens: Sequence[int], intervention: Intervention, metric: Metric, *,
-                         transcoders: Any = None) -> InterventionResult:
+                         transcoders: Dictionary | None = None) -> InterventionResult:
     """The metric on ``tokens`` without and with ``intervention`` (real model)."""
     out = run_rows(adapter, tokens, [[], [intervention]], metric, transcoders=transcoders)
     return InterventionResult(intervention, metric, float(out.metric[0]), float(out.metric[1]),

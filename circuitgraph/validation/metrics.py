@@ -28,6 +28,9 @@ from circuitgraph.errors import ValidationRunError
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.dictionaries.protocol import Dictionary
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["Readout", "Metric", "next_token_loss"]
 
@@ -101,7 +104,7 @@ class Metric:
         return cls(tuple(readouts), name="graph targets")
 
     @classmethod
-    def from_graph(cls, graph: Any) -> Metric:
+    def from_graph(cls, graph: AttributionGraph) -> Metric:
         """The graph's targets, weighted as in the graph (needs the graph's live context)."""
         ctx = getattr(graph, "context", None)
         if ctx is None or not getattr(ctx, "targets", None):
@@ -112,7 +115,7 @@ class Metric:
         return cls.from_targets(ctx.targets)
 
     # ------------------------------------------------------------------ evaluation
-    def describe(self, tokenizer: Any = None) -> str:
+    def describe(self, tokenizer: Tokenizer | None = None) -> str:
         tok = (lambda i: repr(tokenizer.token_str(i))) if tokenizer is not None else (lambda i: f"<{i}>")
         parts = []
         for r in self.readouts:
@@ -128,7 +131,7 @@ class Metric:
             parts.append(s if r.weight == 1.0 else f"{r.weight:.3g} x {s}")
         return " + ".join(parts)
 
-    def hook_names(self, adapter: ModelAdapter, transcoders: Any = None) -> set[str]:
+    def hook_names(self, adapter: ModelAdapter, transcoders: Dictionary | None = None) -> set[str]:
         """Hooks whose (edited) values the readouts need."""
         names: set[str] = set()
         for r in self.readouts:
@@ -141,7 +144,7 @@ class Metric:
         return names
 
     def values(self, logits: torch.Tensor, captured: dict[str, torch.Tensor], adapter: ModelAdapter,
-               transcoders: Any = None) -> torch.Tensor:
+               transcoders: Dictionary | None = None) -> torch.Tensor:
         """Per-readout values ``(batch, n_readouts)`` in float64 from ``logits (batch, pos, d_vocab)``."""
         T = logits.shape[1]
         cols = []
@@ -179,7 +182,7 @@ class Metric:
         return {"name": self.name, "readouts": [r.to_dict() for r in self.readouts]}
 
 
-def _transcoder(transcoders: Any, layer: int | None) -> Any:
+def _transcoder(transcoders: Dictionary | None, layer: int | None) -> Any:
     if transcoders is None or layer not in transcoders:
         raise ValidationRunError(f"a feature readout at layer {layer} needs that layer's transcoder; none is loaded")
     return transcoders[layer]

@@ -18,7 +18,7 @@ Scaling a node's activation by ``c`` changes ``M`` by ``-(1 - c)`` times either 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -29,13 +29,16 @@ from circuitgraph.queries.filters import as_filter, filter_mask
 from circuitgraph.queries.influence import total_effects as per_target_effects
 from circuitgraph.validation.interventions import NODE_SITES
 
+if TYPE_CHECKING:
+    from circuitgraph.graph.graph import AttributionGraph
+
 __all__ = ["INTERVENABLE_KINDS", "direct_effects", "total_effects", "select_nodes", "match_filter"]
 
 #: node kinds that map to a unit of the real model
 INTERVENABLE_KINDS = frozenset(NODE_SITES)
 
 
-def _target_weights(graph: Any) -> np.ndarray:
+def _target_weights(graph: AttributionGraph) -> np.ndarray:
     w = np.zeros(graph.n_nodes, dtype=np.float64)
     if not graph.targets:
         raise ValidationRunError("the graph has no targets; predictions need at least one target node")
@@ -44,21 +47,21 @@ def _target_weights(graph: Any) -> np.ndarray:
     return w
 
 
-def direct_effects(graph: Any) -> np.ndarray:
+def direct_effects(graph: AttributionGraph) -> np.ndarray:
     """``D`` per node row: the target-weighted edge into the targets (float64)."""
     w = _target_weights(graph)
     return np.bincount(graph.edge_source, weights=graph.edge_weight.astype(np.float64) * w[graph.edge_target],
                        minlength=graph.n_nodes)
 
 
-def total_effects(graph: Any) -> np.ndarray:
+def total_effects(graph: AttributionGraph) -> np.ndarray:
     """``V`` per node row (see the module docstring): the target-weighted exact total effect,
     from :func:`circuitgraph.queries.total_effects` (one back-substitution over the graph)."""
     _target_weights(graph)  # the graph has targets
     return np.asarray([float(w_t) for _, w_t in graph.targets]) @ per_target_effects(graph)
 
 
-def match_filter(graph: Any, node_filter: Any, n_positions: int | None = None) -> list[NodeId]:
+def match_filter(graph: AttributionGraph, node_filter: Any, n_positions: int | None = None) -> list[NodeId]:
     """Node ids of ``graph`` that pass a spec ``NodeFilter`` (or a dict of its keys): the queries'
     filter resolution (:func:`circuitgraph.queries.filters.filter_mask`), with validation's errors."""
     try:
@@ -69,7 +72,7 @@ def match_filter(graph: Any, node_filter: Any, n_positions: int | None = None) -
 
 
 def select_nodes(
-    graph: Any,
+    graph: AttributionGraph,
     nodes: Any = "top_nodes",
     *,
     k: int = 10,
@@ -135,7 +138,7 @@ def select_nodes(
 _SCORE_NAMES = {"edge": "|edge into the target|", "total": "|total effect|", "influence": "influence"}
 
 
-def _scores(graph: Any, rank_by: str) -> np.ndarray:
+def _scores(graph: AttributionGraph, rank_by: str) -> np.ndarray:
     if rank_by == "edge":
         return np.abs(direct_effects(graph))
     if rank_by == "total":

@@ -35,6 +35,7 @@ from circuitgraph.validation.frozen import frozen_node_hooks
 
 if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
+    from circuitgraph.graph.graph import AttributionGraph
 
 __all__ = ["QKCheckRow", "QKCheckResult", "qk_check", "qk_removal_effects"]
 
@@ -171,7 +172,7 @@ def qk_removal_effects(context: AttributionContext, layer: int, head: int, query
     return [float(s[0] - s[b + 1]) for b in range(n)]
 
 
-def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: int = -1,
+def qk_check(graph: AttributionGraph, layer: int, head: int | Sequence[int], query_position: int = -1,
              key_position: int | str = "top", top_k: int = 5, *, tolerance: float | None = None) -> QKCheckResult:
     """Predicted (marginal) vs actual (removal) for every node of each head's top ``top_k`` pairs,
     on the query side and on the key side."""
@@ -182,6 +183,8 @@ def qk_check(graph: Any, layer: int, head: int | Sequence[int], query_position: 
     magnitudes: dict[int, float] = {}
     for h in res.heads:
         d = h.decomposition
+        if d is None:  # qk() keeps every head's decomposition; a summary without one has no nodes to remove
+            raise ValidationRunError(f"qk check: head {h.head} has no decomposition to check")
         magnitudes[h.head] = h.magnitude
         qm = dict(zip(d.query_nodes, d.query_marginals(), strict=False))
         km = dict(zip(d.key_nodes, d.key_marginals(), strict=False))

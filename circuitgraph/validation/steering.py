@@ -71,6 +71,11 @@ from circuitgraph.validation.interventions import VECTOR_SITES, Intervention, Un
 from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import INTERVENABLE_KINDS, direct_effects, select_nodes, total_effects
 
+if TYPE_CHECKING:
+    from circuitgraph.adapters.hook_names import HookPointLike
+    from circuitgraph.adapters.tokenizer import Tokenizer
+    from circuitgraph.dictionaries.protocol import Dictionary
+
 if TYPE_CHECKING:  # pragma: no cover
     from circuitgraph.adapters.architecture import ModelAdapter
 
@@ -159,7 +164,7 @@ def _direction_vector(iv: SteerIntervention, d_model: int, where: str) -> torch.
     return v
 
 
-def resolve(graph: Any, interventions: Sequence[SteerIntervention], n_prompt: int, n_max: int
+def resolve(graph: AttributionGraph, interventions: Sequence[SteerIntervention], n_prompt: int, n_max: int
             ) -> list[ResolvedIntervention]:
     """The units each intervention acts on, at the positions it covers (see the module docstring)."""
     ctx = graph.context
@@ -235,7 +240,8 @@ def _direction_hooks(adapter: ModelAdapter, resolved: Sequence[ResolvedIntervent
             continue
         pos = list(r.at(n_pos))
 
-        def edit(x: torch.Tensor, hook: Any, r: ResolvedIntervention = r, pos: list[int] = pos) -> torch.Tensor:
+        def edit(x: torch.Tensor, hook: HookPointLike, r: ResolvedIntervention = r,
+                 pos: list[int] = pos) -> torch.Tensor:
             d = r.direction.to(device=x.device, dtype=x.dtype)
             xs = x[:, pos]
             c = (xs @ d) / (d @ d)
@@ -257,7 +263,7 @@ def _freeze_hooks(adapter: ModelAdapter, patterns: dict[str, torch.Tensor] | Non
     if not patterns:
         return []
 
-    def freeze(value: torch.Tensor, hook: Any) -> torch.Tensor:
+    def freeze(value: torch.Tensor, hook: HookPointLike) -> torch.Tensor:
         frozen = patterns[hook.name].to(device=value.device, dtype=value.dtype)
         T = frozen.shape[-1]
         value = value.clone()
@@ -268,7 +274,8 @@ def _freeze_hooks(adapter: ModelAdapter, patterns: dict[str, torch.Tensor] | Non
 
 
 @contextlib.contextmanager
-def _model_with(adapter: ModelAdapter, transcoders: Any, resolved: Sequence[ResolvedIntervention], n_pos: int,
+def _model_with(adapter: ModelAdapter, transcoders: Dictionary | None, resolved: Sequence[ResolvedIntervention],
+                n_pos: int,
                 patterns: dict[str, torch.Tensor] | None, capture: set[str], captured: dict) -> Iterator[Any]:
     extra = _direction_hooks(adapter, resolved, n_pos) + _freeze_hooks(adapter, patterns)
     with intervene(adapter, _node_interventions(resolved, n_pos), n_pos=n_pos, transcoders=transcoders,
@@ -290,7 +297,7 @@ class Continuation:
         return {"tokens": list(self.tokens), "text": self.text, "steps": self.steps}
 
 
-def _token_text(tokenizer: Any, token: int) -> str:
+def _token_text(tokenizer: Tokenizer | None, token: int) -> str:
     return tokenizer.token_str(token) if tokenizer is not None else f"<{token}>"
 
 
@@ -310,7 +317,8 @@ def _choose(logits: torch.Tensor, gen: Generate, rng: torch.Generator | None) ->
 
 
 @torch.no_grad()
-def _generate(adapter: ModelAdapter, transcoders: Any, prompt: list[int], resolved: Sequence[ResolvedIntervention],
+def _generate(adapter: ModelAdapter, transcoders: Dictionary | None, prompt: list[int],
+              resolved: Sequence[ResolvedIntervention],
               gen: Generate, seed: int, patterns: dict[str, torch.Tensor] | None, metric: Metric,
               ) -> tuple[Continuation, float]:
     """The continuation and the metric on the prompt (the first step's forward pass)."""
@@ -403,7 +411,7 @@ class SteeringResult:
                 f"{fmt(m['predicted_direct'])} direct, {fmt(m['predicted_total'])} total)")
 
 
-def clamped_total_effects(graph: Any, rows: Sequence[int]) -> np.ndarray:
+def clamped_total_effects(graph: AttributionGraph, rows: Sequence[int]) -> np.ndarray:
     """Target-weighted total effects (as :func:`~circuitgraph.validation.predictions.total_effects`)
     in the graph's linear model with the nodes ``rows`` held at their intervened values: the
     edges *into* those nodes are cut, so a path from one intervened node through another is not
@@ -417,7 +425,7 @@ def clamped_total_effects(graph: Any, rows: Sequence[int]) -> np.ndarray:
     return total_effects(cut)
 
 
-def _predictions(graph: Any, resolved: Sequence[ResolvedIntervention], n_prompt: int,
+def _predictions(graph: AttributionGraph, resolved: Sequence[ResolvedIntervention], n_prompt: int,
                  notes: list[str]) -> tuple[float | None, float | None]:
     """``(predicted_direct, predicted_total)``: see the module docstring."""
     D = direct_effects(graph)
@@ -456,7 +464,7 @@ def _predictions(graph: Any, resolved: Sequence[ResolvedIntervention], n_prompt:
             float(sum(d * V[row] for row, d in changes.items())))
 
 
-def steer(graph: Any, interventions: Sequence[Any], *, generate: Generate | dict | None = None,
+def steer(graph: AttributionGraph, interventions: Sequence[Any], *, generate: Generate | dict | None = None,
           freeze_attention: bool = False, seed: int | None = None, name: str | None = None,
           metric: Metric | None = None) -> SteeringResult:
     """Apply ``interventions`` (``SteerIntervention`` models or their dicts, see
@@ -500,7 +508,7 @@ def steer(graph: Any, interventions: Sequence[Any], *, generate: Generate | dict
                           list(dict.fromkeys(notes)))
 
 
-def steer_item(graph: Any, item: SteerItem, *, seed: int = 0) -> SteeringResult:
+def steer_item(graph: AttributionGraph, item: SteerItem, *, seed: int = 0) -> SteeringResult:
     """One ``steer:`` item of a spec (``seed``: the spec's, for sampling without ``generate.seed``)."""
     return steer(graph, item.interventions, generate=item.generate, freeze_attention=item.freeze_attention,
                  seed=seed, name=item.name)
