@@ -41,8 +41,8 @@ def test_every_explorer_view_is_routed_and_shown_by_its_panel():
 
 
 def test_model_and_dictionary_sources_are_resolved_where_they_live():
-    from circuitgraph.adapters.loading import MODEL_SOURCES
-    from circuitgraph.dictionaries.sources import DICTIONARY_SOURCES
+    from circuitgraph.adapters.dictionary_sources import DICTIONARY_SOURCES
+    from circuitgraph.adapters.model_sources import MODEL_SOURCES
     from circuitgraph.spec.model import ModelSource, TranscoderSource
 
     assert set(MODEL_SOURCES) == set(get_args(ModelSource))

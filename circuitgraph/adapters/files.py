@@ -23,13 +23,13 @@ from circuitgraph._io import (  # re-exported: the hardened readers' old home
     safetensors_header,
     safetensors_shapes,
 )
-from circuitgraph.adapters.gguf import RECORD_FILE, gguf_cache_folder, is_gguf_file, read_gguf_summary
+from circuitgraph.adapters.dictionary_sources import existing_dictionary_folder
+from circuitgraph.adapters.gguf import is_gguf_file, read_gguf_summary
 from circuitgraph.adapters.hf_config import FAMILIES, unsupported_model_type_message
 from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
-from circuitgraph.adapters.pretrained import is_fetched, pretrained_dir
+from circuitgraph.adapters.model_sources import existing_model_folder
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
-from circuitgraph.builtin import BUILTIN_DICTIONARIES, BUILTIN_MODELS, builtin_dictionary_dir
-from circuitgraph.errors import LoadError, one_line, spec_field
+from circuitgraph.errors import LoadError, one_line
 from circuitgraph.spec import Spec
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
     "check_hf_model_folder",
     "model_folder_format",
     "hf_weight_files",
-    "existing_model_folder",
+    "existing_model_folder",  # re-exported: the source records' (adapters.model_sources, adapters.dictionary_sources)
     "existing_dictionary_folder",
     "MAX_JSON_BYTES",
     "MAX_DIRECTION_BYTES",
@@ -203,37 +203,6 @@ def hf_weight_files(path: Path) -> list[Path]:
     raise LoadError(f"model directory {path} has no model.safetensors or model.safetensors.index.json{hint}")
 
 
-def existing_model_folder(m: Any) -> Path | None:
-    """The model folder the spec's model section ``m`` (a ``ModelSpec``) is read from, when it is
-    there without converting or fetching anything: a ``path`` folder, the built-in model's folder,
-    a GGUF file's converted folder once cached, a pretrained model's folder once fetched; None for
-    hub names and for what is not converted or fetched yet."""
-    if m.source == "path":
-        if is_gguf_file(m.path):
-            folder = gguf_cache_folder(m.path) if Path(m.path).is_file() else None
-            return folder if folder is not None and (folder / RECORD_FILE).is_file() else None
-        return Path(m.path)
-    if m.source == "builtin":
-        return Path(BUILTIN_MODELS[m.builtin]()) / "model" if m.builtin in BUILTIN_MODELS else None
-    if m.source == "pretrained":
-        return pretrained_dir(m.pretrained) if is_fetched(m.pretrained) else None
-    return None
-
-
-def existing_dictionary_folder(t: Any) -> Path | None:
-    """The folder the spec's transcoders section ``t`` (a ``TranscodersSpec``, or None) is read
-    from when it is known before anything is loaded or fetched: a ``path`` folder, the built-in
-    dictionary's folder; None for hub and release sources (their folder is known once the cache
-    has it) and without a dictionary.  The twin of :func:`existing_model_folder`."""
-    if t is None:
-        return None
-    if t.source == "path":
-        return Path(t.path)
-    if t.source == "builtin":
-        return builtin_dictionary_dir(t.builtin) if t.builtin in BUILTIN_DICTIONARIES else None
-    return None
-
-
 def check_input_files(spec: Spec) -> None:
     """Read the headers of every file a spec's run would load (model config, weights table,
     tokenizer, transcoder folders, direction files), without building anything.
@@ -242,8 +211,8 @@ def check_input_files(spec: Spec) -> None:
     reported there, in one line, rather than after minutes of work.
     """
     m = spec.model
-    if m.source == "path" and is_gguf_file(spec_field(m.path, "model.path")):
-        read_gguf_summary(spec_field(m.path, "model.path"))  # its header: a truncated or foreign file is one line here
+    if m.path is not None and is_gguf_file(m.path):
+        read_gguf_summary(m.path)  # its header: a truncated or foreign file is one line here
     model_dir = existing_model_folder(m)
     if model_dir is not None and check_hf_model_folder(model_dir):
         model_dir = None  # a Hugging Face folder: checked from its config.json and file headers

@@ -7,7 +7,7 @@ import difflib
 import io
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,16 +25,17 @@ from circuitgraph.adapters.files import (
 from circuitgraph.adapters.gguf import gguf_folder, is_gguf_file, read_record, warning_text
 from circuitgraph.adapters.hf_config import FAMILIES, load_snapshot, unsupported_model_type_message
 from circuitgraph.adapters.model_config import MAX_CONFIG_BYTES, check_config_against_weights, read_model_config
+from circuitgraph.adapters.model_sources import implement_model_source, model_source
 from circuitgraph.adapters.native_transformer import NativeConfig, NativeTransformer, native_unsupported
 from circuitgraph.adapters.pretrained import fetch
 from circuitgraph.adapters.tokenizer import Tokenizer, resolve_tokenizer_dir
 from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries.hub import _cache_dir, _offline
-from circuitgraph.errors import DequantisedWeightsWarning, LoadError, one_line
+from circuitgraph.errors import DequantisedWeightsWarning, LoadError, one_line, spec_field
 from circuitgraph.spec.model import ModelSpec
 
-__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name", "load_builtin_model", "load_pretrained", "torch_dtype", "resolve_device",
-           "MODEL_SOURCES", "load_model_spec"]
+__all__ = ["MODEL_BACKENDS", "folder_backend", "load_model_dir", "load_hf_dir", "load_model_name", "resolve_model_name",
+           "load_builtin_model", "load_pretrained", "torch_dtype", "resolve_device", "load_model_spec"]
 
 #: how a TransformerLens folder's model runs (the spec's ``model: {backend: ...}``)
 ModelBackend = Literal["auto", "native", "transformer_lens"]
@@ -67,7 +68,7 @@ def resolve_device(device: str | None) -> str:
 
 def load_model_dir(
     path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False,
-    backend: ModelBackend = "auto",
+    backend: ModelBackend = "auto", source: Mapping[str, Any] | None = None,
 ) -> ModelAdapter:
     """Load ``DIR/config.json`` (HookedTransformerConfig fields) + ``DIR/model.safetensors``
     (a HookedTransformer state dict) + optional ``DIR/tokenizer/``.
@@ -83,14 +84,17 @@ def load_model_dir(
 
     A GGUF file (``*.gguf``) is dequantised to float32 once into a cached Hugging Face folder
     (:func:`circuitgraph.adapters.gguf.gguf_folder`) and loaded from there.
+
+    ``source``: the adapter's source record (default ``{"path": path}``; a built-in model's
+    loader gives its own), final when the adapter is made.
     """
     path = Path(path)
+    record = dict(source) if source is not None else {"path": str(path)}
     if is_gguf_file(path):
         if backend == "native":
             raise LoadError(f"{path} is a GGUF file, loaded as a Hugging Face model: model: {{backend: native}} runs "
                             "TransformerLens folders only; use backend: auto")
-        return _named(load_hf_dir(gguf_folder(path), dtype=dtype, device=device, source={"path": str(path)}),
-                      path.stem)
+        return _named(load_hf_dir(gguf_folder(path), dtype=dtype, device=device, source=record), path.stem)
     if path.is_file():
         raise LoadError(f"model path {path} is a file; give a model folder or a GGUF checkpoint (*.gguf)")
     if not path.is_dir():
@@ -99,7 +103,7 @@ def load_model_dir(
         if backend == "native":
             raise LoadError(f"model directory {path} is a Hugging Face folder: model: {{backend: native}} runs "
                             "TransformerLens folders only; use backend: auto")
-        return load_hf_dir(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        return load_hf_dir(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code, source=record)
     cfg_file, weights = path / "config.json", path / "model.safetensors"
     for f in (cfg_file, weights):
         if not f.is_file():
@@ -142,7 +146,7 @@ def load_model_dir(
     model.eval()
     tok_dir = resolve_tokenizer_dir(path / "tokenizer")
     tokenizer = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
-    return ModelAdapter(model, tokenizer=tokenizer, source={"path": str(path)}, format="transformer_lens")
+    return ModelAdapter(model, tokenizer=tokenizer, source=record, format="transformer_lens")
 
 
 def _choose_backend(raw: dict[str, Any], backend: str, cfg_file: Path) -> str:
@@ -195,12 +199,13 @@ def _build_transformer_lens(raw: dict[str, Any], cfg_file: Path) -> Any:
 
 def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False,
                 fold_ln: bool = False, center_writing_weights: bool = False, center_unembed: bool = False,
-                name: str | None = None, source: dict[str, Any] | None = None) -> ModelAdapter:
+                name: str | None = None, source: Mapping[str, Any] | None = None) -> ModelAdapter:
     """A Hugging Face model folder as ``save_pretrained`` writes it (config.json with
     ``model_type``, one or sharded ``*.safetensors``, tokenizer files at the root), or a hub
     snapshot: its family is the row of :data:`circuitgraph.adapters.hf_config.FAMILIES` for
     ``model_type``. The tokenizer is read with the ``tokenizers`` library (no code runs); only
-    with ``trust_remote_code`` may transformers run code the folder ships."""
+    with ``trust_remote_code`` may transformers run code the folder ships.  ``source``: the
+    adapter's source record (default ``{"path": path}``)."""
     path = Path(path)
     raw = read_json_file(path / "config.json", "model config", MAX_CONFIG_BYTES)
     model_type = raw.get("model_type")
@@ -245,10 +250,18 @@ def load_hf_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu"
                         family=model_type, quantisation=quantisation)
 
 
-def load_pretrained(name: str, *, dtype: str = "float32", device: str = "cpu") -> ModelAdapter:
+def load_pretrained(name: str, *, dtype: str = "float32", device: str = "cpu",
+                    weights_dtype: str | None = None) -> ModelAdapter:
     """A pretrained model of :data:`circuitgraph.spec.pretrained.PRETRAINED_MODELS` by name, fetched into
-    the cache on first use (:func:`circuitgraph.adapters.pretrained.fetch`)."""
-    return _named(load_hf_dir(fetch(name), dtype=dtype, device=device, source={"pretrained": name}), name)
+    the cache on first use (:func:`circuitgraph.adapters.pretrained.fetch`); ``weights_dtype``: the
+    dtype its source record says its weights have (the spec's ``model.dtype``; none by default)."""
+    return _named(load_hf_dir(fetch(name), dtype=dtype, device=device,
+                              source=_with_weights({"pretrained": name}, weights_dtype)), name)
+
+
+def _with_weights(source: dict[str, Any], weights_dtype: str | None) -> dict[str, Any]:
+    """A source record, with the weights' dtype last when one is given."""
+    return source if weights_dtype is None else {**source, "weights_dtype": weights_dtype}
 
 
 def _named(adapter: ModelAdapter, name: str) -> ModelAdapter:
@@ -358,10 +371,12 @@ def load_model_name(
     center_writing_weights: bool = False,
     center_unembed: bool = False,
     trust_remote_code: bool = False,
+    weights_dtype: str | None = None,
 ) -> ModelAdapter:
     """A TransformerLens pretrained model by name, or by a family name such as ``llama-3.2-1b``
     (:func:`resolve_model_name`), from the hub or the local Hugging Face cache
-    (``HF_HUB_OFFLINE=1``: cached files only)."""
+    (``HF_HUB_OFFLINE=1``: cached files only); its source record names the model as resolved
+    (and ``weights_dtype`` when given, as :func:`load_pretrained`)."""
     from transformer_lens import HookedTransformer
 
     require_hub(f"model: {{name: {name}}}")  # one line at once, not a minute of retries
@@ -370,7 +385,8 @@ def load_model_name(
     if snapshot is not None:
         return load_hf_dir(snapshot, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                            fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                           center_unembed=center_unembed, name=name, source={"name": name, "fold_ln": fold_ln})
+                           center_unembed=center_unembed, name=name,
+                           source=_with_weights({"name": name, "fold_ln": fold_ln}, weights_dtype))
     try:
         model = HookedTransformer.from_pretrained(
             name,
@@ -400,49 +416,54 @@ def load_model_name(
         ) from None
     model.eval()
     tokenizer = Tokenizer.from_hf(model.tokenizer) if model.tokenizer is not None else None
-    return ModelAdapter(model, tokenizer=tokenizer, source={"name": name, "fold_ln": fold_ln}, format="transformer_lens")
+    return ModelAdapter(model, tokenizer=tokenizer, source=_with_weights({"name": name, "fold_ln": fold_ln}, weights_dtype),
+                        format="transformer_lens")
 
 
 def load_builtin_model(name: str, *, dtype: str = "float32", device: str = "cpu",
-                       backend: ModelBackend = "auto") -> tuple[ModelAdapter, Path]:
-    """The built-in model ``name``; returns the adapter and the bundle folder (with transcoders/)."""
+                       backend: ModelBackend = "auto", weights_dtype: str | None = None) -> tuple[ModelAdapter, Path]:
+    """The built-in model ``name``; returns the adapter (its source record ``{"builtin": name}``,
+    and ``weights_dtype`` when given) and the bundle folder (with transcoders/)."""
     if name not in BUILTIN_MODELS:
         raise LoadError(f"unknown built-in model {name!r}; available: {', '.join(sorted(BUILTIN_MODELS))}")
     bundle = Path(BUILTIN_MODELS[name]())
-    adapter = load_model_dir(bundle / "model", dtype=dtype, device=device, backend=backend)
-    adapter.source = {"builtin": name}
+    adapter = load_model_dir(bundle / "model", dtype=dtype, device=device, backend=backend,
+                             source=_with_weights({"builtin": name}, weights_dtype))
     return adapter, bundle
 
 
-# ------------------------------------------------------------------ the spec's model sources
-def _from_path(m: ModelSpec, dtype: str) -> ModelAdapter:
-    return load_model_dir(m.path, dtype=dtype, device=m.device, trust_remote_code=m.trust_remote_code,
-                          backend=m.backend)
+# ------------------------------------------------------------------ the spec's model sources' loaders
+def _from_path(m: ModelSpec, dtype: str, weights_dtype: str | None = None) -> ModelAdapter:
+    path = Path(spec_field(m.path, "model.path"))
+    return load_model_dir(path, dtype=dtype, device=m.device, trust_remote_code=m.trust_remote_code,
+                          backend=m.backend, source=_with_weights({"path": str(path)}, weights_dtype))
 
 
-def _from_name(m: ModelSpec, dtype: str) -> ModelAdapter:
-    return load_model_name(m.name, dtype=dtype, device=m.device, fold_ln=m.fold_ln,
+def _from_name(m: ModelSpec, dtype: str, weights_dtype: str | None = None) -> ModelAdapter:
+    return load_model_name(spec_field(m.name, "model.name"), dtype=dtype, device=m.device, fold_ln=m.fold_ln,
                            center_writing_weights=m.center_writing_weights, center_unembed=m.center_unembed,
-                           trust_remote_code=m.trust_remote_code)
+                           trust_remote_code=m.trust_remote_code, weights_dtype=weights_dtype)
 
 
-def _from_pretrained(m: ModelSpec, dtype: str) -> ModelAdapter:
-    return load_pretrained(m.pretrained, dtype=dtype, device=m.device)
+def _from_pretrained(m: ModelSpec, dtype: str, weights_dtype: str | None = None) -> ModelAdapter:
+    return load_pretrained(spec_field(m.pretrained, "model.pretrained"), dtype=dtype, device=m.device,
+                           weights_dtype=weights_dtype)
 
 
-def _from_builtin(m: ModelSpec, dtype: str) -> ModelAdapter:
-    return load_builtin_model(m.builtin, dtype=dtype, device=m.device, backend=m.backend)[0]
+def _from_builtin(m: ModelSpec, dtype: str, weights_dtype: str | None = None) -> ModelAdapter:
+    return load_builtin_model(spec_field(m.builtin, "model.builtin"), dtype=dtype, device=m.device, backend=m.backend,
+                              weights_dtype=weights_dtype)[0]
 
 
-#: the spec's ``model.source`` (which key names the model) -> its loader ``(model spec, dtype) -> adapter``;
-#: a new model source is one entry here and its key in ``spec/model.py``
-MODEL_SOURCES: dict[str, Callable[[ModelSpec, str], ModelAdapter]] = {"path": _from_path, "name": _from_name, "pretrained": _from_pretrained,
-                                 "builtin": _from_builtin}
+#: each source's loader, registered on its record (:data:`circuitgraph.adapters.model_sources.MODEL_SOURCES`)
+implement_model_source("path", _from_path)
+implement_model_source("name", _from_name)
+implement_model_source("pretrained", _from_pretrained)
+implement_model_source("builtin", _from_builtin)
 
 
-def load_model_spec(m: ModelSpec, *, dtype: str, weights_dtype: str) -> ModelAdapter:
+def load_model_spec(m: ModelSpec, *, dtype: str, weights_dtype: str | None = None) -> ModelAdapter:
     """The model a spec's ``model:`` section names (:class:`circuitgraph.spec.model.ModelSpec`),
-    loaded in ``dtype``; its source record also says the dtype of its weights (``weights_dtype``)."""
-    adapter = MODEL_SOURCES[m.source](m, dtype)
-    adapter.source["weights_dtype"] = weights_dtype
-    return adapter
+    loaded in ``dtype`` by its source's record; its source record also says the dtype of its
+    weights (``weights_dtype``, when given), made once with the adapter."""
+    return model_source(m).load(m, dtype, weights_dtype)

@@ -322,6 +322,22 @@ class CrossLayerTranscoder:
         return out
 
     # ----------------------------------------------------------------- bookkeeping
+    def with_source(self, source: dict[str, Any], *, config: dict[str, Any] | None = None) -> CrossLayerTranscoder:
+        """The same dictionary (its tensors, stored rows and cached encoders shared) made with the
+        source record ``source`` (and ``config``, default its own): a loader that knows more of
+        where the files came from than the format's reader records it once, on a new object."""
+        new = CrossLayerTranscoder(
+            self.path, n_layers=self.n_layers, d_transcoder=self.d_transcoder, d_model=self.d_model,
+            b_enc=self.b_enc, b_dec=self.b_dec_all, threshold=self.threshold, W_skip=self.W_skip,
+            activation_function=self.activation_function, topk=self.topk,
+            feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
+            dtype=self.dtype, source=source, config=self.config if config is None else config, lazy=self.lazy,
+            input_norms=self.input_norms, out_site=self.out_site, format=self.format,
+            stores=(self.enc_rows, self.dec_rows),
+        )
+        new._enc = self._enc
+        return new
+
     def to(self, dtype: torch.dtype) -> CrossLayerTranscoder:
         conv = lambda t: None if t is None else t.to(dtype)  # noqa: E731
         new = CrossLayerTranscoder(

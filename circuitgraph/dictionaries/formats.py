@@ -28,6 +28,7 @@ record's loader (the format can also be given, as the spec's ``transcoders.forma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,7 +179,8 @@ def load_eleuther_topk(path: Path, adapter: ModelAdapter, *, layers: list[int] |
 
 def load_dictionaries(path: str | Path, adapter: ModelAdapter, *, format: str | None = None,
                       layers: list[int] | None = None, dtype: torch.dtype = torch.float32,
-                      lazy: bool | None = None, config: dict[str, Any] | None = None) -> Dictionary:
+                      lazy: bool | None = None, config: dict[str, Any] | None = None,
+                      source: Mapping[str, Any] | None = None, model_mismatch: str | None = None) -> Dictionary:
     """Load the dictionary in ``path`` (its format detected unless given) for ``adapter``'s model.
 
     Returns a :class:`~circuitgraph.dictionaries.TranscoderSet` or a
@@ -187,7 +189,11 @@ def load_dictionaries(path: str | Path, adapter: ModelAdapter, *, format: str | 
     features only, and ``lazy`` (default: when the encoders together exceed 1 GiB) re-reads each
     encoder when it is needed instead of keeping it (sae-lens folders and GemmaScope ``.npz``
     files are read whole).  ``config``: a circuit-tracer ``config.yaml`` already read (its hub
-    files resolved)."""
+    files resolved).
+
+    ``source``: the dictionary's source record (default: the format reader's, ``{"path": path}``
+    and what its files add); ``model_mismatch``: a model mismatch the spec allowed, recorded last
+    in it.  The dictionary returned is made with its final record (nothing patches it later)."""
     found = detect_format(path)
     fmt = format or found
     if format is not None and format != found:
@@ -197,7 +203,14 @@ def load_dictionaries(path: str | Path, adapter: ModelAdapter, *, format: str | 
     if record.cross_layer and layers is not None and sorted(layers) != list(range(adapter.facts.n_layers)):
         raise LoadError(f"{path}: a cross-layer transcoder covers every layer; remove transcoders.layers "
                         f"(got {list(layers)})")
-    return record.function("load")(Path(path), adapter, layers=layers, dtype=dtype, lazy=lazy, config=config)
+    loaded: Dictionary = record.function("load")(Path(path), adapter, layers=layers, dtype=dtype, lazy=lazy,
+                                                 config=config)
+    if source is None and model_mismatch is None:
+        return loaded
+    final = dict(loaded.source if source is None else source)
+    if model_mismatch is not None:
+        final["model_mismatch"] = model_mismatch
+    return loaded.with_source(final)
 
 
 # ------------------------------------------------------------------ the dry run's footprint

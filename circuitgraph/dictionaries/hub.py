@@ -12,19 +12,21 @@ A file that is not there gives one line naming the file and how to get it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitgraph._hub import require_hub
-from circuitgraph.dictionaries.clt import read_config_yaml
+from circuitgraph.dictionaries.clt import CrossLayerTranscoder, read_config_yaml
 from circuitgraph.dictionaries.formats import detect_format, load_dictionaries
 from circuitgraph.dictionaries.layer_formats import load_transcoder_set_dir
 from circuitgraph.errors import LoadError
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.dictionaries.protocol import Dictionary
 
 __all__ = ["parse_hf_ref", "resolve_hf_dictionary", "load_hf_dictionaries"]
 
@@ -114,28 +116,34 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
 
 
 def load_hf_dictionaries(ref: str, adapter: ModelAdapter, *, format: str | None = None, layers: list[int] | None = None,
-                         dtype: torch.dtype = torch.float32) -> Any:
-    """Resolve ``ref`` in the Hugging Face cache and load the dictionary it holds."""
+                         dtype: torch.dtype = torch.float32,
+                         check: Callable[[Path], str | None] = lambda folder: None) -> Dictionary:
+    """Resolve ``ref`` in the Hugging Face cache and load the dictionary it holds, made with its
+    source record ``{"hf": ref, "scan": ...}``; ``check``: the model-fit check of the resolved
+    folder, run before any weight is read (a mismatch it returns is recorded in the source)."""
     folder, config = resolve_hf_dictionary(ref)
     repo, sub, revision = parse_hf_ref(ref)
+    scan = (config or {}).get("scan") or (f"{repo}//{sub}" if sub else repo) + (f"@{revision}" if revision else "")
+    mismatch = check(folder)
+    source = {"hf": ref, "scan": scan, **({"model_mismatch": mismatch} if mismatch is not None else {})}
     try:
+        out: Dictionary
         if config is not None and detect_format(folder) == "circuit_tracer_transcoder_set":
             if format not in (None, "circuit_tracer_transcoder_set"):
                 raise LoadError(f"{ref}: transcoders.format is {format!r} but the repository holds a circuit-tracer "
                                 "transcoder_set; set format: circuit_tracer_transcoder_set")
-            out = load_transcoder_set_dir(folder, adapter, config, layers=layers, dtype=dtype)
+            out = load_transcoder_set_dir(folder, adapter, config, layers=layers, dtype=dtype, source=source)
         elif config is not None and config.get("transcoders"):  # a CLT config listing (GemmaScope-2) files
-            out = load_dictionaries(folder, adapter, format=format, layers=layers, dtype=dtype, config=config)
+            out = load_dictionaries(folder, adapter, format=format, layers=layers, dtype=dtype, config=config,
+                                    source=source)
         else:
-            out = load_dictionaries(folder, adapter, format=format, layers=layers, dtype=dtype)
+            out = load_dictionaries(folder, adapter, format=format, layers=layers, dtype=dtype, source=source)
     except LoadError as exc:
         msg = str(exc)
         if " is missing" in msg and "huggingface-cli" not in msg:
             name = msg.split(" is missing")[0].rsplit("/", 1)[-1]
             msg = f"{msg.split(';')[0]}; {_how(repo, ((sub + '/') if sub else '') + name)}"
         raise type(exc)(msg) from None
-    scan = (config or {}).get("scan") or (f"{repo}//{sub}" if sub else repo) + (f"@{revision}" if revision else "")
-    out.source = {"hf": ref, "scan": scan}
-    if hasattr(out, "config"):
-        out.config = {**getattr(out, "config", {}), "scan": scan}
+    if isinstance(out, CrossLayerTranscoder):  # its describe() names the scan its config.yaml gave (or the repository)
+        return out.with_source(source, config={**out.config, "scan": scan})
     return out

@@ -210,8 +210,10 @@ def _select(layers: dict[int, Any], wanted: list[int] | None, path: Path) -> dic
 
 
 def load_transcoder_set_dir(path: Path, adapter: ModelAdapter, config: dict, *, layers: list[int] | None = None,
-                            dtype: torch.dtype = torch.float32, lazy: bool | None = None):
-    """circuit-tracer's per-layer ``transcoder_set`` folder."""
+                            dtype: torch.dtype = torch.float32, lazy: bool | None = None,
+                            source: dict[str, Any] | None = None):
+    """circuit-tracer's per-layer ``transcoder_set`` folder; ``source``: its source record
+    (default ``{"path": path}`` and the config's ``scan``)."""
 
     cfg_path = path / "config.yaml"
     site = hook_site(str(config.get("feature_input_hook", "")), str(cfg_path))
@@ -238,7 +240,7 @@ def load_transcoder_set_dir(path: Path, adapter: ModelAdapter, config: dict, *, 
     files = _select(files, layers, path)
     scan = config.get("scan")
     return transcoder_files(files, adapter, site=site, hook_out=hook_out, dtype=dtype,
-                            source={"path": str(path), **({"scan": scan} if scan else {})},
+                            source=source if source is not None else {"path": str(path), **({"scan": scan} if scan else {})},
                             format="circuit_tracer_transcoder_set", lazy=lazy)
 
 

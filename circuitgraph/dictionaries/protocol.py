@@ -63,6 +63,11 @@ class Dictionary(Protocol):
 
     def to(self, dtype: torch.dtype) -> Dictionary: ...
 
+    def with_source(self, source: dict[str, Any]) -> Dictionary:
+        """The same dictionary made with the source record ``source`` (the loaders of the spec's
+        sources record where it came from this way; nothing is re-read)."""
+        ...
+
     def describe(self) -> dict[str, Any]: ...
 
 

@@ -207,9 +207,7 @@ def load_release(release: str, adapter: ModelAdapter, *, ids: dict[int, str] | N
             raise LoadError(f"transcoders.release {release!r} is a cross-layer transcoder ({repo}), which covers every "
                             "layer; remove transcoders.ids / transcoders.layers")
         out = load_hf_dictionaries(repo, adapter, dtype=dtype)
-        out.source = {"release": release, "repo_id": repo, **({"scan": out.source.get("scan")}
-                                                              if isinstance(out.source, dict) else {})}
-        return out
+        return out.with_source({"release": release, "repo_id": repo, "scan": out.source.get("scan")})
     chosen = release_layers(entry, ids, layers)
     n = adapter.facts.n_layers
     beyond = [l for l in chosen if not 0 <= l < n]
@@ -249,9 +247,7 @@ def load_release(release: str, adapter: ModelAdapter, *, ids: dict[int, str] | N
                                 "check that the release holds transcoders") from None
             out[l] = _from_sae(sae.to(dtype=dtype), where=f"{repo}/{p}", expected_layer=l, adapter=adapter)
         return TranscoderSet(out, source, format="saelens")
-    out = TranscoderSet.from_release(release, chosen, adapter, dtype=dtype)
-    out.source = source
-    return out
+    return TranscoderSet.from_release(release, chosen, adapter, dtype=dtype, source=source)
 
 
 def _gemma_scope_2(release: str, repo: str, revision: str | None, paths: dict[int, str], adapter: ModelAdapter,

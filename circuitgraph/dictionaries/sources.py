@@ -1,20 +1,28 @@
-"""The spec's dictionary sources: which key of ``transcoders:`` names the dictionary, and its loader.
+"""The spec's dictionary sources' loaders: ``transcoders: {path | hf | release | builtin: ...}``.
 
-``transcoders: {path | hf | release | builtin: ...}`` (:class:`circuitgraph.spec.model.TranscodersSpec`)
-is resolved here, one loader per source in :data:`DICTIONARY_SOURCES`; a new source is one entry
-and its key in ``spec/model.py``.  A new on-disk format is not a source: it is a record of
+Each source is one record of :data:`circuitgraph.adapters.dictionary_sources.DICTIONARY_SOURCES`
+(its local folder, how errors name it); its loader is here, registered on the record when this
+module is imported (:func:`~circuitgraph.adapters.dictionary_sources.implement_dictionary_source`).
+Every loader makes the dictionary with its final source record: the built-in dictionaries' name,
+a hub reference, a release, and the model mismatch the spec allowed (the fit check runs on the
+folder before any weight is read).  A new on-disk format is not a source: it is a record of
 :data:`circuitgraph.spec.dictionaries.DICTIONARY_FORMATS` (any folder source reads it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from circuitgraph.adapters.files import existing_dictionary_folder
+from circuitgraph.adapters.dictionary_sources import (
+    DICTIONARY_SOURCES,
+    FitCheck,
+    dictionary_source,
+    existing_dictionary_folder,
+    implement_dictionary_source,
+)
 from circuitgraph.dictionaries.formats import load_dictionaries
 from circuitgraph.dictionaries.hub import load_hf_dictionaries
 from circuitgraph.dictionaries.registry import load_release
@@ -32,43 +40,50 @@ def _layers(t: TranscodersSpec) -> list[int] | None:
     return list(t.layers) if t.layers else None
 
 
-def _from_path(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) -> Dictionary:
-    return load_dictionaries(spec_field(t.path, "transcoders.path"), adapter, format=t.format, layers=_layers(t),
-                             dtype=dtype)
+def _from_path(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype, check: FitCheck) -> Dictionary:
+    folder = dictionary_folder(t)
+    return load_dictionaries(folder, adapter, format=t.format, layers=_layers(t), dtype=dtype,
+                             model_mismatch=check(folder))
 
 
-def _from_hf(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) -> Dictionary:
+def _from_hf(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype, check: FitCheck) -> Dictionary:
     return load_hf_dictionaries(spec_field(t.hf, "transcoders.hf"), adapter, format=t.format, layers=_layers(t),
-                                dtype=dtype)
+                                dtype=dtype, check=check)
 
 
-def _from_release(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) -> Dictionary:
+def _from_release(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype, check: FitCheck) -> Dictionary:
+    # a release names its model in sae-lens's registry: load_release checks it (not the folder's files)
     ids = {int(k): v for k, v in t.ids.items() if t.layers is None or int(k) in t.layers} if t.ids else None
     return load_release(spec_field(t.release, "transcoders.release"), adapter, ids=ids, layers=_layers(t), dtype=dtype,
                         check_model=not t.allow_model_mismatch)
 
 
-def _from_builtin(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype) -> Dictionary:
-    tcs = load_dictionaries(dictionary_folder(t), adapter, layers=_layers(t), dtype=dtype)
-    tcs.source = {"builtin": t.builtin}
-    return tcs
+def _from_builtin(t: TranscodersSpec, adapter: ModelAdapter, dtype: torch.dtype, check: FitCheck) -> Dictionary:
+    folder = dictionary_folder(t)
+    return load_dictionaries(folder, adapter, layers=_layers(t), dtype=dtype,
+                             source={"builtin": spec_field(t.builtin, "transcoders.builtin")},
+                             model_mismatch=check(folder))
 
 
-#: the spec's ``transcoders.source`` -> its loader ``(transcoders spec, adapter, dtype) -> Dictionary``
-DICTIONARY_SOURCES: dict[str, Callable[[TranscodersSpec, ModelAdapter, torch.dtype], Dictionary]] = {
-    "path": _from_path, "hf": _from_hf, "release": _from_release, "builtin": _from_builtin}
+implement_dictionary_source("path", _from_path)
+implement_dictionary_source("hf", _from_hf)
+implement_dictionary_source("release", _from_release)
+implement_dictionary_source("builtin", _from_builtin)
 
 
-def load_dictionary_spec(t: TranscodersSpec, adapter: ModelAdapter, *, dtype: torch.dtype) -> Dictionary:
-    """The dictionary a spec's ``transcoders:`` section names, loaded for ``adapter`` in ``dtype``."""
-    return DICTIONARY_SOURCES[t.source](t, adapter, dtype)
+def load_dictionary_spec(t: TranscodersSpec, adapter: ModelAdapter, *, dtype: torch.dtype,
+                         check: FitCheck = lambda folder: None) -> Dictionary:
+    """The dictionary a spec's ``transcoders:`` section names, loaded for ``adapter`` in ``dtype``
+    by its source's record; ``check``: the model-fit check of its folder (see
+    :meth:`~circuitgraph.adapters.dictionary_sources.DictionarySourceRecord.load`)."""
+    return dictionary_source(t).load(t, adapter, dtype=dtype, check=check)
 
 
 def dictionary_folder(t: TranscodersSpec) -> Path:
     """The local folder of a ``path`` or ``builtin`` dictionary (read before any weight is;
-    :func:`~circuitgraph.adapters.files.existing_dictionary_folder`)."""
+    :func:`~circuitgraph.adapters.dictionary_sources.existing_dictionary_folder`)."""
     folder = existing_dictionary_folder(t)
     if folder is None:
-        raise LoadError(f"transcoders.{t.source} {getattr(t, t.source)!r} has no local folder before it is loaded"
-                        if t.source != "builtin" else f"unknown built-in transcoders {t.builtin!r}")
+        raise LoadError(f"transcoders.{t.source} {getattr(t, t.source)!r} has no local folder (an unknown built-in "
+                        "dictionary, or a source whose folder is known only once it is fetched)")
     return folder

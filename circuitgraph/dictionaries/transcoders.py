@@ -457,6 +457,12 @@ class TranscoderSet:
     def to(self, dtype: torch.dtype) -> TranscoderSet:
         return TranscoderSet({k: v.to(dtype) for k, v in self.layers.items()}, self.source, self.format)
 
+    def with_source(self, source: dict[str, Any]) -> TranscoderSet:
+        """The same transcoders (their layers shared) made with the source record ``source``: a
+        loader that knows more of where the files came from than the format's reader records it
+        once, on a new object."""
+        return TranscoderSet(self.layers, source, self.format)
+
     def describe(self) -> dict[str, Any]:
         out = {"source": self.source, "format": self.format, "kind": "transcoder_set",
                "layers": [t.describe() for t in self.layers.values()]}
@@ -509,8 +515,9 @@ class TranscoderSet:
 
     @classmethod
     def from_release(cls, release: str, ids: dict[int, str], adapter: ModelAdapter,
-                     dtype: torch.dtype | None = None) -> TranscoderSet:
-        """sae-lens pretrained transcoders (needs the Hugging Face hub)."""
+                     dtype: torch.dtype | None = None, source: dict[str, Any] | None = None) -> TranscoderSet:
+        """sae-lens pretrained transcoders (needs the Hugging Face hub); ``source``: its source
+        record (default ``{"release": release, "ids": ...}``)."""
         from sae_lens import SAE
 
         require_hub(f"transcoders: {{release: {release}}}")  # one line at once, not a minute of retries
@@ -531,4 +538,4 @@ class TranscoderSet:
             if dtype is not None:
                 sae = sae.to(dtype=dtype)
             out[int(lyr)] = _from_sae(sae, where=f"{release}/{sae_id}", expected_layer=int(lyr), adapter=adapter)
-        return cls(out, {"release": release, "ids": {str(k): v for k, v in ids.items()}})
+        return cls(out, source if source is not None else {"release": release, "ids": {str(k): v for k, v in ids.items()}})

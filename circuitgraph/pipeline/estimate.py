@@ -22,13 +22,9 @@ except ImportError:  # pragma: no cover - not POSIX (Windows): the loading peak 
     resource = None  # type: ignore[assignment]
 
 from circuitgraph._io import read_json_file, safetensors_header
-from circuitgraph.adapters.files import (
-    existing_dictionary_folder,
-    existing_model_folder,
-    hf_weight_files,
-    model_folder_format,
-)
-from circuitgraph.adapters.gguf import read_gguf_summary
+from circuitgraph.adapters.dictionary_sources import existing_dictionary_folder
+from circuitgraph.adapters.files import hf_weight_files, model_folder_format
+from circuitgraph.adapters.model_sources import model_source
 from circuitgraph.attribution.build import plan_run
 from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     _LAST_RESORT,
@@ -46,7 +42,6 @@ from circuitgraph.attribution.plan import (  # re-exported: the plan's old home
     process_memory,
 )
 from circuitgraph.dictionaries.formats import dictionary_footprint
-from circuitgraph.errors import spec_field
 from circuitgraph.pipeline.check_estimate import CheckEstimate, PeakWatch, estimate_checks, release_free_memory
 from circuitgraph.pipeline.memory_watch import MEMORY_LIMIT_ENV, memory_budget
 from circuitgraph.pipeline.runner import prepare
@@ -204,18 +199,15 @@ def estimate_run(spec: Spec, *, memory_limit: int | None = None) -> RunEstimate:
     m = spec.model
     notes: list[str] = []
     bytes_model, bytes_tc, d_sae, L, D = 0, 0, None, 0, 0
-    model_dir = existing_model_folder(m)
-    if m.source == "path" and model_dir is None:  # a GGUF file not converted yet: its header
-        path = spec_field(m.path, "model.path")
-        g = read_gguf_summary(path)
-        L, D, bytes_model = g.n_layers, g.d_model, 4 * g.n_params
-        notes.append(f"{Path(path).name}: dequantised to float32 on first use (about {_gb(bytes_model)})")
-    elif m.source == "pretrained" and model_dir is None:
-        notes.append(f"pretrained model {m.pretrained}: not fetched yet (`circuitgraph fetch {m.pretrained}`); "
-                     "its size is known once it is")
+    source = model_source(m)
+    model_dir = source.local_folder(m)
+    pending = source.pending(m) if model_dir is None else None
+    if pending is not None:  # a GGUF file not converted yet (its header's sizes), a model not fetched yet
+        L, D, bytes_model = pending.n_layers, pending.d_model, pending.bytes
+        notes.append(pending.note + (f" (about {_gb(bytes_model)})" if bytes_model else ""))
     elif model_dir is not None:
         L, D, bytes_model = _model_folder_sizes(model_dir)
-    if m.source in ("builtin", "path", "pretrained"):
+    if source.local:
         tc_dir = existing_dictionary_folder(spec.transcoders)
         if tc_dir is not None:
             d_sae, _, bytes_tc, note = dictionary_footprint(tc_dir)  # lazily read layouts: what is read

@@ -14,19 +14,22 @@ import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
 from circuitgraph.adapters.dictionary_fit import fit_problems, read_declared
-from circuitgraph.adapters.files import existing_dictionary_folder, read_direction_file
-from circuitgraph.adapters.loading import (
-    folder_backend,
-    load_model_spec,
-    torch_dtype,
-)
+from circuitgraph.adapters.dictionary_sources import dictionary_source, existing_dictionary_folder
+from circuitgraph.adapters.files import read_direction_file
+from circuitgraph.adapters.loading import folder_backend, load_model_spec, torch_dtype
+from circuitgraph.adapters.model_sources import model_source
 from circuitgraph.adapters.tokenizer import check_prompt_text, prompt_fields, prompt_ids
 from circuitgraph.attribution.targets import ResolvedTarget, normalise_position, resolve_token, top_logit_targets
-from circuitgraph.builtin import BUILTIN_MODELS
 from circuitgraph.dictionaries import Dictionary
-from circuitgraph.dictionaries.hub import resolve_hf_dictionary
 from circuitgraph.dictionaries.sources import load_dictionary_spec
-from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
+from circuitgraph.errors import (
+    AttributionError,
+    LeadingSpaceWarning,
+    LoadError,
+    ShapeMismatchError,
+    TokenError,
+    spec_field,
+)
 from circuitgraph.spec import Spec
 from circuitgraph.spec.load import trained_dictionary_hint
 
@@ -44,38 +47,32 @@ LoadedInputs = tuple[ModelAdapter, Dictionary | None]
 def needs_transformer_lens(spec: Spec) -> bool:
     """Whether loading ``spec``'s model imports transformer_lens: models by name, Hugging Face folders,
     ``backend: transformer_lens`` and TransformerLens folders outside the native whitelist do
-    (:func:`circuitgraph.adapters.loading.folder_backend`)."""
+    (the source's record, then :func:`circuitgraph.adapters.loading.folder_backend`)."""
     m = getattr(spec, "model", None)
-    if m is None or m.source in ("name", "pretrained") or m.backend == "transformer_lens":
+    if m is None or model_source(m).always_transformer_lens or m.backend == "transformer_lens":
         return True
-    path = m.path if m.source == "path" else BUILTIN_MODELS[m.builtin]() / "model"
-    return folder_backend(path, m.backend, trust_remote_code=m.trust_remote_code) != "native"
+    folder = model_source(m).local_folder(m)  # a GGUF file's is a Hugging Face folder (or None before it is converted)
+    return folder is None or folder_backend(folder, m.backend, trust_remote_code=m.trust_remote_code) != "native"
 
 
 def load_inputs(spec: Spec) -> LoadedInputs:
     """Load the model and transcoders a spec names, in the dtype the graph needs."""
     m = spec.model
     t = spec.transcoders
-    if t is not None and t.source == "path" and not t.path.is_dir():  # before the model is loaded
-        raise LoadError(f"transcoder folder not found: {t.path}{trained_dictionary_hint(t.path)}")
+    folder = existing_dictionary_folder(t)
+    if folder is not None and not folder.is_dir():  # before the model is loaded
+        raise LoadError(f"transcoder folder not found: {folder}{trained_dictionary_hint(folder)}")
     compute = torch_dtype(spec.graph.dtype)
     weights = torch_dtype(m.dtype)
     # float64 accumulation runs the whole forward in float64 so measured values are exact too
     load_dtype = "float64" if compute == torch.float64 else m.dtype
     adapter = load_model_spec(m, dtype=load_dtype, weights_dtype=str(weights).replace("torch.", ""))
-    tcs = None
-    t = spec.transcoders
+    if t is None:
+        return adapter, None
     tc_dtype = torch.float64 if compute == torch.float64 else torch.float32
-    mismatch = None
-    folder = existing_dictionary_folder(t)
-    if folder is not None:  # before any weight is read
-        mismatch = check_dictionary_model(spec, folder, adapter)
-    if t is not None:
-        tcs = load_dictionary_spec(t, adapter, dtype=tc_dtype)
-        if t.source == "hf":  # its folder is known once the cache has it
-            mismatch = check_dictionary_model(spec, resolve_hf_dictionary(t.hf)[0], adapter)
-        if mismatch is not None and isinstance(tcs.source, dict):
-            tcs.source = {**tcs.source, "model_mismatch": mismatch}
+    # the source's loader runs the fit check on the dictionary's folder before any weight is read, and
+    # records the mismatch the spec allows in the dictionary's source
+    tcs = load_dictionary_spec(t, adapter, dtype=tc_dtype, check=lambda f: check_dictionary_model(spec, f, adapter))
     return adapter, tcs
 
 
@@ -85,8 +82,8 @@ def check_dictionary_model(spec: Spec, folder: Path, adapter: ModelAdapter) -> s
     a one-line :class:`~circuitgraph.errors.LoadError` naming both.  With
     ``transcoders.allow_model_mismatch`` a name that differs is accepted and returned (the graph's
     metadata records it); shapes are never overridden."""
-    t = spec.transcoders
-    shown = f"{folder.parent.name}/{folder.name}" if t.source == "path" else getattr(t, t.source)
+    t = spec_field(spec.transcoders, "transcoders")
+    shown = dictionary_source(t).shown(t, folder)
     problems, note = fit_problems(
         read_declared(folder), spec.model, config_name=getattr(adapter.model.cfg, "model_name", None),
         d_model=adapter.facts.d_model, n_layers=adapter.facts.n_layers,
@@ -111,7 +108,8 @@ def check_layer_keys(spec: Spec, n_layers: int) -> None:
                                 f"use keys 0-{n_layers - 1} (layers not named take the default)")
     t = spec.transcoders
     if t is not None:
-        for key, layers in (("layers", t.layers), ("ids", list(t.ids or {}) if t.source == "release" else None)):
+        ids = list(t.ids or {}) if dictionary_source(t).takes_ids else None
+        for key, layers in (("layers", t.layers), ("ids", ids)):
             bad = sorted(int(layer) for layer in layers or () if not 0 <= int(layer) < n_layers)
             if bad:
                 problems.append(f"transcoders.{key}: layers {bad} are out of range, {last}; "

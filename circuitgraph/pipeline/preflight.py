@@ -30,7 +30,8 @@ from typing import Any
 
 from circuitgraph._io import read_json_file
 from circuitgraph.adapters.dictionary_fit import DeclaredDictionary, fit_problems, read_declared
-from circuitgraph.adapters.files import existing_dictionary_folder, existing_model_folder
+from circuitgraph.adapters.dictionary_sources import existing_dictionary_folder
+from circuitgraph.adapters.model_sources import existing_model_folder, model_source
 from circuitgraph.adapters.tokenizer import Tokenizer, prompt_ids, resolve_tokenizer_dir
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
@@ -397,7 +398,7 @@ def files_exist(p: Preflight) -> Problems:
 def dictionary_fits(p: Preflight) -> Problems:
     """The dictionary's config files name the spec's model (unless ``allow_model_mismatch``) and
     its input widths and hook layers fit the model's config."""
-    if p.dictionary is None or (p.model is None and p.spec.model.source == "path"):
+    if p.dictionary is None or (p.model is None and not model_source(p.spec.model).named_without_config):
         return []
     problems, _ = fit_problems(
         p.dictionary, p.spec.model, config_name=p.model.model_name if p.model else None,
@@ -549,9 +550,7 @@ def run_time_notes(p: Preflight) -> list[str]:
     spec, out = p.spec, list(p.unchecked)
     m = spec.model
     if p.model is None:
-        why = ("a hub name (its config is not downloaded)" if m.source == "name" else
-               "no config.json was read" if m.source == "path" else f"model source {m.source}")
-        out.append(f"the model's layers, heads, neurons and vocabulary ({why})")
+        out.append(f"the model's layers, heads, neurons and vocabulary ({model_source(m).unread_config})")
     elif p.model.n_neurons is None or p.model.n_heads is None:
         missing = [k for k, v in (("heads", p.model.n_heads), ("neurons", p.model.n_neurons)) if v is None]
         if any(r.kind in ("attention_head", "neuron") for r in unit_references(spec)):

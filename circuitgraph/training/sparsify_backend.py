@@ -41,7 +41,8 @@ import torch
 from safetensors.torch import load_file
 
 from circuitgraph._io import read_json_file
-from circuitgraph.adapters.pretrained import pretrained_dir
+from circuitgraph.adapters.files import model_folder_format
+from circuitgraph.adapters.model_sources import existing_model_folder
 from circuitgraph.errors import SpecError
 from circuitgraph.training.activation_stream import layer_activations
 from circuitgraph.training.dictionary import DictionaryWeights
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.spec.model import ModelSpec
     from circuitgraph.spec.train import TrainRunSpec
 
 __all__ = ["sparsify_unavailable", "train_with_sparsify", "read_sparsify_folder", "SPARSIFY_VERSION", "CHECKPOINT_DIR"]
@@ -73,18 +75,14 @@ def sparsify_unavailable() -> str | None:
     return None
 
 
-def _model_folder(model_spec: Any) -> Path:
-    m = model_spec
-    if m.source == "path":
-        folder = Path(m.path)
-    elif m.source == "pretrained":
-        folder = pretrained_dir(m.pretrained)
-    else:
-        raise SpecError(f"train.backend sparsify needs a Hugging Face model folder (model.path or model.pretrained), "
-                        f"this model is given by {m.source}; use backend circuitgraph")
-    if not (folder / "config.json").is_file():
-        raise SpecError(f"train.backend sparsify needs a Hugging Face model folder with config.json; {folder} is not "
-                        "one (a GGUF file?); use backend circuitgraph")
+def _model_folder(model_spec: ModelSpec) -> Path:
+    """The Hugging Face folder sparsify reads the model from: the source's local folder (a
+    ``path`` folder, a GGUF file's converted folder, a fetched pretrained model)."""
+    folder = existing_model_folder(model_spec)
+    if folder is None or not (folder / "config.json").is_file() or model_folder_format(folder) != "huggingface":
+        given = f"model.{model_spec.source} {getattr(model_spec, model_spec.source)!r}"
+        raise SpecError(f"train.backend sparsify needs a Hugging Face model folder with config.json (model.path or "
+                        f"model.pretrained, fetched), {given} is not one here; use backend circuitgraph")
     return folder
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from circuitgraph.adapters.architecture import ModelAdapter
-from circuitgraph.adapters.loading import MODEL_SOURCES
+from circuitgraph.adapters.loading import load_model_spec
 from circuitgraph.dictionaries.mlp_input import mlp_input_norm
 from circuitgraph.errors import SpecError
 from circuitgraph.spec.model import ModelSpec
@@ -38,8 +38,8 @@ DICTIONARY_FOLDER = "dictionaries"
 
 def load_model(model_spec: ModelSpec) -> ModelAdapter:
     """The model adapter of a spec's ``model:`` section (any model circuitgraph loads), in its
-    ``dtype``: the run's model sources (:data:`~circuitgraph.adapters.loading.MODEL_SOURCES`)."""
-    return MODEL_SOURCES[model_spec.source](model_spec, model_spec.dtype)
+    ``dtype``: the run's model sources (:data:`~circuitgraph.adapters.model_sources.MODEL_SOURCES`)."""
+    return load_model_spec(model_spec, dtype=model_spec.dtype)
 
 
 def train(spec: TrainRunSpec, *, adapter: ModelAdapter | None = None,
