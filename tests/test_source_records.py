@@ -11,7 +11,7 @@ from typing import get_args
 
 import pytest
 
-import circuitgraph.adapters.loading  # noqa: F401 - registers the model sources' loaders
+import circuitgraph.adapters.loading  # registers the model sources' loaders
 import circuitgraph.dictionaries.sources  # noqa: F401 - registers the dictionary sources' loaders
 from circuitgraph.adapters.dictionary_sources import DICTIONARY_SOURCES, existing_dictionary_folder
 from circuitgraph.adapters.model_sources import MODEL_SOURCES, existing_model_folder

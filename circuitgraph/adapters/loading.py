@@ -291,7 +291,11 @@ def resolve_model_name(name: str) -> str:
     name matched case-insensitively to an official name or its last part (``llama-3.2-1b`` ->
     ``meta-llama/Llama-3.2-1B``, ``gemma-2-2b`` -> ``google/gemma-2-2b``, ``qwen3-0.6b`` ->
     ``Qwen/Qwen3-0.6B``)."""
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
+    # re-exported by loading_from_pretrained (every 3.x) without being in its __all__
+    from transformer_lens.loading_from_pretrained import (
+        OFFICIAL_MODEL_NAMES,  # pyright: ignore[reportPrivateImportUsage]
+        get_official_model_name,
+    )
 
     try:
         return get_official_model_name(name)
@@ -393,9 +397,11 @@ def load_model_name(
             fold_ln=fold_ln,
             center_writing_weights=center_writing_weights,
             center_unembed=center_unembed,
-            dtype=torch_dtype(dtype),
+            # TransformerLens types dtype by its default ("float32") and takes a torch.dtype too
+            # (float64 has no name in its table)
+            dtype=torch_dtype(dtype),  # pyright: ignore[reportArgumentType]
             device=resolve_device(device),
-            **({"trust_remote_code": True} if trust_remote_code else {}),
+            trust_remote_code=trust_remote_code,
         )
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -32,6 +32,14 @@ from circuitgraph.errors import (
 )
 from circuitgraph.spec import Spec
 from circuitgraph.spec.load import trained_dictionary_hint
+from circuitgraph.spec.targets import (
+    DirectionTarget,
+    FeatureTarget,
+    LogitDiffTarget,
+    LogitTarget,
+    NeuronTarget,
+    TopLogitsTarget,
+)
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.tokenizer import Tokenizer
@@ -177,7 +185,7 @@ def _warn_leading_space(spec: Spec, tokenizer: Tokenizer | None) -> None:
     if tokenizer is None or (isinstance(text, str) and text[-1:].isspace()):
         return
     for i, t in enumerate(spec.targets):
-        tokens = (t.logit,) if t.kind == "logit" else t.logit_diff if t.kind == "logit_diff" else ()
+        tokens = (t.logit,) if isinstance(t, LogitTarget) else t.logit_diff if isinstance(t, LogitDiffTarget) else ()
         for j, token in enumerate(tokens):
             if isinstance(token, str):
                 where = f"targets[{i}].{t.kind}" + (f"[{j}]" if t.kind == "logit_diff" else "")
@@ -195,36 +203,37 @@ def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: Dictionary |
     _warn_leading_space(spec, tok)
     for i, t in enumerate(spec.targets):
         where = f"targets[{i}].{t.kind}"
-        weight = 1.0 if getattr(t, "weight", None) is None else float(t.weight)
-        if t.kind == "logit":
+        given = getattr(t, "weight", None)
+        weight = 1.0 if given is None else float(given)
+        if isinstance(t, LogitTarget):
             pos = normalise_position(t.position, n_pos, f"targets[{i}].position")
             v = resolve_token(t.logit, tok, f.d_vocab, where)
             out.append(ResolvedTarget("logit", pos, weight, (v,), t.relative_to_mean))
-        elif t.kind == "logit_diff":
+        elif isinstance(t, LogitDiffTarget):
             pos = normalise_position(t.position, n_pos, f"targets[{i}].position")
             a, b = (resolve_token(x, tok, f.d_vocab, f"{where}[{j}]") for j, x in enumerate(t.logit_diff))
             out.append(ResolvedTarget("logit_diff", pos, weight, (a, b)))
-        elif t.kind == "top_logits":
+        elif isinstance(t, TopLogitsTarget):
             pos = normalise_position(t.position, n_pos, f"targets[{i}].position")
             p = t.top_logits
             out += top_logit_targets(logits, position=pos, max_n=p.max_n,
                                      cumulative_probability=p.cumulative_probability,
                                      relative_to_mean=p.relative_to_mean)
-        elif t.kind in ("feature", "neuron"):
-            loc = getattr(t, t.kind)
+        elif isinstance(t, (FeatureTarget, NeuronTarget)):
+            unit, loc = ("feature", t.feature) if isinstance(t, FeatureTarget) else ("neuron", t.neuron)
             adapter.check_layer(loc.layer, what=f"{where}.layer")
             pos = normalise_position(loc.position, n_pos, f"{where}.position")
-            if t.kind == "feature":
+            if unit == "feature":
                 if transcoders is None or loc.layer not in transcoders:
                     raise AttributionError(f"{where}: no transcoder is loaded for layer {loc.layer}")
                 size = transcoders[loc.layer].d_sae
             else:
                 size = f.n_neurons  # num_experts * d_mlp on mixture-of-experts layers
             if loc.index >= size:
-                raise AttributionError(f"{where}.index: {t.kind} {loc.index} requested, layer {loc.layer} has "
-                                       f"{size} {t.kind}s (0-{size - 1})")
-            out.append(ResolvedTarget(t.kind, pos, weight, layer=loc.layer, index=loc.index))
-        elif t.kind == "direction":
+                raise AttributionError(f"{where}.index: {unit} {loc.index} requested, layer {loc.layer} has "
+                                       f"{size} {unit}s (0-{size - 1})")
+            out.append(ResolvedTarget(unit, pos, weight, layer=loc.layer, index=loc.index))
+        elif isinstance(t, DirectionTarget):
             d = t.direction
             adapter.check_layer(d.layer, what=f"{where}.layer")
             pos = normalise_position(d.position, n_pos, f"{where}.position")

@@ -37,6 +37,7 @@ from circuitgraph.errors import CircuitGraphError
 from circuitgraph.spec import Spec
 from circuitgraph.spec.dataset import parse_rows, read_dataset_rows
 from circuitgraph.spec.references import UnitReference, unit_references
+from circuitgraph.spec.targets import LogitDiffTarget, LogitTarget, TopLogitsTarget
 
 __all__ = ["ModelFacts", "Preflight", "PreflightReport", "PREFLIGHT_CHECKS", "preflight_check", "preflight",
            "preflight_report", "read_model_facts", "run_time_notes", "leading_space_warnings"]
@@ -69,7 +70,10 @@ class ModelFacts:
     sources: dict[str, str] = field(repr=False, default_factory=dict)
 
     def layers_text(self) -> str:
-        return f"the model has {self.n_layers} layers (0-{self.n_layers - 1}; {self.file.name})"
+        n = self.n_layers
+        if n is None:
+            return f"the number of layers is not known ({self.file.name})"
+        return f"the model has {n} layers (0-{n - 1}; {self.file.name})"
 
 
 def _first_key(cfg: dict[str, Any], *keys: str) -> tuple[int, str] | None:
@@ -219,10 +223,11 @@ def gather(spec: Spec) -> Preflight:
         p.model = read_model_facts(model_dir)
         p.tokenizer = _tokenizer(model_dir)
     p.prompt_tokens = _prompt_tokens(spec, p.tokenizer)
-    tc_dir = existing_dictionary_folder(spec.transcoders)
-    if tc_dir is not None and tc_dir.is_dir():
+    t = spec.transcoders
+    tc_dir = existing_dictionary_folder(t)
+    if t is not None and tc_dir is not None and tc_dir.is_dir():
         p.dictionary = read_declared(tc_dir)
-        p.dictionary_where = f"transcoders.{spec.transcoders.source}"
+        p.dictionary_where = f"transcoders.{t.source}"
         layers = set(p.dictionary.layers.values()) | {lyr for _, lyr in p.dictionary.hook_layers.values()}
         # only a per-layer folder layout says which layers it holds (a CLT has every layer)
         p.dictionary_layers = layers if p.dictionary.layers else None
@@ -268,9 +273,10 @@ def layers_exist(p: Preflight) -> Problems:
     model has; feature targets name layers the dictionary holds."""
     out: Problems = []
     spec = p.spec
-    n = p.model.n_layers if p.model is not None else None
-    if n is not None:
-        last = p.model.layers_text()
+    model = p.model
+    n = model.n_layers if model is not None else None
+    if model is not None and n is not None:
+        last = model.layers_text()
         for loc, params, _ in _unit_targets(spec):
             if params.layer >= n:
                 out.append((f"{loc}.layer", f"layer {params.layer} requested, {last}"))
@@ -300,10 +306,10 @@ def layers_exist(p: Preflight) -> Problems:
 
 def _positions(spec: Spec) -> Iterable[tuple[str, int]]:
     for i, t in enumerate(spec.targets):
-        if t.kind in ("feature", "neuron", "direction"):
-            yield f"targets[{i}].{t.kind}.position", t.params.position
-        elif hasattr(t, "position"):
+        if isinstance(t, (LogitTarget, LogitDiffTarget, TopLogitsTarget)):
             yield f"targets[{i}].position", t.position
+        else:  # a feature, neuron or direction target: its location's position
+            yield f"targets[{i}].{t.kind}.position", t.params.position
     for i, q in enumerate(spec.queries):
         if q.kind == "logit_lens":
             yield f"queries[{i}].logit_lens.position", q.params.position
@@ -344,9 +350,9 @@ def prompt_fits(p: Preflight) -> Problems:
 def _tokens(spec: Spec) -> Iterable[tuple[str, Any]]:
     """``(location, token)`` of every token the spec names."""
     for i, t in enumerate(spec.targets):
-        if t.kind == "logit":
+        if isinstance(t, LogitTarget):
             yield f"targets[{i}].logit", t.logit
-        elif t.kind == "logit_diff":
+        elif isinstance(t, LogitDiffTarget):
             for j, x in enumerate(t.logit_diff):
                 yield f"targets[{i}].logit_diff[{j}]", x
     for i, q in enumerate(spec.queries):
@@ -398,12 +404,13 @@ def files_exist(p: Preflight) -> Problems:
 def dictionary_fits(p: Preflight) -> Problems:
     """The dictionary's config files name the spec's model (unless ``allow_model_mismatch``) and
     its input widths and hook layers fit the model's config."""
-    if p.dictionary is None or (p.model is None and not model_source(p.spec.model).named_without_config):
+    t = p.spec.transcoders
+    if p.dictionary is None or t is None or (p.model is None and not model_source(p.spec.model).named_without_config):
         return []
     problems, _ = fit_problems(
         p.dictionary, p.spec.model, config_name=p.model.model_name if p.model else None,
         d_model=p.model.d_model if p.model else None, n_layers=p.model.n_layers if p.model else None,
-        allow_model_mismatch=p.spec.transcoders.allow_model_mismatch, where="")
+        allow_model_mismatch=t.allow_model_mismatch, where="")
     return [(p.dictionary_where, msg) for msg in problems]
 
 
@@ -427,14 +434,18 @@ def _unit_size(p: Preflight, kind: str, layer: int) -> tuple[int, str] | None:
 
 
 def _unit_problem(p: Preflight, ref: UnitReference) -> str | None:
-    n = p.model.n_layers if p.model is not None else None
-    if ref.layers is None and n is None:
+    model = p.model
+    n = model.n_layers if model is not None else None
+    if ref.layers is not None:
+        lo, hi = ref.layers
+    elif n is not None:
+        lo, hi = 0, n - 1
+    else:
         return None  # every layer, and the number of layers is unknown
-    lo, hi = ref.layers if ref.layers is not None else (0, n - 1)
-    if n is not None and lo == hi and lo >= n:
+    if model is not None and n is not None and lo == hi and lo >= n:
         # targets' and qk's layers are reported by layers_exist
         elsewhere = ref.where.startswith("targets[") or ".qk." in ref.where
-        return None if elsewhere else f"layer {lo} requested, {p.model.layers_text()}"
+        return None if elsewhere else f"layer {lo} requested, {model.layers_text()}"
     sizes = [(layer, _unit_size(p, ref.kind, layer)) for layer in range(max(lo, 0), (hi if n is None else
                                                                                       min(hi, n - 1)) + 1)]
     known = [(layer, s) for layer, s in sizes if s is not None]
@@ -584,12 +595,13 @@ def features_fit(p: Preflight) -> Problems:
     if f is None:
         return []
     out: Problems = []
-    n = p.model.n_layers if p.model is not None else None
+    model = p.model
+    n = model.n_layers if model is not None else None
     layers = [] if f.layers == "all" else list(f.layers)
-    if n is not None:
+    if model is not None and n is not None:
         bad = [layer for layer in layers if layer >= n]
         if bad:
-            out.append(("features.layers", f"layers {bad} requested, {p.model.layers_text()}"))
+            out.append(("features.layers", f"layers {bad} requested, {model.layers_text()}"))
     if f.units == "features" and p.dictionary_layers is not None:
         bad = [layer for layer in layers if layer not in p.dictionary_layers and (n is None or layer < n)]
         if bad:
