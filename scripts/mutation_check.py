@@ -98,6 +98,13 @@ The spec's item factory and the typed node attributes (2026-12-04, run with ``--
     remainder-count-a-numpy-int  by tests/test_node_attrs.py::test_every_attribute_a_graph_carries_is_registered
     linearised-total-and-constant-swapped
         by tests/test_component_inputs.py::test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps[gemma2]
+
+The source records (2026-12-04, run with ``--only``: about 10 CPU seconds together, each caught):
+
+    model-source-key-without-a-record
+        by tests/test_source_records.py::test_every_model_source_key_has_one_record_with_a_loader_and_back
+    allowed-model-mismatch-not-recorded
+        by tests/test_source_records.py::test_an_allowed_model_mismatch_is_in_the_source_the_dictionary_is_made_with
 """
 
 from __future__ import annotations
@@ -810,6 +817,22 @@ MUTATIONS = [
         "total_key, constant_key = LINEARISED_ATTRS[kind]",
         "constant_key, total_key = LINEARISED_ATTRS[kind]",
         ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
+        "model-source-key-without-a-record",
+        "spec/model.py names a model source (hub) that has no record in adapters/model_sources.py",
+        "circuitgraph/spec/model.py",
+        'ModelSource = Literal["path", "name", "builtin", "pretrained"]',
+        'ModelSource = Literal["path", "name", "builtin", "pretrained", "hub"]',
+        ("tests/test_source_records.py",),
+    ),
+    Mutation(
+        "allowed-model-mismatch-not-recorded",
+        "a dictionary folder loaded with the format's own source record drops the model mismatch the spec allowed",
+        "circuitgraph/dictionaries/formats.py",
+        "    if source is None and model_mismatch is None:\n        return loaded",
+        "    if source is None:\n        return loaded",
+        ("tests/test_source_records.py",),
     ),
 ]
 
