@@ -9,7 +9,8 @@ Both :class:`TranscoderSet` and :class:`CrossLayerTranscoder` offer:
   ``l .. n_layers-1`` for a CLT), ``decoder_rows(l, idx)`` ``(n, n_out, d_model)``;
 * ``decoder_bias(k)``, ``skip_weight(k)`` of output layer ``k``, and
   ``reconstruct(acts, inputs)``: every output layer's reconstruction;
-* ``kind`` (``per_layer`` | ``cross_layer``), ``format``, ``source``, ``describe()``, ``to(dtype)``.
+* ``kind`` (``per_layer`` | ``cross_layer``), ``format``, ``source``, ``describe()``, ``to(dtype)``,
+  ``with_source(source)`` (the same dictionary made with another source record).
 
 The engine, queries and checks accept any :class:`~circuitgraph.dictionaries.protocol.Dictionary`
 (a ``typing.Protocol``); the on-disk formats are records of the registry
