@@ -154,7 +154,25 @@ def test_an_allowed_model_mismatch_is_in_the_source_the_dictionary_is_made_with(
     assert list(tcs.source)[-1] == "model_mismatch" and made[-1] == tcs.source
 
 
-@pytest.mark.parametrize("key", sorted(MODEL_SOURCES))
-def test_preflight_names_each_source_whose_config_it_did_not_read(key):
-    record = MODEL_SOURCES[key]
-    assert record.unread_config and (record.local or record.always_transformer_lens)
+@pytest.mark.parametrize(("model", "expected"), [
+    ({"builtin": "demo"}, False),  # a TransformerLens folder the native forward runs
+    ({"builtin": "demo", "backend": "transformer_lens"}, True),
+    ({"name": "gpt2"}, True),  # the record: always TransformerLens
+    ({"pretrained": "smollm2-135m-instruct"}, True),
+    ({"path": "no/such/folder"}, True),  # its loader reports the missing folder
+])
+def test_whether_loading_imports_transformer_lens_is_read_from_the_record(model, expected):
+    from circuitgraph.pipeline.inputs import needs_transformer_lens
+
+    spec = load_spec({"format_version": 1, "model": model, "prompt": {"tokens": [1, 2]}, "targets": [{"logit": 1}]})
+    assert needs_transformer_lens(spec) is expected
+
+
+def test_sparsify_reads_the_models_local_folder_and_refuses_one_that_is_not_hugging_face():
+    from circuitgraph.errors import SpecError
+    from circuitgraph.training.sparsify_backend import _model_folder
+
+    with pytest.raises(SpecError, match="needs a Hugging Face model folder.*model.builtin 'demo'"):
+        _model_folder(ModelSpec(builtin="demo"))  # a TransformerLens folder
+    with pytest.raises(SpecError, match="model.name 'gpt2' is not one here"):
+        _model_folder(ModelSpec(name="gpt2"))  # no local folder
