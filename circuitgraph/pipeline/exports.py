@@ -75,9 +75,11 @@ def write_binary(job: ExportJob, path: str) -> None:
 @_writes("neuronpedia")
 def write_neuronpedia(job: ExportJob, path: str) -> None:
     p = job.result.spec.pruning
-    thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-    graph_to_neuronpedia(job.graph, path, full_graph=job.result.full_graph, qk=job.qk, dashboards=job.dashboards,
-                         **thresholds)
+    if p is None:  # the writer's own default thresholds
+        graph_to_neuronpedia(job.graph, path, full_graph=job.result.full_graph, qk=job.qk, dashboards=job.dashboards)
+    else:
+        graph_to_neuronpedia(job.graph, path, full_graph=job.result.full_graph, qk=job.qk, dashboards=job.dashboards,
+                             node_threshold=p.node_threshold, edge_threshold=p.edge_threshold)
 
 
 @_writes("dot")
