@@ -98,6 +98,11 @@ The spec's item factory and the typed node attributes (2026-12-04, run with ``--
     remainder-count-a-numpy-int  by tests/test_node_attrs.py::test_every_attribute_a_graph_carries_is_registered
     linearised-total-and-constant-swapped
         by tests/test_component_inputs.py::test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps[gemma2]
+
+One metadata model (2026-12-04, run with ``--only``: caught in 7 s; also by
+tests/test_graph_model.py::test_no_module_writes_a_metadata_key_by_hand):
+
+    metadata-key-written-by-hand  by tests/test_graph_model.py::test_a_run_writes_only_declared_metadata_keys
 """
 
 from __future__ import annotations
@@ -810,6 +815,14 @@ MUTATIONS = [
         "total_key, constant_key = LINEARISED_ATTRS[kind]",
         "constant_key, total_key = LINEARISED_ATTRS[kind]",
         ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
+        "metadata-key-written-by-hand",
+        "the engine writes the graph's dtype by hand under a key graph/metadata.py does not declare",
+        "circuitgraph/attribution/build.py",
+        'graph.metadata.set_dtype(str(options.dtype).replace("torch.", ""))',
+        'graph.metadata["graph_dtype"] = str(options.dtype).replace("torch.", "")',
+        ("tests/test_graph_model.py",),
     ),
 ]
 

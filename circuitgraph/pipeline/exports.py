@@ -9,7 +9,7 @@ the order they are registered (:data:`EXPORT_WRITERS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +37,11 @@ class ExportJob:
     validation: list[dict[str, Any]]
     #: the steering list as the files hold it, None when the run steered nothing
     steering: list[dict[str, Any]] | None
-    #: the qk queries' results (the Neuronpedia export's attention pairs)
-    qk: Sequence[Any]
+    #: the qk queries' result documents (``QKResult.to_dict()``, read by ``_results.stored_results``):
+    #: the Neuronpedia export's attention pairs
+    qk: Sequence[Mapping[str, Any]]
     #: the qk results drawn in the diagrams (``export.qk_inset``), else empty
-    inset: Sequence[Any]
+    inset: Sequence[Mapping[str, Any]]
     #: ``graph_to_dot`` options from ``export.diagram`` (empty when no output is a diagram)
     diagram: dict[str, Any]
     #: the features folder's dashboards (``export.features``), or None
