@@ -588,9 +588,10 @@ def prompt_token_strings(graph: AttributionGraph) -> list[str]:
     labels, one entry per position (empty where no embedding node says).
     """
     meta = graph.metadata
-    for value in (meta.prompt_token_strs, meta.prompt_str_tokens, meta.prompt_tokens):
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return list(value)
+    candidates: tuple[list[Any] | None, ...] = (meta.prompt_token_strs, meta.prompt_str_tokens, meta.prompt_tokens)
+    for value in candidates:
+        if value and all(isinstance(v, str) for v in value):
+            return [str(v) for v in value]
     n_pos = max((n.position for n in graph.nodes), default=-1) + 1
     tokens = [""] * n_pos
     for node in graph.nodes:
