@@ -241,6 +241,15 @@ class GraphMetadata(dict):
         return _mapping(self._get("spec"))
 
     @property
+    def max_dense_nodes(self) -> int | None:
+        """The dense limit of the run that wrote the graph, its spec's ``graph.max_dense_nodes`` (read
+        from a file, the one place this value is not already known to the code)."""
+        spec = self.spec
+        graph = _mapping(spec.get("graph")) if spec is not None else None
+        value = _int(graph.get("max_dense_nodes")) if graph is not None else None
+        return value if value is not None and value > 0 else None
+
+    @property
     def transcoders(self) -> Mapping[str, Any] | None:
         return _mapping(self._get("transcoders"))
 
