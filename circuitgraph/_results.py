@@ -15,7 +15,7 @@ into the part said once and the rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,7 +25,8 @@ from circuitgraph.errors import CircuitGraphError
 if TYPE_CHECKING:
     from circuitgraph.spec.root import Spec
 
-__all__ = ["Tabular", "ResultEntry", "EntryStatus", "RunOutcome", "records_of", "summary_of", "rows_of"]
+__all__ = ["Tabular", "ResultEntry", "EntryStatus", "RunOutcome", "records_of", "summary_of", "rows_of",
+           "stored_entry", "stored_results"]
 
 #: an entry's outcome: ``ok``, ``failed`` (the result is None) or a check's own verdict on a
 #: result that ran but cannot be trusted (``uncontrolled``: controls that could not be drawn)
@@ -125,6 +126,40 @@ class ResultEntry(Mapping[str, Any]):
 
 
 _ENTRY_KEYS = tuple(f.name for f in fields(ResultEntry))
+
+
+def stored_entry(item: Any) -> ResultEntry | None:
+    """One entry of a graph file's ``queries``, ``validation`` or ``steering`` list (the JSON form
+    :meth:`RunResult.queries_json` writes: ``{kind, params, on, status, error, result}``) as a
+    :class:`ResultEntry` whose ``result`` is the stored document (a JSON value, None when the item
+    failed); None for anything but a JSON object.  The one reader of stored entries: the export
+    writers (the Neuronpedia export's and the diagrams' qk results, the report's stored results
+    and steering) and the explorer read entries through it.  A missing ``status`` reads as
+    ``ok``, a missing ``kind`` as ``""``."""
+    if not isinstance(item, Mapping):
+        return None
+    if isinstance(item, ResultEntry):
+        return item
+    kind, params, on, status, error = (item.get(k) for k in ("kind", "params", "on", "status", "error"))
+    return ResultEntry(
+        kind=kind if isinstance(kind, str) else "" if kind is None else str(kind),
+        params=dict(params) if isinstance(params, Mapping) else {},
+        on=on if isinstance(on, str) else "full",
+        status=status if isinstance(status, str) else "ok",
+        error=None if error is None else str(error),
+        result=item.get("result"),
+    )
+
+
+def stored_results(items: Iterable[Any], kind: str) -> list[Mapping[str, Any]]:
+    """The result documents (JSON objects) of the stored entries of one ``kind`` (see
+    :func:`stored_entry`), in order; entries without one (failed) are left out."""
+    out: list[Mapping[str, Any]] = []
+    for item in items:
+        entry = stored_entry(item)
+        if entry is not None and entry.kind == kind and isinstance(entry.result, Mapping):
+            out.append(entry.result)
+    return out
 
 
 class RunOutcome:

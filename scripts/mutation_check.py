@@ -105,6 +105,11 @@ The source records (2026-12-04, run with ``--only``: about 10 CPU seconds togeth
         by tests/test_source_records.py::test_every_model_source_key_has_one_record_with_a_loader_and_back
     allowed-model-mismatch-not-recorded
         by tests/test_source_records.py::test_an_allowed_model_mismatch_is_in_the_source_the_dictionary_is_made_with
+
+One metadata model (2026-12-04, run with ``--only``: caught in 7 s; also by
+tests/test_graph_model.py::test_no_module_writes_a_metadata_key_by_hand):
+
+    metadata-key-written-by-hand  by tests/test_graph_model.py::test_a_run_writes_only_declared_metadata_keys
 """
 
 from __future__ import annotations
@@ -833,6 +838,14 @@ MUTATIONS = [
         "    if source is None and model_mismatch is None:\n        return loaded",
         "    if source is None:\n        return loaded",
         ("tests/test_source_records.py",),
+    ),
+    Mutation(
+        "metadata-key-written-by-hand",
+        "the engine writes the graph's dtype by hand under a key graph/metadata.py does not declare",
+        "circuitgraph/attribution/build.py",
+        'graph.metadata.set_dtype(str(options.dtype).replace("torch.", ""))',
+        'graph.metadata["graph_dtype"] = str(options.dtype).replace("torch.", "")',
+        ("tests/test_graph_model.py",),
     ),
 ]
 

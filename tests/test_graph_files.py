@@ -201,3 +201,48 @@ def test_fuzzed_graph_files_through_render(tmp_path, edits):
     else:
         assert res.exit_code == 2, (res.output, repr(res.exception))
         assert len(res.output.strip().splitlines()) == 1 and res.output.startswith("error: ")
+
+
+def test_is_graph_file_tells_graph_files_from_specs_and_other_json(tmp_path):
+    """The one sniffer (export/graph_files.py, used by the CLI and the explorer's catalog): by the
+    name and the first bytes, whichever order the keys are in."""
+    from circuitgraph.export.graph_files import is_graph_file
+    from circuitgraph.export.json_graph import graph_to_json
+
+    graph = _small_graph()
+    cases = {
+        "written.json": (graph_to_json(graph), True),  # the writer's sorted keys: edge_dtype first
+        "unsorted.JSON": (json.dumps(graph_to_dict(graph), indent=2), True),  # format first
+        "spec.json": (json.dumps({"format_version": 1, "model": {"builtin": "demo"}, "format": "x"}), False),
+        "other.json": (json.dumps({"nodes": [], "edges": [], "format": "circuit-tracer"}), False),
+        "spec.yaml": ("format: circuitgraph.graph\n", False),
+        "empty.json": ("", False),
+    }
+    for name, (text, expected) in cases.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        assert is_graph_file(tmp_path / name) is expected, name
+    (tmp_path / "any.NPZ").write_bytes(b"")
+    (tmp_path / "folder.json").mkdir()
+    assert is_graph_file(tmp_path / "any.NPZ") and not is_graph_file(tmp_path / "folder.json")
+    assert not is_graph_file(tmp_path / "missing.json")
+
+
+def test_stored_entries_are_read_by_one_typed_reader():
+    """_results.stored_entry / stored_results: the reader of a graph file's result lists (the export
+    writers' qk results, the report, steering and the explorer)."""
+    from circuitgraph._results import ResultEntry, stored_entry, stored_results
+
+    qk = {"heads": [{"layer": 1}]}
+    items = [{"kind": "qk", "params": {}, "on": "full", "status": "ok", "error": None, "result": qk},
+             {"kind": "qk", "status": "failed", "error": "boom", "result": None},
+             {"kind": "influence", "result": {"heads": []}},
+             "not an entry", None,
+             {"kind": "qk", "result": {"heads": []}}]
+    assert stored_results(items, "qk") == [qk, {"heads": []}]
+    assert stored_results(items, "influence") == [{"heads": []}]
+    failed = stored_entry(items[1])
+    assert isinstance(failed, ResultEntry) and (failed.kind, failed.status, failed.error, failed.ok) == (
+        "qk", "failed", "boom", False)
+    bare = stored_entry({"result": [1]})
+    assert bare is not None and (bare.kind, bare.status, bare.on, bare.params, bare.result) == ("", "ok", "full", {}, [1])
+    assert stored_entry("x") is None and stored_entry(None) is None

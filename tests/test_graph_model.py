@@ -4,7 +4,9 @@ files of earlier releases still read; problems are one line naming the file and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -18,6 +20,7 @@ from circuitgraph.export.graph_model import BinaryGraphHeader, GraphFile, valida
 from circuitgraph.export.graph_schema import SCHEMA_PATH, graph_json_schema
 from circuitgraph.export.json_graph import graph_to_json, read_graph_json
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import FOREIGN_KEYS, METADATA_KEYS, GraphMetadata, RunMetadata
 from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.testing.synthetic import random_transcoders, save_bundle, tiny_model
 
@@ -77,7 +80,8 @@ def test_explorer_subgraph_download_validates(run_files):
     """The explorer's saved subgraph is the JSON writer's output (serve/api.py)."""
     result, _, _ = run_files
     sub = result.graph.subgraph(result.graph.node_ids()[: max(2, result.graph.n_nodes // 2)])
-    sub.metadata["explorer"] = {"source": "g", "node_threshold": 0.5, "edge_threshold": 0.9}
+    sub.metadata.set_explorer(source="g", node_threshold=0.5, edge_threshold=0.9, top_k_nodes=None, pinned=[],
+                              supernodes={})
     text = graph_to_json(sub)
     _schema_validator().validate(json.loads(text))
     assert read_graph_json(text).graph.n_edges == sub.n_edges
@@ -154,8 +158,6 @@ def test_the_schema_is_the_models():
 
 
 def test_graph_metadata_is_the_json_object_with_typed_attributes(run_files):
-    from circuitgraph.graph.metadata import GraphMetadata
-
     result, json_path, _ = run_files
     for g in (result.graph, result.full_graph, read_graph_json(json_path).graph):
         m = g.metadata
@@ -170,3 +172,65 @@ def test_graph_metadata_is_the_json_object_with_typed_attributes(run_files):
     assert isinstance(g.metadata, GraphMetadata)
     assert (g.metadata.n_layers, g.metadata.model_name, g.metadata.prompt, g.metadata.d_vocab) == (None,) * 4
     assert json.loads(graph_to_json(g))["metadata"] == {"model": {"n_layers": True, "name": 3}, "prompt": ["x"]}
+
+
+def test_a_run_writes_only_declared_metadata_keys(run_files):
+    """Every top-level metadata key a run writes (on its graphs and in its files) is declared once,
+    in METADATA_KEYS, and the run writes the engine's, the scores' and pruning's keys."""
+    result, json_path, npz_path = run_files
+    metas = {"full graph": result.full_graph.metadata, "pruned graph": result.graph.metadata,
+             "json file": json.loads(json_path.read_text())["metadata"],
+             "npz file": read_graph_binary(npz_path).graph.metadata}
+    for where, meta in metas.items():
+        undeclared = sorted(set(meta) - set(METADATA_KEYS))
+        assert not undeclared, f"{where} carries undeclared metadata keys {undeclared}"
+    run_keys = {f.name for f in dataclasses.fields(RunMetadata)} | {"n_layers"}
+    engine_keys = {"completeness", "dtype", "replacement_score", "completeness_score"}
+    assert run_keys | engine_keys <= set(result.full_graph.metadata)
+    assert "pruning" in result.graph.metadata and "pruning" not in result.full_graph.metadata
+    assert result.graph.metadata.pruning is not None and result.graph.metadata.dtype == "float32"
+    assert not set(METADATA_KEYS) & set(FOREIGN_KEYS)
+
+
+def test_other_tools_metadata_keys_round_trip(tmp_path):
+    """Keys circuitgraph does not declare (another tool's file) are kept as they are, in both formats;
+    the foreign keys circuitgraph reads have typed readers."""
+    meta = {"their_tool": {"run": 3, "notes": ["a", None]}, "checks": {"their check": {"ok": True}},
+            "source_urls": ["https://example.org/tc"], "prompt": "x"}
+    g = AttributionGraph([Node(NodeId("embedding", -1, 0, 7), 1.0)], [], [], np.zeros(0, np.float32),
+                         metadata=json.loads(json.dumps(meta)))
+    assert g.metadata.checks == meta["checks"] and g.metadata.source_urls == meta["source_urls"]
+    assert read_graph_json(graph_to_json(g)).graph.metadata == meta
+    save_graph_binary(g, tmp_path / "g.npz")
+    assert read_graph_binary(tmp_path / "g.npz").graph.metadata == meta
+
+
+def test_metadata_writers_refuse_an_undeclared_key():
+    m = GraphMetadata()
+    with pytest.raises(KeyError, match="not declared"):
+        m._set("graph_dtype", "float32")
+    with pytest.raises(KeyError, match="not declared"):
+        m._get("graph_dtype")
+    m.set_dtype("float64")
+    assert m == {"dtype": "float64"} and m.dtype == "float64"
+
+
+#: a metadata key written by hand: an item assignment, a dict method that writes, or a dict literal
+#: given as a graph's metadata
+_HAND_WRITTEN = re.compile(r"\bmeta(?:data)?\s*\[[^\]]*\]\s*=[^=]"
+                           r"|\bmeta(?:data)?\.(?:setdefault|update|pop|popitem|clear|__setitem__)\("
+                           r"|\bmetadata\s*=\s*\{")
+
+
+def test_no_module_writes_a_metadata_key_by_hand():
+    """graph/metadata.py holds the one writer of every key (its setters and RunMetadata): no other
+    module of the package writes graph.metadata by key."""
+    package = Path(circuitgraph.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "graph" / "metadata.py":
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _HAND_WRITTEN.search(line.split("#")[0]):
+                found.append(f"{path.relative_to(package)}:{n}: {line.strip()}")
+    assert not found, "metadata written by key outside graph/metadata.py:\n" + "\n".join(found)

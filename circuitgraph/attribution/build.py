@@ -104,12 +104,10 @@ def build_graph(
             adopt_engine_order(graph, edges.segments, np.array([r for r, _ in readers], dtype=np.int64),
                                np.array([loc for _, loc in readers], dtype=np.int64))
     report = graph.check_completeness()
-    graph.metadata["completeness"] = report.to_dict()
+    graph.metadata.set_completeness(report)
     if linearised is not None:
-        graph.metadata["linearised_edges"] = {
-            "kinds": linearised.kinds, "n_edges": {k: int((linearised.kind_names() == k).sum()) for k in linearised.kinds},
-            "max_relative_violation": float(linearised.max_violation())}
-    graph.metadata["dtype"] = str(options.dtype).replace("torch.", "")
+        graph.metadata.set_linearised_edges(linearised)
+    graph.metadata.set_dtype(str(options.dtype).replace("torch.", ""))
     return graph
 
 

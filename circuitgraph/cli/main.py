@@ -257,7 +257,9 @@ def report(
             from circuitgraph.features.summary import open_features
 
             boards = open_features(features)
-        if _is_graph_file(source) and boards is not None:
+        from circuitgraph.export.graph_files import is_graph_file
+
+        if is_graph_file(source) and boards is not None:
             from circuitgraph.export.html import read_graph_file
             from circuitgraph.export.labels import apply_feature_labels
 
@@ -265,7 +267,7 @@ def report(
             apply_feature_labels(doc.graph, boards.labels, kinds=("feature",))
             write_report(doc.graph, output, **budget, queries=doc.queries, validation=doc.validation,
                          features=boards)
-        elif _is_graph_file(source):
+        elif is_graph_file(source):
             write_report(source, output, **budget)
         else:
             from circuitgraph.spec import load_spec
@@ -380,23 +382,6 @@ def diff(
 
             write_diff_html(result, output, max_nodes=max_nodes, sort=sort)
             typer.echo(f"wrote {output}")
-
-
-def _is_graph_file(path: Path) -> bool:
-    """A circuitgraph graph file (binary .npz, or JSON whose ``format`` is ours), not a spec."""
-
-    if path.suffix.lower() == ".npz":
-        return True
-    if path.suffix.lower() != ".json" or not path.is_file():
-        return False
-    try:
-        from circuitgraph._io import read_json_file
-        from circuitgraph.errors import LoadError
-
-        doc = read_json_file(path, "graph file")
-    except LoadError:
-        return False
-    return isinstance(doc, dict) and doc.get("format") == "circuitgraph.graph"
 
 
 @app.command()

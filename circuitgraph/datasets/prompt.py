@@ -98,10 +98,10 @@ def run_prompt(spec: Spec, row: Row, inputs: LoadedInputs) -> PromptOutput:
             files[part_rel] = part.to_bytes()
             meta = result.full_graph.metadata
             record.update({
-                "n_tokens": len(meta.get("prompt_tokens", [])),
-                "replacement_score": meta.get("replacement_score"),
-                "completeness_score": meta.get("completeness_score"),
-                "max_completeness_violation": (meta.get("completeness") or {}).get("max_relative_violation"),
+                "n_tokens": len(meta.prompt_tokens or []),
+                "replacement_score": meta.replacement_score,
+                "completeness_score": meta.completeness_score,
+                "max_completeness_violation": (meta.completeness or {}).get("max_relative_violation"),
                 "n_nodes": result.graph.n_nodes,
                 "n_edges": result.graph.n_edges,
                 "n_nodes_full": result.full_graph.n_nodes,

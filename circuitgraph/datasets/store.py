@@ -16,6 +16,7 @@ import numpy as np
 from circuitgraph._io import read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import Node, NodeAttrs, NodeId
 from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
 
@@ -145,10 +146,9 @@ class Dataset:
             edge_source=np.asarray(src, dtype=np.int64),
             edge_weight=sum_weight / n,
             targets=targets,
-            metadata={"dataset": str(self.directory), "aggregate": {k: self.info[k] for k in
-                                                                       ("graph", "position", "n_aggregated")},
-                      "n_layers": self.info.get("n_layers"),
-                      "prompt": f"aggregate of {self.n_aggregated} prompts"},
+            metadata=GraphMetadata.for_aggregate(
+                dataset=str(self.directory), aggregate={k: self.info[k] for k in ("graph", "position", "n_aggregated")},
+                n_layers=self.info.get("n_layers"), prompt=f"aggregate of {self.n_aggregated} prompts"),
         )
         graph.edge_n_prompts = edges_df["n_prompts"].to_numpy(dtype=np.int64)
         graph.edge_sum_weight = sum_weight

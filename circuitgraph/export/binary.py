@@ -25,11 +25,11 @@ from circuitgraph.export.json_graph import (
     check_graph_file,
     document_of,
     linearised_edges_of,
-    max_dense_nodes_of,
     nodes_of,
     targets_of,
 )
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 
 __all__ = ["BINARY_FORMAT", "save_graph_binary", "read_graph_binary", "load_graph_binary"]
 
@@ -105,14 +105,15 @@ def read_graph_binary(path: str | os.PathLike[str]) -> GraphDocument:
             raise LoadError(f"{os.fspath(path)!r}: {name} has rows outside 0..{len(nodes) - 1}")
     if w.size and not np.isfinite(w).all():
         raise LoadError(f"{os.fspath(path)!r}: edge_weight holds NaN or inf; a graph holds finite numbers only")
+    metadata = GraphMetadata(header.metadata)
     graph = AttributionGraph(
         nodes=nodes,
         edge_target=tgt,
         edge_source=src,
         edge_weight=w,
         targets=targets_of(header, index, where),
-        metadata=header.metadata,
-        max_dense_nodes=max_dense_nodes_of(header.metadata),
+        metadata=metadata,
+        max_dense_nodes=metadata.max_dense_nodes,
         linearised_edges=linearised_edges_of(header, index, nodes, where),
     )
     return document_of(header, graph)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from circuitgraph._io import atomic_write_text
-from circuitgraph._results import ResultEntry
+from circuitgraph._results import ResultEntry, stored_entry
 from circuitgraph.display import document_html, esc, html_table, result_html  # the tables; re-exported: their old home
 from circuitgraph.errors import RenderError
 from circuitgraph.export.dot import DEFAULT_MAX_NODES, graph_to_dot, raw_influence
@@ -276,11 +276,11 @@ def _checks_rows(graph: AttributionGraph, full: AttributionGraph | None) -> list
                      "max abs violation": report.max_abs_violation, "readers": report.n_readers,
                      "worst node": str(report.worst) if report.worst is not None else None,
                      "ok (1e-5)": "yes" if report.ok() else "NO"})
-    completeness = (full or graph).metadata.completeness
-    if completeness is not None and completeness.get("precision_warning"):
-        rows.append({"check": "precision (what the dtype allows)", "note": completeness["precision_warning"]})
-    checks = graph.metadata.get("checks")
-    if isinstance(checks, Mapping):
+    precision = (full or graph).metadata.precision_warning
+    if precision is not None:
+        rows.append({"check": "precision (what the dtype allows)", "note": precision})
+    checks = graph.metadata.checks
+    if checks is not None:
         for k, v in checks.items():
             rows.append({"check": k, **({kk: vv for kk, vv in v.items()} if isinstance(v, Mapping) else {"value": v})})
     return rows
@@ -403,15 +403,16 @@ def _entries_html(live: Sequence[Mapping[str, Any]], stored: Iterable[Any], what
         out.append(result_html(label, e.result, names=names))
         out += _heatmap_figures(e.result, label)
         out += _control_figures(e.result.to_dict(), label)
-    for i, e in enumerate(stored):
-        if not isinstance(e, Mapping):
+    for i, item in enumerate(stored):
+        e = stored_entry(item)
+        if e is None:
             continue
-        label = f"{what} {i}: {e.get('kind')}"
-        if e.get("status") == "failed" or e.get("result") is None:
-            out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e.get("error"))}</p>')
+        label = f"{what} {i}: {e.kind}"
+        if e.status == "failed" or e.result is None:
+            out.append(f'<h3>{esc(label)}</h3><p class="cg-bad">failed: {esc(e.error)}</p>')
             continue
-        out.append(document_html(label, e["result"], names=names))
-        out += _control_figures(e["result"], label)
+        out.append(document_html(label, e.result, names=names))
+        out += _control_figures(e.result, label)
     if not out:
         out.append(f'<p class="cg-note">(no {what} in this run)</p>')
     return out

@@ -216,14 +216,15 @@ def _document(doc: GraphFile, where: str = "graph file") -> GraphDocument:
         i, missing = next((i, t) for i, e in enumerate(edges) for t in (e["source"], e["target"]) if t not in index)
         raise LoadError(f"{where}: edges[{i}] refers to node {_brief(missing)}, which is not in 'nodes'") from None
     weights = np.fromiter((e["weight"] for e in edges), dtype=np.float64, count=n)
+    metadata = GraphMetadata(doc.metadata)
     graph = AttributionGraph(
         nodes=nodes,
         edge_target=tgt,
         edge_source=src,
         edge_weight=weights.astype(doc.edge_dtype),
         targets=targets_of(doc, index, where),
-        metadata=GraphMetadata(doc.metadata),
-        max_dense_nodes=max_dense_nodes_of(doc.metadata),
+        metadata=metadata,
+        max_dense_nodes=metadata.max_dense_nodes,
         linearised_edges=linearised_edges_of(doc, index, nodes, where),
     )
     return document_of(doc, graph)
@@ -413,11 +414,3 @@ def _finite(value: Any, where: str) -> float:
 def _finite_or_none(value: Any, where: str) -> float | None:
     return None if value is None else _finite(value, where)
 
-
-def max_dense_nodes_of(metadata: Mapping[str, Any]) -> int | None:
-    """The dense limit of the run that wrote a file: its spec's ``graph.max_dense_nodes`` (a file
-    is the one place this value is not already known to the code)."""
-    spec = metadata.get("spec")
-    graph = spec.get("graph") if isinstance(spec, dict) else None
-    value = graph.get("max_dense_nodes") if isinstance(graph, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -220,9 +220,9 @@ def graph_to_neuronpedia(
                        f"{len(links)} links).",
         "generator": {"name": "circuitgraph", "version": _package_version()},
     }
-    source_urls = graph.metadata.get("source_urls")
-    if isinstance(source_urls, list) and all(isinstance(u, str) for u in source_urls):
-        info["source_urls"] = list(source_urls)
+    source_urls = graph.metadata.source_urls
+    if source_urls is not None:
+        info["source_urls"] = source_urls
     doc = {
         "metadata": {
             "slug": slug,
@@ -587,10 +587,11 @@ def prompt_token_strings(graph: AttributionGraph) -> list[str]:
     holds strings); otherwise rebuilt from the embedding nodes' ``attrs["token_str"]`` or
     labels, one entry per position (empty where no embedding node says).
     """
-    for key in ("prompt_token_strs", "prompt_str_tokens", "prompt_tokens"):
-        value = graph.metadata.get(key)
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return list(value)
+    meta = graph.metadata
+    candidates: tuple[list[Any] | None, ...] = (meta.prompt_token_strs, meta.prompt_str_tokens, meta.prompt_tokens)
+    for value in candidates:
+        if value and all(isinstance(v, str) for v in value):
+            return [str(v) for v in value]
     n_pos = max((n.position for n in graph.nodes), default=-1) + 1
     tokens = [""] * n_pos
     for node in graph.nodes:

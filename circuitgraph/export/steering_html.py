@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from circuitgraph._results import stored_entry
+
 __all__ = ["steering_html"]
 
 
@@ -42,11 +44,12 @@ def _interventions(items: Sequence[Mapping[str, Any]]) -> str:
 def steering_html(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     """HTML fragments: one block per steering entry (``status``, ``error``, ``result``)."""
     out: list[str] = []
-    for i, e in enumerate(entries):
-        res = e.get("result")
+    for i, item in enumerate(entries):
+        e = stored_entry(item)
+        res = e.result if e is not None else None
         label = f"steer {i}" + (f": {res['name']}" if isinstance(res, Mapping) and res.get("name") else "")
-        if e.get("status") == "failed" or not isinstance(res, Mapping):
-            out.append(f'<h3>{escape(label)}</h3><p class="cg-bad">failed: {escape(str(e.get("error")))}</p>')
+        if e is None or e.status == "failed" or not isinstance(res, Mapping):
+            out.append(f'<h3>{escape(label)}</h3><p class="cg-bad">failed: {escape(str(e.error if e else None))}</p>')
             continue
         m = res.get("metric", {})
         base, new = res.get("baseline", {}), res.get("intervened", {})

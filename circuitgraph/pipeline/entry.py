@@ -22,9 +22,11 @@ from circuitgraph.pipeline import runner
 from circuitgraph.pipeline.estimate import estimate_run
 from circuitgraph.pipeline.memory_watch import MemoryWatch, memory_budget, run_limit
 from circuitgraph.spec import SpecSource, load_spec
+from circuitgraph.spec.prompts import TokensPrompt
 
 if TYPE_CHECKING:
     from circuitgraph.pipeline.inputs import LoadedInputs
+    from circuitgraph.spec.prompts import Prompt
     from circuitgraph.spec.root import Spec
 
 __all__ = ["run", "dry_run"]
@@ -72,9 +74,14 @@ def dry_run(spec: SpecSource, *, memory_limit: int | None = None) -> list[str]:
 def _dry_run(spec: Spec, memory_limit: int | None) -> list[str]:
     if spec.is_dataset:
         rows = load_rows(spec)
-        longest = max(rows, key=lambda r: len(getattr(r.prompt, "tokens", None) or r.prompt.text.split()))
+        longest = max(rows, key=lambda r: _prompt_length(r.prompt))
         one = spec.model_copy(update={"prompt": longest.prompt, "dataset": None})
         return [f"dataset: {len(rows)} rows; the estimate is for the longest (row {longest.number}, id "
                 f"{longest.id}): each worker holds one graph at a time"] + estimate_run(
                     one, memory_limit=memory_limit).lines()
     return estimate_run(spec, memory_limit=memory_limit).lines()
+
+
+def _prompt_length(prompt: Prompt) -> int:
+    """A row's prompt length for picking the longest: its token ids, else its words."""
+    return len(prompt.tokens) if isinstance(prompt, TokensPrompt) else len(prompt.text.split())

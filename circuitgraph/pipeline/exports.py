@@ -9,7 +9,7 @@ the order they are registered (:data:`EXPORT_WRITERS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +37,11 @@ class ExportJob:
     validation: list[dict[str, Any]]
     #: the steering list as the files hold it, None when the run steered nothing
     steering: list[dict[str, Any]] | None
-    #: the qk queries' results (the Neuronpedia export's attention pairs)
-    qk: Sequence[Any]
+    #: the qk queries' result documents (``QKResult.to_dict()``, read by ``_results.stored_results``):
+    #: the Neuronpedia export's attention pairs
+    qk: Sequence[Mapping[str, Any]]
     #: the qk results drawn in the diagrams (``export.qk_inset``), else empty
-    inset: Sequence[Any]
+    inset: Sequence[Mapping[str, Any]]
     #: ``graph_to_dot`` options from ``export.diagram`` (empty when no output is a diagram)
     diagram: dict[str, Any]
     #: the features folder's dashboards (``export.features``), or None
@@ -75,9 +76,11 @@ def write_binary(job: ExportJob, path: str) -> None:
 @_writes("neuronpedia")
 def write_neuronpedia(job: ExportJob, path: str) -> None:
     p = job.result.spec.pruning
-    thresholds = {} if p is None else {"node_threshold": p.node_threshold, "edge_threshold": p.edge_threshold}
-    graph_to_neuronpedia(job.graph, path, full_graph=job.result.full_graph, qk=job.qk, dashboards=job.dashboards,
-                         **thresholds)
+    if p is None:  # the writer's own default thresholds
+        graph_to_neuronpedia(job.graph, path, full_graph=job.result.full_graph, qk=job.qk, dashboards=job.dashboards)
+    else:
+        graph_to_neuronpedia(job.graph, path, full_graph=job.result.full_graph, qk=job.qk, dashboards=job.dashboards,
+                             node_threshold=p.node_threshold, edge_threshold=p.edge_threshold)
 
 
 @_writes("dot")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitgraph._results import ResultEntry, RunOutcome
+from circuitgraph._results import ResultEntry, RunOutcome, stored_results
 from circuitgraph.adapters.loading import torch_dtype
 from circuitgraph.attribution.build import build_graph
 from circuitgraph.attribution.linearisation import linearise
@@ -463,8 +463,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
     precision = precision_warning(full.metadata.completeness or {}, weights_dtype=spec.model.dtype,
                                   graph_dtype=spec.graph.dtype)
     if precision is not None:  # a bfloat16 model's graph is exact only to its rounding: say so
-        full.metadata["completeness"]["precision_warning"] = precision
-        full.metadata.setdefault("warnings", []).append(precision)
+        full.metadata.set_precision_warning(precision)
 
     t0 = time.perf_counter()
     with watch.stage("scores"):
@@ -486,7 +485,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
             queries.append(ResultEntry(q.kind, _params(q), q.on, status, error, res))
         timings["queries"] = time.perf_counter() - t0
     validation = []
-    run_warnings = full.metadata.setdefault("warnings", [])
+    run_warnings = full.metadata.run_warnings()
     if spec.validate:
         adapter = require_context(full, "the spec's validate: checks").adapter
         t0 = time.perf_counter()
@@ -507,7 +506,7 @@ def _run_stages(spec: Spec, watch: MemoryWatch, *, progress: bool, force: bool, 
     with watch.stage("steering"):
         steering = _run_steering(spec, full, run_warnings, timings)
     if graph is not full:
-        graph.metadata["warnings"] = list(run_warnings)
+        graph.metadata.set_warnings(run_warnings)
     result = RunResult(spec, graph, full, queries, validation, {}, timings, list(run_warnings), steering)
     t0 = time.perf_counter()
     result.exports = _write_exports(result, force=force, watch=watch)
@@ -556,7 +555,7 @@ def _prune_within(full: AttributionGraph, p: PruneSpec, cap: int | None) -> Attr
     if best is None:
         raise ResourceError(f"pruning cannot keep the graph within the {cap:,} edges its JSON/Neuronpedia export "
                             "writes (export.max_json_edges): raise it or write export.graph (.npz) instead")
-    full.metadata.setdefault("warnings", []).append(
+    full.metadata.add_warning(
         f"pruning kept {best.graph.n_edges:,} edges (the most influential; the most the JSON/Neuronpedia export "
         f"writes is {cap:,}, export.max_json_edges); the thresholds alone keep more: raise it to keep them")
     return best.graph
@@ -587,7 +586,7 @@ def steer_spec(spec: SpecSource, *, progress: bool = False, inputs: LoadedInputs
     if not spec.steer:
         raise SpecError("the spec has no steer: items; add steer: [{interventions: [...], generate: {...}}]")
     full = build(spec, progress=progress, inputs=inputs)
-    return _run_steering(spec, full, full.metadata.setdefault("warnings", []), {})
+    return _run_steering(spec, full, full.metadata.run_warnings(), {})
 
 
 def _label_features(spec: Spec, graph: AttributionGraph) -> None:
@@ -609,8 +608,7 @@ def _params(item: Any) -> Any:
 def _attach_scores(graph: AttributionGraph) -> None:
     """circuit-tracer's replacement and completeness scores of the unpruned graph."""
     scores = graph_scores(graph, per_target=False)  # the `scores` query gives per-target shares
-    graph.metadata["replacement_score"] = scores.replacement_score
-    graph.metadata["completeness_score"] = scores.completeness_score
+    graph.metadata.set_scores(scores.replacement_score, scores.completeness_score)
 
 
 def _heatmap_outputs(spec: Spec) -> dict[str, Path]:
@@ -635,7 +633,7 @@ def _write_exports(result: RunResult, *, force: bool = False, watch: MemoryWatch
     base = spec_base_dir(result.spec)
     queries = portable_paths(result.queries_json(), base)
     validation = portable_paths(result.validation_json(), base)
-    qk = [q["result"] for q in queries if q["kind"] == "qk" and q.get("result") is not None]
+    qk = stored_results(queries, "qk")
     inset = qk if ex.qk_inset else ()
     outputs = ex.outputs()
     if not outputs:

@@ -75,12 +75,12 @@ def graph_identity(graph: AttributionGraph) -> dict[str, Any] | None:
 
 
 def _aggregate_position(graph: AttributionGraph) -> str | None:
-    agg = (graph.metadata or {}).get("aggregate")
-    return agg.get("position") if isinstance(agg, dict) else None
+    agg = graph.metadata.aggregate
+    return agg.get("position") if agg is not None else None
 
 
 def _n_positions(graph: AttributionGraph) -> int:
-    tokens = (graph.metadata or {}).get("prompt_tokens")
+    tokens = graph.metadata.prompt_tokens
     if tokens:
         return len(tokens)
     return max((n.position for n in graph.nodes), default=-1) + 1

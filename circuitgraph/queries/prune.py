@@ -363,9 +363,8 @@ def _build_pruned_graph(graph: AttributionGraph, e: Any, node_mask: np.ndarray, 
             remap, _remainder_rows_of(graph, remap, remainder_rows)),
     )
     pruned.edges_unique = True  # summed per (target, source) above
-    meta["pruning"] = {**params, "n_nodes_before": n, "n_edges_before": graph.n_edges,
-                       "n_remainder_nodes": len(remainders)}
-    meta["completeness"] = pruned.check_completeness().to_dict()
+    meta.set_pruning(params, n_nodes_before=n, n_edges_before=graph.n_edges, n_remainder_nodes=len(remainders))
+    meta.set_completeness(pruned.check_completeness())
     return pruned, remainders
 
 

@@ -185,6 +185,6 @@ def record_scores(graph: AttributionGraph, **kwargs: Any) -> ScoresResult:
     """:func:`compute_scores`, and write ``replacement_score`` / ``completeness_score`` (and the
     per-target error shares under ``scores``) into ``graph.metadata``."""
     result = compute_scores(graph, **kwargs)
-    graph.metadata.update(result.to_metadata())
-    graph.metadata["scores"] = result.to_dict()
+    graph.metadata.set_scores(result.replacement_score, result.completeness_score)
+    graph.metadata.set_score_report(result.to_dict())
     return result

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from circuitgraph._results import stored_results
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import CircuitGraphError
 from circuitgraph.export.dot import (
@@ -404,11 +405,11 @@ class Explorer:
             "n_edges_before": graph.n_edges,
             "node_score_threshold": _number(result.node_score_threshold) if result is not None else None,
             "edge_score_threshold": _number(result.edge_score_threshold) if result is not None else None,
-            "prompt": meta.get("prompt") if isinstance(meta.get("prompt"), str) else None,
-            "prompt_tokens": meta.get("prompt_token_strs") if isinstance(meta.get("prompt_token_strs"), list) else None,
-            "scores": {k: _number(meta[k]) for k in _SCORES
-                       if isinstance(meta.get(k), (int, float))},
-            "model": (meta.get("model") or {}).get("name") if isinstance(meta.get("model"), dict) else None,
+            "prompt": meta.prompt,
+            "prompt_tokens": meta.prompt_token_strs,
+            "scores": {k: _number(v) for k, v in zip(_SCORES, (meta.replacement_score, meta.completeness_score),
+                                                     strict=True) if v is not None},
+            "model": meta.model_name,
             "has_qk": bool(self._qk_heads(name)),
             "n_steering": len(self.document(name).steering),
             "nodes": [self._node_json(n, influence.get(n.id), targets) for n in view.nodes],
@@ -542,9 +543,9 @@ class Explorer:
     def _qk_heads(self, name: str) -> list[dict[str, Any]]:
         doc = self.catalog.document(name)
         heads = []
-        for q in doc.queries:
-            if q.get("kind") == "qk" and isinstance(q.get("result"), dict):
-                heads.extend(h for h in q["result"].get("heads", ()) if isinstance(h, dict))
+        for result in stored_results(doc.queries, "qk"):
+            found = result.get("heads")
+            heads.extend(h for h in (found if isinstance(found, list) else ()) if isinstance(h, dict))
         return heads
 
     def qk(self, name: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -655,8 +656,8 @@ class Explorer:
             if stray:
                 raise ApiError(400, f"supernode {gname!r} holds {stray[0]}, which is not pinned; pin it or drop it")
         sub = view.subgraph(ids)
-        sub.metadata["explorer"] = {"source": name, "node_threshold": nt, "edge_threshold": et, "top_k_nodes": budget,
-                                    "pinned": sorted(pinned), "supernodes": groups}
+        sub.metadata.set_explorer(source=name, node_threshold=nt, edge_threshold=et, top_k_nodes=budget,
+                                  pinned=sorted(pinned), supernodes=groups)
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "graph"
         save = SavedSubgraph(self, graph, sub, ids, groups, stem, nt, et)
         try:

@@ -20,18 +20,16 @@ from typing import Any
 
 from circuitgraph.datasets.store import open_dataset
 from circuitgraph.errors import LoadError
-from circuitgraph.export.graph_files import read_graph_file
+from circuitgraph.export.graph_files import is_graph_file, read_graph_file
 from circuitgraph.export.json_graph import GraphDocument
 from circuitgraph.serve.dashboards import FeatureDashboards, folder_units, is_features_folder
 
-__all__ = ["Catalog", "GraphEntry", "DatasetEntry", "MAX_DEPTH", "inside", "is_dataset_folder", "sniff_graph_file"]
+__all__ = ["Catalog", "GraphEntry", "DatasetEntry", "MAX_DEPTH", "inside", "is_dataset_folder"]
 
 #: how many folders deep a folder of sources is searched
 MAX_DEPTH = 6
 #: at most this many sources are listed (a folder with more is cut, and says so)
 MAX_SOURCES = 5000
-#: the bytes of a .json file read to tell our graph files from other JSON
-_SNIFF_BYTES = 256
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -46,23 +44,6 @@ def inside(path: Path, root: Path) -> bool:
 def is_dataset_folder(path: Path) -> bool:
     """A finished dataset run: ``manifest.parquet`` and ``aggregate.json``."""
     return path.is_dir() and (path / "manifest.parquet").is_file() and (path / "aggregate.json").is_file()
-
-
-def sniff_graph_file(path: Path) -> bool:
-    """A circuitgraph graph file by its name and first bytes (``.npz``; or ``.json`` whose
-    sorted keys start with ``edge_dtype``, as our writer writes them, or that names our format)."""
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-        return True
-    if suffix != ".json":
-        return False
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(_SNIFF_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return False
-    compact = "".join(head.split())
-    return compact.startswith('{"edge_dtype"') or '"format":"circuitgraph.graph"' in compact
 
 
 @dataclass
@@ -113,7 +94,7 @@ class Catalog:
         self._dashboard_errors: dict[str, LoadError] = {}
         self._lock = threading.RLock()
         if self.root.is_file():
-            if not sniff_graph_file(self.root):
+            if not is_graph_file(self.root):
                 raise LoadError(f"{os.fspath(given)!r} is not a circuitgraph graph file (.json written by "
                                 "circuitgraph, or .npz); give a graph file or a folder")
             self._add_graph(self.root.name, "graph", self.root)
@@ -161,7 +142,7 @@ class Catalog:
             if entry.is_dir():
                 if depth < MAX_DEPTH:
                     self._scan(path, depth + 1)
-            elif entry.is_file() and sniff_graph_file(path):
+            elif entry.is_file() and is_graph_file(path):
                 self._add_graph(self._rel(path), "graph", path)
 
     def _add_dataset(self, folder: Path) -> None:
