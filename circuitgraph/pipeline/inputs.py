@@ -28,6 +28,7 @@ from circuitgraph.dictionaries.hub import resolve_hf_dictionary
 from circuitgraph.dictionaries.sources import load_dictionary_spec
 from circuitgraph.errors import AttributionError, LeadingSpaceWarning, LoadError, ShapeMismatchError, TokenError
 from circuitgraph.spec import Spec
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 from circuitgraph.spec.load import trained_dictionary_hint
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def resolve_targets(spec: Spec, adapter: ModelAdapter, transcoders: Dictionary |
             out += top_logit_targets(logits, position=pos, max_n=p.max_n,
                                      cumulative_probability=p.cumulative_probability,
                                      relative_to_mean=p.relative_to_mean)
-        elif t.kind in ("feature", "neuron"):
+        elif t.kind in ACTIVATION_KINDS:
             loc = getattr(t, t.kind)
             adapter.check_layer(loc.layer, what=f"{where}.layer")
             pos = normalise_position(loc.position, n_pos, f"{where}.position")

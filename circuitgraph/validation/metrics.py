@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from circuitgraph.errors import ValidationRunError
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
@@ -123,7 +124,7 @@ class Metric:
                 s = f"logit {tok(r.tokens[0])}" + (" (rel. mean)" if r.relative_to_mean else "")
             elif r.kind == "logit_diff":
                 s = f"logit {tok(r.tokens[0])} - logit {tok(r.tokens[1])}"
-            elif r.kind in ("feature", "neuron"):
+            elif r.kind in ACTIVATION_KINDS:
                 s = f"{r.kind} L{r.layer} #{r.index}"
             else:
                 s = r.name or f"direction at {r.site} L{r.layer}"
