@@ -30,10 +30,9 @@ __all__ = [
     "subgraph",
     "supernodes",
     "logit_difference",
-    "reaches_a_target",
-    "propose_supernodes",
-    "merge_supernodes",
 ]
+# (the package re-exports this list as it is; ``reaches_a_target``, ``propose_supernodes`` and
+# ``merge_supernodes`` are the diagrams' helpers: circuitgraph.export.dot re-exports them)
 
 
 @dataclass(frozen=True)
