@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -113,6 +113,13 @@ def resolve_hf_dictionary(ref: str) -> tuple[Path, dict[str, Any] | None]:
     return folder, config
 
 
+@runtime_checkable
+class _Configured(Protocol):
+    """A dictionary that keeps its config (a CLT, a transcoder set): the scan it came from is added."""
+
+    config: dict[str, Any]
+
+
 def load_hf_dictionaries(ref: str, adapter: ModelAdapter, *, format: str | None = None, layers: list[int] | None = None,
                          dtype: torch.dtype = torch.float32) -> Any:
     """Resolve ``ref`` in the Hugging Face cache and load the dictionary it holds."""
@@ -136,6 +143,6 @@ def load_hf_dictionaries(ref: str, adapter: ModelAdapter, *, format: str | None 
         raise type(exc)(msg) from None
     scan = (config or {}).get("scan") or (f"{repo}//{sub}" if sub else repo) + (f"@{revision}" if revision else "")
     out.source = {"hf": ref, "scan": scan}
-    if hasattr(out, "config"):
-        out.config = {**getattr(out, "config", {}), "scan": scan}
+    if isinstance(out, _Configured):
+        out.config = {**out.config, "scan": scan}
     return out
