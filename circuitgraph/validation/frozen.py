@@ -17,6 +17,7 @@ import torch
 
 from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.linearisation import dictionary_input, frozen
+from circuitgraph.dictionaries.protocol import require_dictionary
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 
@@ -156,10 +157,8 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
     for nid in (context.reader_ids() if readers is None else readers):
         t = nid.position
         if nid.kind == "feature":
-            if tcs is None:
-                raise ValidationRunError(f"reader {nid}: a feature node needs the graph's transcoders, none are loaded")
             if nid.layer not in feature_pre:
-                tc = tcs[nid.layer]
+                tc = require_dictionary(tcs, f"feature reader {nid}")[nid.layer]
                 x = dictionary_input(a, tc.input_site, nid.layer, *_mlp_inputs(a, c, nid.layer))
                 feature_pre[nid.layer] = tc.pre_activation(x)
             out[nid] = float(feature_pre[nid.layer][t, nid.index])

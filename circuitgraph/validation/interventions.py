@@ -466,13 +466,6 @@ def _references(adapter: ModelAdapter, iv: Intervention, sites: list[tuple[str, 
     return {sl: (s / count) for sl, s in sums.items()}
 
 
-def _dictionary(transcoders: Dictionary | None) -> Dictionary:
-    """The loaded dictionary a feature or an error intervention edits, or a clear error."""
-    if transcoders is None:
-        raise ValidationRunError("feature and error interventions need the graph's transcoders; none are loaded")
-    return transcoders
-
-
 @contextlib.contextmanager
 def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None, capture: set[str],
              captured: dict[str, torch.Tensor]) -> Iterator[Any]:
@@ -487,10 +480,10 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
     for site, layer in plan.edits:
         if site == "feature":
             in_layers.add(layer)
-            for k in _dictionary(transcoders).output_layers(layer):
+            for k in require_dictionary(transcoders, "a feature or error intervention").output_layers(layer):
                 splice_out.setdefault(k, []).append((site, layer))
         elif site == "error":
-            in_layers |= set(_dictionary(transcoders).source_layers(layer))
+            in_layers |= set(require_dictionary(transcoders, "a feature or error intervention").source_layers(layer))
             splice_out.setdefault(layer, []).append((site, layer))
     inner: dict[str, Any] = {}
     for layer in sorted(in_layers):
@@ -499,11 +492,11 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
             inner.pop(f"acts{layer}", None)
             inner.pop(f"edited{layer}", None)
             return value
-        hooks.append((_dictionary(transcoders)[layer].hook_in, grab))
+        hooks.append((require_dictionary(transcoders, "a feature or error intervention")[layer].hook_in, grab))
 
     def live_acts(layer: int, dtype: torch.dtype) -> torch.Tensor:
         if f"acts{layer}" not in inner:
-            inner[f"acts{layer}"] = _dictionary(transcoders)[layer].activation(inner[f"tc_in{layer}"]).to(dtype)
+            inner[f"acts{layer}"] = require_dictionary(transcoders, "a feature or error intervention")[layer].activation(inner[f"tc_in{layer}"]).to(dtype)
         return inner[f"acts{layer}"]
 
     def feature_delta(layer: int, k: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -515,7 +508,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
                 v = e.apply(v)
             diff = _unview("feature", v) - acts
             changed = (diff != 0).reshape(-1, diff.shape[-1]).any(0).nonzero().flatten()
-            dec = _dictionary(transcoders).decoder_rows(layer, changed.cpu()).to(device=diff.device, dtype=dtype)
+            dec = require_dictionary(transcoders, "a feature or error intervention").decoder_rows(layer, changed.cpu()).to(device=diff.device, dtype=dtype)
             inner[f"edited{layer}"] = (diff[..., changed], dec)
         diff, dec = inner[f"edited{layer}"]
         if diff.shape[-1] == 0:
@@ -527,7 +520,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
         if site not in ("feature", "error"):
             by_hook.setdefault(adapter.hook_site(site, layer), []).append((site, layer))
     for k in splice_out:
-        by_hook.setdefault(dictionary_out_hook(adapter, _dictionary(transcoders), k), [])
+        by_hook.setdefault(dictionary_out_hook(adapter, require_dictionary(transcoders, "a feature or error intervention"), k), [])
     for name, sls in by_hook.items():
         def edit(value, hook, sls=sls):
             for site, layer in sls:
@@ -537,7 +530,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
                 value = _unview(site, v)
             return value
 
-        ks = [k for k in splice_out if dictionary_out_hook(adapter, _dictionary(transcoders), k) == name]
+        ks = [k for k in splice_out if dictionary_out_hook(adapter, require_dictionary(transcoders, "a feature or error intervention"), k) == name]
         if ks:
             k = ks[0]
 
@@ -550,7 +543,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
                         if d is not None:
                             delta = delta + d
                     else:
-                        tcs = _dictionary(transcoders)
+                        tcs = require_dictionary(transcoders, "a feature or error intervention")
                         src = tcs.source_layers(k)
                         acts = {l: live_acts(l, value.dtype) for l in src}
                         inputs = {l: inner[f"tc_in{l}"] for l in src}
