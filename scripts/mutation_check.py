@@ -98,6 +98,14 @@ The spec's item factory and the typed node attributes (2026-12-04, run with ``--
     remainder-count-a-numpy-int  by tests/test_node_attrs.py::test_every_attribute_a_graph_carries_is_registered
     linearised-total-and-constant-swapped
         by tests/test_component_inputs.py::test_query_and_key_identity_on_families_with_qk_norms_and_soft_caps[gemma2]
+
+The pyright pass over validation/, dictionaries/ and adapters/ (2026-12-04, run with ``--only``: 22 CPU s
+for both, each caught):
+
+    native-rotary-size-ignores-rotary-dim
+        by tests/test_native_transformer.py::test_logits_and_every_hook_equal_in_float64[rms-gated-rotary-partial-adjacent]
+    ablate-eval-rows-sum-drops-a-row
+        by tests/test_ablate_eval_rows.py::test_the_change_is_the_mean_over_the_evaluation_rows
 """
 
 from __future__ import annotations
@@ -552,8 +560,8 @@ MUTATIONS = [
         "a GGUF checkpoint dequantised to bfloat16 instead of float32 (the weights rounded again: the model is "
         "not the file's)",
         "circuitgraph/adapters/gguf.py",
-        "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)",
-        "model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.bfloat16)",
+        "model = AutoModelForCausalLM.from_pretrained(folder, **where, dtype=torch.float32)",
+        "model = AutoModelForCausalLM.from_pretrained(folder, **where, dtype=torch.bfloat16)",
         ("tests/test_gguf.py",),
     ),
     Mutation(
@@ -773,8 +781,8 @@ MUTATIONS = [
         "predicted-gradient-sign-flipped",
         "predicted_vs_actual reports +(1 - c) a.dM/da (the effect of doubling, not removing)",
         "circuitgraph/validation/ablation.py",
-        "pred_grad = None if c is None or grads[j] is None else float(-(1 - c) * grads[j])",
-        "pred_grad = None if c is None or grads[j] is None else float((1 - c) * grads[j])",
+        "pred_grad = float(-(1 - c) * grad)",
+        "pred_grad = float((1 - c) * grad)",
         ("tests/test_gradient_effects.py",),
     ),
     Mutation(
@@ -810,6 +818,22 @@ MUTATIONS = [
         "total_key, constant_key = LINEARISED_ATTRS[kind]",
         "constant_key, total_key = LINEARISED_ATTRS[kind]",
         ("tests/test_component_inputs.py",),
+    ),
+    Mutation(
+        "native-rotary-size-ignores-rotary-dim",
+        "the native forward rotates every dimension of a head, not rotary_dim of them",
+        "circuitgraph/adapters/native_transformer.py",
+        "return self.d_head if self.rotary_dim is None else self.rotary_dim",
+        "return self.d_head",
+        ("tests/test_native_transformer.py",),
+    ),
+    Mutation(
+        "ablate-eval-rows-sum-drops-a-row",
+        "ablate's metric over the evaluation rows leaves the first row out of the sum (still divided by all)",
+        "circuitgraph/validation/ablation.py",
+        "metric_runs = sum(runs, torch.zeros_like(runs[0])) / len(rows_eval)",
+        "metric_runs = sum(runs[1:], torch.zeros_like(runs[0])) / len(rows_eval)",
+        ("tests/test_ablate_eval_rows.py",),
     ),
 ]
 
