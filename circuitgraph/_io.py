@@ -26,7 +26,7 @@ import yaml
 from circuitgraph.errors import LoadError, one_line
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_writer", "read_text_file", "read_json_file", "read_yaml_file", "safetensors_header",
-           "safetensors_shapes", "MAX_JSON_BYTES"]
+           "safetensors_shapes", "MAX_JSON_BYTES", "ParquetFrames"]
 
 #: permissions of a newly created file (an existing destination keeps its own mode)
 _NEW_FILE_MODE = 0o644
@@ -223,3 +223,20 @@ def safetensors_header(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]
 def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
     """``{name: shape}`` of a safetensors file (see :func:`safetensors_header`)."""
     return {k: v["shape"] for k, v in safetensors_header(path).items()}
+
+
+class ParquetFrames:
+    """The Parquet tables of an output folder (a dataset run's, a features run's) as pandas
+    DataFrames, each read once, on first use: ``frames["nodes"]`` is ``<directory>/nodes.parquet``.
+    Needs pyarrow (the ``dataset`` extra)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._read: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._read:
+            import pyarrow.parquet as pq
+
+            self._read[name] = pq.read_table(self.directory / f"{name}.parquet").to_pandas()
+        return self._read[name]

@@ -282,33 +282,51 @@ def test_no_test_module_imports_another_or_edits_sys_path():
     assert not path_edits, f"these test files touch sys.path: {path_edits}"
 
 
-#: modules that still spell a node-kind group out, with the reason (none but the lead's pending edit)
-KIND_GROUP_LITERALS_OK = {"graph/nodes.py": "display_name's token kinds: graph/nodes.py is being edited for the "
-                                            "Node.attrs TypedDict; it moves to spec.kinds.TOKEN_KINDS after that merge"}
-
-
 def kind_group_literals(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, literal)`` for each tuple, list or set of strings that spells a named group of node
-    kinds (``spec/kinds.py``'s ``OUTPUT_KINDS``, ``TOKEN_KINDS``) out again."""
-    from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
+    kinds (``spec/kinds.py``'s ``OUTPUT_KINDS``, ``TOKEN_KINDS``, ``ACTIVATION_KINDS``) out again."""
+    from circuitgraph.spec.kinds import ACTIVATION_KINDS, OUTPUT_KINDS, TOKEN_KINDS
 
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
                 isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
-            if {e.value for e in node.elts} in (OUTPUT_KINDS, TOKEN_KINDS):
+            if {e.value for e in node.elts} in (OUTPUT_KINDS, TOKEN_KINDS, ACTIVATION_KINDS):
                 out.append((node.lineno, ast.unparse(node)))
     return sorted(out)
 
 
 def test_node_kind_groups_are_named_once():
-    """The groups of node kinds code tests for (outputs, tokens) are named in ``spec/kinds.py``."""
+    """The groups of node kinds code tests for (outputs, tokens, units with an activation) are named
+    in ``spec/kinds.py``."""
     problems = [f"{_rel(path)}:{line}: {text}" for path, tree in _modules()
-                if _rel(path) not in ("spec/kinds.py", *KIND_GROUP_LITERALS_OK)
+                if _rel(path) != "spec/kinds.py"
                 for line, text in kind_group_literals(tree)]
-    assert not problems, "use circuitgraph.spec.kinds.OUTPUT_KINDS / TOKEN_KINDS:\n" + "\n".join(problems)
-    assert [t for _, t in kind_group_literals(ast.parse('a = k in ("target", "logit")\nb = ["embedding", "logit"]'))] \
-        == ["('target', 'logit')", "['embedding', 'logit']"]
+    assert not problems, "use circuitgraph.spec.kinds.OUTPUT_KINDS / TOKEN_KINDS / ACTIVATION_KINDS:\n" + "\n".join(problems)
+    code = 'a = k in ("target", "logit")\nb = ["embedding", "logit"]\nc = {"neuron", "feature"}\nd = ("feature", "error")'
+    assert [t for _, t in kind_group_literals(ast.parse(code))] \
+        == ["('target', 'logit')", "['embedding', 'logit']", "{'neuron', 'feature'}"]
+
+
+def test_residual_locations_place_every_kind_and_site_it_names():
+    """:mod:`circuitgraph.residual` sits below the spec and the adapters, so it spells the node kinds
+    and intervention sites it places out itself: each must be a kind of ``spec/kinds.py`` or a site
+    of ``adapters/sites.py`` (a renamed kind would otherwise fall through to the MLP's location), and
+    every kind and site gets the location of its sublayer."""
+    from circuitgraph.adapters.sites import SITES
+    from circuitgraph.residual import ResidualLocation as R
+    from circuitgraph.spec.kinds import NODE_KINDS
+
+    tree = ast.parse((PACKAGE / "residual.py").read_text())
+    named = {e.value for node in ast.walk(tree) if isinstance(node, (ast.Tuple, ast.Set))
+             for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    assert named and named <= set(NODE_KINDS) | set(SITES), sorted(named - set(NODE_KINDS) - set(SITES))
+    embed, attn = {"embed", "pos_embed", "embedding", "positional"}, {"attn", "head", "attention_head"}
+    for unit in (*NODE_KINDS, *SITES):
+        want = R(0) if unit in embed else R.resid_pre(3) if unit == "resid_pre" else \
+            R.resid_mid(3) if unit in attn else R.resid_post(3)
+        assert R.written_by(unit, 3) == want, unit
+        assert R.read_by(unit, 3) == (R.resid_mid(3) if unit in ("feature", "neuron", "mlp") else R.resid_pre(3)), unit
 
 
 def unguarded_json_reads(tree: ast.AST) -> list[tuple[int, str]]:

@@ -174,13 +174,13 @@ def convert_gguf(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> G
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    where = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name, local_files_only=True)
+    folder, where = str(path.parent), {"gguf_file": path.name, "local_files_only": True}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         with _quiet_transformers():
             try:
-                config = AutoConfig.from_pretrained(**where)
+                config = AutoConfig.from_pretrained(folder, **where)
             except Exception as exc:  # noqa: BLE001 - transformers's own message, in one line
                 raise LoadError(f"{path.name}: transformers cannot read its configuration "
                                 f"({one_line(exc, limit=300)})") from None
@@ -188,20 +188,21 @@ def convert_gguf(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> G
                 raise LoadError(unsupported_model_type_message(
                     config.model_type, f"{path.name} (GGUF architecture {summary.architecture})"))
             try:
-                model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
-                tokenizer = AutoTokenizer.from_pretrained(**where)
+                model = AutoModelForCausalLM.from_pretrained(folder, **where, dtype=torch.float32)
+                tokenizer = AutoTokenizer.from_pretrained(folder, **where)
             except Exception as exc:  # noqa: BLE001
                 raise LoadError(f"{path.name}: transformers could not dequantise it ({one_line(exc, limit=300)}); "
                                 "the file may be truncated or use a quantisation type transformers does not read"
                                 ) from None
             # the dequantised model is an ordinary float32 model: drop the GGUF quantiser's flags so that
-            # save_pretrained writes plain safetensors (no copy of the weights is made)
-            model.hf_quantizer = None
+            # save_pretrained writes plain safetensors (no copy of the weights is made); transformers sets
+            # these attributes at load, torch's Module.__setattr__ types only tensors and modules
+            setattr(model, "hf_quantizer", None)  # noqa: B010
             for holder in (model.config, getattr(model, "generation_config", None)):
                 if holder is not None and hasattr(holder, "quantization_config"):
                     delattr(holder, "quantization_config")
             if getattr(model, "is_quantized", False):
-                model.is_quantized = False
+                setattr(model, "is_quantized", False)  # noqa: B010
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             del model
@@ -223,14 +224,14 @@ def _quiet_transformers() -> Iterator[None]:
     bar, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    plain = getattr(gguf_utils, "tqdm", None)
+    plain = getattr(gguf_utils, "tqdm", None)  # the module's own import of tqdm, patched in place
     if plain is not None:
-        gguf_utils.tqdm = functools.partial(plain, disable=True)
+        setattr(gguf_utils, "tqdm", functools.partial(plain, disable=True))  # noqa: B010
     try:
         yield
     finally:
         if plain is not None:
-            gguf_utils.tqdm = plain
+            setattr(gguf_utils, "tqdm", plain)  # noqa: B010
         hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()

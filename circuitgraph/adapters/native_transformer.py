@@ -131,6 +131,12 @@ def native_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _derived() -> Any:
+    """A :class:`NativeConfig` attribute derived in ``__post_init__``: not an argument of the
+    constructor, and not part of its repr or equality (``extra`` is)."""
+    return dataclasses.field(init=False, repr=False, compare=False)
+
+
 @dataclass
 class NativeConfig:
     """HookedTransformerConfig's fields with their derived defaults computed as TransformerLens
@@ -146,6 +152,29 @@ class NativeConfig:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    # the HookedTransformerConfig fields the native forward reads, set in __post_init__ from ``extra``
+    # and _DEFAULTS (every key of _DEFAULTS is set; these are the ones code reads by name)
+    n_heads: int = _derived()
+    d_mlp: int = _derived()
+    d_vocab: int = _derived()
+    d_vocab_out: int = _derived()
+    act_fn: str = _derived()
+    eps: float = _derived()
+    use_attn_scale: bool = _derived()
+    attn_scale: float = _derived()
+    scale_attn_by_inverse_layer_idx: bool = _derived()
+    n_key_value_heads: int | None = _derived()
+    normalization_type: str | None = _derived()
+    final_rms: bool = _derived()
+    attention_dir: str = _derived()
+    attn_only: bool = _derived()
+    gated_mlp: bool = _derived()
+    rotary_dim: int | None = _derived()
+    rotary_base: float = _derived()
+    rotary_adjacent_pairs: bool = _derived()
+    attn_scores_soft_cap: float = _derived()
+    output_logits_soft_cap: float = _derived()
 
     def __post_init__(self) -> None:
         for key, value in _DEFAULTS.items():
@@ -189,6 +218,11 @@ class NativeConfig:
                                              "dtype", "device")}
         out.update({k: getattr(self, k) for k in _DEFAULTS})
         return out
+
+    @property
+    def rotary_size(self) -> int:
+        """The rotated width of a rotary model's heads: ``rotary_dim`` (``d_head`` unless given)."""
+        return self.d_head if self.rotary_dim is None else self.rotary_dim
 
     def is_layer_norm_activation(self) -> bool:
         return self.act_fn is not None and self.act_fn.endswith("_ln")
@@ -262,7 +296,7 @@ class RMSNormPre(_Norm):
 
 def _norm(cfg: NativeConfig, final: bool = False) -> nn.Module:
     kind = cfg.normalization_type
-    if final and cfg.final_rms:
+    if final and cfg.final_rms and kind is not None:
         kind = {"LN": "RMS", "LNPre": "RMSPre"}.get(kind, kind)
     if kind is None:
         return nn.Identity()
@@ -312,6 +346,14 @@ def _softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- attention
+def _parameter(params: dict[str, nn.Parameter | None], name: str) -> nn.Parameter:
+    """A registered parameter of an attention module (every one of them is a tensor)."""
+    value = params[name]
+    if value is None:
+        raise ValueError(f"attention parameter {name} is not set")
+    return value
+
+
 def _attn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TransformerLens's ``simple_attn_linear``: ``(batch, pos, d_model) -> (batch, pos, heads, d_head)``."""
     w2 = w.permute(0, 2, 1).reshape(-1, w.shape[1])  # (head d_head) d_model
@@ -331,9 +373,9 @@ class Attention(nn.Module):
         H, dm, dh = cfg.n_heads, cfg.d_model, cfg.d_head
         self.W_Q = nn.Parameter(torch.empty(H, dm, dh, dtype=cfg.dtype))
         self.W_O = nn.Parameter(torch.empty(H, dh, dm, dtype=cfg.dtype))
-        self.grouped = cfg.n_key_value_heads is not None
-        if self.grouped:
-            kv = cfg.n_key_value_heads
+        kv = cfg.n_key_value_heads
+        self.grouped = kv is not None
+        if kv is not None:
             self.repeat_kv_heads = H // kv
             self._W_K = nn.Parameter(torch.empty(kv, dm, dh, dtype=cfg.dtype))
             self._W_V = nn.Parameter(torch.empty(kv, dm, dh, dtype=cfg.dtype))
@@ -366,7 +408,7 @@ class Attention(nn.Module):
         if cfg.positional_embedding_type == "rotary":
             self.hook_rot_k = HookPoint()
             self.hook_rot_q = HookPoint()
-            sin, cos = self.calculate_sin_cos_rotary(cfg.rotary_dim, min(cfg.n_ctx, self.ROTARY_INITIAL_CACHE_SIZE),
+            sin, cos = self.calculate_sin_cos_rotary(cfg.rotary_size, min(cfg.n_ctx, self.ROTARY_INITIAL_CACHE_SIZE),
                                                      base=cfg.rotary_base, dtype=cfg.dtype)
             self.register_buffer("rotary_sin", sin)
             self.register_buffer("rotary_cos", cos)
@@ -413,7 +455,7 @@ class Attention(nn.Module):
         needed = past_kv_pos_offset + x_pos
         if needed > self.rotary_cos.shape[0]:
             size = min(self.cfg.n_ctx, max(needed, 2 * self.rotary_cos.shape[0]))
-            sin, cos = self.calculate_sin_cos_rotary(self.cfg.rotary_dim, size, base=self.cfg.rotary_base,
+            sin, cos = self.calculate_sin_cos_rotary(self.cfg.rotary_size, size, base=self.cfg.rotary_base,
                                                      dtype=self.cfg.dtype)
             self.rotary_sin = sin.to(self.rotary_sin.device)
             self.rotary_cos = cos.to(self.rotary_cos.device)
@@ -438,12 +480,12 @@ class Attention(nn.Module):
         p = self._parameters
         if self.grouped:
             q = self.hook_q(_attn_linear(query_input, self.W_Q, self.b_Q))
-            k = self.hook_k(_attn_linear(key_input, p["_W_K"], p["_b_K"]))
-            v = self.hook_v(_attn_linear(value_input, p["_W_V"], p["_b_V"]))
+            k = self.hook_k(_attn_linear(key_input, _parameter(p, "_W_K"), _parameter(p, "_b_K")))
+            v = self.hook_v(_attn_linear(value_input, _parameter(p, "_W_V"), _parameter(p, "_b_V")))
         else:
             q = self.hook_q(_attn_linear(query_input, self.W_Q, self.b_Q))
-            k = self.hook_k(_attn_linear(key_input, p["W_K"], p["b_K"]))
-            v = self.hook_v(_attn_linear(value_input, p["W_V"], p["b_V"]))
+            k = self.hook_k(_attn_linear(key_input, _parameter(p, "W_K"), _parameter(p, "b_K")))
+            v = self.hook_v(_attn_linear(value_input, _parameter(p, "W_V"), _parameter(p, "b_V")))
         if cfg.positional_embedding_type == "rotary":
             q = self.hook_rot_q(self.apply_rotary(q, 0))
             k = self.hook_rot_k(self.apply_rotary(k, 0))
@@ -664,7 +706,8 @@ class NativeTransformer(nn.Module):
         cache: dict[str, torch.Tensor] = {}
 
         def save(value: torch.Tensor, hook: HookPoint) -> None:
-            cache[hook.name] = value.detach()
+            if hook.name is not None:  # every point of hook_dict is named
+                cache[hook.name] = value.detach()
 
         with self.hooks([(n, save) for n in self.hook_dict if keep(n)]):
             out = self(*args, **kwargs)

@@ -5,9 +5,9 @@ or one unit per position. Their hook names come from one place,
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, TypeGuard, get_args
 
-__all__ = ["Site", "SITES", "VECTOR_SITES", "POSITION_SITES"]
+__all__ = ["Site", "SITES", "VECTOR_SITES", "POSITION_SITES", "is_site"]
 
 Site = Literal["embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "neuron", "pre", "gate", "value",
                "feature", "error"]
@@ -17,3 +17,8 @@ SITES: tuple[str, ...] = get_args(Site)
 VECTOR_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "head", "mlp", "error"})
 #: sites with one unit per position (index is always 0)
 POSITION_SITES = frozenset({"embed", "pos_embed", "resid_pre", "attn", "mlp", "error"})
+
+
+def is_site(name: str) -> TypeGuard[Site]:
+    """Whether ``name`` is an intervention site (and, for the type checker, a :data:`Site`)."""
+    return name in SITES

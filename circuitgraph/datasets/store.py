@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from circuitgraph._io import read_json_file
+from circuitgraph._io import ParquetFrames, read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.metadata import GraphMetadata
@@ -61,30 +61,24 @@ class Dataset:
             raise LoadError(f"{self.directory} is not a finished dataset run (missing "
                             f"{', '.join(missing) or 'aggregate.json'}); run the dataset spec to (re)build it")
         self.info: dict[str, Any] = read_json_file(self.directory / "aggregate.json", "aggregate.json")
-        self._frames: dict[str, Any] = {}
+        self._frames = ParquetFrames(self.directory)
         self._connection: Any = None
 
-    def _frame(self, name: str) -> Any:
-        if name not in self._frames:
-            import pyarrow.parquet as pq
-
-            self._frames[name] = pq.read_table(self.directory / f"{name}.parquet").to_pandas()
-        return self._frames[name]
 
     @property
     def manifest(self) -> Any:
         """One row per prompt: id, row, status, error, timings, scores, node and edge counts."""
-        return self._frame("manifest")
+        return self._frames["manifest"]
 
     @property
     def nodes(self) -> Any:
         """The aggregate over nodes: kind, layer, index[, position_from_end], n_prompts, sums."""
-        return self._frame("nodes")
+        return self._frames["nodes"]
 
     @property
     def edges(self) -> Any:
         """The aggregate over edges: source_*, target_* identities, n_prompts, sums."""
-        return self._frame("edges")
+        return self._frames["edges"]
 
     @property
     def n_aggregated(self) -> int:

@@ -59,7 +59,13 @@ Activation = Literal["relu", "jump_relu", "topk"]
 #: the dictionaries' input hooks (relative to ``blocks.<l>``; circuit-tracer's ``feature_input_hook``,
 #: sae-lens's ``hook_name`` after ``blocks.<l>.``) -> how the feature reads the residual: the one table
 #: of every dictionary format (:func:`hook_site`)
-INPUT_HOOK_SITES = {
+#: how a dictionary's features read the residual: ``raw`` (resid_mid, mlp_in), ``normalized`` (ln2's
+#: output) or ``mlp_input`` (the MLP's input, folded at load so that the features read ``normalized``)
+InputSite = Literal["raw", "normalized", "mlp_input"]
+#: what a loaded dictionary's features read (an ``mlp_input`` site is folded into ``normalized``)
+ReadSite = Literal["raw", "normalized"]
+
+INPUT_HOOK_SITES: dict[str, InputSite] = {
     "hook_resid_mid": "raw",
     "hook_mlp_in": "raw",
     "ln2.hook_normalized": "normalized",
@@ -96,7 +102,7 @@ def output_hook_name(layer: int, site: str) -> str:
             else ModelAdapter.hook_mlp_out(layer))
 
 
-def hook_site(hook: str, where: str, *, sites: dict[str, str] = INPUT_HOOK_SITES) -> str:
+def hook_site(hook: str, where: str, *, sites: dict[str, InputSite] = INPUT_HOOK_SITES) -> InputSite:
     """The input site of a block-relative feature input hook, or a one-line LoadError."""
     if hook not in sites:
         raise LoadError(f"{where}: feature_input_hook {hook!r} is not supported; expected one of "
@@ -124,7 +130,7 @@ class CLTLayer:
         return self.parent.hook_out(self.layer)
 
     @property
-    def input_site(self) -> str:
+    def input_site(self) -> ReadSite:
         return self.parent.input_site
 
     @property
@@ -180,15 +186,15 @@ class CrossLayerTranscoder:
         self.b_dec_all = b_dec  # (n_layers, d_model)
         self.threshold = threshold  # (n_layers, d_transcoder) or None
         self.W_skip = W_skip  # per layer (d_model, d_model), used as x @ W_skip[l], or None
-        self.activation_function = activation_function
+        self.activation_function: Activation = activation_function
         self.topk = topk
         self.feature_input_hook = feature_input_hook
         self.feature_output_hook = feature_output_hook
         # mlp.hook_in: (gamma, beta) of each layer's ln2, gamma applied to encoder rows as they are read
         # (beta is already in b_enc, the skip path folded at load): the features read ln2.hook_normalized
         self.input_norms = input_norms
-        self.input_site = "normalized" if INPUT_HOOK_SITES[feature_input_hook] == "mlp_input" else \
-            INPUT_HOOK_SITES[feature_input_hook]
+        site = INPUT_HOOK_SITES[feature_input_hook]
+        self.input_site: ReadSite = "normalized" if site == "mlp_input" else site
         self.dtype = dtype
         self.source = source
         self.config = config
@@ -205,7 +211,7 @@ class CrossLayerTranscoder:
         self.enc_rows, self.dec_rows = stores
 
     # ----------------------------------------------------------------- container protocol
-    def __contains__(self, layer: int) -> bool:
+    def __contains__(self, layer: object) -> bool:
         return layer in self.layers
 
     def __getitem__(self, layer: int) -> CLTLayer:
@@ -272,8 +278,12 @@ class CrossLayerTranscoder:
 
     def activate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         if self.activation_function == "jump_relu":
+            if self.threshold is None:
+                raise LoadError(f"{self.path}: a jump_relu CLT needs its thresholds")
             return h * (h > self.threshold[layer])
         if self.activation_function == "topk":
+            if self.topk is None:
+                raise LoadError(f"{self.path}: a topk CLT needs topk")
             k = min(int(self.topk), h.shape[-1])
             top = h.topk(k, dim=-1).indices
             gate = torch.zeros_like(h).scatter_(-1, top, 1.0)
@@ -342,14 +352,14 @@ class CrossLayerTranscoder:
         conv = lambda t: None if t is None else t.to(dtype)  # noqa: E731
         new = CrossLayerTranscoder(
             self.path, n_layers=self.n_layers, d_transcoder=self.d_transcoder, d_model=self.d_model,
-            b_enc=conv(self.b_enc), b_dec=conv(self.b_dec_all), threshold=conv(self.threshold),
+            b_enc=self.b_enc.to(dtype), b_dec=self.b_dec_all.to(dtype), threshold=conv(self.threshold),
             W_skip=None if self.W_skip is None else [w.to(dtype) for w in self.W_skip],
             activation_function=self.activation_function, topk=self.topk,
             feature_input_hook=self.feature_input_hook, feature_output_hook=self.feature_output_hook,
             dtype=dtype, source=self.source, config=self.config, lazy=self.lazy, input_norms=self.input_norms,
             out_site=self.out_site, format=self.format,
-            stores=tuple([dataclasses.replace(m, dtype=dtype, bytes_read=0) for m in ms]
-                         for ms in (self.enc_rows, self.dec_rows)),
+            stores=([dataclasses.replace(m, dtype=dtype, bytes_read=0) for m in self.enc_rows],
+                    [dataclasses.replace(m, dtype=dtype, bytes_read=0) for m in self.dec_rows]),
         )
         new._enc = {k: v.to(dtype) for k, v in self._enc.items()}
         return new
@@ -388,7 +398,8 @@ def fold_layer_input(norms: list | None, layer: int, b_enc: torch.Tensor, b_dec:
 
     gamma, beta = norms[layer]
     if beta is not None:
-        b_enc = b_enc.double() + fold_input(dataclasses.replace(encoder, dtype=torch.float64).all().T, None, beta)[1]
+        shift = fold_input(dataclasses.replace(encoder, dtype=torch.float64).all().T, None, beta)[1]
+        b_enc = b_enc.double() + shift if shift is not None else b_enc
     if W_skip is not None:
         W_skip, shift = fold_input(W_skip, gamma, beta)
         b_dec = b_dec.double() + shift if shift is not None else b_dec
@@ -512,12 +523,14 @@ def load_clt_dir(path: str | Path, adapter: ModelAdapter, *, dtype: torch.dtype 
         raise LoadError(f"{cfg_path}: activation_function jump_relu needs threshold_<i> in every W_enc_<i>.safetensors")
     if act == "topk" and (not isinstance(topk, int) or topk <= 0):
         raise LoadError(f"{cfg_path}: activation_function topk needs topk: K (a positive integer), got {topk!r}")
+    if d_tc is None:
+        raise LoadError(f"{cfg_path}: a CLT for a model without layers; check the model")
     if lazy is None:
         lazy = L * int(d_tc) * D * torch.tensor([], dtype=dtype).element_size() > 2**30
     return CrossLayerTranscoder(
         path, n_layers=L, d_transcoder=int(d_tc), d_model=D, b_enc=torch.stack(b_enc), b_dec=torch.stack(b_dec),
         threshold=torch.stack(thr) if thr else None, W_skip=skips or None, activation_function=act,
-        topk=int(topk) if act == "topk" else None, feature_input_hook=hook_in, feature_output_hook=hook_out,
+        topk=int(topk) if act == "topk" and isinstance(topk, int) else None, feature_input_hook=hook_in, feature_output_hook=hook_out,
         dtype=dtype, source={"path": str(path)}, config=dict(config), lazy=lazy, input_norms=norms,
         out_site=out_site,
     )

@@ -209,6 +209,8 @@ def load_gemmascope2_clt_dir(path: Path, adapter: ModelAdapter, *, dtype: Any = 
         thr.append(th.to(dtype))
         if sk is not None:
             skips.append(sk.to(dtype))  # x @ affine_skip_connection, the CLT's x @ W_skip
+    if d_tc is None:
+        raise LoadError(f"{path}: a GemmaScope-2 CLT for a model without layers; check the model")
     if lazy is None:
         lazy = L * int(d_tc) * D * torch.tensor([], dtype=dtype).element_size() > 2**30
     return CrossLayerTranscoder(

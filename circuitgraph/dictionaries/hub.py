@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -145,5 +145,6 @@ def load_hf_dictionaries(ref: str, adapter: ModelAdapter, *, format: str | None 
             msg = f"{msg.split(';')[0]}; {_how(repo, ((sub + '/') if sub else '') + name)}"
         raise type(exc)(msg) from None
     if isinstance(out, CrossLayerTranscoder):  # its describe() names the scan its config.yaml gave (or the repository)
-        return out.with_source(source, config={**out.config, "scan": scan})
+        clt = cast(CrossLayerTranscoder, out)  # pyright keeps the protocol's with_source on the narrowed type
+        return clt.with_source(source, config={**clt.config, "scan": scan})
     return out

@@ -47,7 +47,7 @@ import torch
 from safetensors import safe_open
 
 from circuitgraph._io import read_json_file
-from circuitgraph.dictionaries.clt import hook_site, output_hook_name, output_site
+from circuitgraph.dictionaries.clt import InputSite, hook_site, output_hook_name, output_site
 from circuitgraph.dictionaries.gemmascope2 import per_layer_folders, read_config_json, tl_hooks
 from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import StoredRows, check_finite
@@ -77,8 +77,9 @@ def _shape(m: Any) -> tuple[int, ...]:
     return tuple(m.shape)
 
 
-def _make_layer(adapter: ModelAdapter, layer: int, where: Path, *, W_enc, b_enc, W_dec, b_dec, threshold=None,
-                W_skip=None, site: str, hook_out: str, activation: str, topk: int | None = None,
+def _make_layer(adapter: ModelAdapter, layer: int, where: Path, *, W_enc: torch.Tensor | StoredRows,
+                b_enc: torch.Tensor, W_dec: torch.Tensor | StoredRows, b_dec: torch.Tensor,
+                threshold: torch.Tensor | None = None, W_skip: torch.Tensor | None = None, site: InputSite, hook_out: str, activation: str, topk: int | None = None,
                 architecture: str, dtype: torch.dtype, lazy: bool = False):
     """Check shapes and values against the model, fold an MLP-input site, build the layer.
 
@@ -104,32 +105,42 @@ def _make_layer(adapter: ModelAdapter, layer: int, where: Path, *, W_enc, b_enc,
         else:
             _finite(t, where, name)
     out_site = output_site(hook_out, str(where), post_norms=f.post_norms)
-    conv = lambda t: None if t is None or isinstance(t, StoredRows) else t.to(torch.float64)  # noqa: E731
-    b_enc, b_dec, threshold, W_skip = map(conv, (b_enc, b_dec, threshold, W_skip))
-    W_enc, W_dec = (m if isinstance(m, StoredRows) else conv(m) for m in (W_enc, W_dec))
+    f64 = torch.float64
+    b_enc, b_dec = b_enc.to(f64), b_dec.to(f64)
+    threshold = None if threshold is None else threshold.to(f64)
+    W_skip = None if W_skip is None else W_skip.to(f64)
+    W_enc = W_enc if isinstance(W_enc, StoredRows) else W_enc.to(f64)
+    W_dec = W_dec if isinstance(W_dec, StoredRows) else W_dec.to(f64)
     enc_scale = None
     if site == "mlp_input":
         if isinstance(W_enc, StoredRows):  # gamma scales every row as it is read; beta: one read of the encoder now
             enc_scale, beta = mlp_input_norm(adapter, layer)
-            if beta is not None:
-                b_enc = b_enc + fold_input(W_enc.all().T, None, beta)[1]
+            shift = None if beta is None else fold_input(W_enc.all().T, None, beta)[1]
         else:
             W_enc, shift = fold_mlp_input(adapter, layer, W_enc)
-            b_enc = b_enc if shift is None else b_enc + shift
+        b_enc = b_enc if shift is None else b_enc + shift
         if W_skip is not None:  # skip = x @ W_skip.T
             folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
             W_skip, b_dec = folded.T, (b_dec if shift is None else b_dec + shift)
         site = "normalized"
     hook_in = adapter.hook_resid_mid(layer) if site == "raw" else adapter.hook_norm_normalized("ln2", layer)
-    back = lambda t: None if t is None else (t if isinstance(t, StoredRows) else t.to(dtype).contiguous())  # noqa: E731
-    for m in (W_enc, W_dec):
+    def back(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).contiguous()
+
+    def back_optional(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else back(t)
+
+    def back_matrix(m: torch.Tensor | StoredRows) -> torch.Tensor | StoredRows:
         if isinstance(m, StoredRows):
             m.dtype, m.bytes_read = dtype, 0
+            return m
+        return back(m)
+
     return TranscoderLayer(
-        layer=layer, W_enc=back(W_enc), b_enc=back(b_enc), W_dec=back(W_dec), b_dec=back(b_dec),
-        W_skip=back(W_skip), threshold=back(threshold), input_site=site, hook_in=hook_in,
+        layer=layer, W_enc=back_matrix(W_enc), b_enc=back(b_enc), W_dec=back_matrix(W_dec), b_dec=back(b_dec),
+        W_skip=back_optional(W_skip), threshold=back_optional(threshold), input_site=site, hook_in=hook_in,
         hook_out=output_hook_name(layer, out_site), architecture=architecture, source=str(where),
-        activation_kind=activation, topk=topk, output_site=out_site, enc_scale=back(enc_scale), lazy=lazy,
+        activation_kind=activation, topk=topk, output_site=out_site, enc_scale=back_optional(enc_scale), lazy=lazy,
     )
 
 
@@ -176,7 +187,7 @@ def _lazy(loaded: dict[int, dict[str, Any]], lazy: bool | None) -> bool:
     return total > 2**30
 
 
-def _from_tensors(adapter: ModelAdapter, layer: int, where: Path, t: dict, site: str, hook_out: str, dtype: torch.dtype,
+def _from_tensors(adapter: ModelAdapter, layer: int, where: Path, t: dict, site: InputSite, hook_out: str, dtype: torch.dtype,
                   lazy: bool = False):
     """One layer from a circuit-tracer / GemmaScope / GemmaScope-2 file (dispatch on its keys)."""
     if "w_enc" in t:  # GemmaScope-2
@@ -244,7 +255,7 @@ def load_transcoder_set_dir(path: Path, adapter: ModelAdapter, config: dict, *, 
                             format="circuit_tracer_transcoder_set", lazy=lazy)
 
 
-def transcoder_files(files: dict[int, Path], adapter: ModelAdapter, *, site: str, hook_out: str, dtype: torch.dtype,
+def transcoder_files(files: dict[int, Path], adapter: ModelAdapter, *, site: InputSite, hook_out: str, dtype: torch.dtype,
                      source: dict[str, Any], format: str, lazy: bool | None = None):
     """A :class:`TranscoderSet` from one file per layer (circuit-tracer ``layer_<i>.safetensors``,
     GemmaScope ``params.npz`` or GemmaScope-2 ``params.safetensors``; the tensors say which), each

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from safetensors import safe_open
@@ -85,6 +85,10 @@ class NativeConfig:
 class NativeTranscoder:
     """A sae-lens transcoder's tensors and inference ``encode``, read from its folder."""
 
+    # set from the file's tensors (every architecture has these; ``threshold`` only jump-ReLU's)
+    W_enc: torch.Tensor
+    b_enc: torch.Tensor
+
     def __init__(self, cfg: NativeConfig, tensors: dict[str, torch.Tensor]):
         self.cfg = cfg
         self.dtype = _DTYPES[cfg.dtype]
@@ -137,7 +141,7 @@ class NativeTranscoder:
         return acts
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return type(value) is int and value > 0
 
 
@@ -162,13 +166,13 @@ def _config(cfg: Any, device: str) -> NativeConfig | None:
         return None
     if cfg.get("normalize_activations", "none") != "none" or cfg.get("reshape_activations", "none") != "none":
         return None
-    dims = [cfg.get(k) for k in ("d_in", "d_sae", "d_out")]
-    if not all(_positive_int(d) for d in dims):
+    d_in, d_sae, d_out = (cfg.get(k) for k in ("d_in", "d_sae", "d_out"))
+    if not (_positive_int(d_in) and _positive_int(d_sae) and _positive_int(d_out)):
         return None
     dtype = cfg.get("dtype", "float32")
     if not isinstance(dtype, str) or dtype not in _DTYPES:
         return None
-    return NativeConfig(arch, *dims, dtype=dtype, device=device, metadata=metadata)
+    return NativeConfig(arch, d_in, d_sae, d_out, dtype=dtype, device=device, metadata=metadata)
 
 
 def encoder_bytes(path: str | Path) -> int | None:

@@ -31,7 +31,7 @@ from circuitgraph._finite import first_nonfinite
 from circuitgraph._hub import require_hub
 from circuitgraph.adapters.files import check_transcoder_dir
 from circuitgraph.dictionaries import saelens_native
-from circuitgraph.dictionaries.clt import INPUT_HOOK_SITES, OUTPUT_HOOKS, output_hook_name, output_site
+from circuitgraph.dictionaries.clt import INPUT_HOOK_SITES, OUTPUT_HOOKS, ReadSite, output_hook_name, output_site
 from circuitgraph.dictionaries.mlp_input import fold_input, fold_mlp_input, mlp_input_norm
 from circuitgraph.dictionaries.stored import LAZY_ENCODER_BYTES, StoredRows
 from circuitgraph.errors import LoadError, NumericalError, ShapeMismatchError
@@ -63,7 +63,7 @@ class TranscoderLayer:
 
     def __init__(self, layer: int, W_enc: Any, b_enc: torch.Tensor, W_dec: Any, b_dec: torch.Tensor,
                  W_skip: torch.Tensor | None, threshold: torch.Tensor | None,
-                 input_site: Literal["normalized", "raw"], hook_in: str, hook_out: str, architecture: str,
+                 input_site: ReadSite, hook_in: str, hook_out: str, architecture: str,
                  source: str, sae: Any = None, activation_kind: str = "saelens", topk: int | None = None,
                  sae_input: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
                  output_site: str = "mlp_out", *, enc_scale: torch.Tensor | None = None, lazy: bool = False):
@@ -74,7 +74,7 @@ class TranscoderLayer:
         self.b_dec = b_dec  # (d_out,)
         self.W_skip = W_skip  # (d_out, d_in)
         self.threshold = threshold  # (d_sae,) for JumpReLU
-        self.input_site = input_site
+        self.input_site: ReadSite = input_site
         self.hook_in = hook_in
         self.hook_out = hook_out
         self.architecture = architecture
@@ -205,12 +205,16 @@ class TranscoderLayer:
 
     def _activate(self, h: torch.Tensor) -> torch.Tensor:
         if self.activation_kind == "jump_relu":
+            if self.threshold is None:
+                raise LoadError(f"{self.source}: a jump_relu transcoder needs its threshold")
             return h * (h > self.threshold)
         if self.activation_kind == "saelens":  # a sae-lens folder read lazily: its encode, without the object
             acts = torch.relu(h)
             return acts * (h > self.threshold).to(acts.dtype) if self.threshold is not None else acts
         h = torch.relu(h)
         if self.activation_kind == "topk":
+            if self.topk is None:
+                raise LoadError(f"{self.source}: a topk transcoder needs topk")
             top = h.topk(min(int(self.topk), h.shape[-1]), dim=-1).indices
             return h * torch.zeros_like(h).scatter_(-1, top, 1.0)
         return h
@@ -233,7 +237,7 @@ class TranscoderLayer:
             else m.to(dtype)  # noqa: E731
         sae = self.sae.to(dtype=dtype) if self.sae is not None else None
         return TranscoderLayer(
-            self.layer, keep(self._enc), conv(self.b_enc), keep(self._dec), conv(self.b_dec),
+            self.layer, keep(self._enc), self.b_enc.to(dtype), keep(self._dec), self.b_dec.to(dtype),
             conv(self.W_skip), conv(self.threshold), self.input_site, self.hook_in, self.hook_out,
             self.architecture, self.source, sae, self.activation_kind, self.topk, self.sae_input, self.output_site,
             enc_scale=conv(self.enc_scale), lazy=self.lazy,
@@ -352,26 +356,22 @@ def _from_sae(sae: Any, *, where: str, expected_layer: int | None, adapter: Mode
     W_skip = None if W_skip is None else W_skip.detach()
     sae_input = None
     enc_scale = None
-    if site == "mlp_input" and stored:  # gamma scales every encoder row as it is read; beta: one read now
-        dt = b_enc.dtype
-        gamma, beta = mlp_input_norm(adapter, layer)
-        enc_scale = None if gamma is None else gamma.to(dt)
-        if beta is not None:
-            b_enc = (b_enc.double() + fold_input(W_enc.stored_matrix(), None, beta)[1]).to(dt)
-            W_enc.bytes_read = 0
+    if site == "mlp_input":  # the features read ln2.hook_normalized: ln2's gamma and beta folded in
+        if isinstance(W_enc, StoredRows):  # gamma scales every encoder row as it is read; beta: one read now
+            dt = b_enc.dtype
+            gamma, beta = mlp_input_norm(adapter, layer)
+            enc_scale = None if gamma is None else gamma.to(dt)
+            if beta is not None:
+                b_enc = (b_enc.double() + fold_input(W_enc.stored_matrix(), None, beta)[1]).to(dt)
+                W_enc.bytes_read = 0
+        else:  # fold gamma/beta into the encoder (sae-lens's encode sees the folded input: sae_input)
+            dt = W_enc.dtype
+            folded, shift = fold_mlp_input(adapter, layer, W_enc)
+            W_enc, b_enc = folded.to(dt), (b_enc if shift is None else (b_enc.double() + shift).to(dt))
+            sae_input = mlp_input_norm(adapter, layer)
         if W_skip is not None:  # sae-lens skip: x @ W_skip.T
             folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
             W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
-        site, hook_in = "normalized", adapter.hook_norm_normalized("ln2", layer)
-    elif site == "mlp_input":  # read ln2.hook_normalized: fold gamma/beta into the encoder and skip path
-
-        dt = W_enc.dtype
-        folded, shift = fold_mlp_input(adapter, layer, W_enc)
-        W_enc, b_enc = folded.to(dt), (b_enc if shift is None else (b_enc.double() + shift).to(dt))
-        if W_skip is not None:  # sae-lens skip: x @ W_skip.T
-            folded, shift = fold_mlp_input(adapter, layer, W_skip.T)
-            W_skip, b_dec = folded.T.to(dt).contiguous(), (b_dec if shift is None else (b_dec.double() + shift).to(dt))
-        sae_input = mlp_input_norm(adapter, layer)
         site, hook_in = "normalized", adapter.hook_norm_normalized("ln2", layer)
     return TranscoderLayer(
         layer=layer,

@@ -50,6 +50,7 @@ from circuitgraph.graph.nodes import BIAS_INDEX, NODE_KINDS, REMAINDER_INDEX, No
 from circuitgraph.queries.influence import raw_influence
 from circuitgraph.queries.neighbours import merge_supernodes, propose_supernodes, reaches_a_target
 from circuitgraph.spec.export import ExportSpec
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 
 __all__ = [
     "graph_to_dot",
@@ -463,7 +464,7 @@ def _node_lines(node: Node, *, positions: bool = True) -> list[str]:
     if kind == "logit":
         return [f"logit {quoted}"] + ([at.strip()] if at else [])
     head = node_caption(node, position=positions)
-    if kind in ("feature", "neuron"):
+    if kind in ACTIVATION_KINDS:
         head += f" a={node.activation:.3g}"
     return [head] + ([label] if label and not is_structural_label(node) else [])
 
@@ -610,7 +611,7 @@ def _with_display_attrs(graph: AttributionGraph, labels: Mapping[tuple[int, int]
     for node in graph.nodes:
         label = node.label
         attrs: NodeAttrs = node.attrs
-        if labels and node.kind in ("feature", "neuron") and "supernode" not in attrs:
+        if labels and node.kind in ACTIVATION_KINDS and "supernode" not in attrs:
             text = labels.get((node.layer, node.index))
             if text:
                 label = str(text)

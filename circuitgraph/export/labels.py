@@ -22,12 +22,13 @@ from __future__ import annotations
 import csv
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from circuitgraph._io import read_json_file, read_text_file
 from circuitgraph.errors import ExportError, LoadError
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 
 if TYPE_CHECKING:
     from circuitgraph.graph.graph import AttributionGraph
@@ -98,7 +99,7 @@ def _layer(value: Any) -> int | None:
 
 
 def apply_feature_labels(graph: AttributionGraph, labels: Mapping[tuple[int, int], str],
-                         kinds: tuple[str, ...] = ("feature", "neuron")) -> int:
+                         kinds: Collection[str] = ACTIVATION_KINDS) -> int:
     """Label the nodes of ``kinds`` whose ``(layer, index)`` has a label, in place: ``node.label``
     (drawn by the diagrams, the Neuronpedia ``clerp``) and ``node.attrs["description"]`` (what
     report tables and path listings show next to the id).  Returns how many nodes were labelled."""

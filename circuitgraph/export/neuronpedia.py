@@ -78,7 +78,7 @@ from circuitgraph.graph.edges import cumulative_share
 from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import BIAS_INDEX, REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._sparse import weighted_influence
-from circuitgraph.spec.kinds import OUTPUT_KINDS, TOKEN_KINDS
+from circuitgraph.spec.kinds import ACTIVATION_KINDS, OUTPUT_KINDS, TOKEN_KINDS
 
 if TYPE_CHECKING:
     from circuitgraph.features.summary import FeatureDashboards
@@ -262,7 +262,7 @@ def neuronpedia_feature_code(node_id: NodeId, d_vocab: int | None = None) -> int
     """The viewer's ``feature`` number of a node (see the module table); ``d_vocab`` is needed
     for ``target`` nodes."""
     kind, layer, t, i = node_id.kind, node_id.layer, node_id.position, node_id.index
-    if kind in ("feature", "neuron"):
+    if kind in ACTIVATION_KINDS:
         return _cantor(max(layer, 0), i)
     if kind == "embedding":
         return t
@@ -317,7 +317,7 @@ def _node_record(node: Node, n_layers: int, d_vocab: int | None, tokens: list[st
     out_kind = out_id.kind
     token_prob = 0.0
     activation: float | None = None
-    if out_kind in ("feature", "neuron"):
+    if out_kind in ACTIVATION_KINDS:
         activation = _finite(node.activation, f"node {node.id} activation")
     if out_kind in OUTPUT_KINDS:
         # token_prob is what the viewers weight the output by (their scores): the target weight;

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from circuitgraph._io import read_json_file
+from circuitgraph._io import ParquetFrames, read_json_file
 from circuitgraph.errors import LoadError
 from circuitgraph.export.labels import load_feature_labels
 
@@ -54,29 +54,25 @@ class FeatureDashboards:
             raise LoadError(f"{self.directory} is not a finished features folder (missing {', '.join(missing)}); run "
                             "a spec with dataset:, features: and export: {features: DIR} to build it")
         self.info: dict[str, Any] = read_json_file(self.directory / "features.json", "features.json")
-        self._frames: dict[str, Any] = {}
+        self._frames = ParquetFrames(self.directory)
+        #: the examples' ``(layer, index)`` keys, sorted (the file's order), for :meth:`_examples_of`
+        self._example_keys: np.ndarray | None = None
         self._by_feature: dict[tuple[int, int], Any] | None = None
         #: what the rows are: ``features`` (transcoder features), ``neurons`` or ``heads``
         self.units: str = self.info.get("units", "features")
         labels = self.directory / "labels.csv"
         self.labels: dict[tuple[int, int], str] = load_feature_labels(labels) if labels.is_file() else {}
 
-    def _frame(self, name: str) -> Any:
-        if name not in self._frames:
-            import pyarrow.parquet as pq
-
-            self._frames[name] = pq.read_table(self.directory / f"{name}.parquet").to_pandas()
-        return self._frames[name]
 
     @property
     def features(self) -> Any:
         """One row per feature (``features.parquet`` as a DataFrame)."""
-        return self._frame("features")
+        return self._frames["features"]
 
     @property
     def examples(self) -> Any:
         """One row per top example (``examples.parquet`` as a DataFrame)."""
-        return self._frame("examples")
+        return self._frames["examples"]
 
     def __contains__(self, key: object) -> bool:
         return key in self._index()
@@ -141,9 +137,9 @@ class FeatureDashboards:
     def _examples_of(self, layer: int, index: int) -> Any:
         """The example rows of one feature (the file is sorted by layer, index, rank)."""
         ex = self.examples
-        if "_keys" not in self._frames:
-            self._frames["_keys"] = ex["layer"].to_numpy(np.int64) * (1 << 32) + ex["index"].to_numpy(np.int64)
-        keys = self._frames["_keys"]
+        if self._example_keys is None:
+            self._example_keys = ex["layer"].to_numpy(np.int64) * (1 << 32) + ex["index"].to_numpy(np.int64)
+        keys = self._example_keys
         key = layer * (1 << 32) + index
         lo, hi = np.searchsorted(keys, key, side="left"), np.searchsorted(keys, key, side="right")
         return ex.iloc[lo:hi]

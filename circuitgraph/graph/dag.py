@@ -39,6 +39,7 @@ import numpy as np
 from circuitgraph.errors import QueryError
 from circuitgraph.graph.edges import incoming_sums, merge_edges, topological_levels
 from circuitgraph.residual import ResidualLocation
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 
 __all__ = ["DagOrder", "GraphDag", "dag_order", "graph_dag", "graph_levels", "sweep", "incoming_sums", "CHUNK",
            "adopt_engine_order", "add_segment"]
@@ -303,7 +304,7 @@ def graph_levels(graph) -> np.ndarray:  # AttributionGraph (no import cycle
     out = np.empty(graph.n_nodes, dtype=np.int64)
     for i, node in enumerate(graph.nodes):
         kind, layer = node.kind, node.layer
-        if kind in ("feature", "neuron"):
+        if kind in ACTIVATION_KINDS:
             out[i] = ResidualLocation.read_by(kind, layer)
         elif kind == "target" and node.attrs.get("site") in site:
             out[i] = site[node.attrs["site"]](layer)

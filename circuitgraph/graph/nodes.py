@@ -22,7 +22,7 @@ from typing import cast
 
 from typing_extensions import TypedDict
 
-from circuitgraph.spec.kinds import NODE_KINDS, NodeKind
+from circuitgraph.spec.kinds import NODE_KINDS, TOKEN_KINDS, NodeKind
 
 __all__ = [
     "NodeKind",
@@ -224,7 +224,7 @@ def display_name(node: Node) -> str:
     """What a reader calls a node besides its id: the token string of an embedding or logit, a
     feature's or neuron's description (``attrs["description"]``, from a labels file), a target's
     label; ``""`` when there is nothing more than the id."""
-    if node.kind in ("embedding", "logit"):
+    if node.kind in TOKEN_KINDS:
         text = node.attrs.get("token_str")
         return text if isinstance(text, str) else node.label
     if node.kind == "target":

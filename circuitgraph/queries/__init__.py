@@ -6,24 +6,14 @@ spec's ``queries:`` list; :func:`prune_graph` prunes a graph keeping the pruned 
 explicit remainder nodes.  See docs/queries.md.
 """
 
+from circuitgraph.queries import neighbours as _neighbours_module
 from circuitgraph.queries._base import QueryResult
 from circuitgraph.queries.dispatch import run_query
 from circuitgraph.queries.filters import as_filter, filter_mask, match_nodes, resolve_node
 from circuitgraph.queries.ground_truth import GroundTruthResult, ground_truth, roc_auc
 from circuitgraph.queries.head_split import HeadPart, HeadSplitResult, head_split
 from circuitgraph.queries.influence import InfluenceResult, influence, node_influence, total_effects
-from circuitgraph.queries.neighbours import (
-    Neighbour,
-    NeighboursResult,
-    SubgraphResult,
-    SupernodesResult,
-    children,
-    logit_difference,
-    neighbours,
-    parents,
-    subgraph,
-    supernodes,
-)
+from circuitgraph.queries.neighbours import *  # noqa: F403
 from circuitgraph.queries.paths import AttributionPath, HeadResolvedPath, PathsResult, path_contribution, top_paths
 from circuitgraph.queries.prune import PruneResult, find_threshold, prune_graph
 from circuitgraph.queries.qk import QKDecomposition, QKHead, QKMarginal, QKPair, QKResult, qk, qk_decomposition
@@ -70,17 +60,6 @@ __all__ = [
     "HeadPart",
     "HeadSplitResult",
     "head_split",
-    # neighbourhoods
-    "Neighbour",
-    "NeighboursResult",
-    "SubgraphResult",
-    "SupernodesResult",
-    "neighbours",
-    "parents",
-    "children",
-    "subgraph",
-    "supernodes",
-    "logit_difference",
     # tables
     "DLAResult",
     "LensRow",
@@ -108,3 +87,5 @@ __all__ = [
     "ground_truth",
     "roc_auc",
 ]
+# the neighbourhood queries (imported with * above): neighbours.py's ``__all__`` as it is
+__all__ += _neighbours_module.__all__

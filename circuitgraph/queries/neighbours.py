@@ -3,7 +3,7 @@ logit-difference node built from two logit nodes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ from circuitgraph.graph.nodes import Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, check_optional_k, format_table, share
 from circuitgraph.queries._sparse import coalesced_edges
 from circuitgraph.queries.filters import as_filter, describe_filter, filter_mask, match_nodes, resolve_node
-from circuitgraph.spec.kinds import OUTPUT_KINDS
+from circuitgraph.spec.kinds import ACTIVATION_KINDS, OUTPUT_KINDS
 
 __all__ = [
     "Neighbour",
@@ -30,10 +30,9 @@ __all__ = [
     "subgraph",
     "supernodes",
     "logit_difference",
-    "reaches_a_target",
-    "propose_supernodes",
-    "merge_supernodes",
 ]
+# (the package re-exports this list as it is; ``reaches_a_target``, ``propose_supernodes`` and
+# ``merge_supernodes`` are the diagrams' helpers: circuitgraph.export.dot re-exports them)
 
 
 @dataclass(frozen=True)
@@ -308,7 +307,7 @@ def reaches_a_target(graph: AttributionGraph) -> np.ndarray:
 
 
 def propose_supernodes(graph: AttributionGraph, *, min_similarity: float = 0.5,
-                       kinds: tuple[str, ...] = ("feature", "neuron")) -> dict[str, list[NodeId]]:
+                       kinds: Collection[str] = ACTIVATION_KINDS) -> dict[str, list[NodeId]]:
     """Groups of nodes that share their neighbours: nodes of one kind and layer whose sets of
     (in and out) neighbours overlap by at least ``min_similarity`` (Jaccard), merged greedily,
     strongest nodes first; groups of two or more, named ``"L{layer} group {i}"``."""

@@ -53,13 +53,15 @@ from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import REMAINDER_INDEX, Node, NodeId
 from circuitgraph.queries._base import QueryResult, check_fraction, check_optional_k, format_table
 from circuitgraph.queries._sparse import target_weight_vector, weighted_influence
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 
 __all__ = ["PruneResult", "prune_graph", "find_threshold", "ALWAYS_KEPT_KINDS", "NEEDS_INPUT_KINDS"]
 
 #: kinds never pruned (circuit-tracer keeps tokens and logits); targets are always kept too
 ALWAYS_KEPT_KINDS = frozenset({"embedding"})
-#: kinds that are dropped when none of their incoming edges is kept (circuit-tracer: features)
-NEEDS_INPUT_KINDS = frozenset({"feature", "neuron"})
+#: kinds that are dropped when none of their incoming edges is kept (circuit-tracer: features): the
+#: units with an activation, :data:`~circuitgraph.spec.kinds.ACTIVATION_KINDS`
+NEEDS_INPUT_KINDS = ACTIVATION_KINDS
 
 _PRUNED = REMAINDER_INDEX["pruned"]
 

@@ -30,6 +30,7 @@ from circuitgraph.graph.graph import AttributionGraph
 from circuitgraph.graph.nodes import NODE_KINDS, NodeId
 from circuitgraph.queries._base import QueryResult, check_k, format_table, require_context, share
 from circuitgraph.queries.filters import resolve_node
+from circuitgraph.spec.kinds import ACTIVATION_KINDS, ActivationKind
 
 if TYPE_CHECKING:
     from circuitgraph.attribution.context import AttributionContext
@@ -230,7 +231,7 @@ class CongruenceResult(QueryResult):
     kind = "congruence"
     tokens: tuple[int, ...]
     token_strs: tuple[str, ...]
-    unit_kind: Literal["neuron", "feature"]
+    unit_kind: ActivationKind
     mode: Literal["dot", "cosine", "input_scaled"]
     rows: tuple[tuple[str, int, int, float, float, bool], ...]
     n_units: int
@@ -272,7 +273,7 @@ def _unit_weights(ctx: AttributionContext, kind: str, layer: int) -> tuple[Any, 
     return W_dec, tc.W_enc
 
 
-def congruence(graph: AttributionGraph, tokens: str | int | Iterable[str | int], kind: Literal["neuron", "feature"] = "feature",
+def congruence(graph: AttributionGraph, tokens: str | int | Iterable[str | int], kind: ActivationKind = "feature",
                layer: int | None = None, mode: Literal["dot", "cosine", "input_scaled"] = "dot",
                top_k: int = 20) -> CongruenceResult:
     """Output congruence of every neuron or feature with the direction of one token or of
@@ -284,7 +285,7 @@ def congruence(graph: AttributionGraph, tokens: str | int | Iterable[str | int],
     """
     ctx = require_context(graph, "congruence")
     top_k = check_k(top_k, "top_k")
-    if kind not in ("neuron", "feature"):
+    if kind not in ACTIVATION_KINDS:
         raise QueryError(f"congruence kind must be 'neuron' or 'feature', got {kind!r}")
     if mode not in ("dot", "cosine", "input_scaled"):
         raise QueryError(f"congruence mode must be 'dot', 'cosine' or 'input_scaled', got {mode!r}")

@@ -35,7 +35,7 @@ from circuitgraph.spec.base import (
     unused_rules,
 )
 from circuitgraph.spec.filters import NodeFilter, TargetSet
-from circuitgraph.spec.kinds import NodeKind
+from circuitgraph.spec.kinds import ActivationKind, NodeKind
 
 __all__ = [
     "TopPaths",
@@ -170,7 +170,7 @@ class Congruence(StrictModel):
     ] = Field(
         min_length=1, max_length=2, description="One token, or [a, b] for the direction a - b."
     )
-    kind: Literal["neuron", "feature"] = Field("feature", description="Score neurons or features.")
+    kind: ActivationKind = Field("feature", description="Score neurons or features.")
     layer: NonNegativeInt | None = Field(None, description="Only this layer (null = all).")
     mode: Literal["dot", "cosine", "input_scaled"] = Field("dot", description="Score.")
     top_k: PositiveInt = Field(20, description=_TOP_K)
@@ -239,7 +239,7 @@ VirtualWeightsQuery = query_item("virtual_weights", VirtualWeights)
 class UnitRef(StrictModel):
     """A feature or neuron independent of position: ``{kind, layer, index}``."""
 
-    kind: Literal["feature", "neuron"] = Field("feature", description="Feature or neuron.")
+    kind: ActivationKind = Field("feature", description="Feature or neuron.")
     layer: NonNegativeInt
     index: NonNegativeInt
 

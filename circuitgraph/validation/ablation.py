@@ -41,6 +41,7 @@ from circuitgraph.validation.predictions import direct_effects, select_nodes, to
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
+    from circuitgraph.adapters.sites import Site
     from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.attribution.context import AttributionContext
     from circuitgraph.dictionaries.protocol import Dictionary
@@ -253,9 +254,11 @@ def ablate(
     chosen = select_nodes(graph, nodes, k=k, positions=positions, rank_by=rank_by)
     units = [Unit.from_node(n, part=part) for n in chosen]
     template = _template(units, mode, scale, value, reference_prompts, patch_prompt, tokenizer)
-    sls = sorted({(u.site, u.layer) for u in units})
+    sls: list[tuple[Site, int]] = sorted({(u.site, u.layer) for u in units})
     if controls and not match_layers:
-        sls = sorted(set(sls) | {(site, lyr) for site, _ in sls for lyr in _site_layers(site, s.adapter, s.transcoders)})
+        others: set[tuple[Site, int]] = {(site, lyr) for site, _ in sls
+                                         for lyr in _site_layers(site, s.adapter, s.transcoders)}
+        sls = sorted(set(sls) | others)
     evaluation = [resolve_prompt(p, tokenizer, where=f"ablate.eval_prompts[{i}]") for i, p in enumerate(eval_prompts)]
     for i, toks in enumerate(evaluation):
         if len(toks) != len(s.tokens):
@@ -264,7 +267,7 @@ def ablate(
                 f"{len(s.tokens)}-token prompt, so every evaluation row needs {len(s.tokens)} tokens")
     rows_eval = evaluation or [s.tokens]
     own = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)  # the graph prompt's: its predictions
-    mags = own
+    mags: dict[tuple[str, int], tuple[torch.Tensor, Any, Any]] = own
     if evaluation:  # matched on what the units remove on the evaluation rows, summed over them
         mags = {}
         for toks in evaluation:
@@ -282,8 +285,9 @@ def ablate(
     for kind in controls:
         rows += [[replace(template, units=tuple(u))] if u else [] for u, _ in control_sets[kind]]
     # per run: the metric's mean over the evaluation rows (float64 sums in row order)
-    metric_runs = sum(run_rows(s.adapter, toks, rows, s.metric, transcoders=s.transcoders,
-                               batch_size=batch_size).metric.double() for toks in rows_eval) / len(rows_eval)
+    runs = [run_rows(s.adapter, toks, rows, s.metric, transcoders=s.transcoders, batch_size=batch_size).metric.double()
+            for toks in rows_eval]
+    metric_runs = sum(runs, torch.zeros_like(runs[0])) / len(rows_eval)
     before, after = float(metric_runs[0]), float(metric_runs[1])
     summaries, i = [], 2
     for kind in controls:
@@ -294,13 +298,14 @@ def ablate(
 
     factors = _scale_factors(units, mode, scale, value, own)
     predicted = predicted_total = frozen_change = None
-    if not evaluation and all(c is not None for c in factors):
+    rescalings = [c for c in factors if c is not None]
+    if not evaluation and len(rescalings) == len(factors):
         D, V = direct_effects(graph), total_effects(graph)
         rows_idx = [graph.index_of(n) for n in chosen]
-        predicted = float(sum(-(1 - c) * D[r] for c, r in zip(factors, rows_idx, strict=False)))
-        predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(factors, rows_idx, strict=False)))
-        if len(set(factors)) == 1 and part == "post":
-            frozen_change = _frozen_metric(s.ctx, graph, chosen, factors[0]) - _frozen_metric(s.ctx, graph)
+        predicted = float(sum(-(1 - c) * D[r] for c, r in zip(rescalings, rows_idx, strict=False)))
+        predicted_total = float(sum(-(1 - c) * V[r] for c, r in zip(rescalings, rows_idx, strict=False)))
+        if len(set(rescalings)) == 1 and part == "post":
+            frozen_change = _frozen_metric(s.ctx, graph, chosen, rescalings[0]) - _frozen_metric(s.ctx, graph)
     params = {"rank_by": rank_by, "n_controls": n_controls, "control_tolerance": control_tolerance,
               "match_layers": match_layers, "match_positions": match_positions, "part": part,
               "metric": s.metric.to_dict(), "n_eval_rows": len(evaluation),
@@ -409,7 +414,7 @@ def predicted_vs_actual(
     chosen = select_nodes(graph, nodes, k=k, rank_by=rank_by)
     units = [Unit.from_node(n) for n in chosen]
     template = _template(units, mode, None, None, reference_prompts, None, tokenizer)
-    sls = sorted({(u.site, u.layer) for u in units})
+    sls: list[tuple[Site, int]] = sorted({(u.site, u.layer) for u in units})
     mags = unit_magnitudes(s.adapter, s.tokens, template, sls, s.transcoders)
     factors = _scale_factors(units, mode, None, None, mags)
     notes = []
@@ -434,13 +439,15 @@ def predicted_vs_actual(
     scale_ref = max([abs(frozen_base or 0.0)] + [abs(D[graph.index_of(n)]) for n in chosen] + [1e-12])
     for j, (node, c) in enumerate(zip(chosen, factors, strict=False)):
         r = graph.index_of(node)
-        pred = None if c is None else float(-(1 - c) * D[r])
-        pred_total = None if c is None else float(-(1 - c) * V[r])
-        frozen_val = None
-        if frozen_check and c is not None:
-            frozen_val = _frozen_metric(s.ctx, graph, [node], c) - frozen_base
-            devs.append(abs(frozen_val - pred) / scale_ref)
-        pred_grad = None if c is None or grads[j] is None else float(-(1 - c) * grads[j])
+        pred = pred_total = frozen_val = pred_grad = None
+        if c is not None:
+            pred, pred_total = float(-(1 - c) * D[r]), float(-(1 - c) * V[r])
+            if frozen_base is not None:  # frozen_check
+                frozen_val = _frozen_metric(s.ctx, graph, [node], c) - frozen_base
+                devs.append(abs(frozen_val - pred) / scale_ref)
+            grad = grads[j]
+            if grad is not None:
+                pred_grad = float(-(1 - c) * grad)
         rows.append(PredictionRow(str(node), float(graph.nodes[r].activation), c, pred, pred_total, frozen_val,
                                   float(out.metric[j + 1]) - before, pred_grad))
     actual = [r.actual for r in rows]

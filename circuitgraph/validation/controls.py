@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from circuitgraph.residual import ResidualLocation
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 from circuitgraph.validation._common import markdown_table
 from circuitgraph.validation.interventions import (
     Intervention,
@@ -110,7 +111,7 @@ def _read_location(readout: Any, n_layers: int) -> int:
     if readout.kind in ("logit", "logit_diff"):
         return int(R.resid_pre(n_layers))
     layer = int(readout.layer)
-    if readout.kind in ("feature", "neuron"):
+    if readout.kind in ACTIVATION_KINDS:
         return int(R.read_by(readout.kind, layer))
     return int({"resid_pre": R.resid_pre, "resid_mid": R.resid_mid}.get(readout.site or "", R.resid_post)(layer))
 

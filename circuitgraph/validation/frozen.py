@@ -17,6 +17,7 @@ import torch
 
 from circuitgraph.attribution.context import AttributionContext
 from circuitgraph.attribution.linearisation import dictionary_input, frozen
+from circuitgraph.dictionaries.protocol import require_dictionary
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.nodes import NodeId
 
@@ -110,17 +111,21 @@ def frozen_node_hooks(context: AttributionContext, ablate: Iterable[NodeId] = ()
                 return out - d.to(value.dtype)[None] if d is not None else out
 
             hooks.append((a.hook_attn_out(layer), fix_attn))
-        tc = tcs[layer] if (tcs is not None and layer in tcs and opts.mlp[layer] == "transcoders") else None
-        W_skip = tcs.skip_weight(layer) if tc is not None else None
-        before_post = tc is not None and tcs.output_site(layer) == "before_post_norm"
+        # a skip transcoder's linear path (its input site, weight, and whether it writes before ln2_post)
+        skip: tuple[str, torch.Tensor, bool] | None = None
+        if tcs is not None and layer in tcs and opts.mlp[layer] == "transcoders":
+            W_skip = tcs.skip_weight(layer)
+            if W_skip is not None:
+                skip = (tcs[layer].input_site, W_skip, tcs.output_site(layer) == "before_post_norm")
         rec_mlp = lin.mlp_out[layer]
         d = delta.get(("mlp", layer))
 
-        def fix_mlp(value, hook, rec=rec_mlp, d=d, tc=tc, layer=layer, W_skip=W_skip, before_post=before_post):
+        def fix_mlp(value, hook, rec=rec_mlp, d=d, layer=layer, skip=skip):
             out = rec.to(value.dtype)[None].clone()
-            if W_skip is not None:
+            if skip is not None:
+                input_site, W_skip, before_post = skip
                 resid, normalized = _mlp_inputs(a, captured, layer)
-                x = dictionary_input(a, tc.input_site, layer, resid[None], normalized[None])
+                x = dictionary_input(a, input_site, layer, resid[None], normalized[None])
                 change = (x - lin.tc_input[layer].to(value.dtype)[None]) @ W_skip.to(value.dtype).T
                 if before_post:  # the skip writes before ln2_post: its frozen image gamma P(v) / sigma
                     norm = a.norm("ln2_post", layer)
@@ -153,7 +158,7 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
         t = nid.position
         if nid.kind == "feature":
             if nid.layer not in feature_pre:
-                tc = tcs[nid.layer]
+                tc = require_dictionary(tcs, f"feature reader {nid}")[nid.layer]
                 x = dictionary_input(a, tc.input_site, nid.layer, *_mlp_inputs(a, c, nid.layer))
                 feature_pre[nid.layer] = tc.pre_activation(x)
             out[nid] = float(feature_pre[nid.layer][t, nid.index])
@@ -164,8 +169,11 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
             x2 = dictionary_input(a, "mlp_input", layer, *_mlp_inputs(a, c, layer))[t]
             w = a.expert_neuron_weights(layer, torch.tensor([nid.index]))
             i = nid.index
+            linear = lin.mlp_pre_linear[layer]
+            if linear is None:
+                raise ValidationRunError(f"reader {nid}: layer {layer}'s experts recorded no value branch")
             scale, offset = a.expert_value_map(layer, lin.mlp_pre[layer][t, i:i + 1],
-                                               lin.mlp_pre_linear[layer][t, i:i + 1], w["b_in"])
+                                               linear[t, i:i + 1], w["b_in"])
             route = lin.routing[layer][t, e]
             out[nid] = float(route * (scale[0] * (x2 @ w["W_in"][:, 0].to(x2.dtype)) + offset[0]))
             continue
@@ -180,8 +188,12 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
             out[nid] = float(neuron_val[nid.layer][t, nid.index])
             continue
         node = context.attributed_node(nid)
+        if node is None:
+            raise ValidationRunError(f"reader {nid} reads nothing in this graph")
         if node.attrs.get("target_kind") in ("logit", "logit_diff"):
-            toks = node.attrs["tokens"]
+            toks = node.attrs.get("tokens")
+            if not toks:
+                raise ValidationRunError(f"reader {nid}: a logit target without its tokens")
             if len(toks) == 2:
                 w, b = W_U[:, toks[0]] - W_U[:, toks[1]], b_U[toks[0]] - b_U[toks[1]]
             else:
@@ -190,12 +202,14 @@ def _read_values(context: AttributionContext, c: dict[str, torch.Tensor],
                     w, b = w - W_U.mean(-1), b - b_U.mean()
             out[nid] = float(final_in[t] @ w + b)
         elif node.attrs.get("target_kind") == "direction":
-            site, layer = node.attrs["site"], nid.layer
+            site, layer, reader = node.attrs.get("site"), nid.layer, context.reader(nid)
+            if reader is None:
+                raise ValidationRunError(f"reader {nid} has no read direction")
             if site == "resid_mid":
                 x = _resid_mid(a, c, layer)
             else:
                 x = c[a.hook_resid_pre(layer) if site == "resid_pre" else a.hook_resid_post(layer)]
-            out[nid] = float(x[t] @ context.reader(nid).direction.to(x.dtype))
+            out[nid] = float(x[t] @ reader.direction.to(x.dtype))
     return out
 
 

@@ -97,7 +97,7 @@ Mode = Literal["zero", "mean", "scale", "set", "patch", "add"]
 MODES: tuple[str, ...] = ("zero", "mean", "scale", "set", "patch", "add")
 
 #: graph node kind -> intervention site
-NODE_SITES = {"embedding": "embed", "positional": "pos_embed", "feature": "feature", "error": "error",
+NODE_SITES: dict[str, Site] = {"embedding": "embed", "positional": "pos_embed", "feature": "feature", "error": "error",
               "neuron": "neuron", "attention_head": "head", "mlp": "mlp"}
 
 
@@ -345,13 +345,19 @@ class _Edit:
     def apply(self, v: torch.Tensor) -> torch.Tensor:
         if self.mode == "zero":
             new = torch.zeros((), dtype=v.dtype, device=v.device)
-        elif self.mode == "scale":
-            new = v * self.scale
-        elif self.mode == "set":
-            new = v * self.value if self.vector else torch.full((), self.value, dtype=v.dtype, device=v.device)
-        elif self.mode == "add":
-            new = v * (1 + self.value) if self.vector else v + self.value
+        elif self.mode in ("scale", "set", "add"):
+            amount = self.scale if self.mode == "scale" else self.value
+            if amount is None:  # Intervention checks this when it is made
+                raise ValidationRunError(f"mode {self.mode} needs {'scale' if self.mode == 'scale' else 'value'}")
+            if self.mode == "scale":
+                new = v * amount
+            elif self.mode == "set":
+                new = v * amount if self.vector else torch.full((), amount, dtype=v.dtype, device=v.device)
+            else:
+                new = v * (1 + amount) if self.vector else v + amount
         else:
+            if self.ref is None:
+                raise ValidationRunError(f"mode {self.mode} needs its reference values")
             new = self.ref.to(device=v.device, dtype=v.dtype)
         return torch.where(self.mask, new, v)
 
@@ -428,13 +434,16 @@ def _references(adapter: ModelAdapter, iv: Intervention, sites: list[tuple[str, 
     for site, layer in sites:
         names |= _needed_hooks(adapter, site, layer, transcoders)
     if iv.mode == "patch":
-        if len(iv.patch) != n_pos:
+        patch = iv.patch
+        if patch is None:  # Intervention checks this when it is made
+            raise ValidationRunError("mode patch needs patch=...")
+        if len(patch) != n_pos:
             raise ValidationRunError(
-                f"the patch prompt has {len(iv.patch)} tokens and the prompt it is patched into has {n_pos}; "
+                f"the patch prompt has {len(patch)} tokens and the prompt it is patched into has {n_pos}; "
                 "positions must line up, so give two prompts of the same token length (check how each "
                 "word tokenizes, e.g. swap a noun for another single-token noun)"
             )
-        cache = _cache_run(adapter, iv.patch, names)
+        cache = _cache_run(adapter, patch, names)
         return {sl: site_values(adapter, sl[0], sl[1], cache, transcoders) for sl in sites}
     pooling = iv.resolved_pooling(n_pos)
     if pooling == "position" and not all(len(r) == n_pos for r in iv.reference):
@@ -471,10 +480,10 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
     for site, layer in plan.edits:
         if site == "feature":
             in_layers.add(layer)
-            for k in transcoders.output_layers(layer):
+            for k in require_dictionary(transcoders, "a feature or error intervention").output_layers(layer):
                 splice_out.setdefault(k, []).append((site, layer))
         elif site == "error":
-            in_layers |= set(transcoders.source_layers(layer))
+            in_layers |= set(require_dictionary(transcoders, "a feature or error intervention").source_layers(layer))
             splice_out.setdefault(layer, []).append((site, layer))
     inner: dict[str, Any] = {}
     for layer in sorted(in_layers):
@@ -483,11 +492,11 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
             inner.pop(f"acts{layer}", None)
             inner.pop(f"edited{layer}", None)
             return value
-        hooks.append((transcoders[layer].hook_in, grab))
+        hooks.append((require_dictionary(transcoders, "a feature or error intervention")[layer].hook_in, grab))
 
     def live_acts(layer: int, dtype: torch.dtype) -> torch.Tensor:
         if f"acts{layer}" not in inner:
-            inner[f"acts{layer}"] = transcoders[layer].activation(inner[f"tc_in{layer}"]).to(dtype)
+            inner[f"acts{layer}"] = require_dictionary(transcoders, "a feature or error intervention")[layer].activation(inner[f"tc_in{layer}"]).to(dtype)
         return inner[f"acts{layer}"]
 
     def feature_delta(layer: int, k: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -499,7 +508,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
                 v = e.apply(v)
             diff = _unview("feature", v) - acts
             changed = (diff != 0).reshape(-1, diff.shape[-1]).any(0).nonzero().flatten()
-            dec = transcoders.decoder_rows(layer, changed.cpu()).to(device=diff.device, dtype=dtype)
+            dec = require_dictionary(transcoders, "a feature or error intervention").decoder_rows(layer, changed.cpu()).to(device=diff.device, dtype=dtype)
             inner[f"edited{layer}"] = (diff[..., changed], dec)
         diff, dec = inner[f"edited{layer}"]
         if diff.shape[-1] == 0:
@@ -511,7 +520,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
         if site not in ("feature", "error"):
             by_hook.setdefault(adapter.hook_site(site, layer), []).append((site, layer))
     for k in splice_out:
-        by_hook.setdefault(dictionary_out_hook(adapter, transcoders, k), [])
+        by_hook.setdefault(dictionary_out_hook(adapter, require_dictionary(transcoders, "a feature or error intervention"), k), [])
     for name, sls in by_hook.items():
         def edit(value, hook, sls=sls):
             for site, layer in sls:
@@ -521,7 +530,7 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
                 value = _unview(site, v)
             return value
 
-        ks = [k for k in splice_out if dictionary_out_hook(adapter, transcoders, k) == name]
+        ks = [k for k in splice_out if dictionary_out_hook(adapter, require_dictionary(transcoders, "a feature or error intervention"), k) == name]
         if ks:
             k = ks[0]
 
@@ -534,10 +543,11 @@ def _install(adapter: ModelAdapter, plan: _Plan, transcoders: Dictionary | None,
                         if d is not None:
                             delta = delta + d
                     else:
-                        src = transcoders.source_layers(k)
+                        tcs = require_dictionary(transcoders, "a feature or error intervention")
+                        src = tcs.source_layers(k)
                         acts = {l: live_acts(l, value.dtype) for l in src}
                         inputs = {l: inner[f"tc_in{l}"] for l in src}
-                        err = value - transcoders.reconstruct_at(k, acts, inputs).to(value.dtype)
+                        err = value - tcs.reconstruct_at(k, acts, inputs).to(value.dtype)
                         v = _view("error", err)
                         for e in plan.edits[(site, layer)]:
                             v = e.apply(v)

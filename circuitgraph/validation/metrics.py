@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from circuitgraph.errors import ValidationRunError
+from circuitgraph.spec.kinds import ACTIVATION_KINDS
 
 if TYPE_CHECKING:
     from circuitgraph.adapters.architecture import ModelAdapter
@@ -55,6 +56,14 @@ class Readout:
     vector: tuple[float, ...] | None = None
     weight: float = 1.0
     name: str = ""
+
+    @property
+    def unit_layer(self) -> int:
+        """The layer of a feature, neuron or direction readout (a :class:`ValidationRunError` when
+        the readout has none)."""
+        if self.layer is None:
+            raise ValidationRunError(f"a {self.kind} readout needs a layer")
+        return self.layer
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "position": self.position, "weight": self.weight}
@@ -123,7 +132,7 @@ class Metric:
                 s = f"logit {tok(r.tokens[0])}" + (" (rel. mean)" if r.relative_to_mean else "")
             elif r.kind == "logit_diff":
                 s = f"logit {tok(r.tokens[0])} - logit {tok(r.tokens[1])}"
-            elif r.kind in ("feature", "neuron"):
+            elif r.kind in ACTIVATION_KINDS:
                 s = f"{r.kind} L{r.layer} #{r.index}"
             else:
                 s = r.name or f"direction at {r.site} L{r.layer}"
@@ -136,11 +145,11 @@ class Metric:
         names: set[str] = set()
         for r in self.readouts:
             if r.kind == "feature":
-                names.add(_transcoder(transcoders, r.layer).hook_in)
+                names.add(_transcoder(transcoders, r.unit_layer).hook_in)
             elif r.kind == "neuron":
-                names.add(adapter.hook_mlp_post(r.layer) if adapter.facts.gated_mlp else adapter.hook_mlp_pre(r.layer))
+                names.add(_neuron_hook(adapter, r.unit_layer))
             elif r.kind == "direction":
-                names.add(_resid_hook(adapter, r.site, r.layer))
+                names.add(_resid_hook(adapter, r.site, r.unit_layer))
         return names
 
     def values(self, logits: torch.Tensor, captured: dict[str, torch.Tensor], adapter: ModelAdapter,
@@ -161,14 +170,13 @@ class Metric:
                 row = logits[:, p].double()
                 v = row[:, r.tokens[0]] - row[:, r.tokens[1]]
             elif r.kind == "feature":
-                tc = _transcoder(transcoders, r.layer)
+                tc = _transcoder(transcoders, r.unit_layer)
                 x = captured[tc.hook_in][:, p]
                 v = (x.to(tc.W_enc.dtype) @ tc.W_enc[:, r.index] + tc.b_enc[r.index]).double()
             elif r.kind == "neuron":
-                name = adapter.hook_mlp_post(r.layer) if adapter.facts.gated_mlp else adapter.hook_mlp_pre(r.layer)
-                v = captured[name][:, p, r.index].double()
+                v = captured[_neuron_hook(adapter, r.unit_layer)][:, p, r.index].double()
             else:
-                x = captured[_resid_hook(adapter, r.site, r.layer)][:, p].double()
+                x = captured[_resid_hook(adapter, r.site, r.unit_layer)][:, p].double()
                 v = x @ torch.tensor(r.vector, dtype=torch.float64, device=x.device)
             cols.append(v)
         return torch.stack(cols, dim=-1)
@@ -182,13 +190,18 @@ class Metric:
         return {"name": self.name, "readouts": [r.to_dict() for r in self.readouts]}
 
 
-def _transcoder(transcoders: Dictionary | None, layer: int | None) -> Any:
+def _transcoder(transcoders: Dictionary | None, layer: int) -> Any:
     if transcoders is None or layer not in transcoders:
         raise ValidationRunError(f"a feature readout at layer {layer} needs that layer's transcoder; none is loaded")
     return transcoders[layer]
 
 
-def _resid_hook(adapter: ModelAdapter, site: str | None, layer: int | None) -> str:
+def _neuron_hook(adapter: ModelAdapter, layer: int) -> str:
+    """A neuron readout's hook: the MLP's activation of a gated MLP, else its pre-activation."""
+    return adapter.hook_mlp_post(layer) if adapter.facts.gated_mlp else adapter.hook_mlp_pre(layer)
+
+
+def _resid_hook(adapter: ModelAdapter, site: str | None, layer: int) -> str:
     if site == "resid_pre":
         return adapter.hook_resid_pre(layer)
     if site == "resid_mid":

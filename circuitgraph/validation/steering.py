@@ -62,8 +62,10 @@ import numpy as np
 import torch
 
 from circuitgraph.adapters.files import read_direction_file
+from circuitgraph.adapters.sites import is_site
 from circuitgraph.errors import ValidationRunError
 from circuitgraph.graph.graph import AttributionGraph
+from circuitgraph.graph.metadata import GraphMetadata
 from circuitgraph.graph.nodes import NodeId
 from circuitgraph.spec.steering import Generate, SteerIntervention, SteerItem, SteerPositions
 from circuitgraph.validation._common import fmt, graph_context, markdown_table
@@ -72,6 +74,8 @@ from circuitgraph.validation.metrics import Metric
 from circuitgraph.validation.predictions import INTERVENABLE_KINDS, direct_effects, select_nodes, total_effects
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from circuitgraph.adapters.hook_names import HookPointLike
     from circuitgraph.adapters.tokenizer import Tokenizer
     from circuitgraph.dictionaries.protocol import Dictionary
@@ -104,6 +108,13 @@ class ResolvedIntervention:
     positions: tuple[int, ...]
     direction: torch.Tensor | None = None
 
+    @property
+    def amount(self) -> float:
+        """The value of a ``set``, ``scale`` or ``add`` intervention (the spec requires one)."""
+        if self.value is None:
+            raise ValidationRunError(f"a {self.mode} intervention needs a value")
+        return self.value
+
     def at(self, n_pos: int) -> tuple[int, ...]:
         """The positions covered in an ``n_pos``-token sequence."""
         return tuple(p for p in self.positions if p < n_pos)
@@ -115,12 +126,12 @@ class ResolvedIntervention:
         if self.mode == "zero":
             return 0.0
         if self.mode == "scale":
-            return float(self.value)
+            return self.amount
         if a == 0:
             return None
         if self.mode == "set":
-            return float(self.value) if vector else float(self.value) / a
-        return 1.0 + float(self.value) if vector else (a + float(self.value)) / a
+            return self.amount if vector else self.amount / a
+        return 1.0 + self.amount if vector else (a + self.amount) / a
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": None if self.node is None else str(self.node), "site": self.site,
@@ -151,11 +162,11 @@ def _covered(spec: SteerPositions, own: int, n_prompt: int, n_max: int) -> tuple
     return tuple(sorted({p for p in ps if 0 <= p < n_max}))
 
 
-def _direction_vector(iv: SteerIntervention, d_model: int, where: str) -> torch.Tensor:
-    if isinstance(iv.direction, tuple):
-        v = torch.tensor(iv.direction, dtype=torch.float64)
+def _direction_vector(direction: tuple[float, ...] | Path, d_model: int, where: str) -> torch.Tensor:
+    if isinstance(direction, tuple):
+        v = torch.tensor(direction, dtype=torch.float64)
     else:
-        v = torch.from_numpy(read_direction_file(iv.direction, where))
+        v = torch.from_numpy(read_direction_file(direction, where))
     if v.ndim != 1 or v.shape[0] != d_model:
         raise ValidationRunError(f"{where}: the direction has {v.shape[0]} numbers, the model's d_model is {d_model}; "
                                  f"give {d_model}")
@@ -167,21 +178,23 @@ def _direction_vector(iv: SteerIntervention, d_model: int, where: str) -> torch.
 def resolve(graph: AttributionGraph, interventions: Sequence[SteerIntervention], n_prompt: int, n_max: int
             ) -> list[ResolvedIntervention]:
     """The units each intervention acts on, at the positions it covers (see the module docstring)."""
-    ctx = graph.context
-    adapter = ctx.adapter
+    adapter = graph_context(graph, "steer").adapter
     L = adapter.facts.n_layers
     out: list[ResolvedIntervention] = []
     for i, iv in enumerate(interventions):
         where = f"interventions[{i}]"
         value = None if iv.value is None else float(iv.value)
         if iv.direction is not None:
-            if not 0 <= iv.layer < L:
-                raise ValidationRunError(f"{where}: layer {iv.layer} requested, the model has {L} layers (0-{L - 1})")
+            layer = iv.layer
+            if layer is None:
+                raise ValidationRunError(f"{where}: a direction needs layer: the block index of its residual site")
+            if not 0 <= layer < L:
+                raise ValidationRunError(f"{where}: layer {layer} requested, the model has {L} layers (0-{L - 1})")
             own = iv.position + n_prompt if iv.position < 0 else iv.position
             if not 0 <= own < n_prompt:
                 raise ValidationRunError(f"{where}: position {iv.position} is outside the {n_prompt}-token prompt")
-            vec = _direction_vector(iv, adapter.facts.d_model, where)
-            out.append(ResolvedIntervention(None, iv.site, iv.layer, 0, own, iv.mode, value, iv.positions,
+            vec = _direction_vector(iv.direction, adapter.facts.d_model, where)
+            out.append(ResolvedIntervention(None, iv.site, layer, 0, own, iv.mode, value, iv.positions,
                                             _covered(iv.positions, own, n_prompt, n_max), vec))
             continue
         if iv.node is not None:
@@ -212,19 +225,20 @@ def resolve(graph: AttributionGraph, interventions: Sequence[SteerIntervention],
 def _node_interventions(resolved: Sequence[ResolvedIntervention], n_pos: int) -> list[Intervention]:
     ivs = []
     for r in resolved:
-        if r.direction is not None:
+        site = r.site
+        if r.direction is not None or not is_site(site):  # a direction's residual site is not a unit's
             continue
-        units = [Unit(r.site, r.layer, p, r.index) for p in r.at(n_pos)]
+        units = [Unit(site, r.layer, p, r.index) for p in r.at(n_pos)]
         if not units:
             continue
         if r.mode == "zero":
             ivs.append(Intervention.zero(units))
         elif r.mode == "set":
-            ivs.append(Intervention.set_to(units, r.value))
+            ivs.append(Intervention.set_to(units, r.amount))
         elif r.mode == "scale":
-            ivs.append(Intervention.scaled(units, r.value))
+            ivs.append(Intervention.scaled(units, r.amount))
         else:
-            ivs.append(Intervention.added(units, r.value))
+            ivs.append(Intervention.added(units, r.amount))
     return ivs
 
 
@@ -241,16 +255,16 @@ def _direction_hooks(adapter: ModelAdapter, resolved: Sequence[ResolvedIntervent
         pos = list(r.at(n_pos))
 
         def edit(x: torch.Tensor, hook: HookPointLike, r: ResolvedIntervention = r,
-                 pos: list[int] = pos) -> torch.Tensor:
-            d = r.direction.to(device=x.device, dtype=x.dtype)
+                 pos: list[int] = pos, direction: torch.Tensor = r.direction) -> torch.Tensor:
+            d = direction.to(device=x.device, dtype=x.dtype)
             xs = x[:, pos]
             c = (xs @ d) / (d @ d)
             if r.mode == "zero":
                 new = torch.zeros_like(c)
             elif r.mode == "set":
-                new = torch.full_like(c, r.value)
+                new = torch.full_like(c, r.amount)
             else:
-                new = c * r.value if r.mode == "scale" else c + r.value
+                new = c * r.amount if r.mode == "scale" else c + r.amount
             x = x.clone()
             x[:, pos] = xs + (new - c).unsqueeze(-1) * d
             return x
@@ -421,7 +435,7 @@ def clamped_total_effects(graph: AttributionGraph, rows: Sequence[int]) -> np.nd
     keep = ~clamped[np.asarray(graph.edge_target)]
     cut = AttributionGraph(list(graph.nodes), np.asarray(graph.edge_target)[keep],
                            np.asarray(graph.edge_source)[keep], np.asarray(graph.edge_weight)[keep],
-                           list(graph.targets), dict(graph.metadata))
+                           list(graph.targets), GraphMetadata(graph.metadata))
     return total_effects(cut)
 
 
@@ -433,13 +447,14 @@ def _predictions(graph: AttributionGraph, resolved: Sequence[ResolvedInterventio
     ok = True
     for r in resolved:
         prompt_positions = [p for p in r.positions if p < n_prompt]
-        if r.direction is not None:
+        node = r.node
+        if node is None:  # a direction
             if prompt_positions:
                 notes.append(f"a direction at {r.site} layer {r.layer} is not a graph node: no prediction")
                 ok = False
             continue
         for p in prompt_positions:
-            nid = NodeId(r.node.kind, r.node.layer, p, r.node.index)
+            nid = NodeId(node.kind, node.layer, p, node.index)
             if nid not in graph:
                 notes.append(f"{nid} is not a node of the graph: no prediction")
                 ok = False
