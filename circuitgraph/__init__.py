@@ -64,9 +64,19 @@ _LAZY = {
 }
 
 
+#: the names that hand out graphs: the graph's file and display methods (``to_json``, ``from_json``,
+#: ``to_dot``, ``render``, ``html``, ``svg``, ``_repr_html_``) are ``circuitgraph.export``'s, registered
+#: when it is imported, so these import it too (a graph from ``circuitgraph.attribute`` in a fresh
+#: interpreter writes its JSON)
+_GRAPH_NAMES = frozenset({"AttributionGraph", "attribute", "run", "build", "RunResult", "load_graph", "open_dataset",
+                          "open_features", "diff", "steer"})
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module, attr = _LAZY[name]
+        if name in _GRAPH_NAMES:
+            importlib.import_module("circuitgraph.export")
         mod = importlib.import_module(module)
         value = mod if attr is None else getattr(mod, attr)
         globals()[name] = value

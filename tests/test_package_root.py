@@ -1,0 +1,29 @@
+"""The package root's lazy names: a graph handed out through ``circuitgraph.<name>`` has its file and
+display methods in a fresh interpreter (they are ``circuitgraph.export``'s, registered on import)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import circuitgraph as cg
+getattr(cg, {name!r})
+import circuitgraph.graph.graph as g
+print(",".join(sorted(g.GRAPH_EXPORTS)))
+"""
+
+
+@pytest.mark.parametrize("name", ["AttributionGraph", "attribute", "run", "load_graph"])
+def test_a_graph_name_brings_the_graphs_methods(name: str) -> None:
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(name=name)], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "from_json,html,render,svg,to_dot,to_json"
+
+
+def test_the_spec_names_stay_free_of_torch() -> None:
+    code = "import sys, circuitgraph as cg; cg.load_spec; cg.Spec; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False"
