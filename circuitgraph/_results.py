@@ -65,12 +65,12 @@ class Tabular:
 
     def to_dataframe(self) -> Any:
         """The rows of :meth:`records` as a ``pandas.DataFrame`` (needs pandas:
-        ``pip install 'circuitgraph[notebook]'``)."""
+        ``pip install 'circuitgraph-lm[notebook]'``)."""
         try:
             import pandas as pd
         except ImportError:  # pragma: no cover - pandas is an optional extra
             raise CircuitGraphError(
-                "to_dataframe() needs pandas; install it with `pip install 'circuitgraph[notebook]'`") from None
+                "to_dataframe() needs pandas; install it with `pip install 'circuitgraph-lm[notebook]'`") from None
         return pd.DataFrame.from_records(self.records())
 
     def __repr__(self) -> str:

@@ -74,7 +74,7 @@ fi
 VPY="$VENV/bin/python"
 
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build
-say "pip install torch==2.13.0 (CPU) and circuitgraph[test,dataset,tracr,gguf,train-sparsify] into $VENV"
+say "pip install torch==2.13.0 (CPU) and circuitgraph-lm[test,dataset,tracr,gguf,train-sparsify] into $VENV"
 "$VPY" -m pip install -q "torch==2.13.0"
 "$VPY" -m pip install -q -e ".[test,dataset,tracr,gguf,train-sparsify]"
 say "done: run circuitgraph with $VENV/bin/python -m circuitgraph (or . $VENV/bin/activate)"

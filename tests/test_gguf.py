@@ -166,7 +166,7 @@ def test_broken_gguf_files_are_one_line_errors(gguf_files, tmp_path, monkeypatch
     monkeypatch.setattr(gguf_adapter.importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(LoadError, match=r"needs the gguf package, which is not installed; pip install "
-                                        r"'circuitgraph\[gguf\]'"):
+                                        r"'circuitgraph-lm\[gguf\]'"):
         load_model_dir(path)
 
 

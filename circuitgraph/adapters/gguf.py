@@ -47,7 +47,7 @@ MODELS_DIR_ENV = "CIRCUITGRAPH_MODELS_DIR"
 RECORD_FILE = "circuitgraph-model.json"
 #: bump when the conversion changes, so that cached folders are converted again
 CONVERSION_VERSION = 1
-GGUF_PACKAGES_HINT = "pip install 'circuitgraph[gguf]' (the gguf and accelerate packages)"
+GGUF_PACKAGES_HINT = "pip install 'circuitgraph-lm[gguf]' (the gguf and accelerate packages)"
 _MAGIC = b"GGUF"
 
 

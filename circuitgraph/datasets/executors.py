@@ -244,7 +244,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise LoadError("executor kind ray needs the ray package: pip install 'circuitgraph[dataset]' "
+            raise LoadError("executor kind ray needs the ray package: pip install 'circuitgraph-lm[dataset]' "
                             "(or pip install ray)") from None
         if ray.is_initialized():
             return False

@@ -92,7 +92,7 @@ class Dataset:
             try:
                 import duckdb
             except ImportError:
-                raise LoadError("querying a dataset with SQL needs duckdb: pip install 'circuitgraph[dataset]'") from None
+                raise LoadError("querying a dataset with SQL needs duckdb: pip install 'circuitgraph-lm[dataset]'") from None
             con = duckdb.connect()
             for name in _TABLES:
                 path = str(self.directory / f"{name}.parquet").replace("'", "''")

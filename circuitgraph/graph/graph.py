@@ -323,7 +323,7 @@ class AttributionGraph:
         target pairs are summed).  Graph attributes: ``metadata`` and ``targets`` (a list of
         ``[node id, weight]``).  :meth:`from_networkx` reads it back.
 
-        networkx is an optional extra (``pip install 'circuitgraph[networkx]'``): the graph's own
+        networkx is an optional extra (``pip install 'circuitgraph-lm[networkx]'``): the graph's own
         algorithms are vectorised over its edge arrays (:mod:`circuitgraph.graph.edges`); this
         conversion is for running networkx's on it.
         """
@@ -331,7 +331,7 @@ class AttributionGraph:
             import networkx as nx
         except ImportError:  # pragma: no cover - networkx is in the networkx and test extras
             raise QueryError("converting a graph to networkx needs the networkx package: "
-                             "pip install 'circuitgraph[networkx]'") from None
+                             "pip install 'circuitgraph-lm[networkx]'") from None
         g = nx.DiGraph(metadata=self.metadata, targets=[[str(t), float(w)] for t, w in self.targets])
         weights = dict((t, float(w)) for t, w in self.targets)
         for node in self.nodes:

@@ -109,7 +109,7 @@ def _pandas() -> Any:
     try:
         import pandas
     except ImportError:  # pragma: no cover - pandas is in the notebook, dataset and test extras
-        raise QueryError("comparing graphs needs pandas: pip install 'circuitgraph[notebook]'") from None
+        raise QueryError("comparing graphs needs pandas: pip install 'circuitgraph-lm[notebook]'") from None
     return pandas
 
 

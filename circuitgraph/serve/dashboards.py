@@ -124,7 +124,7 @@ class FeatureDashboards:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise LoadError("reading feature dashboards needs pyarrow: pip install 'circuitgraph[dataset]'") from None
+            raise LoadError("reading feature dashboards needs pyarrow: pip install 'circuitgraph-lm[dataset]'") from None
         out = cls(directory, units=folder_units(directory))
         table = _read(pq, directory / FEATURES_FILE)
         columns = table.column_names

@@ -52,7 +52,7 @@ class TrainSpec(StrictModel):
     k: PositiveInt = Field(32, description="Active features per token of activation topk (at most width).")
     backend: TrainBackend = Field("circuitgraph", description="circuitgraph (its own trainer: every kind and "
                                   "activation) or sparsify (EleutherAI's eai-sparsify, pip install "
-                                  "'circuitgraph[train-sparsify]': transcoder / skip_transcoder with activation "
+                                  "'circuitgraph-lm[train-sparsify]': transcoder / skip_transcoder with activation "
                                   "topk, model given by path or pretrained).")
     layers: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
         None, description="Layers to train (per-layer kinds); default every layer. circuit-tracer reads a "

@@ -50,7 +50,7 @@ BOS = "compiler_bos"
 PAD = "compiler_pad"
 UNK = "<unk>"
 
-TRACR_MISSING = "tracr is not installed (pip install tracr-pypi, or the circuitgraph[tracr] extra)"
+TRACR_MISSING = "tracr is not installed (pip install tracr-pypi, or the circuitgraph-lm[tracr] extra)"
 
 
 def tracr_unavailable() -> str | None:

@@ -41,7 +41,7 @@ def read_documents(paths: list[Path], text_field: str = "text") -> list[str]:
             try:
                 import pyarrow.parquet as pq
             except ImportError:
-                raise LoadError(f"{path}: reading Parquet needs pyarrow; pip install 'circuitgraph[dataset]'") from None
+                raise LoadError(f"{path}: reading Parquet needs pyarrow; pip install 'circuitgraph-lm[dataset]'") from None
             table = pq.read_table(path)
             if text_field not in table.column_names:
                 raise LoadError(f"{path}: no column {text_field!r} (it has {table.column_names}); set train.text_field")

@@ -1,5 +1,5 @@
 """``train: {backend: sparsify}``: per-layer and skip TopK transcoders trained by EleutherAI's
-``eai-sparsify`` (``pip install 'circuitgraph[train-sparsify]'``; pinned, its ``Trainer`` is used
+``eai-sparsify`` (``pip install 'circuitgraph-lm[train-sparsify]'``; pinned, its ``Trainer`` is used
 as a library).
 
 What sparsify does: its ``Trainer`` runs the Hugging Face model on batches of token windows,
@@ -68,10 +68,10 @@ def sparsify_unavailable() -> str | None:
     try:
         got = version("eai-sparsify")
     except PackageNotFoundError:
-        return "eai-sparsify is not installed: pip install 'circuitgraph[train-sparsify]'"
+        return "eai-sparsify is not installed: pip install 'circuitgraph-lm[train-sparsify]'"
     if got != SPARSIFY_VERSION:
         return (f"eai-sparsify {got} is installed, the backend is written for {SPARSIFY_VERSION}: "
-                "pip install 'circuitgraph[train-sparsify]'")
+                "pip install 'circuitgraph-lm[train-sparsify]'")
     return None
 
 

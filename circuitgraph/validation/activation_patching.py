@@ -364,7 +364,7 @@ def write_heatmap(result: PatchingResult, path: str | Path, *, tokenizer: Tokeni
         from matplotlib.figure import Figure
     except ImportError:
         raise ValidationRunError(f"heat map {path}: matplotlib is not installed; install the plots extra "
-                                 "(pip install 'circuitgraph[plots]') or drop heatmap") from None
+                                 "(pip install 'circuitgraph-lm[plots]') or drop heatmap") from None
 
     path = Path(path)
     fmt_name = path.suffix.lstrip(".").lower() or "png"

@@ -393,7 +393,7 @@ def plot_faithfulness_curve(result: FaithfulnessCurveResult, path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - an optional extra
-        raise ValidationRunError("faithfulness_curve plot needs matplotlib: pip install 'circuitgraph[plots]'") from None
+        raise ValidationRunError("faithfulness_curve plot needs matplotlib: pip install 'circuitgraph-lm[plots]'") from None
     fig, ax = plt.subplots(figsize=(5, 3.2))
     xs = [s for s, r in zip(result.sizes, result.recovery, strict=False) if r is not None and s > 0]
     ys = [r for s, r in zip(result.sizes, result.recovery, strict=False) if r is not None and s > 0]
