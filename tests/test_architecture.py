@@ -149,9 +149,10 @@ def test_residual_locations():
 
 
 def _layer_name(node: ast.AST) -> bool:
-    """A name that holds a layer or a layer count (``L``, ``layer``, ``n_layers``, ``fm.n_layers``)."""
+    """A name that holds a layer or a layer count (``L``, ``layer``, ``n_layers``, ``fm.n_layers``, and
+    the engine's layer loop variables ``l`` and ``m``)."""
     name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
-    return name == "L" or "layer" in name
+    return name in ("L", "l", "m") or "layer" in name
 
 
 def residual_arithmetic(tree: ast.AST) -> list[tuple[int, str]]:
@@ -177,8 +178,9 @@ def test_residual_locations_are_numbered_only_by_residual_location():
     problems = [f"{_rel(path)}:{line}: {text}" for path, tree in _modules() if _rel(path) != "residual.py"
                 for line, text in residual_arithmetic(tree)]
     assert not problems, "use circuitgraph.residual.ResidualLocation:\n" + "\n".join(problems)
-    caught = residual_arithmetic(ast.parse("a = 2 * L + 1\nb = loc // 2 - 1\nc = 2 * fm.n_layers\nd = 2 * c + 1"))
-    assert [text for _, text in caught] == ["2 * L", "loc // 2", "2 * fm.n_layers"]
+    caught = residual_arithmetic(ast.parse("a = 2 * L + 1\nb = loc // 2 - 1\nc = 2 * fm.n_layers\nd = 2 * c + 1\n"
+                                           "e = counts[: 2 * m + 2]"))
+    assert [text for _, text in caught] == ["2 * L", "loc // 2", "2 * fm.n_layers", "2 * m"]
 
 
 @pytest.mark.parametrize("granularity", [{}, dict(mlp="neurons", attention="heads")])

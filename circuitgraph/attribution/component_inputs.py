@@ -123,7 +123,7 @@ def component_edge_bound(col: Collected, head_inputs: tuple[str, ...] = ("value"
             total += int((H * readers * per_pos).sum()) * (2 if "key" in head_inputs else 1)
             if "query" in head_inputs:
                 total += int(H * per_pos.sum())
-        upto_mid = counts[: 2 * m + 2]
+        upto_mid = counts[: ResidualLocation.resid_mid(m) + 1]
         total += int((upto_mid.sum(0) if local else np.full(T, upto_mid.sum())).sum())
     return total
 
