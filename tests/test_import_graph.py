@@ -81,7 +81,11 @@ def _modules() -> dict[str, Path]:
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int, str, bool]]:
     """``(line, imported module, inside a function)`` for every import statement of a module
     (``from pkg import sub`` counts as importing ``pkg.sub`` when that is a module)."""
-    tree = ast.parse(path.read_text())
+    return _imports_of_tree(name, path, ast.parse(path.read_text()), modules)
+
+
+def _imports_of_tree(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]) -> list[tuple[int, str, bool]]:
+    """:func:`_imports` of a parsed module."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     is_pkg = path.name == "__init__.py"
     out = []
@@ -91,9 +95,11 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int,
         inside = type_checking = False
         x = node
         while x in parents:
-            x = parents[x]
+            child, x = x, parents[x]
             inside |= isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
-            type_checking |= isinstance(x, ast.If) and "TYPE_CHECKING" in ast.unparse(x.test)
+            # the body of `if TYPE_CHECKING:` only: its `else:` branch runs
+            type_checking |= (isinstance(x, ast.If) and "TYPE_CHECKING" in ast.unparse(x.test)
+                              and any(child is c for c in x.body))
         if type_checking:
             continue
         if isinstance(node, ast.Import):
@@ -231,6 +237,32 @@ def test_the_checker_sees_cycles_and_local_imports():
         "circuitgraph.dictionaries.formats", "circuitgraph.export.html"]
 
 
+def computed_module_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, expression)`` for each f-string that starts with ``circuitgraph.``: a module named
+    by a computed string is an arrow no reader (and not :func:`_string_refs`) can follow."""
+    return [(n.lineno, ast.unparse(n)) for n in ast.walk(tree)
+            if isinstance(n, ast.JoinedStr) and n.values and isinstance(n.values[0], ast.Constant)
+            and str(n.values[0].value).startswith("circuitgraph.")]
+
+
+def test_modules_are_named_in_full():
+    """Every by-name reference to a module is a whole string, so the tests above see it."""
+    bad = [f"{name}:{line}: {text}" for name, path in _modules().items()
+           for line, text in computed_module_names(ast.parse(path.read_text()))]
+    assert not bad, "name the module in full (a constant string):\n" + "\n".join(bad)
+    assert computed_module_names(ast.parse('m = f"circuitgraph.pipeline.{home}"\nx = f"{a}.circuitgraph.b"')) == [
+        (1, "f'circuitgraph.pipeline.{home}'")]
+
+
+def test_the_else_branch_of_type_checking_is_an_import():
+    modules = _modules()
+    tree_text = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import circuitgraph.errors\n"
+                 "else:\n    import circuitgraph.residual\n")
+    path = PACKAGE / "_probe_never_written.py"
+    targets = [t for _, t, _ in _imports_of_tree("circuitgraph._probe", path, ast.parse(tree_text), modules)]
+    assert "circuitgraph.residual" in targets and "circuitgraph.errors" not in targets
+
+
 def test_the_engine_and_the_spec_import_nothing_from_later_stages():
     edges, _ = _graph()
     later = ("circuitgraph.pipeline", "circuitgraph.datasets", "circuitgraph.export", "circuitgraph.cli")
@@ -268,6 +300,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 #: arrows to a later layer that are deliberate, with the reason
 UPWARD_OK = {
+    ("circuitgraph.pipeline", "circuitgraph.pipeline.entry"):
+        "the package's lazy names (`circuitgraph.pipeline.run`), resolved on first use; importing the package imports nothing",
     ("circuitgraph.datasets.executors", "circuitgraph.features.stream"):
         "a name in the fork server's preload list (imported once so that workers start warm); no code of it runs",
 }

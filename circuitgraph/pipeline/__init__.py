@@ -22,11 +22,12 @@ from typing import Any
 __all__ = ["RunResult", "run", "dry_run", "build"]
 
 
-#: where each lazily imported name lives
-_HOMES = {"RunResult": "runner", "build": "runner", "run": "entry", "dry_run": "entry"}
+#: where each lazily imported name lives (full module names: the import test reads them as arrows)
+_HOMES = {"RunResult": "circuitgraph.pipeline.runner", "build": "circuitgraph.pipeline.runner",
+          "run": "circuitgraph.pipeline.entry", "dry_run": "circuitgraph.pipeline.entry"}
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module(f"circuitgraph.pipeline.{_HOMES[name]}"), name)
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'circuitgraph.pipeline' has no attribute {name!r}")
