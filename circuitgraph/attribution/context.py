@@ -86,7 +86,7 @@ class AttributionContext:
         return self.adapter.facts.n_layers
 
     @property
-    def attributed_nodes(self) -> list[Node]:
+    def attributed_nodes(self) -> Sequence[Node]:
         """Every node the engine built (before ``max_feature_nodes`` folded unselected features)."""
         return self._tables.nodes
 
@@ -99,7 +99,9 @@ class AttributionContext:
     def readers(self) -> Iterator[tuple[NodeId, ReaderDirection]]:
         """Every reader node of the attributed graph with its direction."""
         for node_id in self._readers():
-            yield node_id, self.reader(node_id)
+            direction = self.reader(node_id)
+            if direction is not None:  # always: _readers() lists the nodes that read
+                yield node_id, direction
 
     def reader_ids(self) -> list[NodeId]:
         """Every reader node of the attributed graph (without making their directions)."""
