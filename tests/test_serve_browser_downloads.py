@@ -26,7 +26,7 @@ from circuitgraph.testing.explorer_fixture import demo_graph_file
 from tests.helpers.peers import playwright_or_skip
 
 GRAPH = "demo/graph.json"
-EXTRA = ExportKind("edges", (".csv",), explorer=".edges.csv", explorer_label="edge list CSV")
+EXTRA = ExportKind("edges", (".csv",), kept_edge_bytes=64, explorer=".edges.csv", explorer_label="edge list CSV")
 
 
 def _edges_csv(s: SavedSubgraph) -> tuple[bytes, str]:

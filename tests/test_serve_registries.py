@@ -41,7 +41,7 @@ def _edges_csv(s: SavedSubgraph) -> tuple[bytes, str]:
     return ("\n".join(rows) + "\n").encode(), "text/csv"
 
 
-EXTRA = ExportKind("edges", (".csv",), explorer=".edges.csv", explorer_label="edge list CSV")
+EXTRA = ExportKind("edges", (".csv",), kept_edge_bytes=64, explorer=".edges.csv", explorer_label="edge list CSV")
 
 
 @pytest.fixture
@@ -114,9 +114,9 @@ def test_a_kind_without_explorer_is_neither_listed_nor_saved(server, monkeypatch
 
 def test_an_explorer_suffix_needs_its_label():
     with pytest.raises(ValueError, match="explorer_label"):
-        ExportKind("x", (".x",), explorer=".x")
+        ExportKind("x", (".x",), kept_edge_bytes=8, explorer=".x")
     with pytest.raises(ValueError, match="explorer_label"):
-        ExportKind("x", (".x",), explorer_label="X file")
+        ExportKind("x", (".x",), kept_edge_bytes=8, explorer_label="X file")
 
 
 def test_the_page_lists_no_export_kind_or_node_kind_by_hand():

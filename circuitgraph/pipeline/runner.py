@@ -273,9 +273,10 @@ def _check_outputs(spec: Spec) -> None:
             raise SpecError([("export.features", f"{ex.features} holds {units} dashboards; a one-prompt run reads "
                                                  "transcoder features' dashboards here (units: features); show "
                                                  f"{units} dashboards with circuitgraph serve")])
-    if (ex.svg is not None or ex.png is not None) and shutil.which("dot") is None:
+    needs_dot = [k.key for k in EXPORT_KINDS.values() if k.requires_dot and getattr(ex, k.key) is not None]
+    if needs_dot and shutil.which("dot") is None:
         raise RenderError(
-            "Graphviz 'dot' binary not found, needed for export.svg/png; install it with "
+            f"Graphviz 'dot' binary not found, needed for export.{'/'.join(needs_dot)}; install it with "
             "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz`, or export dot text instead"
         )
 

@@ -59,16 +59,9 @@ DEFAULT_FULL_EDGE_BYTES = max(FULL_EDGE_BYTES.values())
 #: stages before (measured up to 45 on the real model, 56 on the synthetic graph)
 RESIDENT_EDGE_BYTES = 64
 #: bytes per pruned-graph edge while each export writes it, the pruned graph itself excluded
-#: (JSON: 187 measured per kept edge on the real model, 1.03 M kept edges)
-KEPT_EDGE_BYTES: dict[str, int] = {
-    "json": 208,
-    "neuronpedia": 208,
-    "graph": 64,
-    "html": 208,
-    "dot": 32,
-    "svg": 32,
-    "png": 32,
-}
+#: (each export kind's measured ``kept_edge_bytes``, spec/export.py; JSON: 187 measured per kept edge on
+#: the real model, 1.03 M kept edges)
+KEPT_EDGE_BYTES: dict[str, int] = {k.key: k.kept_edge_bytes for k in EXPORT_KINDS.values()}
 #: a diagram's rendering (Graphviz runs in its own process; its text is bounded by max_render_nodes)
 RENDER_BYTES = 64 * 1024**2
 

@@ -47,6 +47,11 @@ class ExportKind:
     diagram: bool = False
     #: renders the diagram through Graphviz's ``dot`` binary (the memory plan counts its buffers)
     renders: bool = False
+    #: the run refuses to start without Graphviz's ``dot`` binary (the file is dot's output)
+    requires_dot: bool = False
+    #: bytes per pruned-graph edge while the writer writes this output, the pruned graph itself
+    #: excluded (measured; the run's memory plan, :mod:`circuitgraph.pipeline.stage_memory`)
+    kept_edge_bytes: int = 0
     #: the explorer can save a pinned subgraph as this kind: the download's name ends in this
     #: (``<graph>-subgraph<explorer>``); None: not offered
     explorer: str | None = None
@@ -54,6 +59,9 @@ class ExportKind:
     explorer_label: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kept_edge_bytes <= 0:
+            raise ValueError(f"export kind {self.key!r}: give kept_edge_bytes, the writer's measured bytes per kept "
+                             "edge (the run's memory plan counts it)")
         if (self.explorer is None) != (self.explorer_label is None):
             raise ValueError(f"export kind {self.key!r}: set explorer (the download's suffix) and explorer_label "
                              "(its link on the page) together, or neither")
@@ -61,13 +69,16 @@ class ExportKind:
 
 #: every output of a one-prompt run, in the order ``ExportSpec.outputs()`` lists them
 EXPORT_KINDS: dict[str, ExportKind] = {k.key: k for k in (
-    ExportKind("json", (".json",), explorer=".json", explorer_label="our JSON"),
-    ExportKind("dot", (".dot", ".gv"), diagram=True),
-    ExportKind("svg", (".svg",), diagram=True, renders=True, explorer=".svg", explorer_label="SVG"),
-    ExportKind("png", (".png",), diagram=True, renders=True),
-    ExportKind("neuronpedia", (".json",), explorer=".neuronpedia.json", explorer_label="Neuronpedia JSON"),
-    ExportKind("graph", (".npz",)),
-    ExportKind("html", (".html", ".htm"), diagram=True, renders=True),
+    # kept_edge_bytes: JSON 187 measured per kept edge on the real model (1.03 M kept edges)
+    ExportKind("json", (".json",), kept_edge_bytes=208, explorer=".json", explorer_label="our JSON"),
+    ExportKind("dot", (".dot", ".gv"), diagram=True, kept_edge_bytes=32),
+    ExportKind("svg", (".svg",), diagram=True, renders=True, requires_dot=True, kept_edge_bytes=32, explorer=".svg",
+               explorer_label="SVG"),
+    ExportKind("png", (".png",), diagram=True, renders=True, requires_dot=True, kept_edge_bytes=32),
+    ExportKind("neuronpedia", (".json",), kept_edge_bytes=208, explorer=".neuronpedia.json",
+               explorer_label="Neuronpedia JSON"),
+    ExportKind("graph", (".npz",), kept_edge_bytes=64),
+    ExportKind("html", (".html", ".htm"), diagram=True, renders=True, kept_edge_bytes=208),
 )}
 
 #: the file suffixes each output accepts (from :data:`EXPORT_KINDS`)

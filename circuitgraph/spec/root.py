@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 from circuitgraph.errors import SpecError
 from circuitgraph.spec.base import RULE_ERROR, InputPath, StrictModel, _short, rule_error
 from circuitgraph.spec.dataset import AggregateSpec, ExecutorSpec
-from circuitgraph.spec.export import ExportSpec
+from circuitgraph.spec.export import EXPORT_KINDS, ExportSpec
 from circuitgraph.spec.features import FeaturesSpec
 from circuitgraph.spec.graph import GraphSpec, Prune, PruneSpec
 from circuitgraph.spec.messages import format_validation_error
@@ -140,8 +140,7 @@ with warnings.catch_warnings():
                                      "checks on its executor; remove the check's executor"))
             if self.export.dataset is None and self.features is None:
                 problems.append(("export.dataset", "a dataset run needs an output folder: add export: {dataset: DIR}"))
-            single = [k for k in ("json", "dot", "svg", "png", "neuronpedia", "graph", "html")
-                      if getattr(self.export, k, None)]
+            single = [k for k in EXPORT_KINDS if getattr(self.export, k, None)]
             if single:
                 problems.append((f"export.{single[0]}", f"export.{', '.join(single)} write one graph; a dataset run "
                                  "writes every graph under export.dataset (dataset_format: binary or json)"))
