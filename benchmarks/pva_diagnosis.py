@@ -1,7 +1,7 @@
 """Why ``predicted_vs_actual`` correlates poorly on some real prompts: one graph, many predictions
 and many kinds of "actual" removal, for the nodes the check picks and for others.
 
-    flock /work/locks/heavy /usr/bin/time -v python benchmarks/pva_diagnosis.py \\
+    /usr/bin/time -v python benchmarks/pva_diagnosis.py \\
         --prompt-source fortunes:OFFSET:NTOKENS | --spec SPEC.yaml  [--k 20] [--all-kinds] [--out r.json]
 
 Per node (kept neurons, embeddings, remainders):
