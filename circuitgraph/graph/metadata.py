@@ -151,6 +151,14 @@ def _mapping(value: Any) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
 
 
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _list(value: Any) -> list[Any] | None:
+    return value if isinstance(value, list) else None
+
+
 class GraphMetadata(dict):
     """``graph.metadata``: the graph's JSON metadata object (a ``dict``) with typed attributes
     for the fields code reads back and one writer method per key written after the run's
@@ -216,24 +224,20 @@ class GraphMetadata(dict):
 
     @property
     def prompt(self) -> str | None:
-        value = self._get("prompt")
-        return value if isinstance(value, str) else None
+        return _str(self._get("prompt"))
 
     @property
     def prompt_tokens(self) -> list[int] | None:
-        value = self._get("prompt_tokens")
-        return value if isinstance(value, list) else None
+        return _list(self._get("prompt_tokens"))
 
     @property
     def prompt_token_strs(self) -> list[str] | None:
-        value = self._get("prompt_token_strs")
-        return value if isinstance(value, list) else None
+        return _list(self._get("prompt_token_strs"))
 
     @property
     def prompt_str_tokens(self) -> list[Any] | None:
         """Another tool's name for the prompt's token strings (:data:`FOREIGN_KEYS`)."""
-        value = self._get("prompt_str_tokens")
-        return value if isinstance(value, list) else None
+        return _list(self._get("prompt_str_tokens"))
 
     @property
     def spec(self) -> Mapping[str, Any] | None:
@@ -264,8 +268,7 @@ class GraphMetadata(dict):
     @property
     def warnings(self) -> list[str] | None:
         """The run's warnings (:meth:`run_warnings` to append to them)."""
-        value = self._get("warnings")
-        return value if isinstance(value, list) else None
+        return _list(self._get("warnings"))
 
     @property
     def completeness(self) -> Mapping[str, Any] | None:
@@ -285,8 +288,7 @@ class GraphMetadata(dict):
 
     @property
     def dtype(self) -> str | None:
-        value = self._get("dtype")
-        return value if isinstance(value, str) else None
+        return _str(self._get("dtype"))
 
     @property
     def replacement_score(self) -> float | None:
@@ -311,8 +313,7 @@ class GraphMetadata(dict):
 
     @property
     def dataset(self) -> str | None:
-        value = self._get("dataset")
-        return value if isinstance(value, str) else None
+        return _str(self._get("dataset"))
 
     @property
     def aggregate(self) -> Mapping[str, Any] | None:
