@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,7 @@ def test_watch_stops_a_stage_that_passes_the_limit():
         with watch.watching(), watch.stage("grow"):
             for _ in range(400):  # up to 1.6 GB in 4 MB steps, each page touched
                 held.append(np.ones(512 * 1024))
+                time.sleep(0.002)  # a stage's real work lets the watch's thread run; a bare loop on a busy machine may not
     grown = len(held) * 4 * 1024**2
     del held
     assert 48 * 1024**2 <= grown <= 1024**3  # stopped past the limit, long before the end
